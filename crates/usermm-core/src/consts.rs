@@ -1,0 +1,98 @@
+//! Linux's constant values (x86-64), spelled out so that the core needs no
+//! `libc`. The C ABI uses exactly these values.
+
+pub const PROT_NONE: i32 = 0;
+pub const PROT_READ: i32 = 1;
+pub const PROT_WRITE: i32 = 2;
+pub const PROT_EXEC: i32 = 4;
+/// Every protection bit usermm understands.
+pub const PROT_MASK: i32 = PROT_READ | PROT_WRITE | PROT_EXEC;
+
+pub const MAP_SHARED: i32 = 0x01;
+pub const MAP_PRIVATE: i32 = 0x02;
+pub const MAP_SHARED_VALIDATE: i32 = 0x03;
+pub const MAP_TYPE: i32 = 0x0f;
+pub const MAP_FIXED: i32 = 0x10;
+pub const MAP_ANONYMOUS: i32 = 0x20;
+pub const MAP_GROWSDOWN: i32 = 0x0100;
+pub const MAP_DENYWRITE: i32 = 0x0800;
+pub const MAP_EXECUTABLE: i32 = 0x1000;
+pub const MAP_LOCKED: i32 = 0x2000;
+pub const MAP_NORESERVE: i32 = 0x4000;
+pub const MAP_POPULATE: i32 = 0x8000;
+pub const MAP_NONBLOCK: i32 = 0x10000;
+pub const MAP_STACK: i32 = 0x20000;
+pub const MAP_HUGETLB: i32 = 0x40000;
+pub const MAP_SYNC: i32 = 0x80000;
+pub const MAP_FIXED_NOREPLACE: i32 = 0x100000;
+/// usermm's own flag: the new region is lock-on-fault (the seed's V3
+/// `MAP_LOCKONFAULT`). Linux does not use this bit.
+pub const UMM_MAP_LOCKONFAULT: i32 = 0x0800_0000;
+
+/// The flags `MAP_SHARED_VALIDATE` accepts (Linux `LEGACY_MAP_MASK` plus the
+/// validated ones).
+pub const LEGACY_MAP_MASK: i32 = MAP_SHARED
+    | MAP_PRIVATE
+    | MAP_FIXED
+    | MAP_ANONYMOUS
+    | MAP_DENYWRITE
+    | MAP_EXECUTABLE
+    | 0x40 /* MAP_UNINITIALIZED on nommu, ignored */
+    | MAP_GROWSDOWN
+    | MAP_LOCKED
+    | MAP_NORESERVE
+    | MAP_POPULATE
+    | MAP_NONBLOCK
+    | MAP_STACK
+    | MAP_HUGETLB;
+
+pub const MADV_NORMAL: i32 = 0;
+pub const MADV_RANDOM: i32 = 1;
+pub const MADV_SEQUENTIAL: i32 = 2;
+pub const MADV_WILLNEED: i32 = 3;
+pub const MADV_DONTNEED: i32 = 4;
+pub const MADV_FREE: i32 = 8;
+pub const MADV_REMOVE: i32 = 9;
+pub const MADV_DONTFORK: i32 = 10;
+pub const MADV_DOFORK: i32 = 11;
+pub const MADV_COLD: i32 = 20;
+pub const MADV_PAGEOUT: i32 = 21;
+pub const MADV_POPULATE_READ: i32 = 22;
+pub const MADV_POPULATE_WRITE: i32 = 23;
+pub const MADV_HWPOISON: i32 = 100;
+
+pub const MLOCK_ONFAULT: u32 = 1;
+pub const MCL_CURRENT: i32 = 1;
+pub const MCL_FUTURE: i32 = 2;
+pub const MCL_ONFAULT: i32 = 4;
+
+pub const MS_ASYNC: i32 = 1;
+pub const MS_INVALIDATE: i32 = 2;
+pub const MS_SYNC: i32 = 4;
+
+/// `UMM_PAGE_*` bits of `umm_page_state`.
+pub const UMM_PAGE_RESIDENT: u32 = 1 << 0;
+pub const UMM_PAGE_SWAPPED: u32 = 1 << 1;
+pub const UMM_PAGE_LOCKED: u32 = 1 << 2;
+pub const UMM_PAGE_LAZYFREE: u32 = 1 << 3;
+pub const UMM_PAGE_VOLATILE: u32 = 1 << 4;
+pub const UMM_PAGE_PURGED: u32 = 1 << 5;
+pub const UMM_PAGE_DIRTY: u32 = 1 << 6;
+pub const UMM_PAGE_POISONED: u32 = 1 << 7;
+/// usermm's own: the page is resident but on the inactive list (unmapped from
+/// the program, parked in the staging area; its next touch is a minor fault).
+pub const UMM_PAGE_INACTIVE: u32 = 1 << 8;
+
+/// `UMM_F_*` bits of `umm_config.flags`.
+/// Fault exactly the touched page, never around it (Linux's residency).
+pub const UMM_F_EXACT_FAULTS: u32 = 1 << 0;
+/// Refuse the user-mode-only fallback: `umm_open` fails with `EPERM` instead.
+pub const UMM_F_REQUIRE_FULL_UFFD: u32 = 1 << 1;
+/// Do not run the background reclaim thread (reclaim is then direct only).
+pub const UMM_F_NO_BACKGROUND_RECLAIM: u32 = 1 << 2;
+/// Use the user-mode-only userfaultfd even where full userfaultfd is
+/// available (to test and measure the unprivileged fallback).
+pub const UMM_F_FORCE_USER_MODE: u32 = 1 << 3;
+/// Every `UMM_F_*` bit.
+pub const UMM_F_ALL: u32 =
+    UMM_F_EXACT_FAULTS | UMM_F_REQUIRE_FULL_UFFD | UMM_F_NO_BACKGROUND_RECLAIM | UMM_F_FORCE_USER_MODE;

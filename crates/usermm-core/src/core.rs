@@ -1,0 +1,1296 @@
+//! The space's state machine: every decision, no action.
+//!
+//! See the crate documentation for the plan / act / done protocol. Fault
+//! model: the executor may fail any action (I/O error, `EAGAIN`, a lost
+//! race); every `*_done` call takes `ok` and leaves the state consistent
+//! either way — a failed fill leaves the page where its data was, a failed
+//! eviction keeps the page resident, a failed zap is impossible by
+//! construction (it only drops).
+
+use crate::consts::*;
+use crate::errno::Errno;
+use crate::lru::Lru;
+use crate::page::{pf, PState, PageMeta, PageTable};
+use crate::region::{Advice, Kind, LockMode, Region, RegionTree};
+use crate::slots::SlotAllocator;
+use crate::types::{Addr, PageIdx, PageRange};
+
+/// The highest user address on x86-64 with 4-level paging (Linux TASK_SIZE).
+pub const TASK_SIZE: u64 = 0x7fff_ffff_f000;
+
+/// Largest fault-around window, in pages.
+pub const MAX_WINDOW_PAGES: u64 = 256;
+/// Fault-around block for dense access in large regions, in pages.
+pub const BLOCK_PAGES: u64 = 16;
+/// Regions at least this large (pages) get block fault-around on dense access.
+pub const BLOCK_MIN_REGION_PAGES: u64 = 8192;
+
+/// The core's configuration, in pages.
+#[derive(Clone, Debug)]
+pub struct CoreConfig {
+    /// First address of the reservation.
+    pub base: u64,
+    pub reserve_pages: u64,
+    pub page_shift: u32,
+    pub budget_pages: u64,
+    pub swap_slots: u32,
+    pub staging_slots: u32,
+    pub max_regions: usize,
+    /// Lock limit in pages; `u64::MAX` is unlimited, 0 refuses every lock.
+    pub memlock_pages: u64,
+    /// Never fault around the touched page.
+    pub exact_faults: bool,
+}
+
+/// Event counters (the `umm_stats` fields that count).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub faults: u64,
+    pub major_faults: u64,
+    pub minor_faults: u64,
+    pub zero_fills: u64,
+    pub swapins: u64,
+    pub swapouts: u64,
+    pub writebacks: u64,
+    pub lazyfree_discards: u64,
+    pub volatile_purges: u64,
+    pub evictions: u64,
+    pub deactivations: u64,
+    pub oom_sigbus: u64,
+    pub swap_read_errors: u64,
+    pub swap_write_errors: u64,
+}
+
+/// A snapshot of the gauges and counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub budget_pages: u64,
+    pub resident_pages: u64,
+    pub resident_pages_max: u64,
+    pub inactive_pages: u64,
+    pub locked_pages: u64,
+    pub locked_charged_pages: u64,
+    pub swapped_pages: u64,
+    pub lazyfree_pages: u64,
+    pub volatile_pages: u64,
+    pub regions: u64,
+    pub counters: Counters,
+}
+
+/// How a page leaves the program's range for the staging area.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum Transfer {
+    /// `UFFDIO_MOVE`: atomic, zero-copy; needs a `PROT_READ|PROT_WRITE` region.
+    Move,
+    /// Copy then drop: safe because the region is not writable, so nothing
+    /// can change the page in between. `readable` says whether the executor
+    /// can read it directly or must go through `/proc/self/mem`.
+    Copy { readable: bool },
+}
+
+/// What the executor must do for a fault.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FaultPlan {
+    /// Nothing to install (the page is there, or the fault raced with a
+    /// protection change): wake the thread so that it retries.
+    Wake,
+    /// The address is in a range being unmapped: make the page `PROT_NONE`
+    /// and wake the thread, which then takes SIGSEGV (never a zero page).
+    SegvUnmapping,
+    /// A busy page: wait for the core to change, then plan again.
+    Wait,
+    /// No free frame: reclaim at least `want` frames, then plan again.
+    Reclaim { want: u64 },
+    /// Install zero pages on `run` (claimed, frames charged).
+    ZeroFill { run: PageRange },
+    /// Read swap slot `slot` into `page` (claimed, frame charged).
+    SwapIn { page: PageIdx, slot: u32 },
+    /// Map the parked page back from staging slot `slot` (claimed).
+    Reactivate { page: PageIdx, slot: u32, how: Transfer },
+    /// The page cannot be served (poisoned): raise SIGBUS.
+    Sigbus,
+}
+
+/// One deactivation: move `page` to staging slot `slot`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Deactivate {
+    pub page: PageIdx,
+    pub slot: u32,
+    pub how: Transfer,
+}
+
+/// One eviction: write staging slot `staging` to swap slot `swap`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Evict {
+    pub page: PageIdx,
+    pub staging: u32,
+    pub swap: u32,
+}
+
+/// What reclaim should do now.
+#[derive(Clone, Debug, Default)]
+pub struct ReclaimPlan {
+    pub deactivate: Vec<Deactivate>,
+    pub evict: Vec<Evict>,
+}
+
+impl ReclaimPlan {
+    pub fn is_empty(&self) -> bool {
+        self.deactivate.is_empty() && self.evict.is_empty()
+    }
+}
+
+/// A range detached by `munmap` (or replaced by `MAP_FIXED`): held back from
+/// reuse until its pages are zapped and `unhold` is called.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Detached {
+    pub ranges: Vec<PageRange>,
+}
+
+/// Pages claimed for dropping.
+#[derive(Clone, Debug, Default)]
+pub struct ZapClaim {
+    pub range: PageRange,
+    /// Staging slots whose frames the executor must drop.
+    pub staging: Vec<u32>,
+    /// Whether any page in the range was in the program's range (the executor
+    /// can skip the `MADV_DONTNEED` when none was).
+    pub mapped: bool,
+}
+
+/// The result of a successful `mmap` decision.
+#[derive(Clone, Debug)]
+pub struct MmapPlan {
+    pub range: PageRange,
+    pub prot: i32,
+    /// Regions replaced by `MAP_FIXED`: zap them before the call returns.
+    pub replaced: Option<Detached>,
+}
+
+/// One step of a `madvise` plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdviceOp {
+    /// Drop the pages (private anonymous memory).
+    Zap(PageRange),
+    /// Move the resident pages to the inactive list.
+    Cold(PageRange),
+    /// Reclaim the pages now.
+    Pageout(PageRange),
+    /// Start reading the swapped pages in.
+    WillNeed(PageRange),
+}
+
+/// The reply to `mmap`: either a plan, or "wait for a zap in progress".
+#[derive(Clone, Debug)]
+pub enum MmapReply {
+    Done(MmapPlan),
+    /// `MAP_FIXED` over a range still being unmapped: wait and call again.
+    WaitUnmapping,
+}
+
+pub struct Core {
+    cfg: CoreConfig,
+    regions: RegionTree,
+    /// Ranges detached by munmap whose pages are still being zapped.
+    held: Vec<PageRange>,
+    pages: PageTable,
+    lru: Lru,
+    swap: SlotAllocator,
+    staging: SlotAllocator,
+    /// Invariant: the number of pages whose state holds a frame.
+    resident: u64,
+    resident_max: u64,
+    /// Invariant: the number of `Inactive` pages.
+    inactive: u64,
+    /// Invariant: the number of `Swapped` pages.
+    swapped: u64,
+    /// Pages charged to the lock limit (VmLck).
+    locked_charged: u64,
+    /// `mlockall(MCL_FUTURE)` flags in force.
+    lock_future: Option<LockMode>,
+    next_object: u64,
+    counters: Counters,
+}
+
+fn bad<T>(e: Errno) -> Result<T, Errno> {
+    Err(e)
+}
+
+impl Core {
+    pub fn new(cfg: CoreConfig) -> Core {
+        assert!(cfg.page_shift >= 12 && cfg.page_shift <= 21);
+        assert_eq!(cfg.base & ((1 << cfg.page_shift) - 1), 0, "base aligned");
+        Core {
+            pages: PageTable::new(cfg.reserve_pages),
+            swap: SlotAllocator::new(cfg.swap_slots),
+            staging: SlotAllocator::new(cfg.staging_slots),
+            cfg,
+            regions: RegionTree::default(),
+            held: Vec::new(),
+            lru: Lru::default(),
+            resident: 0,
+            resident_max: 0,
+            inactive: 0,
+            swapped: 0,
+            locked_charged: 0,
+            lock_future: None,
+            next_object: 1,
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn config(&self) -> &CoreConfig {
+        &self.cfg
+    }
+    pub fn page_size(&self) -> u64 {
+        1 << self.cfg.page_shift
+    }
+    pub fn regions(&self) -> &RegionTree {
+        &self.regions
+    }
+    pub fn page(&self, p: PageIdx) -> PageMeta {
+        self.pages.get(p)
+    }
+    pub fn free_frames(&self) -> u64 {
+        self.cfg.budget_pages.saturating_sub(self.resident)
+    }
+    pub fn resident(&self) -> u64 {
+        self.resident
+    }
+    pub fn held(&self) -> &[PageRange] {
+        &self.held
+    }
+    pub fn addr_of(&self, p: PageIdx) -> Addr {
+        Addr(self.cfg.base + (p.0 << self.cfg.page_shift))
+    }
+    /// The page containing `a`, if it is inside the reservation.
+    pub fn page_of(&self, a: Addr) -> Option<PageIdx> {
+        let off = a.0.checked_sub(self.cfg.base)?;
+        let p = off >> self.cfg.page_shift;
+        (p < self.cfg.reserve_pages).then_some(PageIdx(p))
+    }
+    fn aligned(&self, a: u64) -> bool {
+        a & (self.page_size() - 1) == 0
+    }
+    /// `len` rounded up to whole pages, as a page count (None on overflow).
+    fn len_pages(&self, len: u64) -> Option<u64> {
+        let ps = self.page_size();
+        len.checked_add(ps - 1).map(|l| l >> self.cfg.page_shift)
+    }
+    /// The part of `[addr, addr+pages)` inside the reservation, as page indices.
+    fn clip(&self, addr: u64, pages: u64) -> PageRange {
+        let lo = addr.max(self.cfg.base);
+        let top = self.cfg.base + (self.cfg.reserve_pages << self.cfg.page_shift);
+        let end = addr.saturating_add(pages << self.cfg.page_shift).min(top);
+        if lo >= end {
+            return PageRange::new(0, 0);
+        }
+        PageRange::new(
+            (lo - self.cfg.base) >> self.cfg.page_shift,
+            (end - self.cfg.base) >> self.cfg.page_shift,
+        )
+    }
+    fn in_reservation(&self, addr: u64, pages: u64) -> bool {
+        let top = self.cfg.base + (self.cfg.reserve_pages << self.cfg.page_shift);
+        addr >= self.cfg.base
+            && pages
+                .checked_shl(self.cfg.page_shift)
+                .and_then(|b| addr.checked_add(b))
+                .is_some_and(|e| e <= top)
+    }
+
+    // ------------------------------------------------------------------
+    // mmap / munmap / mprotect
+
+    /// Decides an anonymous `mmap`. `anon` is false for a file mapping, which
+    /// the executor has validated (the descriptor) before calling.
+    pub fn mmap(&mut self, addr: u64, len: u64, prot: i32, flags: i32) -> Result<MmapReply, Errno> {
+        if len == 0 {
+            return bad(Errno::EINVAL);
+        }
+        let shared = match flags & MAP_TYPE {
+            MAP_SHARED => true,
+            MAP_PRIVATE => false,
+            MAP_SHARED_VALIDATE => {
+                if flags & !(LEGACY_MAP_MASK | MAP_FIXED_NOREPLACE | UMM_MAP_LOCKONFAULT | MAP_SHARED_VALIDATE) != 0 {
+                    return bad(Errno::EOPNOTSUPP);
+                }
+                true
+            }
+            _ => return bad(Errno::EINVAL),
+        };
+        if flags & MAP_ANONYMOUS == 0 {
+            // File mappings are the file-region issue's; the executor checks
+            // the descriptor first (EBADF), so what reaches here is a valid
+            // descriptor we cannot map.
+            return bad(Errno::ENODEV);
+        }
+        if flags & MAP_HUGETLB != 0 {
+            return bad(Errno::EINVAL);
+        }
+        let pages = self.len_pages(len).ok_or(Errno::ENOMEM)?;
+        if pages == 0 {
+            return bad(Errno::ENOMEM);
+        }
+        let lock = if flags & UMM_MAP_LOCKONFAULT != 0 {
+            LockMode::OnFault
+        } else if flags & MAP_LOCKED != 0 {
+            LockMode::Locked
+        } else {
+            self.lock_future.unwrap_or(LockMode::None)
+        };
+        if lock != LockMode::None {
+            if self.cfg.memlock_pages == 0 {
+                return bad(Errno::EPERM);
+            }
+            if self.locked_charged.saturating_add(pages) > self.cfg.memlock_pages {
+                return bad(Errno::EAGAIN);
+            }
+        }
+        let fixed = flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0;
+        let start = if fixed {
+            if !self.aligned(addr) {
+                return bad(Errno::EINVAL);
+            }
+            if !self.in_reservation(addr, pages) {
+                return bad(Errno::EINVAL);
+            }
+            let r = self.clip(addr, pages);
+            if flags & MAP_FIXED_NOREPLACE != 0
+                && (self.regions.any_in(r) || self.held.iter().any(|h| h.overlaps(&r)))
+            {
+                return bad(Errno::EEXIST);
+            }
+            if self.held.iter().any(|h| h.overlaps(&r)) {
+                return Ok(MmapReply::WaitUnmapping);
+            }
+            r.start.0
+        } else {
+            let ps = self.page_size();
+            let hint = addr.checked_add(ps - 1).map(|a| a & !(ps - 1)).unwrap_or(0);
+            let hinted = (hint != 0 && self.in_reservation(hint, pages)).then(|| self.clip(hint, pages));
+            match hinted {
+                Some(r) if !self.regions.any_in(r) && !self.held.iter().any(|h| h.overlaps(&r)) => r.start.0,
+                _ => self
+                    .regions
+                    .find_gap(pages, 0, self.cfg.reserve_pages, &self.held)
+                    .ok_or(Errno::ENOMEM)?,
+            }
+        };
+        let range = PageRange::new(start, start + pages);
+        // Region count: the new region, plus splits of regions it cuts.
+        let mut new_count = self.regions.len() + 1;
+        let cut = self.regions.overlapping(range);
+        new_count -= cut.len();
+        new_count += self.regions.split_cost(range.start) + self.regions.split_cost(range.end);
+        let would_merge = self.merge_neighbours(range, prot, shared, lock, flags);
+        if new_count - would_merge > self.cfg.max_regions {
+            return bad(Errno::ENOMEM);
+        }
+        let replaced = if cut.is_empty() {
+            None
+        } else {
+            Some(self.detach(range))
+        };
+        let object = if shared {
+            let o = self.next_object;
+            self.next_object += 1;
+            o
+        } else {
+            0
+        };
+        if lock != LockMode::None {
+            self.locked_charged += pages;
+        }
+        self.regions.insert(Region {
+            range,
+            prot: prot & PROT_MASK,
+            kind: if shared { Kind::AnonShared } else { Kind::AnonPrivate },
+            advice: Advice::Normal,
+            noreserve: flags & MAP_NORESERVE != 0,
+            lock,
+            object,
+            pgoff: 0,
+            next_fault: u64::MAX,
+            streak: 0,
+        });
+        self.regions.merge_around(range);
+        // A MAP_FIXED replacement's pages must be gone before the new region
+        // is seen; the executor zaps `replaced` under the exclusive lock. The
+        // range is held until then so that faults in it wait.
+        Ok(MmapReply::Done(MmapPlan { range, prot: prot & PROT_MASK, replaced }))
+    }
+
+    /// How many neighbours (0..=2) a new region would merge with.
+    fn merge_neighbours(&self, range: PageRange, prot: i32, shared: bool, lock: LockMode, flags: i32) -> usize {
+        if shared {
+            return 0;
+        }
+        let probe = Region {
+            range,
+            prot: prot & PROT_MASK,
+            kind: Kind::AnonPrivate,
+            advice: Advice::Normal,
+            noreserve: flags & MAP_NORESERVE != 0,
+            lock,
+            object: 0,
+            pgoff: 0,
+            next_fault: 0,
+            streak: 0,
+        };
+        let mut n = 0;
+        if range.start.0 > 0 {
+            if let Some(prev) = self.regions.find(PageIdx(range.start.0 - 1)) {
+                if prev.range.end == range.start && prev.can_merge(&probe) {
+                    n += 1;
+                }
+            }
+        }
+        if let Some(next) = self.regions.find(range.end) {
+            if probe.can_merge(next) {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Splits at the boundaries of `r`, removes the regions inside, holds the
+    /// parts that had regions, and uncharges their locks. O(regions + log n):
+    /// no page is touched (seed 003).
+    fn detach(&mut self, r: PageRange) -> Detached {
+        self.regions.split_at(r.start);
+        self.regions.split_at(r.end);
+        let removed = self.regions.remove_range(r);
+        let mut ranges: Vec<PageRange> = Vec::new();
+        for reg in &removed {
+            if reg.lock != LockMode::None {
+                self.locked_charged -= reg.range.pages();
+            }
+            match ranges.last_mut() {
+                Some(last) if last.end == reg.range.start => last.end = reg.range.end,
+                _ => ranges.push(reg.range),
+            }
+        }
+        self.held.extend(ranges.iter().copied());
+        Detached { ranges }
+    }
+
+    /// Phase 1 of `munmap`, under the exclusive lock: validate and detach.
+    /// Returns `None` when nothing was mapped there.
+    pub fn munmap(&mut self, addr: u64, len: u64) -> Result<Option<Detached>, Errno> {
+        if !self.aligned(addr) || addr > TASK_SIZE || len > TASK_SIZE - addr {
+            return bad(Errno::EINVAL);
+        }
+        let pages = self.len_pages(len).ok_or(Errno::EINVAL)?;
+        if pages == 0 {
+            return bad(Errno::EINVAL);
+        }
+        if !self.in_reservation(addr, pages) {
+            return bad(Errno::EINVAL);
+        }
+        let r = self.clip(addr, pages);
+        if !self.regions.any_in(r) {
+            return Ok(None);
+        }
+        // Unmapping the middle of a region adds one region (Linux checks the
+        // limit before splitting).
+        if let Some(reg) = self.regions.find(r.start) {
+            if reg.range.start < r.start && r.end < reg.range.end && self.regions.len() >= self.cfg.max_regions {
+                return bad(Errno::ENOMEM);
+            }
+        }
+        Ok(Some(self.detach(r)))
+    }
+
+    /// The last phase of `munmap`: the range may be reused.
+    pub fn unhold(&mut self, d: &Detached) {
+        for r in &d.ranges {
+            let i = self.held.iter().position(|h| h == r).expect("held range");
+            self.held.swap_remove(i);
+        }
+    }
+
+    /// Decides `mprotect`. Returns the segments to apply (in order) and the
+    /// call's result; on error the segments before the failure are applied,
+    /// as Linux does.
+    pub fn mprotect(&mut self, addr: u64, len: u64, prot: i32) -> (Vec<PageRange>, Result<(), Errno>) {
+        const PROT_SEM: i32 = 0x8;
+        const PROT_GROWSDOWN: i32 = 0x0100_0000;
+        const PROT_GROWSUP: i32 = 0x0200_0000;
+        if !self.aligned(addr) {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        if len == 0 {
+            return (vec![], Ok(()));
+        }
+        let Some(pages) = self.len_pages(len).filter(|p| *p > 0) else {
+            return (vec![], bad(Errno::ENOMEM));
+        };
+        if pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b)).is_none() {
+            return (vec![], bad(Errno::ENOMEM));
+        }
+        if prot & !(PROT_MASK | PROT_SEM | PROT_GROWSDOWN | PROT_GROWSUP) != 0
+            || prot & (PROT_GROWSDOWN | PROT_GROWSUP) != 0
+        {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        let prot = prot & PROT_MASK;
+        if !self.in_reservation(addr, pages) {
+            // Partly outside: Linux applies the mapped prefix; the reservation
+            // edge is a hole.
+            let r = self.clip(addr, pages);
+            if r.is_empty() || self.addr_of(r.start).0 != addr {
+                return (vec![], bad(Errno::ENOMEM));
+            }
+            let (v, _) = self.mprotect_range(r, prot);
+            return (v, bad(Errno::ENOMEM));
+        }
+        let r = self.clip(addr, pages);
+        self.mprotect_range(r, prot)
+    }
+
+    fn mprotect_range(&mut self, r: PageRange, prot: i32) -> (Vec<PageRange>, Result<(), Errno>) {
+        let segs = self.regions.overlapping(r);
+        let mut applied = Vec::new();
+        let mut at = r.start;
+        for reg in segs {
+            if reg.range.start > at {
+                break;
+            }
+            let seg = reg.range.intersect(&r);
+            if reg.prot != prot {
+                let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
+                if self.regions.len() + cost > self.cfg.max_regions {
+                    self.regions.merge_around(r);
+                    return (applied, bad(Errno::ENOMEM));
+                }
+                self.regions.split_at(seg.start);
+                self.regions.split_at(seg.end);
+                self.regions.find_mut(seg.start).expect("split").prot = prot;
+                applied.push(seg);
+            }
+            at = seg.end;
+            if at >= r.end {
+                break;
+            }
+        }
+        self.regions.merge_around(r);
+        if at < r.end {
+            return (applied, bad(Errno::ENOMEM));
+        }
+        (applied, Ok(()))
+    }
+
+    // ------------------------------------------------------------------
+    // madvise
+
+    /// Decides `madvise`. Attribute advice (NORMAL/RANDOM/SEQUENTIAL) is
+    /// applied to the regions here (the executor holds the exclusive lock for
+    /// it); page advice comes back as ops for the executor, in address order.
+    /// On error, the ops before the failing region still apply (Linux).
+    pub fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> (Vec<AdviceOp>, Result<(), Errno>) {
+        match advice {
+            MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL | MADV_WILLNEED | MADV_DONTNEED | MADV_COLD
+            | MADV_PAGEOUT => {}
+            _ => return (vec![], bad(Errno::EINVAL)),
+        }
+        if !self.aligned(addr) {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        let Some(pages) = self.len_pages(len) else {
+            return (vec![], bad(Errno::EINVAL));
+        };
+        if len != 0 && pages == 0 {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        let Some(end) = pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b)) else {
+            return (vec![], bad(Errno::EINVAL));
+        };
+        if end == addr {
+            return (vec![], Ok(()));
+        }
+        let r = self.clip(addr, pages);
+        let mut hole = !self.in_reservation(addr, pages);
+        let segs = self.regions.overlapping(r);
+        if segs.is_empty() {
+            return (vec![], bad(Errno::ENOMEM));
+        }
+        let mut ops = Vec::new();
+        let mut at = r.start;
+        for reg in segs {
+            if reg.range.start > at {
+                hole = true;
+            }
+            let seg = reg.range.intersect(&r);
+            at = seg.end;
+            let locked = reg.lock != LockMode::None;
+            match advice {
+                MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL => {
+                    let want = match advice {
+                        MADV_RANDOM => Advice::Random,
+                        MADV_SEQUENTIAL => Advice::Sequential,
+                        _ => Advice::Normal,
+                    };
+                    if reg.advice != want {
+                        let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
+                        if self.regions.len() + cost > self.cfg.max_regions {
+                            self.regions.merge_around(r);
+                            return (ops, bad(Errno::ENOMEM));
+                        }
+                        self.regions.split_at(seg.start);
+                        self.regions.split_at(seg.end);
+                        let reg = self.regions.find_mut(seg.start).expect("split");
+                        reg.advice = want;
+                        reg.streak = 0;
+                    }
+                }
+                MADV_DONTNEED => {
+                    if locked {
+                        return (ops, bad(Errno::EINVAL));
+                    }
+                    if reg.kind == Kind::AnonPrivate {
+                        ops.push(AdviceOp::Zap(seg));
+                    }
+                    // Shared anonymous memory keeps its data (shmem): the
+                    // pages are only unmapped on Linux, and stay resident.
+                }
+                MADV_COLD => {
+                    if locked {
+                        return (ops, bad(Errno::EINVAL));
+                    }
+                    ops.push(AdviceOp::Cold(seg));
+                }
+                MADV_PAGEOUT => {
+                    if locked {
+                        return (ops, bad(Errno::EINVAL));
+                    }
+                    ops.push(AdviceOp::Pageout(seg));
+                }
+                MADV_WILLNEED => ops.push(AdviceOp::WillNeed(seg)),
+                _ => unreachable!(),
+            }
+        }
+        if matches!(advice, MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL) {
+            self.regions.merge_around(r);
+        }
+        if at < r.end {
+            hole = true;
+        }
+        (ops, if hole { bad(Errno::ENOMEM) } else { Ok(()) })
+    }
+
+    // ------------------------------------------------------------------
+    // Faults
+
+    /// Plans the resolution of a fault at `a`.
+    pub fn fault(&mut self, a: Addr, write: bool) -> FaultPlan {
+        let Some(p) = self.page_of(a) else {
+            return FaultPlan::Wake;
+        };
+        let free = self.free_frames();
+        let exact = self.cfg.exact_faults;
+        let Some(reg) = self.regions.find_mut(p) else {
+            if self.held.iter().any(|h| h.contains(p)) {
+                return FaultPlan::SegvUnmapping;
+            }
+            return FaultPlan::Wake;
+        };
+        if reg.prot & PROT_READ == 0 && reg.prot & PROT_WRITE == 0 || (write && !reg.writable()) {
+            // The kernel checks protection before it reports a fault; this
+            // one raced with mprotect. The retry sees the new protection.
+            return FaultPlan::Wake;
+        }
+        let region = reg.range;
+        let prot = reg.prot;
+        let m = self.pages.get(p);
+        if m.state.busy() {
+            return FaultPlan::Wait;
+        }
+        match m.state {
+            PState::Resident => FaultPlan::Wake,
+            PState::Inactive => {
+                self.pages.update(p, |m| m.state = PState::Filling);
+                FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot) }
+            }
+            PState::Swapped => {
+                if free == 0 {
+                    return FaultPlan::Reclaim { want: 1 };
+                }
+                self.claim_frames(1);
+                self.pages.update(p, |m| m.state = PState::Filling);
+                FaultPlan::SwapIn { page: p, slot: m.slot }
+            }
+            PState::Absent => {
+                if m.has(pf::POISONED) {
+                    return FaultPlan::Sigbus;
+                }
+                if free == 0 {
+                    return FaultPlan::Reclaim { want: 1 };
+                }
+                // Fault-around: how many pages past (and around) `p`.
+                let window = if exact || reg.lock != LockMode::None {
+                    1
+                } else {
+                    match reg.advice {
+                        Advice::Random => 1,
+                        Advice::Sequential => MAX_WINDOW_PAGES,
+                        Advice::Normal => {
+                            if p.0 == reg.next_fault {
+                                reg.streak = reg.streak.saturating_add(1);
+                            } else {
+                                reg.streak = 0;
+                            }
+                            if reg.streak >= 3 {
+                                (BLOCK_PAGES << (reg.streak - 3).min(4)).min(MAX_WINDOW_PAGES)
+                            } else {
+                                1
+                            }
+                        }
+                    }
+                };
+                let mut run = PageRange::new(p.0, p.0 + 1);
+                let limit = free.min(window);
+                while run.pages() < limit && run.end < region.end && self.pages.get(run.end) == PageMeta::default() {
+                    run.end.0 += 1;
+                }
+                if window == 1
+                    && !exact
+                    && reg.advice == Advice::Normal
+                    && reg.lock == LockMode::None
+                    && region.pages() >= BLOCK_MIN_REGION_PAGES
+                {
+                    // Dense access in a large region: a second fault in an
+                    // aligned block fills the block (like a 64 KiB mTHP).
+                    let b0 = (p.0 / BLOCK_PAGES) * BLOCK_PAGES;
+                    let block = PageRange::new(b0, b0 + BLOCK_PAGES).intersect(&region);
+                    let mut seen = false;
+                    self.pages.for_each_live(block, |_, _| seen = true);
+                    if seen {
+                        while run.start > block.start
+                            && run.pages() < free
+                            && self.pages.get(PageIdx(run.start.0 - 1)) == PageMeta::default()
+                        {
+                            run.start.0 -= 1;
+                        }
+                        while run.end < block.end
+                            && run.pages() < free
+                            && self.pages.get(run.end) == PageMeta::default()
+                        {
+                            run.end.0 += 1;
+                        }
+                    }
+                }
+                let reg = self.regions.find_mut(p).expect("region");
+                reg.next_fault = run.end.0;
+                self.claim_frames(run.pages());
+                for q in run.start.0..run.end.0 {
+                    self.pages.update(PageIdx(q), |m| m.state = PState::Filling);
+                }
+                FaultPlan::ZeroFill { run }
+            }
+            _ => unreachable!("busy handled above"),
+        }
+    }
+
+    fn claim_frames(&mut self, n: u64) {
+        self.resident += n;
+        debug_assert!(self.resident <= self.cfg.budget_pages, "claim beyond budget");
+        self.resident_max = self.resident_max.max(self.resident);
+    }
+
+    fn push_active(&mut self, p: PageIdx) {
+        let mut m = self.pages.get(p);
+        m.gen = m.gen.wrapping_add(1);
+        self.pages.set(p, m);
+        self.lru.active.push_back((p, m.gen));
+        self.maybe_compact();
+    }
+
+    fn push_inactive(&mut self, p: PageIdx) {
+        let mut m = self.pages.get(p);
+        m.gen = m.gen.wrapping_add(1);
+        self.pages.set(p, m);
+        self.lru.inactive.push_back((p, m.gen));
+    }
+
+    fn maybe_compact(&mut self) {
+        let live = self.resident as usize;
+        if self.lru.len() > 2 * live + 4096 {
+            let pages = &self.pages;
+            self.lru.active.retain(|(p, g)| {
+                let m = pages.get(*p);
+                m.gen == *g && m.state == PState::Resident
+            });
+            self.lru.inactive.retain(|(p, g)| {
+                let m = pages.get(*p);
+                m.gen == *g && m.state == PState::Inactive
+            });
+        }
+    }
+
+    /// Commits a fill. `installed` is how many pages of the plan the executor
+    /// installed (a prefix of the run); the rest are released.
+    pub fn fill_done(&mut self, plan: &FaultPlan, installed: u64) {
+        self.counters.faults += 1;
+        match *plan {
+            FaultPlan::ZeroFill { run } => {
+                for q in run.start.0..run.end.0 {
+                    let p = PageIdx(q);
+                    if q - run.start.0 < installed {
+                        self.pages.update(p, |m| m.state = PState::Resident);
+                        self.push_active(p);
+                    } else {
+                        self.pages.update(p, |m| m.state = PState::Absent);
+                        self.resident -= 1;
+                    }
+                }
+                self.counters.zero_fills += installed;
+            }
+            FaultPlan::SwapIn { page, slot } => {
+                if installed > 0 {
+                    self.swap.release(slot);
+                    self.swapped -= 1;
+                    self.pages.update(page, |m| {
+                        m.state = PState::Resident;
+                        m.slot = 0;
+                    });
+                    self.push_active(page);
+                    self.counters.swapins += 1;
+                    self.counters.major_faults += 1;
+                } else {
+                    self.pages.update(page, |m| m.state = PState::Swapped);
+                    self.resident -= 1;
+                    self.counters.swap_read_errors += 1;
+                }
+            }
+            FaultPlan::Reactivate { page, slot, .. } => {
+                if installed > 0 {
+                    self.staging.release(slot);
+                    self.inactive -= 1;
+                    self.pages.update(page, |m| {
+                        m.state = PState::Resident;
+                        m.slot = 0;
+                        m.flags |= pf::REFERENCED;
+                    });
+                    self.push_active(page);
+                    self.counters.minor_faults += 1;
+                } else {
+                    self.pages.update(page, |m| m.state = PState::Inactive);
+                    self.push_inactive(page);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Counts a fault that could get no frame (SIGBUS raised).
+    pub fn fault_oom(&mut self) {
+        self.counters.oom_sigbus += 1;
+    }
+
+    // ------------------------------------------------------------------
+    // Reclaim
+
+    /// Plans reclaim of up to `want` frames: evictions from the inactive
+    /// list, and deactivations that refill it.
+    pub fn reclaim_plan(&mut self, want: u64) -> ReclaimPlan {
+        let mut plan = ReclaimPlan::default();
+        if self.swap.capacity() == 0 {
+            // No swap: anonymous pages are unevictable (as on a swapless
+            // Linux), so there is nothing to age either.
+            return plan;
+        }
+        // Evict the oldest inactive pages.
+        let mut scanned = 0;
+        let scan_max = self.lru.inactive.len();
+        while (plan.evict.len() as u64) < want && scanned < scan_max {
+            scanned += 1;
+            let Some((p, g)) = self.lru.inactive.pop_front() else { break };
+            let m = self.pages.get(p);
+            if m.gen != g || m.state != PState::Inactive {
+                continue;
+            }
+            if self.regions.find(p).is_none() {
+                continue; // being unmapped: the zap frees it
+            }
+            let Some(swap) = self.swap.alloc() else {
+                self.lru.inactive.push_front((p, g));
+                break;
+            };
+            self.pages.update(p, |m| m.state = PState::Evicting);
+            plan.evict.push(Evict { page: p, staging: m.slot, swap });
+        }
+        // Refill the inactive list from the head of the active list.
+        let target = (self.cfg.budget_pages / 4).max(16);
+        let short = want.saturating_sub(plan.evict.len() as u64);
+        let mut scanned = 0;
+        let scan_max = self.lru.active.len();
+        while ((self.inactive + plan.deactivate.len() as u64) < target || (plan.deactivate.len() as u64) < short)
+            && scanned < scan_max
+            && self.swap.free() as u64 > plan.deactivate.len() as u64
+        {
+            scanned += 1;
+            let Some((p, g)) = self.lru.active.pop_front() else { break };
+            let m = self.pages.get(p);
+            if m.gen != g || m.state != PState::Resident {
+                continue;
+            }
+            let Some(reg) = self.regions.find(p) else { continue };
+            if reg.lock != LockMode::None || m.has(pf::LOCKED) {
+                continue; // unevictable: off the LRU until unlocked
+            }
+            if reg.writable() && reg.prot != PROT_READ | PROT_WRITE {
+                // Writable but not plain RW (e.g. RWX): neither MOVE nor a
+                // race-free copy is possible; keep it (documented).
+                self.lru.active.push_back((p, g));
+                continue;
+            }
+            if m.has(pf::REFERENCED) {
+                self.pages.update(p, |m| m.flags &= !pf::REFERENCED);
+                self.lru.active.push_back((p, g));
+                continue;
+            }
+            let Some(slot) = self.staging.alloc() else { break };
+            let how = transfer_for(reg.prot);
+            self.pages.update(p, |m| {
+                m.state = PState::Deactivating;
+                m.slot = slot;
+            });
+            plan.deactivate.push(Deactivate { page: p, slot, how });
+        }
+        plan
+    }
+
+    /// Plans the deactivation (MADV_COLD) or deactivation-then-eviction
+    /// (MADV_PAGEOUT) of the resident pages of `r`.
+    pub fn deactivate_range(&mut self, r: PageRange) -> Vec<Deactivate> {
+        let mut v = Vec::new();
+        let Some(reg) = self.regions.find(r.start).cloned() else { return v };
+        if reg.lock != LockMode::None || self.swap.capacity() == 0 {
+            return v;
+        }
+        if reg.writable() && reg.prot != PROT_READ | PROT_WRITE {
+            return v;
+        }
+        let how = transfer_for(reg.prot);
+        for (p, m) in self.pages.live_in(r) {
+            if m.state != PState::Resident || m.has(pf::LOCKED) {
+                continue;
+            }
+            let Some(slot) = self.staging.alloc() else { break };
+            self.pages.update(p, |m| {
+                m.state = PState::Deactivating;
+                m.slot = slot;
+                m.flags &= !pf::REFERENCED;
+            });
+            v.push(Deactivate { page: p, slot, how });
+        }
+        v
+    }
+
+    /// Plans the eviction of the given inactive pages (MADV_PAGEOUT).
+    pub fn evict_pages(&mut self, pages: &[PageIdx]) -> Vec<Evict> {
+        let mut v = Vec::new();
+        for &p in pages {
+            let m = self.pages.get(p);
+            if m.state != PState::Inactive {
+                continue;
+            }
+            let Some(swap) = self.swap.alloc() else { break };
+            self.pages.update(p, |m| m.state = PState::Evicting);
+            v.push(Evict { page: p, staging: m.slot, swap });
+        }
+        v
+    }
+
+    pub fn deactivate_done(&mut self, d: &Deactivate, ok: bool) {
+        debug_assert_eq!(self.pages.get(d.page).state, PState::Deactivating);
+        if ok {
+            self.pages.update(d.page, |m| m.state = PState::Inactive);
+            self.inactive += 1;
+            self.push_inactive(d.page);
+            self.counters.deactivations += 1;
+        } else {
+            self.staging.release(d.slot);
+            self.pages.update(d.page, |m| {
+                m.state = PState::Resident;
+                m.slot = 0;
+            });
+            self.push_active(d.page);
+        }
+    }
+
+    /// Commits an eviction. On success the executor has written the data to
+    /// swap and dropped the staging frame.
+    pub fn evict_done(&mut self, e: &Evict, ok: bool) {
+        debug_assert_eq!(self.pages.get(e.page).state, PState::Evicting);
+        if ok {
+            self.staging.release(e.staging);
+            self.inactive -= 1;
+            self.swapped += 1;
+            self.resident -= 1;
+            self.pages.update(e.page, |m| {
+                m.state = PState::Swapped;
+                m.slot = e.swap;
+            });
+            self.counters.swapouts += 1;
+            self.counters.evictions += 1;
+        } else {
+            // The page stays resident (parked); the slot is not reused blindly.
+            self.swap.release(e.swap);
+            self.pages.update(e.page, |m| m.state = PState::Inactive);
+            self.push_inactive(e.page);
+            self.counters.swap_write_errors += 1;
+        }
+    }
+
+    /// Swapped pages of `r` to read in (MADV_WILLNEED); none are claimed: the
+    /// executor touches them through the normal fault path.
+    pub fn swapped_in(&self, r: PageRange) -> Vec<PageIdx> {
+        let mut v = Vec::new();
+        self.pages.for_each_live(r, |p, m| {
+            if m.state == PState::Swapped {
+                v.push(p)
+            }
+        });
+        v
+    }
+
+    // ------------------------------------------------------------------
+    // Zap
+
+    /// Claims the pages of `r` for dropping. `Err(())` means a page is busy:
+    /// wait and call again.
+    #[allow(clippy::result_unit_err)]
+    pub fn zap_begin(&mut self, r: PageRange) -> Result<ZapClaim, ()> {
+        let live = self.pages.live_in(r);
+        if live.iter().any(|(_, m)| m.state.busy()) {
+            return Err(());
+        }
+        let mut claim = ZapClaim { range: r, staging: Vec::new(), mapped: false };
+        for (p, m) in live {
+            match m.state {
+                PState::Resident => {
+                    claim.mapped = true;
+                    self.pages.update(p, |m| m.state = PState::Zapping);
+                }
+                PState::Inactive => {
+                    claim.staging.push(m.slot);
+                    self.pages.update(p, |m| m.state = PState::Zapping);
+                }
+                _ => {}
+            }
+        }
+        Ok(claim)
+    }
+
+    /// Drops the pages of a claim: the executor has dropped the frames.
+    pub fn zap_end(&mut self, c: &ZapClaim) {
+        for (p, m) in self.pages.live_in(c.range) {
+            match m.state {
+                PState::Zapping => self.resident -= 1,
+                PState::Swapped => {
+                    self.swap.release(m.slot);
+                    self.swapped -= 1;
+                }
+                PState::Absent => {}
+                s => panic!("zap_end: page {p:?} in state {s:?}"),
+            }
+            self.pages.set(p, PageMeta::default());
+        }
+        for &s in &c.staging {
+            self.staging.release(s);
+            self.inactive -= 1;
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Introspection
+
+    fn introspect_range(&self, addr: u64, pages: u64) -> Result<PageRange, Errno> {
+        if !self.aligned(addr) {
+            return bad(Errno::EINVAL);
+        }
+        if pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b)).is_none_or(|e| e > TASK_SIZE) {
+            return bad(Errno::ENOMEM);
+        }
+        Ok(self.clip(addr, pages))
+    }
+
+    /// `mincore`: one byte per page (bit 0: resident) up to the first hole,
+    /// where it stops with `ENOMEM`. `out` must hold `ceil(len/page)` bytes.
+    pub fn mincore(&self, addr: u64, len: u64, out: &mut [u8]) -> Result<(), Errno> {
+        let pages = self.len_pages(len).ok_or(Errno::ENOMEM)?;
+        self.walk_pages(addr, pages, |i, m| {
+            out[i] = u8::from(m.state.holds_frame());
+        })
+    }
+
+    /// `umm_page_state`: one word of `UMM_PAGE_*` bits per page.
+    pub fn page_state(&self, addr: u64, npages: u64, out: &mut [u32]) -> Result<(), Errno> {
+        self.walk_pages(addr, npages, |i, m| out[i] = state_bits(m))
+    }
+
+    fn walk_pages(&self, addr: u64, pages: u64, mut f: impl FnMut(usize, PageMeta)) -> Result<(), Errno> {
+        let r = self.introspect_range(addr, pages)?;
+        if pages == 0 {
+            return Ok(());
+        }
+        if r.is_empty() || self.addr_of(r.start).0 != addr {
+            return bad(Errno::ENOMEM);
+        }
+        let mut i = 0usize;
+        let mut at = r.start;
+        for reg in self.regions.overlapping(r) {
+            if reg.range.start > at {
+                return bad(Errno::ENOMEM);
+            }
+            let seg = reg.range.intersect(&r);
+            for q in seg.start.0..seg.end.0 {
+                f(i, self.pages.get(PageIdx(q)));
+                i += 1;
+            }
+            at = seg.end;
+        }
+        if (i as u64) < pages {
+            return bad(Errno::ENOMEM);
+        }
+        Ok(())
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            budget_pages: self.cfg.budget_pages,
+            resident_pages: self.resident,
+            resident_pages_max: self.resident_max,
+            inactive_pages: self.inactive,
+            locked_pages: 0,
+            locked_charged_pages: self.locked_charged,
+            swapped_pages: self.swapped,
+            lazyfree_pages: 0,
+            volatile_pages: 0,
+            regions: self.regions.len() as u64,
+            counters: self.counters.clone(),
+        }
+    }
+
+    /// Per-region page counts for smaps: (resident, swapped, inactive).
+    pub fn region_usage(&self, r: PageRange) -> (u64, u64, u64) {
+        let (mut res, mut sw, mut ina) = (0, 0, 0);
+        self.pages.for_each_live(r, |_, m| {
+            if m.state.holds_frame() {
+                res += 1;
+            }
+            if m.state == PState::Swapped {
+                sw += 1;
+            }
+            if m.state == PState::Inactive {
+                ina += 1;
+            }
+        });
+        (res, sw, ina)
+    }
+
+    /// Walks the whole state and asserts every invariant.
+    pub fn validate(&self) {
+        self.regions.validate(self.cfg.reserve_pages);
+        assert!(self.regions.len() <= self.cfg.max_regions, "region limit");
+        for h in &self.held {
+            assert!(!self.regions.any_in(*h), "held range {h:?} has regions");
+        }
+        self.pages.validate();
+        self.swap.validate();
+        self.staging.validate();
+        let all = PageRange::new(0, self.cfg.reserve_pages);
+        let (mut res, mut ina, mut sw, mut staged, mut evicting, mut zapping) = (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+        let mut swap_seen = std::collections::HashSet::new();
+        let mut staging_seen = std::collections::HashSet::new();
+        self.pages.for_each_live(all, |p, m| {
+            if m.state != PState::Absent {
+                assert!(
+                    self.regions.find(p).is_some() || self.held.iter().any(|h| h.contains(p)),
+                    "page {p:?} ({:?}) outside every region",
+                    m.state
+                );
+            }
+            if m.state.holds_frame() {
+                res += 1;
+            }
+            match m.state {
+                PState::Inactive | PState::Deactivating | PState::Evicting => {
+                    staged += 1;
+                    assert!(self.staging.is_used(m.slot), "staging slot of {p:?}");
+                    assert!(staging_seen.insert(m.slot), "staging slot shared");
+                    match m.state {
+                        PState::Inactive => ina += 1,
+                        PState::Evicting => evicting += 1,
+                        _ => {}
+                    }
+                }
+                PState::Swapped => {
+                    sw += 1;
+                    assert!(self.swap.is_used(m.slot), "swap slot of {p:?}");
+                    assert!(swap_seen.insert(m.slot), "swap slot shared");
+                }
+                PState::Zapping => zapping += 1,
+                _ => {}
+            }
+        });
+        assert_eq!(res, self.resident, "resident count");
+        assert!(self.resident <= self.cfg.budget_pages, "over budget");
+        assert!(self.resident_max <= self.cfg.budget_pages, "max over budget");
+        assert!(self.resident <= self.resident_max, "max below current");
+        assert_eq!(sw, self.swapped, "swapped count");
+        // Evicting pages hold their target swap slot in the plan.
+        assert_eq!(self.swap.used() as u64, sw + evicting, "swap slots in use");
+        // Zapping pages that were parked keep their staging slot until zap_end.
+        let used = self.staging.used() as u64;
+        assert!(used >= staged && used <= staged + zapping, "staging slots in use");
+        assert!(ina <= self.inactive && self.inactive <= ina + zapping, "inactive count");
+        let locked: u64 = self.regions.iter().filter(|r| r.lock != LockMode::None).map(|r| r.range.pages()).sum();
+        assert_eq!(locked, self.locked_charged, "lock charge");
+    }
+}
+
+fn transfer_for(prot: i32) -> Transfer {
+    if prot == PROT_READ | PROT_WRITE {
+        Transfer::Move
+    } else {
+        Transfer::Copy { readable: prot & PROT_READ != 0 }
+    }
+}
+
+/// The `UMM_PAGE_*` bits of a page.
+pub fn state_bits(m: PageMeta) -> u32 {
+    let mut b = 0;
+    if m.state.holds_frame() {
+        b |= UMM_PAGE_RESIDENT;
+    }
+    if m.state == PState::Inactive {
+        b |= UMM_PAGE_INACTIVE;
+    }
+    if m.state == PState::Swapped {
+        b |= UMM_PAGE_SWAPPED;
+    }
+    if m.has(pf::LOCKED) {
+        b |= UMM_PAGE_LOCKED;
+    }
+    if m.has(pf::LAZYFREE) {
+        b |= UMM_PAGE_LAZYFREE;
+    }
+    if m.has(pf::VOLATILE) {
+        b |= UMM_PAGE_VOLATILE;
+    }
+    if m.has(pf::PURGED) {
+        b |= UMM_PAGE_PURGED;
+    }
+    if m.has(pf::POISONED) {
+        b |= UMM_PAGE_POISONED;
+    }
+    if m.state.holds_frame() {
+        // Anonymous pages are dirty from their first fill (never backed by a
+        // file); a clean-swap-cache optimisation would refine this.
+        b |= UMM_PAGE_DIRTY;
+    }
+    b
+}

@@ -1,0 +1,205 @@
+//! Per-page state and the two-level page table that holds it.
+//!
+//! Page metadata is keyed by the page's index in the reservation, not owned by
+//! regions: splitting, merging and detaching a region touches no page, which
+//! is what keeps `munmap`'s exclusive phase independent of the number of
+//! resident pages (seed 003).
+//!
+//! Invariant: a leaf exists only while at least one of its entries is not
+//! `PageMeta::default()` (`live[leaf]` counts those entries).
+
+use crate::types::{PageIdx, PageRange};
+
+/// Where a page's data is, and whether somebody is working on it.
+#[derive(Copy, Clone, PartialEq, Eq, Debug, Default)]
+#[repr(u8)]
+pub enum PState {
+    /// Never touched, or dropped: reads as zeros; no frame, no slot.
+    #[default]
+    Absent = 0,
+    /// Mapped in the program's range; holds a frame.
+    Resident,
+    /// Parked in staging slot `slot` (on the inactive list); holds a frame;
+    /// the next touch is a minor fault that maps it back.
+    Inactive,
+    /// Written to swap slot `slot`; holds no frame.
+    Swapped,
+    /// Busy: being filled (zero-fill, swap-in or reactivation); frame charged.
+    Filling,
+    /// Busy: being moved from the program's range to staging slot `slot`.
+    Deactivating,
+    /// Busy: staging slot `slot` being written to swap.
+    Evicting,
+    /// Busy: being dropped (DONTNEED, munmap); frame still charged.
+    Zapping,
+}
+
+impl PState {
+    /// Whether a page in this state holds (or is charged for) a frame.
+    pub fn holds_frame(self) -> bool {
+        !matches!(self, PState::Absent | PState::Swapped)
+    }
+    /// Whether an executor is working on the page.
+    pub fn busy(self) -> bool {
+        matches!(
+            self,
+            PState::Filling | PState::Deactivating | PState::Evicting | PState::Zapping
+        )
+    }
+}
+
+/// Page flag bits (`PageMeta::flags`).
+pub mod pf {
+    /// Touched again since it was last put on a list (second chance).
+    pub const REFERENCED: u8 = 1 << 0;
+    /// Locked: reclaim never touches it.
+    pub const LOCKED: u8 = 1 << 1;
+    /// Lazily freed (MADV_FREE) and not written since.
+    pub const LAZYFREE: u8 = 1 << 2;
+    /// Marked volatile.
+    pub const VOLATILE: u8 = 1 << 3;
+    /// Purged while volatile.
+    pub const PURGED: u8 = 1 << 4;
+    /// Poisoned (MADV_HWPOISON): touching raises SIGBUS.
+    pub const POISONED: u8 = 1 << 5;
+    /// The swap slot could not be read: the data is kept, touching raises SIGBUS.
+    pub const IOERR: u8 = 1 << 6;
+}
+
+/// The state of one page: 8 bytes.
+#[derive(Copy, Clone, PartialEq, Eq, Debug, Default)]
+pub struct PageMeta {
+    pub state: PState,
+    pub flags: u8,
+    /// Generation of the page's LRU entry; an entry whose generation differs
+    /// is stale and skipped.
+    pub gen: u16,
+    /// Swap slot (`Swapped`, `Evicting`: the target slot) or staging slot
+    /// (`Inactive`, `Deactivating`, `Evicting`: see `PageTable` users).
+    pub slot: u32,
+}
+
+impl PageMeta {
+    pub fn has(&self, f: u8) -> bool {
+        self.flags & f != 0
+    }
+}
+
+const LEAF_SHIFT: u32 = 9;
+const LEAF_PAGES: u64 = 1 << LEAF_SHIFT;
+const LEAF_MASK: u64 = LEAF_PAGES - 1;
+
+type Leaf = Box<[PageMeta; LEAF_PAGES as usize]>;
+
+/// A sparse table of `PageMeta`, allocated 512 pages at a time.
+pub struct PageTable {
+    leaves: Vec<Option<Leaf>>,
+    live: Vec<u16>,
+    pages: u64,
+}
+
+impl PageTable {
+    pub fn new(pages: u64) -> PageTable {
+        let n = pages.div_ceil(LEAF_PAGES) as usize;
+        let mut leaves = Vec::with_capacity(n);
+        leaves.resize_with(n, || None);
+        PageTable { leaves, live: vec![0; n], pages }
+    }
+
+    pub fn pages(&self) -> u64 {
+        self.pages
+    }
+
+    pub fn get(&self, p: PageIdx) -> PageMeta {
+        let l = (p.0 >> LEAF_SHIFT) as usize;
+        match &self.leaves[l] {
+            Some(leaf) => leaf[(p.0 & LEAF_MASK) as usize],
+            None => PageMeta::default(),
+        }
+    }
+
+    pub fn set(&mut self, p: PageIdx, m: PageMeta) {
+        let l = (p.0 >> LEAF_SHIFT) as usize;
+        let i = (p.0 & LEAF_MASK) as usize;
+        let empty = PageMeta::default();
+        match &mut self.leaves[l] {
+            Some(leaf) => {
+                let was = leaf[i] != empty;
+                let is = m != empty;
+                leaf[i] = m;
+                match (was, is) {
+                    (false, true) => self.live[l] += 1,
+                    (true, false) => {
+                        self.live[l] -= 1;
+                        if self.live[l] == 0 {
+                            self.leaves[l] = None;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            None => {
+                if m == empty {
+                    return;
+                }
+                let mut leaf: Leaf = Box::new([empty; LEAF_PAGES as usize]);
+                leaf[i] = m;
+                self.leaves[l] = Some(leaf);
+                self.live[l] = 1;
+            }
+        }
+    }
+
+    /// Updates a page in place.
+    pub fn update(&mut self, p: PageIdx, f: impl FnOnce(&mut PageMeta)) {
+        let mut m = self.get(p);
+        f(&mut m);
+        self.set(p, m);
+    }
+
+    /// Calls `f` for every page in `r` whose meta is not the default, in order.
+    /// Empty leaves are skipped without looking at their pages.
+    pub fn for_each_live(&self, r: PageRange, mut f: impl FnMut(PageIdx, PageMeta)) {
+        let mut p = r.start.0;
+        while p < r.end.0 {
+            let l = (p >> LEAF_SHIFT) as usize;
+            let leaf_end = ((l as u64) + 1) << LEAF_SHIFT;
+            let stop = leaf_end.min(r.end.0);
+            if let Some(leaf) = &self.leaves[l] {
+                for q in p..stop {
+                    let m = leaf[(q & LEAF_MASK) as usize];
+                    if m != PageMeta::default() {
+                        f(PageIdx(q), m);
+                    }
+                }
+            }
+            p = stop;
+        }
+    }
+
+    /// The live pages of `r`, collected (for callers that mutate as they go).
+    pub fn live_in(&self, r: PageRange) -> Vec<(PageIdx, PageMeta)> {
+        let mut v = Vec::new();
+        self.for_each_live(r, |p, m| v.push((p, m)));
+        v
+    }
+
+    /// Number of allocated leaves (for tests of the sparse invariant).
+    pub fn leaves_allocated(&self) -> usize {
+        self.leaves.iter().filter(|l| l.is_some()).count()
+    }
+
+    /// Checks the leaf invariant.
+    pub fn validate(&self) {
+        for (l, leaf) in self.leaves.iter().enumerate() {
+            match leaf {
+                Some(leaf) => {
+                    let n = leaf.iter().filter(|m| **m != PageMeta::default()).count();
+                    assert_eq!(n, self.live[l] as usize, "leaf {l} live count");
+                    assert!(n > 0, "empty leaf {l} kept");
+                }
+                None => assert_eq!(self.live[l], 0),
+            }
+        }
+    }
+}

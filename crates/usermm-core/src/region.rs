@@ -1,0 +1,251 @@
+//! Regions (the VMA analogue) and the region tree.
+//!
+//! Invariants (checked by `RegionTree::validate`):
+//! - regions are non-empty, sorted and never overlap;
+//! - two adjacent regions that could merge are merged (as Linux's
+//!   `vma_merge` does for anonymous memory), so the region count is the one
+//!   Linux would have;
+//! - the count never exceeds the limit the caller enforces (`max_regions`).
+
+use std::collections::BTreeMap;
+
+use crate::consts::*;
+use crate::types::{PageIdx, PageRange};
+
+/// What backs a region.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum Kind {
+    /// `MAP_PRIVATE|MAP_ANONYMOUS`.
+    AnonPrivate,
+    /// `MAP_SHARED|MAP_ANONYMOUS`: within one process it behaves as private
+    /// memory, except that `MADV_DONTNEED` keeps the data (shmem semantics) and
+    /// `MADV_FREE` is refused.
+    AnonShared,
+}
+
+/// Access-pattern advice (`VM_RAND_READ` / `VM_SEQ_READ`).
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum Advice {
+    Normal,
+    Random,
+    Sequential,
+}
+
+/// Lock mode of a region (`VM_LOCKED`, `VM_LOCKONFAULT`).
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum LockMode {
+    None,
+    Locked,
+    OnFault,
+}
+
+#[derive(Clone, Debug)]
+pub struct Region {
+    pub range: PageRange,
+    pub prot: i32,
+    pub kind: Kind,
+    pub advice: Advice,
+    pub noreserve: bool,
+    pub lock: LockMode,
+    /// Identity of the shared object (shared anonymous memory); 0 for private.
+    pub object: u64,
+    /// Offset of `range.start` in the object, in pages (smaps' offset column).
+    pub pgoff: u64,
+    /// Streaming detection: the page a sequential reader would fault next.
+    pub next_fault: u64,
+    /// Streaming detection: consecutive faults that hit `next_fault`.
+    pub streak: u32,
+}
+
+impl Region {
+    /// Whether `self` followed by `next` may become one region.
+    pub fn can_merge(&self, next: &Region) -> bool {
+        self.range.end == next.range.start
+            && self.prot == next.prot
+            && self.kind == next.kind
+            && self.advice == next.advice
+            && self.noreserve == next.noreserve
+            && self.lock == next.lock
+            && self.object == next.object
+            && (self.object == 0 || self.pgoff + self.range.pages() == next.pgoff)
+    }
+
+    fn split_off(&mut self, at: PageIdx) -> Region {
+        debug_assert!(self.range.start < at && at < self.range.end);
+        let mut tail = self.clone();
+        tail.range.start = at;
+        tail.pgoff = self.pgoff + (at.0 - self.range.start.0);
+        self.range.end = at;
+        tail
+    }
+
+    pub fn writable(&self) -> bool {
+        self.prot & PROT_WRITE != 0
+    }
+}
+
+#[derive(Default)]
+pub struct RegionTree {
+    map: BTreeMap<u64, Region>,
+}
+
+impl RegionTree {
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Region> {
+        self.map.values()
+    }
+
+    /// The region containing `p`.
+    pub fn find(&self, p: PageIdx) -> Option<&Region> {
+        self.map
+            .range(..=p.0)
+            .next_back()
+            .map(|(_, r)| r)
+            .filter(|r| r.range.contains(p))
+    }
+
+    pub fn find_mut(&mut self, p: PageIdx) -> Option<&mut Region> {
+        self.map
+            .range_mut(..=p.0)
+            .next_back()
+            .map(|(_, r)| r)
+            .filter(|r| r.range.contains(p))
+    }
+
+    /// The regions overlapping `r`, in address order.
+    pub fn overlapping(&self, r: PageRange) -> Vec<Region> {
+        let mut v = Vec::new();
+        if let Some(first) = self.find(r.start) {
+            if first.range.start < r.start {
+                v.push(first.clone());
+            }
+        }
+        v.extend(self.map.range(r.start.0..r.end.0).map(|(_, reg)| reg.clone()));
+        v
+    }
+
+    /// How many regions a split at `at` would add (0 or 1).
+    pub fn split_cost(&self, at: PageIdx) -> usize {
+        match self.find(at) {
+            Some(r) if r.range.start < at => 1,
+            _ => 0,
+        }
+    }
+
+    /// Splits the region containing `at` so that a region starts at `at`.
+    pub fn split_at(&mut self, at: PageIdx) {
+        let key = match self.find(at) {
+            Some(r) if r.range.start < at => r.range.start.0,
+            _ => return,
+        };
+        let tail = self.map.get_mut(&key).expect("found").split_off(at);
+        self.map.insert(at.0, tail);
+    }
+
+    /// Removes and returns the regions inside `r` (the caller split first).
+    pub fn remove_range(&mut self, r: PageRange) -> Vec<Region> {
+        let keys: Vec<u64> = self.map.range(r.start.0..r.end.0).map(|(k, _)| *k).collect();
+        keys.into_iter()
+            .map(|k| {
+                let reg = self.map.remove(&k).expect("key");
+                debug_assert!(reg.range.end <= r.end);
+                reg
+            })
+            .collect()
+    }
+
+    pub fn insert(&mut self, reg: Region) {
+        debug_assert!(!reg.range.is_empty());
+        let prev = self.map.insert(reg.range.start.0, reg);
+        debug_assert!(prev.is_none());
+    }
+
+    /// Merges every mergeable neighbour pair that touches `r` (including the
+    /// regions just outside it).
+    pub fn merge_around(&mut self, r: PageRange) {
+        let lo = self
+            .map
+            .range(..r.start.0)
+            .next_back()
+            .map(|(k, _)| *k)
+            .unwrap_or(r.start.0);
+        let mut key = lo;
+        loop {
+            let Some(cur) = self.map.get(&key) else {
+                match self.map.range(key..).next() {
+                    Some((k, _)) if *k <= r.end.0 => {
+                        key = *k;
+                        continue;
+                    }
+                    _ => return,
+                }
+            };
+            let end = cur.range.end.0;
+            if end > r.end.0 {
+                return;
+            }
+            match self.map.get(&end) {
+                Some(next) if cur.can_merge(next) => {
+                    let next = self.map.remove(&end).expect("next");
+                    let cur = self.map.get_mut(&key).expect("cur");
+                    cur.range.end = next.range.end;
+                }
+                Some(_) => key = end,
+                None => match self.map.range(end..).next() {
+                    Some((k, _)) if *k <= r.end.0 => key = *k,
+                    _ => return,
+                },
+            }
+        }
+    }
+
+    /// Whether any region overlaps `r`.
+    pub fn any_in(&self, r: PageRange) -> bool {
+        self.find(r.start).is_some() || self.map.range(r.start.0..r.end.0).next().is_some()
+    }
+
+    /// Lowest gap of `pages` pages in `[from, limit)` that avoids every region
+    /// and every range in `held`.
+    pub fn find_gap(&self, pages: u64, from: u64, limit: u64, held: &[PageRange]) -> Option<u64> {
+        let mut cand = from;
+        loop {
+            if cand.checked_add(pages)? > limit {
+                return None;
+            }
+            let want = PageRange::new(cand, cand + pages);
+            if let Some(r) = self.find(want.start) {
+                cand = r.range.end.0;
+                continue;
+            }
+            if let Some((_, r)) = self.map.range(want.start.0..want.end.0).next() {
+                cand = r.range.end.0;
+                continue;
+            }
+            if let Some(h) = held.iter().find(|h| h.overlaps(&want)) {
+                cand = h.end.0;
+                continue;
+            }
+            return Some(cand);
+        }
+    }
+
+    pub fn validate(&self, limit: u64) {
+        let mut prev: Option<&Region> = None;
+        for (k, r) in &self.map {
+            assert_eq!(*k, r.range.start.0, "key");
+            assert!(!r.range.is_empty(), "empty region");
+            assert!(r.range.end.0 <= limit, "region beyond reservation");
+            if let Some(p) = prev {
+                assert!(p.range.end <= r.range.start, "overlap {:?} {:?}", p.range, r.range);
+                assert!(!p.can_merge(r), "unmerged neighbours {:?} {:?}", p.range, r.range);
+            }
+            prev = Some(r);
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! `/proc/PID/smaps` formatting, in exactly Linux's layout.
+
+use std::fmt::Write;
+
+use crate::consts::*;
+use crate::core::Core;
+use crate::region::{Kind, LockMode, Region};
+
+/// One region's smaps entry.
+pub fn format_region(out: &mut String, core: &Core, reg: &Region, extra_flags: &str) {
+    let start = core.addr_of(reg.range.start).0;
+    let end = core.addr_of(reg.range.end).0;
+    let kb = core.page_size() / 1024;
+    let (res, swap, _inactive) = core.region_usage(reg.range);
+    let shared = reg.kind == Kind::AnonShared;
+    let perms = format!(
+        "{}{}{}{}",
+        if reg.prot & PROT_READ != 0 { 'r' } else { '-' },
+        if reg.prot & PROT_WRITE != 0 { 'w' } else { '-' },
+        if reg.prot & PROT_EXEC != 0 { 'x' } else { '-' },
+        if shared { 's' } else { 'p' }
+    );
+    let header = if shared {
+        let h = format!(
+            "{start:08x}-{end:08x} {perms} {:08x} 00:01 {} ",
+            reg.pgoff * core.page_size(),
+            reg.object
+        );
+        // Linux pads the name to column 73.
+        format!("{h:<73}/dev/zero (deleted)")
+    } else {
+        format!("{start:08x}-{end:08x} {perms} 00000000 00:00 0 ")
+    };
+    let size = reg.range.pages() * kb;
+    let rss = res * kb;
+    let locked = if reg.lock != LockMode::None { rss } else { 0 };
+    let anon = if shared { 0 } else { rss };
+    let _ = writeln!(out, "{header}");
+    let mut kv = |k: &str, v: u64| {
+        let _ = writeln!(out, "{:<16}{:>8} kB", format!("{k}:"), v);
+    };
+    kv("Size", size);
+    kv("KernelPageSize", kb);
+    kv("MMUPageSize", kb);
+    kv("Rss", rss);
+    kv("Pss", rss);
+    kv("Pss_Dirty", rss);
+    kv("Shared_Clean", 0);
+    kv("Shared_Dirty", 0);
+    kv("Private_Clean", 0);
+    kv("Private_Dirty", rss);
+    kv("Referenced", rss);
+    kv("Anonymous", anon);
+    kv("KSM", 0);
+    kv("LazyFree", 0);
+    kv("AnonHugePages", 0);
+    kv("ShmemPmdMapped", 0);
+    kv("FilePmdMapped", 0);
+    kv("Shared_Hugetlb", 0);
+    kv("Private_Hugetlb", 0);
+    kv("Swap", swap * kb);
+    kv("SwapPss", swap * kb);
+    kv("Locked", locked);
+    let _ = writeln!(out, "THPeligible:    0");
+    let _ = writeln!(out, "ProtectionKey:   0");
+    let mut flags = String::new();
+    for (on, f) in [
+        (reg.prot & PROT_READ != 0, "rd"),
+        (reg.prot & PROT_WRITE != 0, "wr"),
+        (reg.prot & PROT_EXEC != 0, "ex"),
+        (shared, "sh"),
+        (true, "mr"),
+        (true, "mw"),
+        (true, "me"),
+        (shared, "ms"),
+        (reg.advice == crate::region::Advice::Sequential, "sr"),
+        (reg.advice == crate::region::Advice::Random, "rr"),
+        (reg.lock != LockMode::None, "lo"),
+        (true, "dc"),
+        (!shared, "ac"),
+        (reg.noreserve, "nr"),
+        (true, "nh"),
+        (reg.lock == LockMode::OnFault, "lf"),
+        (true, "um"),
+    ] {
+        if on {
+            flags.push_str(f);
+            flags.push(' ');
+        }
+    }
+    flags.push_str(extra_flags);
+    let _ = writeln!(out, "VmFlags: {flags}");
+}
+
+/// The whole space's smaps text. `extra_flags` are appended to every
+/// VmFlags line (usermm's own two-letter flags, e.g. `uo` for the
+/// user-mode-only fallback).
+pub fn format(core: &Core, extra_flags: &str) -> String {
+    let mut s = String::new();
+    for reg in core.regions().iter() {
+        format_region(&mut s, core, reg, extra_flags);
+    }
+    s
+}

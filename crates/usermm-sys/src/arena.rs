@@ -1,0 +1,228 @@
+//! The memory a space owns, with safe operations on it.
+//!
+//! An `Arena` owns three mappings: the *reservation* (the program's range),
+//! the *staging area* (one page slot per budget page, where inactive pages are
+//! parked) and a *zero buffer*. Every method checks that the addresses it is
+//! given lie inside the arena, so that the executor can drive page movement
+//! without `unsafe`: no Rust reference ever points into these mappings; the
+//! kernel moves the bytes (userfaultfd ioctls, `pread`/`pwritev`).
+
+use crate::file::{ProcMem, SwapFile};
+use crate::uffd::Uffd;
+use crate::{mem, Errno};
+
+const ZERO_BUF_BYTES: usize = 1 << 20;
+
+pub struct Arena {
+    pub base: usize,
+    pub reserve_len: usize,
+    pub staging_base: usize,
+    pub staging_len: usize,
+    pub page_size: usize,
+    zero_buf: usize,
+    zero_len: usize,
+}
+
+impl Arena {
+    /// Reserves `reserve_len` bytes (`PROT_NONE`, aligned to 2 MiB) and
+    /// `staging_slots` staging pages; applies `MADV_DONTFORK` and
+    /// `MADV_NOHUGEPAGE` to both and registers both with `uffd`.
+    pub fn new(uffd: &Uffd, reserve_len: usize, staging_slots: usize, page_size: usize) -> Result<Arena, Errno> {
+        let base = mem::reserve(reserve_len, page_size.max(1 << 21))?;
+        let mut a = Arena {
+            base,
+            reserve_len,
+            staging_base: 0,
+            staging_len: staging_slots * page_size,
+            page_size,
+            zero_buf: 0,
+            zero_len: ZERO_BUF_BYTES.max(page_size),
+        };
+        a.staging_base = mem::map_rw(a.staging_len)?;
+        a.zero_buf = mem::map_rw(a.zero_len)?;
+        for (s, l) in [(a.base, a.reserve_len), (a.staging_base, a.staging_len)] {
+            mem::advise(s, l, libc::MADV_DONTFORK)?;
+            mem::advise(s, l, libc::MADV_NOHUGEPAGE)?;
+            uffd.register(s, l)?;
+        }
+        Ok(a)
+    }
+
+    fn in_reserve(&self, a: usize, l: usize) -> bool {
+        a >= self.base && a.checked_add(l).is_some_and(|e| e <= self.base + self.reserve_len)
+    }
+
+    pub fn slot_addr(&self, slot: u32) -> usize {
+        let a = self.staging_base + slot as usize * self.page_size;
+        assert!(a + self.page_size <= self.staging_base + self.staging_len, "staging slot {slot} out of range");
+        a
+    }
+
+    fn check(&self, a: usize, l: usize) -> Result<(), Errno> {
+        if self.in_reserve(a, l) {
+            Ok(())
+        } else {
+            Err(Errno::EFAULT)
+        }
+    }
+
+    /// Installs zero pages at `[dst, dst+len)` of the reservation, waking
+    /// waiters. Returns the bytes installed (a prefix).
+    pub fn zero_fill(&self, uffd: &Uffd, dst: usize, len: usize) -> Result<usize, Errno> {
+        self.check(dst, len)?;
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(self.zero_len);
+            // SAFETY: the zero buffer is ours, mapped and readable for zero_len.
+            let c = unsafe { uffd.copy(dst + done, self.zero_buf as *const u8, n, true) }?;
+            done += c;
+            if c < n {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Maps the page parked in `slot` back at `dst`: `UFFDIO_MOVE` when
+    /// `try_move`, else a copy and a drop of the slot's frame.
+    pub fn slot_to_page(&self, uffd: &Uffd, slot: u32, dst: usize, try_move: bool) -> Result<(), Errno> {
+        let ps = self.page_size;
+        self.check(dst, ps)?;
+        let src = self.slot_addr(slot);
+        if try_move && matches!(uffd.mv(dst, src, ps, true), Ok(n) if n == ps) {
+            return Ok(());
+        }
+        // SAFETY: the slot is ours and holds a page (the caller's claim), so
+        // it is mapped and readable.
+        let n = unsafe { uffd.copy(dst, src as *const u8, ps, true) }?;
+        if n != ps {
+            return Err(Errno::EEXIST);
+        }
+        mem::advise(src, ps, libc::MADV_DONTNEED)
+    }
+
+    /// Moves the resident page at `src` into the empty `slot` with
+    /// `UFFDIO_MOVE` (atomic: a concurrent touch faults and waits).
+    pub fn page_to_slot_move(&self, uffd: &Uffd, src: usize, slot: u32) -> Result<(), Errno> {
+        let ps = self.page_size;
+        self.check(src, ps)?;
+        match uffd.mv(self.slot_addr(slot), src, ps, false)? {
+            n if n == ps => Ok(()),
+            _ => Err(Errno::EAGAIN),
+        }
+    }
+
+    /// Copies the resident page at `src` into the empty `slot`, then drops it
+    /// from `src`. Only race-free when nothing can write `src` meanwhile (a
+    /// non-writable region). Through `/proc/self/mem` when `src` is not
+    /// readable.
+    pub fn page_to_slot_copy(&self, uffd: &Uffd, src: usize, slot: u32, procmem: Option<&ProcMem>) -> Result<(), Errno> {
+        let ps = self.page_size;
+        self.check(src, ps)?;
+        let dst = self.slot_addr(slot);
+        match procmem {
+            None => {
+                // SAFETY: `src` is inside the reservation; the kernel's copy
+                // from it faults like any user access (no Rust reference).
+                let n = unsafe { uffd.copy(dst, src as *const u8, ps, false) }?;
+                if n != ps {
+                    return Err(Errno::EEXIST);
+                }
+            }
+            Some(pm) => {
+                let buf = mem::map_rw(ps)?;
+                // SAFETY: `buf` is a fresh page of ours; `src` is resident.
+                let r = unsafe { pm.read(buf, src, ps) }.and_then(|_| {
+                    // SAFETY: `buf` is ours and readable.
+                    unsafe { uffd.copy(dst, buf as *const u8, ps, false) }
+                });
+                // SAFETY: `buf` is ours and no longer used.
+                unsafe {
+                    let _ = mem::unmap(buf, ps);
+                }
+                if r? != ps {
+                    return Err(Errno::EEXIST);
+                }
+            }
+        }
+        mem::advise(src, ps, libc::MADV_DONTNEED)
+    }
+
+    /// Writes the pages parked in `slots` to consecutive pages of `swap`
+    /// starting at byte `off`.
+    pub fn write_slots(&self, swap: &SwapFile, slots: &[u32], off: u64) -> Result<(), Errno> {
+        let bufs: Vec<(usize, usize)> = slots.iter().map(|&s| (self.slot_addr(s), self.page_size)).collect();
+        // SAFETY: the slots are ours and hold pages (the caller's claim).
+        unsafe { swap.pwritev(&bufs, off) }
+    }
+
+    /// Drops the frame of `slot` (the slot becomes empty).
+    pub fn drop_slot(&self, slot: u32) -> Result<(), Errno> {
+        mem::advise(self.slot_addr(slot), self.page_size, libc::MADV_DONTNEED)
+    }
+
+    /// Reads one page of `swap` at `off` and installs it at `dst`, waking
+    /// waiters. `bounce` is a page-sized buffer from `bounce_page`.
+    pub fn swap_in(&self, uffd: &Uffd, swap: &SwapFile, off: u64, dst: usize, bounce: &Bounce) -> Result<(), Errno> {
+        let ps = self.page_size;
+        self.check(dst, ps)?;
+        assert!(bounce.len >= ps);
+        // SAFETY: the bounce buffer is a private mapping owned by `bounce`.
+        unsafe { swap.pread(bounce.addr, ps, off) }?;
+        // SAFETY: as above, readable.
+        let n = unsafe { uffd.copy(dst, bounce.addr as *const u8, ps, true) }?;
+        if n != ps {
+            return Err(Errno::EEXIST);
+        }
+        Ok(())
+    }
+
+    /// `mprotect` inside the reservation.
+    pub fn protect(&self, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
+        self.check(a, l)?;
+        mem::protect(a, l, prot)
+    }
+
+    /// `MADV_DONTNEED` inside the reservation.
+    pub fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.check(a, l)?;
+        mem::advise(a, l, libc::MADV_DONTNEED)
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: the arena owns these mappings; its owner drops it only when
+        // the space is closed and its threads are gone.
+        unsafe {
+            let _ = mem::unmap(self.base, self.reserve_len);
+            if self.staging_base != 0 {
+                let _ = mem::unmap(self.staging_base, self.staging_len);
+            }
+            if self.zero_buf != 0 {
+                let _ = mem::unmap(self.zero_buf, self.zero_len);
+            }
+        }
+    }
+}
+
+/// A page-aligned private buffer (for O_DIRECT reads).
+pub struct Bounce {
+    addr: usize,
+    len: usize,
+}
+
+impl Bounce {
+    pub fn new(len: usize) -> Result<Bounce, Errno> {
+        Ok(Bounce { addr: mem::map_rw(len)?, len })
+    }
+}
+
+impl Drop for Bounce {
+    fn drop(&mut self) {
+        // SAFETY: the buffer is ours and dropped with us.
+        unsafe {
+            let _ = mem::unmap(self.addr, self.len);
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! The C and Rust API boundary: turning caller-provided pointers into
+//! references. The callers of these functions (the C ABI and the `Mapping`
+//! handle) are the only places that trust a pointer they did not create.
+
+/// A mutable slice from a C pointer and length; `None` for a null pointer
+/// with a non-zero length.
+///
+/// # Safety
+/// If non-null, `ptr` must be valid for writes of `len` elements for `'a`,
+/// and not aliased.
+pub unsafe fn slice_mut<'a, T>(ptr: *mut T, len: usize) -> Option<&'a mut [T]> {
+    if len == 0 {
+        return Some(&mut []);
+    }
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: guaranteed by the caller.
+    Some(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+}
+
+/// A shared reference from a C pointer; `None` for null.
+///
+/// # Safety
+/// If non-null, `ptr` must point to a valid `T` for `'a`.
+pub unsafe fn as_ref<'a, T>(ptr: *const T) -> Option<&'a T> {
+    // SAFETY: guaranteed by the caller.
+    unsafe { ptr.as_ref() }
+}
+
+/// A mutable reference from a C pointer; `None` for null.
+///
+/// # Safety
+/// If non-null, `ptr` must point to a valid, unaliased `T` for `'a`.
+pub unsafe fn as_mut<'a, T>(ptr: *mut T) -> Option<&'a mut T> {
+    // SAFETY: guaranteed by the caller.
+    unsafe { ptr.as_mut() }
+}
+
+/// A C string as UTF-8 (`None` for null or invalid UTF-8).
+///
+/// # Safety
+/// If non-null, `ptr` must point to a NUL-terminated string valid for `'a`.
+pub unsafe fn c_str<'a>(ptr: *const std::ffi::c_char) -> Option<&'a str> {
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { std::ffi::CStr::from_ptr(ptr) }.to_str().ok()
+}
+
+/// Sets the calling thread's `errno`.
+pub fn set_errno(e: i32) {
+    // SAFETY: __errno_location returns the calling thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Writes all of `data` to a raw descriptor.
+pub fn write_fd(fd: i32, data: &[u8]) -> Result<(), crate::Errno> {
+    let mut done = 0;
+    while done < data.len() {
+        // SAFETY: `data[done..]` is readable.
+        let r = unsafe { libc::write(fd, data[done..].as_ptr() as *const libc::c_void, data.len() - done) };
+        if r < 0 {
+            let e = crate::last_errno();
+            if e.0 == libc::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        done += r as usize;
+    }
+    Ok(())
+}
+
+/// Whether `fd` is an open descriptor (for `EBADF`).
+pub fn fd_is_open(fd: i32) -> bool {
+    // SAFETY: F_GETFD takes no pointer.
+    fd >= 0 && unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0
+}
+
+/// A byte slice over memory a space mapped.
+///
+/// # Safety
+/// `[addr, addr+len)` must stay mapped for `'a`; the bytes may change
+/// concurrently only through this process's own writes (as with any shared
+/// memory mapping, e.g. memmap2's).
+pub unsafe fn mapped_slice<'a>(addr: usize, len: usize) -> &'a mut [u8] {
+    // SAFETY: guaranteed by the caller.
+    unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
+}

@@ -1,0 +1,168 @@
+//! Files: the swap file, positional vectored I/O, `/proc/self/mem`.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::{check, check_isize, last_errno, Errno};
+
+/// An open swap file.
+pub struct SwapFile {
+    fd: OwnedFd,
+    /// Whether I/O bypasses the page cache.
+    pub direct: bool,
+    /// How the file was created (for the docs and smaps): "O_TMPFILE" or
+    /// "unlinked 0600".
+    pub how: &'static str,
+}
+
+impl SwapFile {
+    /// Creates an anonymous swap file of `size` bytes in `dir`: `O_TMPFILE`
+    /// when the file system has it (the file never has a name), otherwise a
+    /// 0600 file unlinked at once. `O_DIRECT` when the file system allows it.
+    pub fn create(dir: &str, size: u64) -> Result<SwapFile, Errno> {
+        let cdir = CString::new(dir).map_err(|_| Errno::EINVAL)?;
+        let mut last = Errno::EIO;
+        for direct in [true, false] {
+            let dflag = if direct { libc::O_DIRECT } else { 0 };
+            // SAFETY: `cdir` is NUL-terminated.
+            let fd = unsafe { libc::open(cdir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC | dflag, 0o600) };
+            let (fd, how) = if fd >= 0 {
+                (fd, "O_TMPFILE")
+            } else {
+                let name = format!("{dir}/usermm-swap-{}-{}", std::process::id(), crate::now_ns());
+                let cname = CString::new(name).map_err(|_| Errno::EINVAL)?;
+                // SAFETY: `cname` is NUL-terminated.
+                let fd = unsafe {
+                    libc::open(cname.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC | dflag, 0o600)
+                };
+                if fd < 0 {
+                    last = last_errno();
+                    continue;
+                }
+                // SAFETY: `cname` is NUL-terminated.
+                unsafe { libc::unlink(cname.as_ptr()) };
+                (fd, "unlinked 0600")
+            };
+            // SAFETY: a new descriptor we own.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            // SAFETY: ftruncate takes its arguments by value.
+            if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } < 0 {
+                last = last_errno();
+                continue;
+            }
+            return Ok(SwapFile { fd, direct, how });
+        }
+        Err(last)
+    }
+
+    pub fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Writes the page-sized buffers `bufs` at `off` in one call, looping over
+    /// short writes.
+    ///
+    /// # Safety
+    /// Every `(addr, len)` in `bufs` must be readable memory for the call.
+    pub unsafe fn pwritev(&self, bufs: &[(usize, usize)], off: u64) -> Result<(), Errno> {
+        let mut iov: Vec<libc::iovec> =
+            bufs.iter().map(|&(a, l)| libc::iovec { iov_base: a as *mut libc::c_void, iov_len: l }).collect();
+        let total: usize = bufs.iter().map(|b| b.1).sum();
+        let mut done = 0usize;
+        let mut first = 0usize;
+        while done < total {
+            let n = (iov.len() - first).min(1024);
+            // SAFETY: the iovecs point to memory the caller guarantees readable.
+            let r = unsafe { libc::pwritev(self.fd.as_raw_fd(), iov[first..].as_ptr(), n as i32, (off + done as u64) as libc::off_t) };
+            let mut w = check_isize(r)?;
+            if w == 0 {
+                return Err(Errno::EIO);
+            }
+            done += w;
+            while w > 0 {
+                if w >= iov[first].iov_len {
+                    w -= iov[first].iov_len;
+                    first += 1;
+                } else {
+                    iov[first].iov_base = (iov[first].iov_base as usize + w) as *mut libc::c_void;
+                    iov[first].iov_len -= w;
+                    w = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads `len` bytes at `off` into `dst`, looping over short reads; a read
+    /// past the end of the file is `EIO`.
+    ///
+    /// # Safety
+    /// `[dst, dst+len)` must be writable memory for the call.
+    pub unsafe fn pread(&self, dst: usize, len: usize, off: u64) -> Result<(), Errno> {
+        let mut done = 0;
+        while done < len {
+            // SAFETY: the caller guarantees the buffer is writable.
+            let r = unsafe {
+                libc::pread(self.fd.as_raw_fd(), (dst + done) as *mut libc::c_void, len - done, (off + done as u64) as libc::off_t)
+            };
+            let n = check_isize(r)?;
+            if n == 0 {
+                return Err(Errno::EIO);
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Reads the whole file (for tests that scan swap contents).
+    pub fn read_all(&self, size: u64) -> Result<Vec<u8>, Errno> {
+        // Through a separate buffered descriptor so that O_DIRECT alignment
+        // rules do not apply.
+        let path = CString::new(format!("/proc/self/fd/{}", self.fd.as_raw_fd())).map_err(|_| Errno::EINVAL)?;
+        // SAFETY: `path` is NUL-terminated.
+        let fd = check(unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) })?;
+        // SAFETY: a new descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut v = vec![0u8; size as usize];
+        let mut done = 0;
+        while done < v.len() {
+            // SAFETY: `v[done..]` is writable.
+            let r = unsafe { libc::pread(fd.as_raw_fd(), v[done..].as_mut_ptr() as *mut libc::c_void, v.len() - done, done as i64) };
+            let n = check_isize(r)?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        v.truncate(done);
+        Ok(v)
+    }
+}
+
+/// `/proc/self/mem`: reads pages whatever their protection (FOLL_FORCE), to
+/// evict pages of `PROT_NONE` regions.
+pub struct ProcMem(OwnedFd);
+
+impl ProcMem {
+    pub fn open() -> Result<ProcMem, Errno> {
+        // SAFETY: NUL-terminated path.
+        let fd = check(unsafe { libc::open(c"/proc/self/mem".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) })?;
+        // SAFETY: a new descriptor we own.
+        Ok(ProcMem(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Copies `len` bytes at address `src` into `dst`.
+    ///
+    /// # Safety
+    /// `[dst, dst+len)` must be writable; `src` must be resident (a missing
+    /// page would fault into our own handler).
+    pub unsafe fn read(&self, dst: usize, src: usize, len: usize) -> Result<(), Errno> {
+        // SAFETY: the caller guarantees dst is writable.
+        let r = unsafe { libc::pread(self.0.as_raw_fd(), dst as *mut libc::c_void, len, src as libc::off_t) };
+        let n = check_isize(r)?;
+        if n != len {
+            return Err(Errno::EIO);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,116 @@
+//! Memory mappings: reserve, protect, advise, release, and raw page copies.
+
+use crate::{check, last_errno, Errno};
+
+/// Reserves `len` bytes of address space: `PROT_NONE`, private, anonymous,
+/// no swap reservation. Returns the start address.
+pub fn reserve(len: usize, align: usize) -> Result<usize, Errno> {
+    // Over-reserve to align, then trim the edges.
+    let total = len.checked_add(align).ok_or(Errno::ENOMEM)?;
+    // SAFETY: a fresh anonymous mapping at a kernel-chosen address touches no
+    // existing memory.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            total,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(last_errno());
+    }
+    let raw = p as usize;
+    let start = (raw + align - 1) & !(align - 1);
+    if start > raw {
+        // SAFETY: [raw, start) is part of the mapping just made and unused.
+        unsafe { libc::munmap(raw as *mut libc::c_void, start - raw) };
+    }
+    let end = start + len;
+    if raw + total > end {
+        // SAFETY: [end, raw+total) is part of the mapping just made and unused.
+        unsafe { libc::munmap(end as *mut libc::c_void, raw + total - end) };
+    }
+    Ok(start)
+}
+
+/// Maps fresh private anonymous read-write memory (for staging and buffers).
+pub fn map_rw(len: usize) -> Result<usize, Errno> {
+    // SAFETY: a fresh anonymous mapping at a kernel-chosen address.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(last_errno());
+    }
+    Ok(p as usize)
+}
+
+/// Releases a mapping made by `reserve` or `map_rw`.
+///
+/// # Safety
+/// Nothing may use `[addr, addr+len)` afterwards.
+pub unsafe fn unmap(addr: usize, len: usize) -> Result<(), Errno> {
+    // SAFETY: the caller guarantees the range is no longer used.
+    check(unsafe { libc::munmap(addr as *mut libc::c_void, len) }).map(|_| ())
+}
+
+/// `mprotect` on memory owned by a space.
+pub fn protect(addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
+    // SAFETY: changing protection is memory-safe for this program: the range
+    // belongs to a space, and access to it is the program's own business
+    // (violations raise SIGSEGV, never undefined behaviour in usermm).
+    check(unsafe { libc::mprotect(addr as *mut libc::c_void, len, prot) }).map(|_| ())
+}
+
+/// `madvise` on memory owned by a space (DONTNEED drops its pages).
+pub fn advise(addr: usize, len: usize, advice: i32) -> Result<(), Errno> {
+    // SAFETY: the range belongs to a space; the advice usermm gives (DONTNEED
+    // on pages it has decided to drop, NOHUGEPAGE, DONTFORK) changes no
+    // memory usermm itself still reads.
+    check(unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) }).map(|_| ())
+}
+
+/// `mlock2` on memory owned by a space.
+pub fn mlock2(addr: usize, len: usize, flags: u32) -> Result<(), Errno> {
+    // SAFETY: locking has no memory-safety effect.
+    let r = unsafe { libc::syscall(325, addr, len, flags) };
+    if r < 0 {
+        return Err(last_errno());
+    }
+    Ok(())
+}
+
+/// `munlock` on memory owned by a space.
+pub fn munlock(addr: usize, len: usize) -> Result<(), Errno> {
+    // SAFETY: unlocking has no memory-safety effect.
+    check(unsafe { libc::munlock(addr as *const libc::c_void, len) }).map(|_| ())
+}
+
+/// Copies one page between two addresses usermm owns.
+///
+/// # Safety
+/// Both ranges must be mapped, `src` readable and `dst` writable, for `len`
+/// bytes, and must not overlap.
+pub unsafe fn copy(dst: usize, src: usize, len: usize) {
+    // SAFETY: guaranteed by the caller.
+    unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+}
+
+/// Fills memory usermm owns with zeros.
+///
+/// # Safety
+/// `[dst, dst+len)` must be mapped and writable.
+pub unsafe fn zero(dst: usize, len: usize) {
+    // SAFETY: guaranteed by the caller.
+    unsafe { std::ptr::write_bytes(dst as *mut u8, 0, len) };
+}

@@ -1,0 +1,58 @@
+//! Threads and signals: thread ids, SIGBUS delivery, the wake-up eventfd.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::{check, last_errno, Errno};
+
+/// The calling thread's id.
+pub fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
+
+/// Raises SIGBUS in thread `tid` of this process with `si_code = BUS_ADRERR`
+/// and `si_addr = addr`, exactly as the kernel reports a bus error. A thread
+/// waiting in a userfaultfd fault is interrupted, returns to user space and
+/// takes the signal; if its handler returns, the access is retried.
+pub fn sigbus_thread(tid: u32, addr: usize) -> Result<(), Errno> {
+    // SAFETY: siginfo_t is plain data; zeroed is a valid value.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    info.si_signo = libc::SIGBUS;
+    info.si_code = 2; // BUS_ADRERR
+    // si_addr sits at offset 16 of siginfo_t on x86-64 (the _sigfault union).
+    // SAFETY: the union starts at byte 16 and the write stays inside the
+    // 128-byte struct.
+    unsafe {
+        let p = (&mut info as *mut libc::siginfo_t as *mut u8).add(16) as *mut usize;
+        p.write_unaligned(addr);
+    }
+    // SAFETY: `info` is a valid siginfo; the kernel allows a positive si_code
+    // when a process signals its own threads.
+    let r = unsafe {
+        libc::syscall(libc::SYS_rt_tgsigqueueinfo, libc::getpid(), tid as libc::pid_t, libc::SIGBUS, &info as *const libc::siginfo_t)
+    };
+    if r < 0 {
+        return Err(last_errno());
+    }
+    Ok(())
+}
+
+/// An eventfd used to wake handler threads out of `poll`.
+pub struct EventFd(OwnedFd);
+
+impl EventFd {
+    pub fn new() -> Result<EventFd, Errno> {
+        // SAFETY: eventfd takes its arguments by value.
+        let fd = check(unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+        // SAFETY: a new descriptor we own.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64.
+        unsafe { libc::write(self.0.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+    }
+    pub fn raw(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}

@@ -1,0 +1,351 @@
+//! userfaultfd: open, API handshake, register, and the resolving ioctls.
+//!
+//! Facts handled here (see KERNEL-FACTS and Firecracker's handler notes):
+//! - the fd is non-blocking: `read` returns `EAGAIN` when another handler
+//!   thread took the message;
+//! - resolving ioctls return `EAGAIN` while a mapping change is in flight
+//!   (`mmap_changing`): retried here;
+//! - `EEXIST` from `UFFDIO_COPY` means the page is already there: reported as
+//!   the count of bytes that were not installed, for the caller to decide;
+//! - REMOVE/UNMAP events are never enabled: they make `MADV_DONTNEED` and
+//!   `munmap` of our own range block until the event is read.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::{check, Errno};
+
+const UFFDIO: u64 = 0xAA;
+const fn iowr(nr: u64, size: u64) -> u64 {
+    (3 << 30) | (size << 16) | (UFFDIO << 8) | nr
+}
+const fn ior(nr: u64, size: u64) -> u64 {
+    (2 << 30) | (size << 16) | (UFFDIO << 8) | nr
+}
+
+pub const UFFD_API: u64 = 0xAA;
+pub const UFFDIO_API: u64 = iowr(0x3F, 24);
+pub const UFFDIO_REGISTER: u64 = iowr(0x00, 32);
+pub const UFFDIO_UNREGISTER: u64 = ior(0x01, 16);
+pub const UFFDIO_WAKE: u64 = ior(0x02, 16);
+pub const UFFDIO_COPY: u64 = iowr(0x03, 40);
+pub const UFFDIO_ZEROPAGE: u64 = iowr(0x04, 32);
+pub const UFFDIO_MOVE: u64 = iowr(0x05, 40);
+pub const UFFDIO_WRITEPROTECT: u64 = iowr(0x06, 24);
+pub const UFFDIO_POISON: u64 = iowr(0x08, 32);
+/// `/dev/userfaultfd`'s ioctl: `_IO(0xAA, 0x00)`.
+pub const USERFAULTFD_IOC_NEW: u64 = (UFFDIO << 8) | 0x00;
+pub const UFFD_USER_MODE_ONLY: i32 = 1;
+
+pub const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
+pub const UFFD_FEATURE_EVENT_FORK: u64 = 1 << 1;
+pub const UFFD_FEATURE_SIGBUS: u64 = 1 << 7;
+pub const UFFD_FEATURE_THREAD_ID: u64 = 1 << 8;
+pub const UFFD_FEATURE_EXACT_ADDRESS: u64 = 1 << 11;
+pub const UFFD_FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
+pub const UFFD_FEATURE_POISON: u64 = 1 << 14;
+pub const UFFD_FEATURE_WP_ASYNC: u64 = 1 << 15;
+pub const UFFD_FEATURE_MOVE: u64 = 1 << 16;
+
+pub const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
+pub const UFFDIO_REGISTER_MODE_WP: u64 = 2;
+pub const UFFDIO_COPY_MODE_DONTWAKE: u64 = 1;
+pub const UFFDIO_MOVE_MODE_DONTWAKE: u64 = 1;
+pub const UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES: u64 = 2;
+
+pub const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
+pub const UFFD_PAGEFAULT_FLAG_WRITE: u64 = 1;
+pub const UFFD_PAGEFAULT_FLAG_WP: u64 = 2;
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct UffdioCopy {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    copy: i64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct UffdioMove {
+    dst: u64,
+    src: u64,
+    len: u64,
+    mode: u64,
+    moved: i64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct UffdioPoison {
+    range: UffdioRange,
+    mode: u64,
+    updated: i64,
+}
+
+/// A message read from the fd (`struct uffd_msg`, 32 bytes).
+#[repr(C)]
+#[derive(Copy, Clone, Default, Debug)]
+pub struct UffdMsg {
+    pub event: u8,
+    pub reserved1: u8,
+    pub reserved2: u16,
+    pub reserved3: u32,
+    /// `arg.pagefault.flags`
+    pub flags: u64,
+    /// `arg.pagefault.address`
+    pub address: u64,
+    /// `arg.pagefault.feat.ptid` (with `UFFD_FEATURE_THREAD_ID`)
+    pub ptid: u32,
+    pub pad: u32,
+}
+
+/// How the userfaultfd was obtained.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum UffdMode {
+    /// `/dev/userfaultfd` or the syscall with kernel-mode faults handled.
+    Full,
+    /// `UFFD_USER_MODE_ONLY`: faults from inside the kernel (`read(2)` into a
+    /// missing page, `MADV_POPULATE_*`) are not handled and fail with EFAULT.
+    UserModeOnly,
+}
+
+/// An open, initialised userfaultfd.
+pub struct Uffd {
+    fd: OwnedFd,
+    pub mode: UffdMode,
+    pub features: u64,
+    /// Why the fallback was taken, if it was.
+    pub fallback_reason: Option<String>,
+}
+
+/// The features usermm asks for, if the kernel has them.
+pub const WANTED_FEATURES: u64 = UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_MOVE | UFFD_FEATURE_POISON | UFFD_FEATURE_EXACT_ADDRESS;
+
+impl Uffd {
+    /// Opens a userfaultfd, falling back as the module header says.
+    /// `require_full` refuses the user-mode-only fallback (`EPERM`).
+    pub fn open(require_full: bool, force_user_mode: bool) -> Result<Uffd, Errno> {
+        let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+        let mut reason = None;
+        let first = if force_user_mode { Err(Errno::EPERM) } else { open_dev(flags) };
+        let (fd, mode) = match first {
+            Ok(fd) => (fd, UffdMode::Full),
+            Err(e1) => match if force_user_mode { Err(Errno::EPERM) } else { syscall_uffd(flags) } {
+                Ok(fd) => (fd, UffdMode::Full),
+                Err(e2) => {
+                    if require_full {
+                        return Err(Errno(libc::EPERM));
+                    }
+                    let fd = syscall_uffd(flags | UFFD_USER_MODE_ONLY)?;
+                    reason = Some(format!(
+                        "/dev/userfaultfd: {e1}; userfaultfd(2): {e2}; using UFFD_USER_MODE_ONLY"
+                    ));
+                    (fd, UffdMode::UserModeOnly)
+                }
+            },
+        };
+        // Probe: the first UFFDIO_API with features 0 reports what exists;
+        // the handshake can be done only once per fd, so open a second fd
+        // for the real one.
+        let avail = api(&fd, 0)?;
+        let fd2 = match mode {
+            UffdMode::Full => open_dev(flags).or_else(|_| syscall_uffd(flags))?,
+            UffdMode::UserModeOnly => syscall_uffd(flags | UFFD_USER_MODE_ONLY)?,
+        };
+        drop(fd);
+        let features = api(&fd2, avail & WANTED_FEATURES)?;
+        Ok(Uffd { fd: fd2, mode, features: features & WANTED_FEATURES, fallback_reason: reason })
+    }
+
+    pub fn has(&self, feature: u64) -> bool {
+        self.features & feature != 0
+    }
+
+    pub fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Registers `[start, start+len)` in MISSING mode.
+    pub fn register(&self, start: usize, len: usize) -> Result<(), Errno> {
+        let mut r = UffdioRegister {
+            range: UffdioRange { start: start as u64, len: len as u64 },
+            mode: UFFDIO_REGISTER_MODE_MISSING,
+            ioctls: 0,
+        };
+        self.ioctl(UFFDIO_REGISTER, &mut r as *mut _ as *mut libc::c_void)?;
+        Ok(())
+    }
+
+    fn ioctl(&self, req: u64, arg: *mut libc::c_void) -> Result<(), Errno> {
+        // SAFETY: `arg` points to the struct that `req` encodes (sizes are in
+        // the request number), valid for reads and writes for the call.
+        check(unsafe { libc::ioctl(self.fd.as_raw_fd(), req as _, arg) }).map(|_| ())
+    }
+
+    /// `UFFDIO_COPY`: copies `len` bytes from `src` to the missing pages at
+    /// `dst`, waking the waiters. Retries `EAGAIN`. Returns the bytes copied;
+    /// `Err(EEXIST)` with a partial count is reported as `Ok(copied)` where
+    /// `copied < len`, for the caller to decide.
+    ///
+    /// # Safety
+    /// `src..src+len` must be readable memory of this process.
+    pub unsafe fn copy(&self, dst: usize, src: *const u8, len: usize, wake: bool) -> Result<usize, Errno> {
+        let mut done = 0usize;
+        while done < len {
+            let mut c = UffdioCopy {
+                dst: (dst + done) as u64,
+                // SAFETY: done < len, so the pointer stays inside the caller's buffer.
+                src: unsafe { src.add(done) } as u64,
+                len: (len - done) as u64,
+                mode: if wake { 0 } else { UFFDIO_COPY_MODE_DONTWAKE },
+                copy: 0,
+            };
+            let r = self.ioctl(UFFDIO_COPY, &mut c as *mut _ as *mut libc::c_void);
+            if c.copy > 0 {
+                done += c.copy as usize;
+            }
+            match r {
+                Ok(()) => return Ok(len),
+                Err(Errno(libc::EAGAIN)) => continue,
+                Err(Errno(libc::EEXIST)) => return Ok(done),
+                Err(e) => {
+                    if done > 0 {
+                        return Ok(done);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// `UFFDIO_MOVE`: moves the pages at `src` to the missing `dst`. Returns
+    /// the bytes moved (a prefix).
+    pub fn mv(&self, dst: usize, src: usize, len: usize, wake: bool) -> Result<usize, Errno> {
+        let mut done = 0usize;
+        let mut tries = 0;
+        while done < len {
+            let mut m = UffdioMove {
+                dst: (dst + done) as u64,
+                src: (src + done) as u64,
+                len: (len - done) as u64,
+                mode: if wake { 0 } else { UFFDIO_MOVE_MODE_DONTWAKE },
+                moved: 0,
+            };
+            let r = self.ioctl(UFFDIO_MOVE, &mut m as *mut _ as *mut libc::c_void);
+            if m.moved > 0 {
+                done += m.moved as usize;
+            }
+            match r {
+                Ok(()) => return Ok(len),
+                Err(Errno(libc::EAGAIN)) if tries < 1000 => {
+                    tries += 1;
+                    continue;
+                }
+                Err(e) => {
+                    if done > 0 {
+                        return Ok(done);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// `UFFDIO_WAKE` on a range.
+    pub fn wake(&self, start: usize, len: usize) -> Result<(), Errno> {
+        let mut r = UffdioRange { start: start as u64, len: len as u64 };
+        self.ioctl(UFFDIO_WAKE, &mut r as *mut _ as *mut libc::c_void)
+    }
+
+    /// `UFFDIO_POISON`: installs poison markers (touching raises SIGBUS).
+    pub fn poison(&self, start: usize, len: usize) -> Result<(), Errno> {
+        loop {
+            let mut p = UffdioPoison { range: UffdioRange { start: start as u64, len: len as u64 }, mode: 0, updated: 0 };
+            match self.ioctl(UFFDIO_POISON, &mut p as *mut _ as *mut libc::c_void) {
+                Err(Errno(libc::EAGAIN)) => continue,
+                Err(Errno(libc::EEXIST)) => return Ok(()),
+                r => return r,
+            }
+        }
+    }
+
+    /// Reads up to `buf.len()` messages without blocking.
+    pub fn read_msgs(&self, buf: &mut [UffdMsg]) -> Result<usize, Errno> {
+        // SAFETY: `buf` is valid for writes of `buf.len()` messages of 32
+        // bytes; the kernel writes whole messages only.
+        let r = unsafe {
+            libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, std::mem::size_of_val(buf))
+        };
+        crate::check_isize(r).map(|n| n / std::mem::size_of::<UffdMsg>())
+    }
+}
+
+fn open_dev(flags: i32) -> Result<OwnedFd, Errno> {
+    let path = c"/dev/userfaultfd";
+    // SAFETY: `path` is a NUL-terminated string.
+    let dev = check(unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) })?;
+    // SAFETY: `dev` was just opened and is owned by nobody else.
+    let dev = unsafe { OwnedFd::from_raw_fd(dev) };
+    // SAFETY: USERFAULTFD_IOC_NEW takes its flags by value.
+    let fd = check(unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) })?;
+    // SAFETY: the ioctl returned a new descriptor that we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn syscall_uffd(flags: i32) -> Result<OwnedFd, Errno> {
+    // SAFETY: userfaultfd(2) takes its flags by value.
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
+    if fd < 0 {
+        return Err(crate::last_errno());
+    }
+    // SAFETY: the syscall returned a new descriptor that we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+fn api(fd: &OwnedFd, features: u64) -> Result<u64, Errno> {
+    let mut a = UffdioApi { api: UFFD_API, features, ioctls: 0 };
+    // SAFETY: `a` is a valid uffdio_api for UFFDIO_API.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, &mut a as *mut UffdioApi) })?;
+    Ok(a.features)
+}
+
+/// Waits until `fd` (or `wake_fd`) is readable, at most `timeout_ms`.
+/// Returns whether `fd` is readable.
+pub fn poll2(fd: RawFd, wake_fd: RawFd, timeout_ms: i32) -> Result<bool, Errno> {
+    let mut p = [
+        libc::pollfd { fd, events: libc::POLLIN, revents: 0 },
+        libc::pollfd { fd: wake_fd, events: libc::POLLIN, revents: 0 },
+    ];
+    // SAFETY: `p` is a valid array of two pollfds.
+    let r = unsafe { libc::poll(p.as_mut_ptr(), 2, timeout_ms) };
+    if r < 0 {
+        let e = crate::last_errno();
+        if e.0 == libc::EINTR {
+            return Ok(false);
+        }
+        return Err(e);
+    }
+    Ok(p[0].revents & libc::POLLIN != 0)
+}

@@ -1,0 +1,354 @@
+//! usermm: a user-space virtual-memory manager.
+//!
+//! A program opens a [`Space`]; the space reserves a range of virtual address
+//! space, maps regions in it, and serves every page fault in them itself
+//! through userfaultfd, under a resident-memory budget of its own, with its
+//! own LRU reclaim and swap file.
+//!
+//! ```no_run
+//! use usermm::{Config, Space};
+//! let space = Space::open(&Config { budget_bytes: 64 << 20, ..Config::default() }).unwrap();
+//! let mut buf = space.map_anon(1 << 30).unwrap(); // 1 GiB, faulted in on touch
+//! buf[0] = 42;
+//! assert_eq!(buf[0], 42);
+//! ```
+//!
+//! The raw calls ([`Space::mmap`], [`Space::munmap`], [`Space::madvise`], …)
+//! take and return addresses as `usize` and follow Linux's semantics and
+//! errno values exactly (see `SPEC.md`); [`Mapping`] is the `memmap2`-style
+//! handle that derefs to a byte slice and unmaps on drop.
+//!
+//! # Unsafe code
+//! This crate has no `unsafe` of its own except the `boundary` module: the C
+//! ABI, whose exported functions necessarily trust the pointers C callers
+//! pass, and `Mapping`'s deref to a slice. Everything else that is unsafe
+//! (every syscall and ioctl) lives in `usermm-sys`.
+
+#![deny(unsafe_code)]
+
+pub mod boundary;
+mod native;
+
+pub use boundary::capi;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use usermm_core::consts;
+pub use usermm_core::Errno;
+pub use usermm_sys::uffd::UffdMode;
+
+use native::{Inner, Threads};
+
+/// The default virtual range a space reserves: 64 GiB of address space (no
+/// memory is used until pages are touched).
+pub const DEFAULT_RESERVE_BYTES: usize = 64 << 30;
+/// The default swap file size limit: 8 GiB (the file is sparse and grows as
+/// pages are written).
+pub const DEFAULT_SWAP_BYTES: usize = 8 << 30;
+
+/// The default budget: a quarter of physical memory.
+pub fn default_budget_bytes() -> usize {
+    (usermm_sys::phys_mem_bytes() / 4).max(16 << 20) as usize
+}
+
+/// A space's configuration (`struct umm_config`). `Config::default()` gives
+/// the same values as `umm_config_init`.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Resident budget in bytes; 0: a quarter of physical memory.
+    pub budget_bytes: usize,
+    /// Virtual range reserved for the space; 0: [`DEFAULT_RESERVE_BYTES`].
+    pub reserve_bytes: usize,
+    /// Lock limit in bytes (the RLIMIT_MEMLOCK analogue); `usize::MAX`:
+    /// unlimited; 0: every lock request fails with `EPERM`.
+    pub memlock_bytes: usize,
+    /// Largest swap file; 0: no swap (anonymous pages are then unevictable).
+    pub swap_bytes: usize,
+    /// Directory of the swap file; `None`: `$TMPDIR` or `/tmp`.
+    pub swap_dir: Option<PathBuf>,
+    /// Region limit; 0: 65530, as `vm.max_map_count`.
+    pub max_regions: usize,
+    /// log2 of the page size; 0: 12 (4 KiB); up to 21.
+    pub page_shift: u32,
+    /// Fault handler threads; 0: 2.
+    pub fault_threads: u32,
+    /// `UMM_F_*` flags.
+    pub flags: u32,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            budget_bytes: 0,
+            reserve_bytes: 0,
+            memlock_bytes: usize::MAX,
+            swap_bytes: DEFAULT_SWAP_BYTES,
+            swap_dir: None,
+            max_regions: 0,
+            page_shift: 0,
+            fault_threads: 0,
+            flags: 0,
+        }
+    }
+}
+
+/// Statistics of a space (`struct umm_stats`, plus usermm's own fields).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub budget_pages: u64,
+    pub resident_pages: u64,
+    pub resident_pages_max: u64,
+    pub locked_pages: u64,
+    pub locked_charged_pages: u64,
+    pub swapped_pages: u64,
+    pub lazyfree_pages: u64,
+    pub volatile_pages: u64,
+    pub faults: u64,
+    pub major_faults: u64,
+    pub zero_fills: u64,
+    pub swapins: u64,
+    pub swapouts: u64,
+    pub writebacks: u64,
+    pub lazyfree_discards: u64,
+    pub volatile_purges: u64,
+    pub evictions: u64,
+    pub oom_sigbus: u64,
+    pub write_lock_hold_ns_max: u64,
+    // usermm's own:
+    /// Resident pages parked on the inactive list (counted in `resident_pages`).
+    pub inactive_pages: u64,
+    /// Faults that mapped an inactive page back (no I/O).
+    pub minor_faults: u64,
+    pub deactivations: u64,
+    pub swap_read_errors: u64,
+    pub swap_write_errors: u64,
+    pub regions: u64,
+    /// 1 when the space runs on the user-mode-only userfaultfd fallback.
+    pub user_mode_only: u64,
+    /// 1 when swap I/O bypasses the host page cache (O_DIRECT).
+    pub swap_direct_io: u64,
+}
+
+/// A space: a reserved virtual range whose pages usermm serves.
+pub struct Space {
+    inner: Arc<Inner>,
+    threads: Option<Threads>,
+}
+
+impl Space {
+    /// Opens a space (`umm_open`).
+    pub fn open(cfg: &Config) -> Result<Space, Errno> {
+        let (inner, threads) = Inner::open(cfg)?;
+        Ok(Space { inner, threads: Some(threads) })
+    }
+
+    /// Closes the space (`umm_close`): stops its threads and releases its
+    /// memory. Nothing may touch the space's memory afterwards.
+    pub fn close(mut self) -> Result<(), Errno> {
+        self.close_inner();
+        Ok(())
+    }
+
+    fn close_inner(&mut self) {
+        if let Some(t) = self.threads.take() {
+            self.inner.close(t);
+        }
+    }
+
+    /// The space's page size in bytes.
+    pub fn page_size(&self) -> usize {
+        self.inner.page_size
+    }
+
+    /// The reserved range `(start, len)`.
+    pub fn reservation(&self) -> (usize, usize) {
+        (self.inner.base, self.inner.reserve_len)
+    }
+
+    /// How userfaultfd was obtained.
+    pub fn uffd_mode(&self) -> UffdMode {
+        if self.inner.user_mode_only {
+            UffdMode::UserModeOnly
+        } else {
+            UffdMode::Full
+        }
+    }
+
+    /// Why the user-mode-only fallback was taken, if it was.
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.inner.fallback_reason.as_deref()
+    }
+
+    /// `mmap`: returns the start address of the new region.
+    pub fn mmap(&self, addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Result<usize, Errno> {
+        self.inner.mmap(addr, len, prot, flags, fd, off)
+    }
+
+    /// `munmap` (seed 003: two-phase).
+    pub fn munmap(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.inner.munmap(addr, len)
+    }
+
+    /// `mprotect`.
+    pub fn mprotect(&self, addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
+        self.inner.mprotect(addr, len, prot)
+    }
+
+    /// `madvise`.
+    pub fn madvise(&self, addr: usize, len: usize, advice: i32) -> Result<(), Errno> {
+        self.inner.madvise(addr, len, advice)
+    }
+
+    /// `mincore`: fills `vec` (one byte per page; bit 0 is "resident"). `vec`
+    /// must hold `ceil(len / page_size)` bytes (`EFAULT` otherwise).
+    pub fn mincore(&self, addr: usize, len: usize, vec: &mut [u8]) -> Result<(), Errno> {
+        let pages = len.div_ceil(self.inner.page_size);
+        let mut tmp = vec![0u8; pages];
+        let r = self.inner.core.lock().unwrap_or_else(|e| e.into_inner()).mincore(addr as u64, len as u64, &mut tmp);
+        if r.is_ok() && vec.len() < pages {
+            return Err(Errno::EFAULT);
+        }
+        let n = vec.len().min(pages);
+        vec[..n].copy_from_slice(&tmp[..n]);
+        r
+    }
+
+    /// `umm_page_state`: one word of `UMM_PAGE_*` bits per page.
+    pub fn page_state(&self, addr: usize, npages: usize, out: &mut [u32]) -> Result<(), Errno> {
+        let mut tmp = vec![0u32; npages];
+        let r = self.inner.core.lock().unwrap_or_else(|e| e.into_inner()).page_state(addr as u64, npages as u64, &mut tmp);
+        if r.is_ok() && out.len() < npages {
+            return Err(Errno::EFAULT);
+        }
+        let n = out.len().min(npages);
+        out[..n].copy_from_slice(&tmp[..n]);
+        r
+    }
+
+    /// Statistics.
+    pub fn stats(&self) -> Stats {
+        let s = self.inner.core.lock().unwrap_or_else(|e| e.into_inner()).stats();
+        let c = &s.counters;
+        Stats {
+            budget_pages: s.budget_pages,
+            resident_pages: s.resident_pages,
+            resident_pages_max: s.resident_pages_max,
+            locked_pages: s.locked_pages,
+            locked_charged_pages: s.locked_charged_pages,
+            swapped_pages: s.swapped_pages,
+            lazyfree_pages: s.lazyfree_pages,
+            volatile_pages: s.volatile_pages,
+            faults: c.faults,
+            major_faults: c.major_faults,
+            zero_fills: c.zero_fills,
+            swapins: c.swapins,
+            swapouts: c.swapouts,
+            writebacks: c.writebacks,
+            lazyfree_discards: c.lazyfree_discards,
+            volatile_purges: c.volatile_purges,
+            evictions: c.evictions,
+            oom_sigbus: c.oom_sigbus,
+            write_lock_hold_ns_max: self.inner.write_hold_ns_max.load(std::sync::atomic::Ordering::Relaxed),
+            inactive_pages: s.inactive_pages,
+            minor_faults: c.minor_faults,
+            deactivations: c.deactivations,
+            swap_read_errors: c.swap_read_errors,
+            swap_write_errors: c.swap_write_errors,
+            regions: s.regions,
+            user_mode_only: self.inner.user_mode_only as u64,
+            swap_direct_io: self.inner.swap.as_ref().is_some_and(|s| s.direct) as u64,
+        }
+    }
+
+    /// The smaps text: one entry per region in `/proc/PID/smaps`'s layout.
+    /// usermm's own VmFlags: `um` (served by usermm) on every region, and
+    /// `uo` when the space runs on the user-mode-only fallback.
+    pub fn smaps(&self) -> String {
+        let extra = if self.inner.user_mode_only { "uo " } else { "" };
+        let c = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
+        usermm_core::smaps::format(&c, extra)
+    }
+
+    /// Maps `len` bytes of private anonymous read-write memory as a handle
+    /// that derefs to a byte slice and unmaps on drop (like `memmap2::MmapMut`).
+    pub fn map_anon(&self, len: usize) -> Result<Mapping<'_>, Errno> {
+        let addr = self.mmap(
+            0,
+            len,
+            consts::PROT_READ | consts::PROT_WRITE,
+            consts::MAP_PRIVATE | consts::MAP_ANONYMOUS,
+            -1,
+            0,
+        )?;
+        Ok(Mapping { space: self, addr, len })
+    }
+
+    /// Test hook: the next `reads` swap reads and `writes` swap writes fail
+    /// with `EIO`.
+    pub fn inject_swap_errors(&self, reads: u32, writes: u32) {
+        self.inner.inject_read_errors.store(reads, std::sync::atomic::Ordering::SeqCst);
+        self.inner.inject_write_errors.store(writes, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Test hook: the whole swap file's contents (to check what reached disk).
+    pub fn swap_contents(&self) -> Result<Vec<u8>, Errno> {
+        match &self.inner.swap {
+            Some(s) => s.read_all(self.inner.swap_bytes),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Checks every invariant of the core (for tests; takes the core lock).
+    pub fn validate(&self) {
+        self.inner.core.lock().unwrap_or_else(|e| e.into_inner()).validate();
+    }
+}
+
+impl Drop for Space {
+    fn drop(&mut self) {
+        self.close_inner();
+    }
+}
+
+/// A mapped region that derefs to a byte slice and unmaps on drop.
+pub struct Mapping<'a> {
+    space: &'a Space,
+    addr: usize,
+    len: usize,
+}
+
+impl Mapping<'_> {
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn as_ptr(&self) -> *const u8 {
+        self.addr as *const u8
+    }
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.addr as *mut u8
+    }
+    /// Unmaps now and reports the result (dropping a `Mapping` also unmaps,
+    /// ignoring errors).
+    pub fn unmap(self) -> Result<(), Errno> {
+        let r = self.space.munmap(self.addr, self.len);
+        std::mem::forget(self);
+        r
+    }
+    /// `madvise` on the whole mapping.
+    pub fn advise(&self, advice: i32) -> Result<(), Errno> {
+        self.space.madvise(self.addr, self.len, advice)
+    }
+}
+
+impl Drop for Mapping<'_> {
+    fn drop(&mut self) {
+        let _ = self.space.munmap(self.addr, self.len);
+    }
+}

@@ -1,0 +1,708 @@
+//! The native executor: owns a space's memory, serves its faults, and carries
+//! out the core's decisions with userfaultfd, `madvise` and file I/O.
+//!
+//! # Memory layout
+//! - the *reservation*: `reserve_bytes` of `PROT_NONE` address space,
+//!   registered with userfaultfd (MISSING), `MADV_DONTFORK` and
+//!   `MADV_NOHUGEPAGE`. Regions are `mprotect`ed windows of it; unmapped parts
+//!   stay `PROT_NONE`, so touching them is a plain SIGSEGV from the kernel;
+//! - the *staging area*: one slot per budget page, where deactivated
+//!   (inactive) pages are parked by `UFFDIO_MOVE` and from which evictions
+//!   are written to swap;
+//! - the swap file.
+//!
+//! # Locks
+//! - `mm`: the region lock (the mmap lock analogue), a reader-writer lock.
+//!   Exclusive for region changes (mmap, the detach phase of munmap,
+//!   mprotect, attribute madvise); shared for everything that works on pages
+//!   (fault resolution, reclaim, zap chunks, page madvise).
+//! - `core`: a mutex around the pure core, held only for decisions, never
+//!   across a syscall that can block for long.
+//!
+//! Lock order: `mm` before `core`. Neither lock is ever held while touching
+//! the program's memory through a pointer the program gave us (it could be
+//! in a space and fault into a handler that needs the lock).
+//!
+//! # Fault model
+//! Any syscall may fail. A fill that fails leaves the page where its data
+//! was and raises SIGBUS in the faulting thread; an eviction whose write
+//! fails keeps the page resident; I/O errors are counted. The test hook
+//! `inject` makes the next swap reads or writes fail with `EIO`.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::thread::JoinHandle;
+
+use usermm_core::consts::*;
+use usermm_core::{
+    AdviceOp, Addr, Core, CoreConfig, Deactivate, Detached, Errno, Evict, FaultPlan, MmapReply, PageIdx, PageRange,
+    Transfer,
+};
+use usermm_sys::file::{ProcMem, SwapFile};
+use usermm_sys::thread::EventFd;
+use usermm_sys::uffd::{Uffd, UffdMode, UffdMsg, UFFD_EVENT_PAGEFAULT, UFFD_FEATURE_MOVE, UFFD_PAGEFAULT_FLAG_WRITE};
+use usermm_sys::arena::{Arena, Bounce};
+use usermm_sys::now_ns;
+
+use crate::Config;
+
+/// Zap and unmap work is done in chunks of this many bytes, so that neither
+/// usermm's region lock nor the kernel's mmap lock is held for long.
+pub const ZAP_CHUNK_BYTES: usize = 8 << 20;
+/// Pages reclaimed per background round.
+const RECLAIM_BATCH: u64 = 256;
+
+pub(crate) struct Inner {
+    pub base: usize,
+    pub reserve_len: usize,
+    pub page_size: usize,
+    pub arena: Arena,
+    pub uffd: Uffd,
+    pub mm: RwLock<()>,
+    pub core: Mutex<Core>,
+    /// Signalled whenever a busy page settles or a held range is released.
+    pub settled: Condvar,
+    /// Signalled when free frames fall below the low watermark.
+    pub reclaim_wanted: Condvar,
+    pub swap: Option<SwapFile>,
+    pub procmem: Option<ProcMem>,
+    pub shutdown: AtomicBool,
+    pub wake_fd: EventFd,
+    pub write_hold_ns_max: AtomicU64,
+    pub low_watermark: u64,
+    pub high_watermark: u64,
+    pub inject_read_errors: AtomicU32,
+    pub inject_write_errors: AtomicU32,
+    pub willneed: Mutex<Vec<usize>>,
+    pub user_mode_only: bool,
+    pub fallback_reason: Option<String>,
+    pub swap_bytes: u64,
+}
+
+pub(crate) struct Threads {
+    pub handles: Vec<JoinHandle<()>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the core lock is a bug; the state it left is
+    // still the best there is, so keep serving rather than cascade.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Inner {
+    pub fn open(cfg: &Config) -> Result<(Arc<Inner>, Threads), Errno> {
+        let shift = if cfg.page_shift == 0 { 12 } else { cfg.page_shift };
+        if !(12..=21).contains(&shift) {
+            return Err(Errno::EINVAL);
+        }
+        if cfg.flags & !UMM_F_ALL != 0 {
+            return Err(Errno::EINVAL);
+        }
+        let ps = 1usize << shift;
+        let budget_bytes = if cfg.budget_bytes == 0 { crate::default_budget_bytes() } else { cfg.budget_bytes };
+        let budget_pages = (budget_bytes / ps).max(1) as u64;
+        let reserve = if cfg.reserve_bytes == 0 { crate::DEFAULT_RESERVE_BYTES } else { cfg.reserve_bytes };
+        let reserve = reserve.checked_add(ps - 1).ok_or(Errno::EINVAL)? & !(ps - 1);
+        if reserve == 0 || reserve as u64 > (1u64 << 46) {
+            return Err(Errno::EINVAL);
+        }
+        let swap_slots = (cfg.swap_bytes / ps).min(u32::MAX as usize - 1) as u32;
+        if budget_pages > u32::MAX as u64 / 2 {
+            return Err(Errno::EINVAL);
+        }
+        let uffd = Uffd::open(cfg.flags & UMM_F_REQUIRE_FULL_UFFD != 0, cfg.flags & UMM_F_FORCE_USER_MODE != 0).map_err(|e| {
+            if e == Errno::ENOSYS || e == Errno::EOPNOTSUPP {
+                Errno::ENOSYS
+            } else {
+                e
+            }
+        })?;
+        let user_mode_only = uffd.mode == UffdMode::UserModeOnly;
+        let swap = if swap_slots > 0 {
+            let dir = cfg
+                .swap_dir
+                .clone()
+                .or_else(|| std::env::var("TMPDIR").ok().map(Into::into))
+                .unwrap_or_else(|| "/tmp".into());
+            Some(SwapFile::create(&dir.to_string_lossy(), swap_slots as u64 * ps as u64)?)
+        } else {
+            None
+        };
+        let staging_slots = budget_pages as u32;
+        let arena = Arena::new(&uffd, reserve, staging_slots as usize, ps)?;
+        let base = arena.base;
+        let core = Core::new(CoreConfig {
+            base: base as u64,
+            reserve_pages: (reserve / ps) as u64,
+            page_shift: shift,
+            budget_pages,
+            swap_slots,
+            staging_slots,
+            max_regions: if cfg.max_regions == 0 { 65530 } else { cfg.max_regions },
+            memlock_pages: if cfg.memlock_bytes == usize::MAX { u64::MAX } else { (cfg.memlock_bytes / ps) as u64 },
+            exact_faults: cfg.flags & UMM_F_EXACT_FAULTS != 0,
+        });
+        let low = (budget_pages / 32).clamp(1, 4096);
+        let high = (low * 2).min(budget_pages);
+        let inner = Arc::new(Inner {
+            base,
+            reserve_len: reserve,
+            page_size: ps,
+            arena,
+            fallback_reason: uffd.fallback_reason.clone(),
+            uffd,
+            mm: RwLock::new(()),
+            core: Mutex::new(core),
+            settled: Condvar::new(),
+            reclaim_wanted: Condvar::new(),
+            swap,
+            procmem: ProcMem::open().ok(),
+            shutdown: AtomicBool::new(false),
+            wake_fd: EventFd::new()?,
+            write_hold_ns_max: AtomicU64::new(0),
+            low_watermark: low,
+            high_watermark: high,
+            inject_read_errors: AtomicU32::new(0),
+            inject_write_errors: AtomicU32::new(0),
+            willneed: Mutex::new(Vec::new()),
+            user_mode_only,
+            swap_bytes: swap_slots as u64 * ps as u64,
+        });
+        let nthreads = if cfg.fault_threads == 0 { 2 } else { cfg.fault_threads.min(64) as usize };
+        let mut handles = Vec::new();
+        for i in 0..nthreads {
+            let me = inner.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("usermm-fault-{i}"))
+                .spawn(move || me.handler_loop())
+                .map_err(|_| Errno::EAGAIN)?;
+            handles.push(h);
+        }
+        if cfg.flags & UMM_F_NO_BACKGROUND_RECLAIM == 0 || true {
+            // The background thread also serves MADV_WILLNEED; with the flag
+            // it only does that.
+            let me = inner.clone();
+            let bg = cfg.flags & UMM_F_NO_BACKGROUND_RECLAIM == 0;
+            let h = std::thread::Builder::new()
+                .name("usermm-reclaim".into())
+                .spawn(move || me.background_loop(bg))
+                .map_err(|_| Errno::EAGAIN)?;
+            handles.push(h);
+        }
+        Ok((inner, Threads { handles }))
+    }
+
+    pub fn close(&self, threads: Threads) {
+        self.shutdown.store(true, Ordering::SeqCst);
+        self.wake_fd.signal();
+        {
+            let _c = lock(&self.core);
+            self.reclaim_wanted.notify_all();
+            self.settled.notify_all();
+        }
+        for h in threads.handles {
+            let _ = h.join();
+        }
+        // The arena's mappings go when the last reference to `Inner` does.
+    }
+
+    pub fn addr(&self, p: PageIdx) -> usize {
+        self.base + (p.0 as usize) * self.page_size
+    }
+    fn swap_off(&self, slot: u32) -> u64 {
+        slot as u64 * self.page_size as u64
+    }
+
+    pub fn read_mm(&self) -> RwLockReadGuard<'_, ()> {
+        self.mm.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    // ------------------------------------------------------------------
+    // Fault service
+
+    fn handler_loop(&self) {
+        let mut msgs = [UffdMsg::default(); 32];
+        while !self.shutdown.load(Ordering::Relaxed) {
+            match usermm_sys::uffd::poll2(self.uffd.raw(), self.wake_fd.raw(), 200) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(_) => continue,
+            }
+            let n = match self.uffd.read_msgs(&mut msgs) {
+                Ok(n) => n,
+                Err(_) => continue, // EAGAIN: another handler took it
+            };
+            for m in &msgs[..n] {
+                if m.event == UFFD_EVENT_PAGEFAULT {
+                    let tid = m.ptid;
+                    self.resolve(m.address as usize, m.flags & UFFD_PAGEFAULT_FLAG_WRITE != 0, Some(tid));
+                }
+            }
+        }
+    }
+
+    /// Resolves a fault at `addr` (or a WILLNEED read-in when `tid` is None).
+    pub fn resolve(&self, addr: usize, write: bool, tid: Option<u32>) {
+        let page_addr = addr & !(self.page_size - 1);
+        let mm = self.read_mm();
+        let mut c = lock(&self.core);
+        let mut reclaim_rounds = 0;
+        loop {
+            let plan = c.fault(Addr(page_addr as u64), write);
+            match plan {
+                FaultPlan::Wake => {
+                    drop(c);
+                    let _ = self.uffd.wake(page_addr, self.page_size);
+                    return;
+                }
+                FaultPlan::SegvUnmapping => {
+                    drop(c);
+                    let _ = self.arena.protect(page_addr, self.page_size, PROT_NONE);
+                    let _ = self.uffd.wake(page_addr, self.page_size);
+                    return;
+                }
+                FaultPlan::Wait => {
+                    c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner());
+                }
+                FaultPlan::Reclaim { want } => {
+                    drop(c);
+                    let freed = self.reclaim_locked(&mm, want.max(16));
+                    c = lock(&self.core);
+                    if freed == 0 && c.free_frames() == 0 {
+                        reclaim_rounds += 1;
+                        if reclaim_rounds > 3 {
+                            // Everything resident is unevictable (or swap is
+                            // full): the kernel would OOM-kill; we raise SIGBUS.
+                            if tid.is_some() {
+                                c.fault_oom();
+                            }
+                            drop(c);
+                            if let Some(t) = tid {
+                                let _ = usermm_sys::thread::sigbus_thread(t, addr);
+                            }
+                            return;
+                        }
+                    }
+                }
+                FaultPlan::Sigbus => {
+                    drop(c);
+                    if let Some(t) = tid {
+                        let _ = usermm_sys::thread::sigbus_thread(t, addr);
+                    }
+                    return;
+                }
+                FaultPlan::ZeroFill { run } => {
+                    drop(c);
+                    let n = self.zero_fill(run);
+                    let mut c = lock(&self.core);
+                    c.fill_done(&plan, n);
+                    self.after_fill(&mut c);
+                    drop(c);
+                    if n == 0 {
+                        let _ = self.uffd.wake(page_addr, self.page_size);
+                    }
+                    return;
+                }
+                FaultPlan::SwapIn { page, slot } => {
+                    drop(c);
+                    let ok = self.swap_in(page, slot);
+                    let mut c = lock(&self.core);
+                    c.fill_done(&plan, ok as u64);
+                    self.after_fill(&mut c);
+                    drop(c);
+                    if !ok {
+                        if let Some(t) = tid {
+                            let _ = usermm_sys::thread::sigbus_thread(t, addr);
+                        }
+                    }
+                    return;
+                }
+                FaultPlan::Reactivate { page, slot, how } => {
+                    drop(c);
+                    let ok = self.reactivate(page, slot, how);
+                    let mut c = lock(&self.core);
+                    c.fill_done(&plan, ok as u64);
+                    self.after_fill(&mut c);
+                    drop(c);
+                    if !ok {
+                        let _ = self.uffd.wake(page_addr, self.page_size);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    fn after_fill(&self, c: &mut MutexGuard<'_, Core>) {
+        self.settled.notify_all();
+        if c.free_frames() < self.low_watermark {
+            self.reclaim_wanted.notify_one();
+        }
+    }
+
+    /// Installs zero pages on `run`; returns how many (a prefix) went in.
+    fn zero_fill(&self, run: PageRange) -> u64 {
+        let len = run.pages() as usize * self.page_size;
+        let done = self.arena.zero_fill(&self.uffd, self.addr(run.start), len).unwrap_or(0);
+        (done / self.page_size) as u64
+    }
+
+    fn swap_in(&self, page: PageIdx, slot: u32) -> bool {
+        let Some(swap) = &self.swap else { return false };
+        if take_one(&self.inject_read_errors) {
+            return false;
+        }
+        thread_local! {
+            static BOUNCE: std::cell::RefCell<Option<Bounce>> = const { std::cell::RefCell::new(None) };
+        }
+        let ps = self.page_size;
+        BOUNCE.with(|b| {
+            let mut b = b.borrow_mut();
+            if b.is_none() {
+                *b = Bounce::new(ps.max(4096)).ok();
+            }
+            match b.as_ref() {
+                Some(bounce) => self.arena.swap_in(&self.uffd, swap, self.swap_off(slot), self.addr(page), bounce).is_ok(),
+                None => false,
+            }
+        })
+    }
+
+    fn reactivate(&self, page: PageIdx, slot: u32, how: Transfer) -> bool {
+        let mv = how == Transfer::Move && self.uffd.has(UFFD_FEATURE_MOVE);
+        self.arena.slot_to_page(&self.uffd, slot, self.addr(page), mv).is_ok()
+    }
+
+    // ------------------------------------------------------------------
+    // Reclaim
+
+    fn background_loop(&self, reclaim: bool) {
+        loop {
+            {
+                let mut c = lock(&self.core);
+                loop {
+                    if self.shutdown.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let need = reclaim && c.free_frames() < self.low_watermark && self.swap.is_some();
+                    if need || !lock(&self.willneed).is_empty() {
+                        break;
+                    }
+                    c = self
+                        .reclaim_wanted
+                        .wait_timeout(c, std::time::Duration::from_millis(100))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            }
+            let pending: Vec<usize> = std::mem::take(&mut *lock(&self.willneed));
+            for a in pending {
+                self.resolve(a, false, None);
+            }
+            if !reclaim || self.swap.is_none() {
+                continue;
+            }
+            let mm = self.read_mm();
+            let want = {
+                let c = lock(&self.core);
+                self.high_watermark.saturating_sub(c.free_frames())
+            };
+            if want > 0 {
+                let freed = self.reclaim_locked(&mm, want.min(RECLAIM_BATCH));
+                drop(mm);
+                if freed == 0 {
+                    // Nothing evictable now: back off instead of spinning.
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+            }
+        }
+    }
+
+    /// Reclaims up to `want` frames. The caller holds `mm` shared.
+    pub fn reclaim_locked(&self, _mm: &RwLockReadGuard<'_, ()>, want: u64) -> u64 {
+        let mut freed = 0;
+        for _round in 0..4 {
+            let plan = lock(&self.core).reclaim_plan(want - freed);
+            if plan.is_empty() {
+                break;
+            }
+            self.deactivate_all(&plan.deactivate);
+            freed += self.evict_all(&plan.evict);
+            if freed >= want {
+                break;
+            }
+        }
+        freed
+    }
+
+    fn deactivate_all(&self, ds: &[Deactivate]) -> Vec<bool> {
+        let oks: Vec<bool> = ds.iter().map(|d| self.transfer_out(d)).collect();
+        let mut c = lock(&self.core);
+        for (d, ok) in ds.iter().zip(&oks) {
+            c.deactivate_done(d, *ok);
+        }
+        self.settled.notify_all();
+        oks
+    }
+
+    /// Moves a resident page out of the program's range into its staging slot.
+    fn transfer_out(&self, d: &Deactivate) -> bool {
+        let src = self.addr(d.page);
+        match d.how {
+            Transfer::Move if self.uffd.has(UFFD_FEATURE_MOVE) => {
+                self.arena.page_to_slot_move(&self.uffd, src, d.slot).is_ok()
+            }
+            // The region is not writable, so nothing can change the page
+            // between the copy and the drop.
+            Transfer::Move | Transfer::Copy { readable: true } => {
+                self.arena.page_to_slot_copy(&self.uffd, src, d.slot, None).is_ok()
+            }
+            Transfer::Copy { readable: false } => match &self.procmem {
+                Some(pm) => self.arena.page_to_slot_copy(&self.uffd, src, d.slot, Some(pm)).is_ok(),
+                None => false,
+            },
+        }
+    }
+
+    /// Writes the evictions to swap (runs of consecutive slots in one call),
+    /// drops their staging frames, and commits. Returns frames freed.
+    fn evict_all(&self, evs: &[Evict]) -> u64 {
+        if evs.is_empty() {
+            return 0;
+        }
+        let mut order: Vec<usize> = (0..evs.len()).collect();
+        order.sort_by_key(|&i| evs[i].swap);
+        let mut ok = vec![false; evs.len()];
+        let mut i = 0;
+        while i < order.len() {
+            let mut j = i + 1;
+            while j < order.len() && evs[order[j]].swap == evs[order[j - 1]].swap + 1 && j - i < 256 {
+                j += 1;
+            }
+            let slots: Vec<u32> = order[i..j].iter().map(|&k| evs[k].staging).collect();
+            let written = match &self.swap {
+                Some(swap) if !take_one(&self.inject_write_errors) => {
+                    self.arena.write_slots(swap, &slots, self.swap_off(evs[order[i]].swap)).is_ok()
+                }
+                _ => false,
+            };
+            if written {
+                for &k in &order[i..j] {
+                    ok[k] = self.arena.drop_slot(evs[k].staging).is_ok();
+                }
+            }
+            i = j;
+        }
+        let mut c = lock(&self.core);
+        let mut freed = 0;
+        for (e, ok) in evs.iter().zip(&ok) {
+            c.evict_done(e, *ok);
+            freed += *ok as u64;
+        }
+        self.settled.notify_all();
+        freed
+    }
+
+    // ------------------------------------------------------------------
+    // Zap
+
+    /// Drops the pages of `r` (the caller holds `mm`, shared or exclusive).
+    /// With `protect`, makes the range `PROT_NONE` first (munmap).
+    fn zap_range(&self, r: PageRange, protect: bool) {
+        let chunk_pages = (ZAP_CHUNK_BYTES / self.page_size).max(1) as u64;
+        let mut s = r.start.0;
+        while s < r.end.0 {
+            let e = (s + chunk_pages).min(r.end.0);
+            self.zap_chunk(PageRange::new(s, e), protect);
+            s = e;
+        }
+    }
+
+    fn zap_chunk(&self, r: PageRange, protect: bool) {
+        let start = self.addr(r.start);
+        let len = r.pages() as usize * self.page_size;
+        if protect {
+            let _ = self.arena.protect(start, len, PROT_NONE);
+        }
+        let claim = {
+            let mut c = lock(&self.core);
+            loop {
+                match c.zap_begin(r) {
+                    Ok(claim) => break claim,
+                    Err(()) => c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner()),
+                }
+            }
+        };
+        if claim.mapped {
+            let _ = self.arena.dontneed(start, len);
+        }
+        for &s in &claim.staging {
+            let _ = self.arena.drop_slot(s);
+        }
+        let mut c = lock(&self.core);
+        c.zap_end(&claim);
+        self.settled.notify_all();
+    }
+
+    // ------------------------------------------------------------------
+    // Calls
+
+    pub fn mmap(&self, addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Result<usize, Errno> {
+        if off & (self.page_size as i64 - 1) != 0 {
+            return Err(Errno::EINVAL);
+        }
+        if flags & MAP_ANONYMOUS == 0 && !usermm_sys::ffi::fd_is_open(fd) && flags & MAP_TYPE != 0 {
+            // Linux checks the type first (EINVAL), then the descriptor.
+            let t = flags & MAP_TYPE;
+            if t == MAP_SHARED || t == MAP_PRIVATE || t == MAP_SHARED_VALIDATE {
+                if len == 0 {
+                    return Err(Errno::EINVAL);
+                }
+                return Err(Errno::EBADF);
+            }
+        }
+        loop {
+            let mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+            let t0 = now_ns();
+            let reply = lock(&self.core).mmap(addr as u64, len as u64, prot, flags)?;
+            match reply {
+                MmapReply::WaitUnmapping => {
+                    drop(mm);
+                    let c = lock(&self.core);
+                    let _ = self.settled.wait_timeout(c, std::time::Duration::from_millis(10));
+                    continue;
+                }
+                MmapReply::Done(plan) => {
+                    if let Some(d) = &plan.replaced {
+                        for r in &d.ranges {
+                            self.zap_range(*r, false);
+                        }
+                        lock(&self.core).unhold(d);
+                    }
+                    let a = self.addr(plan.range.start);
+                    let l = plan.range.pages() as usize * self.page_size;
+                    if let Err(e) = self.arena.protect(a, l, plan.prot) {
+                        // Undo: the kernel refused (out of its map count).
+                        let d = lock(&self.core).munmap(a as u64, l as u64);
+                        if let Ok(Some(d)) = d {
+                            lock(&self.core).unhold(&d);
+                        }
+                        return Err(e);
+                    }
+                    self.note_hold(t0);
+                    drop(mm);
+                    if flags & MAP_POPULATE != 0 || flags & MAP_LOCKED != 0 {
+                        self.populate_best_effort(a, l);
+                    }
+                    return Ok(a);
+                }
+            }
+        }
+    }
+
+    fn populate_best_effort(&self, a: usize, l: usize) {
+        let ps = self.page_size;
+        let mut off = 0;
+        while off < l {
+            self.resolve(a + off, true, None);
+            off += ps;
+        }
+    }
+
+    fn note_hold(&self, t0: u64) {
+        let held = now_ns().saturating_sub(t0);
+        self.write_hold_ns_max.fetch_max(held, Ordering::Relaxed);
+    }
+
+    /// Seed 003: detach under the exclusive lock, then zap chunk by chunk
+    /// under the shared lock (re-taken per chunk, so that writers get in
+    /// between chunks), with the range held back from reuse until done.
+    pub fn munmap(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        let detached: Option<Detached> = {
+            let _mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+            let t0 = now_ns();
+            let d = lock(&self.core).munmap(addr as u64, len as u64)?;
+            self.note_hold(t0);
+            d
+        };
+        let Some(d) = detached else { return Ok(()) };
+        let chunk_pages = (ZAP_CHUNK_BYTES / self.page_size).max(1) as u64;
+        for r in &d.ranges {
+            let mut s = r.start.0;
+            while s < r.end.0 {
+                let e = (s + chunk_pages).min(r.end.0);
+                let _mm = self.read_mm();
+                self.zap_chunk(PageRange::new(s, e), true);
+                s = e;
+            }
+        }
+        let mut c = lock(&self.core);
+        c.unhold(&d);
+        self.settled.notify_all();
+        Ok(())
+    }
+
+    pub fn mprotect(&self, addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
+        let _mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+        let t0 = now_ns();
+        let (segs, res) = lock(&self.core).mprotect(addr as u64, len as u64, prot);
+        for s in segs {
+            let a = self.addr(s.start);
+            self.arena.protect(a, s.pages() as usize * self.page_size, prot & PROT_MASK)?;
+        }
+        self.note_hold(t0);
+        res
+    }
+
+    pub fn madvise(&self, addr: usize, len: usize, advice: i32) -> Result<(), Errno> {
+        let attr = matches!(advice, MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL);
+        let (ops, res) = if attr {
+            let _mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+            let t0 = now_ns();
+            let r = lock(&self.core).madvise(addr as u64, len as u64, advice);
+            self.note_hold(t0);
+            r
+        } else {
+            let mm = self.read_mm();
+            let r = lock(&self.core).madvise(addr as u64, len as u64, advice);
+            for op in &r.0 {
+                self.advice_op(&mm, op);
+            }
+            (Vec::new(), r.1)
+        };
+        debug_assert!(ops.is_empty());
+        res
+    }
+
+    fn advice_op(&self, mm: &RwLockReadGuard<'_, ()>, op: &AdviceOp) {
+        match *op {
+            AdviceOp::Zap(r) => self.zap_range(r, false),
+            AdviceOp::Cold(r) => {
+                let ds = lock(&self.core).deactivate_range(r);
+                self.deactivate_all(&ds);
+            }
+            AdviceOp::Pageout(r) => {
+                let ds = lock(&self.core).deactivate_range(r);
+                let oks = self.deactivate_all(&ds);
+                let pages: Vec<PageIdx> = ds.iter().zip(oks).filter(|(_, ok)| *ok).map(|(d, _)| d.page).collect();
+                for chunk in pages.chunks(1024) {
+                    let evs = lock(&self.core).evict_pages(chunk);
+                    self.evict_all(&evs);
+                }
+                let _ = mm;
+            }
+            AdviceOp::WillNeed(r) => {
+                let pages = lock(&self.core).swapped_in(r);
+                if !pages.is_empty() {
+                    lock(&self.willneed).extend(pages.into_iter().map(|p| self.addr(p)));
+                    let _c = lock(&self.core);
+                    self.reclaim_wanted.notify_all();
+                }
+            }
+        }
+    }
+}
+
+fn take_one(a: &AtomicU32) -> bool {
+    a.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1)).is_ok()
+}
