@@ -21,7 +21,7 @@ pub const TASK_SIZE: u64 = 0x7fff_ffff_f000;
 /// Largest fault-around window, in pages.
 pub const MAX_WINDOW_PAGES: u64 = 256;
 /// Fault-around block for dense access in large regions, in pages.
-pub const BLOCK_PAGES: u64 = 16;
+pub const BLOCK_PAGES: u64 = 64;
 /// Regions at least this large (pages) get block fault-around on dense access.
 pub const BLOCK_MIN_REGION_PAGES: u64 = 8192;
 

@@ -56,3 +56,18 @@ impl EventFd {
         self.0.as_raw_fd()
     }
 }
+
+/// Pins the calling thread to CPU `cpu` (best effort; errors are ignored by
+/// callers because pinning is only a latency optimisation).
+pub fn pin_to_cpu(cpu: usize) -> Result<(), Errno> {
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: CPU_SET writes inside `set` for cpu < CPU_SETSIZE, checked here.
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(Errno::EINVAL);
+    }
+    // SAFETY: as above.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    check(unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) }).map(|_| ())
+}
