@@ -20,6 +20,8 @@ pub const TASK_SIZE: u64 = 0x7fff_ffff_f000;
 
 /// Largest fault-around window, in pages.
 pub const MAX_WINDOW_PAGES: u64 = 256;
+/// Swap-in cluster for `MADV_NORMAL` regions, in pages.
+pub const SWAP_CLUSTER_PAGES: u64 = 32;
 /// Fault-around block for dense access in large regions, in pages.
 pub const BLOCK_PAGES: u64 = 64;
 /// Regions at least this large (pages) get block fault-around on dense access.
@@ -103,8 +105,10 @@ pub enum FaultPlan {
     Reclaim { want: u64 },
     /// Install zero pages on `run` (claimed, frames charged).
     ZeroFill { run: PageRange },
-    /// Read swap slot `slot` into `page` (claimed, frame charged).
-    SwapIn { page: PageIdx, slot: u32 },
+    /// Read the consecutive swap slots `slot..` into the pages of `run`
+    /// (claimed, frames charged). A run longer than one page is swap-in
+    /// clustering: the evictor wrote neighbours to neighbouring slots.
+    SwapIn { run: PageRange, slot: u32 },
     /// Map the parked page back from staging slot `slot` (claimed).
     Reactivate { page: PageIdx, slot: u32, how: Transfer },
     /// The page cannot be served (poisoned): raise SIGBUS.
@@ -716,9 +720,27 @@ impl Core {
                 if free == 0 {
                     return FaultPlan::Reclaim { want: 1 };
                 }
-                self.claim_frames(1);
-                self.pages.update(p, |m| m.state = PState::Filling);
-                FaultPlan::SwapIn { page: p, slot: m.slot }
+                let window = if reg.advice == Advice::Random || reg.lock != LockMode::None {
+                    1
+                } else if reg.advice == Advice::Sequential {
+                    MAX_WINDOW_PAGES
+                } else {
+                    SWAP_CLUSTER_PAGES
+                };
+                let limit = free.min(window);
+                let mut run = PageRange::new(p.0, p.0 + 1);
+                while run.pages() < limit && run.end < region.end {
+                    let n = self.pages.get(run.end);
+                    if n.state != PState::Swapped || n.slot != m.slot + run.pages() as u32 {
+                        break;
+                    }
+                    run.end.0 += 1;
+                }
+                self.claim_frames(run.pages());
+                for q in run.start.0..run.end.0 {
+                    self.pages.update(PageIdx(q), |m| m.state = PState::Filling);
+                }
+                FaultPlan::SwapIn { run, slot: m.slot }
             }
             PState::Absent => {
                 if m.has(pf::POISONED) {
@@ -846,20 +868,27 @@ impl Core {
                 }
                 self.counters.zero_fills += installed;
             }
-            FaultPlan::SwapIn { page, slot } => {
+            FaultPlan::SwapIn { run, slot } => {
+                for q in run.start.0..run.end.0 {
+                    let p = PageIdx(q);
+                    let k = q - run.start.0;
+                    if k < installed {
+                        self.swap.release(slot + k as u32);
+                        self.swapped -= 1;
+                        self.pages.update(p, |m| {
+                            m.state = PState::Resident;
+                            m.slot = 0;
+                        });
+                        self.push_active(p);
+                    } else {
+                        self.pages.update(p, |m| m.state = PState::Swapped);
+                        self.resident -= 1;
+                    }
+                }
                 if installed > 0 {
-                    self.swap.release(slot);
-                    self.swapped -= 1;
-                    self.pages.update(page, |m| {
-                        m.state = PState::Resident;
-                        m.slot = 0;
-                    });
-                    self.push_active(page);
-                    self.counters.swapins += 1;
+                    self.counters.swapins += installed;
                     self.counters.major_faults += 1;
                 } else {
-                    self.pages.update(page, |m| m.state = PState::Swapped);
-                    self.resident -= 1;
                     self.counters.swap_read_errors += 1;
                 }
             }

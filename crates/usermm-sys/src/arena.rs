@@ -101,15 +101,14 @@ impl Arena {
         mem::advise(src, ps, libc::MADV_DONTNEED)
     }
 
-    /// Moves the resident page at `src` into the empty `slot` with
-    /// `UFFDIO_MOVE` (atomic: a concurrent touch faults and waits).
-    pub fn page_to_slot_move(&self, uffd: &Uffd, src: usize, slot: u32) -> Result<(), Errno> {
+    /// Moves the `n` resident pages at `src` into the empty consecutive
+    /// slots from `slot` with `UFFDIO_MOVE` (atomic per page: a concurrent
+    /// touch faults and waits). Returns the pages moved (a prefix).
+    pub fn pages_to_slots_move(&self, uffd: &Uffd, src: usize, slot: u32, n: usize) -> Result<usize, Errno> {
         let ps = self.page_size;
-        self.check(src, ps)?;
-        match uffd.mv(self.slot_addr(slot), src, ps, false)? {
-            n if n == ps => Ok(()),
-            _ => Err(Errno::EAGAIN),
-        }
+        self.check(src, ps * n)?;
+        self.slot_addr(slot + n as u32 - 1);
+        Ok(uffd.mv(self.slot_addr(slot), src, ps * n, false)? / ps)
     }
 
     /// Copies the resident page at `src` into the empty `slot`, then drops it
@@ -158,23 +157,25 @@ impl Arena {
 
     /// Drops the frame of `slot` (the slot becomes empty).
     pub fn drop_slot(&self, slot: u32) -> Result<(), Errno> {
-        mem::advise(self.slot_addr(slot), self.page_size, libc::MADV_DONTNEED)
+        self.drop_slots(slot, 1)
     }
 
-    /// Reads one page of `swap` at `off` and installs it at `dst`, waking
-    /// waiters. `bounce` is a page-sized buffer from `bounce_page`.
-    pub fn swap_in(&self, uffd: &Uffd, swap: &SwapFile, off: u64, dst: usize, bounce: &Bounce) -> Result<(), Errno> {
-        let ps = self.page_size;
-        self.check(dst, ps)?;
-        assert!(bounce.len >= ps);
-        // SAFETY: the bounce buffer is a private mapping owned by `bounce`.
-        unsafe { swap.pread(bounce.addr, ps, off) }?;
+    /// Drops the frames of the `n` consecutive slots from `slot`.
+    pub fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno> {
+        self.slot_addr(slot + n as u32 - 1);
+        mem::advise(self.slot_addr(slot), self.page_size * n, libc::MADV_DONTNEED)
+    }
+
+    /// Reads `len` bytes of `swap` at `off` and installs them at `dst`,
+    /// waking waiters. Returns the bytes installed (a prefix).
+    pub fn swap_in(&self, uffd: &Uffd, swap: &SwapFile, off: u64, dst: usize, len: usize, bounce: &Bounce) -> Result<usize, Errno> {
+        self.check(dst, len)?;
+        assert!(bounce.len >= len);
+        // SAFETY: the bounce buffer is a private mapping owned by `bounce`,
+        // writable for `bounce.len >= len` bytes.
+        unsafe { swap.pread(bounce.addr, len, off) }?;
         // SAFETY: as above, readable.
-        let n = unsafe { uffd.copy(dst, bounce.addr as *const u8, ps, true) }?;
-        if n != ps {
-            return Err(Errno::EEXIST);
-        }
-        Ok(())
+        unsafe { uffd.copy(dst, bounce.addr as *const u8, len, true) }
     }
 
     /// `mprotect` inside the reservation.
@@ -215,6 +216,12 @@ pub struct Bounce {
 impl Bounce {
     pub fn new(len: usize) -> Result<Bounce, Errno> {
         Ok(Bounce { addr: mem::map_rw(len)?, len })
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 

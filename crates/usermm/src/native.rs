@@ -49,6 +49,8 @@ use crate::Config;
 /// Zap and unmap work is done in chunks of this many bytes, so that neither
 /// usermm's region lock nor the kernel's mmap lock is held for long.
 pub const ZAP_CHUNK_BYTES: usize = 8 << 20;
+/// Size of each handler thread's swap-in buffer.
+const SWAP_BOUNCE_BYTES: usize = 1 << 20;
 /// How long a handler spins for the next fault after serving one.
 const SPIN_NS: u64 = 40_000;
 /// Pages reclaimed per background round.
@@ -335,14 +337,16 @@ impl Inner {
                     }
                     return;
                 }
-                FaultPlan::SwapIn { page, slot } => {
+                FaultPlan::SwapIn { run, slot } => {
                     drop(c);
-                    let ok = self.swap_in(page, slot);
+                    let n = self.swap_in(run, slot);
                     let mut c = lock(&self.core);
-                    c.fill_done(&plan, ok as u64);
+                    c.fill_done(&plan, n);
                     self.after_fill(&mut c);
                     drop(c);
-                    if !ok {
+                    let p = Addr(page_addr as u64);
+                    let faulted_in = n > 0 && (p.0 - self.addr(run.start) as u64) / (self.page_size as u64) < n;
+                    if !faulted_in {
                         if let Some(t) = tid {
                             let _ = usermm_sys::thread::sigbus_thread(t, addr);
                         }
@@ -379,23 +383,31 @@ impl Inner {
         (done / self.page_size) as u64
     }
 
-    fn swap_in(&self, page: PageIdx, slot: u32) -> bool {
-        let Some(swap) = &self.swap else { return false };
+    /// Reads the swap slots `slot..` into the pages of `run`; returns how
+    /// many pages (a prefix) were installed.
+    fn swap_in(&self, run: PageRange, slot: u32) -> u64 {
+        let Some(swap) = &self.swap else { return 0 };
         if take_one(&self.inject_read_errors) {
-            return false;
+            return 0;
         }
         thread_local! {
             static BOUNCE: std::cell::RefCell<Option<Bounce>> = const { std::cell::RefCell::new(None) };
         }
         let ps = self.page_size;
+        let len = run.pages() as usize * ps;
         BOUNCE.with(|b| {
             let mut b = b.borrow_mut();
-            if b.is_none() {
-                *b = Bounce::new(ps.max(4096)).ok();
+            if b.as_ref().is_none_or(|b| b.len() < len) {
+                *b = None;
+                *b = Bounce::new(len.max(SWAP_BOUNCE_BYTES)).ok();
             }
             match b.as_ref() {
-                Some(bounce) => self.arena.swap_in(&self.uffd, swap, self.swap_off(slot), self.addr(page), bounce).is_ok(),
-                None => false,
+                Some(bounce) => self
+                    .arena
+                    .swap_in(&self.uffd, swap, self.swap_off(slot), self.addr(run.start), len, bounce)
+                    .map(|n| (n / ps) as u64)
+                    .unwrap_or(0),
+                None => 0,
             }
         })
     }
@@ -468,7 +480,33 @@ impl Inner {
     }
 
     fn deactivate_all(&self, ds: &[Deactivate]) -> Vec<bool> {
-        let oks: Vec<bool> = ds.iter().map(|d| self.transfer_out(d)).collect();
+        let mut oks = vec![false; ds.len()];
+        let can_move = self.uffd.has(UFFD_FEATURE_MOVE);
+        let mut i = 0;
+        while i < ds.len() {
+            // A run of neighbouring pages going to neighbouring slots moves
+            // with one ioctl.
+            let mut j = i + 1;
+            if can_move && ds[i].how == Transfer::Move {
+                while j < ds.len()
+                    && ds[j].how == Transfer::Move
+                    && ds[j].page.0 == ds[j - 1].page.0 + 1
+                    && ds[j].slot == ds[j - 1].slot + 1
+                {
+                    j += 1;
+                }
+                let moved = self
+                    .arena
+                    .pages_to_slots_move(&self.uffd, self.addr(ds[i].page), ds[i].slot, j - i)
+                    .unwrap_or(0);
+                for ok in &mut oks[i..i + moved] {
+                    *ok = true;
+                }
+            } else {
+                oks[i] = self.transfer_out(&ds[i]);
+            }
+            i = j;
+        }
         let mut c = lock(&self.core);
         for (d, ok) in ds.iter().zip(&oks) {
             c.deactivate_done(d, *ok);
@@ -477,16 +515,19 @@ impl Inner {
         oks
     }
 
-    /// Moves a resident page out of the program's range into its staging slot.
+    /// Moves a resident page out of the program's range into its staging
+    /// slot when it cannot be moved (a non-writable region, or no
+    /// `UFFDIO_MOVE`): copy, then drop — race-free because nothing can write
+    /// a non-writable page in between.
     fn transfer_out(&self, d: &Deactivate) -> bool {
         let src = self.addr(d.page);
         match d.how {
-            Transfer::Move if self.uffd.has(UFFD_FEATURE_MOVE) => {
-                self.arena.page_to_slot_move(&self.uffd, src, d.slot).is_ok()
-            }
-            // The region is not writable, so nothing can change the page
-            // between the copy and the drop.
             Transfer::Move | Transfer::Copy { readable: true } => {
+                if d.how == Transfer::Move {
+                    // A writable page without UFFDIO_MOVE: a copy would race
+                    // with the program's writes, so the page stays.
+                    return false;
+                }
                 self.arena.page_to_slot_copy(&self.uffd, src, d.slot, None).is_ok()
             }
             Transfer::Copy { readable: false } => match &self.procmem {
@@ -519,8 +560,17 @@ impl Inner {
                 _ => false,
             };
             if written {
-                for &k in &order[i..j] {
-                    ok[k] = self.arena.drop_slot(evs[k].staging).is_ok();
+                let mut a = i;
+                while a < j {
+                    let mut b = a + 1;
+                    while b < j && evs[order[b]].staging == evs[order[b - 1]].staging + 1 {
+                        b += 1;
+                    }
+                    let dropped = self.arena.drop_slots(evs[order[a]].staging, b - a).is_ok();
+                    for &k in &order[a..b] {
+                        ok[k] = dropped;
+                    }
+                    a = b;
                 }
             }
             i = j;
