@@ -71,3 +71,46 @@ pub fn pin_to_cpu(cpu: usize) -> Result<(), Errno> {
     // SAFETY: `set` is a valid cpu_set_t of the size passed.
     check(unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) }).map(|_| ())
 }
+
+/// How a forked probe child ended.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum ProbeOutcome {
+    /// The child read the byte and exited with it as its status.
+    Read(u8),
+    /// The child was killed by this signal.
+    Signaled(i32),
+}
+
+/// Forks a child that reads the byte at `addr` and exits with it; reports
+/// what happened to the child. The child runs only async-signal-safe code (a
+/// volatile load and `_exit`), so forking a multithreaded process is fine.
+/// This is how tests check what a forked child sees of a space's memory.
+pub fn fork_probe_read(addr: usize) -> Result<ProbeOutcome, Errno> {
+    // SAFETY: fork has no memory-safety preconditions; the child below only
+    // performs a load and _exit, both async-signal-safe.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(last_errno());
+    }
+    if pid == 0 {
+        // SAFETY: in the child: the load either succeeds or raises a signal
+        // that kills the child (default disposition is restored below); no
+        // Rust state is touched.
+        unsafe {
+            libc::signal(libc::SIGSEGV, libc::SIG_DFL);
+            libc::signal(libc::SIGBUS, libc::SIG_DFL);
+            let v = std::ptr::read_volatile(addr as *const u8);
+            libc::_exit(v as i32);
+        }
+    }
+    let mut status = 0;
+    // SAFETY: `status` is a valid out-pointer.
+    if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
+        return Err(last_errno());
+    }
+    if libc::WIFSIGNALED(status) {
+        Ok(ProbeOutcome::Signaled(libc::WTERMSIG(status)))
+    } else {
+        Ok(ProbeOutcome::Read(libc::WEXITSTATUS(status) as u8))
+    }
+}
