@@ -182,6 +182,8 @@ pub enum AdviceOp {
     Pageout(PageRange),
     /// Start reading the swapped pages in.
     WillNeed(PageRange),
+    /// Drop the pages and poison them (MADV_HWPOISON, a test hook).
+    Poison(PageRange),
 }
 
 /// The reply to `mmap`: either a plan, or "wait for a zap in progress".
@@ -595,7 +597,7 @@ impl Core {
     pub fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> (Vec<AdviceOp>, Result<(), Errno>) {
         match advice {
             MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL | MADV_WILLNEED | MADV_DONTNEED | MADV_COLD
-            | MADV_PAGEOUT => {}
+            | MADV_PAGEOUT | MADV_HWPOISON => {}
             _ => return (vec![], bad(Errno::EINVAL)),
         }
         if !self.aligned(addr) {
@@ -671,6 +673,7 @@ impl Core {
                     ops.push(AdviceOp::Pageout(seg));
                 }
                 MADV_WILLNEED => ops.push(AdviceOp::WillNeed(seg)),
+                MADV_HWPOISON => ops.push(AdviceOp::Poison(seg)),
                 _ => unreachable!(),
             }
         }
@@ -688,6 +691,73 @@ impl Core {
 
     /// Plans the resolution of a fault at `a`.
     pub fn fault(&mut self, a: Addr, write: bool) -> FaultPlan {
+        self.fault_in(a, write, None)
+    }
+
+    /// Plans one step of populating `[p, end)` (MADV_POPULATE_*): like a
+    /// fault at `p`, with the largest window, bounded by `end`. The caller
+    /// checked the range with `populate_check`. Returns `None` when `p` is
+    /// already resident and mapped.
+    pub fn populate_step(&mut self, p: PageIdx, end: PageIdx, write: bool) -> Option<FaultPlan> {
+        let plan = self.fault_in(self.addr_of(p), write, Some(end));
+        match plan {
+            FaultPlan::Wake => None,
+            other => Some(other),
+        }
+    }
+
+    /// Checks a `MADV_POPULATE_READ/WRITE` range: returns the segments to
+    /// populate, in order, and the error to return after populating them
+    /// (Linux populates up to the failing region: a hole is `ENOMEM`, a
+    /// region without the needed protection `EINVAL`).
+    pub fn populate_check(&self, addr: u64, len: u64, write: bool) -> (Vec<PageRange>, Result<(), Errno>) {
+        if !self.aligned(addr) {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        let Some(pages) = self.len_pages(len) else {
+            return (vec![], bad(Errno::EINVAL));
+        };
+        if len != 0 && pages == 0 {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        if pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b)).is_none() {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        if pages == 0 {
+            return (vec![], Ok(()));
+        }
+        if !self.in_reservation(addr, pages) && self.page_of(Addr(addr)).is_none() {
+            return (vec![], bad(Errno::ENOMEM));
+        }
+        let r = self.clip(addr, pages);
+        let mut segs = Vec::new();
+        let mut at = r.start;
+        for reg in self.regions.overlapping(r) {
+            if reg.range.start > at {
+                return (segs, bad(Errno::ENOMEM));
+            }
+            let need = if write { PROT_WRITE } else { PROT_READ };
+            if reg.prot & need == 0 {
+                return (segs, bad(Errno::EINVAL));
+            }
+            let seg = reg.range.intersect(&r);
+            segs.push(seg);
+            at = seg.end;
+        }
+        if at < r.end || !self.in_reservation(addr, pages) {
+            return (segs, bad(Errno::ENOMEM));
+        }
+        (segs, Ok(()))
+    }
+
+    /// Whether `want` more frames could ever be had: the pages that can be
+    /// evicted (resident, unlocked, with swap room) plus the free frames.
+    pub fn frames_obtainable(&self) -> u64 {
+        let evictable = if self.swap.capacity() == 0 { 0 } else { self.resident.min(self.swap.free() as u64) };
+        self.free_frames() + evictable
+    }
+
+    fn fault_in(&mut self, a: Addr, write: bool, populate: Option<PageIdx>) -> FaultPlan {
         let Some(p) = self.page_of(a) else {
             return FaultPlan::Wake;
         };
@@ -699,12 +769,15 @@ impl Core {
             }
             return FaultPlan::Wake;
         };
-        if reg.prot & PROT_READ == 0 && reg.prot & PROT_WRITE == 0 || (write && !reg.writable()) {
+        if populate.is_none() && (reg.prot & PROT_READ == 0 && reg.prot & PROT_WRITE == 0 || (write && !reg.writable())) {
             // The kernel checks protection before it reports a fault; this
             // one raced with mprotect. The retry sees the new protection.
             return FaultPlan::Wake;
         }
-        let region = reg.range;
+        let region = match populate {
+            Some(end) => PageRange { start: reg.range.start, end: reg.range.end.min(end) },
+            None => reg.range,
+        };
         let prot = reg.prot;
         let m = self.pages.get(p);
         if m.state.busy() {
@@ -720,7 +793,9 @@ impl Core {
                 if free == 0 {
                     return FaultPlan::Reclaim { want: 1 };
                 }
-                let window = if reg.advice == Advice::Random || reg.lock != LockMode::None {
+                let window = if populate.is_some() {
+                    MAX_WINDOW_PAGES
+                } else if reg.advice == Advice::Random || reg.lock != LockMode::None {
                     1
                 } else if reg.advice == Advice::Sequential {
                     MAX_WINDOW_PAGES
@@ -750,7 +825,9 @@ impl Core {
                     return FaultPlan::Reclaim { want: 1 };
                 }
                 // Fault-around: how many pages past (and around) `p`.
-                let window = if exact || reg.lock != LockMode::None {
+                let window = if populate.is_some() {
+                    MAX_WINDOW_PAGES
+                } else if exact || reg.lock != LockMode::None {
                     1
                 } else {
                     match reg.advice {
@@ -776,6 +853,7 @@ impl Core {
                     run.end.0 += 1;
                 }
                 if window == 1
+                    && populate.is_none()
                     && !exact
                     && reg.advice == Advice::Normal
                     && reg.lock == LockMode::None
@@ -802,8 +880,10 @@ impl Core {
                         }
                     }
                 }
-                let reg = self.regions.find_mut(p).expect("region");
-                reg.next_fault = run.end.0;
+                if populate.is_none() {
+                    let reg = self.regions.find_mut(p).expect("region");
+                    reg.next_fault = run.end.0;
+                }
                 self.claim_frames(run.pages());
                 for q in run.start.0..run.end.0 {
                     self.pages.update(PageIdx(q), |m| m.state = PState::Filling);
@@ -1073,6 +1153,16 @@ impl Core {
         }
     }
 
+    /// Marks every page of `r` poisoned (after the executor zapped them).
+    pub fn set_poison(&mut self, r: PageRange) {
+        for q in r.start.0..r.end.0 {
+            self.pages.update(PageIdx(q), |m| {
+                debug_assert_eq!(m.state, PState::Absent);
+                m.flags |= pf::POISONED;
+            });
+        }
+    }
+
     /// Swapped pages of `r` to read in (MADV_WILLNEED); none are claimed: the
     /// executor touches them through the normal fault path.
     pub fn swapped_in(&self, r: PageRange) -> Vec<PageIdx> {
@@ -1098,6 +1188,10 @@ impl Core {
         }
         let mut claim = ZapClaim { range: r, staging: Vec::new(), mapped: false };
         for (p, m) in live {
+            if m.has(pf::POISONED) {
+                // The poison marker must go with the page.
+                claim.mapped = true;
+            }
             match m.state {
                 PState::Resident => {
                     claim.mapped = true;
@@ -1150,8 +1244,9 @@ impl Core {
     /// where it stops with `ENOMEM`. `out` must hold `ceil(len/page)` bytes.
     pub fn mincore(&self, addr: u64, len: u64, out: &mut [u8]) -> Result<(), Errno> {
         let pages = self.len_pages(len).ok_or(Errno::ENOMEM)?;
+        // A poisoned page counts as present, as Linux's hwpoison entries do.
         self.walk_pages(addr, pages, |i, m| {
-            out[i] = u8::from(m.state.holds_frame());
+            out[i] = u8::from(m.state.holds_frame() || m.has(pf::POISONED));
         })
     }
 

@@ -130,6 +130,15 @@ pub struct Stats {
     pub swap_direct_io: u64,
 }
 
+/// What `umm_populate` reports (`struct umm_populate_report`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PopulateReport {
+    /// Bytes populated from the start of the range (a prefix).
+    pub populated_bytes: usize,
+    /// The first address that could not be populated (0 on success).
+    pub fail_addr: usize,
+}
+
 /// A space: a reserved virtual range whose pages usermm serves.
 pub struct Space {
     inner: Arc<Inner>,
@@ -198,6 +207,18 @@ impl Space {
     /// `madvise`.
     pub fn madvise(&self, addr: usize, len: usize, advice: i32) -> Result<(), Errno> {
         self.inner.madvise(addr, len, advice)
+    }
+
+    /// `umm_populate`: `MADV_POPULATE_READ` or `MADV_POPULATE_WRITE` on the
+    /// range, also reporting how many bytes (from `addr`) were populated; on
+    /// failure, the report's `fail_addr` is `addr + populated`.
+    pub fn populate(&self, addr: usize, len: usize, advice: i32) -> (PopulateReport, Result<(), Errno>) {
+        if advice != consts::MADV_POPULATE_READ && advice != consts::MADV_POPULATE_WRITE {
+            return (PopulateReport::default(), Err(Errno::EINVAL));
+        }
+        let (n, r) = self.inner.populate(addr, len, advice == consts::MADV_POPULATE_WRITE);
+        let fail_addr = if r.is_err() { addr + n } else { 0 };
+        (PopulateReport { populated_bytes: n, fail_addr }, r)
     }
 
     /// `mincore`: fills `vec` (one byte per page; bit 0 is "resident"). `vec`

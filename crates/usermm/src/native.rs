@@ -674,20 +674,12 @@ impl Inner {
                     self.note_hold(t0);
                     drop(mm);
                     if flags & MAP_POPULATE != 0 || flags & MAP_LOCKED != 0 {
-                        self.populate_best_effort(a, l);
+                        // Best effort: never fails the mmap (Linux).
+                        let _ = self.populate(a, l, plan.prot & PROT_WRITE != 0);
                     }
                     return Ok(a);
                 }
             }
-        }
-    }
-
-    fn populate_best_effort(&self, a: usize, l: usize) {
-        let ps = self.page_size;
-        let mut off = 0;
-        while off < l {
-            self.resolve(a + off, true, None);
-            off += ps;
         }
     }
 
@@ -737,6 +729,9 @@ impl Inner {
     }
 
     pub fn madvise(&self, addr: usize, len: usize, advice: i32) -> Result<(), Errno> {
+        if advice == MADV_POPULATE_READ || advice == MADV_POPULATE_WRITE {
+            return self.populate(addr, len, advice == MADV_POPULATE_WRITE).1;
+        }
         let attr = matches!(advice, MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL);
         let (ops, res) = if attr {
             let _mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
@@ -773,6 +768,11 @@ impl Inner {
                 }
                 let _ = mm;
             }
+            AdviceOp::Poison(r) => {
+                self.zap_range(r, false);
+                lock(&self.core).set_poison(r);
+                let _ = self.uffd.poison(self.addr(r.start), r.pages() as usize * self.page_size);
+            }
             AdviceOp::WillNeed(r) => {
                 let pages = lock(&self.core).swapped_in(r);
                 if !pages.is_empty() {
@@ -782,6 +782,91 @@ impl Inner {
                 }
             }
         }
+    }
+}
+
+impl Inner {
+    /// `MADV_POPULATE_READ/WRITE` and `umm_populate`: returns the bytes
+    /// populated (from `addr`, a prefix of the range) and the result.
+    pub fn populate(&self, addr: usize, len: usize, write: bool) -> (usize, Result<(), Errno>) {
+        let mm = self.read_mm();
+        let (segs, check) = lock(&self.core).populate_check(addr as u64, len as u64, write);
+        let mut populated = 0usize;
+        for seg in segs {
+            let mut p = seg.start;
+            while p < seg.end {
+                if self.shutdown.load(Ordering::Relaxed) {
+                    return (populated, Err(Errno::EINTR));
+                }
+                let mut c = lock(&self.core);
+                let Some(plan) = c.populate_step(p, seg.end, write) else {
+                    drop(c);
+                    p.0 += 1;
+                    populated += self.page_size;
+                    continue;
+                };
+                match plan {
+                    FaultPlan::Wait => {
+                        let _c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner());
+                    }
+                    FaultPlan::Reclaim { want } => {
+                        let obtainable = c.frames_obtainable();
+                        drop(c);
+                        if obtainable == 0 || self.reclaim_locked(&mm, want.max(64)) == 0 {
+                            let c = lock(&self.core);
+                            if c.free_frames() == 0 {
+                                return (populated, Err(Errno::ENOMEM));
+                            }
+                        }
+                    }
+                    FaultPlan::Sigbus => return (populated, Err(Errno::EHWPOISON)),
+                    FaultPlan::Wake | FaultPlan::SegvUnmapping => {
+                        // The region went away under us (a concurrent munmap).
+                        return (populated, Err(Errno::ENOMEM));
+                    }
+                    FaultPlan::ZeroFill { run } => {
+                        drop(c);
+                        let n = self.zero_fill(run);
+                        let mut c = lock(&self.core);
+                        c.fill_done(&plan, n);
+                        self.after_fill(&mut c);
+                        if n == 0 {
+                            return (populated, Err(Errno::EFAULT));
+                        }
+                        // The loop re-checks the page; a filled page is skipped.
+                    }
+                    FaultPlan::SwapIn { run, slot } => {
+                        drop(c);
+                        let n = self.swap_in(run, slot);
+                        let mut c = lock(&self.core);
+                        c.fill_done(&plan, n);
+                        self.after_fill(&mut c);
+                        if n == 0 {
+                            return (populated, Err(Errno::EFAULT));
+                        }
+                    }
+                    FaultPlan::Reactivate { page, slot, how } => {
+                        drop(c);
+                        let ok = self.reactivate(page, slot, how);
+                        let mut c = lock(&self.core);
+                        c.fill_done(&plan, ok as u64);
+                        self.after_fill(&mut c);
+                        if !ok {
+                            return (populated, Err(Errno::EFAULT));
+                        }
+                    }
+                }
+                // A range larger than the budget cannot be resident at once.
+                let c = lock(&self.core);
+                let budget = c.config().budget_pages;
+                let seg_done = p.0 - seg.start.0;
+                if seg_done > budget {
+                    return (populated, Err(Errno::ENOMEM));
+                }
+            }
+        }
+        drop(mm);
+        (populated, check)
     }
 }
 

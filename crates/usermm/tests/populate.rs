@@ -1,0 +1,113 @@
+//! Seed 004: MADV_POPULATE_READ / MADV_POPULATE_WRITE and `umm_populate`
+//! reports, with Linux's errors (never a signal).
+
+use usermm::consts::*;
+use usermm::{Config, Errno, Space};
+
+const PS: usize = 4096;
+
+fn space(budget_mib: usize, swap_mib: usize) -> Space {
+    Space::open(&Config { budget_bytes: budget_mib << 20, swap_bytes: swap_mib << 20, ..Config::default() }).unwrap()
+}
+
+fn map(s: &Space, len: usize, prot: i32) -> usize {
+    s.mmap(0, len, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0).unwrap()
+}
+
+fn resident(s: &Space, a: usize, pages: usize) -> Vec<bool> {
+    let mut v = vec![0u8; pages];
+    s.mincore(a, pages * PS, &mut v).unwrap();
+    v.into_iter().map(|b| b & 1 == 1).collect()
+}
+
+#[test]
+fn populate_write_makes_every_page_resident() {
+    let s = space(64, 0);
+    let a = map(&s, 16 << 20, PROT_READ | PROT_WRITE);
+    s.madvise(a, 16 << 20, MADV_POPULATE_WRITE).unwrap();
+    assert!(resident(&s, a, 4096).iter().all(|&r| r));
+    assert_eq!(s.stats().zero_fills, 4096);
+    // Populating again is a no-op.
+    s.madvise(a, 16 << 20, MADV_POPULATE_READ).unwrap();
+    assert_eq!(s.stats().zero_fills, 4096);
+    s.validate();
+}
+
+#[test]
+fn populate_errors_are_linux_errors() {
+    let s = space(64, 0);
+    let a = map(&s, 64 * PS, PROT_READ | PROT_WRITE);
+    assert_eq!(s.madvise(a + 1, PS, MADV_POPULATE_WRITE), Err(Errno::EINVAL));
+    assert_eq!(s.madvise(a, 0, MADV_POPULATE_WRITE), Ok(()));
+    let ro = map(&s, 4 * PS, PROT_READ);
+    assert_eq!(s.madvise(ro, 4 * PS, MADV_POPULATE_WRITE), Err(Errno::EINVAL));
+    s.madvise(ro, 4 * PS, MADV_POPULATE_READ).unwrap();
+    let none = map(&s, 4 * PS, PROT_NONE);
+    assert_eq!(s.madvise(none, 4 * PS, MADV_POPULATE_READ), Err(Errno::EINVAL));
+    assert_eq!(s.madvise(none, 4 * PS, MADV_POPULATE_WRITE), Err(Errno::EINVAL));
+    s.validate();
+}
+
+#[test]
+fn hole_populates_up_to_the_hole_and_reports_it() {
+    let s = space(64, 0);
+    let a = map(&s, 16 * PS, PROT_READ | PROT_WRITE);
+    s.munmap(a + 8 * PS, 2 * PS).unwrap();
+    //  0       8  10     16
+    //  AAAAAAAA..BBBBBB
+    let (rep, r) = s.populate(a, 16 * PS, MADV_POPULATE_WRITE);
+    assert_eq!(r, Err(Errno::ENOMEM));
+    assert_eq!(rep.populated_bytes, 8 * PS);
+    assert_eq!(rep.fail_addr, a + 8 * PS);
+    assert_eq!(resident(&s, a, 8), vec![true; 8]);
+    assert_eq!(resident(&s, a + 10 * PS, 6), vec![false; 6], "nothing after the hole");
+    s.validate();
+}
+
+#[test]
+fn budget_exhausted_is_enomem_with_exact_report() {
+    // 4 MiB budget, no swap: a 8 MiB populate cannot be resident at once.
+    let s = space(4, 0);
+    let a = map(&s, 8 << 20, PROT_READ | PROT_WRITE);
+    let (rep, r) = s.populate(a, 8 << 20, MADV_POPULATE_WRITE);
+    assert_eq!(r, Err(Errno::ENOMEM));
+    assert_eq!(rep.populated_bytes, 4 << 20);
+    assert_eq!(rep.fail_addr, a + (4 << 20));
+    assert_eq!(s.stats().resident_pages, 1024);
+    s.validate();
+}
+
+#[test]
+fn poisoned_page_is_ehwpoison_with_its_address() {
+    let s = space(64, 0);
+    let a = map(&s, 32 * PS, PROT_READ | PROT_WRITE);
+    s.madvise(a + 5 * PS, PS, MADV_HWPOISON).unwrap();
+    let mut st = vec![0u32; 32];
+    s.page_state(a, 32, &mut st).unwrap();
+    assert_ne!(st[5] & UMM_PAGE_POISONED, 0);
+    let (rep, r) = s.populate(a, 32 * PS, MADV_POPULATE_READ);
+    assert_eq!(r, Err(Errno::EHWPOISON));
+    assert_eq!(rep.fail_addr, a + 5 * PS);
+    assert_eq!(rep.populated_bytes, 5 * PS);
+    // MADV_DONTNEED clears the poison (as it removes Linux's marker).
+    s.madvise(a + 5 * PS, PS, MADV_DONTNEED).unwrap();
+    s.madvise(a, 32 * PS, MADV_POPULATE_WRITE).unwrap();
+    s.validate();
+}
+
+#[test]
+fn populate_with_swap_keeps_data_of_swapped_pages() {
+    let s = space(8, 64);
+    let mut m = s.map_anon(16 << 20).unwrap();
+    for (i, chunk) in m.chunks_mut(PS).enumerate() {
+        chunk[0] = i as u8;
+    }
+    assert!(s.stats().swapouts > 0);
+    // The second half is resident or inactive; populate the first half back.
+    s.madvise(m.addr(), 4 << 20, MADV_POPULATE_READ).unwrap();
+    assert!(resident(&s, m.addr(), 1024).iter().all(|&r| r));
+    for (i, chunk) in m.chunks(PS).enumerate() {
+        assert_eq!(chunk[0], i as u8);
+    }
+    s.validate();
+}
