@@ -149,6 +149,8 @@ impl ReclaimPlan {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Detached {
     pub ranges: Vec<PageRange>,
+    /// The parts that were locked (the executor unlocks them in the host).
+    pub locked: Vec<PageRange>,
 }
 
 /// Pages claimed for dropping.
@@ -160,6 +162,23 @@ pub struct ZapClaim {
     /// Whether any page in the range was in the program's range (the executor
     /// can skip the `MADV_DONTNEED` when none was).
     pub mapped: bool,
+}
+
+/// A lock decision: what changed (for the host and for undo), which parked
+/// pages must be mapped back, and the call's result.
+#[derive(Clone, Debug)]
+pub struct LockPlan {
+    /// Segments whose lock mode changed, with their old mode.
+    pub changed: Vec<(PageRange, LockMode)>,
+    /// Parked (inactive) pages in newly locked segments.
+    pub reactivate: Vec<PageIdx>,
+    pub result: Result<(), Errno>,
+}
+
+impl Default for LockPlan {
+    fn default() -> LockPlan {
+        LockPlan { changed: Vec::new(), reactivate: Vec::new(), result: Ok(()) }
+    }
 }
 
 /// The result of a successful `mmap` decision.
@@ -212,6 +231,9 @@ pub struct Core {
     swapped: u64,
     /// Pages charged to the lock limit (VmLck).
     locked_charged: u64,
+    /// Invariant: the number of pages with the `LOCKED` flag (resident in a
+    /// locked region).
+    locked_pages: u64,
     /// `mlockall(MCL_FUTURE)` flags in force.
     lock_future: Option<LockMode>,
     next_object: u64,
@@ -239,6 +261,7 @@ impl Core {
             inactive: 0,
             swapped: 0,
             locked_charged: 0,
+            locked_pages: 0,
             lock_future: None,
             next_object: 1,
             counters: Counters::default(),
@@ -468,9 +491,11 @@ impl Core {
         self.regions.split_at(r.end);
         let removed = self.regions.remove_range(r);
         let mut ranges: Vec<PageRange> = Vec::new();
+        let mut locked = Vec::new();
         for reg in &removed {
             if reg.lock != LockMode::None {
                 self.locked_charged -= reg.range.pages();
+                locked.push(reg.range);
             }
             match ranges.last_mut() {
                 Some(last) if last.end == reg.range.start => last.end = reg.range.end,
@@ -478,7 +503,7 @@ impl Core {
             }
         }
         self.held.extend(ranges.iter().copied());
-        Detached { ranges }
+        Detached { ranges, locked }
     }
 
     /// Phase 1 of `munmap`, under the exclusive lock: validate and detach.
@@ -585,6 +610,194 @@ impl Core {
             return (applied, bad(Errno::ENOMEM));
         }
         (applied, Ok(()))
+    }
+
+    // ------------------------------------------------------------------
+    // Locks (seed 000)
+
+    /// Decides `mlock2` (`mode` Locked or OnFault) and `munlock` (`mode`
+    /// None). `addr` need not be aligned: the range is widened to whole pages
+    /// (Linux). Returns the plan; on error after a partial apply (a hole),
+    /// `plan.result` is the error and `plan.changed` what was applied.
+    pub fn lock_range(&mut self, addr: u64, len: u64, mode: LockMode) -> LockPlan {
+        let mut plan = LockPlan::default();
+        if mode != LockMode::None && self.cfg.memlock_pages == 0 {
+            plan.result = bad(Errno::EPERM);
+            return plan;
+        }
+        let ps = self.page_size();
+        let start = addr & !(ps - 1);
+        let Some(end) = addr.checked_add(len).and_then(|e| e.checked_add(ps - 1)).map(|e| e & !(ps - 1)) else {
+            plan.result = bad(Errno::ENOMEM);
+            return plan;
+        };
+        if end == start {
+            return plan;
+        }
+        let pages = (end - start) >> self.cfg.page_shift;
+        if mode != LockMode::None {
+            // Linux counts the whole request, minus what is locked already.
+            let r = self.clip(start, pages);
+            let already: u64 = self
+                .regions
+                .overlapping(r)
+                .iter()
+                .filter(|g| g.lock != LockMode::None)
+                .map(|g| g.range.intersect(&r).pages())
+                .sum();
+            if self.cfg.memlock_pages != u64::MAX && self.locked_charged + pages - already > self.cfg.memlock_pages {
+                plan.result = bad(Errno::ENOMEM);
+                return plan;
+            }
+        }
+        if !self.in_reservation(start, pages) && self.page_of(Addr(start)).is_none() {
+            plan.result = bad(Errno::ENOMEM);
+            return plan;
+        }
+        let r = self.clip(start, pages);
+        let mut at = r.start;
+        let mut hole = !self.in_reservation(start, pages);
+        for reg in self.regions.overlapping(r) {
+            if reg.range.start > at {
+                hole = true;
+                break;
+            }
+            let seg = reg.range.intersect(&r);
+            at = seg.end;
+            if reg.lock == mode {
+                continue;
+            }
+            let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
+            if self.regions.len() + cost > self.cfg.max_regions {
+                hole = true;
+                break;
+            }
+            self.set_lock(seg, mode, &mut plan);
+            plan.changed.push((seg, reg.lock));
+        }
+        if at < r.end {
+            hole = true;
+        }
+        self.regions.merge_around(r);
+        if hole {
+            plan.result = bad(Errno::ENOMEM);
+        }
+        plan
+    }
+
+    /// Sets the lock mode of `seg` (inside one region) and its pages.
+    fn set_lock(&mut self, seg: PageRange, mode: LockMode, plan: &mut LockPlan) {
+        self.regions.split_at(seg.start);
+        self.regions.split_at(seg.end);
+        let reg = self.regions.find_mut(seg.start).expect("split");
+        let old = reg.lock;
+        reg.lock = mode;
+        match (old == LockMode::None, mode == LockMode::None) {
+            (true, false) => self.locked_charged += seg.pages(),
+            (false, true) => self.locked_charged -= seg.pages(),
+            _ => {}
+        }
+        for (p, m) in self.pages.live_in(seg) {
+            if mode == LockMode::None {
+                if m.has(pf::LOCKED) {
+                    self.pages.update(p, |m| m.flags &= !pf::LOCKED);
+                    self.locked_pages -= 1;
+                    if m.state == PState::Resident {
+                        self.push_active(p);
+                    }
+                }
+            } else if m.state == PState::Resident && !m.has(pf::LOCKED) {
+                self.pages.update(p, |m| m.flags |= pf::LOCKED);
+                self.locked_pages += 1;
+            } else if m.state == PState::Inactive {
+                // Parked pages are resident: they must come back and be
+                // locked now (the executor maps them back).
+                plan.reactivate.push(p);
+            }
+        }
+    }
+
+    /// Undoes a lock plan's changes (the host refused, or the budget could
+    /// not hold a full lock).
+    pub fn lock_revert(&mut self, plan: &LockPlan) {
+        let mut scratch = LockPlan::default();
+        for &(seg, old) in plan.changed.iter().rev() {
+            let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
+            if self.regions.len() + cost > self.cfg.max_regions + 2 {
+                continue;
+            }
+            self.set_lock(seg, old, &mut scratch);
+            self.regions.merge_around(seg);
+        }
+    }
+
+    /// Decides `mlockall`: returns the plan for `MCL_CURRENT`'s changes.
+    pub fn mlockall(&mut self, flags: i32) -> LockPlan {
+        let mut plan = LockPlan::default();
+        if flags == 0 || flags & !(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT) != 0 || flags == MCL_ONFAULT {
+            plan.result = bad(Errno::EINVAL);
+            return plan;
+        }
+        if self.cfg.memlock_pages == 0 {
+            plan.result = bad(Errno::EPERM);
+            return plan;
+        }
+        let mode = if flags & MCL_ONFAULT != 0 { LockMode::OnFault } else { LockMode::Locked };
+        if flags & MCL_CURRENT != 0 {
+            let total: u64 = self.regions.iter().map(|r| r.range.pages()).sum();
+            if self.cfg.memlock_pages != u64::MAX && total > self.cfg.memlock_pages {
+                plan.result = bad(Errno::ENOMEM);
+                return plan;
+            }
+        }
+        self.lock_future = (flags & MCL_FUTURE != 0).then_some(mode);
+        if flags & MCL_CURRENT != 0 {
+            let regs: Vec<Region> = self.regions.iter().cloned().collect();
+            for reg in regs {
+                if reg.lock != mode {
+                    self.set_lock(reg.range, mode, &mut plan);
+                    plan.changed.push((reg.range, reg.lock));
+                }
+            }
+            self.regions.merge_around(PageRange::new(0, self.cfg.reserve_pages));
+        }
+        plan
+    }
+
+    /// Decides `munlockall`: every region unlocked, the future flag cleared.
+    pub fn munlockall(&mut self) -> LockPlan {
+        let mut plan = LockPlan::default();
+        self.lock_future = None;
+        let regs: Vec<Region> = self.regions.iter().cloned().collect();
+        for reg in regs {
+            if reg.lock != LockMode::None {
+                self.set_lock(reg.range, LockMode::None, &mut plan);
+                plan.changed.push((reg.range, reg.lock));
+            }
+        }
+        self.regions.merge_around(PageRange::new(0, self.cfg.reserve_pages));
+        plan
+    }
+
+    /// Pages a full lock of `segs` would need resident at once, and whether
+    /// the budget can hold them (the locked pages elsewhere stay).
+    pub fn lock_fits(&self, segs: &[PageRange]) -> bool {
+        let mut need = 0;
+        for s in segs {
+            let mut resident_locked = 0;
+            self.pages.for_each_live(*s, |_, m| {
+                if m.has(pf::LOCKED) {
+                    resident_locked += 1;
+                }
+            });
+            need += s.pages() - resident_locked;
+        }
+        self.locked_pages + need <= self.cfg.budget_pages
+    }
+
+    /// The region containing `p` (for the executor's lock population).
+    pub fn region_at(&self, p: PageIdx) -> Option<&Region> {
+        self.regions.find(p)
     }
 
     // ------------------------------------------------------------------
@@ -900,6 +1113,17 @@ impl Core {
         self.resident_max = self.resident_max.max(self.resident);
     }
 
+    /// A page just became resident: lock it if its region is locked.
+    fn note_resident(&mut self, p: PageIdx) {
+        let locked = self.regions.find(p).is_some_and(|r| r.lock != LockMode::None);
+        if locked {
+            self.pages.update(p, |m| m.flags |= pf::LOCKED);
+            self.locked_pages += 1;
+        } else {
+            self.push_active(p);
+        }
+    }
+
     fn push_active(&mut self, p: PageIdx) {
         let mut m = self.pages.get(p);
         m.gen = m.gen.wrapping_add(1);
@@ -940,7 +1164,7 @@ impl Core {
                     let p = PageIdx(q);
                     if q - run.start.0 < installed {
                         self.pages.update(p, |m| m.state = PState::Resident);
-                        self.push_active(p);
+                        self.note_resident(p);
                     } else {
                         self.pages.update(p, |m| m.state = PState::Absent);
                         self.resident -= 1;
@@ -959,7 +1183,7 @@ impl Core {
                             m.state = PState::Resident;
                             m.slot = 0;
                         });
-                        self.push_active(p);
+                        self.note_resident(p);
                     } else {
                         self.pages.update(p, |m| m.state = PState::Swapped);
                         self.resident -= 1;
@@ -981,7 +1205,7 @@ impl Core {
                         m.slot = 0;
                         m.flags |= pf::REFERENCED;
                     });
-                    self.push_active(page);
+                    self.note_resident(page);
                     self.counters.minor_faults += 1;
                 } else {
                     self.pages.update(page, |m| m.state = PState::Inactive);
@@ -1210,6 +1434,9 @@ impl Core {
     /// Drops the pages of a claim: the executor has dropped the frames.
     pub fn zap_end(&mut self, c: &ZapClaim) {
         for (p, m) in self.pages.live_in(c.range) {
+            if m.has(pf::LOCKED) {
+                self.locked_pages -= 1;
+            }
             match m.state {
                 PState::Zapping => self.resident -= 1,
                 PState::Swapped => {
@@ -1288,7 +1515,7 @@ impl Core {
             resident_pages: self.resident,
             resident_pages_max: self.resident_max,
             inactive_pages: self.inactive,
-            locked_pages: 0,
+            locked_pages: self.locked_pages,
             locked_charged_pages: self.locked_charged,
             swapped_pages: self.swapped,
             lazyfree_pages: 0,
@@ -1373,6 +1600,17 @@ impl Core {
         assert!(ina <= self.inactive && self.inactive <= ina + zapping, "inactive count");
         let locked: u64 = self.regions.iter().filter(|r| r.lock != LockMode::None).map(|r| r.range.pages()).sum();
         assert_eq!(locked, self.locked_charged, "lock charge");
+        let mut lp = 0;
+        self.pages.for_each_live(all, |p, m| {
+            if m.has(pf::LOCKED) {
+                lp += 1;
+                assert!(
+                    self.regions.find(p).is_some_and(|r| r.lock != LockMode::None) || self.held.iter().any(|h| h.contains(p)),
+                    "locked page {p:?} outside a locked region"
+                );
+            }
+        });
+        assert_eq!(lp, self.locked_pages, "locked pages count");
     }
 }
 

@@ -209,6 +209,42 @@ impl Space {
         self.inner.madvise(addr, len, advice)
     }
 
+    /// `mlock`: `mlock2(addr, len, 0)`.
+    pub fn mlock(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.mlock2(addr, len, 0)
+    }
+
+    /// `mlock2`: locks the pages of the range now (populating them; `EAGAIN`
+    /// if the budget cannot hold them, locking nothing new) or, with
+    /// `MLOCK_ONFAULT`, as they are first touched. `addr` need not be
+    /// aligned. The whole range is charged to `memlock_bytes` now.
+    pub fn mlock2(&self, addr: usize, len: usize, flags: u32) -> Result<(), Errno> {
+        if flags & !consts::MLOCK_ONFAULT != 0 {
+            return Err(Errno::EINVAL);
+        }
+        let mode = if flags & consts::MLOCK_ONFAULT != 0 {
+            usermm_core::region::LockMode::OnFault
+        } else {
+            usermm_core::region::LockMode::Locked
+        };
+        self.inner.lock_call(|c| c.lock_range(addr as u64, len as u64, mode))
+    }
+
+    /// `munlock`: clears both kinds of lock on the range and uncharges it.
+    pub fn munlock(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.inner.lock_call(|c| c.lock_range(addr as u64, len as u64, usermm_core::region::LockMode::None))
+    }
+
+    /// `mlockall` (`MCL_CURRENT`, `MCL_FUTURE`, `MCL_ONFAULT`).
+    pub fn mlockall(&self, flags: i32) -> Result<(), Errno> {
+        self.inner.lock_call(|c| c.mlockall(flags))
+    }
+
+    /// `munlockall`.
+    pub fn munlockall(&self) -> Result<(), Errno> {
+        self.inner.lock_call(|c| c.munlockall())
+    }
+
     /// `umm_populate`: `MADV_POPULATE_READ` or `MADV_POPULATE_WRITE` on the
     /// range, also reporting how many bytes (from `addr`) were populated; on
     /// failure, the report's `fail_addr` is `addr + populated`.

@@ -34,9 +34,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 
 use usermm_core::consts::*;
+use usermm_core::region::LockMode;
 use usermm_core::{
-    AdviceOp, Addr, Core, CoreConfig, Deactivate, Detached, Errno, Evict, FaultPlan, MmapReply, PageIdx, PageRange,
-    Transfer,
+    AdviceOp, Addr, Core, CoreConfig, Deactivate, Detached, Errno, Evict, FaultPlan, LockPlan, MmapReply, PageIdx,
+    PageRange, Transfer,
 };
 use usermm_sys::file::{ProcMem, SwapFile};
 use usermm_sys::thread::EventFd;
@@ -656,6 +657,9 @@ impl Inner {
                 }
                 MmapReply::Done(plan) => {
                     if let Some(d) = &plan.replaced {
+                        for r in &d.locked {
+                            let _ = self.host_lock(*r, LockMode::None);
+                        }
                         for r in &d.ranges {
                             self.zap_range(*r, false);
                         }
@@ -671,10 +675,24 @@ impl Inner {
                         }
                         return Err(e);
                     }
+                    let mode = lock(&self.core).region_at(plan.range.start).map(|r| r.lock).unwrap_or(LockMode::None);
+                    if mode != LockMode::None {
+                        if let Err(e) = self.host_lock(plan.range, mode) {
+                            let d = lock(&self.core).munmap(a as u64, l as u64);
+                            if let Ok(Some(d)) = d {
+                                lock(&self.core).unhold(&d);
+                            }
+                            let _ = self.arena.protect(a, l, PROT_NONE);
+                            return Err(if e == Errno::ENOMEM || e == Errno::EPERM { Errno::EAGAIN } else { e });
+                        }
+                    }
                     self.note_hold(t0);
                     drop(mm);
-                    if flags & MAP_POPULATE != 0 || flags & MAP_LOCKED != 0 {
-                        // Best effort: never fails the mmap (Linux).
+                    // Best effort: never fails the mmap (Linux). A
+                    // lock-on-fault region is never populated, even with
+                    // MAP_POPULATE (Linux skips VM_LOCKONFAULT).
+                    let populate = mode == LockMode::Locked || (flags & MAP_POPULATE != 0 && mode != LockMode::OnFault);
+                    if populate && plan.prot != PROT_NONE {
                         let _ = self.populate(a, l, plan.prot & PROT_WRITE != 0);
                     }
                     return Ok(a);
@@ -700,6 +718,10 @@ impl Inner {
             d
         };
         let Some(d) = detached else { return Ok(()) };
+        for r in &d.locked {
+            // MADV_DONTNEED refuses VM_LOCKED ranges; the range is leaving.
+            let _ = self.host_lock(*r, LockMode::None);
+        }
         let chunk_pages = (ZAP_CHUNK_BYTES / self.page_size).max(1) as u64;
         for r in &d.ranges {
             let mut s = r.start.0;
@@ -786,6 +808,82 @@ impl Inner {
 }
 
 impl Inner {
+    /// Locks (`mode` Locked/OnFault) or unlocks (None) a range in the host
+    /// kernel too, so that locked pages never reach the host's swap. Always
+    /// `MLOCK_ONFAULT` in the host: usermm populates itself (a host populate
+    /// would fault into our own handlers while we hold the region lock).
+    fn host_lock(&self, r: PageRange, mode: LockMode) -> Result<(), Errno> {
+        let a = self.addr(r.start);
+        let l = r.pages() as usize * self.page_size;
+        match mode {
+            LockMode::None => usermm_sys::mem::munlock(a, l),
+            _ => usermm_sys::mem::mlock2(a, l, MLOCK_ONFAULT),
+        }
+    }
+
+    /// Carries out a lock decision made by `decide` under the exclusive
+    /// lock: host locks, the budget check for full locks, then (under the
+    /// shared lock) mapping parked pages back and populating full locks.
+    /// Anything that fails undoes the whole call (a full lock that the budget
+    /// cannot hold is `EAGAIN` and locks nothing new).
+    pub fn lock_call(&self, decide: impl FnOnce(&mut Core) -> LockPlan) -> Result<(), Errno> {
+        let mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+        let t0 = now_ns();
+        let mut c = lock(&self.core);
+        let plan = decide(&mut c);
+        let mut full = Vec::new();
+        let mut done = Vec::new();
+        for &(seg, old) in &plan.changed {
+            let new = c.region_at(seg.start).map(|r| r.lock).unwrap_or(LockMode::None);
+            if let Err(e) = self.host_lock(seg, new) {
+                for &(seg, old) in done.iter().rev() {
+                    let _ = self.host_lock(seg, old);
+                }
+                c.lock_revert(&plan);
+                self.note_hold(t0);
+                return Err(e);
+            }
+            done.push((seg, old));
+            if new == LockMode::Locked {
+                full.push(seg);
+            }
+        }
+        if !full.is_empty() && !c.lock_fits(&full) {
+            for &(seg, old) in done.iter().rev() {
+                let _ = self.host_lock(seg, old);
+            }
+            c.lock_revert(&plan);
+            self.note_hold(t0);
+            return Err(Errno::EAGAIN);
+        }
+        drop(c);
+        self.note_hold(t0);
+        drop(mm);
+        for &p in &plan.reactivate {
+            self.resolve(self.addr(p), false, None);
+        }
+        if plan.result.is_ok() {
+            for seg in &full {
+                let prot = lock(&self.core).region_at(seg.start).map(|r| r.prot).unwrap_or(PROT_NONE);
+                if prot == PROT_NONE {
+                    // Linux cannot populate PROT_NONE: mlock says ENOMEM
+                    // and leaves the range locked.
+                    return Err(Errno::ENOMEM);
+                }
+                let (_, r) = self.populate(self.addr(seg.start), seg.pages() as usize * self.page_size, prot & PROT_WRITE != 0);
+                if r.is_err() {
+                    let _mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+                    for &(seg, old) in plan.changed.iter().rev() {
+                        let _ = self.host_lock(seg, old);
+                    }
+                    lock(&self.core).lock_revert(&plan);
+                    return Err(Errno::EAGAIN);
+                }
+            }
+        }
+        plan.result
+    }
+
     /// `MADV_POPULATE_READ/WRITE` and `umm_populate`: returns the bytes
     /// populated (from `addr`, a prefix of the range) and the result.
     pub fn populate(&self, addr: usize, len: usize, write: bool) -> (usize, Result<(), Errno>) {
