@@ -136,12 +136,21 @@ pub struct Evict {
 pub struct ReclaimPlan {
     pub deactivate: Vec<Deactivate>,
     pub evict: Vec<Evict>,
+    /// Volatile pages to purge instead of swapping: `(page, staging slot)`.
+    pub purge: Vec<(PageIdx, u32)>,
 }
 
 impl ReclaimPlan {
     pub fn is_empty(&self) -> bool {
-        self.deactivate.is_empty() && self.evict.is_empty()
+        self.deactivate.is_empty() && self.evict.is_empty() && self.purge.is_empty()
     }
+}
+
+/// What `mnovolatile` found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NoVolatile {
+    /// Purged pages, in address order.
+    pub purged: Vec<PageIdx>,
 }
 
 /// A range detached by `munmap` (or replaced by `MAP_FIXED`): held back from
@@ -234,6 +243,8 @@ pub struct Core {
     /// Invariant: the number of pages with the `LOCKED` flag (resident in a
     /// locked region).
     locked_pages: u64,
+    /// Invariant: the number of pages with the `VOLATILE` flag.
+    volatile_pages: u64,
     /// `mlockall(MCL_FUTURE)` flags in force.
     lock_future: Option<LockMode>,
     next_object: u64,
@@ -262,6 +273,7 @@ impl Core {
             swapped: 0,
             locked_charged: 0,
             locked_pages: 0,
+            volatile_pages: 0,
             lock_future: None,
             next_object: 1,
             counters: Counters::default(),
@@ -655,6 +667,10 @@ impl Core {
             return plan;
         }
         let r = self.clip(start, pages);
+        if mode != LockMode::None && self.any_volatile(r) {
+            plan.result = bad(Errno::EINVAL);
+            return plan;
+        }
         let mut at = r.start;
         let mut hole = !self.in_reservation(start, pages);
         for reg in self.regions.overlapping(r) {
@@ -1031,7 +1047,7 @@ impl Core {
                 FaultPlan::SwapIn { run, slot: m.slot }
             }
             PState::Absent => {
-                if m.has(pf::POISONED) {
+                if m.has(pf::POISONED) || (m.has(pf::PURGED) && m.has(pf::VOLATILE)) {
                     return FaultPlan::Sigbus;
                 }
                 if free == 0 {
@@ -1228,15 +1244,16 @@ impl Core {
     /// list, and deactivations that refill it.
     pub fn reclaim_plan(&mut self, want: u64) -> ReclaimPlan {
         let mut plan = ReclaimPlan::default();
-        if self.swap.capacity() == 0 {
+        if self.swap.capacity() == 0 && self.volatile_pages == 0 {
             // No swap: anonymous pages are unevictable (as on a swapless
-            // Linux), so there is nothing to age either.
+            // Linux), so there is nothing to age either; only volatile pages
+            // could be purged.
             return plan;
         }
         // Evict the oldest inactive pages.
         let mut scanned = 0;
         let scan_max = self.lru.inactive.len();
-        while (plan.evict.len() as u64) < want && scanned < scan_max {
+        while ((plan.evict.len() + plan.purge.len()) as u64) < want && scanned < scan_max {
             scanned += 1;
             let Some((p, g)) = self.lru.inactive.pop_front() else { break };
             let m = self.pages.get(p);
@@ -1245,6 +1262,12 @@ impl Core {
             }
             if self.regions.find(p).is_none() {
                 continue; // being unmapped: the zap frees it
+            }
+            if m.has(pf::VOLATILE) {
+                // Volatile: purged instead of swapped, no I/O.
+                self.pages.update(p, |m| m.state = PState::Evicting);
+                plan.purge.push((p, m.slot));
+                continue;
             }
             let Some(swap) = self.swap.alloc() else {
                 self.lru.inactive.push_front((p, g));
@@ -1255,12 +1278,11 @@ impl Core {
         }
         // Refill the inactive list from the head of the active list.
         let target = (self.cfg.budget_pages / 4).max(16);
-        let short = want.saturating_sub(plan.evict.len() as u64);
+        let short = want.saturating_sub((plan.evict.len() + plan.purge.len()) as u64);
         let mut scanned = 0;
         let scan_max = self.lru.active.len();
         while ((self.inactive + plan.deactivate.len() as u64) < target || (plan.deactivate.len() as u64) < short)
             && scanned < scan_max
-            && self.swap.free() as u64 > plan.deactivate.len() as u64
         {
             scanned += 1;
             let Some((p, g)) = self.lru.active.pop_front() else { break };
@@ -1280,6 +1302,11 @@ impl Core {
             }
             if m.has(pf::REFERENCED) {
                 self.pages.update(p, |m| m.flags &= !pf::REFERENCED);
+                self.lru.active.push_back((p, g));
+                continue;
+            }
+            if !m.has(pf::VOLATILE) && self.swap.free() as u64 <= plan.deactivate.len() as u64 {
+                // No swap room: only volatile pages can leave.
                 self.lru.active.push_back((p, g));
                 continue;
             }
@@ -1377,6 +1404,114 @@ impl Core {
         }
     }
 
+    /// Commits a purge: the executor dropped the staging frame and put a
+    /// poison marker at the page's address.
+    pub fn purge_done(&mut self, p: PageIdx, staging: u32) {
+        debug_assert_eq!(self.pages.get(p).state, PState::Evicting);
+        self.staging.release(staging);
+        self.inactive -= 1;
+        self.resident -= 1;
+        self.pages.update(p, |m| {
+            m.state = PState::Absent;
+            m.slot = 0;
+            m.flags |= pf::PURGED;
+        });
+        self.counters.volatile_purges += 1;
+        self.counters.evictions += 1;
+    }
+
+    /// Decides `mvolatile`: marks the pages of the range volatile. A locked
+    /// region is `EINVAL`, holes `ENOMEM` (after marking the mapped parts).
+    pub fn mvolatile(&mut self, addr: u64, len: u64) -> Result<(), Errno> {
+        let (segs, res) = self.volatile_segments(addr, len, true);
+        for seg in segs {
+            for q in seg.start.0..seg.end.0 {
+                let p = PageIdx(q);
+                let m = self.pages.get(p);
+                if !m.has(pf::VOLATILE) {
+                    self.pages.update(p, |m| m.flags |= pf::VOLATILE);
+                    self.volatile_pages += 1;
+                }
+            }
+        }
+        res
+    }
+
+    /// The segments of a volatile call, and its result.
+    fn volatile_segments(&self, addr: u64, len: u64, refuse_locked: bool) -> (Vec<PageRange>, Result<(), Errno>) {
+        if !self.aligned(addr) {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        let Some(pages) = self.len_pages(len) else {
+            return (vec![], bad(Errno::EINVAL));
+        };
+        if pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b)).is_none() {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        if pages == 0 {
+            return (vec![], Ok(()));
+        }
+        let r = self.clip(addr, pages);
+        let regs = self.regions.overlapping(r);
+        if refuse_locked && regs.iter().any(|g| g.lock != LockMode::None) {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        let mut segs = Vec::new();
+        let mut at = r.start;
+        let mut hole = !self.in_reservation(addr, pages) || regs.is_empty();
+        for reg in regs {
+            if reg.range.start > at {
+                hole = true;
+            }
+            let seg = reg.range.intersect(&r);
+            segs.push(seg);
+            at = seg.end;
+        }
+        if at < r.end {
+            hole = true;
+        }
+        (segs, if hole { bad(Errno::ENOMEM) } else { Ok(()) })
+    }
+
+    /// Decides `mnovolatile`: `Err(None)` means a page of the range is busy
+    /// (a purge may be in flight): wait and call again. Otherwise the range is
+    /// no longer volatile when this returns (no purge can start: purges are
+    /// planned under the same lock), and the purged pages are reported; the
+    /// executor removes their markers so that they read back as zeros.
+    pub fn mnovolatile(&mut self, addr: u64, len: u64) -> Result<(NoVolatile, Result<(), Errno>), Option<Errno>> {
+        let (segs, res) = self.volatile_segments(addr, len, false);
+        if segs.is_empty() {
+            if let Err(e) = res {
+                return Err(Some(e));
+            }
+        }
+        for seg in &segs {
+            if self.pages.live_in(*seg).iter().any(|(_, m)| m.state.busy()) {
+                return Err(None);
+            }
+        }
+        let mut out = NoVolatile::default();
+        for seg in segs {
+            for (p, m) in self.pages.live_in(seg) {
+                if m.has(pf::VOLATILE) {
+                    self.volatile_pages -= 1;
+                }
+                if m.has(pf::PURGED) {
+                    out.purged.push(p);
+                }
+                self.pages.update(p, |m| m.flags &= !(pf::VOLATILE | pf::PURGED));
+            }
+        }
+        Ok((out, res))
+    }
+
+    /// Whether any page of `r` is volatile (mlock refuses them).
+    pub fn any_volatile(&self, r: PageRange) -> bool {
+        let mut v = false;
+        self.pages.for_each_live(r, |_, m| v |= m.has(pf::VOLATILE));
+        v
+    }
+
     /// Marks every page of `r` poisoned (after the executor zapped them).
     pub fn set_poison(&mut self, r: PageRange) {
         for q in r.start.0..r.end.0 {
@@ -1412,7 +1547,7 @@ impl Core {
         }
         let mut claim = ZapClaim { range: r, staging: Vec::new(), mapped: false };
         for (p, m) in live {
-            if m.has(pf::POISONED) {
+            if m.has(pf::POISONED) || m.has(pf::PURGED) {
                 // The poison marker must go with the page.
                 claim.mapped = true;
             }
@@ -1436,6 +1571,9 @@ impl Core {
         for (p, m) in self.pages.live_in(c.range) {
             if m.has(pf::LOCKED) {
                 self.locked_pages -= 1;
+            }
+            if m.has(pf::VOLATILE) {
+                self.volatile_pages -= 1;
             }
             match m.state {
                 PState::Zapping => self.resident -= 1,
@@ -1519,7 +1657,7 @@ impl Core {
             locked_charged_pages: self.locked_charged,
             swapped_pages: self.swapped,
             lazyfree_pages: 0,
-            volatile_pages: 0,
+            volatile_pages: self.volatile_pages,
             regions: self.regions.len() as u64,
             counters: self.counters.clone(),
         }
@@ -1611,6 +1749,9 @@ impl Core {
             }
         });
         assert_eq!(lp, self.locked_pages, "locked pages count");
+        let mut vp = 0;
+        self.pages.for_each_live(all, |_, m| vp += u64::from(m.has(pf::VOLATILE)));
+        assert_eq!(vp, self.volatile_pages, "volatile pages count");
     }
 }
 

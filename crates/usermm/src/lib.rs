@@ -139,6 +139,18 @@ pub struct PopulateReport {
     pub fail_addr: usize,
 }
 
+/// What `mnovolatile` reports (`struct umm_purge_report`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PurgeReport {
+    /// Pages of the range purged since it was marked volatile.
+    pub purged_pages: usize,
+    /// The first purged address (0 when none was).
+    pub first_purged: usize,
+    /// One bit per page of the range (bit `i % 64` of word `i / 64`): set
+    /// when page `i` was purged.
+    pub bitmap: Vec<u64>,
+}
+
 /// A space: a reserved virtual range whose pages usermm serves.
 pub struct Space {
     inner: Arc<Inner>,
@@ -243,6 +255,32 @@ impl Space {
     /// `munlockall`.
     pub fn munlockall(&self) -> Result<(), Errno> {
         self.inner.lock_call(|c| c.munlockall())
+    }
+
+    /// `mvolatile`: the pages of the range may be purged at any time until
+    /// `mnovolatile`; until then they keep their data and are accessed with
+    /// no fault. Touching a purged page while it is volatile raises SIGBUS
+    /// (`si_code` `BUS_ADRERR`, `si_addr` the address touched).
+    pub fn mvolatile(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.inner.mvolatile(addr, len)
+    }
+
+    /// `mnovolatile`: makes the range non-volatile; returns `true` if any
+    /// page was purged since it was marked volatile (purged pages read back as
+    /// zeros), with the exact report. Holes: the mapped parts are made
+    /// non-volatile and the call fails with `ENOMEM`.
+    pub fn mnovolatile(&self, addr: usize, len: usize) -> Result<(bool, PurgeReport), Errno> {
+        let (purged, res) = self.inner.mnovolatile(addr, len)?;
+        let ps = self.page_size();
+        let pages = len.div_ceil(ps);
+        let mut bitmap = vec![0u64; pages.div_ceil(64)];
+        for &a in &purged {
+            let i = (a - addr) / ps;
+            bitmap[i / 64] |= 1 << (i % 64);
+        }
+        res?;
+        let report = PurgeReport { purged_pages: purged.len(), first_purged: purged.first().copied().unwrap_or(0), bitmap };
+        Ok((!purged.is_empty(), report))
     }
 
     /// `umm_populate`: `MADV_POPULATE_READ` or `MADV_POPULATE_WRITE` on the

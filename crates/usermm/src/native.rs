@@ -321,8 +321,13 @@ impl Inner {
                 }
                 FaultPlan::Sigbus => {
                     drop(c);
-                    if let Some(t) = tid {
-                        let _ = usermm_sys::thread::sigbus_thread(t, addr);
+                    // A poison marker makes the kernel raise the SIGBUS itself,
+                    // in the touching thread, with the exact address (and for
+                    // every later touch too); the marker also wakes the thread.
+                    if self.uffd.poison(page_addr, self.page_size).is_err() {
+                        if let Some(t) = tid {
+                            let _ = usermm_sys::thread::sigbus_thread(t, addr);
+                        }
                     }
                     return;
                 }
@@ -472,6 +477,7 @@ impl Inner {
                 break;
             }
             self.deactivate_all(&plan.deactivate);
+            freed += self.purge_all(&plan.purge);
             freed += self.evict_all(&plan.evict);
             if freed >= want {
                 break;
@@ -536,6 +542,56 @@ impl Inner {
                 None => false,
             },
         }
+    }
+
+    /// Purges volatile pages: drops their staging frames and puts a poison
+    /// marker at their addresses (a touch raises SIGBUS). No I/O.
+    fn purge_all(&self, purges: &[(PageIdx, u32)]) -> u64 {
+        if purges.is_empty() {
+            return 0;
+        }
+        for &(p, slot) in purges {
+            let _ = self.arena.drop_slot(slot);
+            let _ = self.uffd.poison(self.addr(p), self.page_size);
+        }
+        let mut c = lock(&self.core);
+        for &(p, slot) in purges {
+            c.purge_done(p, slot);
+        }
+        self.settled.notify_all();
+        purges.len() as u64
+    }
+
+    /// `mvolatile`.
+    pub fn mvolatile(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        let _mm = self.read_mm();
+        lock(&self.core).mvolatile(addr as u64, len as u64)
+    }
+
+    /// `mnovolatile`: returns the purged pages (in address order) and the
+    /// call's result.
+    pub fn mnovolatile(&self, addr: usize, len: usize) -> Result<(Vec<usize>, Result<(), Errno>), Errno> {
+        let _mm = self.read_mm();
+        let mut c = lock(&self.core);
+        let (nv, res) = loop {
+            match c.mnovolatile(addr as u64, len as u64) {
+                Ok(r) => break r,
+                Err(Some(e)) => return Err(e),
+                Err(None) => c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner()),
+            }
+        };
+        drop(c);
+        // Purged pages read back as zeros from now on: remove the markers.
+        let mut i = 0;
+        while i < nv.purged.len() {
+            let mut j = i + 1;
+            while j < nv.purged.len() && nv.purged[j].0 == nv.purged[j - 1].0 + 1 {
+                j += 1;
+            }
+            let _ = self.arena.dontneed(self.addr(nv.purged[i]), (j - i) * self.page_size);
+            i = j;
+        }
+        Ok((nv.purged.iter().map(|&p| self.addr(p)).collect(), res))
     }
 
     /// Writes the evictions to swap (runs of consecutive slots in one call),
