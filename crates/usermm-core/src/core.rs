@@ -326,18 +326,12 @@ impl Core {
         if lo >= end {
             return PageRange::new(0, 0);
         }
-        PageRange::new(
-            (lo - self.cfg.base) >> self.cfg.page_shift,
-            (end - self.cfg.base) >> self.cfg.page_shift,
-        )
+        PageRange::new((lo - self.cfg.base) >> self.cfg.page_shift, (end - self.cfg.base) >> self.cfg.page_shift)
     }
     fn in_reservation(&self, addr: u64, pages: u64) -> bool {
         let top = self.cfg.base + (self.cfg.reserve_pages << self.cfg.page_shift);
         addr >= self.cfg.base
-            && pages
-                .checked_shl(self.cfg.page_shift)
-                .and_then(|b| addr.checked_add(b))
-                .is_some_and(|e| e <= top)
+            && pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b)).is_some_and(|e| e <= top)
     }
 
     // ------------------------------------------------------------------
@@ -353,6 +347,11 @@ impl Core {
             MAP_SHARED => true,
             MAP_PRIVATE => false,
             MAP_SHARED_VALIDATE => {
+                // Linux validates flags only for file mappings; an anonymous
+                // MAP_SHARED_VALIDATE is EINVAL whatever the flags.
+                if flags & MAP_ANONYMOUS != 0 {
+                    return bad(Errno::EINVAL);
+                }
                 if flags & !(LEGACY_MAP_MASK | MAP_FIXED_NOREPLACE | UMM_MAP_LOCKONFAULT | MAP_SHARED_VALIDATE) != 0 {
                     return bad(Errno::EOPNOTSUPP);
                 }
@@ -397,8 +396,7 @@ impl Core {
                 return bad(Errno::EINVAL);
             }
             let r = self.clip(addr, pages);
-            if flags & MAP_FIXED_NOREPLACE != 0
-                && (self.regions.any_in(r) || self.held.iter().any(|h| h.overlaps(&r)))
+            if flags & MAP_FIXED_NOREPLACE != 0 && (self.regions.any_in(r) || self.held.iter().any(|h| h.overlaps(&r)))
             {
                 return bad(Errno::EEXIST);
             }
@@ -412,10 +410,7 @@ impl Core {
             let hinted = (hint != 0 && self.in_reservation(hint, pages)).then(|| self.clip(hint, pages));
             match hinted {
                 Some(r) if !self.regions.any_in(r) && !self.held.iter().any(|h| h.overlaps(&r)) => r.start.0,
-                _ => self
-                    .regions
-                    .find_gap(pages, 0, self.cfg.reserve_pages, &self.held)
-                    .ok_or(Errno::ENOMEM)?,
+                _ => self.regions.find_gap(pages, 0, self.cfg.reserve_pages, &self.held).ok_or(Errno::ENOMEM)?,
             }
         };
         let range = PageRange::new(start, start + pages);
@@ -428,11 +423,7 @@ impl Core {
         if new_count - would_merge > self.cfg.max_regions {
             return bad(Errno::ENOMEM);
         }
-        let replaced = if cut.is_empty() {
-            None
-        } else {
-            Some(self.detach(range))
-        };
+        let replaced = if cut.is_empty() { None } else { Some(self.detach(range)) };
         let object = if shared {
             let o = self.next_object;
             self.next_object += 1;
@@ -602,14 +593,20 @@ impl Core {
             }
             let seg = reg.range.intersect(&r);
             if reg.prot != prot {
-                let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
-                if self.regions.len() + cost > self.cfg.max_regions {
-                    self.regions.merge_around(r);
-                    return (applied, bad(Errno::ENOMEM));
-                }
+                // Split, change and merge first, then check the count: a
+                // change that merges into a neighbour only moves a boundary
+                // (Linux succeeds at the limit then). Undo if over.
                 self.regions.split_at(seg.start);
                 self.regions.split_at(seg.end);
                 self.regions.find_mut(seg.start).expect("split").prot = prot;
+                self.regions.merge_around(seg);
+                if self.regions.len() > self.cfg.max_regions {
+                    self.regions.split_at(seg.start);
+                    self.regions.split_at(seg.end);
+                    self.regions.find_mut(seg.start).expect("split").prot = reg.prot;
+                    self.regions.merge_around(r);
+                    return (applied, bad(Errno::ENOMEM));
+                }
                 applied.push(seg);
             }
             at = seg.end;
@@ -825,8 +822,8 @@ impl Core {
     /// On error, the ops before the failing region still apply (Linux).
     pub fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> (Vec<AdviceOp>, Result<(), Errno>) {
         match advice {
-            MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL | MADV_WILLNEED | MADV_DONTNEED | MADV_COLD
-            | MADV_PAGEOUT | MADV_HWPOISON => {}
+            MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL | MADV_WILLNEED | MADV_DONTNEED | MADV_COLD | MADV_PAGEOUT
+            | MADV_HWPOISON => {}
             _ => return (vec![], bad(Errno::EINVAL)),
         }
         if !self.aligned(addr) {
@@ -869,8 +866,9 @@ impl Core {
                     if reg.advice != want {
                         let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
                         if self.regions.len() + cost > self.cfg.max_regions {
+                            // Linux: a split beyond vm.max_map_count in madvise is EAGAIN.
                             self.regions.merge_around(r);
-                            return (ops, bad(Errno::ENOMEM));
+                            return (ops, bad(Errno::EAGAIN));
                         }
                         self.regions.split_at(seg.start);
                         self.regions.split_at(seg.end);
@@ -998,7 +996,8 @@ impl Core {
             }
             return FaultPlan::Wake;
         };
-        if populate.is_none() && (reg.prot & PROT_READ == 0 && reg.prot & PROT_WRITE == 0 || (write && !reg.writable())) {
+        if populate.is_none() && (reg.prot & PROT_READ == 0 && reg.prot & PROT_WRITE == 0 || (write && !reg.writable()))
+        {
             // The kernel checks protection before it reports a fault; this
             // one raced with mprotect. The retry sees the new protection.
             return FaultPlan::Wake;
@@ -1277,7 +1276,7 @@ impl Core {
             plan.evict.push(Evict { page: p, staging: m.slot, swap });
         }
         // Refill the inactive list from the head of the active list.
-        let target = (self.cfg.budget_pages / 4).max(16);
+        let target = (self.cfg.budget_pages / 4).max(1);
         let short = want.saturating_sub((plan.evict.len() + plan.purge.len()) as u64);
         let mut scanned = 0;
         let scan_max = self.lru.active.len();
@@ -1321,6 +1320,12 @@ impl Core {
         plan
     }
 
+    /// How many frames a fault that finds none reclaims at once: enough to
+    /// amortise the work, never so many that a small budget is flushed.
+    pub fn direct_reclaim_batch(&self) -> u64 {
+        (self.cfg.budget_pages / 8).clamp(1, 16)
+    }
+
     /// Plans the deactivation (MADV_COLD) or deactivation-then-eviction
     /// (MADV_PAGEOUT) of the resident pages of `r`.
     pub fn deactivate_range(&mut self, r: PageRange) -> Vec<Deactivate> {
@@ -1348,12 +1353,30 @@ impl Core {
         v
     }
 
-    /// Plans the eviction of the given inactive pages (MADV_PAGEOUT).
+    /// Plans the eviction of the given inactive pages (skipping the others).
     pub fn evict_pages(&mut self, pages: &[PageIdx]) -> Vec<Evict> {
         let mut v = Vec::new();
         for &p in pages {
             let m = self.pages.get(p);
-            if m.state != PState::Inactive {
+            if m.state != PState::Inactive || m.has(pf::VOLATILE) {
+                continue;
+            }
+            let Some(swap) = self.swap.alloc() else { break };
+            self.pages.update(p, |m| m.state = PState::Evicting);
+            v.push(Evict { page: p, staging: m.slot, swap });
+        }
+        v
+    }
+
+    /// Plans the eviction of every inactive page of `r` (MADV_PAGEOUT, after
+    /// `deactivate_range`), at most `max`.
+    pub fn evict_range(&mut self, r: PageRange, max: usize) -> Vec<Evict> {
+        let mut v = Vec::new();
+        for (p, m) in self.pages.live_in(r) {
+            if v.len() >= max {
+                break;
+            }
+            if m.state != PState::Inactive || m.has(pf::VOLATILE) {
                 continue;
             }
             let Some(swap) = self.swap.alloc() else { break };
@@ -1376,7 +1399,8 @@ impl Core {
                 m.state = PState::Resident;
                 m.slot = 0;
             });
-            self.push_active(d.page);
+            // The region may have been locked while the page was in flight.
+            self.note_resident(d.page);
         }
     }
 
@@ -1691,7 +1715,8 @@ impl Core {
         self.swap.validate();
         self.staging.validate();
         let all = PageRange::new(0, self.cfg.reserve_pages);
-        let (mut res, mut ina, mut sw, mut staged, mut evicting, mut zapping) = (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+        let (mut res, mut ina, mut sw, mut staged, mut evicting, mut zapping, mut filling) =
+            (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
         let mut swap_seen = std::collections::HashSet::new();
         let mut staging_seen = std::collections::HashSet::new();
         self.pages.for_each_live(all, |p, m| {
@@ -1722,6 +1747,7 @@ impl Core {
                     assert!(swap_seen.insert(m.slot), "swap slot shared");
                 }
                 PState::Zapping => zapping += 1,
+                PState::Filling => filling += 1,
                 _ => {}
             }
         });
@@ -1729,13 +1755,14 @@ impl Core {
         assert!(self.resident <= self.cfg.budget_pages, "over budget");
         assert!(self.resident_max <= self.cfg.budget_pages, "max over budget");
         assert!(self.resident <= self.resident_max, "max below current");
-        assert_eq!(sw, self.swapped, "swapped count");
-        // Evicting pages hold their target swap slot in the plan.
-        assert_eq!(self.swap.used() as u64, sw + evicting, "swap slots in use");
-        // Zapping pages that were parked keep their staging slot until zap_end.
+        // A page being filled (swap-in, reactivation) still holds its old
+        // slot and counts where it came from until `fill_done`.
+        assert!(sw <= self.swapped && self.swapped <= sw + filling, "swapped count");
+        let su = self.swap.used() as u64;
+        assert!(su >= sw + evicting && su <= sw + evicting + filling, "swap slots in use");
         let used = self.staging.used() as u64;
-        assert!(used >= staged && used <= staged + zapping, "staging slots in use");
-        assert!(ina <= self.inactive && self.inactive <= ina + zapping, "inactive count");
+        assert!(used >= staged && used <= staged + zapping + filling, "staging slots in use");
+        assert!(self.inactive >= ina && self.inactive <= ina + evicting + zapping + filling, "inactive count");
         let locked: u64 = self.regions.iter().filter(|r| r.lock != LockMode::None).map(|r| r.range.pages()).sum();
         assert_eq!(locked, self.locked_charged, "lock charge");
         let mut lp = 0;
@@ -1743,7 +1770,8 @@ impl Core {
             if m.has(pf::LOCKED) {
                 lp += 1;
                 assert!(
-                    self.regions.find(p).is_some_and(|r| r.lock != LockMode::None) || self.held.iter().any(|h| h.contains(p)),
+                    self.regions.find(p).is_some_and(|r| r.lock != LockMode::None)
+                        || self.held.iter().any(|h| h.contains(p)),
                     "locked page {p:?} outside a locked region"
                 );
             }

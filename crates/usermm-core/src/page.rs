@@ -41,10 +41,7 @@ impl PState {
     }
     /// Whether an executor is working on the page.
     pub fn busy(self) -> bool {
-        matches!(
-            self,
-            PState::Filling | PState::Deactivating | PState::Evicting | PState::Zapping
-        )
+        matches!(self, PState::Filling | PState::Deactivating | PState::Evicting | PState::Zapping)
     }
 }
 

@@ -103,19 +103,11 @@ impl RegionTree {
 
     /// The region containing `p`.
     pub fn find(&self, p: PageIdx) -> Option<&Region> {
-        self.map
-            .range(..=p.0)
-            .next_back()
-            .map(|(_, r)| r)
-            .filter(|r| r.range.contains(p))
+        self.map.range(..=p.0).next_back().map(|(_, r)| r).filter(|r| r.range.contains(p))
     }
 
     pub fn find_mut(&mut self, p: PageIdx) -> Option<&mut Region> {
-        self.map
-            .range_mut(..=p.0)
-            .next_back()
-            .map(|(_, r)| r)
-            .filter(|r| r.range.contains(p))
+        self.map.range_mut(..=p.0).next_back().map(|(_, r)| r).filter(|r| r.range.contains(p))
     }
 
     /// The regions overlapping `r`, in address order.
@@ -169,12 +161,7 @@ impl RegionTree {
     /// Merges every mergeable neighbour pair that touches `r` (including the
     /// regions just outside it).
     pub fn merge_around(&mut self, r: PageRange) {
-        let lo = self
-            .map
-            .range(..r.start.0)
-            .next_back()
-            .map(|(k, _)| *k)
-            .unwrap_or(r.start.0);
+        let lo = self.map.range(..r.start.0).next_back().map(|(k, _)| *k).unwrap_or(r.start.0);
         let mut key = lo;
         loop {
             let Some(cur) = self.map.get(&key) else {

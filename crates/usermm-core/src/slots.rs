@@ -15,12 +15,7 @@ pub struct SlotAllocator {
 
 impl SlotAllocator {
     pub fn new(capacity: u32) -> SlotAllocator {
-        SlotAllocator {
-            bits: vec![0; (capacity as usize).div_ceil(64)],
-            capacity,
-            used: 0,
-            cursor: 0,
-        }
+        SlotAllocator { bits: vec![0; (capacity as usize).div_ceil(64)], capacity, used: 0, cursor: 0 }
     }
 
     pub fn capacity(&self) -> u32 {

@@ -21,11 +21,7 @@ pub fn format_region(out: &mut String, core: &Core, reg: &Region, extra_flags: &
         if shared { 's' } else { 'p' }
     );
     let header = if shared {
-        let h = format!(
-            "{start:08x}-{end:08x} {perms} {:08x} 00:01 {} ",
-            reg.pgoff * core.page_size(),
-            reg.object
-        );
+        let h = format!("{start:08x}-{end:08x} {perms} {:08x} 00:01 {} ", reg.pgoff * core.page_size(), reg.object);
         // Linux pads the name to column 73.
         format!("{h:<73}/dev/zero (deleted)")
     } else {

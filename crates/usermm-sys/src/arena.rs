@@ -66,15 +66,16 @@ impl Arena {
         }
     }
 
-    /// Installs zero pages at `[dst, dst+len)` of the reservation, waking
-    /// waiters. Returns the bytes installed (a prefix).
+    /// Installs zero pages at `[dst, dst+len)` of the reservation without
+    /// waking waiters (the caller commits, then wakes). Returns the bytes
+    /// installed (a prefix).
     pub fn zero_fill(&self, uffd: &Uffd, dst: usize, len: usize) -> Result<usize, Errno> {
         self.check(dst, len)?;
         let mut done = 0;
         while done < len {
             let n = (len - done).min(self.zero_len);
             // SAFETY: the zero buffer is ours, mapped and readable for zero_len.
-            let c = unsafe { uffd.copy(dst + done, self.zero_buf as *const u8, n, true) }?;
+            let c = unsafe { uffd.copy(dst + done, self.zero_buf as *const u8, n, false) }?;
             done += c;
             if c < n {
                 break;
@@ -83,18 +84,27 @@ impl Arena {
         Ok(done)
     }
 
-    /// Maps the page parked in `slot` back at `dst`: `UFFDIO_MOVE` when
-    /// `try_move`, else a copy and a drop of the slot's frame.
+    /// Maps the shared zero page at `[dst, dst+len)` of the reservation (a
+    /// read fault: no frame is allocated until the program writes, and then
+    /// the kernel copies on write without a userfaultfd round trip).
+    pub fn zero_map(&self, uffd: &Uffd, dst: usize, len: usize) -> Result<usize, Errno> {
+        self.check(dst, len)?;
+        uffd.zeropage(dst, len, false)
+    }
+
+    /// Maps the page parked in `slot` back at `dst` (without waking):
+    /// `UFFDIO_MOVE` when `try_move`, else a copy and a drop of the slot's
+    /// frame.
     pub fn slot_to_page(&self, uffd: &Uffd, slot: u32, dst: usize, try_move: bool) -> Result<(), Errno> {
         let ps = self.page_size;
         self.check(dst, ps)?;
         let src = self.slot_addr(slot);
-        if try_move && matches!(uffd.mv(dst, src, ps, true), Ok(n) if n == ps) {
+        if try_move && matches!(uffd.mv(dst, src, ps, false), Ok(n) if n == ps) {
             return Ok(());
         }
         // SAFETY: the slot is ours and holds a page (the caller's claim), so
         // it is mapped and readable.
-        let n = unsafe { uffd.copy(dst, src as *const u8, ps, true) }?;
+        let n = unsafe { uffd.copy(dst, src as *const u8, ps, false) }?;
         if n != ps {
             return Err(Errno::EEXIST);
         }
@@ -115,7 +125,13 @@ impl Arena {
     /// from `src`. Only race-free when nothing can write `src` meanwhile (a
     /// non-writable region). Through `/proc/self/mem` when `src` is not
     /// readable.
-    pub fn page_to_slot_copy(&self, uffd: &Uffd, src: usize, slot: u32, procmem: Option<&ProcMem>) -> Result<(), Errno> {
+    pub fn page_to_slot_copy(
+        &self,
+        uffd: &Uffd,
+        src: usize,
+        slot: u32,
+        procmem: Option<&ProcMem>,
+    ) -> Result<(), Errno> {
         let ps = self.page_size;
         self.check(src, ps)?;
         let dst = self.slot_addr(slot);
@@ -166,16 +182,24 @@ impl Arena {
         mem::advise(self.slot_addr(slot), self.page_size * n, libc::MADV_DONTNEED)
     }
 
-    /// Reads `len` bytes of `swap` at `off` and installs them at `dst`,
-    /// waking waiters. Returns the bytes installed (a prefix).
-    pub fn swap_in(&self, uffd: &Uffd, swap: &SwapFile, off: u64, dst: usize, len: usize, bounce: &Bounce) -> Result<usize, Errno> {
+    /// Reads `len` bytes of `swap` at `off` and installs them at `dst`
+    /// (without waking). Returns the bytes installed (a prefix).
+    pub fn swap_in(
+        &self,
+        uffd: &Uffd,
+        swap: &SwapFile,
+        off: u64,
+        dst: usize,
+        len: usize,
+        bounce: &Bounce,
+    ) -> Result<usize, Errno> {
         self.check(dst, len)?;
         assert!(bounce.len >= len);
         // SAFETY: the bounce buffer is a private mapping owned by `bounce`,
         // writable for `bounce.len >= len` bytes.
         unsafe { swap.pread(bounce.addr, len, off) }?;
         // SAFETY: as above, readable.
-        unsafe { uffd.copy(dst, bounce.addr as *const u8, len, true) }
+        unsafe { uffd.copy(dst, bounce.addr as *const u8, len, false) }
     }
 
     /// `mprotect` inside the reservation.

@@ -25,7 +25,8 @@ impl SwapFile {
         for direct in [true, false] {
             let dflag = if direct { libc::O_DIRECT } else { 0 };
             // SAFETY: `cdir` is NUL-terminated.
-            let fd = unsafe { libc::open(cdir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC | dflag, 0o600) };
+            let fd =
+                unsafe { libc::open(cdir.as_ptr(), libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC | dflag, 0o600) };
             let (fd, how) = if fd >= 0 {
                 (fd, "O_TMPFILE")
             } else {
@@ -33,7 +34,11 @@ impl SwapFile {
                 let cname = CString::new(name).map_err(|_| Errno::EINVAL)?;
                 // SAFETY: `cname` is NUL-terminated.
                 let fd = unsafe {
-                    libc::open(cname.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC | dflag, 0o600)
+                    libc::open(
+                        cname.as_ptr(),
+                        libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC | dflag,
+                        0o600,
+                    )
                 };
                 if fd < 0 {
                     last = last_errno();
@@ -73,7 +78,9 @@ impl SwapFile {
         while done < total {
             let n = (iov.len() - first).min(1024);
             // SAFETY: the iovecs point to memory the caller guarantees readable.
-            let r = unsafe { libc::pwritev(self.fd.as_raw_fd(), iov[first..].as_ptr(), n as i32, (off + done as u64) as libc::off_t) };
+            let r = unsafe {
+                libc::pwritev(self.fd.as_raw_fd(), iov[first..].as_ptr(), n as i32, (off + done as u64) as libc::off_t)
+            };
             let mut w = check_isize(r)?;
             if w == 0 {
                 return Err(Errno::EIO);
@@ -103,7 +110,12 @@ impl SwapFile {
         while done < len {
             // SAFETY: the caller guarantees the buffer is writable.
             let r = unsafe {
-                libc::pread(self.fd.as_raw_fd(), (dst + done) as *mut libc::c_void, len - done, (off + done as u64) as libc::off_t)
+                libc::pread(
+                    self.fd.as_raw_fd(),
+                    (dst + done) as *mut libc::c_void,
+                    len - done,
+                    (off + done as u64) as libc::off_t,
+                )
             };
             let n = check_isize(r)?;
             if n == 0 {
@@ -127,7 +139,9 @@ impl SwapFile {
         let mut done = 0;
         while done < v.len() {
             // SAFETY: `v[done..]` is writable.
-            let r = unsafe { libc::pread(fd.as_raw_fd(), v[done..].as_mut_ptr() as *mut libc::c_void, v.len() - done, done as i64) };
+            let r = unsafe {
+                libc::pread(fd.as_raw_fd(), v[done..].as_mut_ptr() as *mut libc::c_void, v.len() - done, done as i64)
+            };
             let n = check_isize(r)?;
             if n == 0 {
                 break;

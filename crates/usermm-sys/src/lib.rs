@@ -23,10 +23,13 @@
 
 pub mod arena;
 pub mod ffi;
-pub mod mem;
-pub mod uffd;
 pub mod file;
+pub mod host;
+pub mod kernel;
+pub mod mem;
+pub mod testing;
 pub mod thread;
+pub mod uffd;
 
 pub use usermm_core::Errno;
 

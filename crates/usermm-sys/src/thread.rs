@@ -10,15 +10,29 @@ pub fn gettid() -> u32 {
     unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
-/// Raises SIGBUS in thread `tid` of this process with `si_code = BUS_ADRERR`
-/// and `si_addr = addr`, exactly as the kernel reports a bus error. A thread
-/// waiting in a userfaultfd fault is interrupted, returns to user space and
-/// takes the signal; if its handler returns, the access is retried.
+/// `si_code` of a SIGBUS usermm sends for a *transient* failure (a swap read
+/// error, no frame to be had): `SI_QUEUE`.
+pub const SIGBUS_TRANSIENT_SI_CODE: i32 = -1;
+
+/// Raises SIGBUS in thread `tid` of this process, with `si_addr = addr` and
+/// `si_code = SI_QUEUE` (-1).
+///
+/// # Why not `BUS_ADRERR`?
+/// The kernel lets a thread queue a kernel-style (positive) `si_code` only to
+/// itself (`do_rt_tgsigqueueinfo` checks the *thread* id), and the faulting
+/// thread is blocked in the kernel. Permanent conditions (a poisoned or
+/// purged page) therefore use a userfaultfd poison marker instead, and the
+/// kernel itself raises `BUS_ADRERR`; transient ones (a swap read error, no
+/// frame) use this signal, so that the access can succeed when retried.
+/// `si_addr` sits at the same place for both, so a handler reads it the same
+/// way. A thread waiting in a userfaultfd fault is interrupted, returns to
+/// user space and takes the signal; if its handler returns, the access is
+/// retried.
 pub fn sigbus_thread(tid: u32, addr: usize) -> Result<(), Errno> {
     // SAFETY: siginfo_t is plain data; zeroed is a valid value.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
     info.si_signo = libc::SIGBUS;
-    info.si_code = 2; // BUS_ADRERR
+    info.si_code = SIGBUS_TRANSIENT_SI_CODE;
     // si_addr sits at offset 16 of siginfo_t on x86-64 (the _sigfault union).
     // SAFETY: the union starts at byte 16 and the write stays inside the
     // 128-byte struct.
@@ -26,10 +40,16 @@ pub fn sigbus_thread(tid: u32, addr: usize) -> Result<(), Errno> {
         let p = (&mut info as *mut libc::siginfo_t as *mut u8).add(16) as *mut usize;
         p.write_unaligned(addr);
     }
-    // SAFETY: `info` is a valid siginfo; the kernel allows a positive si_code
-    // when a process signals its own threads.
+    // SAFETY: `info` is a valid siginfo with a negative si_code, which any
+    // thread may queue to another thread of its process.
     let r = unsafe {
-        libc::syscall(libc::SYS_rt_tgsigqueueinfo, libc::getpid(), tid as libc::pid_t, libc::SIGBUS, &info as *const libc::siginfo_t)
+        libc::syscall(
+            libc::SYS_rt_tgsigqueueinfo,
+            libc::getpid(),
+            tid as libc::pid_t,
+            libc::SIGBUS,
+            &info as *const libc::siginfo_t,
+        )
     };
     if r < 0 {
         return Err(last_errno());

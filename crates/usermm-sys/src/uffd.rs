@@ -33,7 +33,7 @@ pub const UFFDIO_MOVE: u64 = iowr(0x05, 40);
 pub const UFFDIO_WRITEPROTECT: u64 = iowr(0x06, 24);
 pub const UFFDIO_POISON: u64 = iowr(0x08, 32);
 /// `/dev/userfaultfd`'s ioctl: `_IO(0xAA, 0x00)`.
-pub const USERFAULTFD_IOC_NEW: u64 = (UFFDIO << 8) | 0x00;
+pub const USERFAULTFD_IOC_NEW: u64 = UFFDIO << 8; // _IO(0xAA, 0x00)
 pub const UFFD_USER_MODE_ONLY: i32 = 1;
 
 pub const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
@@ -96,6 +96,13 @@ struct UffdioMove {
 }
 #[repr(C)]
 #[derive(Default)]
+struct UffdioZeropage {
+    range: UffdioRange,
+    mode: u64,
+    zeropage: i64,
+}
+#[repr(C)]
+#[derive(Default)]
 struct UffdioPoison {
     range: UffdioRange,
     mode: u64,
@@ -139,7 +146,8 @@ pub struct Uffd {
 }
 
 /// The features usermm asks for, if the kernel has them.
-pub const WANTED_FEATURES: u64 = UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_MOVE | UFFD_FEATURE_POISON | UFFD_FEATURE_EXACT_ADDRESS;
+pub const WANTED_FEATURES: u64 =
+    UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_MOVE | UFFD_FEATURE_POISON | UFFD_FEATURE_EXACT_ADDRESS;
 
 impl Uffd {
     /// Opens a userfaultfd, falling back as the module header says.
@@ -157,9 +165,7 @@ impl Uffd {
                         return Err(Errno(libc::EPERM));
                     }
                     let fd = syscall_uffd(flags | UFFD_USER_MODE_ONLY)?;
-                    reason = Some(format!(
-                        "/dev/userfaultfd: {e1}; userfaultfd(2): {e2}; using UFFD_USER_MODE_ONLY"
-                    ));
+                    reason = Some(format!("/dev/userfaultfd: {e1}; userfaultfd(2): {e2}; using UFFD_USER_MODE_ONLY"));
                     (fd, UffdMode::UserModeOnly)
                 }
             },
@@ -273,6 +279,33 @@ impl Uffd {
         Ok(done)
     }
 
+    /// `UFFDIO_ZEROPAGE`: maps the shared zero page on the missing pages of
+    /// `[dst, dst+len)`, waking waiters. Returns the bytes mapped (a prefix).
+    pub fn zeropage(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
+        let mut done = 0usize;
+        while done < len {
+            let mut z = UffdioZeropage {
+                range: UffdioRange { start: (dst + done) as u64, len: (len - done) as u64 },
+                mode: if wake {
+                    0
+                } else {
+                    1 /* UFFDIO_ZEROPAGE_MODE_DONTWAKE */
+                },
+                zeropage: 0,
+            };
+            let r = self.ioctl(UFFDIO_ZEROPAGE, &mut z as *mut _ as *mut libc::c_void);
+            if z.zeropage > 0 {
+                done += z.zeropage as usize;
+            }
+            match r {
+                Ok(()) => return Ok(len),
+                Err(Errno(libc::EAGAIN)) => continue,
+                Err(e) => return if done > 0 { Ok(done) } else { Err(e) },
+            }
+        }
+        Ok(done)
+    }
+
     /// `UFFDIO_WAKE` on a range.
     pub fn wake(&self, start: usize, len: usize) -> Result<(), Errno> {
         let mut r = UffdioRange { start: start as u64, len: len as u64 };
@@ -282,7 +315,8 @@ impl Uffd {
     /// `UFFDIO_POISON`: installs poison markers (touching raises SIGBUS).
     pub fn poison(&self, start: usize, len: usize) -> Result<(), Errno> {
         loop {
-            let mut p = UffdioPoison { range: UffdioRange { start: start as u64, len: len as u64 }, mode: 0, updated: 0 };
+            let mut p =
+                UffdioPoison { range: UffdioRange { start: start as u64, len: len as u64 }, mode: 0, updated: 0 };
             match self.ioctl(UFFDIO_POISON, &mut p as *mut _ as *mut libc::c_void) {
                 Err(Errno(libc::EAGAIN)) => continue,
                 Err(Errno(libc::EEXIST)) => return Ok(()),

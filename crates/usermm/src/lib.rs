@@ -279,7 +279,8 @@ impl Space {
             bitmap[i / 64] |= 1 << (i % 64);
         }
         res?;
-        let report = PurgeReport { purged_pages: purged.len(), first_purged: purged.first().copied().unwrap_or(0), bitmap };
+        let report =
+            PurgeReport { purged_pages: purged.len(), first_purged: purged.first().copied().unwrap_or(0), bitmap };
         Ok((!purged.is_empty(), report))
     }
 
@@ -298,25 +299,38 @@ impl Space {
     /// `mincore`: fills `vec` (one byte per page; bit 0 is "resident"). `vec`
     /// must hold `ceil(len / page_size)` bytes (`EFAULT` otherwise).
     pub fn mincore(&self, addr: usize, len: usize, vec: &mut [u8]) -> Result<(), Errno> {
-        let pages = len.div_ceil(self.inner.page_size);
+        // Never allocate more than the reservation has pages: a longer range
+        // ends in a hole anyway (ENOMEM), which the core reports.
+        let pages = len.div_ceil(self.inner.page_size).min(self.reserve_pages());
+        // Start from the caller's bytes: Linux leaves the bytes past a hole
+        // untouched.
         let mut tmp = vec![0u8; pages];
+        let n = vec.len().min(pages);
+        tmp[..n].copy_from_slice(&vec[..n]);
         let r = self.inner.core.lock().unwrap_or_else(|e| e.into_inner()).mincore(addr as u64, len as u64, &mut tmp);
         if r.is_ok() && vec.len() < pages {
             return Err(Errno::EFAULT);
         }
-        let n = vec.len().min(pages);
         vec[..n].copy_from_slice(&tmp[..n]);
         r
     }
 
-    /// `umm_page_state`: one word of `UMM_PAGE_*` bits per page.
+    fn reserve_pages(&self) -> usize {
+        self.inner.reserve_len / self.inner.page_size
+    }
+
+    /// `umm_page_state`: one word of `UMM_PAGE_*` bits per page (the words
+    /// past a hole are left untouched).
     pub fn page_state(&self, addr: usize, npages: usize, out: &mut [u32]) -> Result<(), Errno> {
-        let mut tmp = vec![0u32; npages];
-        let r = self.inner.core.lock().unwrap_or_else(|e| e.into_inner()).page_state(addr as u64, npages as u64, &mut tmp);
+        let pages = npages.min(self.reserve_pages());
+        let mut tmp = vec![0u32; pages];
+        let n = out.len().min(pages);
+        tmp[..n].copy_from_slice(&out[..n]);
+        let r =
+            self.inner.core.lock().unwrap_or_else(|e| e.into_inner()).page_state(addr as u64, npages as u64, &mut tmp);
         if r.is_ok() && out.len() < npages {
             return Err(Errno::EFAULT);
         }
-        let n = out.len().min(npages);
         out[..n].copy_from_slice(&tmp[..n]);
         r
     }

@@ -36,14 +36,14 @@ use std::thread::JoinHandle;
 use usermm_core::consts::*;
 use usermm_core::region::LockMode;
 use usermm_core::{
-    AdviceOp, Addr, Core, CoreConfig, Deactivate, Detached, Errno, Evict, FaultPlan, LockPlan, MmapReply, PageIdx,
+    Addr, AdviceOp, Core, CoreConfig, Deactivate, Detached, Errno, Evict, FaultPlan, LockPlan, MmapReply, PageIdx,
     PageRange, Transfer,
 };
+use usermm_sys::arena::{Arena, Bounce};
 use usermm_sys::file::{ProcMem, SwapFile};
+use usermm_sys::now_ns;
 use usermm_sys::thread::EventFd;
 use usermm_sys::uffd::{Uffd, UffdMode, UffdMsg, UFFD_EVENT_PAGEFAULT, UFFD_FEATURE_MOVE, UFFD_PAGEFAULT_FLAG_WRITE};
-use usermm_sys::arena::{Arena, Bounce};
-use usermm_sys::now_ns;
 
 use crate::Config;
 
@@ -117,13 +117,8 @@ impl Inner {
         if budget_pages > u32::MAX as u64 / 2 {
             return Err(Errno::EINVAL);
         }
-        let uffd = Uffd::open(cfg.flags & UMM_F_REQUIRE_FULL_UFFD != 0, cfg.flags & UMM_F_FORCE_USER_MODE != 0).map_err(|e| {
-            if e == Errno::ENOSYS || e == Errno::EOPNOTSUPP {
-                Errno::ENOSYS
-            } else {
-                e
-            }
-        })?;
+        let uffd = Uffd::open(cfg.flags & UMM_F_REQUIRE_FULL_UFFD != 0, cfg.flags & UMM_F_FORCE_USER_MODE != 0)
+            .map_err(|e| if e == Errno::ENOSYS || e == Errno::EOPNOTSUPP { Errno::ENOSYS } else { e })?;
         let user_mode_only = uffd.mode == UffdMode::UserModeOnly;
         let swap = if swap_slots > 0 {
             let dir = cfg
@@ -195,9 +190,9 @@ impl Inner {
                 .map_err(|_| Errno::EAGAIN)?;
             handles.push(h);
         }
-        if cfg.flags & UMM_F_NO_BACKGROUND_RECLAIM == 0 || true {
-            // The background thread also serves MADV_WILLNEED; with the flag
-            // it only does that.
+        {
+            // The background thread also serves MADV_WILLNEED; with
+            // UMM_F_NO_BACKGROUND_RECLAIM it only does that.
             let me = inner.clone();
             let bg = cfg.flags & UMM_F_NO_BACKGROUND_RECLAIM == 0;
             let h = std::thread::Builder::new()
@@ -300,8 +295,9 @@ impl Inner {
                     c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner());
                 }
                 FaultPlan::Reclaim { want } => {
+                    let want = want.max(c.direct_reclaim_batch());
                     drop(c);
-                    let freed = self.reclaim_locked(&mm, want.max(16));
+                    let freed = self.reclaim_locked(&mm, want);
                     c = lock(&self.core);
                     if freed == 0 && c.free_frames() == 0 {
                         reclaim_rounds += 1;
@@ -333,14 +329,15 @@ impl Inner {
                 }
                 FaultPlan::ZeroFill { run } => {
                     drop(c);
-                    let n = self.zero_fill(run);
+                    let n = if write { self.zero_fill(run) } else { self.zero_map(run) };
                     let mut c = lock(&self.core);
                     c.fill_done(&plan, n);
                     self.after_fill(&mut c);
                     drop(c);
-                    if n == 0 {
-                        let _ = self.uffd.wake(page_addr, self.page_size);
-                    }
+                    // Wake only after the commit: the woken thread must see
+                    // the page's final state (e.g. locked), never a fill in
+                    // flight.
+                    self.wake_run(run, page_addr);
                     return;
                 }
                 FaultPlan::SwapIn { run, slot } => {
@@ -353,10 +350,13 @@ impl Inner {
                     let p = Addr(page_addr as u64);
                     let faulted_in = n > 0 && (p.0 - self.addr(run.start) as u64) / (self.page_size as u64) < n;
                     if !faulted_in {
+                        // Signal first: a thread woken before its SIGBUS is
+                        // queued would retry the fault instead.
                         if let Some(t) = tid {
                             let _ = usermm_sys::thread::sigbus_thread(t, addr);
                         }
                     }
+                    self.wake_run(run, page_addr);
                     return;
                 }
                 FaultPlan::Reactivate { page, slot, how } => {
@@ -366,12 +366,21 @@ impl Inner {
                     c.fill_done(&plan, ok as u64);
                     self.after_fill(&mut c);
                     drop(c);
-                    if !ok {
-                        let _ = self.uffd.wake(page_addr, self.page_size);
-                    }
+                    let _ = self.uffd.wake(page_addr, self.page_size);
                     return;
                 }
             }
+        }
+    }
+
+    /// Wakes the threads waiting on `run` (and on `fault_addr`'s page,
+    /// which a failed fill did not cover).
+    fn wake_run(&self, run: PageRange, fault_addr: usize) {
+        let a = self.addr(run.start);
+        let l = run.pages() as usize * self.page_size;
+        let _ = self.uffd.wake(a, l);
+        if fault_addr < a || fault_addr >= a + l {
+            let _ = self.uffd.wake(fault_addr, self.page_size);
         }
     }
 
@@ -391,6 +400,17 @@ impl Inner {
 
     /// Reads the swap slots `slot..` into the pages of `run`; returns how
     /// many pages (a prefix) were installed.
+    /// Maps the zero page on `run` (a read fault). The frame a later write
+    /// allocates (the kernel's copy-on-write) is already charged: the page
+    /// counts as resident from now on, so the budget stays hard.
+    fn zero_map(&self, run: PageRange) -> u64 {
+        let len = run.pages() as usize * self.page_size;
+        match self.arena.zero_map(&self.uffd, self.addr(run.start), len) {
+            Ok(done) => (done / self.page_size) as u64,
+            Err(_) => self.zero_fill(run),
+        }
+    }
+
     fn swap_in(&self, run: PageRange, slot: u32) -> u64 {
         let Some(swap) = &self.swap else { return 0 };
         if take_one(&self.inject_read_errors) {
@@ -479,7 +499,10 @@ impl Inner {
             self.deactivate_all(&plan.deactivate);
             freed += self.purge_all(&plan.purge);
             freed += self.evict_all(&plan.evict);
-            if freed >= want {
+            // Stop as soon as anything was freed: another round would evict
+            // the pages this one just deactivated, before the program had a
+            // chance to touch them (and so to prove them hot).
+            if freed > 0 {
                 break;
             }
         }
@@ -502,10 +525,8 @@ impl Inner {
                 {
                     j += 1;
                 }
-                let moved = self
-                    .arena
-                    .pages_to_slots_move(&self.uffd, self.addr(ds[i].page), ds[i].slot, j - i)
-                    .unwrap_or(0);
+                let moved =
+                    self.arena.pages_to_slots_move(&self.uffd, self.addr(ds[i].page), ds[i].slot, j - i).unwrap_or(0);
                 for ok in &mut oks[i..i + moved] {
                     *ok = true;
                 }
@@ -837,12 +858,15 @@ impl Inner {
                 self.deactivate_all(&ds);
             }
             AdviceOp::Pageout(r) => {
+                // Deactivate the mapped pages, then evict every parked page of
+                // the range (also those parked before this call).
                 let ds = lock(&self.core).deactivate_range(r);
-                let oks = self.deactivate_all(&ds);
-                let pages: Vec<PageIdx> = ds.iter().zip(oks).filter(|(_, ok)| *ok).map(|(d, _)| d.page).collect();
-                for chunk in pages.chunks(1024) {
-                    let evs = lock(&self.core).evict_pages(chunk);
-                    self.evict_all(&evs);
+                self.deactivate_all(&ds);
+                loop {
+                    let evs = lock(&self.core).evict_range(r, 1024);
+                    if evs.is_empty() || self.evict_all(&evs) == 0 {
+                        break;
+                    }
                 }
                 let _ = mm;
             }
@@ -926,7 +950,8 @@ impl Inner {
                     // and leaves the range locked.
                     return Err(Errno::ENOMEM);
                 }
-                let (_, r) = self.populate(self.addr(seg.start), seg.pages() as usize * self.page_size, prot & PROT_WRITE != 0);
+                let (_, r) =
+                    self.populate(self.addr(seg.start), seg.pages() as usize * self.page_size, prot & PROT_WRITE != 0);
                 if r.is_err() {
                     let _mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
                     for &(seg, old) in plan.changed.iter().rev() {
@@ -980,10 +1005,13 @@ impl Inner {
                     }
                     FaultPlan::ZeroFill { run } => {
                         drop(c);
-                        let n = self.zero_fill(run);
+                        // POPULATE_READ maps the zero page (Linux does too).
+                        let n = if write { self.zero_fill(run) } else { self.zero_map(run) };
                         let mut c = lock(&self.core);
                         c.fill_done(&plan, n);
                         self.after_fill(&mut c);
+                        drop(c);
+                        self.wake_run(run, self.addr(run.start));
                         if n == 0 {
                             return (populated, Err(Errno::EFAULT));
                         }
@@ -995,6 +1023,8 @@ impl Inner {
                         let mut c = lock(&self.core);
                         c.fill_done(&plan, n);
                         self.after_fill(&mut c);
+                        drop(c);
+                        self.wake_run(run, self.addr(run.start));
                         if n == 0 {
                             return (populated, Err(Errno::EFAULT));
                         }
@@ -1005,6 +1035,8 @@ impl Inner {
                         let mut c = lock(&self.core);
                         c.fill_done(&plan, ok as u64);
                         self.after_fill(&mut c);
+                        drop(c);
+                        let _ = self.uffd.wake(self.addr(page), self.page_size);
                         if !ok {
                             return (populated, Err(Errno::EFAULT));
                         }

@@ -83,7 +83,9 @@ fn full_lock_populates_and_splits_like_linux() {
     let s = space(64, 64, usize::MAX);
     let a = anon(&s, 8 * PS);
     s.mlock(a, 8 * PS).unwrap();
-    assert!(states(&s, a, 8).iter().all(|st| st & (UMM_PAGE_RESIDENT | UMM_PAGE_LOCKED) == (UMM_PAGE_RESIDENT | UMM_PAGE_LOCKED)));
+    assert!(states(&s, a, 8)
+        .iter()
+        .all(|st| st & (UMM_PAGE_RESIDENT | UMM_PAGE_LOCKED) == (UMM_PAGE_RESIDENT | UMM_PAGE_LOCKED)));
     assert_eq!(s.stats().locked_pages, 8);
     // Unlocking the middle page leaves three regions, unlocking the rest one.
     s.munlock(a + 4 * PS, PS).unwrap();

@@ -1,0 +1,223 @@
+//! `fault`: first touch of a fresh region, host kernel vs usermm.
+//!
+//! Variants: `seq` (every page in address order), `random` (every page, in
+//! one fixed-seed shuffled order, the same on both sides), `sparse` (one page
+//! per stride, the region advised `MADV_RANDOM` on both sides; each touch
+//! timed), each with read touches (one 8-byte read per page, summed: fresh
+//! memory must read 0) and write touches (one 8-byte write per page,
+//! verified untimed afterwards). Every measurement gets a fresh region, and
+//! on the usermm side a fresh space whose budget holds the whole region (no
+//! reclaim, no swap).
+
+use std::hint::black_box;
+
+use usermm::consts::MADV_RANDOM;
+use usermm::Space;
+use usermm_sys::host::HostMap;
+use usermm_sys::now_ns;
+
+use crate::common::{config, p50_p99_max, read8, systems, tag, write8, Progress, Rng, MIB, PAGE};
+use crate::params::{Kind, Params};
+use crate::report::Experiment;
+use crate::svg;
+
+pub fn params(full: bool) -> Params {
+    Params::default()
+        .def("size_mib", Kind::Int, if full { 1024 } else { 256 }, "region size for the seq and random variants (MiB)")
+        .def(
+            "sparse_size_mib",
+            Kind::Int,
+            if full { 16384 } else { 4096 },
+            "region size for the sparse variant (MiB; only one page per stride is touched)",
+        )
+        .def("sparse_stride_kib", Kind::Int, 2048, "distance between two touched pages in the sparse variant (KiB)")
+        .def("runs", Kind::Int, 5, "measured runs per row (systems alternate run by run)")
+        .def("warmup", Kind::Int, 1, "unmeasured warm-up runs before the measured ones")
+        .def("seed", Kind::Int, 42, "PRNG seed of the random order")
+        .def("fault_threads", Kind::Int, 0, "usermm fault handler threads (0: usermm's default)")
+}
+
+const VARIANTS: [&str; 3] = ["seq", "random", "sparse"];
+
+/// What one pass measured.
+struct Pass {
+    ns: u64,
+    touches: usize,
+    /// Per-touch latencies in µs (sparse only).
+    lat_us: Vec<f64>,
+    errors: usize,
+}
+
+/// Touches `order`'s pages of `buf` once; verifies afterwards (untimed).
+fn touch(buf: &mut [u8], order: &[u32], stride: usize, write: bool, time_each: bool) -> Pass {
+    let mut lat_us = Vec::with_capacity(if time_each { order.len() } else { 0 });
+    let mut sum = 0u64;
+    let t0 = now_ns();
+    if time_each {
+        for &p in order {
+            let off = p as usize * stride;
+            let a = now_ns();
+            if write {
+                write8(buf, off, tag(p as usize));
+            } else {
+                sum = sum.wrapping_add(read8(buf, off));
+            }
+            lat_us.push((now_ns() - a) as f64 / 1e3);
+        }
+    } else if write {
+        for &p in order {
+            write8(buf, p as usize * stride, tag(p as usize));
+        }
+    } else {
+        for &p in order {
+            sum = sum.wrapping_add(read8(buf, p as usize * stride));
+        }
+    }
+    let ns = now_ns() - t0;
+    black_box(sum);
+    let mut errors = 0;
+    if write {
+        for &p in order {
+            errors += (read8(buf, p as usize * stride) != tag(p as usize)) as usize;
+        }
+    } else {
+        errors += (sum != 0) as usize;
+    }
+    Pass { ns, touches: order.len(), lat_us, errors }
+}
+
+pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
+    let size = p.int("size_mib") as usize * MIB;
+    let sparse_size = p.int("sparse_size_mib") as usize * MIB;
+    let stride_sparse = (p.int("sparse_stride_kib") as usize * 1024).max(PAGE) / PAGE * PAGE;
+    let runs = p.int("runs").max(1) as usize;
+    let warmup = p.int("warmup") as usize;
+    let threads = p.int("fault_threads") as u32;
+    if size < PAGE || sparse_size < stride_sparse {
+        return Err("fault: size_mib must be ≥ 1 and sparse_size_mib ≥ the stride".into());
+    }
+    let pages = size / PAGE;
+    let seq: Vec<u32> = (0..pages as u32).collect();
+    let random = Rng::new(p.int("seed")).permutation(pages);
+    let sparse: Vec<u32> = (0..(sparse_size / stride_sparse) as u32).collect();
+
+    let mut e = Experiment::new("fault", "first touch of a fresh region", p.pairs());
+    let mut lat_pool: Vec<(String, Vec<f64>)> = Vec::new();
+    let mut errors = Vec::new();
+    for r in 0..warmup + runs {
+        let measured = r >= warmup;
+        for v in VARIANTS {
+            for write in [false, true] {
+                let variant = format!("{v}-{}", if write { "write" } else { "read" });
+                let (order, stride, region) = match v {
+                    "seq" => (&seq, PAGE, size),
+                    "random" => (&random, PAGE, size),
+                    _ => (&sparse, stride_sparse, sparse_size),
+                };
+                let sparse_v = v == "sparse";
+                for sys in systems(r) {
+                    prog.say(&format!(
+                        "{variant} {sys} {}",
+                        if measured {
+                            format!("run {}/{runs}", r - warmup + 1)
+                        } else {
+                            format!("warm-up {}/{warmup}", r + 1)
+                        }
+                    ));
+                    let pass = if sys == "kernel" {
+                        let mut m = HostMap::anon(region, 0).map_err(|e| format!("kernel mmap: {e:?}"))?;
+                        if sparse_v {
+                            m.madvise(MADV_RANDOM).map_err(|e| format!("kernel madvise: {e:?}"))?;
+                        }
+                        let pass = touch(&mut m, order, stride, write, sparse_v);
+                        m.unmap().map_err(|e| format!("kernel munmap: {e:?}"))?;
+                        pass
+                    } else {
+                        let mut cfg = config(region + 64 * MIB, 0, None);
+                        cfg.fault_threads = threads;
+                        let space = Space::open(&cfg).map_err(|e| format!("usermm open: {e:?}"))?;
+                        let mut m = space.map_anon(region).map_err(|e| format!("usermm mmap: {e:?}"))?;
+                        if sparse_v {
+                            m.advise(MADV_RANDOM).map_err(|e| format!("usermm madvise: {e:?}"))?;
+                        }
+                        let pass = touch(&mut m, order, stride, write, sparse_v);
+                        m.unmap().map_err(|e| format!("usermm munmap: {e:?}"))?;
+                        space.close().map_err(|e| format!("usermm close: {e:?}"))?;
+                        pass
+                    };
+                    if pass.errors > 0 {
+                        let msg = format!("{sys} {variant}: {} pages read back wrong", pass.errors);
+                        prog.say(&format!("ERROR: {msg}"));
+                        errors.push(msg);
+                    }
+                    if !measured {
+                        continue;
+                    }
+                    e.add(sys, &variant, "throughput", "pages/s", pass.touches as f64 / (pass.ns as f64 / 1e9));
+                    if sparse_v {
+                        let mut l = pass.lat_us;
+                        let (p50, p99, max) = p50_p99_max(&mut l);
+                        e.add(sys, &variant, "p50", "µs", p50);
+                        e.add(sys, &variant, "p99", "µs", p99);
+                        e.add(sys, &variant, "max", "µs", max);
+                        let key = format!("{sys} {variant}");
+                        match lat_pool.iter_mut().find(|(k, _)| *k == key) {
+                            Some((_, v)) => v.extend(l),
+                            None => lat_pool.push((key, l)),
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for w in ["read", "write"] {
+        e.ratio_goal(&format!("sequential {w} throughput"), &format!("seq-{w}"), "throughput", true, 0.8, 1.0);
+    }
+    for w in ["read", "write"] {
+        e.ratio_goal(&format!("random-order {w} throughput"), &format!("random-{w}"), "throughput", true, 0.5, 0.8);
+    }
+    for w in ["read", "write"] {
+        e.ratio_goal(&format!("sparse {w} p50 latency"), &format!("sparse-{w}"), "p50", false, 6.0, 3.0);
+    }
+    e.notes.push(format!(
+        "Each measurement maps a fresh region ({} MiB for seq/random, {} MiB for sparse with one page touched every {} KiB \
+         = {} touches). usermm: a fresh space per measurement, budget = region + 64 MiB, no swap. kernel: plain \
+         `mmap(MAP_PRIVATE|MAP_ANONYMOUS)` (transparent huge pages: `{}`). A read touch is one 8-byte read (summed; \
+         fresh memory must read 0), a write touch one 8-byte write (verified afterwards, untimed). Throughput is \
+         touches / wall time of the pass; sparse latencies are per-touch `CLOCK_MONOTONIC` differences, p50/p99/max \
+         per run, then median over runs.",
+        size / MIB,
+        sparse_size / MIB,
+        stride_sparse / 1024,
+        sparse.len(),
+        thp_setting()
+    ));
+    for m in errors {
+        e.notes.push(format!("**ERROR**: {m}"));
+    }
+    let series: Vec<svg::Series> = lat_pool
+        .iter_mut()
+        .map(|(k, v)| {
+            v.sort_by(f64::total_cmp);
+            svg::Series { name: k.clone(), points: svg::cdf(v, 400) }
+        })
+        .collect();
+    let plot = svg::Plot {
+        title: "fault: sparse first-touch latency (CDF, all runs)",
+        x_label: "latency per touch (µs)",
+        y_label: "fraction of touches ≤ x",
+        log_x: true,
+        log_y: false,
+        markers: false,
+    };
+    e.plots.push(("fault-sparse-latency.svg".into(), svg::render(&plot, &series)));
+    Ok(e)
+}
+
+/// The host's transparent huge page mode (the bracketed word).
+pub fn thp_setting() -> String {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .ok()
+        .and_then(|s| s.split('[').nth(1).and_then(|t| t.split(']').next()).map(str::to_string))
+        .unwrap_or_else(|| "unknown".into())
+}

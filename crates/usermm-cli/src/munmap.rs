@@ -1,0 +1,354 @@
+//! `munmap` (seed 003): unmap a populated region while a second thread keeps
+//! working, host kernel vs usermm.
+//!
+//! Per run, size and system: map the region, write every page (untimed),
+//! start the second thread on its own region, let it run for `settle_ms`,
+//! then unmap the big region (timed). The second thread either
+//! - `fault`: writes fresh pages of its own `second_mib` region one after
+//!   another, timing each touch (when it reaches the end it drops its pages
+//!   with `MADV_DONTNEED` and starts over; that call is not timed), or
+//! - `mapunmap`: maps and unmaps `mapunmap_kib` of fresh memory in a loop,
+//!   timing each pair.
+//!
+//! Its *stall* is the duration of an operation that overlaps the unmap
+//! (started before the unmap ended and ended after it started). usermm's
+//! exclusive hold is `write_lock_hold_ns_max` of a fresh space per run; it is
+//! the maximum over every exclusive section of that run (the mmaps included),
+//! so an upper bound on the munmap's own.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use usermm::consts::{MADV_DONTNEED, MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+use usermm::Space;
+use usermm_sys::host::{map_unmap_pair, HostMap};
+use usermm_sys::now_ns;
+
+use crate::common::{config, p50_p99_max, systems, tag, write8, Progress, MIB, PAGE};
+use crate::params::{Kind, Params};
+use crate::report::{Experiment, Goal};
+use crate::svg;
+
+pub fn params(full: bool) -> Params {
+    Params::default()
+        .def(
+            "sizes_mib",
+            Kind::IntList,
+            if full { "1024,2048,4096,8192" } else { "1024,2048,4096" },
+            "sizes of the unmapped region (MiB)",
+        )
+        .def("runs", Kind::Int, if full { 5 } else { 3 }, "measured runs per size and mode (each populates the region)")
+        .def("modes", Kind::Text, "fault,mapunmap", "second-thread modes: fault, mapunmap")
+        .def("second_mib", Kind::Int, 32, "the second thread's own region in fault mode (MiB)")
+        .def("mapunmap_kib", Kind::Int, 64, "the second thread's map/unmap size in mapunmap mode (KiB)")
+        .def("settle_ms", Kind::Int, 50, "second thread's run time before the unmap starts (ms)")
+}
+
+/// One run's measurements.
+struct Out {
+    unmap_ns: u64,
+    hold_ns: Option<u64>,
+    /// Durations (ns) of the second thread's operations that overlap the unmap.
+    stalls: Vec<u64>,
+}
+
+/// The second thread's work, one timed operation at a time; returns
+/// `(start_ns, duration_ns)` per operation.
+fn second_thread(
+    stop: &AtomicBool,
+    started: &AtomicBool,
+    mut op: impl FnMut() -> Result<u64, String>,
+) -> Result<Vec<(u64, u64)>, String> {
+    let mut v = Vec::with_capacity(1 << 20);
+    started.store(true, Ordering::Release);
+    while !stop.load(Ordering::Acquire) {
+        let t = now_ns();
+        let d = op()?;
+        if d != u64::MAX {
+            v.push((t, d));
+        }
+    }
+    Ok(v)
+}
+
+/// Runs the second thread around `unmap`, which returns the unmap's
+/// `(start, end)` timestamps.
+fn around(
+    settle: Duration,
+    op: impl FnMut() -> Result<u64, String> + Send,
+    unmap: impl FnOnce() -> Result<(u64, u64), String>,
+) -> Result<(u64, Vec<u64>), String> {
+    let stop = AtomicBool::new(false);
+    let started = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        let h = sc.spawn(|| second_thread(&stop, &started, op));
+        while !started.load(Ordering::Acquire) && !h.is_finished() {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(settle);
+        let res = unmap();
+        std::thread::sleep(settle / 2);
+        stop.store(true, Ordering::Release);
+        let ops = h.join().map_err(|_| "second thread panicked".to_string())??;
+        let (t0, t1) = res?;
+        let stalls = ops.iter().filter(|&&(s, d)| s < t1 && s + d > t0).map(|&(_, d)| d).collect();
+        Ok((t1 - t0, stalls))
+    })
+}
+
+fn populate(buf: &mut [u8]) {
+    for p in 0..buf.len() / PAGE {
+        write8(buf, p * PAGE, tag(p));
+    }
+}
+
+fn kernel_run(size: usize, mode: &str, p: &Params) -> Result<Out, String> {
+    let settle = Duration::from_millis(p.int("settle_ms"));
+    let mut big = HostMap::anon(size, 0).map_err(|e| format!("kernel mmap: {e:?}"))?;
+    populate(&mut big);
+    let unmap = move || {
+        let t0 = now_ns();
+        big.unmap().map_err(|e| format!("kernel munmap: {e:?}"))?;
+        Ok((t0, now_ns()))
+    };
+    let (unmap_ns, stalls) = if mode == "fault" {
+        let second = HostMap::anon(p.int("second_mib") as usize * MIB, 0).map_err(|e| format!("kernel mmap: {e:?}"))?;
+        let mut ks = KernelSecond { map: Some(second), next: 0 };
+        around(settle, move || ks.op(), unmap)?
+    } else {
+        let len = p.int("mapunmap_kib") as usize * 1024;
+        around(
+            settle,
+            move || {
+                let t = now_ns();
+                map_unmap_pair(len).map_err(|e| format!("kernel mmap/munmap pair: {e:?}"))?;
+                Ok(now_ns() - t)
+            },
+            unmap,
+        )?
+    };
+    Ok(Out { unmap_ns, hold_ns: None, stalls })
+}
+
+/// The kernel side's fault-mode second thread: its region, and the next
+/// page to write.
+struct KernelSecond {
+    map: Option<HostMap>,
+    next: usize,
+}
+
+impl KernelSecond {
+    fn op(&mut self) -> Result<u64, String> {
+        let m = self.map.as_mut().expect("present");
+        if self.next == m.len() / PAGE {
+            self.next = 0;
+            m.madvise(MADV_DONTNEED).map_err(|e| format!("kernel madvise: {e:?}"))?;
+            return Ok(u64::MAX);
+        }
+        let t = now_ns();
+        write8(m, self.next * PAGE, tag(self.next));
+        let d = now_ns() - t;
+        self.next += 1;
+        Ok(d)
+    }
+}
+
+fn usermm_run(size: usize, mode: &str, p: &Params) -> Result<Out, String> {
+    let settle = Duration::from_millis(p.int("settle_ms"));
+    let space = Space::open(&config(size + 64 * MIB, 0, None)).map_err(|e| format!("usermm open: {e:?}"))?;
+    let mut big = space.map_anon(size).map_err(|e| format!("usermm mmap: {e:?}"))?;
+    populate(&mut big);
+    let unmap = move || {
+        let t0 = now_ns();
+        big.unmap().map_err(|e| format!("usermm munmap: {e:?}"))?;
+        Ok((t0, now_ns()))
+    };
+    let (unmap_ns, stalls) = if mode == "fault" {
+        let second = space.map_anon(p.int("second_mib") as usize * MIB).map_err(|e| format!("usermm mmap: {e:?}"))?;
+        let pages = second.len() / PAGE;
+        let mut second = second;
+        let mut next = 0usize;
+        around(
+            settle,
+            move || {
+                if next == pages {
+                    next = 0;
+                    second.advise(MADV_DONTNEED).map_err(|e| format!("usermm madvise: {e:?}"))?;
+                    return Ok(u64::MAX);
+                }
+                let t = now_ns();
+                write8(&mut second, next * PAGE, tag(next));
+                let d = now_ns() - t;
+                next += 1;
+                Ok(d)
+            },
+            unmap,
+        )?
+    } else {
+        let len = p.int("mapunmap_kib") as usize * 1024;
+        let sp = &space;
+        around(
+            settle,
+            move || {
+                let t = now_ns();
+                let a = sp
+                    .mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                    .map_err(|e| format!("usermm mmap (second thread): {e:?}"))?;
+                sp.munmap(a, len).map_err(|e| format!("usermm munmap (second thread): {e:?}"))?;
+                Ok(now_ns() - t)
+            },
+            unmap,
+        )?
+    };
+    let hold = space.stats().write_lock_hold_ns_max;
+    space.close().map_err(|e| format!("usermm close: {e:?}"))?;
+    Ok(Out { unmap_ns, hold_ns: Some(hold), stalls })
+}
+
+pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
+    let sizes = p.list("sizes_mib");
+    let runs = p.int("runs").max(1) as usize;
+    let modes: Vec<String> = p.text("modes").split(',').map(|s| s.trim().to_string()).collect();
+    if let Some(m) = modes.iter().find(|m| *m != "fault" && *m != "mapunmap") {
+        return Err(format!("munmap: unknown mode '{m}' (fault, mapunmap)"));
+    }
+    if sizes.contains(&0) {
+        return Err("munmap: sizes must be ≥ 1 MiB".into());
+    }
+    let mut e =
+        Experiment::new("munmap", "seed 003: unmap a large populated region beside a busy second thread", p.pairs());
+    let variant = |size: u64, mode: &str| format!("{size}MiB-{mode}");
+    for &size in &sizes {
+        for mode in &modes {
+            for r in 0..runs {
+                for sys in systems(r) {
+                    prog.say(&format!("{size} MiB, second thread {mode}, {sys} run {}/{runs}", r + 1));
+                    let bytes = size as usize * MIB;
+                    let out = if sys == "kernel" { kernel_run(bytes, mode, p)? } else { usermm_run(bytes, mode, p)? };
+                    let v = variant(size, mode);
+                    e.add(sys, &v, "unmap_time", "ms", out.unmap_ns as f64 / 1e6);
+                    if let Some(h) = out.hold_ns {
+                        e.add(sys, &v, "hold_max", "µs", h as f64 / 1e3);
+                    }
+                    let mut st: Vec<f64> = out.stalls.iter().map(|&d| d as f64 / 1e3).collect();
+                    let n = st.len();
+                    let (_, p99, max) = p50_p99_max(&mut st);
+                    e.add(sys, &v, "stall_max", "µs", max);
+                    e.add(sys, &v, "stall_p99", "µs", p99);
+                    e.add(sys, &v, "ops_during_unmap", "ops", n as f64);
+                }
+            }
+        }
+    }
+    let (small, large) = (sizes.iter().min().copied().unwrap_or(0), sizes.iter().max().copied().unwrap_or(0));
+    let hold_mode = if modes.iter().any(|m| m == "fault") { "fault" } else { modes[0].as_str() };
+    for mode in &modes {
+        for &size in &sizes {
+            let v = variant(size, mode);
+            let why = if mode == "mapunmap" { " (incl. the second thread's mmaps)" } else { "" };
+            e.goals.push(Goal {
+                what: format!("exclusive hold, {size} MiB, {mode}{why}"),
+                how: format!("usermm hold_max, {v}"),
+                value: e.med("usermm", &v, "hold_max") / 1e3,
+                unit: " ms".into(),
+                at_least: false,
+                threshold: 1.0,
+                goal: 1.0,
+            });
+        }
+    }
+    if sizes.len() > 1 {
+        let (a, b) = (variant(small, hold_mode), variant(large, hold_mode));
+        e.goals.push(Goal {
+            what: "hold not growing with size".into(),
+            how: format!("usermm hold_max {large} MiB / {small} MiB"),
+            value: e.med("usermm", &b, "hold_max") / e.med("usermm", &a, "hold_max"),
+            unit: "×".into(),
+            at_least: false,
+            threshold: 2.0,
+            goal: 1.5,
+        });
+    }
+    if modes.iter().any(|m| m == "fault") {
+        for &size in &sizes {
+            e.ratio_goal(
+                &format!("fault stall ≤ kernel's, {size} MiB"),
+                &variant(size, "fault"),
+                "stall_max",
+                false,
+                1.0,
+                1.0,
+            );
+        }
+    }
+    if modes.iter().any(|m| m == "mapunmap") {
+        let v = variant(large, "mapunmap");
+        e.goals.push(Goal {
+            what: format!("map/unmap loop worst stall, {large} MiB unmap"),
+            how: format!("usermm stall_max, {v}"),
+            value: e.med("usermm", &v, "stall_max") / 1e3,
+            unit: " ms".into(),
+            at_least: false,
+            threshold: 10.0,
+            goal: 1.0,
+        });
+    }
+    e.notes.push(format!(
+        "Sizes {} MiB{}. Every page of the region is written before the unmap (untimed). usermm: a fresh space per run, \
+         budget = size + 64 MiB, no swap; the second thread works in the same space. kernel: plain mmap/munmap, the \
+         second thread in the same process. `hold_max` is usermm's longest exclusive (write) hold of its region lock in \
+         that run (mmaps included, so an upper bound on the munmap's own). `stall_max`/`stall_p99` are over the second \
+         thread's operations that overlap the unmap (`ops_during_unmap` of them); in fault mode one operation is one \
+         8-byte write to a fresh page, in mapunmap mode one mmap+munmap pair of {} KiB. The kernel's own mmap_lock hold \
+         cannot be observed from user space, so it has no hold row. On a 2-vCPU machine the second thread shares the \
+         CPUs with the unmapping thread (and, for usermm, its fault and reclaim threads), so worst stalls include \
+         scheduling delays and vary widely run to run: read them with their [min..max].",
+        sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "),
+        if sizes.iter().all(|&s| s < 4096) { " (quick scale: 4 GiB left out, pass --sizes-mib to add it)" } else { "" },
+        p.int("mapunmap_kib"),
+    ));
+    e.notes.push(
+        "Seed 003's published numbers (measured on other hardware — 32 cores of E5-2680 @ 2.70GHz, unmapping 80 GB — \
+         and never used in a ratio): exclusive mmap_sem hold in `do_munmap` 2,165,433 µs without the patches, \
+         35,148.923 µs with them; `SyS_munmap` total 2,165,369 µs without, 2,166,535 µs with."
+            .into(),
+    );
+    let gib = |s: u64| s as f64 / 1024.0;
+    let mut stall_series = Vec::new();
+    let mut time_series = Vec::new();
+    for mode in &modes {
+        for sys in ["kernel", "usermm"] {
+            let pts = |m: &str| sizes.iter().map(|&s| (gib(s), e.med(sys, &variant(s, mode), m))).collect::<Vec<_>>();
+            stall_series.push(svg::Series { name: format!("{sys} {mode} worst"), points: pts("stall_max") });
+            let ms = pts("unmap_time");
+            time_series.push(svg::Series { name: format!("{sys} unmap ({mode})"), points: ms });
+            if sys == "usermm" {
+                let h = pts("hold_max").into_iter().map(|(x, y)| (x, y / 1e3)).collect();
+                time_series.push(svg::Series { name: format!("usermm hold ({mode})"), points: h });
+            }
+        }
+    }
+    let plot = |title, y_label| svg::Plot {
+        title,
+        x_label: "region size (GiB)",
+        y_label,
+        log_x: false,
+        log_y: true,
+        markers: true,
+    };
+    e.plots.push((
+        "munmap-stall.svg".into(),
+        svg::render(
+            &plot("munmap: second thread's worst stall during the unmap (median of runs)", "stall (µs)"),
+            &stall_series,
+        ),
+    ));
+    e.plots.push((
+        "munmap-time.svg".into(),
+        svg::render(
+            &plot("munmap: unmap time and usermm's exclusive hold (median of runs)", "time (ms)"),
+            &time_series,
+        ),
+    ));
+    Ok(e)
+}

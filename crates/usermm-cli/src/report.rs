@@ -1,0 +1,391 @@
+//! Results: rows of samples, their summaries, goals, and the three outputs
+//! (the stdout tables, `report.md`, `results.json`).
+//!
+//! A [`Row`] is one (system, variant, metric) with one sample per run; its
+//! value is the median of the samples, shown with min and max. A [`Goal`] is
+//! computed only from medians of rows of the same run of the same experiment.
+
+use std::fmt::Write as _;
+
+/// One measured quantity, one sample per run.
+pub struct Row {
+    pub system: String,
+    pub variant: String,
+    pub metric: String,
+    pub unit: String,
+    pub samples: Vec<f64>,
+}
+
+impl Row {
+    pub fn median(&self) -> f64 {
+        median(&self.samples)
+    }
+    pub fn min(&self) -> f64 {
+        self.samples.iter().copied().fold(f64::INFINITY, f64::min)
+    }
+    pub fn max(&self) -> f64 {
+        self.samples.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+    }
+}
+
+/// The median (mean of the two middle values for an even count); NaN for none.
+pub fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if !n.is_multiple_of(2) {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// The `q`-quantile (0..=1) of `sorted` by the nearest-rank method.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// A goal check: `value` compared with a threshold (PASS/FAIL) and with the
+/// goal proper (met or not).
+pub struct Goal {
+    pub what: String,
+    /// How `value` was computed, e.g. "usermm/kernel".
+    pub how: String,
+    pub value: f64,
+    pub unit: String,
+    /// `true`: value must be at least the bounds; `false`: at most.
+    pub at_least: bool,
+    pub threshold: f64,
+    pub goal: f64,
+}
+
+impl Goal {
+    fn ok(&self, bound: f64) -> Option<bool> {
+        if !self.value.is_finite() {
+            return None;
+        }
+        Some(if self.at_least { self.value >= bound } else { self.value <= bound })
+    }
+    pub fn verdict(&self) -> &'static str {
+        match self.ok(self.threshold) {
+            Some(true) => "PASS",
+            Some(false) => "FAIL",
+            None => "n/a",
+        }
+    }
+    pub fn goal_met(&self) -> &'static str {
+        match self.ok(self.goal) {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "n/a",
+        }
+    }
+    fn bound(&self, b: f64) -> String {
+        format!("{} {}{}", if self.at_least { "≥" } else { "≤" }, fmt_num(b), self.unit)
+    }
+}
+
+/// One experiment's parameters, rows, goals, notes and plots.
+pub struct Experiment {
+    pub name: String,
+    pub title: String,
+    pub params: Vec<(String, String)>,
+    pub rows: Vec<Row>,
+    pub goals: Vec<Goal>,
+    /// Free text for report.md (what each row means, caveats), one paragraph
+    /// per entry.
+    pub notes: Vec<String>,
+    /// `(file name, svg text)`.
+    pub plots: Vec<(String, String)>,
+    pub elapsed_s: f64,
+}
+
+impl Experiment {
+    pub fn new(name: &str, title: &str, params: Vec<(String, String)>) -> Experiment {
+        Experiment {
+            name: name.into(),
+            title: title.into(),
+            params,
+            rows: Vec::new(),
+            goals: Vec::new(),
+            notes: Vec::new(),
+            plots: Vec::new(),
+            elapsed_s: 0.0,
+        }
+    }
+
+    /// Adds one sample to the row (system, variant, metric), creating it.
+    pub fn add(&mut self, system: &str, variant: &str, metric: &str, unit: &str, v: f64) {
+        if let Some(r) = self.rows.iter_mut().find(|r| r.system == system && r.variant == variant && r.metric == metric)
+        {
+            r.samples.push(v);
+            return;
+        }
+        self.rows.push(Row {
+            system: system.into(),
+            variant: variant.into(),
+            metric: metric.into(),
+            unit: unit.into(),
+            samples: vec![v],
+        });
+    }
+
+    pub fn row(&self, system: &str, variant: &str, metric: &str) -> Option<&Row> {
+        self.rows.iter().find(|r| r.system == system && r.variant == variant && r.metric == metric)
+    }
+
+    /// The median of a row, NaN if the row does not exist.
+    pub fn med(&self, system: &str, variant: &str, metric: &str) -> f64 {
+        self.row(system, variant, metric).map_or(f64::NAN, Row::median)
+    }
+
+    /// Adds a goal on `usermm/kernel` of the medians of one variant and metric.
+    pub fn ratio_goal(&mut self, what: &str, variant: &str, metric: &str, at_least: bool, threshold: f64, goal: f64) {
+        let v = self.med("usermm", variant, metric) / self.med("kernel", variant, metric);
+        self.goals.push(Goal {
+            what: what.into(),
+            how: format!("usermm/kernel, {variant} {metric}"),
+            value: v,
+            unit: "×".into(),
+            at_least,
+            threshold,
+            goal,
+        });
+    }
+}
+
+/// Formats a number for people: about four significant digits.
+pub fn fmt_num(v: f64) -> String {
+    if !v.is_finite() {
+        return "n/a".into();
+    }
+    let a = v.abs();
+    if a == 0.0 {
+        "0".into()
+    } else if a >= 1e5 || (a - a.round()).abs() < 1e-9 && a >= 1.0 {
+        format!("{v:.0}")
+    } else if a >= 100.0 {
+        trim(format!("{v:.1}"))
+    } else if a >= 1.0 {
+        trim(format!("{v:.3}"))
+    } else {
+        trim(format!("{v:.4}"))
+    }
+}
+
+/// Drops trailing zeros after a decimal point ("0.8000" → "0.8").
+fn trim(s: String) -> String {
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            '\n' => o.push_str("\\n"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+fn json_num(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v}")
+    } else {
+        "null".into()
+    }
+}
+
+/// A parameter value as JSON: a number when it parses as one, else a string.
+fn json_param(v: &str) -> String {
+    match v.parse::<f64>() {
+        Ok(x) if x.is_finite() && !v.starts_with('+') => json_num(x),
+        _ => json_str(v),
+    }
+}
+
+/// `results.json`: `{"experiments":[{"name", "params", "rows":[…]}]}`.
+pub fn to_json(exps: &[Experiment]) -> String {
+    let mut o = String::from("{\"experiments\":[");
+    for (i, e) in exps.iter().enumerate() {
+        if i > 0 {
+            o.push(',');
+        }
+        let _ = write!(o, "\n {{\"name\":{},\"params\":{{", json_str(&e.name));
+        for (j, (k, v)) in e.params.iter().enumerate() {
+            let _ = write!(o, "{}{}:{}", if j > 0 { "," } else { "" }, json_str(k), json_param(v));
+        }
+        o.push_str("},\"rows\":[");
+        for (j, r) in e.rows.iter().enumerate() {
+            let _ = write!(
+                o,
+                "{}\n  {{\"system\":{},\"variant\":{},\"metric\":{},\"value\":{},\"unit\":{},\"runs\":{},\"min\":{},\"max\":{}}}",
+                if j > 0 { "," } else { "" },
+                json_str(&r.system),
+                json_str(&r.variant),
+                json_str(&r.metric),
+                json_num(r.median()),
+                json_str(&r.unit),
+                r.samples.len(),
+                json_num(r.min()),
+                json_num(r.max()),
+            );
+        }
+        o.push_str("]}");
+    }
+    o.push_str("\n]}\n");
+    o
+}
+
+/// Lays out rows of cells as aligned text columns.
+fn text_table(head: &[&str], rows: &[Vec<String>]) -> String {
+    let mut w: Vec<usize> = head.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| -> String {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            let pad = w[i] - c.chars().count();
+            s.push_str(c);
+            s.push_str(&" ".repeat(pad + 2));
+        }
+        s.trim_end().to_string() + "\n"
+    };
+    let mut o = line(head.iter().map(|s| s.to_string()).collect());
+    o += &line(w.iter().map(|&n| "-".repeat(n)).collect());
+    for r in rows {
+        o += &line(r.clone());
+    }
+    o
+}
+
+fn md_table(head: &[&str], rows: &[Vec<String>]) -> String {
+    let mut o = format!("| {} |\n|{}\n", head.join(" | "), "---|".repeat(head.len()));
+    for r in rows {
+        let _ = writeln!(o, "| {} |", r.join(" | "));
+    }
+    o
+}
+
+fn row_cells(r: &Row) -> Vec<String> {
+    vec![
+        r.system.clone(),
+        r.variant.clone(),
+        r.metric.clone(),
+        fmt_num(r.median()),
+        format!("[{}..{}]", fmt_num(r.min()), fmt_num(r.max())),
+        r.unit.clone(),
+        r.samples.len().to_string(),
+    ]
+}
+
+const ROW_HEAD: [&str; 7] = ["system", "variant", "metric", "median", "[min..max]", "unit", "runs"];
+const GOAL_HEAD: [&str; 6] = ["goal", "measured as", "value", "threshold", "verdict", "goal (met?)"];
+
+fn goal_cells(g: &Goal) -> Vec<String> {
+    vec![
+        g.what.clone(),
+        g.how.clone(),
+        format!("{}{}", fmt_num(g.value), g.unit),
+        g.bound(g.threshold),
+        g.verdict().into(),
+        format!("{} ({})", g.bound(g.goal), g.goal_met()),
+    ]
+}
+
+/// The rows and goals of one experiment, as aligned text for stdout.
+pub fn text(e: &Experiment) -> String {
+    let rows: Vec<Vec<String>> = e.rows.iter().map(row_cells).collect();
+    let mut o = format!("\n== {} — {} ({:.1} s)\n", e.name, e.title, e.elapsed_s);
+    o += &text_table(&ROW_HEAD, &rows);
+    if !e.goals.is_empty() {
+        o += "\n";
+        o += &text_table(&GOAL_HEAD, &e.goals.iter().map(goal_cells).collect::<Vec<_>>());
+    }
+    o
+}
+
+/// All goals of all experiments, as aligned text for stdout.
+pub fn goals_text(exps: &[Experiment]) -> String {
+    let rows: Vec<Vec<String>> = exps
+        .iter()
+        .flat_map(|e| {
+            e.goals.iter().map(move |g| {
+                let mut c = goal_cells(g);
+                c.insert(0, e.name.clone());
+                c
+            })
+        })
+        .collect();
+    let mut head = vec!["experiment"];
+    head.extend(GOAL_HEAD);
+    text_table(&head, &rows)
+}
+
+/// `report.md`.
+pub fn markdown(exps: &[Experiment], header: &[(String, String)], mode: &str) -> String {
+    let mut o = String::from("# usermm report\n\n");
+    let _ =
+        writeln!(o, "Mode: {mode}. Every row is the median of its runs, with [min..max] and the number of runs; the");
+    o += "systems of a row alternate run by run. Ratios use medians of rows of this run only.\n\n## Machine and space\n\n";
+    o += &md_table(&["item", "value"], &header.iter().map(|(k, v)| vec![k.clone(), v.clone()]).collect::<Vec<_>>());
+    o += "\n## Goals\n\n";
+    let rows: Vec<Vec<String>> = exps
+        .iter()
+        .flat_map(|e| {
+            e.goals.iter().map(move |g| {
+                let mut c = goal_cells(g);
+                c.insert(0, e.name.clone());
+                c
+            })
+        })
+        .collect();
+    let mut head = vec!["experiment"];
+    head.extend(GOAL_HEAD);
+    o += &md_table(&head, &rows);
+    o += "\nPASS/FAIL is against the threshold; the last column is the goal proper.\n";
+    for e in exps {
+        let _ = write!(o, "\n## `{}` — {}\n\nTook {:.1} s.\n\n### Parameters\n\n", e.name, e.title, e.elapsed_s);
+        o += &md_table(
+            &["parameter", "value"],
+            &e.params.iter().map(|(k, v)| vec![format!("`{k}`"), v.clone()]).collect::<Vec<_>>(),
+        );
+        o += "\n### Results\n\n";
+        o += &md_table(&ROW_HEAD, &e.rows.iter().map(row_cells).collect::<Vec<_>>());
+        if !e.goals.is_empty() {
+            o += "\n### Goals\n\n";
+            o += &md_table(&GOAL_HEAD, &e.goals.iter().map(goal_cells).collect::<Vec<_>>());
+        }
+        if !e.notes.is_empty() {
+            o += "\n### Notes\n\n";
+            for n in &e.notes {
+                let _ = writeln!(o, "{n}\n");
+            }
+        }
+        for (file, _) in &e.plots {
+            let _ = writeln!(o, "\n![{file}]({file})");
+        }
+    }
+    o
+}

@@ -1,0 +1,179 @@
+//! Hand-written SVG line plots (no plotting dependency): a few series of
+//! `(x, y)` points, linear or log10 axes, a legend.
+
+use std::fmt::Write as _;
+
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+pub struct Plot<'a> {
+    pub title: &'a str,
+    pub x_label: &'a str,
+    pub y_label: &'a str,
+    pub log_x: bool,
+    pub log_y: bool,
+    /// Draw markers at each point (for a few points) instead of a bare line.
+    pub markers: bool,
+}
+
+const COLORS: [&str; 8] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+const W: f64 = 720.0;
+const H: f64 = 440.0;
+const L: f64 = 80.0;
+const R: f64 = 200.0;
+const T: f64 = 40.0;
+const B: f64 = 60.0;
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+fn tick_label(v: f64) -> String {
+    let a = v.abs();
+    if a != 0.0 && !(0.01..1e6).contains(&a) {
+        format!("{v:.0e}")
+    } else if (v - v.round()).abs() < 1e-9 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// Ticks for an axis over `[lo, hi]` (already in log10 when `log`).
+fn ticks(lo: f64, hi: f64, log: bool) -> Vec<(f64, String)> {
+    if log {
+        let (a, b) = (lo.floor() as i32, hi.ceil() as i32);
+        (a..=b).map(|e| (e as f64, tick_label(10f64.powi(e)))).collect()
+    } else {
+        let span = (hi - lo).max(1e-12);
+        let raw = span / 5.0;
+        let mag = 10f64.powf(raw.log10().floor());
+        let step = [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * mag).find(|s| *s >= raw).unwrap_or(mag * 10.0);
+        let mut v = (lo / step).ceil() * step;
+        let mut out = Vec::new();
+        while v <= hi + step * 1e-9 {
+            out.push((v, tick_label(v)));
+            v += step;
+        }
+        out
+    }
+}
+
+/// Renders the plot; points with a non-positive coordinate on a log axis
+/// are left out.
+pub fn render(p: &Plot, series: &[Series]) -> String {
+    let tx = |x: f64| if p.log_x { x.log10() } else { x };
+    let ty = |y: f64| if p.log_y { y.log10() } else { y };
+    let keep = |&(x, y): &(f64, f64)| x.is_finite() && y.is_finite() && (!p.log_x || x > 0.0) && (!p.log_y || y > 0.0);
+    let pts: Vec<Vec<(f64, f64)>> =
+        series.iter().map(|s| s.points.iter().filter(|q| keep(q)).map(|&(x, y)| (tx(x), ty(y))).collect()).collect();
+    let all: Vec<(f64, f64)> = pts.iter().flatten().copied().collect();
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, f64::INFINITY, f64::NEG_INFINITY);
+    for &(x, y) in &all {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y0 = y0.min(y);
+        y1 = y1.max(y);
+    }
+    if all.is_empty() {
+        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+    }
+    if !p.log_y && y0 > 0.0 {
+        y0 = 0.0;
+    }
+    if p.log_x {
+        (x0, x1) = (x0.floor(), x1.ceil());
+    }
+    if p.log_y {
+        (y0, y1) = (y0.floor(), y1.ceil());
+    }
+    if x1 - x0 < 1e-12 {
+        x1 = x0 + 1.0;
+    }
+    if y1 - y0 < 1e-12 {
+        y1 = y0 + 1.0;
+    }
+    let pw = W - L - R;
+    let ph = H - T - B;
+    let sx = |x: f64| L + (x - x0) / (x1 - x0) * pw;
+    let sy = |y: f64| T + ph - (y - y0) / (y1 - y0) * ph;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" font-family=\"sans-serif\" font-size=\"12\">"
+    );
+    let _ = writeln!(o, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>");
+    let _ = writeln!(
+        o,
+        "<text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">{}</text>",
+        L + pw / 2.0,
+        esc(p.title)
+    );
+    for (v, label) in ticks(x0, x1, p.log_x) {
+        let x = sx(v);
+        let _ = writeln!(o, "<line x1=\"{x:.1}\" y1=\"{T}\" x2=\"{x:.1}\" y2=\"{}\" stroke=\"#ddd\"/>", T + ph);
+        let _ = writeln!(o, "<text x=\"{x:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>", T + ph + 16.0, esc(&label));
+    }
+    for (v, label) in ticks(y0, y1, p.log_y) {
+        let y = sy(v);
+        let _ = writeln!(o, "<line x1=\"{L}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>", L + pw);
+        let _ = writeln!(o, "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>", L - 6.0, y + 4.0, esc(&label));
+    }
+    let _ = writeln!(o, "<rect x=\"{L}\" y=\"{T}\" width=\"{pw}\" height=\"{ph}\" fill=\"none\" stroke=\"black\"/>");
+    let _ = writeln!(
+        o,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}{}</text>",
+        L + pw / 2.0,
+        H - 18.0,
+        esc(p.x_label),
+        if p.log_x { " (log)" } else { "" }
+    );
+    let _ = writeln!(
+        o,
+        "<text x=\"18\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 18 {})\">{}{}</text>",
+        T + ph / 2.0,
+        T + ph / 2.0,
+        esc(p.y_label),
+        if p.log_y { " (log)" } else { "" }
+    );
+    for (i, (s, pts)) in series.iter().zip(&pts).enumerate() {
+        let c = COLORS[i % COLORS.len()];
+        if !pts.is_empty() {
+            let path: Vec<String> = pts.iter().map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y))).collect();
+            let _ = writeln!(
+                o,
+                "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"1.8\" points=\"{}\"/>",
+                path.join(" ")
+            );
+            if p.markers {
+                for &(x, y) in pts {
+                    let _ = writeln!(o, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{c}\"/>", sx(x), sy(y));
+                }
+            }
+        }
+        let ly = T + 10.0 + i as f64 * 20.0;
+        let lx = L + pw + 12.0;
+        let _ = writeln!(
+            o,
+            "<line x1=\"{lx}\" y1=\"{ly}\" x2=\"{}\" y2=\"{ly}\" stroke=\"{c}\" stroke-width=\"3\"/>",
+            lx + 20.0
+        );
+        let _ = writeln!(o, "<text x=\"{}\" y=\"{}\">{}</text>", lx + 26.0, ly + 4.0, esc(&s.name));
+    }
+    o.push_str("</svg>\n");
+    o
+}
+
+/// The empirical CDF of `sorted` as at most `max_points` points.
+pub fn cdf(sorted: &[f64], max_points: usize) -> Vec<(f64, f64)> {
+    let n = sorted.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let step = (n / max_points.max(1)).max(1);
+    let mut v: Vec<(f64, f64)> = (0..n).step_by(step).map(|i| (sorted[i], (i + 1) as f64 / n as f64)).collect();
+    v.push((sorted[n - 1], 1.0));
+    v
+}

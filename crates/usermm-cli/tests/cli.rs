@@ -1,0 +1,313 @@
+//! Runs the built `usermm` binary: a small `bench fault` must write a
+//! `results.json` of the documented shape with kernel and usermm rows, and
+//! usage errors must exit with status 2.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_usermm");
+
+/// A JSON value, for a parser just big enough for `results.json`.
+#[derive(Debug, Clone, PartialEq)]
+enum Json {
+    Null,
+    Bool(bool),
+    Num(f64),
+    Str(String),
+    Arr(Vec<Json>),
+    Obj(BTreeMap<String, Json>),
+}
+
+struct Parser<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+impl Parser<'_> {
+    fn ws(&mut self) {
+        while self.i < self.s.len() && self.s[self.i].is_ascii_whitespace() {
+            self.i += 1;
+        }
+    }
+    fn eat(&mut self, c: u8) -> Result<(), String> {
+        self.ws();
+        if self.s.get(self.i) == Some(&c) {
+            self.i += 1;
+            Ok(())
+        } else {
+            Err(format!("expected '{}' at byte {}", c as char, self.i))
+        }
+    }
+    fn value(&mut self) -> Result<Json, String> {
+        self.ws();
+        match self.s.get(self.i).copied() {
+            Some(b'{') => {
+                self.i += 1;
+                let mut m = BTreeMap::new();
+                self.ws();
+                if self.s.get(self.i) == Some(&b'}') {
+                    self.i += 1;
+                    return Ok(Json::Obj(m));
+                }
+                loop {
+                    self.ws();
+                    let Json::Str(k) = self.value()? else {
+                        return Err(format!("object key at {}", self.i));
+                    };
+                    self.eat(b':')?;
+                    let v = self.value()?;
+                    if m.insert(k.clone(), v).is_some() {
+                        return Err(format!("duplicate key {k}"));
+                    }
+                    self.ws();
+                    match self.s.get(self.i) {
+                        Some(b',') => self.i += 1,
+                        Some(b'}') => {
+                            self.i += 1;
+                            return Ok(Json::Obj(m));
+                        }
+                        _ => return Err(format!("bad object at {}", self.i)),
+                    }
+                }
+            }
+            Some(b'[') => {
+                self.i += 1;
+                let mut v = Vec::new();
+                self.ws();
+                if self.s.get(self.i) == Some(&b']') {
+                    self.i += 1;
+                    return Ok(Json::Arr(v));
+                }
+                loop {
+                    v.push(self.value()?);
+                    self.ws();
+                    match self.s.get(self.i) {
+                        Some(b',') => self.i += 1,
+                        Some(b']') => {
+                            self.i += 1;
+                            return Ok(Json::Arr(v));
+                        }
+                        _ => return Err(format!("bad array at {}", self.i)),
+                    }
+                }
+            }
+            Some(b'"') => {
+                self.i += 1;
+                let mut out = Vec::new();
+                while let Some(&c) = self.s.get(self.i) {
+                    self.i += 1;
+                    match c {
+                        b'"' => return String::from_utf8(out).map(Json::Str).map_err(|e| e.to_string()),
+                        b'\\' => {
+                            let e = *self.s.get(self.i).ok_or("eof in escape")?;
+                            self.i += 1;
+                            match e {
+                                b'"' | b'\\' | b'/' => out.push(e),
+                                b'n' => out.push(b'\n'),
+                                b't' => out.push(b'\t'),
+                                b'u' => {
+                                    let h =
+                                        std::str::from_utf8(&self.s[self.i..self.i + 4]).map_err(|e| e.to_string())?;
+                                    let c = char::from_u32(u32::from_str_radix(h, 16).map_err(|e| e.to_string())?)
+                                        .ok_or("bad \\u")?;
+                                    out.extend(c.to_string().as_bytes());
+                                    self.i += 4;
+                                }
+                                _ => return Err(format!("bad escape at {}", self.i)),
+                            }
+                        }
+                        c if c < 0x20 => return Err(format!("control character in string at {}", self.i)),
+                        c => out.push(c),
+                    }
+                }
+                Err("eof in string".into())
+            }
+            Some(b't') if self.s[self.i..].starts_with(b"true") => {
+                self.i += 4;
+                Ok(Json::Bool(true))
+            }
+            Some(b'f') if self.s[self.i..].starts_with(b"false") => {
+                self.i += 5;
+                Ok(Json::Bool(false))
+            }
+            Some(b'n') if self.s[self.i..].starts_with(b"null") => {
+                self.i += 4;
+                Ok(Json::Null)
+            }
+            Some(c) if c == b'-' || c.is_ascii_digit() => {
+                let st = self.i;
+                while self.i < self.s.len() && (self.s[self.i].is_ascii_digit() || b"+-.eE".contains(&self.s[self.i])) {
+                    self.i += 1;
+                }
+                let t = std::str::from_utf8(&self.s[st..self.i]).map_err(|e| e.to_string())?;
+                t.parse::<f64>().map(Json::Num).map_err(|e| format!("number '{t}': {e}"))
+            }
+            _ => Err(format!("unexpected input at byte {}", self.i)),
+        }
+    }
+}
+
+fn parse(s: &str) -> Result<Json, String> {
+    let mut p = Parser { s: s.as_bytes(), i: 0 };
+    let v = p.value()?;
+    p.ws();
+    if p.i != s.len() {
+        return Err(format!("trailing input at byte {}", p.i));
+    }
+    Ok(v)
+}
+
+fn obj(j: &Json) -> &BTreeMap<String, Json> {
+    match j {
+        Json::Obj(m) => m,
+        other => panic!("expected an object, got {other:?}"),
+    }
+}
+
+fn arr(j: &Json) -> &[Json] {
+    match j {
+        Json::Arr(v) => v,
+        other => panic!("expected an array, got {other:?}"),
+    }
+}
+
+fn num(j: &Json) -> f64 {
+    match j {
+        Json::Num(n) => *n,
+        other => panic!("expected a number, got {other:?}"),
+    }
+}
+
+fn text(j: &Json) -> &str {
+    match j {
+        Json::Str(s) => s,
+        other => panic!("expected a string, got {other:?}"),
+    }
+}
+
+fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("usermm-cli-test-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn parser_accepts_and_rejects() {
+    assert_eq!(parse(r#"{"a":[1,-2.5e3,"x\"y",null,true]}"#).unwrap(), {
+        let mut m = BTreeMap::new();
+        m.insert(
+            "a".to_string(),
+            Json::Arr(vec![Json::Num(1.0), Json::Num(-2500.0), Json::Str("x\"y".into()), Json::Null, Json::Bool(true)]),
+        );
+        Json::Obj(m)
+    });
+    assert!(parse(r#"{"a":1,}"#).is_err());
+    assert!(parse(r#"{"a":1} x"#).is_err());
+    assert!(parse(r#"{"a":NaN}"#).is_err());
+}
+
+#[test]
+fn bench_fault_writes_results() {
+    let out = tmpdir("fault");
+    let r = Command::new(BIN)
+        .args(["bench", "fault", "--size-mib", "16", "--sparse-size-mib=128", "--runs", "2", "--warmup", "0", "--out"])
+        .arg(&out)
+        .output()
+        .expect("run usermm");
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "usermm failed: {:?}\n{stderr}", r.status);
+    assert!(stderr.contains("run 2/2"), "no progress on stderr:\n{stderr}");
+    let stdout = String::from_utf8_lossy(&r.stdout);
+    assert!(stdout.contains("seq-write") && stdout.contains("usermm/kernel"), "stdout:\n{stdout}");
+
+    let json = std::fs::read_to_string(out.join("results.json")).expect("results.json");
+    let top = parse(&json).unwrap_or_else(|e| panic!("results.json does not parse: {e}\n{json}"));
+    let top = obj(&top);
+    assert_eq!(top.keys().collect::<Vec<_>>(), ["experiments"]);
+    let exps = arr(&top["experiments"]);
+    assert_eq!(exps.len(), 1);
+    let e = obj(&exps[0]);
+    assert_eq!(e.keys().collect::<Vec<_>>(), ["name", "params", "rows"]);
+    assert_eq!(text(&e["name"]), "fault");
+    let params = obj(&e["params"]);
+    assert_eq!(num(&params["size_mib"]), 16.0);
+    assert_eq!(num(&params["runs"]), 2.0);
+    let rows = arr(&e["rows"]);
+    let mut seen = std::collections::BTreeSet::new();
+    for row in rows {
+        let row = obj(row);
+        assert_eq!(
+            row.keys().collect::<Vec<_>>(),
+            ["max", "metric", "min", "runs", "system", "unit", "value", "variant"],
+            "{row:?}"
+        );
+        let (v, lo, hi) = (num(&row["value"]), num(&row["min"]), num(&row["max"]));
+        assert!(lo <= v && v <= hi, "median outside [min, max]: {row:?}");
+        assert_eq!(num(&row["runs"]), 2.0);
+        if text(&row["metric"]) == "throughput" {
+            assert!(v > 0.0, "{row:?}");
+            assert_eq!(text(&row["unit"]), "pages/s");
+        }
+        seen.insert((
+            text(&row["system"]).to_string(),
+            text(&row["variant"]).to_string(),
+            text(&row["metric"]).to_string(),
+        ));
+    }
+    for sys in ["kernel", "usermm"] {
+        for v in ["seq-read", "seq-write", "random-read", "random-write", "sparse-read", "sparse-write"] {
+            assert!(seen.contains(&(sys.into(), v.into(), "throughput".into())), "missing {sys} {v} throughput");
+        }
+        for m in ["p50", "p99", "max"] {
+            assert!(seen.contains(&(sys.into(), "sparse-write".into(), m.into())), "missing {sys} sparse-write {m}");
+        }
+    }
+
+    let md = std::fs::read_to_string(out.join("report.md")).expect("report.md");
+    assert!(md.contains("usermm userfaultfd mode"), "{md}");
+    assert!(md.contains("PASS") || md.contains("FAIL"), "{md}");
+    let svg = std::fs::read_to_string(out.join("fault-sparse-latency.svg")).expect("svg");
+    assert!(svg.starts_with("<svg") && svg.contains("polyline"), "{svg}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    for args in [
+        &["bogus"][..],
+        &[][..],
+        &["bench"][..],
+        &["bench", "nosuch"][..],
+        &["bench", "fault", "--size-mib", "abc"][..],
+        &["bench", "fault", "--budget-mib=1"][..],
+        &["bench", "fault", "--size-mib"][..],
+        &["report", "--size-mib=1"][..],
+        &["report", "stray"][..],
+    ] {
+        let r = Command::new(BIN).args(args).output().expect("run usermm");
+        assert_eq!(r.status.code(), Some(2), "usermm {args:?}: {:?}", r.status);
+        assert!(!r.stderr.is_empty(), "usermm {args:?}: no message");
+    }
+}
+
+#[test]
+fn help_lists_every_experiment_and_parameter() {
+    let r = Command::new(BIN).arg("--help").output().expect("run usermm");
+    assert!(r.status.success());
+    let h = String::from_utf8_lossy(&r.stdout);
+    for w in [
+        "report",
+        "bench",
+        "--full",
+        "--out",
+        "fault",
+        "reclaim",
+        "munmap",
+        "--size-mib",
+        "--budget-mib",
+        "--sizes-mib",
+    ] {
+        assert!(h.contains(w), "--help lacks {w}:\n{h}");
+    }
+}

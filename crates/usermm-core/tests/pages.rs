@@ -1,0 +1,542 @@
+//! Page-state tests: the fault, reclaim and zap plans, their failure paths,
+//! and the LRU's "hot set survives a cold scan" property. The test acts as
+//! the executor; `draw_pages` shows `_` absent, `R` resident, `I` inactive
+//! (parked in staging), `S` swapped, `*` busy, `.` unmapped.
+
+mod common;
+
+use common::*;
+use usermm_core::consts::*;
+use usermm_core::page::{pf, PState};
+use usermm_core::{Addr, Core, CoreConfig, FaultPlan, MmapReply, PageIdx, PageRange, Transfer};
+
+fn fault(c: &mut Core, p: u64, write: bool) -> FaultPlan {
+    let plan = c.fault(Addr(at(p)), write);
+    validate_planned(c, &plan);
+    plan
+}
+
+fn state(c: &Core, p: u64) -> PState {
+    c.page(PageIdx(p)).state
+}
+
+/// Maps `n` pages at 0 and makes all of them resident.
+fn full(c: &mut Core, n: u64) {
+    map_at(c, 0, n);
+    for p in 0..n {
+        assert!(matches!(touch(c, p, true), Touch::Served(_)));
+    }
+}
+
+#[test]
+fn fault_on_an_absent_page_zero_fills_it() {
+    let mut c = core();
+    map_at(&mut c, 0, 4);
+    let plan = fault(&mut c, 1, true);
+    assert_eq!(plan, FaultPlan::ZeroFill { run: PageRange::new(1, 2) });
+    assert_eq!(draw_pages(&c, 0, 5), "_*__.");
+    assert_eq!(c.stats().resident_pages, 1, "the frame is charged while filling");
+    c.fill_done(&plan, 1);
+    c.validate();
+    assert_eq!(draw_pages(&c, 0, 5), "_R__.");
+    let s = c.stats();
+    assert_eq!((s.resident_pages, s.counters.zero_fills, s.counters.faults), (1, 1, 1));
+    // A second fault on it (a race) just wakes.
+    assert_eq!(fault(&mut c, 1, true), FaultPlan::Wake);
+    // A read fault fills too.
+    assert!(matches!(fault(&mut c, 2, false), FaultPlan::ZeroFill { .. }));
+}
+
+#[test]
+fn a_failed_zero_fill_leaves_the_page_absent() {
+    let mut c = core();
+    map_at(&mut c, 0, 4);
+    let plan = fault(&mut c, 0, true);
+    c.fill_done(&plan, 0);
+    c.validate();
+    assert_eq!(draw_pages(&c, 0, 4), "____");
+    assert_eq!(c.stats().resident_pages, 0);
+}
+
+#[test]
+fn faults_that_are_not_served() {
+    let mut c = core();
+    map_at(&mut c, 0, 2);
+    mmap(&mut c, at(2), PS, PROT_READ, ANON | MAP_FIXED).unwrap();
+    mmap(&mut c, at(3), PS, PROT_NONE, ANON | MAP_FIXED).unwrap();
+    // Unmapped, outside the reservation, wrong protection: wake (the retry
+    // takes SIGSEGV from the kernel).
+    assert_eq!(fault(&mut c, 10, false), FaultPlan::Wake);
+    assert_eq!(c.fault(Addr(BASE - PS), false), FaultPlan::Wake);
+    assert_eq!(fault(&mut c, 2, true), FaultPlan::Wake);
+    assert_eq!(fault(&mut c, 3, false), FaultPlan::Wake);
+    assert_eq!(draw_pages(&c, 0, 5), "____.");
+    assert_eq!(c.stats().resident_pages, 0);
+    // A read of the read-only page is served.
+    assert!(matches!(fault(&mut c, 2, false), FaultPlan::ZeroFill { .. }));
+}
+
+#[test]
+fn a_full_budget_asks_for_reclaim() {
+    let mut c = core();
+    full(&mut c, 16);
+    map_at(&mut c, 16, 4);
+    assert_eq!(c.stats().resident_pages, 16);
+    assert_eq!(fault(&mut c, 17, true), FaultPlan::Reclaim { want: 1 });
+    assert_eq!(state(&c, 17), PState::Absent);
+    assert_eq!(c.stats().resident_pages, 16);
+}
+
+#[test]
+fn reclaim_deactivates_first_then_evicts_the_oldest() {
+    let mut c = core();
+    full(&mut c, 16);
+    let plan = c.reclaim_plan(1);
+    c.validate();
+    // Nothing is inactive yet: the first plan only refills the inactive list,
+    // up to its target (a quarter of the budget), oldest pages first.
+    assert!(plan.evict.is_empty());
+    assert_eq!(plan.deactivate.len(), 4);
+    assert!(plan.deactivate.iter().all(|d| d.how == Transfer::Move));
+    assert_eq!(draw_pages(&c, 0, 16), "****RRRRRRRRRRRR");
+    for d in &plan.deactivate {
+        c.deactivate_done(d, true);
+    }
+    c.validate();
+    assert_eq!(draw_pages(&c, 0, 16), "IIIIRRRRRRRRRRRR");
+    let s = c.stats();
+    assert_eq!((s.resident_pages, s.inactive_pages), (16, 4), "inactive pages still hold frames");
+
+    let plan = c.reclaim_plan(1);
+    assert!(plan.deactivate.is_empty(), "the inactive list is at its target");
+    assert_eq!(plan.evict.len(), 1);
+    let e = &plan.evict[0];
+    assert_eq!(e.page, PageIdx(0), "the oldest inactive page goes first");
+    let slot0 = c.page(PageIdx(0)).slot;
+    assert_eq!(e.staging, slot0);
+    c.evict_done(e, true);
+    c.validate();
+    assert_eq!(draw_pages(&c, 0, 16), "SIIIRRRRRRRRRRRR");
+    assert_eq!(c.page(PageIdx(0)).slot, e.swap);
+    let s = c.stats();
+    assert_eq!((s.resident_pages, s.inactive_pages, s.swapped_pages), (15, 3, 1));
+    assert_eq!((s.counters.swapouts, s.counters.evictions, s.counters.deactivations), (1, 1, 4));
+    assert_eq!(c.free_frames(), 1);
+}
+
+#[test]
+fn a_fault_on_an_inactive_page_reactivates_it() {
+    let mut c = core();
+    full(&mut c, 4);
+    madvise(&mut c, at(0), pages(4), MADV_COLD).unwrap();
+    assert_eq!(draw_pages(&c, 0, 4), "IIII");
+    let slot = c.page(PageIdx(2)).slot;
+    let plan = fault(&mut c, 2, false);
+    assert_eq!(plan, FaultPlan::Reactivate { page: PageIdx(2), slot, how: Transfer::Move });
+    assert_eq!(draw_pages(&c, 0, 4), "II*I");
+    c.fill_done(&plan, 1);
+    c.validate();
+    assert_eq!(draw_pages(&c, 0, 4), "IIRI");
+    assert!(c.page(PageIdx(2)).has(pf::REFERENCED));
+    let s = c.stats();
+    assert_eq!((s.resident_pages, s.inactive_pages, s.counters.minor_faults, s.counters.major_faults), (4, 3, 1, 0));
+
+    // A referenced page gets a second chance: the next reclaim pass skips it.
+    map_at(&mut c, 4, 1);
+    touch(&mut c, 4, true);
+    let plan = c.reclaim_plan(1);
+    let deact: Vec<u64> = plan.deactivate.iter().map(|d| d.page.0).collect();
+    assert_eq!(deact, vec![4]);
+    assert_eq!(plan.evict.iter().map(|e| e.page.0).collect::<Vec<_>>(), vec![0]);
+    assert!(!c.page(PageIdx(2)).has(pf::REFERENCED), "second chance used up");
+    for d in &plan.deactivate {
+        c.deactivate_done(d, true);
+    }
+    for e in &plan.evict {
+        c.evict_done(e, true);
+    }
+    c.validate();
+    assert_eq!(draw_pages(&c, 0, 5), "SIRII");
+}
+
+#[test]
+fn reactivation_of_a_read_only_page_is_a_copy() {
+    let mut c = core();
+    mmap(&mut c, at(0), pages(2), PROT_READ, ANON | MAP_FIXED).unwrap();
+    touch(&mut c, 0, false);
+    let plan = c.reclaim_plan(1);
+    assert_eq!(plan.deactivate.len(), 1);
+    assert_eq!(plan.deactivate[0].how, Transfer::Copy { readable: true });
+    c.deactivate_done(&plan.deactivate[0], true);
+    c.validate();
+    assert!(matches!(fault(&mut c, 0, false), FaultPlan::Reactivate { how: Transfer::Copy { readable: true }, .. }));
+}
+
+#[test]
+fn a_fault_on_a_swapped_page_swaps_it_in() {
+    let mut c = core();
+    full(&mut c, 4);
+    madvise(&mut c, at(0), pages(2), MADV_PAGEOUT).unwrap();
+    assert_eq!(draw_pages(&c, 0, 4), "SSRR");
+    let slot = c.page(PageIdx(1)).slot;
+    let plan = fault(&mut c, 1, false);
+    assert_eq!(plan, FaultPlan::SwapIn { run: PageRange::new(1, 2), slot });
+    assert_eq!(c.stats().resident_pages, 3, "the frame is charged while reading");
+    c.fill_done(&plan, 1);
+    c.validate();
+    assert_eq!(draw_pages(&c, 0, 4), "SRRR");
+    let s = c.stats();
+    assert_eq!((s.resident_pages, s.swapped_pages, s.counters.swapins, s.counters.major_faults), (3, 1, 1, 1));
+}
+
+#[test]
+fn a_swapped_page_with_a_full_budget_asks_for_reclaim_first() {
+    let mut c = core();
+    full(&mut c, 16);
+    madvise(&mut c, at(0), PS, MADV_PAGEOUT).unwrap();
+    map_at(&mut c, 16, 1);
+    touch(&mut c, 16, true);
+    assert_eq!(fault(&mut c, 0, false), FaultPlan::Reclaim { want: 1 });
+    assert_eq!(state(&c, 0), PState::Swapped);
+    assert!(matches!(touch(&mut c, 0, false), Touch::Served(_)));
+    assert_eq!(state(&c, 0), PState::Resident);
+    assert!(c.stats().resident_pages <= 16);
+}
+
+#[test]
+fn a_failed_swap_in_leaves_the_page_swapped_with_its_slot() {
+    let mut c = core();
+    full(&mut c, 2);
+    madvise(&mut c, at(0), PS, MADV_PAGEOUT).unwrap();
+    let slot = c.page(PageIdx(0)).slot;
+    let plan = fault(&mut c, 0, true);
+    assert_eq!(plan, FaultPlan::SwapIn { run: PageRange::new(0, 1), slot });
+    c.fill_done(&plan, 0);
+    c.validate();
+    assert_eq!(draw_pages(&c, 0, 2), "SR");
+    assert_eq!(c.page(PageIdx(0)).slot, slot);
+    let s = c.stats();
+    assert_eq!((s.resident_pages, s.swapped_pages, s.counters.swap_read_errors, s.counters.swapins), (1, 1, 1, 0));
+    // The retry reads the same slot.
+    assert_eq!(fault(&mut c, 0, true), FaultPlan::SwapIn { run: PageRange::new(0, 1), slot });
+}
+
+#[test]
+fn a_failed_eviction_keeps_the_page_resident_and_releases_the_swap_slot() {
+    let mut c = core();
+    full(&mut c, 2);
+    madvise(&mut c, at(0), pages(2), MADV_COLD).unwrap();
+    let staging = c.page(PageIdx(0)).slot;
+    let evs = c.evict_pages(&[PageIdx(0)]);
+    assert_eq!(evs.len(), 1);
+    assert_eq!(evs[0].staging, staging);
+    assert_eq!(draw_pages(&c, 0, 2), "*I");
+    c.evict_done(&evs[0], false);
+    c.validate();
+    assert_eq!(draw_pages(&c, 0, 2), "II");
+    assert_eq!(c.page(PageIdx(0)).slot, staging, "still parked in its staging slot");
+    let s = c.stats();
+    assert_eq!((s.resident_pages, s.inactive_pages, s.swapped_pages), (2, 2, 0));
+    assert_eq!((s.counters.swap_write_errors, s.counters.swapouts), (1, 0));
+    // It can still be reactivated, or evicted later.
+    let evs = c.evict_pages(&[PageIdx(0)]);
+    c.evict_done(&evs[0], true);
+    c.validate();
+    assert_eq!(draw_pages(&c, 0, 2), "SI");
+}
+
+#[test]
+fn failed_eviction_slots_are_reusable() {
+    // With 2 swap slots, failing every eviction must not leak them.
+    let mut c = Core::new(CoreConfig { swap_slots: 2, ..cfg() });
+    full(&mut c, 4);
+    madvise(&mut c, at(0), pages(4), MADV_COLD).unwrap();
+    for _ in 0..10 {
+        let evs = c.evict_pages(&[PageIdx(0), PageIdx(1)]);
+        assert_eq!(evs.len(), 2);
+        for e in &evs {
+            c.evict_done(e, false);
+        }
+        c.validate();
+    }
+    let evs = c.evict_pages(&[PageIdx(0), PageIdx(1), PageIdx(2)]);
+    assert_eq!(evs.len(), 2, "two slots, two evictions");
+    for e in &evs {
+        c.evict_done(e, true);
+    }
+    c.validate();
+    assert_eq!(draw_pages(&c, 0, 4), "SSII");
+}
+
+#[test]
+fn a_failed_deactivation_keeps_the_page_mapped() {
+    let mut c = core();
+    full(&mut c, 2);
+    let ds = c.deactivate_range(PageRange::new(0, 2));
+    assert_eq!(ds.len(), 2);
+    c.deactivate_done(&ds[0], false);
+    c.deactivate_done(&ds[1], true);
+    c.validate();
+    assert_eq!(draw_pages(&c, 0, 2), "RI");
+    let s = c.stats();
+    assert_eq!((s.resident_pages, s.inactive_pages), (2, 1));
+}
+
+#[test]
+fn a_fault_on_a_busy_page_waits() {
+    let mut c = core();
+    full(&mut c, 4);
+    map_at(&mut c, 4, 1);
+    // Filling.
+    let fill = c.fault(Addr(at(4)), true);
+    assert_eq!(c.fault(Addr(at(4)), false), FaultPlan::Wait);
+    // Deactivating.
+    let ds = c.deactivate_range(PageRange::new(0, 1));
+    assert_eq!(c.fault(Addr(at(0)), false), FaultPlan::Wait);
+    c.deactivate_done(&ds[0], true);
+    // Evicting.
+    let evs = c.evict_pages(&[PageIdx(0)]);
+    assert_eq!(c.fault(Addr(at(0)), false), FaultPlan::Wait);
+    // Zapping.
+    let claim = c.zap_begin(PageRange::new(1, 2)).unwrap();
+    assert_eq!(c.fault(Addr(at(1)), false), FaultPlan::Wait);
+    // A zap over a busy page must wait too.
+    assert!(c.zap_begin(PageRange::new(0, 1)).is_err());
+    assert!(c.zap_begin(PageRange::new(4, 5)).is_err());
+    assert_eq!(draw_pages(&c, 0, 5), "**RR*");
+    c.zap_end(&claim);
+    c.evict_done(&evs[0], true);
+    c.fill_done(&fill, 1);
+    c.validate();
+    assert_eq!(draw_pages(&c, 0, 5), "S_RRR");
+}
+
+#[test]
+fn a_fault_in_a_range_being_unmapped_is_segv() {
+    let mut c = core();
+    full(&mut c, 4);
+    let d = c.munmap(at(1), pages(2)).unwrap().expect("detached");
+    c.validate();
+    assert_eq!(d.ranges, vec![PageRange::new(1, 3)]);
+    assert_eq!(draw(&c, 0, 4), "A..B");
+    // The pages are still there until the zap; a touch must not see zeros.
+    assert_eq!(fault(&mut c, 1, false), FaultPlan::SegvUnmapping);
+    assert_eq!(fault(&mut c, 2, true), FaultPlan::SegvUnmapping);
+    assert_eq!(state(&c, 1), PState::Resident);
+    // MAP_FIXED over the held range waits for the zap.
+    assert!(matches!(c.mmap(at(2), PS, RW, ANON | MAP_FIXED), Ok(MmapReply::WaitUnmapping)));
+    for r in &d.ranges {
+        zap(&mut c, *r);
+    }
+    assert_eq!(fault(&mut c, 1, false), FaultPlan::SegvUnmapping, "held until unhold");
+    c.unhold(&d);
+    c.validate();
+    assert_eq!(fault(&mut c, 1, false), FaultPlan::Wake);
+    assert_eq!(c.stats().resident_pages, 2);
+    assert!(matches!(c.mmap(at(2), PS, RW, ANON | MAP_FIXED), Ok(MmapReply::Done(_))));
+    c.validate();
+}
+
+#[test]
+fn reclaim_skips_a_page_being_unmapped() {
+    let mut c = core();
+    full(&mut c, 4);
+    madvise(&mut c, at(0), pages(4), MADV_COLD).unwrap();
+    let d = c.munmap(at(0), pages(2)).unwrap().unwrap();
+    let plan = c.reclaim_plan(4);
+    let ev: Vec<u64> = plan.evict.iter().map(|e| e.page.0).collect();
+    assert_eq!(ev, vec![2, 3]);
+    for e in &plan.evict {
+        c.evict_done(e, true);
+    }
+    for r in &d.ranges {
+        zap(&mut c, *r);
+    }
+    c.unhold(&d);
+    c.validate();
+    let s = c.stats();
+    assert_eq!((s.resident_pages, s.inactive_pages, s.swapped_pages), (0, 0, 2));
+}
+
+#[test]
+fn dontneed_drops_resident_inactive_and_swapped_pages() {
+    let mut c = core();
+    full(&mut c, 6);
+    madvise(&mut c, at(0), pages(2), MADV_COLD).unwrap();
+    madvise(&mut c, at(2), pages(2), MADV_PAGEOUT).unwrap();
+    assert_eq!(draw_pages(&c, 0, 6), "IISSRR");
+    madvise(&mut c, at(1), pages(4), MADV_DONTNEED).unwrap();
+    assert_eq!(draw_pages(&c, 0, 6), "I____R");
+    let s = c.stats();
+    assert_eq!((s.resident_pages, s.inactive_pages, s.swapped_pages), (2, 1, 0));
+    // WILLNEED reads swapped pages back.
+    madvise(&mut c, at(0), pages(6), MADV_PAGEOUT).unwrap();
+    assert_eq!(draw_pages(&c, 0, 6), "S____S");
+    madvise(&mut c, at(0), pages(6), MADV_WILLNEED).unwrap();
+    assert_eq!(draw_pages(&c, 0, 6), "R____R");
+}
+
+#[test]
+fn with_swap_full_a_fault_gets_no_frame() {
+    let mut c = Core::new(CoreConfig { swap_slots: 4, ..cfg() });
+    map_at(&mut c, 0, 40);
+    for p in 0..20 {
+        assert!(matches!(touch(&mut c, p, true), Touch::Served(_)), "page {p}");
+    }
+    assert_eq!(c.stats().swapped_pages, 4);
+    assert_eq!(touch(&mut c, 20, true), Touch::Oom);
+    assert_eq!(c.stats().counters.oom_sigbus, 1);
+    assert!(c.stats().resident_pages <= 16);
+    // Dropping some memory makes room again.
+    madvise(&mut c, at(0), pages(20), MADV_DONTNEED).unwrap();
+    assert!(matches!(touch(&mut c, 20, true), Touch::Served(_)));
+}
+
+#[test]
+fn without_swap_nothing_is_reclaimed() {
+    let mut c = Core::new(CoreConfig { swap_slots: 0, ..cfg() });
+    full(&mut c, 16);
+    map_at(&mut c, 16, 1);
+    assert!(c.reclaim_plan(16).is_empty());
+    assert!(c.deactivate_range(PageRange::new(0, 16)).is_empty());
+    assert_eq!(touch(&mut c, 16, true), Touch::Oom);
+    assert_eq!(draw_pages(&c, 0, 17), "RRRRRRRRRRRRRRRR_");
+}
+
+/// Runs the hot/cold scan: 4 hot pages touched between every access of 100
+/// cold pages streamed once each. `native_reclaim` serves a `Reclaim` the
+/// way the native executor does (at least 16 frames, up to 4 plans in a row);
+/// otherwise one plan of `want` frames. Returns (hot swap-ins, cold swap-outs).
+fn hot_cold(native_reclaim: bool) -> (u64, u64) {
+    let mut c = Core::new(CoreConfig { swap_slots: 256, ..cfg() });
+    let hot = [0u64, 1, 2, 3];
+    map_at(&mut c, 0, 4);
+    map_at(&mut c, 10, 100);
+    let mut hot_swapins = 0;
+    let cold_done = std::cell::Cell::new(0u64);
+    let serve = |c: &mut Core, p: u64, hot_swapins: &mut u64| {
+        let mut idle = 0;
+        loop {
+            let plan = c.fault(Addr(at(p)), true);
+            validate_planned(c, &plan);
+            match plan {
+                FaultPlan::Wake => return,
+                FaultPlan::Reclaim { want } => {
+                    let (want, rounds) =
+                        if native_reclaim { (want.max(c.direct_reclaim_batch()), 4) } else { (want, 1) };
+                    let mut freed = 0;
+                    for _ in 0..rounds {
+                        let plan = c.reclaim_plan(want - freed);
+                        if plan.is_empty() {
+                            break;
+                        }
+                        for d in &plan.deactivate {
+                            c.deactivate_done(d, true);
+                        }
+                        for e in &plan.evict {
+                            c.evict_done(e, true);
+                        }
+                        freed += plan.evict.len() as u64;
+                        c.validate();
+                        if freed > 0 {
+                            break;
+                        }
+                    }
+                    idle += 1;
+                    assert!(idle < 100, "no progress");
+                }
+                FaultPlan::ZeroFill { run } => c.fill_done(&plan, run.pages()),
+                FaultPlan::SwapIn { run, .. } => {
+                    if p >= 10 + WARMUP_COLD_PAGES || (p < 10 && cold_done.get() >= WARMUP_COLD_PAGES) {
+                        *hot_swapins += hot.iter().filter(|h| run.contains(PageIdx(**h))).count() as u64;
+                    }
+                    c.fill_done(&plan, run.pages());
+                }
+                FaultPlan::Reactivate { .. } => c.fill_done(&plan, 1),
+                other => panic!("unexpected {other:?}"),
+            }
+            c.validate();
+        }
+    };
+    for &h in &hot {
+        serve(&mut c, h, &mut hot_swapins);
+    }
+    for cold in 10..110 {
+        serve(&mut c, cold, &mut hot_swapins);
+        cold_done.set(cold - 10 + 1);
+        // The program touches its hot set: a resident page costs nothing
+        // (the core does not see it); any other state is a fault.
+        for &h in &hot {
+            if state(&c, h) != PState::Resident {
+                serve(&mut c, h, &mut hot_swapins);
+            }
+        }
+        assert!(c.stats().resident_pages <= 16);
+    }
+    (hot_swapins, c.stats().counters.swapouts)
+}
+
+/// When the budget first fills, the core has seen every page touched exactly
+/// once (a touch of a resident page is invisible) and the hot pages are the
+/// oldest, so the first reclaim may evict them: it has no recency to go by.
+/// From then on the hot pages are deactivated, touched, and reactivated with
+/// their referenced bit, and must never reach swap again.
+const WARMUP_COLD_PAGES: u64 = 16;
+
+#[test]
+fn the_hot_set_survives_a_cold_scan() {
+    let (hot_swapins, swapouts) = hot_cold(false);
+    assert_eq!(hot_swapins, 0, "a hot page was evicted to swap after warm-up");
+    assert!(swapouts >= 100 - 16, "the cold pages were evicted ({swapouts} swap-outs)");
+}
+
+/// The native executor serves a `Reclaim` with `want.max(16)` and up to four
+/// plans in a row, while the faulting program is blocked. With a budget of
+/// 16 the inactive target was once the whole budget, so one plan deactivated
+/// every unreferenced page and the next evicted them before the program could
+/// touch them. The target is now a quarter of the budget and the direct
+/// reclaim batch `direct_reclaim_batch()`.
+#[test]
+fn the_hot_set_survives_a_cold_scan_with_native_batch_reclaim() {
+    let (hot_swapins, swapouts) = hot_cold(true);
+    assert_eq!(hot_swapins, 0, "a hot page was evicted to swap after warm-up");
+    assert!(swapouts >= 100 - 16, "the cold pages were evicted ({swapouts} swap-outs)");
+}
+
+/// The protocol makes a claimed page a valid state between a plan and its
+/// `*_done`; `validate` must hold there too (the brief: after every step).
+#[test]
+fn validate_accepts_a_swap_in_in_flight() {
+    let mut c = core();
+    full(&mut c, 2);
+    madvise(&mut c, at(0), PS, MADV_PAGEOUT).unwrap();
+    let plan = c.fault(Addr(at(0)), false);
+    assert!(matches!(plan, FaultPlan::SwapIn { .. }));
+    c.validate();
+    c.fill_done(&plan, 1);
+    c.validate();
+}
+
+#[test]
+fn validate_accepts_a_reactivation_in_flight() {
+    let mut c = core();
+    full(&mut c, 2);
+    madvise(&mut c, at(0), PS, MADV_COLD).unwrap();
+    let plan = c.fault(Addr(at(0)), false);
+    assert!(matches!(plan, FaultPlan::Reactivate { .. }));
+    c.validate();
+    c.fill_done(&plan, 1);
+    c.validate();
+}
+
+#[test]
+fn validate_accepts_an_eviction_in_flight() {
+    let mut c = core();
+    full(&mut c, 2);
+    madvise(&mut c, at(0), PS, MADV_COLD).unwrap();
+    let evs = c.evict_pages(&[PageIdx(0)]);
+    assert_eq!(evs.len(), 1);
+    c.validate();
+    c.evict_done(&evs[0], true);
+    c.validate();
+}

@@ -1,0 +1,151 @@
+//! Test helpers that need `unsafe`: signal dispositions for tests that check
+//! how usermm reports a failed fault (SIGBUS).
+//!
+//! Nothing here is used by usermm itself.
+//!
+//! # Why tests need these
+//! Rust's standard library installs its own SIGBUS (and SIGSEGV) handler at
+//! start-up to report stack overflows. For any other fault address that
+//! handler resets the signal to its default action and *returns*, so that the
+//! faulting instruction runs again and takes the default action. Under
+//! usermm the retried access is a new userfaultfd fault, which may well
+//! succeed (an injected I/O error is used up). A test that wants "the first
+//! SIGBUS kills the process" must therefore reset the disposition itself
+//! ([`sigbus_default`]); a test that wants to observe the SIGBUS in-process
+//! installs a recorder ([`SigbusRecorder`]).
+
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::{check, Errno};
+
+/// Sets SIGBUS to its default action (terminate the process) for the whole
+/// process.
+pub fn sigbus_default() -> Result<(), Errno> {
+    // SAFETY: sigaction is plain data; zeroed is a valid value (empty mask,
+    // no flags), and SIG_DFL is a valid disposition.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    act.sa_sigaction = libc::SIG_DFL;
+    // SAFETY: `act` is a valid sigaction; a null old-action pointer is allowed.
+    check(unsafe { libc::sigaction(libc::SIGBUS, &act, std::ptr::null_mut()) })?;
+    Ok(())
+}
+
+static RANGE_LO: AtomicUsize = AtomicUsize::new(0);
+static RANGE_HI: AtomicUsize = AtomicUsize::new(0);
+static COUNT: AtomicU64 = AtomicU64::new(0);
+static LAST_ADDR: AtomicUsize = AtomicUsize::new(0);
+static LAST_CODE: AtomicI32 = AtomicI32::new(0);
+/// A `fn(usize)` called from the handler with `si_addr` (0: none).
+static CALLBACK: AtomicUsize = AtomicUsize::new(0);
+/// Only one recorder may be installed at a time (the disposition is
+/// process-wide); tests in one binary run on parallel threads.
+static INSTALLED: Mutex<()> = Mutex::new(());
+
+/// A SIGBUS handler, installed for as long as the value lives, that records
+/// the `si_addr` and `si_code` of every SIGBUS whose `si_addr` lies in
+/// `[lo, hi)` and returns, so that the faulting access is retried.
+///
+/// A SIGBUS outside the range is not ours: the handler resets SIGBUS to its
+/// default action and returns, so that the retried access (if it faults
+/// again) terminates the process, as it would have without the recorder.
+///
+/// The handler only performs atomic loads and stores and `sigaction`, which
+/// are async-signal-safe. It is sound to return from it: returning re-runs
+/// the faulting instruction, which under usermm is served by the space (or
+/// raises SIGBUS again).
+pub struct SigbusRecorder {
+    old: libc::sigaction,
+    _only_one: MutexGuard<'static, ()>,
+}
+
+/// What a [`SigbusRecorder`] saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SigbusRecord {
+    /// How many SIGBUS signals in the range were caught.
+    pub count: u64,
+    /// `si_addr` of the last one.
+    pub addr: usize,
+    /// `si_code` of the last one (`BUS_ADRERR` is 2).
+    pub code: i32,
+}
+
+extern "C" fn record_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler;
+    // `si_addr` reads the _sigfault union member, which SIGBUS fills.
+    let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
+    let lo = RANGE_LO.load(Ordering::SeqCst);
+    let hi = RANGE_HI.load(Ordering::SeqCst);
+    if addr >= lo && addr < hi {
+        LAST_ADDR.store(addr, Ordering::SeqCst);
+        LAST_CODE.store(code, Ordering::SeqCst);
+        COUNT.fetch_add(1, Ordering::SeqCst);
+        let cb = CALLBACK.load(Ordering::SeqCst);
+        if cb != 0 {
+            // SAFETY: CALLBACK only ever holds 0 or a `fn(usize)` stored by
+            // `install_with`.
+            let f: fn(usize) = unsafe { std::mem::transmute::<usize, fn(usize)>(cb) };
+            f(addr);
+        }
+    } else {
+        let _ = sigbus_default();
+    }
+}
+
+impl SigbusRecorder {
+    /// Installs the recorder for SIGBUS at addresses in `[lo, hi)`. Blocks
+    /// while another recorder is installed.
+    pub fn install(lo: usize, hi: usize) -> Result<SigbusRecorder, Errno> {
+        Self::install_inner(lo, hi, 0)
+    }
+
+    /// Like `install`, and calls `callback(si_addr)` from the handler for
+    /// every SIGBUS in the range (the seed's "regenerate in the handler"
+    /// model: the callback may call usermm, e.g. `mnovolatile`, since the
+    /// touching thread holds no usermm lock).
+    pub fn install_with(lo: usize, hi: usize, callback: fn(usize)) -> Result<SigbusRecorder, Errno> {
+        Self::install_inner(lo, hi, callback as usize)
+    }
+
+    fn install_inner(lo: usize, hi: usize, callback: usize) -> Result<SigbusRecorder, Errno> {
+        let guard = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
+        CALLBACK.store(callback, Ordering::SeqCst);
+        RANGE_LO.store(lo, Ordering::SeqCst);
+        RANGE_HI.store(hi, Ordering::SeqCst);
+        COUNT.store(0, Ordering::SeqCst);
+        LAST_ADDR.store(0, Ordering::SeqCst);
+        LAST_CODE.store(0, Ordering::SeqCst);
+        // SAFETY: sigaction is plain data; zeroed is a valid value.
+        let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+        let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = record_sigbus;
+        act.sa_sigaction = handler as usize;
+        act.sa_flags = libc::SA_SIGINFO;
+        // SAFETY: `act.sa_mask` is a valid sigset to initialise.
+        unsafe { libc::sigemptyset(&mut act.sa_mask) };
+        // SAFETY: as above.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: both pointers are valid sigaction structs; the handler is
+        // an `extern "C"` function with the SA_SIGINFO signature.
+        check(unsafe { libc::sigaction(libc::SIGBUS, &act, &mut old) })?;
+        Ok(SigbusRecorder { old, _only_one: guard })
+    }
+
+    /// What has been recorded so far.
+    pub fn record(&self) -> SigbusRecord {
+        SigbusRecord {
+            count: COUNT.load(Ordering::SeqCst),
+            addr: LAST_ADDR.load(Ordering::SeqCst),
+            code: LAST_CODE.load(Ordering::SeqCst),
+        }
+    }
+}
+
+impl Drop for SigbusRecorder {
+    fn drop(&mut self) {
+        // SAFETY: `self.old` is the disposition sigaction returned.
+        unsafe { libc::sigaction(libc::SIGBUS, &self.old, std::ptr::null_mut()) };
+        RANGE_LO.store(0, Ordering::SeqCst);
+        RANGE_HI.store(0, Ordering::SeqCst);
+        CALLBACK.store(0, Ordering::SeqCst);
+    }
+}

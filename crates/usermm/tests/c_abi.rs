@@ -1,0 +1,173 @@
+//! The C ABI from C: compiles `tests/c/*.c` against `include/` with the
+//! system's `cc`, links them to the `libusermm.so` / `libusermm.a` that this
+//! test's own build produced, runs them and checks their verdict line
+//! (`N passed, 0 failed`).
+//!
+//! The library is found next to the test executable: cargo builds the
+//! crate's cdylib and staticlib into `target/<profile>/deps/` (the same
+//! rustc run as the rlib this test links), and `cargo build` copies them one
+//! level up. If neither place has them, they are built once with
+//! `cargo build -p usermm` into a separate target directory (the running
+//! `cargo test` holds the lock on its own).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// The directory of this test executable (`target/<profile>/deps`).
+fn exe_dir() -> PathBuf {
+    std::env::current_exe().unwrap().parent().unwrap().to_path_buf()
+}
+
+fn has_libs(dir: &Path) -> bool {
+    dir.join("libusermm.so").exists() && dir.join("libusermm.a").exists()
+}
+
+/// The directory holding `libusermm.so` and `libusermm.a`.
+fn lib_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let deps = exe_dir();
+        if has_libs(&deps) {
+            return deps;
+        }
+        let dir = if deps.ends_with("deps") { deps.parent().unwrap().to_path_buf() } else { deps };
+        if has_libs(&dir) {
+            return dir;
+        }
+        let profile = dir.file_name().unwrap().to_str().unwrap().to_string();
+        let target = dir.parent().unwrap().join("c-abi-fallback");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(repo_root()).args(["build", "-p", "usermm", "--lib"]).env("CARGO_TARGET_DIR", &target);
+        match profile.as_str() {
+            "debug" => {}
+            "release" => {
+                cmd.arg("--release");
+            }
+            other => {
+                cmd.args(["--profile", other]);
+            }
+        }
+        let st = cmd.status().expect("run cargo build");
+        assert!(st.success(), "cargo build -p usermm failed: {st}");
+        let built = target.join(&profile);
+        assert!(has_libs(&built), "no libusermm.so/.a in {}", built.display());
+        built
+    })
+}
+
+/// Compiles `tests/c/<src>` into `<tmp>/<out>` with `extra` link arguments.
+fn compile(src: &str, out: &str, link: &[&str]) -> PathBuf {
+    let root = repo_root();
+    let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join(out);
+    let o = Command::new("cc")
+        .current_dir(&root)
+        .args(["-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-I", "include"])
+        .arg(root.join("tests/c").join(src))
+        .args(link)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("run cc");
+    assert!(o.status.success(), "cc {src} failed: {}\n{}", o.status, String::from_utf8_lossy(&o.stderr));
+    exe
+}
+
+fn link_shared() -> Vec<String> {
+    let dir = lib_dir().display().to_string();
+    vec![format!("-L{dir}"), "-lusermm".into(), format!("-Wl,-rpath,{dir}")]
+}
+
+/// A command for a compiled C test with no `USERMM_*` variable inherited.
+fn command(exe: &Path) -> Command {
+    let mut cmd = Command::new(exe);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("USERMM_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// Asserts the program succeeded and its last line is `N passed, 0 failed`
+/// with N > 0; returns N.
+fn assert_verdict(name: &str, o: &Output) -> u32 {
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    eprintln!("--- {name} stdout:\n{stdout}--- {name} stderr:\n{stderr}");
+    let last = stdout.lines().last().unwrap_or("");
+    let words: Vec<&str> = last.split(' ').collect();
+    assert!(
+        words.len() == 4 && words[1] == "passed," && words[3] == "failed",
+        "{name}: no verdict line, got {last:?} (status {})",
+        o.status
+    );
+    let passed: u32 = words[0].parse().unwrap();
+    let failed: u32 = words[2].parse().unwrap();
+    assert_eq!(failed, 0, "{name}: {last}");
+    assert!(passed > 0, "{name}: nothing checked");
+    assert!(o.status.success(), "{name}: {}", o.status);
+    passed
+}
+
+#[test]
+fn c_test_against_shared_library() {
+    let link = link_shared();
+    let link: Vec<&str> = link.iter().map(String::as_str).collect();
+    let exe = compile("test_usermm.c", "test_usermm_shared", &link);
+    let o = command(&exe).output().unwrap();
+    assert!(assert_verdict("test_usermm (shared)", &o) >= 100);
+}
+
+#[test]
+fn c_test_against_static_library() {
+    let a = lib_dir().join("libusermm.a").display().to_string();
+    let exe = compile("test_usermm.c", "test_usermm_static", &[&a, "-lpthread", "-ldl", "-lm"]);
+    let o = command(&exe).output().unwrap();
+    assert!(assert_verdict("test_usermm (static)", &o) >= 100);
+}
+
+#[test]
+fn compat_header_redirects_plain_calls() {
+    let link = link_shared();
+    let link: Vec<&str> = link.iter().map(String::as_str).collect();
+    let exe = compile("test_compat.c", "test_compat", &link);
+    let o = command(&exe).output().unwrap();
+    assert_verdict("test_compat", &o);
+
+    // A malformed variable: the default space is not opened, the calls fail
+    // with EINVAL, and a message says why.
+    let o = command(&exe).arg("bad-env").env("USERMM_BUDGET_BYTES", "lots").output().unwrap();
+    assert_verdict("test_compat bad-env", &o);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("cannot open the default space"), "{stderr}");
+}
+
+#[test]
+fn headers_compile_as_cxx_and_strict_c() {
+    let root = repo_root();
+    let src = "#include \"usermm_compat.h\"\n\
+               int main(void) { struct umm_config c; umm_config_init(&c); \
+               umm_space *s = umm_open(&c); return s ? umm_close(s) : 1; }\n";
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    for (file, args) in [
+        ("hdr.cpp", &["c++", "-std=c++11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only"][..]),
+        ("hdr.c", &["cc", "-std=c11", "-pedantic", "-Wall", "-Wextra", "-Werror", "-fsyntax-only"][..]),
+    ] {
+        let path = dir.join(file);
+        std::fs::write(&path, src).unwrap();
+        let o = Command::new(args[0])
+            .current_dir(&root)
+            .args(&args[1..])
+            .args(["-I", "include"])
+            .arg(&path)
+            .output()
+            .expect("run the compiler");
+        assert!(o.status.success(), "{file}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+}

@@ -1,0 +1,290 @@
+//! Two backends behind one trait, so that a scenario can run against the host
+//! kernel (the oracle) and against usermm and have its results compared.
+//!
+//! Addresses are absolute, but every scenario computes them from `base()`:
+//! the kernel backend's base is the start of a private [`KernelArena`] (a
+//! real hole in the address space), usermm's is the start of the space's
+//! reservation. Both are at least 1 GiB long, and scenarios stay inside that
+//! first GiB, where "unmapped" means the same thing on both sides.
+//!
+//! ```text
+//!   kernel:  base ............ (hole) ............ base+1G
+//!   usermm:  base ...... (reserved, unmapped) .... base+1G ... reserve end
+//! ```
+
+#![allow(dead_code)]
+
+use usermm::consts::*;
+use usermm::{Config, Errno, Space};
+use usermm_sys::kernel::{self, KernelArena};
+
+pub const PAGE: usize = 4096;
+pub const ARENA_BYTES: usize = 1 << 30;
+pub const RW: i32 = PROT_READ | PROT_WRITE;
+pub const ANON_PRIVATE: i32 = MAP_PRIVATE | MAP_ANONYMOUS;
+pub const FIXED_PRIVATE: i32 = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED;
+pub const FIXED_SHARED: i32 = MAP_SHARED | MAP_ANONYMOUS | MAP_FIXED;
+
+/// The address-based calls both backends share.
+pub trait Mm {
+    fn name(&self) -> &'static str;
+    /// The first address scenarios use (page aligned, at least 1 GiB usable).
+    fn base(&self) -> usize;
+    /// `mmap(addr, len, prot, flags, -1, off)`.
+    fn mmap(&self, addr: usize, len: usize, prot: i32, flags: i32, off: i64) -> Result<usize, Errno>;
+    fn munmap(&self, addr: usize, len: usize) -> Result<(), Errno>;
+    fn mprotect(&self, addr: usize, len: usize, prot: i32) -> Result<(), Errno>;
+    fn madvise(&self, addr: usize, len: usize, advice: i32) -> Result<(), Errno>;
+    /// `mincore`: on error only the errno is compared.
+    fn mincore(&self, addr: usize, len: usize) -> Result<Vec<u8>, Errno>;
+    /// A user-mode load (the address must be mapped readable).
+    fn read_byte(&self, addr: usize) -> u8 {
+        kernel::peek(addr)
+    }
+    /// A user-mode store (the address must be mapped writable).
+    fn write_byte(&self, addr: usize, v: u8) {
+        kernel::poke(addr, v)
+    }
+    /// Resident or not, per page (panics if the range has a hole).
+    fn residency(&self, addr: usize, pages: usize) -> Vec<bool> {
+        let v = self.mincore(addr, pages * PAGE).unwrap_or_else(|e| panic!("{}: mincore: {e}", self.name()));
+        v.iter().map(|b| b & 1 != 0).collect()
+    }
+    /// The `/proc/PID/maps`-style header lines of the regions inside the
+    /// scenario area, as `(start, end, perms)`.
+    fn regions(&self) -> Vec<(usize, usize, String)>;
+    /// `rw-p`-style permissions of the region containing `addr`, or `none`.
+    fn perms(&self, addr: usize) -> String {
+        self.regions()
+            .into_iter()
+            .find(|(s, e, _)| *s <= addr && addr < *e)
+            .map(|(_, _, p)| p)
+            .unwrap_or_else(|| "none".to_string())
+    }
+    /// How many regions the scenario area holds.
+    fn region_count(&self) -> usize;
+}
+
+/// Parses `start-end perms ...` header lines (maps or smaps text), keeping
+/// those inside `[lo, hi)`.
+pub fn parse_maps(text: &str, lo: usize, hi: usize) -> Vec<(usize, usize, String)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(s), Ok(e)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
+            continue;
+        };
+        if s >= lo && e <= hi {
+            out.push((s, e, perms.to_string()));
+        }
+    }
+    out
+}
+
+/// The host kernel, on a private arena.
+pub struct KernelMm {
+    pub arena: KernelArena,
+}
+
+impl KernelMm {
+    pub fn new() -> KernelMm {
+        KernelMm { arena: KernelArena::new(ARENA_BYTES).expect("kernel arena") }
+    }
+}
+
+impl Mm for KernelMm {
+    fn name(&self) -> &'static str {
+        "kernel"
+    }
+    fn base(&self) -> usize {
+        self.arena.base()
+    }
+    fn mmap(&self, addr: usize, len: usize, prot: i32, flags: i32, off: i64) -> Result<usize, Errno> {
+        self.arena.mmap(addr, len, prot, flags, off)
+    }
+    fn munmap(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.arena.munmap(addr, len)
+    }
+    fn mprotect(&self, addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
+        self.arena.mprotect(addr, len, prot)
+    }
+    fn madvise(&self, addr: usize, len: usize, advice: i32) -> Result<(), Errno> {
+        self.arena.madvise(addr, len, advice)
+    }
+    fn mincore(&self, addr: usize, len: usize) -> Result<Vec<u8>, Errno> {
+        kernel::mincore(addr, len)
+    }
+    fn regions(&self) -> Vec<(usize, usize, String)> {
+        let text = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
+        parse_maps(&text, self.arena.base(), self.arena.base() + self.arena.len())
+    }
+    fn region_count(&self) -> usize {
+        self.regions().len()
+    }
+}
+
+/// usermm, on a space of its own.
+pub struct UserMm {
+    pub space: Space,
+}
+
+impl UserMm {
+    /// A space for conformance scenarios: exact faults (Linux's residency),
+    /// and a budget that never forces reclaim in a scenario.
+    pub fn new() -> UserMm {
+        UserMm::with(Config {
+            budget_bytes: 256 << 20,
+            reserve_bytes: 2 << 30,
+            swap_bytes: 256 << 20,
+            flags: UMM_F_EXACT_FAULTS,
+            ..Config::default()
+        })
+    }
+    pub fn with(cfg: Config) -> UserMm {
+        UserMm { space: Space::open(&cfg).expect("usermm space") }
+    }
+}
+
+impl Mm for UserMm {
+    fn name(&self) -> &'static str {
+        "usermm"
+    }
+    fn base(&self) -> usize {
+        self.space.reservation().0
+    }
+    fn mmap(&self, addr: usize, len: usize, prot: i32, flags: i32, off: i64) -> Result<usize, Errno> {
+        self.space.mmap(addr, len, prot, flags, -1, off)
+    }
+    fn munmap(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.space.munmap(addr, len)
+    }
+    fn mprotect(&self, addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
+        self.space.mprotect(addr, len, prot)
+    }
+    fn madvise(&self, addr: usize, len: usize, advice: i32) -> Result<(), Errno> {
+        self.space.madvise(addr, len, advice)
+    }
+    fn mincore(&self, addr: usize, len: usize) -> Result<Vec<u8>, Errno> {
+        let mut v = vec![0u8; len.div_ceil(self.space.page_size())];
+        self.space.mincore(addr, len, &mut v).map(|_| v)
+    }
+    fn regions(&self) -> Vec<(usize, usize, String)> {
+        let (b, l) = self.space.reservation();
+        parse_maps(&self.space.smaps(), b, b + l)
+    }
+    fn region_count(&self) -> usize {
+        let n = self.space.stats().regions as usize;
+        // The smaps dump and the stats must agree.
+        assert_eq!(n, self.regions().len(), "usermm: stats().regions vs smaps entries");
+        n
+    }
+}
+
+/// Runs `scenario` on both backends and asserts equal results. The scenario
+/// writes a transcript (one line per observation, addresses relative to
+/// `base()`) so that a mismatch shows both sides in full.
+pub fn conform<F>(name: &str, scenario: F)
+where
+    F: Fn(&dyn Mm, &mut Transcript),
+{
+    let k = KernelMm::new();
+    let mut tk = Transcript::new(k.base());
+    scenario(&k, &mut tk);
+    drop(k);
+    let u = UserMm::new();
+    let mut tu = Transcript::new(u.base());
+    scenario(&u, &mut tu);
+    u.space.validate();
+    drop(u);
+    if tk.lines != tu.lines {
+        let mut msg = format!("scenario {name}: kernel and usermm disagree\n");
+        let n = tk.lines.len().max(tu.lines.len());
+        for i in 0..n {
+            let a = tk.lines.get(i).map(String::as_str).unwrap_or("<none>");
+            let b = tu.lines.get(i).map(String::as_str).unwrap_or("<none>");
+            let mark = if a == b { "  " } else { "!!" };
+            msg += &format!("{mark} kernel: {a}\n   usermm: {b}\n");
+        }
+        panic!("{msg}");
+    }
+    assert!(!tk.lines.is_empty(), "scenario {name} observed nothing");
+    // `CONFORM_SHOW=1 cargo test --test conformance -- --nocapture` prints
+    // the agreed transcripts.
+    if std::env::var_os("CONFORM_SHOW").is_some() {
+        eprintln!("scenario {name}:\n  {}", tk.lines.join("\n  "));
+    }
+}
+
+/// What a scenario observed, in order.
+pub struct Transcript {
+    base: usize,
+    pub lines: Vec<String>,
+}
+
+impl Transcript {
+    pub fn new(base: usize) -> Transcript {
+        Transcript { base, lines: Vec::new() }
+    }
+    /// Records a free-form observation.
+    pub fn note(&mut self, what: impl Into<String>) {
+        self.lines.push(what.into());
+    }
+    /// Records a call's result, turning a returned address into an offset.
+    /// Returns the address on success.
+    pub fn addr(&mut self, what: &str, r: Result<usize, Errno>) -> Option<usize> {
+        let s = match &r {
+            Ok(a) if *a >= self.base => format!("{what} = base+{:#x}", a - self.base),
+            Ok(a) => format!("{what} = {a:#x} (below base)"),
+            Err(e) => format!("{what} = {e:?}"),
+        };
+        self.lines.push(s);
+        r.ok()
+    }
+    /// Records a unit call's result. Returns whether it succeeded.
+    pub fn unit(&mut self, what: &str, r: Result<(), Errno>) -> bool {
+        self.lines.push(match &r {
+            Ok(()) => format!("{what} = 0"),
+            Err(e) => format!("{what} = {e:?}"),
+        });
+        r.is_ok()
+    }
+    /// Records a `mincore` result (bit 0 per page; the vector only on success).
+    pub fn mincore(&mut self, what: &str, r: Result<Vec<u8>, Errno>) {
+        self.lines.push(match r {
+            Ok(v) => format!("{what} = [{}]", bits(v.iter().map(|b| b & 1 != 0))),
+            Err(e) => format!("{what} = {e:?}"),
+        });
+    }
+    /// Records the regions inside the scenario area, relative to base.
+    pub fn layout(&mut self, what: &str, mm: &dyn Mm) {
+        let regs: Vec<String> = mm
+            .regions()
+            .into_iter()
+            .map(|(s, e, p)| format!("[{:#x}-{:#x} {p}]", s - self.base, e - self.base))
+            .collect();
+        self.lines.push(format!("{what}: {}", regs.join(" ")));
+    }
+}
+
+/// Renders residency as `1011...`.
+pub fn bits(v: impl Iterator<Item = bool>) -> String {
+    v.map(|b| if b { '1' } else { '0' }).collect()
+}
+
+/// Writes `v(i)` to the first byte of each of `pages` pages from `addr`.
+pub fn fill(mm: &dyn Mm, addr: usize, pages: usize, v: impl Fn(usize) -> u8) {
+    for i in 0..pages {
+        mm.write_byte(addr + i * PAGE, v(i));
+    }
+}
+
+/// Reads the first byte of each of `pages` pages from `addr`.
+pub fn dump(mm: &dyn Mm, addr: usize, pages: usize) -> Vec<u8> {
+    (0..pages).map(|i| mm.read_byte(addr + i * PAGE)).collect()
+}

@@ -1,0 +1,985 @@
+//! Conformance: one scenario body runs against the host kernel (the oracle)
+//! and against usermm, and the two transcripts — return values, errno,
+//! residency, contents, region layout — must be identical.
+//!
+//! Scenarios use `MAP_FIXED` at `base + offset` wherever an address is
+//! compared, and stay inside the first GiB after `base`, where both backends
+//! have nothing mapped but what the scenario maps. Behaviour that depends on
+//! usermm's reservation edge (SPEC §3) differs from the kernel by design and
+//! is tested on usermm alone at the end of this file.
+//!
+//! Memory is touched with user-mode loads and stores (`peek`/`poke`), which
+//! take real page faults on both sides; a scenario only touches pages it knows
+//! are mapped with the needed protection.
+
+mod conform;
+
+use conform::*;
+use usermm::consts::*;
+use usermm::{Config, Errno, Space};
+
+// ----------------------------------------------------------------------
+// mmap
+
+#[test]
+fn mmap_argument_errors() {
+    conform("mmap_argument_errors", |mm, t| {
+        let b = mm.base();
+        t.addr("len 0", mm.mmap(b, 0, RW, FIXED_PRIVATE, 0));
+        t.addr("len 0 non-fixed", mm.mmap(b, 0, RW, ANON_PRIVATE, 0));
+        t.addr("neither private nor shared", mm.mmap(b, PAGE, RW, MAP_ANONYMOUS | MAP_FIXED, 0));
+        t.addr("fixed unaligned", mm.mmap(b + 100, PAGE, RW, FIXED_PRIVATE, 0));
+        t.addr("offset unaligned", mm.mmap(b, PAGE, RW, FIXED_PRIVATE, 100));
+        t.addr("offset unaligned, non-fixed", mm.mmap(b, PAGE, RW, ANON_PRIVATE, 1));
+        t.addr("no MAP_ANONYMOUS, fd -1", mm.mmap(b, PAGE, RW, MAP_PRIVATE | MAP_FIXED, 0));
+        // Nothing was mapped by any of them.
+        t.mincore("mincore", mm.mincore(b, PAGE));
+        t.layout("layout", mm);
+    });
+}
+
+#[test]
+fn mmap_fixed_noreplace_over_existing() {
+    conform("mmap_fixed_noreplace_over_existing", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map 4 pages", mm.mmap(b + 4 * PAGE, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        fill(mm, b + 4 * PAGE, 4, |i| 10 + i as u8);
+        // Fully over, partly over from below, partly over from above.
+        let nr = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE;
+        t.addr("noreplace exact", mm.mmap(b + 4 * PAGE, 4 * PAGE, RW, nr, 0));
+        t.addr("noreplace overlapping below", mm.mmap(b + 2 * PAGE, 4 * PAGE, RW, nr, 0));
+        t.addr("noreplace overlapping above", mm.mmap(b + 7 * PAGE, 4 * PAGE, RW, nr, 0));
+        t.addr("noreplace adjacent", mm.mmap(b + 8 * PAGE, 2 * PAGE, RW, nr, 0));
+        t.note(format!("contents {:?}", dump(mm, b + 4 * PAGE, 4)));
+        t.layout("layout", mm);
+    });
+}
+
+#[test]
+fn mmap_fixed_replaces_and_reads_zeros() {
+    conform("mmap_fixed_replaces_and_reads_zeros", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map 8 pages", mm.mmap(b, 8 * PAGE, RW, FIXED_PRIVATE, 0));
+        fill(mm, b, 8, |i| 1 + i as u8);
+        t.mincore("resident before", mm.mincore(b, 8 * PAGE));
+        // Replace pages 2..5 with a read-only mapping.
+        let _ = t.addr("fixed over 2..5", mm.mmap(b + 2 * PAGE, 3 * PAGE, PROT_READ, FIXED_PRIVATE, 0));
+        t.mincore("resident after", mm.mincore(b, 8 * PAGE));
+        t.note(format!("contents {:?}", dump(mm, b, 8)));
+        t.layout("layout", mm);
+    });
+}
+
+#[test]
+fn mmap_shared_anonymous_works() {
+    conform("mmap_shared_anonymous_works", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("shared anon", mm.mmap(b, 4 * PAGE, RW, FIXED_SHARED, 0));
+        t.mincore("fresh", mm.mincore(b, 4 * PAGE));
+        fill(mm, b, 4, |i| 0x40 + i as u8);
+        t.note(format!("contents {:?}", dump(mm, b, 4)));
+        t.mincore("written", mm.mincore(b, 4 * PAGE));
+        t.layout("layout", mm);
+    });
+}
+
+#[test]
+fn mmap_fresh_reads_zeros_not_resident() {
+    conform("mmap_fresh_reads_zeros_not_resident", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map", mm.mmap(b, 8 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.mincore("fresh", mm.mincore(b, 8 * PAGE));
+        // Read every byte of page 0 and the first of the others.
+        let zero = (0..PAGE).all(|i| mm.read_byte(b + i) == 0);
+        t.note(format!("page 0 all zero: {zero}"));
+        t.note(format!("first bytes {:?}", dump(mm, b, 8)));
+        t.layout("layout", mm);
+    });
+}
+
+#[test]
+fn mmap_fresh_read_residency() {
+    // A read of a never-written private page: Linux maps the shared zero page
+    // (present, so mincore says resident).
+    conform("mmap_fresh_read_residency", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        let _ = mm.read_byte(b + PAGE);
+        t.mincore("after reading page 1", mm.mincore(b, 4 * PAGE));
+    });
+}
+
+#[test]
+fn mmap_hint_in_free_range_is_used() {
+    conform("mmap_hint_in_free_range_is_used", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("hint base+64k", mm.mmap(b + 16 * PAGE, 2 * PAGE, RW, ANON_PRIVATE, 0));
+        t.layout("layout", mm);
+    });
+}
+
+// ----------------------------------------------------------------------
+// munmap
+
+#[test]
+fn munmap_argument_errors_and_holes() {
+    conform("munmap_argument_errors_and_holes", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.unit("unaligned", mm.munmap(b + 1, PAGE));
+        t.unit("len 0", mm.munmap(b, 0));
+        t.unit("hole", mm.munmap(b + 64 * PAGE, 4 * PAGE));
+        t.unit("unaligned len (rounded up)", mm.munmap(b + 3 * PAGE, 1));
+        t.layout("layout", mm);
+    });
+}
+
+#[test]
+fn munmap_middle_keeps_sides() {
+    conform("munmap_middle_keeps_sides", |mm, t| {
+        let b = mm.base();
+        //  before: AAAAAAAA   after: AAA   AA
+        let _ = t.addr("map 8", mm.mmap(b, 8 * PAGE, RW, FIXED_PRIVATE, 0));
+        fill(mm, b, 8, |i| 0x10 + i as u8);
+        t.unit("unmap 3..6", mm.munmap(b + 3 * PAGE, 3 * PAGE));
+        t.note(format!("left {:?}", dump(mm, b, 3)));
+        t.note(format!("right {:?}", dump(mm, b + 6 * PAGE, 2)));
+        t.mincore("mincore middle", mm.mincore(b + 3 * PAGE, 3 * PAGE));
+        t.mincore("mincore across", mm.mincore(b, 8 * PAGE));
+        t.unit("mprotect middle", mm.mprotect(b + 3 * PAGE, PAGE, PROT_READ));
+        t.unit("madvise middle", mm.madvise(b + 4 * PAGE, PAGE, MADV_DONTNEED));
+        t.mincore("left residency", mm.mincore(b, 3 * PAGE));
+        t.mincore("right residency", mm.mincore(b + 6 * PAGE, 2 * PAGE));
+        t.layout("layout", mm);
+        t.note(format!("regions {}", mm.region_count()));
+    });
+}
+
+#[test]
+fn munmap_across_two_mappings_and_a_hole() {
+    conform("munmap_across_two_mappings_and_a_hole", |mm, t| {
+        let b = mm.base();
+        //  AAAA  BBBB CC     (A rw, B r-, C rw shared)
+        //    ^^^^^^^^        unmap [2, 8)
+        let _ = t.addr("A", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        let _ = t.addr("B", mm.mmap(b + 5 * PAGE, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        let _ = t.addr("C", mm.mmap(b + 10 * PAGE, 2 * PAGE, RW, FIXED_SHARED, 0));
+        fill(mm, b, 4, |i| 1 + i as u8);
+        fill(mm, b + 5 * PAGE, 4, |i| 0x21 + i as u8);
+        fill(mm, b + 10 * PAGE, 2, |i| 0x31 + i as u8);
+        t.unit("B read-only", mm.mprotect(b + 5 * PAGE, 4 * PAGE, PROT_READ));
+        t.unit("unmap [2,8)", mm.munmap(b + 2 * PAGE, 6 * PAGE));
+        t.layout("layout", mm);
+        t.note(format!("A left {:?}", dump(mm, b, 2)));
+        t.note(format!("B tail {:?}", dump(mm, b + 8 * PAGE, 1)));
+        t.note(format!("C {:?}", dump(mm, b + 10 * PAGE, 2)));
+        t.mincore("mincore [0,2)", mm.mincore(b, 2 * PAGE));
+        t.mincore("mincore [8,9)", mm.mincore(b + 8 * PAGE, PAGE));
+        t.mincore("mincore [0,9)", mm.mincore(b, 9 * PAGE));
+        // Everything, then again (all holes now).
+        t.unit("unmap all", mm.munmap(b, 16 * PAGE));
+        t.unit("unmap all again", mm.munmap(b, 16 * PAGE));
+        t.layout("layout after", mm);
+    });
+}
+
+#[test]
+fn munmap_then_remap_reads_zeros() {
+    conform("munmap_then_remap_reads_zeros", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        fill(mm, b, 4, |_| 0xEE);
+        t.unit("unmap", mm.munmap(b, 4 * PAGE));
+        let _ = t.addr("map again", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.mincore("fresh", mm.mincore(b, 4 * PAGE));
+        t.note(format!("contents {:?}", dump(mm, b, 4)));
+    });
+}
+
+// ----------------------------------------------------------------------
+// mprotect
+
+#[test]
+fn mprotect_argument_errors() {
+    conform("mprotect_argument_errors", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.unit("unaligned", mm.mprotect(b + 1, PAGE, PROT_READ));
+        t.unit("len 0", mm.mprotect(b, 0, PROT_READ));
+        t.unit("len 0 in a hole", mm.mprotect(b + 64 * PAGE, 0, PROT_READ));
+        t.unit("prot 0x10", mm.mprotect(b, PAGE, PROT_READ | 0x10));
+        t.unit("prot 0x8 (PROT_SEM)", mm.mprotect(b, PAGE, PROT_READ | 0x8));
+        t.unit("PROT_GROWSDOWN", mm.mprotect(b, PAGE, PROT_READ | 0x0100_0000));
+        t.unit("unaligned len (rounded)", mm.mprotect(b + 3 * PAGE, 1, PROT_READ));
+        t.layout("layout", mm);
+    });
+}
+
+#[test]
+fn mprotect_starting_in_hole_changes_nothing() {
+    conform("mprotect_starting_in_hole_changes_nothing", |mm, t| {
+        let b = mm.base();
+        //  ..AAAA   mprotect [0, 6)
+        let _ = t.addr("map", mm.mmap(b + 2 * PAGE, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.unit("mprotect from hole", mm.mprotect(b, 6 * PAGE, PROT_READ));
+        t.note(format!("perms {}", mm.perms(b + 2 * PAGE)));
+        t.layout("layout", mm);
+    });
+}
+
+#[test]
+fn mprotect_hole_in_middle_changes_first_part() {
+    conform("mprotect_hole_in_middle_changes_first_part", |mm, t| {
+        let b = mm.base();
+        //  AAAA..BBBB   mprotect [1, 9) read-only
+        let _ = t.addr("A", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        let _ = t.addr("B", mm.mmap(b + 6 * PAGE, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        fill(mm, b, 4, |i| 1 + i as u8);
+        t.unit("mprotect across hole", mm.mprotect(b + PAGE, 8 * PAGE, PROT_READ));
+        t.note(format!("A0 {} A1 {} B {}", mm.perms(b), mm.perms(b + PAGE), mm.perms(b + 7 * PAGE)));
+        t.layout("layout", mm);
+        t.note(format!("contents {:?}", dump(mm, b, 4)));
+    });
+}
+
+#[test]
+fn mprotect_none_and_back_keeps_data() {
+    conform("mprotect_none_and_back_keeps_data", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        fill(mm, b, 4, |i| 0x51 + i as u8);
+        t.unit("none", mm.mprotect(b, 4 * PAGE, PROT_NONE));
+        t.layout("layout none", mm);
+        t.mincore("resident while none", mm.mincore(b, 4 * PAGE));
+        t.unit("back", mm.mprotect(b, 4 * PAGE, RW));
+        t.note(format!("contents {:?}", dump(mm, b, 4)));
+        t.layout("layout back", mm);
+    });
+}
+
+// ----------------------------------------------------------------------
+// madvise
+
+#[test]
+fn madvise_argument_errors() {
+    conform("madvise_argument_errors", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.unit("unaligned", mm.madvise(b + 1, PAGE, MADV_DONTNEED));
+        t.unit("len 0", mm.madvise(b, 0, MADV_DONTNEED));
+        t.unit("len 0 in hole", mm.madvise(b + 64 * PAGE, 0, MADV_DONTNEED));
+        t.unit("advice 999", mm.madvise(b, PAGE, 999));
+        t.unit("advice 999, unaligned", mm.madvise(b + 1, PAGE, 999));
+        t.unit("hole only", mm.madvise(b + 64 * PAGE, PAGE, MADV_DONTNEED));
+        t.unit("hole only, NORMAL", mm.madvise(b + 64 * PAGE, PAGE, MADV_NORMAL));
+        t.unit("overflowing len", mm.madvise(b, usize::MAX - b, MADV_DONTNEED));
+    });
+}
+
+#[test]
+fn madvise_dontneed_private_zeroes() {
+    conform("madvise_dontneed_private_zeroes", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map", mm.mmap(b, 8 * PAGE, RW, FIXED_PRIVATE, 0));
+        fill(mm, b, 8, |i| 0x61 + i as u8);
+        t.unit("dontneed 2..6", mm.madvise(b + 2 * PAGE, 4 * PAGE, MADV_DONTNEED));
+        t.mincore("residency", mm.mincore(b, 8 * PAGE));
+        t.note(format!("contents {:?}", dump(mm, b, 8)));
+        t.layout("layout", mm);
+    });
+}
+
+#[test]
+fn madvise_dontneed_shared_keeps_data() {
+    conform("madvise_dontneed_shared_keeps_data", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map shared", mm.mmap(b, 4 * PAGE, RW, FIXED_SHARED, 0));
+        fill(mm, b, 4, |i| 0x71 + i as u8);
+        t.unit("dontneed", mm.madvise(b, 4 * PAGE, MADV_DONTNEED));
+        t.mincore("residency", mm.mincore(b, 4 * PAGE));
+        t.note(format!("contents {:?}", dump(mm, b, 4)));
+    });
+}
+
+#[test]
+fn madvise_dontneed_over_hole_drops_both_sides() {
+    conform("madvise_dontneed_over_hole_drops_both_sides", |mm, t| {
+        let b = mm.base();
+        //  AAAA..BBBB   dontneed [1, 9)
+        let _ = t.addr("A", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        let _ = t.addr("B", mm.mmap(b + 6 * PAGE, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        fill(mm, b, 4, |i| 1 + i as u8);
+        fill(mm, b + 6 * PAGE, 4, |i| 0x11 + i as u8);
+        t.unit("dontneed across hole", mm.madvise(b + PAGE, 8 * PAGE, MADV_DONTNEED));
+        t.mincore("A residency", mm.mincore(b, 4 * PAGE));
+        t.mincore("B residency", mm.mincore(b + 6 * PAGE, 4 * PAGE));
+        t.note(format!("A {:?}", dump(mm, b, 4)));
+        t.note(format!("B {:?}", dump(mm, b + 6 * PAGE, 4)));
+    });
+}
+
+#[test]
+fn madvise_dontneed_starting_in_hole() {
+    conform("madvise_dontneed_starting_in_hole", |mm, t| {
+        let b = mm.base();
+        //  ..AAAA   dontneed [0, 6)
+        let _ = t.addr("A", mm.mmap(b + 2 * PAGE, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        fill(mm, b + 2 * PAGE, 4, |i| 1 + i as u8);
+        t.unit("dontneed from hole", mm.madvise(b, 6 * PAGE, MADV_DONTNEED));
+        t.mincore("A residency", mm.mincore(b + 2 * PAGE, 4 * PAGE));
+        t.note(format!("A {:?}", dump(mm, b + 2 * PAGE, 4)));
+    });
+}
+
+#[test]
+fn madvise_hints_succeed() {
+    conform("madvise_hints_succeed", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map", mm.mmap(b, 8 * PAGE, RW, FIXED_PRIVATE, 0));
+        fill(mm, b, 8, |i| 0x81 + i as u8);
+        t.unit("RANDOM", mm.madvise(b, 8 * PAGE, MADV_RANDOM));
+        t.unit("SEQUENTIAL 2..4", mm.madvise(b + 2 * PAGE, 2 * PAGE, MADV_SEQUENTIAL));
+        t.unit("NORMAL", mm.madvise(b, 8 * PAGE, MADV_NORMAL));
+        t.unit("WILLNEED", mm.madvise(b, 8 * PAGE, MADV_WILLNEED));
+        t.unit("COLD", mm.madvise(b, 4 * PAGE, MADV_COLD));
+        t.unit("PAGEOUT", mm.madvise(b + 4 * PAGE, 4 * PAGE, MADV_PAGEOUT));
+        // No swap on the host: PAGEOUT keeps the data on both sides.
+        t.note(format!("contents {:?}", dump(mm, b, 8)));
+        t.layout("layout", mm);
+        t.note(format!("regions {}", mm.region_count()));
+    });
+}
+
+#[test]
+fn madvise_hints_on_shared_and_untouched() {
+    conform("madvise_hints_on_shared_and_untouched", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("shared", mm.mmap(b, 4 * PAGE, RW, FIXED_SHARED, 0));
+        let _ = t.addr("private", mm.mmap(b + 8 * PAGE, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        fill(mm, b, 4, |i| 0x91 + i as u8);
+        for (name, adv) in [("WILLNEED", MADV_WILLNEED), ("COLD", MADV_COLD), ("PAGEOUT", MADV_PAGEOUT)] {
+            t.unit(&format!("{name} shared"), mm.madvise(b, 4 * PAGE, adv));
+            t.unit(&format!("{name} untouched private"), mm.madvise(b + 8 * PAGE, 4 * PAGE, adv));
+        }
+        t.note(format!("shared {:?}", dump(mm, b, 4)));
+        t.mincore("untouched residency", mm.mincore(b + 8 * PAGE, 4 * PAGE));
+    });
+}
+
+#[test]
+fn madvise_cold_keeps_residency() {
+    conform("madvise_cold_keeps_residency", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        fill(mm, b, 4, |i| 0xA1 + i as u8);
+        t.unit("COLD", mm.madvise(b, 4 * PAGE, MADV_COLD));
+        t.mincore("residency after COLD", mm.mincore(b, 4 * PAGE));
+        t.note(format!("contents {:?}", dump(mm, b, 4)));
+    });
+}
+
+// ----------------------------------------------------------------------
+// mincore
+
+#[test]
+fn mincore_errors() {
+    conform("mincore_errors", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.mincore("unaligned", mm.mincore(b + 1, PAGE));
+        t.mincore("hole", mm.mincore(b + 64 * PAGE, PAGE));
+        t.mincore("runs into hole", mm.mincore(b, 6 * PAGE));
+        t.mincore("len 0", mm.mincore(b, 0));
+        t.mincore("len 0 in hole", mm.mincore(b + 64 * PAGE, 0));
+        t.mincore("unaligned len", mm.mincore(b, PAGE + 1));
+        t.mincore("PROT_NONE region", {
+            let _ = mm.mprotect(b + 3 * PAGE, PAGE, PROT_NONE);
+            mm.mincore(b, 4 * PAGE)
+        });
+    });
+}
+
+#[test]
+fn mincore_residency_after_touching_random() {
+    conform("mincore_residency_after_touching_random", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map 8", mm.mmap(b, 8 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.unit("RANDOM", mm.madvise(b, 8 * PAGE, MADV_RANDOM));
+        for p in [0, 2, 5] {
+            mm.write_byte(b + p * PAGE, p as u8 + 1);
+        }
+        t.note(format!("residency {}", bits(mm.residency(b, 8).into_iter())));
+        t.note(format!("contents {:?}", dump(mm, b, 8)));
+    });
+}
+
+#[test]
+fn mincore_residency_after_sequential_touch() {
+    // With exact faults (the conformance space's flag) a streaming write
+    // pattern still faults in only what it touches, as Linux does for
+    // 4 KiB anonymous pages.
+    conform("mincore_residency_after_sequential_touch", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map 32", mm.mmap(b, 32 * PAGE, RW, FIXED_PRIVATE, 0));
+        for p in 0..8 {
+            mm.write_byte(b + p * PAGE, 1);
+        }
+        t.note(format!("residency {}", bits(mm.residency(b, 32).into_iter())));
+    });
+}
+
+// ----------------------------------------------------------------------
+// Region count and merging
+
+#[test]
+fn regions_merge_and_split() {
+    conform("regions_merge_and_split", |mm, t| {
+        let b = mm.base();
+        //  AAAA BBBB  (adjacent, same prot) -> one region
+        let _ = t.addr("A", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        let _ = t.addr("B", mm.mmap(b + 4 * PAGE, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.note(format!("regions after A B: {}", mm.region_count()));
+        t.unit("middle page read-only", mm.mprotect(b + 3 * PAGE, PAGE, PROT_READ));
+        t.note(format!("regions after split: {}", mm.region_count()));
+        t.layout("layout split", mm);
+        t.unit("back to rw", mm.mprotect(b + 3 * PAGE, PAGE, RW));
+        t.note(format!("regions after merge: {}", mm.region_count()));
+        t.layout("layout merged", mm);
+        // A different prot next to it does not merge; a shared one neither.
+        let _ = t.addr("C read-only", mm.mmap(b + 8 * PAGE, 2 * PAGE, PROT_READ, FIXED_PRIVATE, 0));
+        let _ = t.addr("D shared", mm.mmap(b + 10 * PAGE, 2 * PAGE, RW, FIXED_SHARED, 0));
+        let _ = t.addr("E shared", mm.mmap(b + 12 * PAGE, 2 * PAGE, RW, FIXED_SHARED, 0));
+        t.note(format!("regions: {}", mm.region_count()));
+        t.layout("layout", mm);
+    });
+}
+
+#[test]
+fn regions_merge_after_touch() {
+    conform("regions_merge_after_touch", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("A", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        fill(mm, b, 4, |_| 1);
+        let _ = t.addr("B", mm.mmap(b + 4 * PAGE, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.note(format!("regions: {}", mm.region_count()));
+        t.unit("advise RANDOM on 2..6", mm.madvise(b + 2 * PAGE, 4 * PAGE, MADV_RANDOM));
+        t.note(format!("regions after RANDOM: {}", mm.region_count()));
+        t.unit("advise NORMAL back", mm.madvise(b + 2 * PAGE, 4 * PAGE, MADV_NORMAL));
+        t.note(format!("regions after NORMAL: {}", mm.region_count()));
+    });
+}
+
+#[test]
+fn mmap_fixed_spanning_hole_and_regions() {
+    conform("mmap_fixed_spanning_hole_and_regions", |mm, t| {
+        let b = mm.base();
+        //  AA..BB..   then MAP_FIXED shared over [1, 7)
+        let _ = t.addr("A", mm.mmap(b, 2 * PAGE, RW, FIXED_PRIVATE, 0));
+        let _ = t.addr("B", mm.mmap(b + 4 * PAGE, 2 * PAGE, PROT_READ, FIXED_PRIVATE, 0));
+        fill(mm, b, 2, |i| 0xC1 + i as u8);
+        let _ = t.addr("fixed shared over [1,7)", mm.mmap(b + PAGE, 6 * PAGE, RW, FIXED_SHARED, 0));
+        t.layout("layout", mm);
+        t.mincore("mincore [0,7)", mm.mincore(b, 7 * PAGE));
+        t.note(format!("contents {:?}", dump(mm, b, 7)));
+        fill(mm, b + PAGE, 6, |i| 0xD1 + i as u8);
+        t.unit("unmap middle of shared [3,5)", mm.munmap(b + 3 * PAGE, 2 * PAGE));
+        t.layout("layout after", mm);
+        t.note(format!("shared left {:?} right {:?}", dump(mm, b + PAGE, 2), dump(mm, b + 5 * PAGE, 2)));
+    });
+}
+
+#[test]
+fn mprotect_unusual_protections() {
+    conform("mprotect_unusual_protections", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.unit("write-only page 0", mm.mprotect(b, PAGE, PROT_WRITE));
+        t.unit("exec page 1", mm.mprotect(b + PAGE, PAGE, PROT_READ | PROT_EXEC));
+        t.unit("rwx page 2", mm.mprotect(b + 2 * PAGE, PAGE, PROT_READ | PROT_WRITE | PROT_EXEC));
+        t.layout("layout", mm);
+        let _ = t.addr("map exec", mm.mmap(b + 8 * PAGE, 2 * PAGE, PROT_EXEC, FIXED_PRIVATE, 0));
+        let _ = t.addr("map none", mm.mmap(b + 10 * PAGE, 2 * PAGE, PROT_NONE, FIXED_PRIVATE, 0));
+        t.layout("layout 2", mm);
+        t.note(format!("regions {}", mm.region_count()));
+    });
+}
+
+#[test]
+fn mmap_flags_that_change_merging() {
+    // MAP_NORESERVE is a region flag (VM_NORESERVE): a region with it does
+    // not merge with one without it. MAP_POPULATE makes everything resident.
+    conform("mmap_flags_that_change_merging", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("A", mm.mmap(b, 2 * PAGE, RW, FIXED_PRIVATE, 0));
+        let _ = t.addr("B noreserve", mm.mmap(b + 2 * PAGE, 2 * PAGE, RW, FIXED_PRIVATE | MAP_NORESERVE, 0));
+        let _ = t.addr("C noreserve", mm.mmap(b + 4 * PAGE, 2 * PAGE, RW, FIXED_PRIVATE | MAP_NORESERVE, 0));
+        t.note(format!("regions {}", mm.region_count()));
+        let _ = t.addr("D populate", mm.mmap(b + 8 * PAGE, 4 * PAGE, RW, FIXED_PRIVATE | MAP_POPULATE, 0));
+        t.mincore("D", mm.mincore(b + 8 * PAGE, 4 * PAGE));
+        t.note(format!("D {:?}", dump(mm, b + 8 * PAGE, 4)));
+        let _ = t
+            .addr("E populate read-only", mm.mmap(b + 16 * PAGE, 2 * PAGE, PROT_READ, FIXED_PRIVATE | MAP_POPULATE, 0));
+        t.mincore("E", mm.mincore(b + 16 * PAGE, 2 * PAGE));
+        let _ = t.addr("F populate none", mm.mmap(b + 20 * PAGE, 2 * PAGE, PROT_NONE, FIXED_PRIVATE | MAP_POPULATE, 0));
+        t.mincore("F", mm.mincore(b + 20 * PAGE, 2 * PAGE));
+        t.note(format!("regions {}", mm.region_count()));
+    });
+}
+
+#[test]
+fn mprotect_shared_split_keeps_data() {
+    conform("mprotect_shared_split_keeps_data", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("shared", mm.mmap(b, 4 * PAGE, RW, FIXED_SHARED, 0));
+        fill(mm, b, 4, |i| 0xE1 + i as u8);
+        t.unit("read-only [1,3)", mm.mprotect(b + PAGE, 2 * PAGE, PROT_READ));
+        t.layout("layout", mm);
+        t.unit("dontneed all", mm.madvise(b, 4 * PAGE, MADV_DONTNEED));
+        t.note(format!("contents {:?}", dump(mm, b, 4)));
+        t.unit("back to rw", mm.mprotect(b + PAGE, 2 * PAGE, RW));
+        t.note(format!("regions {}", mm.region_count()));
+    });
+}
+
+#[test]
+fn overflowing_lengths() {
+    // Lengths whose end wraps around the address space: the kernel rejects
+    // them before it looks at any mapping. (mincore is left out: the caller's
+    // vector would have to hold one byte per page of the length.)
+    conform("overflowing_lengths", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        let wrap = usize::MAX - b; // b + wrap == usize::MAX: rounding up wraps
+        t.addr("mmap fixed len MAX", mm.mmap(b, usize::MAX, RW, FIXED_PRIVATE, 0));
+        // (MAP_FIXED with `wrap` is left out: it reaches past the
+        // reservation, where usermm says EINVAL by SPEC §3 and Linux says
+        // ENOMEM for an end past TASK_SIZE.)
+        t.addr("mmap 1 PiB", mm.mmap(b, 1 << 50, RW, ANON_PRIVATE, 0));
+        t.unit("munmap wrapping", mm.munmap(b, wrap));
+        t.unit("mprotect wrapping", mm.mprotect(b, wrap, PROT_READ));
+        t.unit("madvise wrapping", mm.madvise(b, wrap, MADV_DONTNEED));
+        t.unit("madvise len MAX", mm.madvise(b, usize::MAX, MADV_DONTNEED));
+        t.layout("layout", mm);
+    });
+}
+
+#[test]
+fn mmap_hints_and_odd_arguments() {
+    conform("mmap_hints_and_odd_arguments", |mm, t| {
+        let b = mm.base();
+        t.addr(
+            "noreplace unaligned",
+            mm.mmap(b + 32 * PAGE + 1, PAGE, RW, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, 0),
+        );
+        // Unknown protection bits are ignored by mmap (unlike mprotect).
+        t.addr("prot 0x10", mm.mmap(b + 40 * PAGE, PAGE, RW | 0x10, FIXED_PRIVATE, 0));
+        t.addr("len not a page multiple", mm.mmap(b + 48 * PAGE, PAGE + 1, RW, FIXED_PRIVATE, 0));
+        t.layout("layout", mm);
+    });
+}
+
+#[test]
+fn madvise_on_prot_none_and_over_holes() {
+    conform("madvise_on_prot_none_and_over_holes", |mm, t| {
+        let b = mm.base();
+        //  AAAA..BBBB
+        let _ = t.addr("A", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        let _ = t.addr("B", mm.mmap(b + 6 * PAGE, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        fill(mm, b, 4, |i| 1 + i as u8);
+        fill(mm, b + 6 * PAGE, 4, |i| 0x11 + i as u8);
+        t.unit("A none", mm.mprotect(b, 4 * PAGE, PROT_NONE));
+        t.unit("DONTNEED on PROT_NONE [0,2)", mm.madvise(b, 2 * PAGE, MADV_DONTNEED));
+        t.mincore("A", mm.mincore(b, 4 * PAGE));
+        t.unit("A rw", mm.mprotect(b, 4 * PAGE, RW));
+        t.note(format!("A {:?}", dump(mm, b, 4)));
+        for (name, adv) in [
+            ("WILLNEED", MADV_WILLNEED),
+            ("COLD", MADV_COLD),
+            ("PAGEOUT", MADV_PAGEOUT),
+            ("RANDOM", MADV_RANDOM),
+            ("SEQUENTIAL", MADV_SEQUENTIAL),
+            ("NORMAL", MADV_NORMAL),
+        ] {
+            t.unit(&format!("{name} over hole"), mm.madvise(b, 10 * PAGE, adv));
+            t.note(format!("regions {}", mm.region_count()));
+        }
+        t.note(format!("A {:?} B {:?}", dump(mm, b, 4), dump(mm, b + 6 * PAGE, 4)));
+    });
+}
+
+// ----------------------------------------------------------------------
+// usermm-only: what differs from the kernel by design (SPEC §3), and what
+// the kernel cannot show on this machine.
+
+fn space(cfg: Config) -> Space {
+    Space::open(&Config { budget_bytes: 64 << 20, reserve_bytes: 1 << 30, swap_bytes: 64 << 20, ..cfg }).expect("space")
+}
+
+#[test]
+fn usermm_max_regions() {
+    let s = space(Config { max_regions: 3, flags: UMM_F_EXACT_FAULTS, ..Config::default() });
+    let b = s.reservation().0;
+    //  A.B.C.D   (each region two pages, one-page gaps)
+    for i in 0..3 {
+        assert_eq!(s.mmap(b + i * 3 * PAGE, 2 * PAGE, RW, FIXED_PRIVATE, -1, 0), Ok(b + i * 3 * PAGE));
+    }
+    assert_eq!(s.stats().regions, 3);
+    assert_eq!(s.mmap(b + 9 * PAGE, 2 * PAGE, RW, FIXED_PRIVATE, -1, 0), Err(Errno::ENOMEM));
+    // Not mergeable with anything (another protection): ENOMEM too.
+    assert_eq!(s.mmap(0, 2 * PAGE, PROT_READ, ANON_PRIVATE, -1, 0), Err(Errno::ENOMEM));
+    // Adjacent and mergeable: no new region, allowed.
+    assert_eq!(s.mmap(b + 8 * PAGE, PAGE, RW, FIXED_PRIVATE, -1, 0), Ok(b + 8 * PAGE));
+    assert_eq!(s.stats().regions, 3);
+    // Unmapping the middle of a region at the limit would split it: ENOMEM,
+    // and nothing changes.
+    let big = b + 6 * PAGE; // [6, 9) now
+    assert_eq!(s.munmap(big + PAGE, PAGE), Err(Errno::ENOMEM));
+    assert_eq!(s.stats().regions, 3);
+    let mut v = vec![0u8; 3];
+    assert_eq!(s.mincore(big, 3 * PAGE, &mut v), Ok(()));
+    // Unmapping an end is fine.
+    assert_eq!(s.munmap(big, PAGE), Ok(()));
+    assert_eq!(s.stats().regions, 3);
+    // mprotect of part of a region needs another region: ENOMEM at the
+    // limit; of a whole region (no split, no merge: the neighbours are
+    // holes), it is fine.
+    assert_eq!(s.mprotect(b + 3 * PAGE, PAGE, PROT_READ), Err(Errno::ENOMEM));
+    assert!(!s.smaps().contains("r--p"));
+    assert_eq!(s.mprotect(b + 3 * PAGE, 2 * PAGE, PROT_READ), Ok(()));
+    assert!(s.smaps().contains("r--p"));
+    assert_eq!(s.stats().regions, 3);
+    s.validate();
+}
+
+#[test]
+fn usermm_max_regions_mprotect_split() {
+    let s = space(Config { max_regions: 2, ..Config::default() });
+    let b = s.reservation().0;
+    assert_eq!(s.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, -1, 0), Ok(b));
+    // Splitting off one end is one more region: allowed (2).
+    assert_eq!(s.mprotect(b, PAGE, PROT_READ), Ok(()));
+    assert_eq!(s.stats().regions, 2);
+    // A middle page of the second region needs two more: ENOMEM.
+    assert_eq!(s.mprotect(b + 2 * PAGE, PAGE, PROT_READ), Err(Errno::ENOMEM));
+    assert!(s.smaps().contains("r--p"));
+    s.validate();
+}
+
+#[test]
+fn usermm_outside_reservation_errno() {
+    let s = space(Config::default());
+    let (b, l) = s.reservation();
+    assert_eq!(s.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, -1, 0), Ok(b));
+    let below = b - 16 * PAGE;
+    let above = b + l;
+    let mut v = vec![0u8; 4];
+    for a in [below, above] {
+        assert_eq!(s.munmap(a, PAGE), Err(Errno::EINVAL), "munmap {a:#x}");
+        assert_eq!(s.mmap(a, PAGE, RW, FIXED_PRIVATE, -1, 0), Err(Errno::EINVAL), "MAP_FIXED {a:#x}");
+        assert_eq!(s.madvise(a, PAGE, MADV_DONTNEED), Err(Errno::ENOMEM), "madvise {a:#x}");
+        assert_eq!(s.mprotect(a, PAGE, PROT_READ), Err(Errno::ENOMEM), "mprotect {a:#x}");
+        assert_eq!(s.mincore(a, PAGE, &mut v), Err(Errno::ENOMEM), "mincore {a:#x}");
+    }
+    // Straddling the end of the reservation.
+    let last = b + l - PAGE;
+    assert_eq!(s.mmap(last, PAGE, RW, FIXED_PRIVATE, -1, 0), Ok(last));
+    assert_eq!(s.munmap(last, 2 * PAGE), Err(Errno::EINVAL));
+    assert_eq!(s.mmap(last, 2 * PAGE, RW, FIXED_PRIVATE, -1, 0), Err(Errno::EINVAL));
+    assert_eq!(s.madvise(last, 2 * PAGE, MADV_DONTNEED), Err(Errno::ENOMEM));
+    assert_eq!(s.mincore(last, 2 * PAGE, &mut v), Err(Errno::ENOMEM));
+    // mprotect applies the mapped prefix, then fails at the edge (a hole).
+    assert_eq!(s.mprotect(last, 2 * PAGE, PROT_READ), Err(Errno::ENOMEM));
+    assert!(s.smaps().contains("r--p"), "{}", s.smaps());
+    s.validate();
+}
+
+#[test]
+fn usermm_random_residency_exact_without_flag() {
+    // Without UMM_F_EXACT_FAULTS usermm may fault around a streaming access;
+    // MADV_RANDOM turns that off, so residency is exactly what was touched.
+    let s = space(Config::default());
+    let b = s.reservation().0;
+    assert_eq!(s.mmap(b, 64 * PAGE, RW, FIXED_PRIVATE, -1, 0), Ok(b));
+    assert_eq!(s.madvise(b, 64 * PAGE, MADV_RANDOM), Ok(()));
+    let touched = [0usize, 1, 2, 3, 4, 5, 6, 7, 20, 22, 40];
+    for &p in &touched {
+        usermm_sys::kernel::poke(b + p * PAGE, 1);
+    }
+    let mut v = vec![0u8; 64];
+    s.mincore(b, 64 * PAGE, &mut v).unwrap();
+    let want: Vec<u8> = (0..64).map(|p| u8::from(touched.contains(&p))).collect();
+    assert_eq!(v, want);
+    s.validate();
+}
+
+#[test]
+fn usermm_fault_around_without_flag_is_bounded() {
+    // The counterpart: without the flag and without MADV_RANDOM, a streaming
+    // write may bring in more than it touched, but never pages outside the
+    // region, and the budget is respected.
+    let s = space(Config::default());
+    let b = s.reservation().0;
+    assert_eq!(s.mmap(b, 64 * PAGE, RW, FIXED_PRIVATE, -1, 0), Ok(b));
+    for p in 0..16 {
+        usermm_sys::kernel::poke(b + p * PAGE, 1);
+    }
+    let mut v = vec![0u8; 64];
+    s.mincore(b, 64 * PAGE, &mut v).unwrap();
+    assert!(v[..16].iter().all(|&x| x == 1), "{v:?}");
+    let st = s.stats();
+    assert!(st.resident_pages >= 16 && st.resident_pages <= 64, "{st:?}");
+    s.validate();
+}
+
+// ----------------------------------------------------------------------
+// Seed 003: a reader during a large munmap sees old data or a fault, never
+// zeros.
+//
+// The reader cannot take SIGSEGV safely in Rust, so it reads through
+// `process_vm_readv` on its own pid (`probe_read`): an unmapped or PROT_NONE
+// page is an `EFAULT` there (`None`), and a missing page of the space is a
+// kernel-mode fault that usermm's handler serves (full userfaultfd). A zero
+// from any page would mean the reader saw a zapped page still accessible.
+
+#[test]
+fn seed003_reader_during_munmap_never_sees_zeros() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    const LEN: usize = 256 << 20;
+    let s =
+        Space::open(&Config { budget_bytes: 512 << 20, reserve_bytes: 1 << 30, swap_bytes: 0, ..Config::default() })
+            .expect("space");
+    let b = s.reservation().0;
+    assert_eq!(s.mmap(b, LEN, RW, FIXED_PRIVATE, -1, 0), Ok(b));
+    let pages = LEN / PAGE;
+    let pattern = |p: usize| (p % 251) as u8 + 1;
+    for p in 0..pages {
+        usermm_sys::kernel::poke(b + p * PAGE, pattern(p));
+    }
+    assert_eq!(s.stats().resident_pages, pages as u64);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let unmapping = Arc::new(AtomicBool::new(false));
+    let passes = Arc::new(AtomicUsize::new(0));
+    let reader = {
+        let (stop, passes, unmapping) = (stop.clone(), passes.clone(), unmapping.clone());
+        std::thread::spawn(move || {
+            let (mut old, mut old_during, mut faulted, mut zeros) = (0u64, 0u64, 0u64, Vec::new());
+            let mut p = 0usize;
+            loop {
+                let during = unmapping.load(Ordering::SeqCst);
+                match usermm_sys::kernel::probe_read(b + p * PAGE) {
+                    Some(v) if v == pattern(p) => {
+                        old += 1;
+                        old_during += during as u64;
+                    }
+                    Some(v) => zeros.push((p, v)),
+                    None => faulted += 1,
+                }
+                // 61 is odd, so the walk reaches every page over 61 laps;
+                // one lap touches the whole region at a 61-page stride.
+                p += 61;
+                if p >= pages {
+                    p -= pages;
+                    passes.fetch_add(1, Ordering::SeqCst);
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                }
+            }
+            (old, old_during, faulted, zeros)
+        })
+    };
+    // Let the reader make one lap over the mapped region first.
+    while passes.load(Ordering::SeqCst) < 1 {
+        std::thread::yield_now();
+    }
+    unmapping.store(true, Ordering::SeqCst);
+    assert_eq!(s.munmap(b, LEN), Ok(()));
+    unmapping.store(false, Ordering::SeqCst);
+    let after = passes.load(Ordering::SeqCst);
+    // And a full lap after the unmap returned.
+    while passes.load(Ordering::SeqCst) < after + 2 {
+        std::thread::yield_now();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (old, old_during, faulted, zeros) = reader.join().unwrap();
+    eprintln!("reader: {old} old reads ({old_during} during the unmap), {faulted} faults, {} wrong", zeros.len());
+    assert!(zeros.is_empty(), "reader saw wrong data (page, value): {:?}", &zeros[..zeros.len().min(10)]);
+    assert!(old >= pages as u64 / 61, "the reader saw the mapped region");
+    assert!(faulted > 0, "the reader saw the region go away");
+    // The zap takes tens of milliseconds; a reader that never overlapped it
+    // would have tested nothing.
+    assert!(old_during > 0, "the reader overlapped the unmap");
+    // Every page is gone now.
+    for p in (0..pages).step_by(97) {
+        assert_eq!(usermm_sys::kernel::probe_read(b + p * PAGE), None);
+    }
+    assert_eq!(s.stats().resident_pages, 0);
+    s.validate();
+}
+
+#[test]
+fn probe_read_serves_missing_pages() {
+    // `probe_read` on a never-touched page of a space: a kernel-mode fault
+    // usermm serves with a zero page (full userfaultfd).
+    let s = space(Config::default());
+    let b = s.reservation().0;
+    assert_eq!(s.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, -1, 0), Ok(b));
+    usermm_sys::kernel::poke(b + PAGE, 9);
+    assert_eq!(usermm_sys::kernel::probe_read(b), Some(0));
+    assert_eq!(usermm_sys::kernel::probe_read(b + PAGE), Some(9));
+    assert_eq!(usermm_sys::kernel::probe_read(b + 8 * PAGE), None, "unmapped part of the reservation");
+    s.validate();
+}
+
+// ----------------------------------------------------------------------
+// More advice: populate, lazy free, and the advice Linux accepts as no-ops
+// for anonymous memory.
+
+#[test]
+fn madvise_populate() {
+    conform("madvise_populate", |mm, t| {
+        let b = mm.base();
+        //  AAAA BB.. CC   (A rw, B read-only, C PROT_NONE)
+        let _ = t.addr("A", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        let _ = t.addr("B", mm.mmap(b + 4 * PAGE, 2 * PAGE, PROT_READ, FIXED_PRIVATE, 0));
+        let _ = t.addr("C", mm.mmap(b + 8 * PAGE, 2 * PAGE, PROT_NONE, FIXED_PRIVATE, 0));
+        t.unit("POPULATE_WRITE A", mm.madvise(b, 4 * PAGE, MADV_POPULATE_WRITE));
+        t.mincore("A", mm.mincore(b, 4 * PAGE));
+        t.unit("POPULATE_WRITE B (read-only)", mm.madvise(b + 4 * PAGE, 2 * PAGE, MADV_POPULATE_WRITE));
+        t.unit("POPULATE_READ B", mm.madvise(b + 4 * PAGE, 2 * PAGE, MADV_POPULATE_READ));
+        t.mincore("B", mm.mincore(b + 4 * PAGE, 2 * PAGE));
+        t.unit("POPULATE_READ C (none)", mm.madvise(b + 8 * PAGE, 2 * PAGE, MADV_POPULATE_READ));
+        t.unit("POPULATE_READ over hole", mm.madvise(b + 4 * PAGE, 4 * PAGE, MADV_POPULATE_READ));
+        t.unit("POPULATE_WRITE len 0", mm.madvise(b, 0, MADV_POPULATE_WRITE));
+        t.note(format!("A {:?}", dump(mm, b, 4)));
+    });
+}
+
+// KNOWN BUG: MADV_FREE (seed 001) is not implemented: `Core::madvise`
+// (usermm-core/src/core.rs) rejects advice 8 as unknown (EINVAL) where Linux
+// returns 0 on private anonymous memory and ENOMEM over a hole.
+#[test]
+#[ignore = "usermm bug: MADV_FREE is EINVAL (not implemented); Linux: 0 on private anon, ENOMEM over a hole"]
+fn known_bug_madvise_free_private_and_shared() {
+    conform("madvise_free_private_and_shared", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("private", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        let _ = t.addr("shared", mm.mmap(b + 8 * PAGE, 2 * PAGE, RW, FIXED_SHARED, 0));
+        fill(mm, b, 4, |i| 0xB1 + i as u8);
+        t.unit("FREE private", mm.madvise(b, 4 * PAGE, MADV_FREE));
+        // No memory pressure: the data stays (a read does not cancel).
+        t.note(format!("private {:?}", dump(mm, b, 4)));
+        t.unit("FREE shared", mm.madvise(b + 8 * PAGE, 2 * PAGE, MADV_FREE));
+        t.unit("FREE over hole", mm.madvise(b, 8 * PAGE, MADV_FREE));
+    });
+}
+
+// KNOWN BUG: advice Linux accepts on private anonymous memory
+// (DONTFORK..KEEPONFORK, 10..19) is EINVAL in usermm: `Core::madvise`
+// (usermm-core/src/core.rs) whitelists only the advice it acts on. SPEC §3
+// says "unknown advice is EINVAL", but these are not unknown to Linux; most
+// can be accepted as no-ops (HUGEPAGE/NOHUGEPAGE, MERGEABLE/UNMERGEABLE,
+// DONTDUMP/DODUMP) and DONTFORK/DOFORK/WIPEONFORK/KEEPONFORK are already what
+// the reservation does (MADV_DONTFORK) or need a documented answer.
+#[test]
+#[ignore = "usermm bug: MADV_DONTFORK..MADV_KEEPONFORK (10..19) are EINVAL; Linux returns 0"]
+fn known_bug_madvise_linux_noop_advice() {
+    conform("madvise_linux_noop_advice", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        for (name, adv) in [
+            ("DONTFORK", 10),
+            ("DOFORK", 11),
+            ("MERGEABLE", 12),
+            ("UNMERGEABLE", 13),
+            ("HUGEPAGE", 14),
+            ("NOHUGEPAGE", 15),
+            ("DONTDUMP", 16),
+            ("DODUMP", 17),
+            ("WIPEONFORK", 18),
+            ("KEEPONFORK", 19),
+        ] {
+            t.unit(name, mm.madvise(b, 4 * PAGE, adv));
+        }
+        t.layout("layout", mm);
+    });
+}
+
+// ----------------------------------------------------------------------
+// Disagreements found by this harness and since fixed, kept as regression
+// tests; and known bugs (`known_bug_*`, ignored until fixed: run them with
+// `cargo test --test conformance -- --ignored`). The MADV_FREE and no-op
+// advice known bugs are with the other advice tests above.
+
+// Linux validates MAP_SHARED_VALIDATE's flags only for a file mapping; for
+// anonymous memory `do_mmap` switches on the map type and
+// MAP_SHARED_VALIDATE falls to `default: return -EINVAL` (measured here).
+#[test]
+fn mmap_shared_validate_anonymous() {
+    conform("mmap_shared_validate_anonymous", |mm, t| {
+        let b = mm.base();
+        // MAP_SHARED|MAP_PRIVATE == MAP_SHARED_VALIDATE.
+        let r =
+            t.addr("SHARED_VALIDATE anon", mm.mmap(b, PAGE, RW, MAP_SHARED_VALIDATE | MAP_ANONYMOUS | MAP_FIXED, 0));
+        if r.is_some() {
+            mm.write_byte(b, 7);
+            t.note(format!("read back {}", mm.read_byte(b)));
+        }
+        t.layout("layout", mm);
+    });
+}
+
+// As above, with an unknown flag bit: still EINVAL (the type is checked
+// before any flag), not EOPNOTSUPP.
+#[test]
+fn mmap_shared_validate_unknown_flag() {
+    conform("mmap_shared_validate_unknown_flag", |mm, t| {
+        let b = mm.base();
+        // Bit 0x0400_0000 is no mmap flag on x86-64.
+        t.addr(
+            "SHARED_VALIDATE|unknown",
+            mm.mmap(b, PAGE, RW, MAP_SHARED_VALIDATE | MAP_ANONYMOUS | MAP_FIXED | 0x0400_0000, 0),
+        );
+        t.layout("layout", mm);
+    });
+}
+
+// `Space::validate()` right after the program reads back pages that
+// MADV_COLD parked: the fault handler's copy wakes the faulting thread before
+// `Core::fill_done` releases the staging slot, so `validate()` must accept a
+// reactivation still in flight (it once failed "staging slots in use").
+#[test]
+fn validate_right_after_cold_reactivation() {
+    let s = space(Config { flags: UMM_F_EXACT_FAULTS, ..Config::default() });
+    let b = s.reservation().0;
+    assert_eq!(s.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, -1, 0), Ok(b));
+    for _round in 0..200 {
+        for i in 0..4 {
+            usermm_sys::kernel::poke(b + i * PAGE, 1 + i as u8);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert_eq!(s.madvise(b, 4 * PAGE, MADV_COLD), Ok(()));
+        for i in 0..4 {
+            assert_eq!(usermm_sys::kernel::peek(b + i * PAGE), 1 + i as u8);
+        }
+        s.validate();
+    }
+}
+
+// KNOWN BUG: an unaligned non-fixed hint. x86-64 Linux
+// (`arch_get_unmapped_area_topdown`: `addr &= PAGE_MASK`) rounds the hint
+// down to its page and uses it when free; `Core::mmap`
+// (usermm-core/src/core.rs) rounds it up (`hint = (addr + ps - 1) & !(ps -
+// 1)`), so the region lands one page higher. Fix: `addr & !(ps - 1)`.
+#[test]
+#[ignore = "usermm bug: unaligned mmap hint rounded up; x86-64 Linux rounds it down"]
+fn known_bug_mmap_unaligned_hint() {
+    conform("mmap_unaligned_hint", |mm, t| {
+        let b = mm.base();
+        t.addr("unaligned hint", mm.mmap(b + 16 * PAGE + 100, PAGE, RW, ANON_PRIVATE, 0));
+        t.layout("layout", mm);
+    });
+}

@@ -1,0 +1,304 @@
+/*
+ * usermm.h: the C ABI of usermm, a user-space virtual-memory manager.
+ *
+ * A program opens a space (umm_open); the space reserves a virtual range,
+ * maps regions in it and serves every page fault in them itself (through
+ * userfaultfd), under a resident-memory budget with its own LRU reclaim and
+ * swap file. The contract is SPEC.md (section 2 for this header, section 3
+ * for the semantics of each call); where it is silent, usermm does what Linux
+ * does.
+ *
+ * Conventions (SPEC section 2):
+ *   - Every call is thread-safe.
+ *   - Calls that Linux makes as syscalls return what the syscall returns:
+ *     -1 with errno set on error (MAP_FAILED for umm_mmap), with the errno
+ *     Linux gives for the same situation.
+ *   - Constants are Linux's own (PROT_*, MAP_*, MLOCK_ONFAULT, MCL_*, MADV_*,
+ *     MS_*): code written against the syscalls is ported by adding the umm_
+ *     prefix and the space argument.
+ *   - A NULL space is EINVAL. No call panics or unwinds into C; an internal
+ *     error is reported as EIO.
+ *   - Calls not implemented yet (msync, mvolatile, mnovolatile) return -1
+ *     with errno ENOSYS.
+ *
+ * Link with -lusermm (libusermm.so), or with libusermm.a plus
+ * -lpthread -ldl -lm.
+ */
+#ifndef USERMM_H
+#define USERMM_H
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/types.h>
+
+/*
+ * Linux constants that older C library headers (Debian 12's glibc, or any
+ * header in strict ISO C mode) may lack. The values are Linux's (x86-64).
+ * <sys/mman.h> and <errno.h> are included above so that these guards see
+ * the system's own definitions first, whatever order a program includes
+ * headers in.
+ */
+#ifndef MAP_ANONYMOUS
+#define MAP_ANONYMOUS 0x20
+#endif
+#ifndef MAP_LOCKED
+#define MAP_LOCKED 0x2000
+#endif
+#ifndef MAP_NORESERVE
+#define MAP_NORESERVE 0x4000
+#endif
+#ifndef MAP_POPULATE
+#define MAP_POPULATE 0x8000
+#endif
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+#ifndef MAP_SHARED_VALIDATE
+#define MAP_SHARED_VALIDATE 0x03
+#endif
+#ifndef MADV_FREE
+#define MADV_FREE 8
+#endif
+#ifndef MADV_COLD
+#define MADV_COLD 20
+#endif
+#ifndef MADV_PAGEOUT
+#define MADV_PAGEOUT 21
+#endif
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+#ifndef MADV_HWPOISON
+#define MADV_HWPOISON 100
+#endif
+#ifndef MLOCK_ONFAULT
+#define MLOCK_ONFAULT 1
+#endif
+#ifndef MCL_CURRENT
+#define MCL_CURRENT 1
+#endif
+#ifndef MCL_FUTURE
+#define MCL_FUTURE 2
+#endif
+#ifndef MCL_ONFAULT
+#define MCL_ONFAULT 4
+#endif
+#ifndef EHWPOISON
+#define EHWPOISON 133
+#endif
+
+/*
+ * usermm's own mmap flag (a bit Linux does not use; the seed's V3
+ * MAP_LOCKONFAULT): alone or with MAP_LOCKED it makes the new region
+ * lock-on-fault, charged to the lock limit at once, populated never.
+ */
+#define UMM_MAP_LOCKONFAULT 0x08000000
+
+/* umm_page_state bits: one 32-bit word per page. */
+#define UMM_PAGE_RESIDENT 0x001u  /* the page has a frame in the space */
+#define UMM_PAGE_SWAPPED  0x002u  /* the page's data is in the swap file */
+#define UMM_PAGE_LOCKED   0x004u  /* reclaim never touches the page */
+#define UMM_PAGE_LAZYFREE 0x008u  /* MADV_FREE'd and not written since */
+#define UMM_PAGE_VOLATILE 0x010u  /* umm_mvolatile'd: may be purged */
+#define UMM_PAGE_PURGED   0x020u  /* purged while volatile */
+#define UMM_PAGE_DIRTY    0x040u  /* differs from its backing (swap or file) */
+#define UMM_PAGE_POISONED 0x080u  /* MADV_HWPOISON'd: touching it is SIGBUS */
+#define UMM_PAGE_INACTIVE 0x100u  /* usermm's own: resident, parked on the
+                                     inactive list; next touch is a minor
+                                     fault */
+
+/* umm_config.flags bits. */
+#define UMM_F_EXACT_FAULTS          0x1u /* fault exactly the touched page */
+#define UMM_F_REQUIRE_FULL_UFFD     0x2u /* no user-mode-only fallback: EPERM */
+#define UMM_F_NO_BACKGROUND_RECLAIM 0x4u /* direct reclaim only */
+#define UMM_F_FORCE_USER_MODE       0x8u /* use the user-mode-only fallback */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A space: opaque; created by umm_open, freed by umm_close. */
+typedef struct umm_space umm_space;
+
+struct umm_config {
+    size_t size;            /* sizeof(struct umm_config): lets the struct grow */
+    size_t budget_bytes;    /* resident budget; 0: a quarter of physical memory */
+    size_t reserve_bytes;   /* virtual range reserved for the space; 0: 64 GiB */
+    size_t memlock_bytes;   /* lock limit; SIZE_MAX: unlimited; 0: mlock -> EPERM */
+    size_t swap_bytes;      /* largest swap file; 0: no swap (anon pages unevictable) */
+    const char *swap_dir;   /* where the swap file lives; NULL: $TMPDIR or /tmp */
+    size_t max_regions;     /* 0: 65530, as vm.max_map_count */
+    unsigned page_shift;    /* 0: 12 (4 KiB); up to 21 */
+    unsigned fault_threads; /* 0: default (2) */
+    unsigned flags;         /* UMM_F_* */
+};
+
+/* Filled by umm_mnovolatile when `out` is not NULL. */
+struct umm_purge_report {
+    size_t purged_pages;   /* pages purged since the range was made volatile */
+    void *first_purged;    /* lowest purged address, NULL if none */
+    uint64_t *bitmap;      /* caller's buffer (one bit per page), may be NULL */
+    size_t bitmap_words;   /* words in bitmap */
+};
+
+/* Filled by umm_populate when `out` is not NULL. */
+struct umm_populate_report {
+    size_t populated_bytes; /* bytes made resident as asked */
+    void *fail_addr;        /* first failing address, NULL on success */
+};
+
+/*
+ * Statistics. The caller sets `size` (normally sizeof(struct umm_stats));
+ * umm_stats fills only the whole fields that fit in it, so that the struct
+ * can grow. Fields a newer caller knows and this library does not are
+ * zeroed.
+ */
+struct umm_stats {
+    size_t size;                  /* sizeof, set by the caller */
+    uint64_t budget_pages;        /* the budget, in pages */
+    uint64_t resident_pages;      /* pages with a frame now */
+    uint64_t resident_pages_max;  /* high-water mark of resident_pages */
+    uint64_t locked_pages;        /* locked resident pages */
+    uint64_t locked_charged_pages;/* pages charged to the lock limit */
+    uint64_t swapped_pages;       /* pages whose data is in the swap file */
+    uint64_t lazyfree_pages;      /* MADV_FREE'd pages not discarded yet */
+    uint64_t volatile_pages;      /* volatile pages not purged yet */
+    uint64_t faults;              /* faults served */
+    uint64_t major_faults;        /* faults that did I/O (swap or file) */
+    uint64_t zero_fills;          /* faults served with a zeroed frame */
+    uint64_t swapins;             /* pages read from swap */
+    uint64_t swapouts;            /* pages written to swap */
+    uint64_t writebacks;          /* shared-file pages written back */
+    uint64_t lazyfree_discards;   /* lazily freed pages discarded */
+    uint64_t volatile_purges;     /* volatile pages purged */
+    uint64_t evictions;           /* pages made non-resident by reclaim */
+    uint64_t oom_sigbus;          /* faults that got no frame (SIGBUS) */
+    uint64_t write_lock_hold_ns_max; /* longest exclusive hold of the region lock */
+    /* usermm's own fields: */
+    uint64_t inactive_pages;      /* resident pages on the inactive list */
+    uint64_t minor_faults;        /* faults that mapped an inactive page back */
+    uint64_t deactivations;       /* pages moved to the inactive list */
+    uint64_t swap_read_errors;    /* swap reads that failed */
+    uint64_t swap_write_errors;   /* swap writes that failed */
+    uint64_t regions;             /* regions mapped now */
+    uint64_t user_mode_only;      /* 1: user-mode-only userfaultfd fallback */
+    uint64_t swap_direct_io;      /* 1: swap I/O bypasses the page cache */
+};
+
+/* Fills *cfg with the defaults (size = sizeof, swap_dir = NULL). */
+void umm_config_init(struct umm_config *cfg);
+
+/*
+ * Opens a space. cfg NULL: the defaults. NULL + errno on error: EINVAL for
+ * a cfg->size smaller than this header's struct or a bad value, EPERM where
+ * userfaultfd is refused, ENOMEM when the range cannot be reserved.
+ */
+umm_space *umm_open(const struct umm_config *cfg);
+
+/*
+ * Unmaps everything, writes back shared files, stops the space's threads
+ * and frees it; nothing may touch its memory afterwards. 0, or -1/EINVAL for
+ * NULL or the default space of usermm_compat.h (which is never closed).
+ */
+int umm_close(umm_space *s);
+
+/*
+ * mmap(2) (SPEC 3): MAP_FAILED + errno. EINVAL: not exactly one of
+ * MAP_PRIVATE/MAP_SHARED, len 0, unaligned off; EBADF/EACCES: the fd;
+ * EEXIST: MAP_FIXED_NOREPLACE over a region; ENOMEM: no room or too many
+ * regions; EAGAIN/EPERM: MAP_LOCKED beyond the lock limit.
+ */
+void *umm_mmap(umm_space *s, void *addr, size_t len, int prot, int flags, int fd, off_t off);
+
+/* munmap(2): EINVAL for unaligned addr or len 0; holes are fine. Two-phase
+ * (seed 003). Dirty shared-file pages are written back before it returns. */
+int umm_munmap(umm_space *s, void *addr, size_t len);
+
+/* mprotect(2): EINVAL unaligned/bad prot, ENOMEM holes, EACCES PROT_WRITE on
+ * a shared mapping of a read-only fd. */
+int umm_mprotect(umm_space *s, void *addr, size_t len, int prot);
+
+/* msync(2): MS_ASYNC/MS_SYNC/MS_INVALIDATE; EINVAL bad flags or unaligned,
+ * ENOMEM holes. (ENOSYS until implemented.) */
+int umm_msync(umm_space *s, void *addr, size_t len, int flags);
+
+/* mlock(2) = umm_mlock2(s, addr, len, 0). */
+int umm_mlock(umm_space *s, const void *addr, size_t len);
+
+/* mlock2(2) (seed 000): EINVAL unknown flags or a volatile page, ENOMEM holes
+ * or over the lock limit, EPERM lock limit 0, EAGAIN budget cannot hold the
+ * pages (nothing newly locked). MLOCK_ONFAULT: lock on first touch. */
+int umm_mlock2(umm_space *s, const void *addr, size_t len, unsigned flags);
+
+/* munlock(2): clears both kinds of lock and uncharges; ENOMEM holes. */
+int umm_munlock(umm_space *s, const void *addr, size_t len);
+
+/* mlockall(2): MCL_CURRENT/MCL_FUTURE[/MCL_ONFAULT]; EINVAL 0, unknown bits
+ * or MCL_ONFAULT alone; ENOMEM over the lock limit. */
+int umm_mlockall(umm_space *s, int flags);
+
+/* munlockall(2): clears every lock and the future flag. */
+int umm_munlockall(umm_space *s);
+
+/*
+ * madvise(2) (SPEC 3): MADV_DONTNEED, MADV_FREE (seed 001), MADV_WILLNEED,
+ * MADV_COLD, MADV_PAGEOUT, MADV_POPULATE_READ/WRITE (seed 004),
+ * MADV_HWPOISON, MADV_NORMAL/RANDOM/SEQUENTIAL. EINVAL unknown advice or
+ * unaligned; ENOMEM holes (the mapped parts are still advised).
+ */
+int umm_madvise(umm_space *s, void *addr, size_t len, int advice);
+
+/* Seed 002: marks the range volatile (may be purged; a touch of a purged
+ * page raises SIGBUS). EINVAL for a locked page; ENOMEM holes. (ENOSYS
+ * until implemented.) */
+int umm_mvolatile(umm_space *s, void *addr, size_t len);
+
+/* Seed 002: makes the range non-volatile; 1 if a page was purged, 0 if none,
+ * -1 on error. Fills *out when not NULL. (ENOSYS until implemented.) */
+int umm_mnovolatile(umm_space *s, void *addr, size_t len, struct umm_purge_report *out);
+
+/*
+ * mincore(2): one byte per page in vec (bit 0: resident), ceil(len/page)
+ * bytes. EINVAL unaligned addr, ENOMEM a hole or outside the space, EFAULT
+ * vec NULL (checked after the range, as Linux does).
+ */
+int umm_mincore(umm_space *s, void *addr, size_t len, unsigned char *vec);
+
+/* One word of UMM_PAGE_* bits per page for npages pages from addr (aligned);
+ * errors as umm_mincore. */
+int umm_page_state(umm_space *s, const void *addr, size_t npages, uint32_t *states);
+
+/* Seed 004: madvise(MADV_POPULATE_READ/WRITE) that also reports, in *out
+ * when not NULL (on failure too), how many bytes from addr were populated
+ * and the first failing address (NULL on success). Errors as madvise:
+ * EINVAL other advice or protection, ENOMEM holes/budget, EFAULT backing
+ * I/O, EHWPOISON. */
+int umm_populate(umm_space *s, void *addr, size_t len, int advice, struct umm_populate_report *out);
+
+/* Statistics (see struct umm_stats): EINVAL for NULL or out->size < 8. */
+int umm_stats(umm_space *s, struct umm_stats *out);
+
+/* Writes one entry per region in /proc/PID/smaps's layout to fd; VmFlags
+ * has usermm's own "um" (served by usermm) and "uo" (user-mode-only
+ * fallback). Errors: write(2)'s (EBADF, ...). */
+int umm_smaps(umm_space *s, int fd);
+
+/* usermm extension, a test hook: the next `reads` swap reads and `writes`
+ * swap writes fail with EIO. 0, or -1/EINVAL for NULL. */
+int umm_debug_inject_swap_errors(umm_space *s, unsigned reads, unsigned writes);
+
+/* usermm extension (usermm_compat.h): the process-wide default space,
+ * opened once from the USERMM_* environment variables (see
+ * usermm_compat.h); NULL + errno if it could not be opened. Never closed. */
+umm_space *umm_default_space(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* USERMM_H */

@@ -1,0 +1,75 @@
+/*
+ * usermm_compat.h: compile an existing program against usermm unchanged
+ * (SPEC section 2, last paragraph).
+ *
+ * Including this header after the system headers maps the plain names
+ *
+ *     mmap munmap mprotect madvise mincore mlock mlock2 munlock
+ *     mlockall munlockall msync
+ *
+ * onto the same calls of a process-wide default space (umm_default_space()),
+ * by function-like macros: `mmap(a, l, p, f, fd, o)` becomes
+ * `umm_mmap(umm_default_space(), a, l, p, f, fd, o)`. Only calls written in
+ * the translation units that include this header are redirected; the C
+ * library's own mappings (malloc, stdio, thread stacks) stay with the kernel,
+ * and taking a function's address (`&mmap`) still names the kernel's call.
+ *
+ * The default space is opened once, lazily, by the first call (thread-safe),
+ * from these environment variables; unset or empty means usermm's default:
+ *
+ *   USERMM_BUDGET_BYTES    resident budget          (default: 1/4 of RAM)
+ *   USERMM_RESERVE_BYTES   virtual range reserved   (default: 64 GiB)
+ *   USERMM_SWAP_BYTES      largest swap file; 0: no swap (default: 8 GiB)
+ *   USERMM_SWAP_DIR        swap file directory      (default: $TMPDIR or /tmp)
+ *   USERMM_MEMLOCK_BYTES   lock limit (RLIMIT_MEMLOCK analogue); 0: every
+ *                          lock request is EPERM     (default: unlimited)
+ *   USERMM_MAX_REGIONS     region limit              (default: 65530)
+ *   USERMM_PAGE_SHIFT      log2 of the page size, 12..21 (default: 12)
+ *   USERMM_FAULT_THREADS   fault handler threads     (default: 2)
+ *   USERMM_FLAGS           UMM_F_* bits, as a number (default: 0)
+ *
+ * Byte counts are decimal or 0x-prefixed hex, with an optional binary suffix
+ * k, m, g or t (USERMM_BUDGET_BYTES=64m); "unlimited" (or "max") means
+ * SIZE_MAX. A malformed value makes the open fail with EINVAL.
+ *
+ * If the default space cannot be opened, a message on stderr says why (once)
+ * and every redirected call fails with EINVAL (mmap returns MAP_FAILED).
+ * The default space is never closed: at exit its memory simply goes away,
+ * so write shared file mappings back with msync or munmap before exiting.
+ * umm_close(umm_default_space()) is EINVAL.
+ */
+#ifndef USERMM_COMPAT_H
+#define USERMM_COMPAT_H
+
+/* The system's declarations first, so that the macros below do not rewrite
+ * them. */
+#include <sys/mman.h>
+
+#include "usermm.h"
+
+#undef mmap
+#undef munmap
+#undef mprotect
+#undef madvise
+#undef mincore
+#undef mlock
+#undef mlock2
+#undef munlock
+#undef mlockall
+#undef munlockall
+#undef msync
+
+#define mmap(addr, len, prot, flags, fd, off) \
+    umm_mmap(umm_default_space(), (addr), (len), (prot), (flags), (fd), (off))
+#define munmap(addr, len) umm_munmap(umm_default_space(), (addr), (len))
+#define mprotect(addr, len, prot) umm_mprotect(umm_default_space(), (addr), (len), (prot))
+#define madvise(addr, len, advice) umm_madvise(umm_default_space(), (addr), (len), (advice))
+#define mincore(addr, len, vec) umm_mincore(umm_default_space(), (addr), (len), (vec))
+#define mlock(addr, len) umm_mlock(umm_default_space(), (addr), (len))
+#define mlock2(addr, len, flags) umm_mlock2(umm_default_space(), (addr), (len), (flags))
+#define munlock(addr, len) umm_munlock(umm_default_space(), (addr), (len))
+#define mlockall(flags) umm_mlockall(umm_default_space(), (flags))
+#define munlockall() umm_munlockall(umm_default_space())
+#define msync(addr, len, flags) umm_msync(umm_default_space(), (addr), (len), (flags))
+
+#endif /* USERMM_COMPAT_H */
