@@ -18,8 +18,8 @@
  *     prefix and the space argument.
  *   - A NULL space is EINVAL. No call panics or unwinds into C; an internal
  *     error is reported as EIO.
- *   - Calls not implemented yet (msync, mvolatile, mnovolatile) return -1
- *     with errno ENOSYS.
+ *   - Calls not implemented yet (msync: file regions) return -1 with errno
+ *     ENOSYS; MADV_FREE is EINVAL until lazy free lands.
  *
  * Link with -lusermm (libusermm.so), or with libusermm.a plus
  * -lpthread -ldl -lm.
@@ -253,13 +253,21 @@ int umm_munlockall(umm_space *s);
  */
 int umm_madvise(umm_space *s, void *addr, size_t len, int advice);
 
-/* Seed 002: marks the range volatile (may be purged; a touch of a purged
- * page raises SIGBUS). EINVAL for a locked page; ENOMEM holes. (ENOSYS
- * until implemented.) */
+/* Seed 002: marks the range volatile: its pages may be purged at any time
+ * (instead of being swapped) until umm_mnovolatile; until then they keep
+ * their data and are accessed with no fault. Touching a purged page while it
+ * is volatile raises SIGBUS in the touching thread with si_code BUS_ADRERR
+ * and si_addr the address touched. EINVAL unaligned or a locked page in the
+ * range; ENOMEM holes (the mapped parts are marked). */
 int umm_mvolatile(umm_space *s, void *addr, size_t len);
 
-/* Seed 002: makes the range non-volatile; 1 if a page was purged, 0 if none,
- * -1 on error. Fills *out when not NULL. (ENOSYS until implemented.) */
+/* Seed 002: makes the range non-volatile; returns 1 if any page was purged
+ * since it was marked volatile, 0 if none, -1 on error. When it returns no
+ * page of the range can be purged any more; purged pages read back as zeros.
+ * Fills *out when not NULL: the count, the first purged address, and (when
+ * out->bitmap is not NULL) one bit per page of the range in out->bitmap
+ * (out->bitmap_words words; bit i%64 of word i/64 is page i). May be called
+ * from a SIGBUS handler. */
 int umm_mnovolatile(umm_space *s, void *addr, size_t len, struct umm_purge_report *out);
 
 /*

@@ -367,10 +367,8 @@ static void test_lock_and_populate(umm_space *s) {
     CHECK(umm_mlock2(s, p, 4 * PAGE, MLOCK_ONFAULT) == 0);
     p[0] = 7;
     CHECK(umm_page_state(s, p, 1, states) == 0);
-    /* The page should also be UMM_PAGE_LOCKED now; it sometimes is not (a
-     * bug of the core, shown by crates/usermm/tests/lock_onfault_race.rs), so
-     * this ABI test checks only residency here. */
     CHECK((states[0] & UMM_PAGE_RESIDENT) != 0);
+    CHECK((states[0] & UMM_PAGE_LOCKED) != 0);
     struct umm_stats st = {.size = sizeof st};
     CHECK(umm_stats(s, &st) == 0);
     CHECK(st.locked_charged_pages == 4);
@@ -406,6 +404,56 @@ static void test_lock_and_populate(umm_space *s) {
     CHECK(umm_munmap(s, p, 16 * PAGE) == 0);
 }
 
+/* Seed 002 through the C ABI: even chunks volatile, pressure, then
+ * umm_mnovolatile reports exactly the purged pages and the odd chunks are
+ * intact. */
+static void test_volatile(umm_space *s) {
+    enum { CHUNKS = 26, CHUNK = 4 * PAGE };
+    unsigned char *p = umm_mmap(s, NULL, CHUNKS * CHUNK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(p != MAP_FAILED);
+    if (p == MAP_FAILED)
+        return;
+    for (int i = 0; i < CHUNKS; i++)
+        memset(p + i * CHUNK, 'A' + i, CHUNK);
+    CHECK_ERR(umm_mvolatile(s, p + 1, PAGE), EINVAL);
+    for (int i = 0; i < CHUNKS; i += 2)
+        CHECK(umm_mvolatile(s, p + i * CHUNK, CHUNK) == 0);
+    /* Pressure: 4x the budget. */
+    size_t big = 4 * BUDGET;
+    unsigned char *q = umm_mmap(s, NULL, big, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(q != MAP_FAILED);
+    for (int round = 0; round < 2 && q != MAP_FAILED; round++)
+        for (size_t off = 0; off < big; off += PAGE)
+            q[off] = (unsigned char)round;
+    size_t purged_total = 0;
+    for (int i = 0; i < CHUNKS; i++) {
+        unsigned char *c = p + i * CHUNK;
+        if (i % 2) {
+            int ok = 1;
+            for (int j = 0; j < CHUNK; j++)
+                ok &= c[j] == 'A' + i;
+            CHECK(ok);
+            continue;
+        }
+        uint64_t bitmap[1] = {~0ULL};
+        struct umm_purge_report rep = {.bitmap = bitmap, .bitmap_words = 1};
+        int r = umm_mnovolatile(s, c, CHUNK, &rep);
+        CHECK(r == (rep.purged_pages > 0));
+        purged_total += rep.purged_pages;
+        for (int pg = 0; pg < (int)(CHUNK / PAGE); pg++) {
+            int was_purged = (bitmap[0] >> pg) & 1;
+            CHECK(c[pg * PAGE] == (was_purged ? 0 : 'A' + i));
+        }
+    }
+    struct umm_stats st = {.size = sizeof st};
+    CHECK(umm_stats(s, &st) == 0);
+    CHECK(purged_total == st.volatile_purges);
+    CHECK(purged_total > 0);
+    if (q != MAP_FAILED)
+        CHECK(umm_munmap(s, q, big) == 0);
+    CHECK(umm_munmap(s, p, CHUNKS * CHUNK) == 0);
+}
+
 int main(void) {
     test_config_and_open();
 
@@ -426,6 +474,7 @@ int main(void) {
     test_errno(s);
     test_smaps(s);
     test_lock_and_populate(s);
+    test_volatile(s);
     CHECK(umm_close(s) == 0);
 
     printf("%d passed, %d failed\n", passed, failed);

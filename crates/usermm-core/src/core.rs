@@ -212,6 +212,8 @@ pub enum AdviceOp {
     WillNeed(PageRange),
     /// Drop the pages and poison them (MADV_HWPOISON, a test hook).
     Poison(PageRange),
+    /// Lazily free the pages (MADV_FREE).
+    Free(PageRange),
 }
 
 /// The reply to `mmap`: either a plan, or "wait for a zap in progress".
@@ -245,6 +247,8 @@ pub struct Core {
     locked_pages: u64,
     /// Invariant: the number of pages with the `VOLATILE` flag.
     volatile_pages: u64,
+    /// Invariant: the number of pages with the `LAZYFREE` flag.
+    lazyfree_pages: u64,
     /// `mlockall(MCL_FUTURE)` flags in force.
     lock_future: Option<LockMode>,
     next_object: u64,
@@ -274,6 +278,7 @@ impl Core {
             locked_charged: 0,
             locked_pages: 0,
             volatile_pages: 0,
+            lazyfree_pages: 0,
             lock_future: None,
             next_object: 1,
             counters: Counters::default(),
@@ -406,7 +411,8 @@ impl Core {
             r.start.0
         } else {
             let ps = self.page_size();
-            let hint = addr.checked_add(ps - 1).map(|a| a & !(ps - 1)).unwrap_or(0);
+            // x86-64 Linux rounds an unaligned hint down.
+            let hint = addr & !(ps - 1);
             let hinted = (hint != 0 && self.in_reservation(hint, pages)).then(|| self.clip(hint, pages));
             match hinted {
                 Some(r) if !self.regions.any_in(r) && !self.held.iter().any(|h| h.overlaps(&r)) => r.start.0,
@@ -823,7 +829,12 @@ impl Core {
     pub fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> (Vec<AdviceOp>, Result<(), Errno>) {
         match advice {
             MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL | MADV_WILLNEED | MADV_DONTNEED | MADV_COLD | MADV_PAGEOUT
-            | MADV_HWPOISON => {}
+            | MADV_HWPOISON | MADV_FREE => {}
+            // Advice Linux knows whose effect usermm does not need: fork
+            // (the reservation is always MADV_DONTFORK), KSM, THP (usermm
+            // installs 4 KiB pages), core dumps. Accepted, no effect.
+            MADV_DONTFORK | MADV_DOFORK | MADV_MERGEABLE | MADV_UNMERGEABLE | MADV_HUGEPAGE | MADV_NOHUGEPAGE
+            | MADV_DONTDUMP | MADV_DODUMP | MADV_WIPEONFORK | MADV_KEEPONFORK => {}
             _ => return (vec![], bad(Errno::EINVAL)),
         }
         if !self.aligned(addr) {
@@ -901,7 +912,15 @@ impl Core {
                 }
                 MADV_WILLNEED => ops.push(AdviceOp::WillNeed(seg)),
                 MADV_HWPOISON => ops.push(AdviceOp::Poison(seg)),
-                _ => unreachable!(),
+                MADV_FREE => {
+                    // Linux: only anonymous private memory, never locked.
+                    if reg.kind != Kind::AnonPrivate || locked {
+                        return (ops, bad(Errno::EINVAL));
+                    }
+                    ops.push(AdviceOp::Free(seg));
+                }
+                MADV_WIPEONFORK if reg.kind != Kind::AnonPrivate => return (ops, bad(Errno::EINVAL)),
+                _ => {}
             }
         }
         if matches!(advice, MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL) {
@@ -1413,9 +1432,14 @@ impl Core {
             self.inactive -= 1;
             self.swapped += 1;
             self.resident -= 1;
+            let was_lazy = self.pages.get(e.page).has(pf::LAZYFREE);
+            if was_lazy {
+                self.lazyfree_pages -= 1;
+            }
             self.pages.update(e.page, |m| {
                 m.state = PState::Swapped;
                 m.slot = e.swap;
+                m.flags &= !pf::LAZYFREE;
             });
             self.counters.swapouts += 1;
             self.counters.evictions += 1;
@@ -1435,10 +1459,13 @@ impl Core {
         self.staging.release(staging);
         self.inactive -= 1;
         self.resident -= 1;
+        if self.pages.get(p).has(pf::LAZYFREE) {
+            self.lazyfree_pages -= 1;
+        }
         self.pages.update(p, |m| {
             m.state = PState::Absent;
             m.slot = 0;
-            m.flags |= pf::PURGED;
+            m.flags = (m.flags | pf::PURGED) & !pf::LAZYFREE;
         });
         self.counters.volatile_purges += 1;
         self.counters.evictions += 1;
@@ -1536,6 +1563,36 @@ impl Core {
         v
     }
 
+    /// `MADV_FREE` on `r`: swapped pages are freed at once (their slots
+    /// released; they read back as zeros); resident pages become lazily
+    /// freed and keep their data. Busy pages are left alone (Linux's
+    /// MADV_FREE is best effort too).
+    ///
+    /// usermm cannot yet tell whether a lazily freed page was written since
+    /// (that needs write-protect tracking), so reclaim treats every lazily
+    /// freed page as written and swaps it: correct, never a discard of data
+    /// the program wrote after the call. The flag is cleared when the page
+    /// leaves memory, as Linux's LazyFree count is settled at reclaim.
+    pub fn lazyfree(&mut self, r: PageRange) {
+        for (p, m) in self.pages.live_in(r) {
+            match m.state {
+                PState::Swapped => {
+                    self.swap.release(m.slot);
+                    self.swapped -= 1;
+                    if m.has(pf::VOLATILE) {
+                        self.volatile_pages -= 1;
+                    }
+                    self.pages.set(p, PageMeta::default());
+                }
+                PState::Resident | PState::Inactive if !m.has(pf::LAZYFREE) => {
+                    self.pages.update(p, |m| m.flags |= pf::LAZYFREE);
+                    self.lazyfree_pages += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// Marks every page of `r` poisoned (after the executor zapped them).
     pub fn set_poison(&mut self, r: PageRange) {
         for q in r.start.0..r.end.0 {
@@ -1598,6 +1655,9 @@ impl Core {
             }
             if m.has(pf::VOLATILE) {
                 self.volatile_pages -= 1;
+            }
+            if m.has(pf::LAZYFREE) {
+                self.lazyfree_pages -= 1;
             }
             match m.state {
                 PState::Zapping => self.resident -= 1,
@@ -1680,28 +1740,28 @@ impl Core {
             locked_pages: self.locked_pages,
             locked_charged_pages: self.locked_charged,
             swapped_pages: self.swapped,
-            lazyfree_pages: 0,
+            lazyfree_pages: self.lazyfree_pages,
             volatile_pages: self.volatile_pages,
             regions: self.regions.len() as u64,
             counters: self.counters.clone(),
         }
     }
 
-    /// Per-region page counts for smaps: (resident, swapped, inactive).
-    pub fn region_usage(&self, r: PageRange) -> (u64, u64, u64) {
-        let (mut res, mut sw, mut ina) = (0, 0, 0);
+    /// Per-region page counts for smaps: (resident, swapped, lazily freed
+    /// and resident, locked).
+    pub fn region_usage(&self, r: PageRange) -> (u64, u64, u64, u64) {
+        let (mut res, mut sw, mut lazy, mut locked) = (0, 0, 0, 0);
         self.pages.for_each_live(r, |_, m| {
             if m.state.holds_frame() {
                 res += 1;
+                lazy += u64::from(m.has(pf::LAZYFREE));
+                locked += u64::from(m.has(pf::LOCKED));
             }
             if m.state == PState::Swapped {
                 sw += 1;
             }
-            if m.state == PState::Inactive {
-                ina += 1;
-            }
         });
-        (res, sw, ina)
+        (res, sw, lazy, locked)
     }
 
     /// Walks the whole state and asserts every invariant.
@@ -1777,9 +1837,13 @@ impl Core {
             }
         });
         assert_eq!(lp, self.locked_pages, "locked pages count");
-        let mut vp = 0;
-        self.pages.for_each_live(all, |_, m| vp += u64::from(m.has(pf::VOLATILE)));
+        let (mut vp, mut lz) = (0, 0);
+        self.pages.for_each_live(all, |_, m| {
+            vp += u64::from(m.has(pf::VOLATILE));
+            lz += u64::from(m.has(pf::LAZYFREE));
+        });
         assert_eq!(vp, self.volatile_pages, "volatile pages count");
+        assert_eq!(lz, self.lazyfree_pages, "lazyfree pages count");
     }
 }
 

@@ -11,7 +11,7 @@ pub fn format_region(out: &mut String, core: &Core, reg: &Region, extra_flags: &
     let start = core.addr_of(reg.range.start).0;
     let end = core.addr_of(reg.range.end).0;
     let kb = core.page_size() / 1024;
-    let (res, swap, _inactive) = core.region_usage(reg.range);
+    let (res, swap, lazy, locked_pages) = core.region_usage(reg.range);
     let shared = reg.kind == Kind::AnonShared;
     let perms = format!(
         "{}{}{}{}",
@@ -29,7 +29,7 @@ pub fn format_region(out: &mut String, core: &Core, reg: &Region, extra_flags: &
     };
     let size = reg.range.pages() * kb;
     let rss = res * kb;
-    let locked = if reg.lock != LockMode::None { rss } else { 0 };
+    let locked = locked_pages * kb;
     let anon = if shared { 0 } else { rss };
     let _ = writeln!(out, "{header}");
     let mut kv = |k: &str, v: u64| {
@@ -48,7 +48,7 @@ pub fn format_region(out: &mut String, core: &Core, reg: &Region, extra_flags: &
     kv("Referenced", rss);
     kv("Anonymous", anon);
     kv("KSM", 0);
-    kv("LazyFree", 0);
+    kv("LazyFree", lazy * kb);
     kv("AnonHugePages", 0);
     kv("ShmemPmdMapped", 0);
     kv("FilePmdMapped", 0);

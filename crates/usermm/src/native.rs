@@ -870,6 +870,7 @@ impl Inner {
                 }
                 let _ = mm;
             }
+            AdviceOp::Free(r) => lock(&self.core).lazyfree(r),
             AdviceOp::Poison(r) => {
                 self.zap_range(r, false);
                 lock(&self.core).set_poison(r);

@@ -862,8 +862,7 @@ fn madvise_populate() {
 // (usermm-core/src/core.rs) rejects advice 8 as unknown (EINVAL) where Linux
 // returns 0 on private anonymous memory and ENOMEM over a hole.
 #[test]
-#[ignore = "usermm bug: MADV_FREE is EINVAL (not implemented); Linux: 0 on private anon, ENOMEM over a hole"]
-fn known_bug_madvise_free_private_and_shared() {
+fn linux_madvise_free_private_and_shared() {
     conform("madvise_free_private_and_shared", |mm, t| {
         let b = mm.base();
         let _ = t.addr("private", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
@@ -885,8 +884,7 @@ fn known_bug_madvise_free_private_and_shared() {
 // DONTDUMP/DODUMP) and DONTFORK/DOFORK/WIPEONFORK/KEEPONFORK are already what
 // the reservation does (MADV_DONTFORK) or need a documented answer.
 #[test]
-#[ignore = "usermm bug: MADV_DONTFORK..MADV_KEEPONFORK (10..19) are EINVAL; Linux returns 0"]
-fn known_bug_madvise_linux_noop_advice() {
+fn linux_madvise_linux_noop_advice() {
     conform("madvise_linux_noop_advice", |mm, t| {
         let b = mm.base();
         let _ = t.addr("map", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
@@ -975,8 +973,7 @@ fn validate_right_after_cold_reactivation() {
 // (usermm-core/src/core.rs) rounds it up (`hint = (addr + ps - 1) & !(ps -
 // 1)`), so the region lands one page higher. Fix: `addr & !(ps - 1)`.
 #[test]
-#[ignore = "usermm bug: unaligned mmap hint rounded up; x86-64 Linux rounds it down"]
-fn known_bug_mmap_unaligned_hint() {
+fn linux_mmap_unaligned_hint() {
     conform("mmap_unaligned_hint", |mm, t| {
         let b = mm.base();
         t.addr("unaligned hint", mm.mmap(b + 16 * PAGE + 100, PAGE, RW, ANON_PRIVATE, 0));

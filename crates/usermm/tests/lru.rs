@@ -91,8 +91,6 @@ fn hot_vs_cold_scan(retouch: bool) -> Outcome {
     );
     drop(cold);
     drop(hot);
-    // Only once nothing is in flight: `validate()` is wrong while evictions
-    // run (see stress.rs, `stress_validate_mid_run`).
     space.validate();
     Outcome {
         hot_resident,

@@ -7,10 +7,10 @@
 //! aborts the process if no operation completes for 30 s (a hang).
 //!
 //! Checked: no corrupted byte (wrong, stale or zeroed data), `validate()`
-//! after the run (and during it in `stress_validate_mid_run`), the resident
-//! maximum never above the budget
-//! (measured overshoot: 0 pages, since frames are claimed under the core
-//! lock before a fill), no OOM SIGBUS, and that swapping really happened.
+//! during the run (every 100 ms, with evictions in flight) and after it, the
+//! resident maximum never above the budget (measured overshoot: 0 pages,
+//! since frames are claimed under the core lock before a fill), no OOM
+//! SIGBUS, and that swapping really happened.
 
 mod pattern;
 
@@ -273,14 +273,5 @@ fn run(secs: u64, validate_every: Option<Duration>) {
 #[test]
 fn stress_threads_under_quarter_budget() {
     let secs: u64 = std::env::var("USERMM_STRESS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
-    run(secs, None);
-}
-
-/// `validate()` documents that it checks every invariant of the core and may
-/// be called at any time (it takes the core lock); with evictions in flight
-/// it panics with "inactive count".
-#[test]
-#[ignore = "usermm bug: Core::validate's inactive-count check ignores pages in Evicting state (fails mid-run)"]
-fn stress_validate_mid_run() {
-    run(10, Some(Duration::from_millis(20)));
+    run(secs, Some(Duration::from_millis(100)));
 }

@@ -10,13 +10,16 @@
 
 mod pattern;
 
+use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
-use std::process::Command;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use pattern::{bad_bytes, fill_page};
 use usermm::consts::{MADV_PAGEOUT, UMM_PAGE_INACTIVE, UMM_PAGE_RESIDENT, UMM_PAGE_SWAPPED};
 use usermm::{Config, Mapping, Space};
 use usermm_sys::testing::{sigbus_default, SigbusRecorder};
+use usermm_sys::thread::SIGBUS_TRANSIENT_SI_CODE;
 
 const PAGE: usize = 4096;
 
@@ -53,7 +56,7 @@ fn pageout_all(s: &Space, m: &Mapping<'_>) -> Vec<u32> {
         if st.iter().all(|&b| b & UMM_PAGE_SWAPPED != 0) {
             break;
         }
-        std::thread::sleep(std::time::Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(1));
     }
     st
 }
@@ -111,15 +114,26 @@ fn write_errors_keep_pages_resident_and_intact() {
 
 const CHILD_ENV: &str = "USERMM_SWAP_ERR_CHILD";
 const CHILD_TEST: &str = "child_read_error_scenario";
+const CHILD_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The child side of `read_error_kills_faulting_thread_with_sigbus`: does
-/// nothing unless `USERMM_SWAP_ERR_CHILD` is `inject` or `clean`.
+/// The child side of the read-error tests: does nothing unless
+/// `USERMM_SWAP_ERR_CHILD` is set. Modes:
+/// - `inject`: one swap read fails, SIGBUS at its default action: the child
+///   must die of SIGBUS at the touch;
+/// - `clean`: the same without the error: exit 0 (data verified);
+/// - `recorder`: one swap read fails, with a recording SIGBUS handler: the
+///   in-process checks below run, exit 0 if they pass (a panic is 101).
+///
 /// Exit codes: 0 the page read back correctly; 2 wrong data was read; 3 the
 /// page was not swapped out (the scenario could not be set up).
 #[test]
-#[ignore = "child-process entry point of read_error_kills_faulting_thread_with_sigbus"]
+#[ignore = "child-process entry point of the read-error tests"]
 fn child_read_error_scenario() {
     let Ok(mode) = std::env::var(CHILD_ENV) else { return };
+    if mode == "recorder" {
+        read_error_in_process();
+        std::process::exit(0);
+    }
     let s = space(4 << 20, 16 << 20);
     let mut m = s.map_anon(16 * PAGE).expect("mmap");
     fill(&mut m, 9, 1);
@@ -141,35 +155,72 @@ fn child_read_error_scenario() {
     std::process::exit(if bad == 0 { 0 } else { 2 });
 }
 
-fn run_child(mode: &str) -> std::process::Output {
+/// Runs the child scenario `mode`; kills it (and fails) if it has not ended
+/// within `CHILD_TIMEOUT` (a thread stuck in a fault that is never served
+/// nor signalled). Returns its status and stderr.
+fn run_child(mode: &str) -> (ExitStatus, String) {
     let exe = std::env::current_exe().expect("current_exe");
-    Command::new(exe)
+    let mut child = Command::new(exe)
         .args(["--exact", CHILD_TEST, "--ignored", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, mode)
-        .output()
-        .expect("spawn child")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn child");
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            break st;
+        }
+        if t0.elapsed() > CHILD_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = reader.join().unwrap();
+            panic!("child ({mode}) hung for {CHILD_TIMEOUT:?} (a fault neither served nor signalled); stderr:\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let err = reader.join().unwrap();
+    eprintln!("child ({mode}) status {status:?}, stderr:\n{err}");
+    (status, err)
 }
 
 #[test]
 fn read_error_kills_faulting_thread_with_sigbus() {
-    let out = run_child("inject");
-    let err = String::from_utf8_lossy(&out.stderr);
-    eprintln!("child (inject) status {:?}, stderr:\n{err}", out.status);
+    let (status, err) = run_child("inject");
     assert!(err.contains("child: page 0 SWAPPED"), "the child could not set up the scenario");
     assert!(err.contains("swap_read_errors: 0"), "stats printed before the touch");
     assert!(!err.contains("bad bytes"), "the child's touch returned instead of faulting");
-    assert_eq!(out.status.signal(), Some(libc::SIGBUS), "the child must die of SIGBUS, not {:?}", out.status);
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "the child must die of SIGBUS, not {status:?}");
+}
 
-    // The same steps without the injected error read the right data.
-    let out = run_child("clean");
-    let err = String::from_utf8_lossy(&out.stderr);
-    eprintln!("child (clean) status {:?}, stderr:\n{err}", out.status);
+/// Control: the same steps without the injected error read the right data.
+#[test]
+fn read_without_error_reads_right_data_in_child() {
+    let (status, err) = run_child("clean");
     assert!(err.contains("child: read page 0, 0 bad bytes"), "clean child output");
-    assert_eq!(out.status.code(), Some(0), "clean child: {:?}", out.status);
+    assert_eq!(status.code(), Some(0), "clean child: {status:?}");
 }
 
 #[test]
 fn read_error_sigbus_in_process_then_retry_reads_right_data() {
+    let (status, err) = run_child("recorder");
+    assert!(err.contains("in-process: "), "recorder child output");
+    assert_eq!(status.code(), Some(0), "recorder child failed: {status:?}");
+}
+
+/// In-process (run in a child so that a hang cannot block the test binary):
+/// a recording SIGBUS handler sees exactly one SIGBUS at the page whose swap
+/// read failed, with `si_code` `SI_QUEUE` (usermm's code for a transient
+/// error; the kernel lets only the faulting thread itself queue
+/// `BUS_ADRERR`); when it returns, the retried access reads the right data.
+fn read_error_in_process() {
     let s = space(4 << 20, 16 << 20);
     let mut m = s.map_anon(16 * PAGE).expect("mmap");
     fill(&mut m, 5, 3);
@@ -195,9 +246,7 @@ fn read_error_sigbus_in_process_then_retry_reads_right_data() {
     assert_eq!(r.count, 1, "exactly one SIGBUS for one injected read error");
     let page_addr = m.addr() + page * PAGE;
     assert!((page_addr..page_addr + PAGE).contains(&r.addr), "si_addr {:#x} not in page {page_addr:#x}", r.addr);
-    // A transient failure is signalled with SI_QUEUE (the kernel allows
-    // BUS_ADRERR only for its own faults; docs/design.md).
-    assert_eq!(r.code, usermm_sys::thread::SIGBUS_TRANSIENT_SI_CODE, "si_code of a transient SIGBUS");
+    assert_eq!(r.code, SIGBUS_TRANSIENT_SI_CODE, "si_code");
     assert_eq!(bad, 0, "the retried read returned wrong data");
     assert_eq!(after.swap_read_errors, before.swap_read_errors + 1);
     assert!(after.swapins > before.swapins);

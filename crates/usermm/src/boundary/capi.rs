@@ -400,13 +400,12 @@ pub unsafe extern "C" fn umm_madvise(s: *mut umm_space, addr: *mut c_void, len: 
 /// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
 /// be NULL or valid for what `usermm.h` says the call reads or writes.
 #[no_mangle]
-pub unsafe extern "C" fn umm_mvolatile(s: *mut umm_space, _addr: *mut c_void, _len: usize) -> c_int {
+pub unsafe extern "C" fn umm_mvolatile(s: *mut umm_space, addr: *mut c_void, len: usize) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
     let sp = unsafe { space(s) };
     guard(-1, || {
-        sp?;
-        // Not implemented yet: issue 6
-        Err(Errno::ENOSYS)
+        sp?.mvolatile(addr as usize, len)?;
+        Ok(0)
     })
 }
 
@@ -418,16 +417,28 @@ pub unsafe extern "C" fn umm_mvolatile(s: *mut umm_space, _addr: *mut c_void, _l
 #[no_mangle]
 pub unsafe extern "C" fn umm_mnovolatile(
     s: *mut umm_space,
-    _addr: *mut c_void,
-    _len: usize,
-    _out: *mut umm_purge_report,
+    addr: *mut c_void,
+    len: usize,
+    out: *mut umm_purge_report,
 ) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
     let sp = unsafe { space(s) };
+    // SAFETY: `out` is NULL or a valid report (this function's contract).
+    let out = unsafe { as_mut(out) };
     guard(-1, || {
-        sp?;
-        // Not implemented yet: issue 6
-        Err(Errno::ENOSYS)
+        let (purged, report) = sp?.mnovolatile(addr as usize, len)?;
+        if let Some(out) = out {
+            out.purged_pages = report.purged_pages;
+            out.first_purged = report.first_purged as *mut c_void;
+            // SAFETY: the caller's bitmap is NULL or valid for
+            // `bitmap_words` words (usermm.h).
+            if let Some(words) = unsafe { slice_mut(out.bitmap, out.bitmap_words) } {
+                let n = words.len().min(report.bitmap.len());
+                words[..n].copy_from_slice(&report.bitmap[..n]);
+                words[n..].fill(0);
+            }
+        }
+        Ok(c_int::from(purged))
     })
 }
 
