@@ -391,6 +391,7 @@ impl Sim {
                     }
                 }
                 AdviceOp::Poison(_) => panic!("no MADV_HWPOISON here"),
+                AdviceOp::Free(_) => panic!("no MADV_FREE here"),
             }
             self.c.validate();
         }

@@ -174,6 +174,8 @@ fn mmap_munmap_proceed_and_range_is_held_during_a_large_unmap() {
     // Pairs that overlapped A's munmap, and those that ran entirely inside it.
     let worst_during = pairs.iter().filter(|p| p.0 < a1 && p.2 > a0).map(|p| p.2 - p.0).max().unwrap_or(0);
     let during = pairs.iter().filter(|p| p.0 >= a0 && p.2 <= a1).count();
+    let worst_mmap = pairs.iter().filter(|p| p.0 < a1 && p.1 > a0).map(|p| p.1 - p.0).max().unwrap_or(0);
+    let worst_munmap = pairs.iter().filter(|p| p.1 < a1 && p.2 > a0).map(|p| p.2 - p.1).max().unwrap_or(0);
     // B's mappings inside A's range, with the time their mmap returned.
     let inside: Vec<(usize, u64)> =
         pairs.iter().filter(|p| p.3 < a_end && p.3 + 16 * PAGE > a).map(|p| (p.3, p.1)).collect();
@@ -183,12 +185,14 @@ fn mmap_munmap_proceed_and_range_is_held_during_a_large_unmap() {
     let early: Vec<_> = inside.iter().filter(|&&(_, t)| t + 1_000_000 < a1).collect();
     eprintln!(
         "munmap of {} MiB populated took {:?}; B did {} mmap+munmap pairs, {during} entirely while A's munmap ran, \
-         worst pair overlapping it {:?}; write-lock hold max {} us; B mappings inside A's range: {} (first at {:?} ns \
+         worst pair overlapping it {:?} (mmap {:?}, munmap {:?}); write-lock hold max {} us; B mappings inside A's range: {} (first at {:?} ns \
          after start, A's munmap ran {a0}..{a1} ns); early reuses: {}",
         A_BYTES >> 20,
         unmap_time,
         pairs.len(),
         Duration::from_nanos(worst_during),
+        Duration::from_nanos(worst_mmap),
+        Duration::from_nanos(worst_munmap),
         st.write_lock_hold_ns_max / 1000,
         inside.len(),
         inside.first().map(|x| x.1),

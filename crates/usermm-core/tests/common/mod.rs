@@ -162,6 +162,7 @@ pub fn madvise(c: &mut Core, addr: u64, len: u64, advice: i32) -> Result<(), Err
                 zap(c, r);
                 c.set_poison(r);
             }
+            AdviceOp::Free(r) => c.lazyfree(r),
             AdviceOp::WillNeed(r) => {
                 for p in c.swapped_in(r) {
                     touch(c, p.0, false);
