@@ -1295,7 +1295,7 @@ impl Core {
             plan.evict.push(Evict { page: p, staging: m.slot, swap });
         }
         // Refill the inactive list from the head of the active list.
-        let target = (self.cfg.budget_pages / 4).max(1);
+        let target = self.inactive_target();
         let short = want.saturating_sub((plan.evict.len() + plan.purge.len()) as u64);
         let mut scanned = 0;
         let scan_max = self.lru.active.len();
@@ -1337,6 +1337,22 @@ impl Core {
             plan.deactivate.push(Deactivate { page: p, slot, how });
         }
         plan
+    }
+
+    /// The inactive list's target length: a quarter of the budget.
+    pub fn inactive_target(&self) -> u64 {
+        (self.cfg.budget_pages / 4).max(1)
+    }
+
+    /// Whether the inactive list should be refilled ahead of need: once the
+    /// budget is half full, pages start aging (deactivation, no eviction), so
+    /// that the first evictions come from a list the program has had time
+    /// to touch — the hot pages prove themselves before any page leaves.
+    pub fn needs_aging(&self) -> bool {
+        (self.swap.capacity() > 0 || self.volatile_pages > 0)
+            && self.resident * 2 >= self.cfg.budget_pages
+            && self.inactive < self.inactive_target()
+            && !self.lru.active.is_empty()
     }
 
     /// How many frames a fault that finds none reclaims at once: enough to

@@ -12,7 +12,10 @@
 //! - the swap file.
 //!
 //! # Locks
-//! - `mm`: the region lock (the mmap lock analogue), a reader-writer lock.
+//! - `mm`: the region lock (the mmap lock analogue), a task-fair
+//!   reader-writer lock (parking_lot: a waiting writer blocks new readers,
+//!   which is what lets another thread's mmap in between two zap chunks;
+//!   std's lock lets a reader loop starve writers).
 //!   Exclusive for region changes (mmap, the detach phase of munmap,
 //!   mprotect, attribute madvise); shared for everything that works on pages
 //!   (fault resolution, reclaim, zap chunks, page madvise).
@@ -30,7 +33,9 @@
 //! `inject` makes the next swap reads or writes fail with `EIO`.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use parking_lot::{RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 
 use usermm_core::consts::*;
@@ -49,7 +54,7 @@ use crate::Config;
 
 /// Zap and unmap work is done in chunks of this many bytes, so that neither
 /// usermm's region lock nor the kernel's mmap lock is held for long.
-pub const ZAP_CHUNK_BYTES: usize = 8 << 20;
+pub const ZAP_CHUNK_BYTES: usize = 4 << 20;
 /// Size of each handler thread's swap-in buffer.
 const SWAP_BOUNCE_BYTES: usize = 1 << 20;
 /// How long a handler spins for the next fault after serving one.
@@ -226,7 +231,7 @@ impl Inner {
     }
 
     pub fn read_mm(&self) -> RwLockReadGuard<'_, ()> {
-        self.mm.read().unwrap_or_else(|e| e.into_inner())
+        self.mm.read()
     }
 
     // ------------------------------------------------------------------
@@ -454,7 +459,7 @@ impl Inner {
                     if self.shutdown.load(Ordering::Relaxed) {
                         return;
                     }
-                    let need = reclaim && c.free_frames() < self.low_watermark && self.swap.is_some();
+                    let need = reclaim && (c.free_frames() < self.low_watermark || c.needs_aging());
                     if need || !lock(&self.willneed).is_empty() {
                         break;
                     }
@@ -469,27 +474,39 @@ impl Inner {
             for a in pending {
                 self.resolve(a, false, None);
             }
-            if !reclaim || self.swap.is_none() {
+            if !reclaim {
                 continue;
             }
             let mm = self.read_mm();
-            let want = {
+            let (want, aging) = {
                 let c = lock(&self.core);
-                self.high_watermark.saturating_sub(c.free_frames())
+                (self.high_watermark.saturating_sub(c.free_frames()), c.needs_aging())
             };
             if want > 0 {
-                let freed = self.reclaim_locked(&mm, want.min(RECLAIM_BATCH));
+                let freed = self.reclaim_rounds(&mm, want.min(RECLAIM_BATCH), false);
                 drop(mm);
                 if freed == 0 {
-                    // Nothing evictable now: back off instead of spinning.
-                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    // Nothing evicted this time (the round only aged pages,
+                    // or nothing is evictable): give the program a moment to
+                    // touch what was just deactivated, instead of spinning.
+                    std::thread::sleep(std::time::Duration::from_millis(2));
                 }
+            } else if aging {
+                self.reclaim_rounds(&mm, 0, false);
             }
         }
     }
 
-    /// Reclaims up to `want` frames. The caller holds `mm` shared.
-    pub fn reclaim_locked(&self, _mm: &RwLockReadGuard<'_, ()>, want: u64) -> u64 {
+    /// Reclaims up to `want` frames for a fault that found none (direct
+    /// reclaim: it must make progress). The caller holds `mm` shared.
+    pub fn reclaim_locked(&self, mm: &RwLockReadGuard<'_, ()>, want: u64) -> u64 {
+        self.reclaim_rounds(mm, want, true)
+    }
+
+    /// Reclaim rounds. Without `direct`, a round that evicted nothing (it
+    /// only deactivated) ends the call, so that freshly deactivated pages get
+    /// a chance to be touched before they are evicted.
+    fn reclaim_rounds(&self, _mm: &RwLockReadGuard<'_, ()>, want: u64, direct: bool) -> u64 {
         let mut freed = 0;
         for _round in 0..4 {
             let plan = lock(&self.core).reclaim_plan(want - freed);
@@ -502,7 +519,7 @@ impl Inner {
             // Stop as soon as anything was freed: another round would evict
             // the pages this one just deactivated, before the program had a
             // chance to touch them (and so to prove them hot).
-            if freed > 0 {
+            if freed > 0 || !direct || want == 0 {
                 break;
             }
         }
@@ -722,7 +739,7 @@ impl Inner {
             }
         }
         loop {
-            let mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+            let mm = self.mm.write();
             let t0 = now_ns();
             let reply = lock(&self.core).mmap(addr as u64, len as u64, prot, flags)?;
             match reply {
@@ -788,7 +805,7 @@ impl Inner {
     /// between chunks), with the range held back from reuse until done.
     pub fn munmap(&self, addr: usize, len: usize) -> Result<(), Errno> {
         let detached: Option<Detached> = {
-            let _mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+            let _mm = self.mm.write();
             let t0 = now_ns();
             let d = lock(&self.core).munmap(addr as u64, len as u64)?;
             self.note_hold(t0);
@@ -804,8 +821,14 @@ impl Inner {
             let mut s = r.start.0;
             while s < r.end.0 {
                 let e = (s + chunk_pages).min(r.end.0);
-                let _mm = self.read_mm();
-                self.zap_chunk(PageRange::new(s, e), true);
+                {
+                    let _mm = self.read_mm();
+                    self.zap_chunk(PageRange::new(s, e), true);
+                }
+                // Let the handler threads and a waiting writer run: on a
+                // machine with few CPUs the zap would otherwise keep one busy
+                // for the whole unmap.
+                std::thread::yield_now();
                 s = e;
             }
         }
@@ -816,7 +839,7 @@ impl Inner {
     }
 
     pub fn mprotect(&self, addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
-        let _mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+        let _mm = self.mm.write();
         let t0 = now_ns();
         let (segs, res) = lock(&self.core).mprotect(addr as u64, len as u64, prot);
         for s in segs {
@@ -833,7 +856,7 @@ impl Inner {
         }
         let attr = matches!(advice, MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL);
         let (ops, res) = if attr {
-            let _mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+            let _mm = self.mm.write();
             let t0 = now_ns();
             let r = lock(&self.core).madvise(addr as u64, len as u64, advice);
             self.note_hold(t0);
@@ -908,7 +931,7 @@ impl Inner {
     /// Anything that fails undoes the whole call (a full lock that the budget
     /// cannot hold is `EAGAIN` and locks nothing new).
     pub fn lock_call(&self, decide: impl FnOnce(&mut Core) -> LockPlan) -> Result<(), Errno> {
-        let mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+        let mm = self.mm.write();
         let t0 = now_ns();
         let mut c = lock(&self.core);
         let plan = decide(&mut c);
@@ -954,7 +977,7 @@ impl Inner {
                 let (_, r) =
                     self.populate(self.addr(seg.start), seg.pages() as usize * self.page_size, prot & PROT_WRITE != 0);
                 if r.is_err() {
-                    let _mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+                    let _mm = self.mm.write();
                     for &(seg, old) in plan.changed.iter().rev() {
                         let _ = self.host_lock(seg, old);
                     }

@@ -119,15 +119,14 @@ fn hot_set_survives_cold_scan() {
 }
 
 /// Stronger: the hot set is never pushed out during the scan at all (at most
-/// 5% of it is read back from swap by the hot passes). Fails: when reclaim
-/// first starts (the budget just filled, the inactive list empty),
-/// `reclaim_locked` deactivates the head of the active list (the hot set,
-/// the oldest pages) in one round and evicts those same pages in the next
-/// round of the same call, before any hot pass could touch them: the whole
-/// hot set is swapped out once (512 swap-ins at the next pass), then never
-/// again.
+/// 5% of it is read back from swap by the hot passes). Still fails: the
+/// background thread ages pages from half the budget on, but a sequential
+/// scan this fast outruns it; when the budget fills with the inactive list
+/// empty, direct reclaim deactivates and evicts in one call and the hot set
+/// goes to swap once (~450 swap-ins at one pass, ~cold page 7,300), then
+/// never again. Run with `--ignored` to see it.
 #[test]
-#[ignore = "usermm bug: first reclaim evicts the pages it deactivated in the same call (no second chance)"]
+#[ignore = "known limitation: a scan faster than background aging empties the inactive list; direct reclaim then evicts the hot set once (~450 swap-ins at one pass)"]
 fn hot_set_not_swapped_during_cold_scan() {
     let o = hot_vs_cold_scan(true);
     assert_eq!(o.corrupted, 0, "hot data corrupted");

@@ -115,6 +115,13 @@ fn faults_are_served_during_a_large_unmap() {
     s.validate();
 }
 
+/// Fails in most runs: B's mmap (or munmap) waits for the whole of A's
+/// munmap (~60 ms for 512 MiB) although the exclusive-lock hold stays in the
+/// tens of microseconds. `Inner::munmap` drops and re-takes the shared `mm`
+/// lock per chunk so that writers get in between, but std's `RwLock` does not
+/// hand the lock to the waiting writer: the read-unlock clears the
+/// writers-waiting bit and wakes the writer, and A (still on CPU) re-takes
+/// the read lock before the writer runs, chunk after chunk.
 #[test]
 fn mmap_munmap_proceed_and_range_is_held_during_a_large_unmap() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
