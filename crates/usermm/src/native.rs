@@ -873,7 +873,8 @@ impl Inner {
         res
     }
 
-    fn advice_op(&self, mm: &RwLockReadGuard<'_, ()>, op: &AdviceOp) {
+    /// Carries out one page advice; the caller holds `mm` shared.
+    fn advice_op(&self, _mm: &RwLockReadGuard<'_, ()>, op: &AdviceOp) {
         match *op {
             AdviceOp::Zap(r) => self.zap_range(r, false),
             AdviceOp::Cold(r) => {
@@ -891,7 +892,6 @@ impl Inner {
                         break;
                     }
                 }
-                let _ = mm;
             }
             AdviceOp::Free(r) => lock(&self.core).lazyfree(r),
             AdviceOp::Poison(r) => {
