@@ -858,6 +858,27 @@ fn madvise_populate() {
     });
 }
 
+#[test]
+fn madvise_populate_partial_and_argument_rules() {
+    conform("madvise_populate_partial_and_argument_rules", |mm, t| {
+        let b = mm.base();
+        //  AAAA..AAAA   then   SS (shared)
+        let _ = t.addr("A", mm.mmap(b, 10 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.unit("hole", mm.munmap(b + 4 * PAGE, 2 * PAGE));
+        t.unit("unaligned", mm.madvise(b + 1, PAGE, MADV_POPULATE_WRITE));
+        t.unit("len wraps", mm.madvise(b, usize::MAX - 100, MADV_POPULATE_READ));
+        t.unit("WRITE over the hole", mm.madvise(b, 10 * PAGE, MADV_POPULATE_WRITE));
+        // Pages up to the hole are populated, none after it.
+        t.mincore("before the hole", mm.mincore(b, 4 * PAGE));
+        t.mincore("after the hole", mm.mincore(b + 6 * PAGE, 4 * PAGE));
+        t.note(format!("before {:?}", dump(mm, b, 4)));
+        let _ = t.addr("S", mm.mmap(b + 16 * PAGE, 2 * PAGE, RW, FIXED_SHARED, 0));
+        t.unit("WRITE shared", mm.madvise(b + 16 * PAGE, 2 * PAGE, MADV_POPULATE_WRITE));
+        t.mincore("S", mm.mincore(b + 16 * PAGE, 2 * PAGE));
+        t.unit("READ again", mm.madvise(b + 16 * PAGE, 2 * PAGE, MADV_POPULATE_READ));
+    });
+}
+
 // KNOWN BUG: MADV_FREE (seed 001) is not implemented: `Core::madvise`
 // (usermm-core/src/core.rs) rejects advice 8 as unknown (EINVAL) where Linux
 // returns 0 on private anonymous memory and ENOMEM over a hole.

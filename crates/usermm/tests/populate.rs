@@ -111,3 +111,36 @@ fn populate_with_swap_keeps_data_of_swapped_pages() {
     }
     s.validate();
 }
+
+#[test]
+fn swap_read_error_is_efault_with_exact_report_then_retry_works() {
+    let s = space(8, 64);
+    let a = map(&s, 64 * PS, PROT_READ | PROT_WRITE);
+    for p in 0..64 {
+        usermm_sys::kernel::poke(a + p * PS, p as u8 + 1);
+    }
+    // Page everything out (PAGEOUT is advisory: repeat until all swapped).
+    for _ in 0..10 {
+        s.madvise(a, 64 * PS, MADV_PAGEOUT).unwrap();
+        let mut st = vec![0u32; 64];
+        s.page_state(a, 64, &mut st).unwrap();
+        if st.iter().all(|x| x & UMM_PAGE_SWAPPED != 0) {
+            break;
+        }
+    }
+    let mut st = vec![0u32; 64];
+    s.page_state(a, 64, &mut st).unwrap();
+    assert!(st.iter().all(|x| x & UMM_PAGE_SWAPPED != 0), "{st:x?}");
+    s.inject_swap_errors(1, 0);
+    let (rep, r) = s.populate(a, 64 * PS, MADV_POPULATE_READ);
+    assert_eq!(r, Err(Errno::EFAULT), "backing that cannot be read is EFAULT, never a signal");
+    assert_eq!(rep.populated_bytes, 0);
+    assert_eq!(rep.fail_addr, a);
+    // Nothing was lost: the retry reads every page back.
+    s.madvise(a, 64 * PS, MADV_POPULATE_READ).unwrap();
+    for p in 0..64 {
+        assert_eq!(usermm_sys::kernel::peek(a + p * PS), p as u8 + 1);
+    }
+    assert_eq!(s.stats().swap_read_errors, 1);
+    s.validate();
+}
