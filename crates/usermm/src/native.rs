@@ -698,9 +698,6 @@ impl Inner {
     fn zap_chunk(&self, r: PageRange, protect: bool) {
         let start = self.addr(r.start);
         let len = r.pages() as usize * self.page_size;
-        if protect {
-            let _ = self.arena.protect(start, len, PROT_NONE);
-        }
         let claim = {
             let mut c = lock(&self.core);
             loop {
@@ -712,6 +709,14 @@ impl Inner {
         };
         if claim.mapped {
             let _ = self.arena.dontneed(start, len);
+        }
+        if protect {
+            // After the drop, not before: mprotect holds the kernel's mmap
+            // lock exclusively (blocking every other thread's faults and
+            // userfaultfd ioctls), and on an emptied chunk it has no page to
+            // change. A touch in between faults into a handler, which sees
+            // the range detached and makes that page PROT_NONE (SIGSEGV).
+            let _ = self.arena.protect(start, len, PROT_NONE);
         }
         for &s in &claim.staging {
             let _ = self.arena.drop_slot(s);
