@@ -1268,7 +1268,10 @@ impl Core {
             // could be purged.
             return plan;
         }
-        // Evict the oldest inactive pages.
+        // Evict the oldest inactive pages. A page that cannot go anywhere
+        // (no swap slot) is kept at the head and the scan goes on, so that
+        // volatile pages behind it can still be purged.
+        let mut kept = Vec::new();
         let mut scanned = 0;
         let scan_max = self.lru.inactive.len();
         while ((plan.evict.len() + plan.purge.len()) as u64) < want && scanned < scan_max {
@@ -1288,11 +1291,14 @@ impl Core {
                 continue;
             }
             let Some(swap) = self.swap.alloc() else {
-                self.lru.inactive.push_front((p, g));
-                break;
+                kept.push((p, g));
+                continue;
             };
             self.pages.update(p, |m| m.state = PState::Evicting);
             plan.evict.push(Evict { page: p, staging: m.slot, swap });
+        }
+        for e in kept.into_iter().rev() {
+            self.lru.inactive.push_front(e);
         }
         // Refill the inactive list from the head of the active list.
         let target = self.inactive_target();
@@ -1570,6 +1576,15 @@ impl Core {
             }
         }
         Ok((out, res))
+    }
+
+    /// Whether any page of the `pages` pages from `a` is being filled.
+    pub fn any_filling(&self, a: Addr, pages: u64) -> bool {
+        let Some(p) = self.page_of(a) else { return false };
+        let end = p.0.saturating_add(pages).min(self.cfg.reserve_pages);
+        let mut busy = false;
+        self.pages.for_each_live(PageRange::new(p.0, end), |_, m| busy |= m.state == PState::Filling);
+        busy
     }
 
     /// Whether any page of `r` is volatile (mlock refuses them).

@@ -28,8 +28,10 @@
 
 pub mod boundary;
 mod native;
+pub mod purgeable;
 
 pub use boundary::capi;
+pub use purgeable::{Contents, Purgeable, PurgeableGuard};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -307,7 +309,7 @@ impl Space {
         let mut tmp = vec![0u8; pages];
         let n = vec.len().min(pages);
         tmp[..n].copy_from_slice(&vec[..n]);
-        let r = self.inner.core.lock().unwrap_or_else(|e| e.into_inner()).mincore(addr as u64, len as u64, &mut tmp);
+        let r = self.inner.settled_core(addr, len).mincore(addr as u64, len as u64, &mut tmp);
         if r.is_ok() && vec.len() < pages {
             return Err(Errno::EFAULT);
         }
@@ -326,8 +328,11 @@ impl Space {
         let mut tmp = vec![0u32; pages];
         let n = out.len().min(pages);
         tmp[..n].copy_from_slice(&out[..n]);
-        let r =
-            self.inner.core.lock().unwrap_or_else(|e| e.into_inner()).page_state(addr as u64, npages as u64, &mut tmp);
+        let r = self.inner.settled_core(addr, npages.saturating_mul(self.inner.page_size)).page_state(
+            addr as u64,
+            npages as u64,
+            &mut tmp,
+        );
         if r.is_ok() && out.len() < npages {
             return Err(Errno::EFAULT);
         }

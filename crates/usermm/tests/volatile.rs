@@ -179,8 +179,13 @@ fn mnovolatile_races_reclaim_without_losing_a_page_reported_intact() {
                 pressure(s, 16 << 20);
             }
         });
-        for round in 0..40u8 {
-            let v = round.wrapping_mul(7) | 1;
+        // At least 40 rounds, and on until reclaim really purged during the
+        // race (at most 1000 rounds).
+        for round in 0..1000u32 {
+            if round >= 40 && s.stats().volatile_purges > 0 {
+                break;
+            }
+            let v = (round as u8).wrapping_mul(7) | 1;
             for c in 0..128 {
                 s.mnovolatile(a + c * CHUNK, CHUNK).unwrap();
                 for p in 0..CHUNK / PS {
