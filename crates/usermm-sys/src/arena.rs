@@ -70,12 +70,17 @@ impl Arena {
     /// waking waiters (the caller commits, then wakes). Returns the bytes
     /// installed (a prefix).
     pub fn zero_fill(&self, uffd: &Uffd, dst: usize, len: usize) -> Result<usize, Errno> {
+        self.zero_fill_wake(uffd, dst, len, false)
+    }
+
+    /// `zero_fill`, waking the waiters when `wake`.
+    pub fn zero_fill_wake(&self, uffd: &Uffd, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
         self.check(dst, len)?;
         let mut done = 0;
         while done < len {
             let n = (len - done).min(self.zero_len);
             // SAFETY: the zero buffer is ours, mapped and readable for zero_len.
-            let c = unsafe { uffd.copy(dst + done, self.zero_buf as *const u8, n, false) }?;
+            let c = unsafe { uffd.copy(dst + done, self.zero_buf as *const u8, n, wake) }?;
             done += c;
             if c < n {
                 break;
@@ -88,8 +93,13 @@ impl Arena {
     /// read fault: no frame is allocated until the program writes, and then
     /// the kernel copies on write without a userfaultfd round trip).
     pub fn zero_map(&self, uffd: &Uffd, dst: usize, len: usize) -> Result<usize, Errno> {
+        self.zero_map_wake(uffd, dst, len, false)
+    }
+
+    /// `zero_map`, waking the waiters when `wake`.
+    pub fn zero_map_wake(&self, uffd: &Uffd, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
         self.check(dst, len)?;
-        uffd.zeropage(dst, len, false)
+        uffd.zeropage(dst, len, wake)
     }
 
     /// Maps the page parked in `slot` back at `dst` (without waking):

@@ -57,6 +57,8 @@ use crate::Config;
 pub const ZAP_CHUNK_BYTES: usize = 4 << 20;
 /// Size of each handler thread's swap-in buffer.
 const SWAP_BOUNCE_BYTES: usize = 1 << 20;
+/// Fills up to this many pages are installed under the core lock.
+const SMALL_FILL_PAGES: u64 = 16;
 /// How long a handler spins for the next fault after serving one.
 const SPIN_NS: u64 = 100_000;
 /// Pages reclaimed per background round.
@@ -321,6 +323,31 @@ impl Inner {
                         if let Some(t) = tid {
                             let _ = usermm_sys::thread::sigbus_thread(t, addr);
                         }
+                    }
+                    return;
+                }
+                FaultPlan::ZeroFill { run } if run.pages() <= SMALL_FILL_PAGES => {
+                    // A small fill: install, wake and commit under the core
+                    // lock. The woken thread can observe nothing before the
+                    // commit (every observer takes this lock), no zap can
+                    // interleave, and its wake-up overlaps our commit instead
+                    // of waiting for a separate wake ioctl. The install never
+                    // waits on anything that needs this lock.
+                    let a = self.addr(run.start);
+                    let len = run.pages() as usize * self.page_size;
+                    let done = if write {
+                        self.arena.zero_fill_wake(&self.uffd, a, len, true)
+                    } else {
+                        self.arena
+                            .zero_map_wake(&self.uffd, a, len, true)
+                            .or_else(|_| self.arena.zero_fill_wake(&self.uffd, a, len, true))
+                    };
+                    let n = (done.unwrap_or(0) / self.page_size) as u64;
+                    c.fill_done(&plan, n);
+                    self.after_fill(&mut c);
+                    drop(c);
+                    if n < run.pages() {
+                        let _ = self.uffd.wake(page_addr, self.page_size);
                     }
                     return;
                 }
