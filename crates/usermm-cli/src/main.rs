@@ -13,11 +13,14 @@
 
 mod common;
 mod fault;
+mod madvfree;
 mod munmap;
 mod params;
+mod populate;
 mod reclaim;
 mod report;
 mod svg;
+mod volatile;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -33,7 +36,7 @@ struct ExpDef {
     run: fn(&Params, &Progress) -> Result<Experiment, String>,
 }
 
-const EXPERIMENTS: [ExpDef; 3] = [
+const EXPERIMENTS: [ExpDef; 6] = [
     ExpDef {
         name: "fault",
         about: "first touch of a fresh region (seq/random/sparse × read/write): throughput, sparse latency",
@@ -51,6 +54,24 @@ const EXPERIMENTS: [ExpDef; 3] = [
         about: "seed 003: unmap a populated region while a second thread faults or maps/unmaps; hold time and stalls",
         params: munmap::params,
         run: munmap::run,
+    },
+    ExpDef {
+        name: "populate",
+        about: "seed 004: prefault a fresh region (read/write loops, MADV_POPULATE_*, MAP_POPULATE), ns per page",
+        params: populate::params,
+        run: populate::run,
+    },
+    ExpDef {
+        name: "madvfree",
+        about: "seed 001: ebizzy-style memset + MADV_FREE/MADV_DONTNEED of random chunks; ops/s, faults/op, pressure",
+        params: madvfree::params,
+        run: madvfree::run,
+    },
+    ExpDef {
+        name: "volatile",
+        about: "seed 002: fill-and-drop loop, mvolatile/mnovolatile vs MADV_DONTNEED; time, faults, peak; purge demo",
+        params: volatile::params,
+        run: volatile::run,
     },
 ];
 

@@ -113,6 +113,9 @@ pub enum FaultPlan {
     Reactivate { page: PageIdx, slot: u32, how: Transfer },
     /// The page cannot be served (poisoned): raise SIGBUS.
     Sigbus,
+    /// A lazily freed page the host kernel discarded: install a zero page
+    /// (its frame is still charged), as a discard reads back as zeros.
+    Refill { page: PageIdx },
 }
 
 /// One deactivation: move `page` to staging slot `slot`.
@@ -131,6 +134,17 @@ pub struct Evict {
     pub swap: u32,
 }
 
+/// One lazily freed page to discard: ask the host to drop staging slot
+/// `staging` (clean lazily freed memory is dropped at once, no I/O); if the
+/// program wrote it since, the host keeps it and it is swapped to `swap`
+/// instead (when there is a slot).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Discard {
+    pub page: PageIdx,
+    pub staging: u32,
+    pub swap: Option<u32>,
+}
+
 /// What reclaim should do now.
 #[derive(Clone, Debug, Default)]
 pub struct ReclaimPlan {
@@ -138,11 +152,13 @@ pub struct ReclaimPlan {
     pub evict: Vec<Evict>,
     /// Volatile pages to purge instead of swapping: `(page, staging slot)`.
     pub purge: Vec<(PageIdx, u32)>,
+    /// Lazily freed pages to discard (or, if written since, swap).
+    pub discard: Vec<Discard>,
 }
 
 impl ReclaimPlan {
     pub fn is_empty(&self) -> bool {
-        self.deactivate.is_empty() && self.evict.is_empty() && self.purge.is_empty()
+        self.deactivate.is_empty() && self.evict.is_empty() && self.purge.is_empty() && self.discard.is_empty()
     }
 }
 
@@ -249,6 +265,9 @@ pub struct Core {
     volatile_pages: u64,
     /// Invariant: the number of pages with the `LAZYFREE` flag.
     lazyfree_pages: u64,
+    /// Whether the executor passes MADV_FREE down to the host and can have
+    /// the host discard clean lazily freed pages (`set_host_lazyfree`).
+    host_lazyfree: bool,
     /// `mlockall(MCL_FUTURE)` flags in force.
     lock_future: Option<LockMode>,
     next_object: u64,
@@ -279,10 +298,16 @@ impl Core {
             locked_pages: 0,
             volatile_pages: 0,
             lazyfree_pages: 0,
+            host_lazyfree: false,
             lock_future: None,
             next_object: 1,
             counters: Counters::default(),
         }
+    }
+
+    /// The executor can have the host discard clean lazily freed pages.
+    pub fn set_host_lazyfree(&mut self, on: bool) {
+        self.host_lazyfree = on;
     }
 
     pub fn config(&self) -> &CoreConfig {
@@ -1031,6 +1056,12 @@ impl Core {
             return FaultPlan::Wait;
         }
         match m.state {
+            // A fault on a page we hold as resident: either a race (it is
+            // there by now) or a lazily freed page the host discarded.
+            PState::Resident if m.has(pf::LAZYFREE) => {
+                self.pages.update(p, |m| m.state = PState::Filling);
+                FaultPlan::Refill { page: p }
+            }
             PState::Resident => FaultPlan::Wake,
             PState::Inactive => {
                 self.pages.update(p, |m| m.state = PState::Filling);
@@ -1230,6 +1261,19 @@ impl Core {
                     self.counters.swap_read_errors += 1;
                 }
             }
+            FaultPlan::Refill { page } => {
+                // The frame stays charged either way; the page is no longer
+                // lazily freed (a discard reads back as zeros, and the
+                // program is about to use it).
+                self.pages.update(page, |m| {
+                    m.state = PState::Resident;
+                    m.flags &= !pf::LAZYFREE;
+                });
+                self.lazyfree_pages -= 1;
+                if installed > 0 {
+                    self.counters.lazyfree_discards += 1;
+                }
+            }
             FaultPlan::Reactivate { page, slot, .. } => {
                 if installed > 0 {
                     self.staging.release(slot);
@@ -1262,10 +1306,52 @@ impl Core {
     /// list, and deactivations that refill it.
     pub fn reclaim_plan(&mut self, want: u64) -> ReclaimPlan {
         let mut plan = ReclaimPlan::default();
-        if self.swap.capacity() == 0 && self.volatile_pages == 0 {
+        if self.swap.capacity() == 0 && self.volatile_pages == 0 && (self.lazyfree_pages == 0 || !self.host_lazyfree) {
             // No swap: anonymous pages are unevictable (as on a swapless
             // Linux), so there is nothing to age either; only volatile pages
             // could be purged.
+            return plan;
+        }
+        // Lazily freed pages first: a clean one is discarded with no I/O.
+        // Parked ones are discarded now; mapped ones are parked this round
+        // (and discarded by the next).
+        let mut scanned = 0;
+        let lazy_max = self.lru.lazy.len();
+        while ((plan.discard.len() + plan.deactivate.len()) as u64) < want.max(32) && scanned < lazy_max {
+            scanned += 1;
+            let Some(p) = self.lru.lazy.pop_front() else { break };
+            let m = self.pages.get(p);
+            if !m.has(pf::LAZYFREE) || m.has(pf::VOLATILE) || self.regions.find(p).is_none() {
+                continue;
+            }
+            match m.state {
+                PState::Inactive if self.host_lazyfree => {
+                    let swap = self.swap.alloc();
+                    self.pages.update(p, |m| m.state = PState::Evicting);
+                    plan.discard.push(Discard { page: p, staging: m.slot, swap });
+                }
+                PState::Resident if self.host_lazyfree => {
+                    let Some(reg) = self.regions.find(p) else { continue };
+                    if reg.prot != PROT_READ | PROT_WRITE {
+                        continue;
+                    }
+                    let Some(slot) = self.staging.alloc() else {
+                        self.lru.lazy.push_front(p);
+                        break;
+                    };
+                    self.pages.update(p, |m| {
+                        m.state = PState::Deactivating;
+                        m.slot = slot;
+                    });
+                    plan.deactivate.push(Deactivate { page: p, slot, how: Transfer::Move });
+                    self.lru.lazy.push_back(p);
+                }
+                _ => self.lru.lazy.push_back(p),
+            }
+        }
+        if !plan.deactivate.is_empty() || (plan.discard.len() as u64) >= want {
+            // Lazily freed pages are on their way out (parked now, discarded
+            // by the next round): nothing dirty is evicted before them.
             return plan;
         }
         // Evict the oldest inactive pages. A page that cannot go anywhere
@@ -1274,7 +1360,7 @@ impl Core {
         let mut kept = Vec::new();
         let mut scanned = 0;
         let scan_max = self.lru.inactive.len();
-        while ((plan.evict.len() + plan.purge.len()) as u64) < want && scanned < scan_max {
+        while ((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64) < want && scanned < scan_max {
             scanned += 1;
             let Some((p, g)) = self.lru.inactive.pop_front() else { break };
             let m = self.pages.get(p);
@@ -1290,6 +1376,12 @@ impl Core {
                 plan.purge.push((p, m.slot));
                 continue;
             }
+            if m.has(pf::LAZYFREE) && self.host_lazyfree {
+                let swap = self.swap.alloc();
+                self.pages.update(p, |m| m.state = PState::Evicting);
+                plan.discard.push(Discard { page: p, staging: m.slot, swap });
+                continue;
+            }
             let Some(swap) = self.swap.alloc() else {
                 kept.push((p, g));
                 continue;
@@ -1302,7 +1394,7 @@ impl Core {
         }
         // Refill the inactive list from the head of the active list.
         let target = self.inactive_target();
-        let short = want.saturating_sub((plan.evict.len() + plan.purge.len()) as u64);
+        let short = want.saturating_sub((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64);
         let mut scanned = 0;
         let scan_max = self.lru.active.len();
         while ((self.inactive + plan.deactivate.len() as u64) < target || (plan.deactivate.len() as u64) < short)
@@ -1355,7 +1447,10 @@ impl Core {
     /// that the first evictions come from a list the program has had time
     /// to touch — the hot pages prove themselves before any page leaves.
     pub fn needs_aging(&self) -> bool {
-        (self.swap.capacity() > 0 || self.volatile_pages > 0)
+        // Only with swap: without it nothing aged could be evicted but
+        // volatile pages, which are purged when pressure comes anyway, and
+        // parking them early only costs the program minor faults.
+        self.swap.capacity() > 0
             && self.resident * 2 >= self.cfg.budget_pages
             && self.inactive < self.inactive_target()
             && !self.lru.active.is_empty()
@@ -1493,6 +1588,53 @@ impl Core {
         self.counters.evictions += 1;
     }
 
+    /// Commits a discard attempt. `dropped`: the host dropped the clean
+    /// page (no I/O); otherwise the program wrote it since `MADV_FREE`, and
+    /// `written` says whether the executor wrote it to `d.swap`.
+    pub fn discard_done(&mut self, d: &Discard, dropped: bool, written: bool) {
+        debug_assert_eq!(self.pages.get(d.page).state, PState::Evicting);
+        self.lazyfree_pages -= 1;
+        if dropped {
+            if let Some(s) = d.swap {
+                self.swap.release(s);
+            }
+            self.staging.release(d.staging);
+            self.inactive -= 1;
+            self.resident -= 1;
+            self.pages.update(d.page, |m| {
+                m.state = PState::Absent;
+                m.slot = 0;
+                m.flags &= !pf::LAZYFREE;
+            });
+            self.counters.lazyfree_discards += 1;
+            self.counters.evictions += 1;
+            return;
+        }
+        // Written since: an ordinary dirty page now.
+        self.pages.update(d.page, |m| m.flags &= !pf::LAZYFREE);
+        match (d.swap, written) {
+            (Some(swap), true) => {
+                self.staging.release(d.staging);
+                self.inactive -= 1;
+                self.swapped += 1;
+                self.resident -= 1;
+                self.pages.update(d.page, |m| {
+                    m.state = PState::Swapped;
+                    m.slot = swap;
+                });
+                self.counters.swapouts += 1;
+                self.counters.evictions += 1;
+            }
+            (swap, _) => {
+                if let Some(s) = swap {
+                    self.swap.release(s);
+                }
+                self.pages.update(d.page, |m| m.state = PState::Inactive);
+                self.push_inactive(d.page);
+            }
+        }
+    }
+
     /// Decides `mvolatile`: marks the pages of the range volatile. A locked
     /// region is `EINVAL`, holes `ENOMEM` (after marking the mapped parts).
     pub fn mvolatile(&mut self, addr: u64, len: u64) -> Result<(), Errno> {
@@ -1578,12 +1720,15 @@ impl Core {
         Ok((out, res))
     }
 
-    /// Whether any page of the `pages` pages from `a` is being filled.
-    pub fn any_filling(&self, a: Addr, pages: u64) -> bool {
+    /// Whether any page of the `pages` pages from `a` is being filled (or,
+    /// with `any_busy`, is busy in any way).
+    pub fn any_filling(&self, a: Addr, pages: u64, any_busy: bool) -> bool {
         let Some(p) = self.page_of(a) else { return false };
         let end = p.0.saturating_add(pages).min(self.cfg.reserve_pages);
         let mut busy = false;
-        self.pages.for_each_live(PageRange::new(p.0, end), |_, m| busy |= m.state == PState::Filling);
+        self.pages.for_each_live(PageRange::new(p.0, end), |_, m| {
+            busy |= m.state == PState::Filling || (any_busy && m.state.busy())
+        });
         busy
     }
 
@@ -1604,8 +1749,14 @@ impl Core {
     /// freed page as written and swaps it: correct, never a discard of data
     /// the program wrote after the call. The flag is cleared when the page
     /// leaves memory, as Linux's LazyFree count is settled at reclaim.
-    pub fn lazyfree(&mut self, r: PageRange) {
+    /// Returns the staging slots of the parked pages it marked (the executor
+    /// passes MADV_FREE down for those too).
+    pub fn lazyfree(&mut self, r: PageRange) -> Vec<u32> {
+        let mut parked = Vec::new();
         for (p, m) in self.pages.live_in(r) {
+            if m.state == PState::Inactive && !m.has(pf::LAZYFREE) {
+                parked.push(m.slot);
+            }
             match m.state {
                 PState::Swapped => {
                     self.swap.release(m.slot);
@@ -1618,10 +1769,12 @@ impl Core {
                 PState::Resident | PState::Inactive if !m.has(pf::LAZYFREE) => {
                     self.pages.update(p, |m| m.flags |= pf::LAZYFREE);
                     self.lazyfree_pages += 1;
+                    self.lru.lazy.push_back(p);
                 }
                 _ => {}
             }
         }
+        parked
     }
 
     /// Marks every page of `r` poisoned (after the executor zapped them).
@@ -1850,7 +2003,8 @@ impl Core {
         // slot and counts where it came from until `fill_done`.
         assert!(sw <= self.swapped && self.swapped <= sw + filling, "swapped count");
         let su = self.swap.used() as u64;
-        assert!(su >= sw + evicting && su <= sw + evicting + filling, "swap slots in use");
+        // (A lazily freed page being discarded may hold no swap slot.)
+        assert!(su >= sw && su <= sw + evicting + filling, "swap slots in use");
         let used = self.staging.used() as u64;
         assert!(used >= staged && used <= staged + zapping + filling, "staging slots in use");
         assert!(self.inactive >= ina && self.inactive <= ina + evicting + zapping + filling, "inactive count");

@@ -22,11 +22,15 @@ use crate::types::PageIdx;
 pub struct Lru {
     pub active: VecDeque<(PageIdx, u16)>,
     pub inactive: VecDeque<(PageIdx, u16)>,
+    /// Pages lazily freed (MADV_FREE), in order: reclaim takes them first,
+    /// since discarding a clean one costs no I/O. An entry is valid while the
+    /// page still has its `LAZYFREE` flag.
+    pub lazy: VecDeque<PageIdx>,
 }
 
 impl Lru {
     pub fn len(&self) -> usize {
-        self.active.len() + self.inactive.len()
+        self.active.len() + self.inactive.len() + self.lazy.len()
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0

@@ -21,6 +21,8 @@ pub struct Arena {
     pub page_size: usize,
     zero_buf: usize,
     zero_len: usize,
+    staging_wp_only: bool,
+    pagemap: Option<crate::file::Pagemap>,
 }
 
 impl Arena {
@@ -37,15 +39,70 @@ impl Arena {
             page_size,
             zero_buf: 0,
             zero_len: ZERO_BUF_BYTES.max(page_size),
+            staging_wp_only: false,
+            pagemap: None,
         };
         a.staging_base = mem::map_rw(a.staging_len)?;
         a.zero_buf = mem::map_rw(a.zero_len)?;
         for (s, l) in [(a.base, a.reserve_len), (a.staging_base, a.staging_len)] {
             mem::advise(s, l, libc::MADV_DONTFORK)?;
             mem::advise(s, l, libc::MADV_NOHUGEPAGE)?;
-            uffd.register(s, l)?;
         }
+        uffd.register(a.base, a.reserve_len)?;
+        // The staging area must be registered with the same userfaultfd (it
+        // is a UFFDIO_MOVE destination), but in write-protect mode only, so
+        // that a missing staging page (one the host discarded) reads as the
+        // zero page instead of faulting into our own handlers. Kernels
+        // without anonymous write-protect fall back to MISSING mode, and then
+        // no page is ever handed to the host to discard.
+        a.staging_wp_only =
+            uffd.register_mode(a.staging_base, a.staging_len, crate::uffd::UFFDIO_REGISTER_MODE_WP).is_ok();
+        if !a.staging_wp_only {
+            uffd.register(a.staging_base, a.staging_len)?;
+        }
+        a.pagemap = crate::file::Pagemap::open().ok();
         Ok(a)
+    }
+
+    /// Whether the host kernel may be handed lazily freed pages to discard
+    /// (the staging area is registered WP-only, and pagemap can tell what the
+    /// host dropped).
+    pub fn host_lazyfree(&self) -> bool {
+        self.staging_wp_only && self.pagemap.is_some()
+    }
+
+    /// `MADV_FREE` in the host on `[a, a+l)` of the reservation: the host may
+    /// drop the pages under its own memory pressure (a write cancels it).
+    pub fn host_free(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.check(a, l)?;
+        mem::advise(a, l, libc::MADV_FREE)
+    }
+
+    /// `MADV_FREE` in the host on a staging slot.
+    pub fn host_free_slot(&self, slot: u32) -> Result<(), Errno> {
+        mem::advise(self.slot_addr(slot), self.page_size, libc::MADV_FREE)
+    }
+
+    /// Flushes every CPU's pending LRU batches in the host, so that pages
+    /// just installed or just lazily freed on another CPU can be reclaimed
+    /// by the next `MADV_PAGEOUT`. (`mlock` drains them all: Linux's
+    /// `do_mlock` calls `lru_add_drain_all`.) Best effort.
+    pub fn drain_host_lru(&self) {
+        if mem::mlock2(self.zero_buf, self.page_size.min(4096), 0).is_ok() {
+            let _ = mem::munlock(self.zero_buf, self.page_size.min(4096));
+        }
+    }
+
+    /// Asks the host to reclaim the page parked in `slot` now and says
+    /// whether it dropped it: a clean lazily freed page is dropped at once
+    /// (no I/O); a page written since `MADV_FREE` stays.
+    pub fn discard_slot(&self, slot: u32) -> bool {
+        let a = self.slot_addr(slot);
+        let _ = mem::advise(a, self.page_size, libc::MADV_PAGEOUT);
+        match &self.pagemap {
+            Some(pm) => !pm.present(a).unwrap_or(true),
+            None => false,
+        }
     }
 
     fn in_reserve(&self, a: usize, l: usize) -> bool {

@@ -180,3 +180,33 @@ impl ProcMem {
         Ok(())
     }
 }
+
+/// `/proc/self/pagemap`: whether a page is present.
+pub struct Pagemap(OwnedFd);
+
+impl Pagemap {
+    pub fn open() -> Result<Pagemap, Errno> {
+        // SAFETY: NUL-terminated path.
+        let fd = check(unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) })?;
+        // SAFETY: a new descriptor we own.
+        Ok(Pagemap(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Whether the page at `addr` is present (bit 63 of its entry).
+    pub fn present(&self, addr: usize) -> Result<bool, Errno> {
+        let mut e = 0u64;
+        // SAFETY: reads 8 bytes into a valid u64.
+        let r = unsafe {
+            libc::pread(
+                self.0.as_raw_fd(),
+                &mut e as *mut u64 as *mut libc::c_void,
+                8,
+                ((addr / 4096) * 8) as libc::off_t,
+            )
+        };
+        if check_isize(r)? != 8 {
+            return Err(Errno::EIO);
+        }
+        Ok(e >> 63 == 1)
+    }
+}

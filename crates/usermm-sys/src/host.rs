@@ -5,6 +5,14 @@
 //!   that derefs to a byte slice and unmaps on drop or by [`HostMap::unmap`].
 //!   Invariant: `[addr, addr+len)` is a readable and writable mapping of this
 //!   process for as long as the `HostMap` lives, and nothing else unmaps it.
+//!   [`HostMap::shared_anon`] makes the same kind of owned mapping with
+//!   `MAP_SHARED | MAP_ANONYMOUS` (shmem-backed; this process never forks it
+//!   away, so it stays ours alone).
+//! - [`process_faults`]: the process's minor and major page-fault counts
+//!   (`getrusage(RUSAGE_SELF)`), to count the kernel's faults in a run.
+//! - [`reset_peak_rss`] / [`rss_kib`]: `/proc/self/clear_refs` "5" (resets
+//!   `VmHWM` to the current RSS) and the `VmRSS` / `VmHWM` lines of
+//!   `/proc/self/status`: the process-wide resident peak of a run.
 //! - [`map_unmap_pair`]: one `mmap` + `munmap` of a small fresh region (the
 //!   "second thread" of the munmap experiment; the caller times it).
 //! - [`disk_write_bandwidth`]: the sequential `O_DIRECT` write bandwidth of
@@ -39,6 +47,26 @@ impl HostMap {
             return Err(Errno::EINVAL);
         }
         let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags;
+        // SAFETY: a fresh anonymous mapping at a kernel-chosen address (no
+        // MAP_FIXED) touches no existing memory.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(last_errno());
+        }
+        Ok(HostMap { addr: p as usize, len })
+    }
+
+    /// Maps `len` bytes (`len > 0`) of fresh shared anonymous read-write
+    /// memory (`MAP_SHARED | MAP_ANONYMOUS`); `extra_flags` as for
+    /// [`HostMap::anon`] (`MAP_POPULATE`, `MAP_NORESERVE`), with the same
+    /// flags refused. The mapping is shared only with a child that this
+    /// process never creates, so the invariant holds as for a private one.
+    pub fn shared_anon(len: usize, extra_flags: i32) -> Result<HostMap, Errno> {
+        let refused = libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE | libc::MAP_PRIVATE | libc::MAP_GROWSDOWN;
+        if len == 0 || extra_flags & refused != 0 {
+            return Err(Errno::EINVAL);
+        }
+        let flags = libc::MAP_SHARED | libc::MAP_ANONYMOUS | extra_flags;
         // SAFETY: a fresh anonymous mapping at a kernel-chosen address (no
         // MAP_FIXED) touches no existing memory.
         let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
@@ -124,6 +152,34 @@ impl Drop for HostMap {
 unsafe impl Send for HostMap {}
 // SAFETY: shared access only hands out `&[u8]`.
 unsafe impl Sync for HostMap {}
+
+/// The process's `(minor, major)` page faults so far: `ru_minflt` and
+/// `ru_majflt` of `getrusage(RUSAGE_SELF)` (every thread, live and exited).
+pub fn process_faults() -> Result<(u64, u64), Errno> {
+    // SAFETY: rusage is plain data; zeroed is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage.
+    check(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) })?;
+    Ok((ru.ru_minflt.max(0) as u64, ru.ru_majflt.max(0) as u64))
+}
+
+/// Resets the process's resident peak (`VmHWM`) to its current RSS by
+/// writing "5" to `/proc/self/clear_refs`.
+pub fn reset_peak_rss() -> Result<(), Errno> {
+    std::fs::write("/proc/self/clear_refs", "5").map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))
+}
+
+/// `(VmRSS, VmHWM)` of this process in KiB, from `/proc/self/status`.
+pub fn rss_kib() -> Result<(u64, u64), Errno> {
+    let s = std::fs::read_to_string("/proc/self/status").map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
+    let field = |name: &str| -> Result<u64, Errno> {
+        s.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .ok_or(Errno::EINVAL)
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
 
 /// Maps `len` bytes of fresh anonymous memory with the kernel and unmaps it
 /// at once, without touching it.

@@ -149,3 +149,23 @@ impl Drop for SigbusRecorder {
         CALLBACK.store(0, Ordering::SeqCst);
     }
 }
+
+/// Makes the host kernel reclaim `[addr, addr+len)` now (`MADV_PAGEOUT`), as
+/// host memory pressure would: on a host without swap, clean lazily freed
+/// pages are dropped. For tests of usermm's handling of host discards.
+pub fn host_pageout(addr: usize, len: usize) -> Result<(), Errno> {
+    // Drain every CPU's pending LRU batches first (mlock does), as the
+    // host's own reclaim effectively does over time.
+    let dummy = crate::mem::map_rw(4096)?;
+    if crate::mem::mlock2(dummy, 4096, 0).is_ok() {
+        let _ = crate::mem::munlock(dummy, 4096);
+    }
+    // SAFETY: `dummy` is our own page, no longer used.
+    unsafe {
+        let _ = crate::mem::unmap(dummy, 4096);
+    }
+    // SAFETY: MADV_PAGEOUT is advisory: it never changes what a page holds
+    // except by dropping a clean lazily freed page, which the caller wants.
+    check(unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_PAGEOUT) })?;
+    Ok(())
+}

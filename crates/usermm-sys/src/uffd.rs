@@ -146,8 +146,11 @@ pub struct Uffd {
 }
 
 /// The features usermm asks for, if the kernel has them.
-pub const WANTED_FEATURES: u64 =
-    UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_MOVE | UFFD_FEATURE_POISON | UFFD_FEATURE_EXACT_ADDRESS;
+pub const WANTED_FEATURES: u64 = UFFD_FEATURE_THREAD_ID
+    | UFFD_FEATURE_MOVE
+    | UFFD_FEATURE_POISON
+    | UFFD_FEATURE_EXACT_ADDRESS
+    | UFFD_FEATURE_PAGEFAULT_FLAG_WP;
 
 impl Uffd {
     /// Opens a userfaultfd, falling back as the module header says.
@@ -193,11 +196,12 @@ impl Uffd {
 
     /// Registers `[start, start+len)` in MISSING mode.
     pub fn register(&self, start: usize, len: usize) -> Result<(), Errno> {
-        let mut r = UffdioRegister {
-            range: UffdioRange { start: start as u64, len: len as u64 },
-            mode: UFFDIO_REGISTER_MODE_MISSING,
-            ioctls: 0,
-        };
+        self.register_mode(start, len, UFFDIO_REGISTER_MODE_MISSING)
+    }
+
+    /// Registers `[start, start+len)` with the given `UFFDIO_REGISTER_MODE_*`.
+    pub fn register_mode(&self, start: usize, len: usize, mode: u64) -> Result<(), Errno> {
+        let mut r = UffdioRegister { range: UffdioRange { start: start as u64, len: len as u64 }, mode, ioctls: 0 };
         self.ioctl(UFFDIO_REGISTER, &mut r as *mut _ as *mut libc::c_void)?;
         Ok(())
     }

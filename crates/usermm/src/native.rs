@@ -41,8 +41,8 @@ use std::thread::JoinHandle;
 use usermm_core::consts::*;
 use usermm_core::region::LockMode;
 use usermm_core::{
-    Addr, AdviceOp, Core, CoreConfig, Deactivate, Detached, Errno, Evict, FaultPlan, LockPlan, MmapReply, PageIdx,
-    PageRange, Transfer,
+    Addr, AdviceOp, Core, CoreConfig, Deactivate, Detached, Discard, Errno, Evict, FaultPlan, LockPlan, MmapReply,
+    PageIdx, PageRange, Transfer,
 };
 use usermm_sys::arena::{Arena, Bounce};
 use usermm_sys::file::{ProcMem, SwapFile};
@@ -89,6 +89,9 @@ pub(crate) struct Inner {
     pub inject_write_errors: AtomicU32,
     pub willneed: Mutex<Vec<usize>>,
     pub user_mode_only: bool,
+    /// Lazily freed pages are passed down to the host (`MADV_FREE`) and
+    /// discarded through it (see `Arena::host_lazyfree`).
+    pub host_lazyfree: bool,
     pub fallback_reason: Option<String>,
     pub swap_bytes: u64,
 }
@@ -151,6 +154,9 @@ impl Inner {
             memlock_pages: if cfg.memlock_bytes == usize::MAX { u64::MAX } else { (cfg.memlock_bytes / ps) as u64 },
             exact_faults: cfg.flags & UMM_F_EXACT_FAULTS != 0,
         });
+        let host_lazyfree = arena.host_lazyfree() && ps == 4096 && !user_mode_only;
+        let mut core = core;
+        core.set_host_lazyfree(host_lazyfree);
         let low = (budget_pages / 32).clamp(1, 4096);
         let high = (low * 2).min(budget_pages);
         let inner = Arc::new(Inner {
@@ -176,6 +182,7 @@ impl Inner {
             inject_write_errors: AtomicU32::new(0),
             willneed: Mutex::new(Vec::new()),
             user_mode_only,
+            host_lazyfree,
             swap_bytes: swap_slots as u64 * ps as u64,
         });
         let nthreads =
@@ -314,6 +321,18 @@ impl Inner {
                         }
                     }
                 }
+                FaultPlan::Refill { page } => {
+                    // A lazily freed page the host dropped: zeros (or, if the
+                    // fault raced with nothing gone, the copy finds the page
+                    // there and installs nothing).
+                    let a = self.addr(page);
+                    let n = self.arena.zero_fill_wake(&self.uffd, a, self.page_size, true).unwrap_or(0);
+                    c.fill_done(&plan, u64::from(n == self.page_size));
+                    self.after_fill(&mut c);
+                    drop(c);
+                    let _ = self.uffd.wake(page_addr, self.page_size);
+                    return;
+                }
                 FaultPlan::Sigbus => {
                     drop(c);
                     // A poison marker makes the kernel raise the SIGBUS itself,
@@ -412,10 +431,16 @@ impl Inner {
     /// the core locked, so that introspection and advice see the fills other
     /// threads' faults have in flight as committed.
     pub fn settled_core(&self, addr: usize, len: usize) -> MutexGuard<'_, Core> {
+        self.settled_core_all(addr, len, false)
+    }
+
+    /// `settled_core`; with `all`, waits for every busy page of the range
+    /// (evictions too), for advice that must see every page where it rests.
+    pub fn settled_core_all(&self, addr: usize, len: usize, all: bool) -> MutexGuard<'_, Core> {
         let mut c = lock(&self.core);
         let ps = self.page_size as u64;
         let pages = (len as u64).div_ceil(ps).min(c.config().reserve_pages);
-        while c.any_filling(Addr(addr as u64), pages) {
+        while c.any_filling(Addr(addr as u64), pages, all) {
             c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner());
         }
         c
@@ -546,6 +571,7 @@ impl Inner {
                 break;
             }
             self.deactivate_all(&plan.deactivate);
+            freed += self.discard_all(&plan.discard);
             freed += self.purge_all(&plan.purge);
             freed += self.evict_all(&plan.evict);
             // Stop as soon as anything was freed: another round would evict
@@ -612,6 +638,38 @@ impl Inner {
                 None => false,
             },
         }
+    }
+
+    /// Discards lazily freed parked pages: the host drops the clean ones
+    /// (no I/O); the ones written since `MADV_FREE` are swapped normally.
+    fn discard_all(&self, ds: &[Discard]) -> u64 {
+        if ds.is_empty() {
+            return 0;
+        }
+        let mut outcome = Vec::with_capacity(ds.len());
+        self.arena.drain_host_lru();
+        for d in ds {
+            if self.arena.discard_slot(d.staging) {
+                outcome.push((true, false));
+                continue;
+            }
+            let written = match (&self.swap, d.swap) {
+                (Some(swap), Some(slot)) if !take_one(&self.inject_write_errors) => {
+                    self.arena.write_slots(swap, &[d.staging], self.swap_off(slot)).is_ok()
+                        && self.arena.drop_slot(d.staging).is_ok()
+                }
+                _ => false,
+            };
+            outcome.push((false, written));
+        }
+        let mut c = lock(&self.core);
+        let mut freed = 0;
+        for (d, &(dropped, written)) in ds.iter().zip(&outcome) {
+            c.discard_done(d, dropped, written);
+            freed += u64::from(dropped || written);
+        }
+        self.settled.notify_all();
+        freed
     }
 
     /// Purges volatile pages: drops their staging frames and puts a poison
@@ -902,7 +960,7 @@ impl Inner {
             let mm = self.read_mm();
             // Fills of this range in flight (other threads' faults) land
             // first: the advice applies to them.
-            let r = self.settled_core(addr, len).madvise(addr as u64, len as u64, advice);
+            let r = self.settled_core_all(addr, len, advice == MADV_FREE).madvise(addr as u64, len as u64, advice);
             for op in &r.0 {
                 self.advice_op(&mm, op);
             }
@@ -932,7 +990,18 @@ impl Inner {
                     }
                 }
             }
-            AdviceOp::Free(r) => lock(&self.core).lazyfree(r),
+            AdviceOp::Free(r) => {
+                let parked = lock(&self.core).lazyfree(r);
+                if self.host_lazyfree {
+                    // Reuse costs nothing: the pages stay mapped, a write
+                    // cancels the host's lazy free, and only under pressure
+                    // (ours or the host's) is a clean page dropped.
+                    let _ = self.arena.host_free(self.addr(r.start), r.pages() as usize * self.page_size);
+                    for s in parked {
+                        let _ = self.arena.host_free_slot(s);
+                    }
+                }
+            }
             AdviceOp::Poison(r) => {
                 self.zap_range(r, false);
                 lock(&self.core).set_poison(r);
@@ -1062,6 +1131,12 @@ impl Inner {
                         }
                     }
                     FaultPlan::Sigbus => return (populated, Err(Errno::EHWPOISON)),
+                    FaultPlan::Refill { page } => {
+                        let a = self.addr(page);
+                        let n = self.arena.zero_fill_wake(&self.uffd, a, self.page_size, true).unwrap_or(0);
+                        c.fill_done(&plan, u64::from(n == self.page_size));
+                        self.after_fill(&mut c);
+                    }
                     FaultPlan::Wake | FaultPlan::SegvUnmapping => {
                         // The region went away under us (a concurrent munmap).
                         return (populated, Err(Errno::ENOMEM));

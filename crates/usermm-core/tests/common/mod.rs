@@ -162,7 +162,9 @@ pub fn madvise(c: &mut Core, addr: u64, len: u64, advice: i32) -> Result<(), Err
                 zap(c, r);
                 c.set_poison(r);
             }
-            AdviceOp::Free(r) => c.lazyfree(r),
+            AdviceOp::Free(r) => {
+                c.lazyfree(r);
+            }
             AdviceOp::WillNeed(r) => {
                 for p in c.swapped_in(r) {
                     touch(c, p.0, false);
@@ -227,6 +229,10 @@ pub fn touch(c: &mut Core, p: u64, write: bool) -> Touch {
             FaultPlan::SegvUnmapping => return Touch::Segv,
             FaultPlan::Wait => panic!("page {p} busy in a synchronous test"),
             FaultPlan::Sigbus => return Touch::Oom,
+            FaultPlan::Refill { .. } => {
+                c.fill_done(&plan, 1);
+                plans.push(plan);
+            }
             FaultPlan::Reclaim { want } => {
                 let (d, e) = reclaim(c, want);
                 if d.is_empty() && e.is_empty() {
