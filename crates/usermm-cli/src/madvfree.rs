@@ -320,10 +320,10 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
         swap_dir
     ));
     e.notes.push(
-        "usermm's `MADV_FREE` today keeps lazily freed pages resident (counted as LazyFree) and, under pressure, swaps \
-         them out like any other page: it cannot discard them, because it does not track whether a page was written \
-         after the free (write tracking is not implemented). So the pressure rows show swap-outs (and swap-ins), not \
-         lazy-free discards; the kernel would discard the clean ones instead."
+        "usermm passes `MADV_FREE` down to the host kernel, so reusing a lazily freed page costs no fault at all; \
+         under usermm's own budget pressure, reclaim parks lazily freed pages first and asks the host to drop them \
+         (`MADV_PAGEOUT` on the parked copy): a clean one is discarded with no I/O (`lazyfree_discards`), one written \
+         since the free is swapped like any dirty page. The pressure rows show how many went each way."
             .into(),
     );
     e.notes.push(

@@ -1744,11 +1744,13 @@ impl Core {
     /// freed and keep their data. Busy pages are left alone (Linux's
     /// MADV_FREE is best effort too).
     ///
-    /// usermm cannot yet tell whether a lazily freed page was written since
-    /// (that needs write-protect tracking), so reclaim treats every lazily
-    /// freed page as written and swaps it: correct, never a discard of data
-    /// the program wrote after the call. The flag is cleared when the page
-    /// leaves memory, as Linux's LazyFree count is settled at reclaim.
+    /// The core does not know whether a lazily freed page is written after
+    /// the call; the host kernel does (the executor passes MADV_FREE down and
+    /// the PTE's dirty bit follows the page). Reclaim therefore takes lazily
+    /// freed pages first and plans a `Discard`: the host drops a clean page,
+    /// keeps a written one (which is then swapped). The flag is cleared when
+    /// the page leaves memory or is refilled, as Linux settles its LazyFree
+    /// count at reclaim.
     /// Returns the staging slots of the parked pages it marked (the executor
     /// passes MADV_FREE down for those too).
     pub fn lazyfree(&mut self, r: PageRange) -> Vec<u32> {
