@@ -134,8 +134,11 @@ struct umm_config {
     const char *swap_dir;   /* where the swap file lives; NULL: $TMPDIR or /tmp */
     size_t max_regions;     /* 0: 65530, as vm.max_map_count */
     unsigned page_shift;    /* 0: 12 (4 KiB); up to 21 */
-    unsigned fault_threads; /* 0: default (2) */
+    unsigned fault_threads; /* 0: default (1 on up to 2 CPUs, 2 up to 8, then 4) */
     unsigned flags;         /* UMM_F_* */
+    /* usermm's own fields (read only when `size` covers them): */
+    size_t lazyfree_max_bytes; /* most lazily freed (MADV_FREE) bytes kept; past
+                                * it the oldest are discarded at once; 0: no bound */
 };
 
 /* Filled by umm_mnovolatile when `out` is not NULL. */

@@ -25,8 +25,11 @@
  *                          lock request is EPERM     (default: unlimited)
  *   USERMM_MAX_REGIONS     region limit              (default: 65530)
  *   USERMM_PAGE_SHIFT      log2 of the page size, 12..21 (default: 12)
- *   USERMM_FAULT_THREADS   fault handler threads     (default: 2)
+ *   USERMM_FAULT_THREADS   fault handler threads     (default: 1 up to 2 CPUs,
+ *                          2 up to 8, then 4)
  *   USERMM_FLAGS           UMM_F_* bits, as a number (default: 0)
+ *   USERMM_LAZYFREE_MAX_BYTES  most lazily freed bytes kept; 0: no bound
+ *                          (default: 0)
  *
  * Byte counts are decimal or 0x-prefixed hex, with an optional binary suffix
  * k, m, g or t (USERMM_BUDGET_BYTES=64m); "unlimited" (or "max") means

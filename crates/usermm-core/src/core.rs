@@ -268,6 +268,8 @@ pub struct Core {
     /// Whether the executor passes MADV_FREE down to the host and can have
     /// the host discard clean lazily freed pages (`set_host_lazyfree`).
     host_lazyfree: bool,
+    /// Most lazily freed pages kept (`set_lazyfree_max`).
+    lazyfree_max: u64,
     /// `mlockall(MCL_FUTURE)` flags in force.
     lock_future: Option<LockMode>,
     next_object: u64,
@@ -299,6 +301,7 @@ impl Core {
             volatile_pages: 0,
             lazyfree_pages: 0,
             host_lazyfree: false,
+            lazyfree_max: u64::MAX,
             lock_future: None,
             next_object: 1,
             counters: Counters::default(),
@@ -1313,42 +1316,7 @@ impl Core {
             return plan;
         }
         // Lazily freed pages first: a clean one is discarded with no I/O.
-        // Parked ones are discarded now; mapped ones are parked this round
-        // (and discarded by the next).
-        let mut scanned = 0;
-        let lazy_max = self.lru.lazy.len();
-        while ((plan.discard.len() + plan.deactivate.len()) as u64) < want.max(32) && scanned < lazy_max {
-            scanned += 1;
-            let Some(p) = self.lru.lazy.pop_front() else { break };
-            let m = self.pages.get(p);
-            if !m.has(pf::LAZYFREE) || m.has(pf::VOLATILE) || self.regions.find(p).is_none() {
-                continue;
-            }
-            match m.state {
-                PState::Inactive if self.host_lazyfree => {
-                    let swap = self.swap.alloc();
-                    self.pages.update(p, |m| m.state = PState::Evicting);
-                    plan.discard.push(Discard { page: p, staging: m.slot, swap });
-                }
-                PState::Resident if self.host_lazyfree => {
-                    let Some(reg) = self.regions.find(p) else { continue };
-                    if reg.prot != PROT_READ | PROT_WRITE {
-                        continue;
-                    }
-                    let Some(slot) = self.staging.alloc() else {
-                        self.lru.lazy.push_front(p);
-                        break;
-                    };
-                    self.pages.update(p, |m| {
-                        m.state = PState::Deactivating;
-                        m.slot = slot;
-                    });
-                    plan.deactivate.push(Deactivate { page: p, slot, how: Transfer::Move });
-                    self.lru.lazy.push_back(p);
-                }
-                _ => self.lru.lazy.push_back(p),
-            }
-        }
+        self.plan_lazy(&mut plan, want.max(32));
         if !plan.deactivate.is_empty() || (plan.discard.len() as u64) >= want {
             // Lazily freed pages are on their way out (parked now, discarded
             // by the next round): nothing dirty is evicted before them.
@@ -1454,6 +1422,67 @@ impl Core {
             && self.resident * 2 >= self.cfg.budget_pages
             && self.inactive < self.inactive_target()
             && !self.lru.active.is_empty()
+    }
+
+    /// Plans work on lazily freed pages, oldest first, up to `want` pages:
+    /// parked ones are discarded now; mapped ones are parked this round (and
+    /// discarded by the next).
+    fn plan_lazy(&mut self, plan: &mut ReclaimPlan, want: u64) {
+        let mut scanned = 0;
+        let lazy_max = self.lru.lazy.len();
+        while ((plan.discard.len() + plan.deactivate.len()) as u64) < want && scanned < lazy_max {
+            scanned += 1;
+            let Some(p) = self.lru.lazy.pop_front() else { break };
+            let m = self.pages.get(p);
+            if !m.has(pf::LAZYFREE) || m.has(pf::VOLATILE) || self.regions.find(p).is_none() {
+                continue;
+            }
+            match m.state {
+                PState::Inactive if self.host_lazyfree => {
+                    let swap = self.swap.alloc();
+                    self.pages.update(p, |m| m.state = PState::Evicting);
+                    plan.discard.push(Discard { page: p, staging: m.slot, swap });
+                }
+                PState::Resident if self.host_lazyfree => {
+                    let Some(reg) = self.regions.find(p) else { continue };
+                    if reg.prot != PROT_READ | PROT_WRITE {
+                        continue;
+                    }
+                    let Some(slot) = self.staging.alloc() else {
+                        self.lru.lazy.push_front(p);
+                        break;
+                    };
+                    self.pages.update(p, |m| {
+                        m.state = PState::Deactivating;
+                        m.slot = slot;
+                    });
+                    plan.deactivate.push(Deactivate { page: p, slot, how: Transfer::Move });
+                    self.lru.lazy.push_back(p);
+                }
+                _ => self.lru.lazy.push_back(p),
+            }
+        }
+    }
+
+    /// Lazily freed pages beyond the space's bound (`set_lazyfree_max`).
+    pub fn lazyfree_excess(&self) -> u64 {
+        self.lazyfree_pages.saturating_sub(self.lazyfree_max)
+    }
+
+    /// Plans the eager discard of the lazily freed pages beyond the bound.
+    pub fn lazyfree_trim_plan(&mut self) -> ReclaimPlan {
+        let mut plan = ReclaimPlan::default();
+        let excess = self.lazyfree_excess();
+        if excess > 0 && self.host_lazyfree {
+            self.plan_lazy(&mut plan, excess);
+        }
+        plan
+    }
+
+    /// Bounds how many lazily freed pages the space keeps (`u64::MAX`:
+    /// unbounded); past it, `MADV_FREE` discards the oldest at once.
+    pub fn set_lazyfree_max(&mut self, pages: u64) {
+        self.lazyfree_max = pages;
     }
 
     /// How many frames a fault that finds none reclaims at once: enough to

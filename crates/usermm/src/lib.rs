@@ -77,6 +77,10 @@ pub struct Config {
     pub fault_threads: u32,
     /// `UMM_F_*` flags.
     pub flags: u32,
+    /// Most lazily freed (`MADV_FREE`) bytes the space keeps; past it the
+    /// oldest are discarded at once (through the host: clean ones are
+    /// dropped, written ones kept). 0: no bound.
+    pub lazyfree_max_bytes: usize,
 }
 
 impl Default for Config {
@@ -91,6 +95,7 @@ impl Default for Config {
             page_shift: 0,
             fault_threads: 0,
             flags: 0,
+            lazyfree_max_bytes: 0,
         }
     }
 }

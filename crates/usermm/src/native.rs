@@ -157,6 +157,9 @@ impl Inner {
         let host_lazyfree = arena.host_lazyfree() && ps == 4096 && !user_mode_only;
         let mut core = core;
         core.set_host_lazyfree(host_lazyfree);
+        if cfg.lazyfree_max_bytes != 0 {
+            core.set_lazyfree_max((cfg.lazyfree_max_bytes / ps) as u64);
+        }
         let low = (budget_pages / 32).clamp(1, 4096);
         let high = (low * 2).min(budget_pages);
         let inner = Arc::new(Inner {
@@ -999,6 +1002,15 @@ impl Inner {
                     let _ = self.arena.host_free(self.addr(r.start), r.pages() as usize * self.page_size);
                     for s in parked {
                         let _ = self.arena.host_free_slot(s);
+                    }
+                    // Past the space's bound, discard the oldest at once.
+                    for _ in 0..64 {
+                        let plan = lock(&self.core).lazyfree_trim_plan();
+                        if plan.is_empty() {
+                            break;
+                        }
+                        self.deactivate_all(&plan.deactivate);
+                        self.discard_all(&plan.discard);
                     }
                 }
             }

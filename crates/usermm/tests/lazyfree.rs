@@ -211,3 +211,25 @@ fn a_page_the_host_discards_reads_back_as_zeros_and_is_counted() {
     assert_eq!(peek(a + 31 * PS), 6);
     s.validate();
 }
+
+#[test]
+fn the_lazyfree_bound_discards_the_oldest_at_once() {
+    let s = Space::open(&Config {
+        budget_bytes: 64 << 20,
+        swap_bytes: 64 << 20,
+        lazyfree_max_bytes: 64 * PS,
+        ..Config::default()
+    })
+    .unwrap();
+    let a = anon(&s, 256 * PS);
+    fill(a, 256, 3);
+    s.madvise(a, 256 * PS, MADV_FREE).unwrap();
+    let st = s.stats();
+    assert!(st.lazyfree_pages <= 64, "lazily freed pages kept past the bound: {st:?}");
+    assert!(st.lazyfree_discards > 0, "nothing discarded: {st:?}");
+    for p in 0..256 {
+        let v = peek(a + p * PS);
+        assert!(v == 3 || v == 0, "page {p} reads {v}");
+    }
+    s.validate();
+}

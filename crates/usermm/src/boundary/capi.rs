@@ -53,7 +53,14 @@ pub struct umm_config {
     pub page_shift: c_uint,
     pub fault_threads: c_uint,
     pub flags: c_uint,
+    /// usermm's own, read only when `size` covers it.
+    pub lazyfree_max_bytes: usize,
 }
+
+/// The size of `struct umm_config` as SPEC §2 defines it (up to `flags`):
+/// a caller built against that struct passes this size, and usermm's own
+/// fields then keep their defaults.
+const SPEC_CONFIG_SIZE: usize = std::mem::offset_of!(umm_config, lazyfree_max_bytes);
 
 /// `struct umm_purge_report` (SPEC §2).
 #[allow(non_camel_case_types)]
@@ -169,6 +176,7 @@ fn config_to_c(c: &Config) -> umm_config {
         page_shift: c.page_shift,
         fault_threads: c.fault_threads,
         flags: c.flags,
+        lazyfree_max_bytes: c.lazyfree_max_bytes,
     }
 }
 
@@ -204,12 +212,27 @@ pub unsafe extern "C" fn umm_open(cfg: *const umm_config) -> *mut umm_space {
             // SAFETY: a non-null `cfg` points to a `struct umm_config`, whose
             // first field is a `size_t`.
             let size = *unsafe { as_ref(cfg as *const usize) }.ok_or(Errno::EINVAL)?;
-            if size < std::mem::size_of::<umm_config>() {
+            if size < SPEC_CONFIG_SIZE {
                 return Err(Errno::EINVAL);
             }
-            // SAFETY: the caller says the struct holds `size` bytes, at least
-            // all of ours.
-            let c = *unsafe { as_ref(cfg) }.ok_or(Errno::EINVAL)?;
+            let c = if size >= std::mem::size_of::<umm_config>() {
+                // SAFETY: the caller says the struct holds `size` bytes, at
+                // least all of ours.
+                *unsafe { as_ref(cfg) }.ok_or(Errno::EINVAL)?
+            } else {
+                // A SPEC-sized struct: read its fields, default ours.
+                let mut full = config_to_c(&Config::default());
+                // SAFETY: the caller's struct holds at least SPEC_CONFIG_SIZE
+                // bytes, a prefix of ours with the same layout.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        cfg as *const u8,
+                        &mut full as *mut umm_config as *mut u8,
+                        SPEC_CONFIG_SIZE,
+                    )
+                };
+                full
+            };
             let swap_dir = if c.swap_dir.is_null() {
                 None
             } else {
@@ -227,6 +250,7 @@ pub unsafe extern "C" fn umm_open(cfg: *const umm_config) -> *mut umm_space {
                 page_shift: c.page_shift,
                 fault_threads: c.fault_threads,
                 flags: c.flags,
+                lazyfree_max_bytes: c.lazyfree_max_bytes,
             }
         };
         let s = Space::open(&config)?;
@@ -657,6 +681,7 @@ fn config_from_env() -> Result<Config, Errno> {
         page_shift: env_u32("USERMM_PAGE_SHIFT")?.unwrap_or(d.page_shift),
         fault_threads: env_u32("USERMM_FAULT_THREADS")?.unwrap_or(d.fault_threads),
         flags: env_u32("USERMM_FLAGS")?.unwrap_or(d.flags),
+        lazyfree_max_bytes: env_size("USERMM_LAZYFREE_MAX_BYTES")?.unwrap_or(d.lazyfree_max_bytes),
     })
 }
 
