@@ -1428,6 +1428,7 @@ impl Core {
     /// parked ones are discarded now; mapped ones are parked this round (and
     /// discarded by the next).
     fn plan_lazy(&mut self, plan: &mut ReclaimPlan, want: u64) {
+        let mut parked = Vec::new();
         let mut scanned = 0;
         let lazy_max = self.lru.lazy.len();
         while ((plan.discard.len() + plan.deactivate.len()) as u64) < want && scanned < lazy_max {
@@ -1457,10 +1458,15 @@ impl Core {
                         m.slot = slot;
                     });
                     plan.deactivate.push(Deactivate { page: p, slot, how: Transfer::Move });
-                    self.lru.lazy.push_back(p);
+                    // To the front: the next round discards it first (a round
+                    // that parks lazy pages evicts nothing else).
+                    parked.push(p);
                 }
                 _ => self.lru.lazy.push_back(p),
             }
+        }
+        for p in parked.into_iter().rev() {
+            self.lru.lazy.push_front(p);
         }
     }
 

@@ -233,3 +233,29 @@ fn the_lazyfree_bound_discards_the_oldest_at_once() {
     }
     s.validate();
 }
+
+#[test]
+fn free_and_reuse_loop_under_pressure_never_fails() {
+    // The madvfree experiment's pressure row: chunks twice the budget,
+    // memset a random part, MADV_FREE it, reuse.
+    let s = space(8, 64);
+    let mut m = s.map_anon(16 << 20).unwrap();
+    m.fill(1);
+    let chunk = 2 << 20;
+    let mut x = 0x9E3779B97F4A7C15u64;
+    for op in 0..600u32 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let c = (x % 8) as usize;
+        let len = ((256 << 10) + (x >> 8) as usize % ((2 << 20) - (256 << 10))) & !(PS - 1);
+        let off = c * chunk;
+        m[off..off + len].fill(op as u8);
+        assert!(m[off..off + len].iter().all(|&b| b == op as u8), "op {op}: data");
+        s.madvise(m.addr() + off, len, MADV_FREE).unwrap();
+    }
+    let st = s.stats();
+    eprintln!("{st:?}");
+    assert_eq!(st.oom_sigbus, 0);
+    s.validate();
+}
