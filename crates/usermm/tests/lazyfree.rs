@@ -259,3 +259,49 @@ fn free_and_reuse_loop_under_pressure_never_fails() {
     assert_eq!(st.oom_sigbus, 0);
     s.validate();
 }
+
+#[test]
+fn a_page_written_after_free_keeps_its_entire_contents_under_pressure() {
+    // Every byte of each page holds a pattern; after MADV_FREE one byte of
+    // some pages is written again. Under pressure those pages must keep the
+    // whole old page plus the write (Linux: the write cancels the lazy free
+    // for the whole page); the others read back whole or as all zeros.
+    let s = space(4, 64);
+    let a = anon(&s, 256 * PS);
+    let pat = |p: usize, i: usize| (p * 31 + i * 7) as u8 | 1;
+    for p in 0..256 {
+        for i in (0..PS).step_by(64) {
+            poke(a + p * PS + i, pat(p, i));
+        }
+    }
+    s.madvise(a, 256 * PS, MADV_FREE).unwrap();
+    for p in (0..256).step_by(3) {
+        poke(a + p * PS + 100, 0xEE);
+    }
+    {
+        let mut q = s.map_anon(16 << 20).unwrap();
+        for round in 1..=2u8 {
+            for c in q.chunks_mut(PS) {
+                c[0] = round;
+            }
+        }
+    }
+    assert!(s.stats().lazyfree_discards > 0, "pressure discarded nothing: {:?}", s.stats());
+    for p in 0..256 {
+        let zero = peek(a + p * PS) == 0;
+        for i in (0..PS).step_by(64) {
+            let got = peek(a + p * PS + i);
+            if p % 3 == 0 {
+                assert_eq!(got, pat(p, i), "page {p} byte {i}: written after the free, must be whole");
+            } else if zero {
+                assert_eq!(got, 0, "page {p} byte {i}: a discarded page is all zeros");
+            } else {
+                assert_eq!(got, pat(p, i), "page {p} byte {i}: a kept page is whole");
+            }
+        }
+        if p % 3 == 0 {
+            assert_eq!(peek(a + p * PS + 100), 0xEE);
+        }
+    }
+    s.validate();
+}
