@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -125,6 +126,18 @@ static void test_config_and_open(void) {
     errno = 0;
     CHECK(umm_open(&cfg) == NULL);
     CHECK(errno == EINVAL);
+
+    /* A struct as SPEC 2 defines it (up to `flags`, without usermm's own
+     * fields) is accepted; those fields keep their defaults. */
+    umm_config_init(&cfg);
+    cfg.size = offsetof(struct umm_config, lazyfree_max_bytes);
+    cfg.budget_bytes = 4UL << 20;
+    cfg.swap_bytes = 0;
+    cfg.reserve_bytes = 64UL << 20;
+    umm_space *spec_sized = umm_open(&cfg);
+    CHECK(spec_sized != NULL);
+    if (spec_sized)
+        CHECK(umm_close(spec_sized) == 0);
 
     /* A bad value is the library's EINVAL. */
     umm_config_init(&cfg);
