@@ -1001,3 +1001,60 @@ fn linux_mmap_unaligned_hint() {
         t.layout("layout", mm);
     });
 }
+
+// ----------------------------------------------------------------------
+// Lock on fault (seed 000), compared with the kernel. (mlockall would lock
+// the whole test process on the kernel side, so it is tested against usermm
+// only, in tests/lock.rs.)
+
+#[test]
+fn mlock_onfault_and_full_lock() {
+    conform("mlock_onfault_and_full_lock", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("A", mm.mmap(b, 8 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.unit("mlock2 unknown flag", mm.mlock2(b, PAGE, 2));
+        // Unaligned start: widened to whole pages.
+        t.unit("mlock2 ONFAULT", mm.mlock2(b + 100, 4 * PAGE - 100, MLOCK_ONFAULT));
+        t.mincore("nothing faulted in", mm.mincore(b, 8 * PAGE));
+        t.note(format!("lock A {}", mm.lock_info(b)));
+        t.note(format!("regions {}", mm.region_count()));
+        mm.write_byte(b + PAGE, 1);
+        t.mincore("one page touched", mm.mincore(b, 8 * PAGE));
+        t.note(format!("lock A after touch {}", mm.lock_info(b)));
+        t.unit("munlock the middle", mm.munlock(b + 2 * PAGE, PAGE));
+        t.note(format!("regions {}", mm.region_count()));
+        t.unit("munlock all", mm.munlock(b, 8 * PAGE));
+        t.note(format!("regions {}", mm.region_count()));
+        t.unit("mlock", mm.mlock2(b, 4 * PAGE, 0));
+        t.mincore("locked pages populated", mm.mincore(b, 8 * PAGE));
+        t.note(format!("lock A {}", mm.lock_info(b)));
+        for (what, adv) in [
+            ("DONTNEED", MADV_DONTNEED),
+            ("COLD", MADV_COLD),
+            ("PAGEOUT", MADV_PAGEOUT),
+            ("FREE", MADV_FREE),
+            ("WILLNEED", MADV_WILLNEED),
+            ("POPULATE_WRITE", MADV_POPULATE_WRITE),
+        ] {
+            t.unit(&format!("{what} on locked"), mm.madvise(b, PAGE, adv));
+        }
+        t.unit("munlock", mm.munlock(b, 8 * PAGE));
+    });
+}
+
+#[test]
+fn mlock_over_a_hole_locks_up_to_it() {
+    conform("mlock_over_a_hole_locks_up_to_it", |mm, t| {
+        let b = mm.base();
+        //  AAAA.AAA
+        let _ = t.addr("A", mm.mmap(b, 8 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.unit("hole", mm.munmap(b + 4 * PAGE, PAGE));
+        t.unit("mlock over the hole", mm.mlock2(b + 2 * PAGE, 4 * PAGE, 0));
+        t.note(format!("before the hole {}", mm.lock_info(b + 2 * PAGE)));
+        t.note(format!("after the hole {}", mm.lock_info(b + 5 * PAGE)));
+        t.note(format!("regions {}", mm.region_count()));
+        t.unit("mlock from the hole", mm.mlock2(b + 4 * PAGE, 2 * PAGE, MLOCK_ONFAULT));
+        t.unit("munlock over the hole", mm.munlock(b, 8 * PAGE));
+        t.note(format!("regions {}", mm.region_count()));
+    });
+}

@@ -63,6 +63,44 @@ pub trait Mm {
     }
     /// How many regions the scenario area holds.
     fn region_count(&self) -> usize;
+    /// `mlock2(addr, len, flags)`.
+    fn mlock2(&self, addr: usize, len: usize, flags: u32) -> Result<(), Errno>;
+    /// `munlock(addr, len)`.
+    fn munlock(&self, addr: usize, len: usize) -> Result<(), Errno>;
+    /// The smaps text (whole process for the kernel, the space for usermm).
+    fn smaps_text(&self) -> String;
+    /// Of the region containing `addr`: its `Locked:` kB and its lock
+    /// VmFlags (`lo`, `lf`), as `"Locked: N kB lo lf"`, or `"unmapped"`.
+    fn lock_info(&self, addr: usize) -> String {
+        let text = self.smaps_text();
+        let mut inside = false;
+        let (mut locked, mut flags) = (None, String::new());
+        for line in text.lines() {
+            let mut f = line.split_whitespace();
+            if let Some((a, b)) = f.next().and_then(|r| r.split_once('-')) {
+                if let (Ok(s), Ok(e)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                    if inside {
+                        break;
+                    }
+                    inside = s <= addr && addr < e;
+                    continue;
+                }
+            }
+            if !inside {
+                continue;
+            }
+            if let Some(v) = line.strip_prefix("Locked:") {
+                locked = Some(v.trim().to_string());
+            }
+            if let Some(v) = line.strip_prefix("VmFlags:") {
+                flags = v.split_whitespace().filter(|f| *f == "lo" || *f == "lf").collect::<Vec<_>>().join(" ");
+            }
+        }
+        match locked {
+            Some(l) => format!("Locked: {l} [{flags}]"),
+            None => "unmapped".to_string(),
+        }
+    }
 }
 
 /// Parses `start-end perms ...` header lines (maps or smaps text), keeping
@@ -127,6 +165,17 @@ impl Mm for KernelMm {
     fn region_count(&self) -> usize {
         self.regions().len()
     }
+    fn mlock2(&self, addr: usize, len: usize, flags: u32) -> Result<(), Errno> {
+        assert!(self.arena.contains(addr & !(PAGE - 1), len), "kernel mlock2 outside the arena");
+        usermm_sys::mem::mlock2(addr, len, flags)
+    }
+    fn munlock(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        assert!(self.arena.contains(addr & !(PAGE - 1), len), "kernel munlock outside the arena");
+        usermm_sys::mem::munlock(addr, len)
+    }
+    fn smaps_text(&self) -> String {
+        std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps")
+    }
 }
 
 /// usermm, on a space of its own.
@@ -183,6 +232,15 @@ impl Mm for UserMm {
         // The smaps dump and the stats must agree.
         assert_eq!(n, self.regions().len(), "usermm: stats().regions vs smaps entries");
         n
+    }
+    fn mlock2(&self, addr: usize, len: usize, flags: u32) -> Result<(), Errno> {
+        self.space.mlock2(addr, len, flags)
+    }
+    fn munlock(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.space.munlock(addr, len)
+    }
+    fn smaps_text(&self) -> String {
+        self.space.smaps()
     }
 }
 
