@@ -11,7 +11,7 @@ use crate::consts::*;
 use crate::errno::Errno;
 use crate::lru::Lru;
 use crate::page::{pf, PState, PageMeta, PageTable};
-use crate::region::{Advice, Kind, LockMode, Region, RegionTree};
+use crate::region::{Advice, Kind, LockMode, Region, RegionTree, FILE_OBJECT};
 use crate::slots::SlotAllocator;
 use crate::types::{Addr, PageIdx, PageRange};
 
@@ -113,9 +113,34 @@ pub enum FaultPlan {
     Reactivate { page: PageIdx, slot: u32, how: Transfer },
     /// The page cannot be served (poisoned): raise SIGBUS.
     Sigbus,
+    /// Read the file into the pages of `run` (claimed, frames charged):
+    /// `file_page` is the file page of `run.start`.
+    FileRead { run: PageRange, file: u32, file_page: u64 },
     /// A lazily freed page the host kernel discarded: install a zero page
     /// (its frame is still charged), as a discard reads back as zeros.
     Refill { page: PageIdx },
+}
+
+/// A file mapping's description, from the executor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileMap {
+    /// The executor's id for the open file (never 0).
+    pub id: u32,
+    /// Whether the descriptor is open for writing.
+    pub writable: bool,
+    /// The mapping's offset in the file, in pages.
+    pub off_pages: u64,
+}
+
+/// One page of a shared file region to write to its file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Writeback {
+    pub page: PageIdx,
+    /// Staging slot when the page is parked (evictions), else None (the
+    /// data is at the page's address).
+    pub staging: Option<u32>,
+    pub file: u32,
+    pub file_page: u64,
 }
 
 /// One deactivation: move `page` to staging slot `slot`.
@@ -154,11 +179,17 @@ pub struct ReclaimPlan {
     pub purge: Vec<(PageIdx, u32)>,
     /// Lazily freed pages to discard (or, if written since, swap).
     pub discard: Vec<Discard>,
+    /// Parked pages of shared file regions to write to their files.
+    pub writeback: Vec<Writeback>,
 }
 
 impl ReclaimPlan {
     pub fn is_empty(&self) -> bool {
-        self.deactivate.is_empty() && self.evict.is_empty() && self.purge.is_empty() && self.discard.is_empty()
+        self.deactivate.is_empty()
+            && self.evict.is_empty()
+            && self.purge.is_empty()
+            && self.discard.is_empty()
+            && self.writeback.is_empty()
     }
 }
 
@@ -176,6 +207,17 @@ pub struct Detached {
     pub ranges: Vec<PageRange>,
     /// The parts that were locked (the executor unlocks them in the host).
     pub locked: Vec<PageRange>,
+    /// The parts that mapped shared files (written back before the zap).
+    pub files: Vec<FileRange>,
+}
+
+/// A range of a shared file region being unmapped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileRange {
+    pub range: PageRange,
+    pub file: u32,
+    /// The file page of `range.start`.
+    pub file_page: u64,
 }
 
 /// Pages claimed for dropping.
@@ -230,6 +272,9 @@ pub enum AdviceOp {
     Poison(PageRange),
     /// Lazily free the pages (MADV_FREE).
     Free(PageRange),
+    /// Write the pages back to their file, then drop them (DONTNEED on a
+    /// shared file region: the file keeps the data, a touch re-reads it).
+    WritebackZap(PageRange),
 }
 
 /// The reply to `mmap`: either a plan, or "wait for a zap in progress".
@@ -270,6 +315,8 @@ pub struct Core {
     host_lazyfree: bool,
     /// Most lazily freed pages kept (`set_lazyfree_max`).
     lazyfree_max: u64,
+    /// Write-back errors not reported yet: `(file, errno)`.
+    file_errors: Vec<(u32, Errno)>,
     /// `mlockall(MCL_FUTURE)` flags in force.
     lock_future: Option<LockMode>,
     next_object: u64,
@@ -302,6 +349,7 @@ impl Core {
             lazyfree_pages: 0,
             host_lazyfree: false,
             lazyfree_max: u64::MAX,
+            file_errors: Vec::new(),
             lock_future: None,
             next_object: 1,
             counters: Counters::default(),
@@ -373,6 +421,24 @@ impl Core {
     /// Decides an anonymous `mmap`. `anon` is false for a file mapping, which
     /// the executor has validated (the descriptor) before calling.
     pub fn mmap(&mut self, addr: u64, len: u64, prot: i32, flags: i32) -> Result<MmapReply, Errno> {
+        self.mmap_in(addr, len, prot, flags, None)
+    }
+
+    /// Decides a file `mmap`: the executor has checked the descriptor (EBADF,
+    /// ENODEV, EACCES for a descriptor not open for reading) and gives the
+    /// file's id, whether it is open for writing, and the offset in pages.
+    pub fn mmap_file(&mut self, addr: u64, len: u64, prot: i32, flags: i32, file: FileMap) -> Result<MmapReply, Errno> {
+        self.mmap_in(addr, len, prot, flags & !MAP_ANONYMOUS, Some(file))
+    }
+
+    fn mmap_in(
+        &mut self,
+        addr: u64,
+        len: u64,
+        prot: i32,
+        flags: i32,
+        file: Option<FileMap>,
+    ) -> Result<MmapReply, Errno> {
         if len == 0 {
             return bad(Errno::EINVAL);
         }
@@ -392,11 +458,20 @@ impl Core {
             }
             _ => return bad(Errno::EINVAL),
         };
-        if flags & MAP_ANONYMOUS == 0 {
-            // File mappings are the file-region issue's; the executor checks
-            // the descriptor first (EBADF), so what reaches here is a valid
-            // descriptor we cannot map.
+        if flags & MAP_ANONYMOUS == 0 && file.is_none() {
+            // The executor maps files through `mmap_file`.
             return bad(Errno::ENODEV);
+        }
+        if let Some(f) = &file {
+            // Linux: a shared writable mapping needs a descriptor open for
+            // writing.
+            if shared && prot & PROT_WRITE != 0 && !f.writable {
+                return bad(Errno::EACCES);
+            }
+            let pages = self.len_pages(len).unwrap_or(0);
+            if f.off_pages.checked_add(pages).is_none() {
+                return bad(Errno::EOVERFLOW);
+            }
         }
         if flags & MAP_HUGETLB != 0 {
             return bad(Errno::EINVAL);
@@ -453,17 +528,19 @@ impl Core {
         let cut = self.regions.overlapping(range);
         new_count -= cut.len();
         new_count += self.regions.split_cost(range.start) + self.regions.split_cost(range.end);
-        let would_merge = self.merge_neighbours(range, prot, shared, lock, flags);
+        let would_merge = self.merge_neighbours(range, prot, shared || file.is_some(), lock, flags);
         if new_count - would_merge > self.cfg.max_regions {
             return bad(Errno::ENOMEM);
         }
         let replaced = if cut.is_empty() { None } else { Some(self.detach(range)) };
-        let object = if shared {
-            let o = self.next_object;
-            self.next_object += 1;
-            o
-        } else {
-            0
+        let object = match &file {
+            Some(f) => FILE_OBJECT | f.id as u64,
+            None if shared => {
+                let o = self.next_object;
+                self.next_object += 1;
+                o
+            }
+            None => 0,
         };
         if lock != LockMode::None {
             self.locked_charged += pages;
@@ -471,14 +548,20 @@ impl Core {
         self.regions.insert(Region {
             range,
             prot: prot & PROT_MASK,
-            kind: if shared { Kind::AnonShared } else { Kind::AnonPrivate },
+            kind: match (&file, shared) {
+                (Some(_), true) => Kind::FileShared,
+                (Some(_), false) => Kind::FilePrivate,
+                (None, true) => Kind::AnonShared,
+                (None, false) => Kind::AnonPrivate,
+            },
             advice: Advice::Normal,
             noreserve: flags & MAP_NORESERVE != 0,
             lock,
             object,
-            pgoff: 0,
+            pgoff: file.as_ref().map_or(0, |f| f.off_pages),
             next_fault: u64::MAX,
             streak: 0,
+            may_write: file.as_ref().is_none_or(|f| f.writable || !shared),
         });
         self.regions.merge_around(range);
         // A MAP_FIXED replacement's pages must be gone before the new region
@@ -503,6 +586,7 @@ impl Core {
             pgoff: 0,
             next_fault: 0,
             streak: 0,
+            may_write: true,
         };
         let mut n = 0;
         if range.start.0 > 0 {
@@ -529,10 +613,14 @@ impl Core {
         let removed = self.regions.remove_range(r);
         let mut ranges: Vec<PageRange> = Vec::new();
         let mut locked = Vec::new();
+        let mut files = Vec::new();
         for reg in &removed {
             if reg.lock != LockMode::None {
                 self.locked_charged -= reg.range.pages();
                 locked.push(reg.range);
+            }
+            if reg.kind == Kind::FileShared {
+                files.push(FileRange { range: reg.range, file: reg.file().expect("file"), file_page: reg.pgoff });
             }
             match ranges.last_mut() {
                 Some(last) if last.end == reg.range.start => last.end = reg.range.end,
@@ -540,7 +628,7 @@ impl Core {
             }
         }
         self.held.extend(ranges.iter().copied());
-        Detached { ranges, locked }
+        Detached { ranges, locked, files }
     }
 
     /// Phase 1 of `munmap`, under the exclusive lock: validate and detach.
@@ -626,6 +714,12 @@ impl Core {
                 break;
             }
             let seg = reg.range.intersect(&r);
+            if prot & PROT_WRITE != 0 && !reg.may_write {
+                // Linux: PROT_WRITE on a shared mapping of a descriptor not
+                // open for writing (the parts before were changed).
+                self.regions.merge_around(r);
+                return (applied, bad(Errno::EACCES));
+            }
             if reg.prot != prot {
                 // Split, change and merge first, then check the count: a
                 // change that merges into a neighbour only moves a boundary
@@ -920,8 +1014,10 @@ impl Core {
                     if locked {
                         return (ops, bad(Errno::EINVAL));
                     }
-                    if reg.kind == Kind::AnonPrivate {
-                        ops.push(AdviceOp::Zap(seg));
+                    match reg.kind {
+                        Kind::AnonPrivate | Kind::FilePrivate => ops.push(AdviceOp::Zap(seg)),
+                        Kind::FileShared => ops.push(AdviceOp::WritebackZap(seg)),
+                        Kind::AnonShared => {}
                     }
                     // Shared anonymous memory keeps its data (shmem): the
                     // pages are only unmapped on Linux, and stay resident.
@@ -1161,15 +1257,19 @@ impl Core {
                         }
                     }
                 }
+                let reg = self.regions.find_mut(p).expect("region");
                 if populate.is_none() {
-                    let reg = self.regions.find_mut(p).expect("region");
                     reg.next_fault = run.end.0;
                 }
+                let file = reg.file().map(|f| (f, reg.file_page(run.start)));
                 self.claim_frames(run.pages());
                 for q in run.start.0..run.end.0 {
                     self.pages.update(PageIdx(q), |m| m.state = PState::Filling);
                 }
-                FaultPlan::ZeroFill { run }
+                match file {
+                    Some((file, file_page)) => FaultPlan::FileRead { run, file, file_page },
+                    None => FaultPlan::ZeroFill { run },
+                }
             }
             _ => unreachable!("busy handled above"),
         }
@@ -1227,7 +1327,7 @@ impl Core {
     pub fn fill_done(&mut self, plan: &FaultPlan, installed: u64) {
         self.counters.faults += 1;
         match *plan {
-            FaultPlan::ZeroFill { run } => {
+            FaultPlan::ZeroFill { run } | FaultPlan::FileRead { run, .. } => {
                 for q in run.start.0..run.end.0 {
                     let p = PageIdx(q);
                     if q - run.start.0 < installed {
@@ -1309,7 +1409,11 @@ impl Core {
     /// list, and deactivations that refill it.
     pub fn reclaim_plan(&mut self, want: u64) -> ReclaimPlan {
         let mut plan = ReclaimPlan::default();
-        if self.swap.capacity() == 0 && self.volatile_pages == 0 && (self.lazyfree_pages == 0 || !self.host_lazyfree) {
+        if self.swap.capacity() == 0
+            && self.volatile_pages == 0
+            && (self.lazyfree_pages == 0 || !self.host_lazyfree)
+            && !self.regions.iter().any(|r| r.kind == Kind::FileShared)
+        {
             // No swap: anonymous pages are unevictable (as on a swapless
             // Linux), so there is nothing to age either; only volatile pages
             // could be purged.
@@ -1342,6 +1446,18 @@ impl Core {
                 // Volatile: purged instead of swapped, no I/O.
                 self.pages.update(p, |m| m.state = PState::Evicting);
                 plan.purge.push((p, m.slot));
+                continue;
+            }
+            let file_shared = self.regions.find(p).filter(|r| r.kind == Kind::FileShared).cloned();
+            if let Some(reg) = file_shared {
+                // A shared file page goes back to its file, never to swap.
+                self.pages.update(p, |m| m.state = PState::Evicting);
+                plan.writeback.push(Writeback {
+                    page: p,
+                    staging: Some(m.slot),
+                    file: reg.file().expect("file region"),
+                    file_page: reg.file_page(p),
+                });
                 continue;
             }
             if m.has(pf::LAZYFREE) && self.host_lazyfree {
@@ -1389,7 +1505,10 @@ impl Core {
                 self.lru.active.push_back((p, g));
                 continue;
             }
-            if !m.has(pf::VOLATILE) && self.swap.free() as u64 <= plan.deactivate.len() as u64 {
+            if !m.has(pf::VOLATILE)
+                && reg.kind != Kind::FileShared
+                && self.swap.free() as u64 <= plan.deactivate.len() as u64
+            {
                 // No swap room: only volatile pages can leave.
                 self.lru.active.push_back((p, g));
                 continue;
@@ -1668,6 +1787,145 @@ impl Core {
                 self.push_inactive(d.page);
             }
         }
+    }
+
+    /// Commits an eviction to a file: on success the page is dropped (a
+    /// touch re-reads it); on failure it stays resident and parked, and the
+    /// error is kept for the next `msync`/`munmap` of the file (as fsync
+    /// reports write-back errors).
+    pub fn writeback_done(&mut self, w: &Writeback, result: Result<(), Errno>) {
+        debug_assert_eq!(self.pages.get(w.page).state, PState::Evicting);
+        let slot = w.staging.expect("evicted page is parked");
+        match result {
+            Ok(()) => {
+                self.staging.release(slot);
+                self.inactive -= 1;
+                self.resident -= 1;
+                let m = self.pages.get(w.page);
+                if m.has(pf::LAZYFREE) {
+                    self.lazyfree_pages -= 1;
+                }
+                if m.has(pf::VOLATILE) {
+                    self.volatile_pages -= 1;
+                }
+                self.pages.set(w.page, PageMeta::default());
+                self.counters.writebacks += 1;
+                self.counters.evictions += 1;
+            }
+            Err(e) => {
+                self.pages.update(w.page, |m| m.state = PState::Inactive);
+                self.push_inactive(w.page);
+                self.file_errors.push((w.file, e));
+            }
+        }
+    }
+
+    /// Records a write-back error for `file` (reported by the next msync or
+    /// munmap of it).
+    pub fn note_file_error(&mut self, file: u32, e: Errno) {
+        self.file_errors.push((file, e));
+    }
+
+    /// Counts one page written back to its file.
+    pub fn count_writeback(&mut self) {
+        self.counters.writebacks += 1;
+    }
+
+    /// The first write-back error recorded for `file` since the last call,
+    /// cleared (fsync semantics).
+    pub fn take_file_error(&mut self, file: u32) -> Option<Errno> {
+        let i = self.file_errors.iter().position(|(f, _)| *f == file)?;
+        let e = self.file_errors[i].1;
+        self.file_errors.retain(|(f, _)| *f != file);
+        Some(e)
+    }
+
+    /// The pages of `r` that belong to shared file regions (live or being
+    /// unmapped, described by `files`) and hold data: what a write-back of
+    /// `r` must write. Busy pages are skipped (the caller settles first).
+    pub fn writeback_snapshot(&self, r: PageRange, detached: &[FileRange]) -> Vec<Writeback> {
+        let mut v = Vec::new();
+        let mut push = |seg: PageRange, file: u32, file_page_of_start: u64| {
+            self.pages.for_each_live(seg, |p, m| {
+                let staging = match m.state {
+                    PState::Resident => None,
+                    PState::Inactive => Some(m.slot),
+                    _ => return,
+                };
+                v.push(Writeback { page: p, staging, file, file_page: file_page_of_start + (p.0 - seg.start.0) });
+            });
+        };
+        for reg in self.regions.overlapping(r) {
+            if reg.kind == Kind::FileShared {
+                let seg = reg.range.intersect(&r);
+                push(seg, reg.file().expect("file"), reg.file_page(seg.start));
+            }
+        }
+        for f in detached {
+            let seg = f.range.intersect(&r);
+            if !seg.is_empty() {
+                push(seg, f.file, f.file_page + (seg.start.0 - f.range.start.0));
+            }
+        }
+        v
+    }
+
+    /// Decides `msync`: returns the shared file segments to write back (in
+    /// order) and the result (Linux: `EINVAL` for bad flags or an unaligned
+    /// start, `ENOMEM` for holes — after syncing the mapped parts — and
+    /// `EBUSY` for `MS_INVALIDATE` over locked pages).
+    pub fn msync(&self, addr: u64, len: u64, flags: i32) -> (Vec<PageRange>, Result<(), Errno>) {
+        if flags & !(MS_ASYNC | MS_INVALIDATE | MS_SYNC) != 0 || !self.aligned(addr) {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        if flags & MS_ASYNC != 0 && flags & MS_SYNC != 0 {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        let Some(pages) = self.len_pages(len) else { return (vec![], bad(Errno::ENOMEM)) };
+        let Some(end) = pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b)) else {
+            return (vec![], bad(Errno::ENOMEM));
+        };
+        if end == addr {
+            return (vec![], Ok(()));
+        }
+        let r = self.clip(addr, pages);
+        let mut hole = !self.in_reservation(addr, pages);
+        let mut segs = Vec::new();
+        let mut at = r.start;
+        let regs = self.regions.overlapping(r);
+        if regs.is_empty() {
+            return (vec![], bad(Errno::ENOMEM));
+        }
+        for reg in regs {
+            if reg.range.start > at {
+                hole = true;
+            }
+            if flags & MS_INVALIDATE != 0 && reg.lock != LockMode::None {
+                return (segs, bad(Errno::EBUSY));
+            }
+            let seg = reg.range.intersect(&r);
+            if reg.kind == Kind::FileShared {
+                segs.push(seg);
+            }
+            at = seg.end;
+        }
+        if at < r.end {
+            hole = true;
+        }
+        (segs, if hole { bad(Errno::ENOMEM) } else { Ok(()) })
+    }
+
+    /// The file ids still mapped by a live region.
+    pub fn files_in_use(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.regions.iter().filter_map(|r| r.file()).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Every shared file segment of the space (for `close`).
+    pub fn shared_file_ranges(&self) -> Vec<PageRange> {
+        self.regions.iter().filter(|r| r.kind == Kind::FileShared).map(|r| r.range).collect()
     }
 
     /// Decides `mvolatile`: marks the pages of the range volatile. A locked

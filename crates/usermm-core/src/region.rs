@@ -21,7 +21,16 @@ pub enum Kind {
     /// memory, except that `MADV_DONTNEED` keeps the data (shmem semantics) and
     /// `MADV_FREE` is refused.
     AnonShared,
+    /// `MAP_SHARED` of a file: read from the file on fault, written back on
+    /// reclaim, msync, munmap and close.
+    FileShared,
+    /// `MAP_PRIVATE` of a file: read from the file on fault; written pages
+    /// stay private (they go to swap, never to the file).
+    FilePrivate,
 }
+
+/// The `object` of a file region: this bit plus the executor's file id.
+pub const FILE_OBJECT: u64 = 1 << 63;
 
 /// Access-pattern advice (`VM_RAND_READ` / `VM_SEQ_READ`).
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
@@ -55,6 +64,20 @@ pub struct Region {
     pub next_fault: u64,
     /// Streaming detection: consecutive faults that hit `next_fault`.
     pub streak: u32,
+    /// Whether `PROT_WRITE` may be set (false for a shared mapping of a
+    /// descriptor not open for writing: mprotect says EACCES).
+    pub may_write: bool,
+}
+
+impl Region {
+    /// The executor's file id, for a file region.
+    pub fn file(&self) -> Option<u32> {
+        matches!(self.kind, Kind::FileShared | Kind::FilePrivate).then_some((self.object & !FILE_OBJECT) as u32)
+    }
+    /// The file page that backs page `p` of the region.
+    pub fn file_page(&self, p: PageIdx) -> u64 {
+        self.pgoff + (p.0 - self.range.start.0)
+    }
 }
 
 impl Region {

@@ -392,6 +392,7 @@ impl Sim {
                 }
                 AdviceOp::Poison(_) => panic!("no MADV_HWPOISON here"),
                 AdviceOp::Free(_) => panic!("no MADV_FREE here"),
+                AdviceOp::WritebackZap(_) => panic!("no file regions here"),
             }
             self.c.validate();
         }

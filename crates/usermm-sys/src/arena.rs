@@ -7,7 +7,7 @@
 //! without `unsafe`: no Rust reference ever points into these mappings; the
 //! kernel moves the bytes (userfaultfd ioctls, `pread`/`pwritev`).
 
-use crate::file::{ProcMem, SwapFile};
+use crate::file::{MappedFile, ProcMem, SwapFile};
 use crate::uffd::Uffd;
 use crate::{mem, Errno};
 
@@ -267,6 +267,112 @@ impl Arena {
         unsafe { swap.pread(bounce.addr, len, off) }?;
         // SAFETY: as above, readable.
         unsafe { uffd.copy(dst, bounce.addr as *const u8, len, false) }
+    }
+
+    /// Reads `len` bytes of `file` at `off` and installs them at `dst` (of
+    /// the reservation), waking waiters. Bytes past the end of the file read
+    /// as zeros up to the end of the last page that holds file data. Returns
+    /// the bytes installed (a whole number of pages; 0 when `off` is at or
+    /// past the end of the file).
+    pub fn file_in(
+        &self,
+        uffd: &Uffd,
+        file: &MappedFile,
+        off: u64,
+        dst: usize,
+        len: usize,
+        bounce: &Bounce,
+    ) -> Result<usize, Errno> {
+        let ps = self.page_size;
+        self.check(dst, len)?;
+        assert!(bounce.len >= len);
+        let size = file.size()?;
+        if off >= size {
+            return Ok(0);
+        }
+        let want = len.min((size - off) as usize);
+        let mut done = 0;
+        while done < want {
+            // SAFETY: the bounce buffer is ours and writable for its length.
+            let r = unsafe {
+                libc::pread(
+                    file.raw(),
+                    (bounce.addr + done) as *mut libc::c_void,
+                    want - done,
+                    (off + done as u64) as libc::off_t,
+                )
+            };
+            if r < 0 {
+                let e = crate::last_errno();
+                if e.0 == libc::EINTR {
+                    continue;
+                }
+                return Err(e);
+            }
+            if r == 0 {
+                break;
+            }
+            done += r as usize;
+        }
+        if done == 0 {
+            return Ok(0);
+        }
+        let pages_len = done.div_ceil(ps) * ps;
+        // SAFETY: the tail of the last page is inside the bounce buffer.
+        unsafe { mem::zero(bounce.addr + done, pages_len - done) };
+        file.drop_cache(off, done);
+        // SAFETY: the bounce buffer is readable for `pages_len` bytes.
+        unsafe { uffd.copy(dst, bounce.addr as *const u8, pages_len, true) }
+    }
+
+    /// Writes one page of the space — at `src` (mapped) or in staging `slot`
+    /// — to `file` at `off`, never past the end of the file.
+    pub fn page_out_to_file(
+        &self,
+        file: &MappedFile,
+        src: Option<usize>,
+        slot: Option<u32>,
+        off: u64,
+    ) -> Result<(), Errno> {
+        let ps = self.page_size;
+        let addr = match (src, slot) {
+            (_, Some(s)) => self.slot_addr(s),
+            (Some(a), None) => {
+                self.check(a, ps)?;
+                a
+            }
+            (None, None) => return Err(Errno::EINVAL),
+        };
+        let size = file.size()?;
+        if off >= size {
+            return Ok(());
+        }
+        let len = ps.min((size - off) as usize);
+        let mut done = 0;
+        while done < len {
+            // SAFETY: `addr` is a resident page of the space (the caller's
+            // claim) or a parked page in staging, readable for a page.
+            let r = unsafe {
+                libc::pwrite(
+                    file.raw(),
+                    (addr + done) as *const libc::c_void,
+                    len - done,
+                    (off + done as u64) as libc::off_t,
+                )
+            };
+            if r < 0 {
+                let e = crate::last_errno();
+                if e.0 == libc::EINTR {
+                    continue;
+                }
+                return Err(e);
+            }
+            if r == 0 {
+                return Err(Errno::EIO);
+            }
+            done += r as usize;
+        }
+        Ok(())
     }
 
     /// `mprotect` inside the reservation.

@@ -210,3 +210,88 @@ impl Pagemap {
         Ok(e >> 63 == 1)
     }
 }
+
+/// A file mapped by a space: a duplicate of the program's descriptor (the
+/// mapping keeps the file open, as Linux's does), and what `mmap` must know.
+pub struct MappedFile {
+    fd: OwnedFd,
+    pub readable: bool,
+    pub writable: bool,
+    pub dev: u64,
+    pub ino: u64,
+    pub path: String,
+}
+
+impl MappedFile {
+    /// Checks `fd` as Linux's mmap does and keeps a duplicate: `EBADF` if it
+    /// is not open, `ENODEV` if it cannot be mapped (not a regular file or a
+    /// block device), `EACCES` if it is not open for reading.
+    pub fn from_fd(fd: RawFd) -> Result<MappedFile, Errno> {
+        if fd < 0 {
+            return Err(Errno::EBADF);
+        }
+        // SAFETY: F_GETFL takes no pointer.
+        let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if fl < 0 {
+            return Err(Errno::EBADF);
+        }
+        // SAFETY: `st` is a valid out-pointer for fstat.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        check(unsafe { libc::fstat(fd, &mut st) })?;
+        let kind = st.st_mode & libc::S_IFMT;
+        if kind != libc::S_IFREG && kind != libc::S_IFBLK {
+            return Err(Errno::ENODEV);
+        }
+        let acc = fl & libc::O_ACCMODE;
+        let readable = acc == libc::O_RDONLY || acc == libc::O_RDWR;
+        if !readable {
+            return Err(Errno::EACCES);
+        }
+        // A descriptor opened O_APPEND cannot back a shared writable mapping.
+        let writable = acc == libc::O_RDWR && fl & libc::O_APPEND == 0;
+        // SAFETY: F_DUPFD_CLOEXEC takes its argument by value.
+        let dup = check(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) })?;
+        let path = std::fs::read_link(format!("/proc/self/fd/{fd}"))
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Ok(MappedFile {
+            // SAFETY: a new descriptor we own.
+            fd: unsafe { OwnedFd::from_raw_fd(dup) },
+            readable,
+            writable,
+            dev: st.st_dev,
+            ino: st.st_ino,
+            path,
+        })
+    }
+
+    pub fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// The file's size in bytes now.
+    pub fn size(&self) -> Result<u64, Errno> {
+        // SAFETY: `st` is a valid out-pointer for fstat.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        check(unsafe { libc::fstat(self.fd.as_raw_fd(), &mut st) })?;
+        Ok(st.st_size as u64)
+    }
+
+    /// `fdatasync`.
+    pub fn sync(&self) -> Result<(), Errno> {
+        // SAFETY: takes a descriptor we own.
+        check(unsafe { libc::fdatasync(self.fd.as_raw_fd()) }).map(|_| ())
+    }
+
+    /// Drops `[off, off+len)` from the host page cache: the space holds the
+    /// data it needs itself, and a second copy would be memory the budget
+    /// does not see.
+    pub fn drop_cache(&self, off: u64, len: usize) {
+        // SAFETY: posix_fadvise takes its arguments by value.
+        unsafe {
+            libc::posix_fadvise(self.fd.as_raw_fd(), off as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED)
+        };
+    }
+}

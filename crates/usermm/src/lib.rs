@@ -218,6 +218,13 @@ impl Space {
         self.inner.munmap(addr, len)
     }
 
+    /// `msync` (`MS_ASYNC`, `MS_SYNC`, `MS_INVALIDATE`): shared file pages
+    /// of the range are written to their files before it returns (both
+    /// modes); `MS_SYNC` also `fdatasync`s the files.
+    pub fn msync(&self, addr: usize, len: usize, flags: i32) -> Result<(), Errno> {
+        self.inner.msync(addr, len, flags)
+    }
+
     /// `mprotect`.
     pub fn mprotect(&self, addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
         self.inner.mprotect(addr, len, prot)

@@ -41,10 +41,11 @@ use std::thread::JoinHandle;
 use usermm_core::consts::*;
 use usermm_core::region::LockMode;
 use usermm_core::{
-    Addr, AdviceOp, Core, CoreConfig, Deactivate, Detached, Discard, Errno, Evict, FaultPlan, LockPlan, MmapReply,
-    PageIdx, PageRange, Transfer,
+    Addr, AdviceOp, Core, CoreConfig, Deactivate, Detached, Discard, Errno, Evict, FaultPlan, FileMap, FileRange,
+    LockPlan, MmapReply, PageIdx, PageRange, Transfer, Writeback,
 };
 use usermm_sys::arena::{Arena, Bounce};
+use usermm_sys::file::MappedFile;
 use usermm_sys::file::{ProcMem, SwapFile};
 use usermm_sys::now_ns;
 use usermm_sys::thread::EventFd;
@@ -88,6 +89,9 @@ pub(crate) struct Inner {
     pub inject_read_errors: AtomicU32,
     pub inject_write_errors: AtomicU32,
     pub willneed: Mutex<Vec<usize>>,
+    /// Files mapped by the space's regions, by id (ids start at 1).
+    pub files: Mutex<std::collections::HashMap<u32, Arc<MappedFile>>>,
+    next_file: AtomicU32,
     pub user_mode_only: bool,
     /// Lazily freed pages are passed down to the host (`MADV_FREE`) and
     /// discarded through it (see `Arena::host_lazyfree`).
@@ -184,6 +188,8 @@ impl Inner {
             inject_read_errors: AtomicU32::new(0),
             inject_write_errors: AtomicU32::new(0),
             willneed: Mutex::new(Vec::new()),
+            files: Mutex::new(std::collections::HashMap::new()),
+            next_file: AtomicU32::new(1),
             user_mode_only,
             host_lazyfree,
             swap_bytes: swap_slots as u64 * ps as u64,
@@ -214,6 +220,15 @@ impl Inner {
     }
 
     pub fn close(&self, threads: Threads) {
+        // Shared file pages reach their files first (umm_close's contract).
+        let ranges = lock(&self.core).shared_file_ranges();
+        for r in ranges {
+            let _mm = self.read_mm();
+            let _ = self.writeback_range(r, &[]);
+        }
+        for f in lock(&self.files).values() {
+            let _ = f.sync();
+        }
         self.shutdown.store(true, Ordering::SeqCst);
         self.wake_fd.signal();
         {
@@ -345,6 +360,25 @@ impl Inner {
                         if let Some(t) = tid {
                             let _ = usermm_sys::thread::sigbus_thread(t, addr);
                         }
+                    }
+                    return;
+                }
+                FaultPlan::FileRead { run, file, file_page } => {
+                    drop(c);
+                    let n = self.file_in(run, file, file_page).unwrap_or(0);
+                    let mut c = lock(&self.core);
+                    c.fill_done(&plan, n);
+                    self.after_fill(&mut c);
+                    drop(c);
+                    if n == 0 {
+                        // Past the end of the file (or the read failed):
+                        // SIGBUS, as Linux raises for a mapping past EOF.
+                        if let Some(t) = tid {
+                            let _ = usermm_sys::thread::sigbus_thread(t, addr);
+                        }
+                    }
+                    if n < run.pages() {
+                        let _ = self.uffd.wake(page_addr, self.page_size);
                     }
                     return;
                 }
@@ -481,26 +515,115 @@ impl Inner {
         if take_one(&self.inject_read_errors) {
             return 0;
         }
-        thread_local! {
-            static BOUNCE: std::cell::RefCell<Option<Bounce>> = const { std::cell::RefCell::new(None) };
-        }
         let ps = self.page_size;
         let len = run.pages() as usize * ps;
-        BOUNCE.with(|b| {
-            let mut b = b.borrow_mut();
-            if b.as_ref().is_none_or(|b| b.len() < len) {
-                *b = None;
-                *b = Bounce::new(len.max(SWAP_BOUNCE_BYTES)).ok();
-            }
-            match b.as_ref() {
-                Some(bounce) => self
-                    .arena
-                    .swap_in(&self.uffd, swap, self.swap_off(slot), self.addr(run.start), len, bounce)
-                    .map(|n| (n / ps) as u64)
-                    .unwrap_or(0),
-                None => 0,
-            }
+        with_bounce(len, |bounce| {
+            self.arena
+                .swap_in(&self.uffd, swap, self.swap_off(slot), self.addr(run.start), len, bounce)
+                .map(|n| (n / ps) as u64)
+                .unwrap_or(0)
         })
+        .unwrap_or(0)
+    }
+
+    /// Reads file pages into `run` (its first page is file page
+    /// `file_page`); returns how many (a prefix) were installed — 0 when the
+    /// run starts past the end of the file.
+    fn file_in(&self, run: PageRange, file: u32, file_page: u64) -> Result<u64, Errno> {
+        let f = lock(&self.files).get(&file).cloned().ok_or(Errno::EIO)?;
+        let ps = self.page_size;
+        let len = run.pages() as usize * ps;
+        let off = file_page * ps as u64;
+        let r = with_bounce(len, |bounce| self.arena.file_in(&self.uffd, &f, off, self.addr(run.start), len, bounce))
+            .ok_or(Errno::ENOMEM)?;
+        r.map(|n| (n / ps) as u64)
+    }
+
+    /// Writes pages of shared file regions to their files. Returns one
+    /// result per item.
+    fn write_pages(&self, ws: &[Writeback]) -> Vec<Result<(), Errno>> {
+        let files = lock(&self.files).clone();
+        let ps = self.page_size as u64;
+        let mut touched = Vec::new();
+        let out = ws
+            .iter()
+            .map(|w| {
+                let f = files.get(&w.file).ok_or(Errno::EIO)?;
+                let src = if w.staging.is_none() { Some(self.addr(w.page)) } else { None };
+                if take_one(&self.inject_write_errors) {
+                    return Err(Errno::EIO);
+                }
+                let r = self.arena.page_out_to_file(f, src, w.staging, w.file_page * ps);
+                if r.is_ok() && !touched.contains(&w.file) {
+                    touched.push(w.file);
+                }
+                r
+            })
+            .collect();
+        for id in touched {
+            if let Some(f) = files.get(&id) {
+                f.drop_cache(0, 0);
+            }
+        }
+        out
+    }
+
+    /// Evicts parked pages of shared file regions to their files.
+    fn writeback_all(&self, ws: &[Writeback]) -> u64 {
+        if ws.is_empty() {
+            return 0;
+        }
+        let results = self.write_pages(ws);
+        let mut ok_slots = Vec::new();
+        for (w, r) in ws.iter().zip(&results) {
+            if r.is_ok() {
+                if let Some(s) = w.staging {
+                    let _ = self.arena.drop_slot(s);
+                    ok_slots.push(s);
+                }
+            }
+        }
+        let mut c = lock(&self.core);
+        let mut freed = 0;
+        for (w, r) in ws.iter().zip(results) {
+            freed += u64::from(r.is_ok());
+            c.writeback_done(w, r);
+        }
+        self.settled.notify_all();
+        freed
+    }
+
+    /// Writes the data of the shared file pages of `r` to their files (for
+    /// msync, munmap, DONTNEED, close). `detached` describes shared file
+    /// ranges already removed from the region tree. Returns the first error.
+    fn writeback_range(&self, r: PageRange, detached: &[FileRange]) -> Result<Vec<u32>, Errno> {
+        let snapshot = {
+            let bytes = r.pages() as usize * self.page_size;
+            let c = self.settled_core_all(self.addr(r.start), bytes, true);
+            c.writeback_snapshot(r, detached)
+        };
+        let mut files: Vec<u32> = snapshot.iter().map(|w| w.file).collect();
+        files.sort_unstable();
+        files.dedup();
+        let mut first = None;
+        for (w, res) in snapshot.iter().zip(self.write_pages(&snapshot)) {
+            if let Err(e) = res {
+                first.get_or_insert(e);
+                lock(&self.core).note_file_error(w.file, e);
+            } else {
+                lock(&self.core).count_writeback();
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(files),
+        }
+    }
+
+    /// Forgets the files no region maps any more.
+    fn release_files(&self) {
+        let used = lock(&self.core).files_in_use();
+        lock(&self.files).retain(|id, _| used.contains(id));
     }
 
     fn reactivate(&self, page: PageIdx, slot: u32, how: Transfer) -> bool {
@@ -575,6 +698,7 @@ impl Inner {
             }
             self.deactivate_all(&plan.deactivate);
             freed += self.discard_all(&plan.discard);
+            freed += self.writeback_all(&plan.writeback);
             freed += self.purge_all(&plan.purge);
             freed += self.evict_all(&plan.evict);
             // Stop as soon as anything was freed: another round would evict
@@ -836,10 +960,49 @@ impl Inner {
                 return Err(Errno::EBADF);
             }
         }
+        // A file mapping: Linux's checks on the descriptor (after the length
+        // and type), then the space keeps a duplicate of it.
+        let file = if flags & MAP_ANONYMOUS == 0 {
+            let t = flags & MAP_TYPE;
+            if len == 0 || !(t == MAP_SHARED || t == MAP_PRIVATE || t == MAP_SHARED_VALIDATE) {
+                return Err(Errno::EINVAL);
+            }
+            let f = Arc::new(MappedFile::from_fd(fd)?);
+            let id = self.next_file.fetch_add(1, Ordering::Relaxed);
+            lock(&self.files).insert(id, f.clone());
+            Some((id, f))
+        } else {
+            None
+        };
+        let result = self.mmap_locked(addr, len, prot, flags, off, file.as_ref());
+        if result.is_err() && file.is_some() {
+            self.release_files();
+        }
+        result
+    }
+
+    fn mmap_locked(
+        &self,
+        addr: usize,
+        len: usize,
+        prot: i32,
+        flags: i32,
+        off: i64,
+        file: Option<&(u32, Arc<MappedFile>)>,
+    ) -> Result<usize, Errno> {
         loop {
             let mm = self.mm.write();
             let t0 = now_ns();
-            let reply = lock(&self.core).mmap(addr as u64, len as u64, prot, flags)?;
+            let reply = match file {
+                Some((id, f)) => lock(&self.core).mmap_file(
+                    addr as u64,
+                    len as u64,
+                    prot,
+                    flags,
+                    FileMap { id: *id, writable: f.writable, off_pages: off as u64 / self.page_size as u64 },
+                ),
+                None => lock(&self.core).mmap(addr as u64, len as u64, prot, flags),
+            }?;
             match reply {
                 MmapReply::WaitUnmapping => {
                     drop(mm);
@@ -849,6 +1012,9 @@ impl Inner {
                 }
                 MmapReply::Done(plan) => {
                     if let Some(d) = &plan.replaced {
+                        for f in &d.files {
+                            let _ = self.writeback_range(f.range, &d.files);
+                        }
                         for r in &d.locked {
                             let _ = self.host_lock(*r, LockMode::None);
                         }
@@ -910,6 +1076,14 @@ impl Inner {
             d
         };
         let Some(d) = detached else { return Ok(()) };
+        // Dirty shared file pages reach their file before the call returns.
+        let mut wb_err = None;
+        for f in &d.files {
+            let _mm = self.read_mm();
+            if let Err(e) = self.writeback_range(f.range, &d.files) {
+                wb_err.get_or_insert(e);
+            }
+        }
         for r in &d.locked {
             // MADV_DONTNEED refuses VM_LOCKED ranges; the range is leaving.
             let _ = self.host_lock(*r, LockMode::None);
@@ -932,8 +1106,63 @@ impl Inner {
         }
         let mut c = lock(&self.core);
         c.unhold(&d);
+        let errs: Vec<Errno> = d.files.iter().filter_map(|f| c.take_file_error(f.file)).collect();
         self.settled.notify_all();
-        Ok(())
+        drop(c);
+        self.release_files();
+        match wb_err.or(errs.first().copied()) {
+            // Linux's munmap does not report write-back errors; usermm does
+            // (the data could not reach the file), as fsync would.
+            Some(e) => Err(if e == Errno::EIO { Errno::EIO } else { e }),
+            None => Ok(()),
+        }
+    }
+
+    /// `msync`: writes the shared file pages of the range to their files;
+    /// with `MS_SYNC`, also `fdatasync`s them before returning. A write-back
+    /// error since the last msync (eviction included) is reported as `EIO`.
+    pub fn msync(&self, addr: usize, len: usize, flags: i32) -> Result<(), Errno> {
+        let _mm = self.read_mm();
+        let (segs, res) = lock(&self.core).msync(addr as u64, len as u64, flags);
+        let mut files = Vec::new();
+        let mut err = None;
+        for seg in segs {
+            match self.writeback_range(seg, &[]) {
+                Ok(fs) => files.extend(fs),
+                Err(e) => {
+                    err.get_or_insert(e);
+                }
+            }
+            // Files of the segment even when no page was resident: their
+            // earlier write-back errors are reported here.
+            let c = lock(&self.core);
+            if let Some(f) = c.region_at(seg.start).and_then(|r| r.file()) {
+                files.push(f);
+            }
+        }
+        files.sort_unstable();
+        files.dedup();
+        if flags & MS_SYNC != 0 {
+            let table = lock(&self.files).clone();
+            for f in &files {
+                if let Some(mf) = table.get(f) {
+                    if let Err(e) = mf.sync() {
+                        err.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        let mut c = lock(&self.core);
+        for f in &files {
+            if let Some(e) = c.take_file_error(*f) {
+                err.get_or_insert(e);
+            }
+        }
+        drop(c);
+        if let Some(e) = err {
+            return Err(if e == Errno::ENOSPC { e } else { Errno::EIO });
+        }
+        res
     }
 
     pub fn mprotect(&self, addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
@@ -977,6 +1206,11 @@ impl Inner {
     fn advice_op(&self, _mm: &RwLockReadGuard<'_, ()>, op: &AdviceOp) {
         match *op {
             AdviceOp::Zap(r) => self.zap_range(r, false),
+            AdviceOp::WritebackZap(r) => {
+                if self.writeback_range(r, &[]).is_ok() {
+                    self.zap_range(r, false);
+                }
+            }
             AdviceOp::Cold(r) => {
                 let ds = lock(&self.core).deactivate_range(r);
                 self.deactivate_all(&ds);
@@ -1143,6 +1377,18 @@ impl Inner {
                         }
                     }
                     FaultPlan::Sigbus => return (populated, Err(Errno::EHWPOISON)),
+                    FaultPlan::FileRead { run, file, file_page } => {
+                        drop(c);
+                        let n = self.file_in(run, file, file_page).unwrap_or(0);
+                        let mut c = lock(&self.core);
+                        c.fill_done(&plan, n);
+                        self.after_fill(&mut c);
+                        drop(c);
+                        if n == 0 {
+                            // Past the end of the file or unreadable.
+                            return (populated, Err(Errno::EFAULT));
+                        }
+                    }
                     FaultPlan::Refill { page } => {
                         let a = self.addr(page);
                         let n = self.arena.zero_fill_wake(&self.uffd, a, self.page_size, true).unwrap_or(0);
@@ -1204,6 +1450,21 @@ impl Inner {
         drop(mm);
         (populated, check)
     }
+}
+
+/// Runs `f` with this thread's bounce buffer of at least `len` bytes.
+fn with_bounce<R>(len: usize, f: impl FnOnce(&Bounce) -> R) -> Option<R> {
+    thread_local! {
+        static BOUNCE: std::cell::RefCell<Option<Bounce>> = const { std::cell::RefCell::new(None) };
+    }
+    BOUNCE.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.as_ref().is_none_or(|b| b.len() < len) {
+            *b = None;
+            *b = Bounce::new(len.max(SWAP_BOUNCE_BYTES)).ok();
+        }
+        b.as_ref().map(f)
+    })
 }
 
 /// Handler threads when the configuration says 0. One spinning handler

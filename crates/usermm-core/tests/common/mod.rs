@@ -165,6 +165,7 @@ pub fn madvise(c: &mut Core, addr: u64, len: u64, advice: i32) -> Result<(), Err
             AdviceOp::Free(r) => {
                 c.lazyfree(r);
             }
+            AdviceOp::WritebackZap(r) => zap(c, r),
             AdviceOp::WillNeed(r) => {
                 for p in c.swapped_in(r) {
                     touch(c, p.0, false);
@@ -231,6 +232,10 @@ pub fn touch(c: &mut Core, p: u64, write: bool) -> Touch {
             FaultPlan::Sigbus => return Touch::Oom,
             FaultPlan::Refill { .. } => {
                 c.fill_done(&plan, 1);
+                plans.push(plan);
+            }
+            FaultPlan::FileRead { run, .. } => {
+                c.fill_done(&plan, run.pages());
                 plans.push(plan);
             }
             FaultPlan::Reclaim { want } => {

@@ -336,13 +336,12 @@ pub unsafe extern "C" fn umm_mprotect(s: *mut umm_space, addr: *mut c_void, len:
 /// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
 /// be NULL or valid for what `usermm.h` says the call reads or writes.
 #[no_mangle]
-pub unsafe extern "C" fn umm_msync(s: *mut umm_space, _addr: *mut c_void, _len: usize, _flags: c_int) -> c_int {
+pub unsafe extern "C" fn umm_msync(s: *mut umm_space, addr: *mut c_void, len: usize, flags: c_int) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
     let sp = unsafe { space(s) };
     guard(-1, || {
-        sp?;
-        // Not implemented yet: issue 3
-        Err(Errno::ENOSYS)
+        sp?.msync(addr as usize, len, flags)?;
+        Ok(0)
     })
 }
 

@@ -1,0 +1,215 @@
+//! File-backed regions: shared and private file mappings, read on fault,
+//! write-back on msync, munmap, reclaim and close, SIGBUS/EFAULT past the end
+//! of the file, and Linux's errno rules (EBADF, EACCES, ENODEV, msync's).
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+
+use usermm::consts::*;
+use usermm::{Config, Errno, Space};
+use usermm_sys::kernel::{peek, poke};
+
+const PS: usize = 4096;
+
+fn space(budget_mib: usize) -> Space {
+    Space::open(&Config { budget_bytes: budget_mib << 20, swap_bytes: 64 << 20, ..Config::default() }).unwrap()
+}
+
+fn temp_file(name: &str, data: &[u8]) -> (PathBuf, File) {
+    let p = std::env::temp_dir().join(format!("usermm-test-{}-{name}", std::process::id()));
+    let mut f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&p).unwrap();
+    f.write_all(data).unwrap();
+    f.sync_all().unwrap();
+    (p, f)
+}
+
+fn contents(p: &PathBuf) -> Vec<u8> {
+    let mut v = Vec::new();
+    File::open(p).unwrap().read_to_end(&mut v).unwrap();
+    v
+}
+
+fn pattern(pages: usize) -> Vec<u8> {
+    (0..pages * PS).map(|i| (i / PS) as u8 ^ (i % 251) as u8).collect()
+}
+
+#[test]
+fn shared_mapping_reads_the_file_and_msync_writes_it() {
+    let s = space(64);
+    let data = pattern(8);
+    let (p, f) = temp_file("shared", &data);
+    let a = s.mmap(0, 8 * PS, PROT_READ | PROT_WRITE, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
+    for i in (0..8 * PS).step_by(509) {
+        assert_eq!(peek(a + i), data[i], "byte {i}");
+    }
+    poke(a + 3 * PS + 7, 0xAB);
+    s.msync(a, 8 * PS, MS_SYNC).unwrap();
+    assert_eq!(contents(&p)[3 * PS + 7], 0xAB, "MS_SYNC wrote the page");
+    poke(a + 5 * PS, 0xCD);
+    s.munmap(a, 8 * PS).unwrap();
+    let c = contents(&p);
+    assert_eq!(c[5 * PS], 0xCD, "munmap wrote the page back");
+    assert_eq!(c.len(), 8 * PS, "never written past the end");
+    assert!(s.smaps().is_empty() || !s.smaps().contains("usermm-test"), "region gone");
+    s.validate();
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn private_mapping_never_writes_the_file() {
+    let s = space(64);
+    let data = pattern(4);
+    let (p, f) = temp_file("private", &data);
+    let a = s.mmap(0, 4 * PS, PROT_READ | PROT_WRITE, MAP_PRIVATE, f.as_raw_fd(), 0).unwrap();
+    poke(a + 10, 0x77);
+    assert_eq!(peek(a + 10), 0x77);
+    s.msync(a, 4 * PS, MS_SYNC).unwrap();
+    // DONTNEED on a private file mapping: the page is re-read from the file.
+    s.madvise(a, PS, MADV_DONTNEED).unwrap();
+    assert_eq!(peek(a + 10), data[10]);
+    poke(a + PS, 0x55);
+    s.munmap(a, 4 * PS).unwrap();
+    assert_eq!(contents(&p), data, "a private mapping never reaches the file");
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn offset_partial_last_page_and_past_eof() {
+    let s = space(64);
+    let mut data = pattern(2);
+    data.truncate(PS + 100); // a partial second page
+    let (p, f) = temp_file("eof", &data);
+    // From file page 1: byte 0 of the mapping is file byte 4096.
+    let a = s.mmap(0, 3 * PS, PROT_READ, MAP_PRIVATE, f.as_raw_fd(), PS as i64).unwrap();
+    assert_eq!(peek(a), data[PS]);
+    assert_eq!(peek(a + 99), data[PS + 99]);
+    assert_eq!(peek(a + 100), 0, "the tail of the last page reads zeros");
+    // Past the end of the file: populate says EFAULT, never a signal.
+    let (rep, r) = s.populate(a + PS, PS, MADV_POPULATE_READ);
+    assert_eq!(r, Err(Errno::EFAULT));
+    assert_eq!(rep.populated_bytes, 0);
+    s.munmap(a, 3 * PS).unwrap();
+    // A shared mapping of the partial page is never written past the end.
+    let b = s.mmap(0, PS, PROT_READ | PROT_WRITE, MAP_SHARED, f.as_raw_fd(), PS as i64).unwrap();
+    poke(b + 50, 9);
+    poke(b + 200, 9);
+    s.munmap(b, PS).unwrap();
+    let c = contents(&p);
+    assert_eq!(c.len(), PS + 100);
+    assert_eq!(c[PS + 50], 9);
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn descriptor_rules_are_linux_rules() {
+    let s = space(64);
+    let (p, _f) = temp_file("rules", &pattern(1));
+    let ro = File::open(&p).unwrap();
+    let wo = OpenOptions::new().write(true).open(&p).unwrap();
+    let rw = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    let sh = MAP_SHARED;
+    assert_eq!(s.mmap(0, PS, PROT_READ, sh, -1, 0), Err(Errno::EBADF));
+    assert_eq!(s.mmap(0, PS, PROT_READ | PROT_WRITE, sh, ro.as_raw_fd(), 0), Err(Errno::EACCES));
+    assert_eq!(s.mmap(0, PS, PROT_READ, sh, wo.as_raw_fd(), 0), Err(Errno::EACCES));
+    assert_eq!(s.mmap(0, PS, PROT_READ, sh, rw.as_raw_fd(), 1), Err(Errno::EINVAL), "unaligned offset");
+    assert_eq!(s.mmap(0, 0, PROT_READ, sh, rw.as_raw_fd(), 0), Err(Errno::EINVAL));
+    // A private writable mapping of a read-only descriptor is fine.
+    let a = s.mmap(0, PS, PROT_READ | PROT_WRITE, MAP_PRIVATE, ro.as_raw_fd(), 0).unwrap();
+    s.munmap(a, PS).unwrap();
+    // mprotect cannot make a shared read-only-descriptor mapping writable.
+    let b = s.mmap(0, PS, PROT_READ, sh, ro.as_raw_fd(), 0).unwrap();
+    assert_eq!(s.mprotect(b, PS, PROT_READ | PROT_WRITE), Err(Errno::EACCES));
+    s.munmap(b, PS).unwrap();
+    // A pipe cannot be mapped.
+    let (r, _w) = std::io::pipe().unwrap();
+    assert_eq!(s.mmap(0, PS, PROT_READ, MAP_PRIVATE, r.as_raw_fd(), 0), Err(Errno::ENODEV));
+    s.validate();
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn msync_rules() {
+    let s = space(64);
+    let (p, f) = temp_file("msync", &pattern(4));
+    let a = s.mmap(0, 4 * PS, PROT_READ | PROT_WRITE, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
+    assert_eq!(s.msync(a + 1, PS, MS_SYNC), Err(Errno::EINVAL));
+    assert_eq!(s.msync(a, PS, MS_SYNC | MS_ASYNC), Err(Errno::EINVAL));
+    assert_eq!(s.msync(a, PS, 8), Err(Errno::EINVAL));
+    assert_eq!(s.msync(a, 0, MS_SYNC), Ok(()));
+    s.msync(a, 4 * PS, MS_ASYNC).unwrap();
+    s.munmap(a + 2 * PS, PS).unwrap();
+    assert_eq!(s.msync(a, 4 * PS, MS_SYNC), Err(Errno::ENOMEM), "hole");
+    s.mlock(a, PS).unwrap();
+    assert_eq!(s.msync(a, PS, MS_INVALIDATE), Err(Errno::EBUSY), "locked pages");
+    s.msync(a, PS, MS_SYNC).unwrap();
+    s.validate();
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn eviction_writes_shared_pages_back_and_close_too() {
+    // 16 MiB shared file, 4 MiB budget: pages are evicted to the file (not
+    // to swap) and read back from it.
+    let (p, f) = temp_file("evict", &vec![0u8; 16 << 20]);
+    {
+        let s = space(4);
+        let a = s.mmap(0, 16 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
+        for pg in 0..4096 {
+            poke(a + pg * PS, (pg % 253) as u8 + 1);
+            poke(a + pg * PS + PS - 1, 0xEE);
+        }
+        let st = s.stats();
+        assert!(st.writebacks > 0, "{st:?}");
+        assert_eq!(st.swapouts, 0, "shared file pages never go to swap");
+        assert!(st.resident_pages_max <= st.budget_pages);
+        for pg in 0..4096 {
+            assert_eq!(peek(a + pg * PS), (pg % 253) as u8 + 1, "page {pg} read back from the file");
+        }
+        poke(a + 4095 * PS + 1, 0x42);
+        s.validate();
+        // Closed (dropped) with the mapping in place: close writes back.
+    }
+    let c = contents(&p);
+    for pg in 0..4096 {
+        assert_eq!(c[pg * PS], (pg % 253) as u8 + 1, "page {pg} in the file");
+        assert_eq!(c[pg * PS + PS - 1], 0xEE);
+    }
+    assert_eq!(c[4095 * PS + 1], 0x42, "close wrote the last change back");
+    let _ = std::fs::remove_file(p);
+}
+
+static GROW_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+fn grow_file(_addr: usize) {
+    // From the SIGBUS handler: make the file long enough, so that the retried
+    // access is served.
+    let fd = GROW_FD.load(std::sync::atomic::Ordering::SeqCst);
+    reopen(fd).set_len(4 * PS as u64).unwrap();
+}
+
+// A second descriptor for the same file.
+fn reopen(fd: i32) -> File {
+    // (`File::from_raw_fd` would need unsafe: reopen through /proc instead.)
+    OpenOptions::new().write(true).open(format!("/proc/self/fd/{fd}")).unwrap()
+}
+
+#[test]
+fn touching_past_the_end_of_the_file_raises_sigbus() {
+    let s = space(64);
+    let (p, f) = temp_file("sigbus", &pattern(1));
+    let a = s.mmap(0, 4 * PS, PROT_READ, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
+    GROW_FD.store(f.as_raw_fd(), std::sync::atomic::Ordering::SeqCst);
+    let rec = usermm_sys::testing::SigbusRecorder::install_with(a, a + 4 * PS, grow_file).unwrap();
+    // Page 2 is past the end: SIGBUS at exactly this address; the handler
+    // grows the file and the retried read sees its zeros.
+    let v = std::thread::scope(|sc| sc.spawn(|| peek(a + 2 * PS + 8)).join().unwrap());
+    let r = rec.record();
+    drop(rec);
+    assert_eq!(v, 0);
+    assert_eq!(r.count, 1);
+    assert_eq!(r.addr, a + 2 * PS + 8, "si_addr is the address touched");
+    s.munmap(a, 4 * PS).unwrap();
+    let _ = std::fs::remove_file(p);
+}
