@@ -18,8 +18,9 @@
  *     prefix and the space argument.
  *   - A NULL space is EINVAL. No call panics or unwinds into C; an internal
  *     error is reported as EIO.
- *   - Calls not implemented yet (msync: file regions) return -1 with errno
- *     ENOSYS; MADV_FREE is EINVAL until lazy free lands.
+ *   - File regions: MAP_SHARED pages are written back on reclaim, msync,
+ *     munmap and umm_close; MAP_PRIVATE written pages go to swap, never to
+ *     the file. A touch past the end of the file raises SIGBUS.
  *
  * Link with -lusermm (libusermm.so), or with libusermm.a plus
  * -lpthread -ldl -lm.
@@ -226,8 +227,11 @@ int umm_munmap(umm_space *s, void *addr, size_t len);
  * a shared mapping of a read-only fd. */
 int umm_mprotect(umm_space *s, void *addr, size_t len, int prot);
 
-/* msync(2): MS_ASYNC/MS_SYNC/MS_INVALIDATE; EINVAL bad flags or unaligned,
- * ENOMEM holes. (ENOSYS until implemented.) */
+/* msync(2): MS_ASYNC/MS_SYNC/MS_INVALIDATE; writes the shared file pages of
+ * the range to their files before returning (both modes); MS_SYNC also
+ * fdatasyncs the files. EINVAL bad flags or unaligned, ENOMEM holes (the
+ * mapped parts are synced), EBUSY MS_INVALIDATE over locked pages, EIO a
+ * write-back error since the last msync (reclaim included). */
 int umm_msync(umm_space *s, void *addr, size_t len, int flags);
 
 /* mlock(2) = umm_mlock2(s, addr, len, 0). */

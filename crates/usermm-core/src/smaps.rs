@@ -7,12 +7,22 @@ use crate::core::Core;
 use crate::region::{Kind, LockMode, Region};
 
 /// One region's smaps entry.
-pub fn format_region(out: &mut String, core: &Core, reg: &Region, extra_flags: &str) {
+/// What smaps shows of a mapped file: `(major, minor, inode, path)`.
+pub type FileInfo = (u32, u32, u64, String);
+
+pub fn format_region(
+    out: &mut String,
+    core: &Core,
+    reg: &Region,
+    extra_flags: &str,
+    file_info: &dyn Fn(u32) -> Option<FileInfo>,
+) {
     let start = core.addr_of(reg.range.start).0;
     let end = core.addr_of(reg.range.end).0;
     let kb = core.page_size() / 1024;
     let (res, swap, lazy, locked_pages) = core.region_usage(reg.range);
-    let shared = reg.kind == Kind::AnonShared;
+    let shared = matches!(reg.kind, Kind::AnonShared | Kind::FileShared);
+    let file = reg.file().and_then(file_info);
     let perms = format!(
         "{}{}{}{}",
         if reg.prot & PROT_READ != 0 { 'r' } else { '-' },
@@ -20,9 +30,13 @@ pub fn format_region(out: &mut String, core: &Core, reg: &Region, extra_flags: &
         if reg.prot & PROT_EXEC != 0 { 'x' } else { '-' },
         if shared { 's' } else { 'p' }
     );
-    let header = if shared {
-        let h = format!("{start:08x}-{end:08x} {perms} {:08x} 00:01 {} ", reg.pgoff * core.page_size(), reg.object);
+    let header = if let Some((maj, min, ino, path)) = &file {
+        let h =
+            format!("{start:08x}-{end:08x} {perms} {:08x} {maj:02x}:{min:02x} {ino} ", reg.pgoff * core.page_size());
         // Linux pads the name to column 73.
+        format!("{h:<73}{path}")
+    } else if shared {
+        let h = format!("{start:08x}-{end:08x} {perms} {:08x} 00:01 {} ", reg.pgoff * core.page_size(), reg.object);
         format!("{h:<73}/dev/zero (deleted)")
     } else {
         format!("{start:08x}-{end:08x} {perms} 00000000 00:00 0 ")
@@ -30,7 +44,7 @@ pub fn format_region(out: &mut String, core: &Core, reg: &Region, extra_flags: &
     let size = reg.range.pages() * kb;
     let rss = res * kb;
     let locked = locked_pages * kb;
-    let anon = if shared { 0 } else { rss };
+    let anon = if shared || reg.kind == Kind::FilePrivate { 0 } else { rss };
     let _ = writeln!(out, "{header}");
     let mut kv = |k: &str, v: u64| {
         let _ = writeln!(out, "{:<16}{:>8} kB", format!("{k}:"), v);
@@ -73,7 +87,7 @@ pub fn format_region(out: &mut String, core: &Core, reg: &Region, extra_flags: &
         (reg.advice == crate::region::Advice::Random, "rr"),
         (reg.lock != LockMode::None, "lo"),
         (true, "dc"),
-        (!shared, "ac"),
+        (reg.kind == Kind::AnonPrivate || reg.kind == Kind::FilePrivate && reg.writable(), "ac"),
         (reg.noreserve, "nr"),
         (true, "nh"),
         (reg.lock == LockMode::OnFault, "lf"),
@@ -92,9 +106,14 @@ pub fn format_region(out: &mut String, core: &Core, reg: &Region, extra_flags: &
 /// VmFlags line (usermm's own two-letter flags, e.g. `uo` for the
 /// user-mode-only fallback).
 pub fn format(core: &Core, extra_flags: &str) -> String {
+    format_with_files(core, extra_flags, &|_| None)
+}
+
+/// `format`, with the executor's description of mapped files.
+pub fn format_with_files(core: &Core, extra_flags: &str, file_info: &dyn Fn(u32) -> Option<FileInfo>) -> String {
     let mut s = String::new();
     for reg in core.regions().iter() {
-        format_region(&mut s, core, reg, extra_flags);
+        format_region(&mut s, core, reg, extra_flags, file_info);
     }
     s
 }

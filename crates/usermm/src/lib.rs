@@ -392,8 +392,16 @@ impl Space {
     /// `uo` when the space runs on the user-mode-only fallback.
     pub fn smaps(&self) -> String {
         let extra = if self.inner.user_mode_only { "uo " } else { "" };
+        let files = self.inner.files.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let info = |id: u32| {
+            files.get(&id).map(|f| {
+                let maj = ((f.dev >> 8) & 0xfff) as u32 | ((f.dev >> 32) & !0xfff) as u32;
+                let min = (f.dev & 0xff) as u32 | ((f.dev >> 12) & !0xff) as u32;
+                (maj, min, f.ino, f.path.clone())
+            })
+        };
         let c = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
-        usermm_core::smaps::format(&c, extra)
+        usermm_core::smaps::format_with_files(&c, extra, &info)
     }
 
     /// Maps `len` bytes of private anonymous read-write memory as a handle

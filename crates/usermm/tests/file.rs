@@ -48,6 +48,11 @@ fn shared_mapping_reads_the_file_and_msync_writes_it() {
     s.msync(a, 8 * PS, MS_SYNC).unwrap();
     assert_eq!(contents(&p)[3 * PS + 7], 0xAB, "MS_SYNC wrote the page");
     poke(a + 5 * PS, 0xCD);
+    // smaps shows the file as Linux does: offset, device, inode, path.
+    let smaps = s.smaps();
+    let header = smaps.lines().next().unwrap();
+    assert!(header.contains(" rw-s 00000000 "), "{header}");
+    assert!(header.ends_with(&*p.to_string_lossy()), "{header}");
     s.munmap(a, 8 * PS).unwrap();
     let c = contents(&p);
     assert_eq!(c[5 * PS], 0xCD, "munmap wrote the page back");
