@@ -205,14 +205,23 @@ static void test_evict_and_swap(umm_space *s) {
     uint32_t *states = malloc(NPAGES * sizeof *states);
     CHECK(vec && states);
     if (vec && states) {
-        CHECK(umm_mincore(s, p, MAP_LEN, vec) == 0);
-        CHECK(umm_page_state(s, p, NPAGES, states) == 0);
+        /* The two calls are two snapshots, and background reclaim may move a
+         * page between them: retry until they agree (reclaim settles at its
+         * watermark). */
         size_t resident = 0, swapped = 0, disagree = 0, neither = 0;
-        for (size_t i = 0; i < NPAGES; i++) {
-            resident += vec[i] & 1;
-            swapped += (states[i] & UMM_PAGE_SWAPPED) != 0;
-            disagree += (vec[i] & 1) != ((states[i] & UMM_PAGE_RESIDENT) != 0);
-            neither += (states[i] & (UMM_PAGE_RESIDENT | UMM_PAGE_SWAPPED)) == 0;
+        for (int attempt = 0; attempt < 100; attempt++) {
+            CHECK(umm_mincore(s, p, MAP_LEN, vec) == 0);
+            CHECK(umm_page_state(s, p, NPAGES, states) == 0);
+            resident = swapped = disagree = neither = 0;
+            for (size_t i = 0; i < NPAGES; i++) {
+                resident += vec[i] & 1;
+                swapped += (states[i] & UMM_PAGE_SWAPPED) != 0;
+                disagree += (vec[i] & 1) != ((states[i] & UMM_PAGE_RESIDENT) != 0);
+                neither += (states[i] & (UMM_PAGE_RESIDENT | UMM_PAGE_SWAPPED)) == 0;
+            }
+            if (disagree == 0)
+                break;
+            usleep(10000);
         }
         CHECK(resident > 0);
         CHECK(resident <= BUDGET / PAGE);

@@ -15,6 +15,7 @@ mod common;
 mod fault;
 mod madvfree;
 mod munmap;
+mod outofcore;
 mod params;
 mod populate;
 mod reclaim;
@@ -36,7 +37,7 @@ struct ExpDef {
     run: fn(&Params, &Progress) -> Result<Experiment, String>,
 }
 
-const EXPERIMENTS: [ExpDef; 6] = [
+const EXPERIMENTS: [ExpDef; 7] = [
     ExpDef {
         name: "fault",
         about: "first touch of a fresh region (seq/random/sparse × read/write): throughput, sparse latency",
@@ -72,6 +73,12 @@ const EXPERIMENTS: [ExpDef; 6] = [
         about: "seed 002: fill-and-drop loop, mvolatile/mnovolatile vs MADV_DONTNEED; time, faults, peak; purge demo",
         params: volatile::params,
         run: volatile::run,
+    },
+    ExpDef {
+        name: "outofcore",
+        about: "a file 4× the budget mapped MAP_SHARED: random, hot/cold, sequential reads vs kernel mmap and a pread cache",
+        params: outofcore::params,
+        run: outofcore::run,
     },
 ];
 

@@ -422,3 +422,18 @@ fn bench_volatile_writes_results() {
         value(&rows, "usermm", "purge-demo", "volatile_purges")
     );
 }
+
+#[test]
+fn bench_outofcore_writes_results() {
+    let rows = bench_rows("outofcore", &["outofcore", "--file-mib=32", "--budget-mib=8", "--reads=2000", "--runs=1"]);
+    for sys in ["usermm", "kernel-mmap", "pread-cache"] {
+        for w in ["random", "hotcold", "seq-scan"] {
+            assert!(value(&rows, sys, w, "throughput") > 0.0, "{sys} {w}");
+            assert!(value(&rows, sys, w, "p50") > 0.0, "{sys} {w}");
+            assert!(value(&rows, sys, w, "resident_peak") > 0.0, "{sys} {w}");
+        }
+    }
+    // The seq-scan touches all 32 MiB: usermm and the pread cache stay in 8.
+    assert!(value(&rows, "usermm", "seq-scan", "resident_peak") <= 8.0);
+    assert_eq!(value(&rows, "pread-cache", "seq-scan", "misses"), 8192.0);
+}

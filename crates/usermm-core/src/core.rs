@@ -317,6 +317,9 @@ pub struct Core {
     lazyfree_max: u64,
     /// Write-back errors not reported yet: `(file, errno)`.
     file_errors: Vec<(u32, Errno)>,
+    /// Invariant: pages of live regions mapping each file (splits and merges
+    /// do not change it; mmap adds, detach subtracts).
+    file_pages: std::collections::HashMap<u32, u64>,
     /// `mlockall(MCL_FUTURE)` flags in force.
     lock_future: Option<LockMode>,
     next_object: u64,
@@ -350,6 +353,7 @@ impl Core {
             host_lazyfree: false,
             lazyfree_max: u64::MAX,
             file_errors: Vec::new(),
+            file_pages: std::collections::HashMap::new(),
             lock_future: None,
             next_object: 1,
             counters: Counters::default(),
@@ -545,6 +549,9 @@ impl Core {
         if lock != LockMode::None {
             self.locked_charged += pages;
         }
+        if let Some(f) = &file {
+            *self.file_pages.entry(f.id).or_insert(0) += pages;
+        }
         self.regions.insert(Region {
             range,
             prot: prot & PROT_MASK,
@@ -621,6 +628,13 @@ impl Core {
             }
             if reg.kind == Kind::FileShared {
                 files.push(FileRange { range: reg.range, file: reg.file().expect("file"), file_page: reg.pgoff });
+            }
+            if let Some(f) = reg.file() {
+                let n = self.file_pages.entry(f).or_insert(0);
+                *n -= reg.range.pages();
+                if *n == 0 {
+                    self.file_pages.remove(&f);
+                }
             }
             match ranges.last_mut() {
                 Some(last) if last.end == reg.range.start => last.end = reg.range.end,
@@ -1917,10 +1931,7 @@ impl Core {
 
     /// The file ids still mapped by a live region.
     pub fn files_in_use(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self.regions.iter().filter_map(|r| r.file()).collect();
-        v.sort_unstable();
-        v.dedup();
-        v
+        self.file_pages.iter().filter(|(_, n)| **n > 0).map(|(f, _)| *f).collect()
     }
 
     /// Every shared file segment of the space (for `close`).
@@ -2317,6 +2328,13 @@ impl Core {
             }
         });
         assert_eq!(lp, self.locked_pages, "locked pages count");
+        let mut fp: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
+        for r in self.regions.iter() {
+            if let Some(f) = r.file() {
+                *fp.entry(f).or_insert(0) += r.range.pages();
+            }
+        }
+        assert_eq!(fp, self.file_pages, "pages per file");
         let (mut vp, mut lz) = (0, 0);
         self.pages.for_each_live(all, |_, m| {
             vp += u64::from(m.has(pf::VOLATILE));

@@ -18,6 +18,10 @@
 //! - [`disk_write_bandwidth`]: the sequential `O_DIRECT` write bandwidth of
 //!   the file system holding a directory (the yardstick for swap-out
 //!   throughput).
+//! - [`HostFileMap`], [`fadvise`], [`peek_u64`]: a read-only shared file
+//!   mapping read by volatile 8-byte loads, `posix_fadvise`, and an 8-byte
+//!   volatile load at an address (a usermm space's memory): the `outofcore`
+//!   experiment's baselines.
 //!
 //! # Fault model
 //! Every call can fail with the errno the kernel gives; nothing here panics
@@ -27,6 +31,9 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use crate::{check, check_isize, last_errno, Errno};
+
+/// The `posix_fadvise` advice values [`fadvise`] takes.
+pub use libc::{POSIX_FADV_DONTNEED, POSIX_FADV_NORMAL, POSIX_FADV_RANDOM, POSIX_FADV_SEQUENTIAL};
 
 /// An anonymous private kernel mapping that derefs to a byte slice.
 pub struct HostMap {
@@ -264,4 +271,106 @@ pub fn disk_write_bandwidth(dir: &str, bytes: u64, chunk: usize) -> Result<DiskW
     let ns = res?;
     let written = bytes.div_ceil(chunk as u64) * chunk as u64;
     Ok(DiskWrite { bytes: written, ns, direct })
+}
+
+/// A read-only shared mapping of a file (`PROT_READ`, `MAP_SHARED`) at a
+/// kernel-chosen address: the `kernel-mmap` baseline of the `outofcore`
+/// experiment. It hands out no slice (the file could change under a
+/// reference); reads are volatile 8-byte loads through [`HostFileMap::read_u64`].
+/// Invariant: `[addr, addr+len)` is that mapping for as long as the
+/// `HostFileMap` lives, and nothing else unmaps it.
+pub struct HostFileMap {
+    addr: usize,
+    len: usize,
+}
+
+impl HostFileMap {
+    /// Maps the first `len` bytes (`len > 0`) of `file` read-only and shared.
+    /// The caller keeps the file at least `len` bytes long while the mapping
+    /// lives (a read past its end raises SIGBUS, as for any file mapping).
+    pub fn open(file: &std::fs::File, len: usize) -> Result<HostFileMap, Errno> {
+        if len == 0 {
+            return Err(Errno::EINVAL);
+        }
+        // SAFETY: a fresh file mapping at a kernel-chosen address (no
+        // MAP_FIXED) touches no existing memory; the descriptor is borrowed
+        // for the call only (the mapping keeps its own reference).
+        let p =
+            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0) };
+        if p == libc::MAP_FAILED {
+            return Err(last_errno());
+        }
+        Ok(HostFileMap { addr: p as usize, len })
+    }
+
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The 8 bytes at `off` (little-endian), by a volatile unaligned load.
+    /// Panics if `off + 8` exceeds the mapping.
+    #[inline(always)]
+    pub fn read_u64(&self, off: usize) -> u64 {
+        assert!(off.checked_add(8).is_some_and(|e| e <= self.len), "read_u64 outside the mapping");
+        // SAFETY: the 8 bytes lie inside our readable mapping (checked
+        // above; the invariant keeps it mapped); no reference is created.
+        u64::from_le_bytes(unsafe { std::ptr::read_volatile((self.addr + off) as *const [u8; 8]) })
+    }
+
+    /// `madvise` on the whole mapping, for the access-pattern hints only
+    /// (`MADV_NORMAL`, `MADV_RANDOM`, `MADV_SEQUENTIAL`, `MADV_WILLNEED`);
+    /// other advice is refused with `EINVAL`.
+    pub fn madvise(&self, advice: i32) -> Result<(), Errno> {
+        if !matches!(advice, libc::MADV_NORMAL | libc::MADV_RANDOM | libc::MADV_SEQUENTIAL | libc::MADV_WILLNEED) {
+            return Err(Errno::EINVAL);
+        }
+        // SAFETY: the range is our own mapping and the advice is a hint that
+        // changes neither its contents nor its extent.
+        check(unsafe { libc::madvise(self.addr as *mut libc::c_void, self.len, advice) }).map(|_| ())
+    }
+
+    /// Unmaps now and reports the result.
+    pub fn unmap(self) -> Result<(), Errno> {
+        let (addr, len) = (self.addr, self.len);
+        std::mem::forget(self);
+        // SAFETY: `self` is consumed; no reference into the mapping exists.
+        check(unsafe { libc::munmap(addr as *mut libc::c_void, len) }).map(|_| ())
+    }
+}
+
+impl Drop for HostFileMap {
+    fn drop(&mut self) {
+        // SAFETY: `self` is being dropped; no reference into the mapping exists.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// `posix_fadvise(file, off, len, advice)` (`len` 0: to the end of the file).
+pub fn fadvise(file: &std::fs::File, off: u64, len: u64, advice: i32) -> Result<(), Errno> {
+    // SAFETY: posix_fadvise takes its arguments by value.
+    let r = unsafe { libc::posix_fadvise(file.as_raw_fd(), off as libc::off_t, len as libc::off_t, advice) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(Errno(r))
+    }
+}
+
+/// Reads the 8 bytes at `addr` (little-endian) with a volatile unaligned
+/// load from user mode: an 8-byte [`crate::kernel::peek`], with the same
+/// contract (`addr..addr+8` mapped readable, by a usermm space for
+/// instance, and no Rust reference pointing at it).
+#[inline(always)]
+pub fn peek_u64(addr: usize) -> u64 {
+    // SAFETY: see the function's contract: the caller names memory that is
+    // mapped and that Rust does not own; no reference is created.
+    u64::from_le_bytes(unsafe { std::ptr::read_volatile(addr as *const [u8; 8]) })
 }

@@ -169,3 +169,11 @@ pub fn host_pageout(addr: usize, len: usize) -> Result<(), Errno> {
     check(unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_PAGEOUT) })?;
     Ok(())
 }
+
+/// Kills the calling process with SIGKILL at once (for crash-consistency
+/// tests: nothing after this point runs, no destructor, no flush).
+pub fn kill_self() -> ! {
+    // SAFETY: kill takes its arguments by value; SIGKILL cannot be caught.
+    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    unreachable!("SIGKILL returned")
+}

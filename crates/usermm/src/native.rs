@@ -531,6 +531,9 @@ impl Inner {
     /// run starts past the end of the file.
     fn file_in(&self, run: PageRange, file: u32, file_page: u64) -> Result<u64, Errno> {
         let f = lock(&self.files).get(&file).cloned().ok_or(Errno::EIO)?;
+        if take_one(&self.inject_read_errors) {
+            return Err(Errno::EIO);
+        }
         let ps = self.page_size;
         let len = run.pages() as usize * ps;
         let off = file_page * ps as u64;
@@ -967,9 +970,21 @@ impl Inner {
             if len == 0 || !(t == MAP_SHARED || t == MAP_PRIVATE || t == MAP_SHARED_VALIDATE) {
                 return Err(Errno::EINVAL);
             }
-            let f = Arc::new(MappedFile::from_fd(fd)?);
-            let id = self.next_file.fetch_add(1, Ordering::Relaxed);
-            lock(&self.files).insert(id, f.clone());
+            let f = MappedFile::from_fd(fd)?;
+            // One entry (and one descriptor) per open file, however many
+            // regions map it: 100,000 regions of one file need one fd.
+            let mut files = lock(&self.files);
+            let same = files.iter().find(|(_, e)| e.dev == f.dev && e.ino == f.ino && e.writable == f.writable);
+            let (id, f) = match same {
+                Some((id, e)) => (*id, e.clone()),
+                None => {
+                    let id = self.next_file.fetch_add(1, Ordering::Relaxed);
+                    let f = Arc::new(f);
+                    files.insert(id, f.clone());
+                    (id, f)
+                }
+            };
+            drop(files);
             Some((id, f))
         } else {
             None

@@ -218,3 +218,112 @@ fn touching_past_the_end_of_the_file_raises_sigbus() {
     s.munmap(a, 4 * PS).unwrap();
     let _ = std::fs::remove_file(p);
 }
+
+#[test]
+fn one_hundred_thousand_file_regions() {
+    // umap fails past about 950 regions (its issue #91): it registers every
+    // region with userfaultfd separately. usermm registers its reservation once.
+    let s = Space::open(&Config {
+        budget_bytes: 64 << 20,
+        swap_bytes: 0,
+        max_regions: 200_000,
+        reserve_bytes: 1 << 30,
+        ..Config::default()
+    })
+    .unwrap();
+    let (p, f) = temp_file("many", &pattern(3));
+    let (base, _) = s.reservation();
+    const N: usize = 100_000;
+    for i in 0..N {
+        // Alternate file pages 0, 2, 0, 2: neighbours are never contiguous
+        // in the file, so they never merge (as on Linux).
+        let off = (i % 2 * 2 * PS) as i64;
+        let a = s.mmap(base + i * PS, PS, PROT_READ, MAP_SHARED, f.as_raw_fd(), off).unwrap();
+        assert_eq!(a, base + i * PS);
+    }
+    assert_eq!(s.stats().regions, N as u64);
+    let data = pattern(3);
+    for i in (0..N).step_by(997) {
+        let file_page = i % 2 * 2;
+        assert_eq!(peek(base + i * PS + 5), data[file_page * PS + 5], "region {i}");
+    }
+    s.validate();
+    for i in 0..N {
+        s.munmap(base + i * PS, PS).unwrap();
+    }
+    assert_eq!(s.stats().regions, 0);
+    s.validate();
+    let _ = std::fs::remove_file(p);
+}
+
+const CRASH_ENV: &str = "USERMM_FILE_CRASH_CHILD";
+
+#[test]
+#[ignore = "child-process entry point of msync_sync_data_survives_sigkill"]
+fn crash_child() {
+    let Ok(path) = std::env::var(CRASH_ENV) else { return };
+    let s = space(64);
+    let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+    let a = s.mmap(0, 16 * PS, PROT_READ | PROT_WRITE, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
+    for i in 0..16 * PS {
+        poke(a + i, (i % 241) as u8 ^ 0x5A);
+    }
+    s.msync(a, 16 * PS, MS_SYNC).unwrap();
+    eprintln!("child: synced");
+    // Killed right after the call returned: nothing else runs.
+    usermm_sys::testing::kill_self();
+}
+
+#[test]
+fn msync_sync_data_survives_sigkill() {
+    use std::os::unix::process::ExitStatusExt;
+    let (p, _f) = temp_file("crash", &vec![0u8; 16 * PS]);
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "crash_child", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(CRASH_ENV, &p)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("child: synced"), "child output: {err}");
+    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{:?}", out.status);
+    let c = contents(&p);
+    assert_eq!(c.len(), 16 * PS);
+    for (i, b) in c.iter().enumerate() {
+        assert_eq!(*b, (i % 241) as u8 ^ 0x5A, "byte {i} acknowledged by MS_SYNC is in the file");
+    }
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn write_back_errors_keep_data_and_are_reported() {
+    let s = space(64);
+    let (p, f) = temp_file("ioerr", &pattern(4));
+    let a = s.mmap(0, 4 * PS, PROT_READ | PROT_WRITE, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
+    poke(a + 7, 0x99);
+    s.inject_swap_errors(0, 1);
+    assert_eq!(s.msync(a, 4 * PS, MS_SYNC), Err(Errno::EIO), "a failed write-back is reported");
+    assert_eq!(peek(a + 7), 0x99, "the data is still in memory");
+    s.msync(a, 4 * PS, MS_SYNC).unwrap();
+    assert_eq!(contents(&p)[7], 0x99, "the next msync wrote it");
+    s.munmap(a, 4 * PS).unwrap();
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn a_read_error_raises_sigbus_and_the_retry_reads_the_file() {
+    let s = space(64);
+    let data = pattern(4);
+    let (p, f) = temp_file("rderr", &data);
+    let a = s.mmap(0, 4 * PS, PROT_READ, MAP_PRIVATE, f.as_raw_fd(), 0).unwrap();
+    s.madvise(a, 4 * PS, MADV_RANDOM).unwrap();
+    s.inject_swap_errors(1, 0);
+    let rec = usermm_sys::testing::SigbusRecorder::install(a, a + 4 * PS).unwrap();
+    let v = std::thread::scope(|sc| sc.spawn(|| peek(a + PS + 3)).join().unwrap());
+    let r = rec.record();
+    drop(rec);
+    assert_eq!(r.count, 1, "one SIGBUS for one read error");
+    assert_eq!(r.addr, a + PS + 3);
+    assert_eq!(v, data[PS + 3], "never wrong data: the retry read the file");
+    s.munmap(a, 4 * PS).unwrap();
+    let _ = std::fs::remove_file(p);
+}

@@ -243,7 +243,7 @@ fn decode_page(item: usize, page: usize, out: &mut [u8]) {
 
 /// Runs `lookups` random lookups over the cache; returns (hits, regenerated
 /// lookups, purged pages reported in all).
-fn cache_workload(s: &Space, lookups: usize) -> (usize, usize, usize) {
+fn cache_workload(s: &Space, lookups: usize) -> (usize, usize, usize, u64) {
     let mut items: Vec<Purgeable<'_>> = (0..ITEMS)
         .map(|i| {
             let mut item = Purgeable::new(s, ITEM_BYTES).unwrap();
@@ -287,26 +287,29 @@ fn cache_workload(s: &Space, lookups: usize) -> (usize, usize, usize) {
     // reclaim may still be finishing a round, so sweep until the reports
     // account for every purge the space counted).
     let mut swept = 0;
-    for _ in 0..20 {
-        swept += items.iter_mut().map(|it| it.lock().unwrap().1.purged_pages()).sum::<usize>();
-        if (pages + swept) as u64 >= s.stats().volatile_purges {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
+    // Pin every item at once: while all are pinned no purge can happen, so
+    // the purges counted so far are exactly the ones reported.
+    let mut guards = Vec::new();
+    for it in items.iter_mut() {
+        let (g, c) = it.lock().unwrap();
+        swept += c.purged_pages();
+        guards.push(g);
     }
-    (hits, regenerated, pages + swept)
+    let purges = s.stats().volatile_purges;
+    drop(guards);
+    (hits, regenerated, pages + swept, purges)
 }
 
 #[test]
 fn cache_workload_with_swap_regenerates_exactly_what_was_purged() {
     let s = space(8, 64);
-    let (hits, regenerated, pages) = cache_workload(&s, 300);
+    let (hits, regenerated, pages, purges) = cache_workload(&s, 300);
     let st = s.stats();
     eprintln!("cache (swap): {hits} hits, {regenerated} regenerated, {pages} pages, {st:?}");
     assert_eq!(hits + regenerated, 300);
     assert!(regenerated > 0, "a budget of half the cache must purge");
     assert!(hits > 0, "half the cache fits: some lookups hit");
-    assert_eq!(pages as u64, st.volatile_purges, "every purge reported exactly once");
+    assert_eq!(pages as u64, purges, "every purge reported exactly once");
     assert_eq!(st.oom_sigbus, 0);
     s.validate();
 }
