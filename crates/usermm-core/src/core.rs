@@ -141,6 +141,8 @@ pub struct Writeback {
     pub staging: Option<u32>,
     pub file: u32,
     pub file_page: u64,
+    /// The page cannot differ from its file: drop it, write nothing.
+    pub clean: bool,
 }
 
 /// One deactivation: move `page` to staging slot `slot`.
@@ -741,6 +743,13 @@ impl Core {
                 self.regions.split_at(seg.start);
                 self.regions.split_at(seg.end);
                 self.regions.find_mut(seg.start).expect("split").prot = prot;
+                if prot & PROT_WRITE != 0 {
+                    for (p, m) in self.pages.live_in(seg) {
+                        if m.state.holds_frame() {
+                            self.pages.update(p, |m| m.flags |= pf::MAYBE_DIRTY);
+                        }
+                    }
+                }
                 self.regions.merge_around(seg);
                 if self.regions.len() > self.cfg.max_regions {
                     self.regions.split_at(seg.start);
@@ -1297,6 +1306,9 @@ impl Core {
 
     /// A page just became resident: lock it if its region is locked.
     fn note_resident(&mut self, p: PageIdx) {
+        if self.regions.find(p).is_some_and(|r| r.writable()) {
+            self.pages.update(p, |m| m.flags |= pf::MAYBE_DIRTY);
+        }
         let locked = self.regions.find(p).is_some_and(|r| r.lock != LockMode::None);
         if locked {
             self.pages.update(p, |m| m.flags |= pf::LOCKED);
@@ -1352,7 +1364,11 @@ impl Core {
                         self.resident -= 1;
                     }
                 }
-                self.counters.zero_fills += installed;
+                if matches!(plan, FaultPlan::FileRead { .. }) {
+                    self.counters.major_faults += u64::from(installed > 0);
+                } else {
+                    self.counters.zero_fills += installed;
+                }
             }
             FaultPlan::SwapIn { run, slot } => {
                 for q in run.start.0..run.end.0 {
@@ -1471,6 +1487,7 @@ impl Core {
                     staging: Some(m.slot),
                     file: reg.file().expect("file region"),
                     file_page: reg.file_page(p),
+                    clean: !m.has(pf::MAYBE_DIRTY),
                 });
                 continue;
             }
@@ -1823,7 +1840,9 @@ impl Core {
                     self.volatile_pages -= 1;
                 }
                 self.pages.set(w.page, PageMeta::default());
-                self.counters.writebacks += 1;
+                if !w.clean {
+                    self.counters.writebacks += 1;
+                }
                 self.counters.evictions += 1;
             }
             Err(e) => {
@@ -1840,9 +1859,17 @@ impl Core {
         self.file_errors.push((file, e));
     }
 
-    /// Counts one page written back to its file.
-    pub fn count_writeback(&mut self) {
+    /// Counts one page written back to its file; a page of a region that
+    /// is no longer writable is clean from now on.
+    pub fn count_writeback(&mut self, p: PageIdx) {
         self.counters.writebacks += 1;
+        if self.regions.find(p).is_some_and(|r| !r.writable()) {
+            self.pages.update(p, |m| {
+                if m.state.holds_frame() {
+                    m.flags &= !pf::MAYBE_DIRTY
+                }
+            });
+        }
     }
 
     /// The first write-back error recorded for `file` since the last call,
@@ -1866,7 +1893,16 @@ impl Core {
                     PState::Inactive => Some(m.slot),
                     _ => return,
                 };
-                v.push(Writeback { page: p, staging, file, file_page: file_page_of_start + (p.0 - seg.start.0) });
+                if !m.has(pf::MAYBE_DIRTY) {
+                    return; // clean: nothing to write
+                }
+                v.push(Writeback {
+                    page: p,
+                    staging,
+                    file,
+                    file_page: file_page_of_start + (p.0 - seg.start.0),
+                    clean: false,
+                });
             });
         };
         for reg in self.regions.overlapping(r) {
@@ -2102,6 +2138,26 @@ impl Core {
                 v.push(p)
             }
         });
+        // In file regions, absent pages are read from the file (read-ahead),
+        // a window at a time: one page per window is enough, the fault plan
+        // reads the run after it.
+        for reg in self.regions.overlapping(r) {
+            if reg.file().is_none() {
+                continue;
+            }
+            let seg = reg.range.intersect(&r);
+            let mut q = seg.start.0;
+            while q < seg.end.0 {
+                let m = self.pages.get(PageIdx(q));
+                if m == PageMeta::default() {
+                    v.push(PageIdx(q));
+                    q += MAX_WINDOW_PAGES;
+                } else {
+                    q += 1;
+                }
+            }
+        }
+        v.sort_unstable();
         v
     }
 

@@ -61,6 +61,10 @@ pub mod pf {
     pub const POISONED: u8 = 1 << 5;
     /// The swap slot could not be read: the data is kept, touching raises SIGBUS.
     pub const IOERR: u8 = 1 << 6;
+    /// The page has been resident while its region was writable, so it may
+    /// differ from its file: a shared file page without this bit is clean
+    /// and is never written back.
+    pub const MAYBE_DIRTY: u8 = 1 << 7;
 }
 
 /// The state of one page: 8 bytes.

@@ -576,7 +576,11 @@ impl Inner {
         if ws.is_empty() {
             return 0;
         }
-        let results = self.write_pages(ws);
+        // Clean pages are dropped without I/O.
+        let dirty: Vec<Writeback> = ws.iter().filter(|w| !w.clean).cloned().collect();
+        let mut written = self.write_pages(&dirty).into_iter();
+        let results: Vec<Result<(), Errno>> =
+            ws.iter().map(|w| if w.clean { Ok(()) } else { written.next().unwrap_or(Err(Errno::EIO)) }).collect();
         let mut ok_slots = Vec::new();
         for (w, r) in ws.iter().zip(&results) {
             if r.is_ok() {
@@ -614,7 +618,7 @@ impl Inner {
                 first.get_or_insert(e);
                 lock(&self.core).note_file_error(w.file, e);
             } else {
-                lock(&self.core).count_writeback();
+                lock(&self.core).count_writeback(w.page);
             }
         }
         match first {
@@ -658,7 +662,18 @@ impl Inner {
             }
             let pending: Vec<usize> = std::mem::take(&mut *lock(&self.willneed));
             for a in pending {
-                self.resolve(a, false, None);
+                let swapped = {
+                    let c = lock(&self.core);
+                    c.page_of(Addr(a as u64)).is_some_and(|p| c.page(p).state == usermm_core::page::PState::Swapped)
+                };
+                if swapped {
+                    self.resolve(a, false, None);
+                } else {
+                    // File read-ahead: a window from `a` (up to a hole or the
+                    // end of the file; best effort, errors ignored).
+                    let window = usermm_core::MAX_WINDOW_PAGES as usize * self.page_size;
+                    let _ = self.populate(a, window, false);
+                }
             }
             if !reclaim {
                 continue;

@@ -327,3 +327,43 @@ fn a_read_error_raises_sigbus_and_the_retry_reads_the_file() {
     s.munmap(a, 4 * PS).unwrap();
     let _ = std::fs::remove_file(p);
 }
+
+#[test]
+fn dontneed_on_a_shared_file_mapping_writes_back_then_rereads() {
+    let s = space(64);
+    let (p, f) = temp_file("dontneed", &pattern(4));
+    let a = s.mmap(0, 4 * PS, PROT_READ | PROT_WRITE, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
+    poke(a + 2 * PS + 1, 0x31);
+    s.madvise(a, 4 * PS, MADV_DONTNEED).unwrap();
+    let mut st = vec![0u32; 4];
+    s.page_state(a, 4, &mut st).unwrap();
+    assert!(st.iter().all(|x| x & UMM_PAGE_RESIDENT == 0), "dropped");
+    assert_eq!(contents(&p)[2 * PS + 1], 0x31, "written back before the drop");
+    assert_eq!(peek(a + 2 * PS + 1), 0x31, "re-read from the file");
+    s.munmap(a, 4 * PS).unwrap();
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn willneed_reads_the_file_ahead_asynchronously() {
+    let s = space(64);
+    let data = pattern(64);
+    let (p, f) = temp_file("willneed", &data);
+    let a = s.mmap(0, 64 * PS, PROT_READ, MAP_PRIVATE, f.as_raw_fd(), 0).unwrap();
+    s.madvise(a, 64 * PS, MADV_WILLNEED).unwrap();
+    // Asynchronous: wait (bounded) for the read-in to land.
+    let mut st = vec![0u32; 64];
+    for _ in 0..200 {
+        s.page_state(a, 64, &mut st).unwrap();
+        if st.iter().all(|x| x & UMM_PAGE_RESIDENT != 0) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(st.iter().all(|x| x & UMM_PAGE_RESIDENT != 0), "read ahead: {st:x?}");
+    let faults = s.stats().faults;
+    assert_eq!(peek(a + 63 * PS + 9), data[63 * PS + 9]);
+    assert_eq!(s.stats().faults, faults, "no fault after the read-ahead");
+    s.munmap(a, 64 * PS).unwrap();
+    let _ = std::fs::remove_file(p);
+}
