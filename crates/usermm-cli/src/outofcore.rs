@@ -56,12 +56,7 @@ pub fn params(full: bool) -> Params {
         .def("hot_touch_pct", Kind::Int, 90, "% of hotcold reads that go to the hot part")
         .def("latency_every", Kind::Int, 16, "time every Nth read with now_ns() (1: every read)")
         .def("dir", Kind::Text, default_swap_dir(), "directory of the test file (not a tmpfs: it must have a disk)")
-        .def(
-            "usermm_rdwr",
-            Kind::Int,
-            1,
-            "1: usermm's descriptor is opened O_RDWR (work-around, see notes); 0: O_RDONLY",
-        )
+        .def("usermm_rdwr", Kind::Int, 0, "0: usermm's descriptor is opened O_RDONLY, as the others'; 1: O_RDWR")
         .def("seed", Kind::Int, 7, "PRNG seed of the read offsets and of the file's content")
 }
 
@@ -509,12 +504,9 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
             .into(),
     );
     e.notes.push(format!(
-        "usermm's descriptor is opened `{}` (`--usermm-rdwr`). Known usermm bug: every resident page of a \
-         `MAP_SHARED` file region is written back to the file when evicted, on `msync` and on `munmap`, dirty or \
-         not (`Core::writeback_snapshot` takes every Resident/Inactive page; there is no dirty tracking). With an \
-         `O_RDONLY` descriptor those writes fail with `EBADF`: `munmap` returns `EBADF`, and no page can be \
-         evicted, so a scan larger than the budget ends in SIGBUS. `O_RDWR` (the default here) is the \
-         work-around; it costs one 4 KiB write per evicted page (the `writebacks` rows) on top of the reads.",
+        "usermm's descriptor is opened `{}` (`--usermm-rdwr`). usermm writes back only pages that were resident \
+         while their region was writable, so a `PROT_READ` mapping never writes: its clean pages are dropped with \
+         no I/O when evicted.",
         if p.int("usermm_rdwr") != 0 { "O_RDWR" } else { "O_RDONLY" }
     ));
     if writebacks > 0 {

@@ -369,7 +369,19 @@ impl Inner {
                     let mut c = lock(&self.core);
                     c.fill_done(&plan, n);
                     self.after_fill(&mut c);
+                    // Read-ahead pipeline: a full window in a sequential or
+                    // streaming region has the next window read by the
+                    // background thread while the program consumes this one.
+                    let ahead = n == run.pages()
+                        && n >= usermm_core::BLOCK_PAGES
+                        && c.region_at(run.end).is_some_and(|r| r.file() == Some(file))
+                        && c.page(run.end) == usermm_core::page::PageMeta::default();
                     drop(c);
+                    if ahead {
+                        lock(&self.willneed).push(self.addr(run.end));
+                        let _c = lock(&self.core);
+                        self.reclaim_wanted.notify_all();
+                    }
                     if n == 0 {
                         // Past the end of the file (or the read failed):
                         // SIGBUS, as Linux raises for a mapping past EOF.
