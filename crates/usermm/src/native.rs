@@ -58,6 +58,8 @@ use crate::Config;
 pub const ZAP_CHUNK_BYTES: usize = 4 << 20;
 /// Size of each handler thread's swap-in buffer.
 const SWAP_BOUNCE_BYTES: usize = 1 << 20;
+/// Empty reclaim rounds (5 ms apart) before a fault is out of memory.
+const OOM_ROUNDS: u32 = 50;
 /// Fills up to this many pages are installed under the core lock.
 const SMALL_FILL_PAGES: u64 = 16;
 /// How long a handler spins for the next fault after serving one.
@@ -325,7 +327,18 @@ impl Inner {
                     c = lock(&self.core);
                     if freed == 0 && c.free_frames() == 0 {
                         reclaim_rounds += 1;
-                        if reclaim_rounds > 3 {
+                        if reclaim_rounds <= OOM_ROUNDS {
+                            // Nothing freed this time, but other reclaim may be
+                            // in flight (the pages it holds are busy, so this
+                            // plan could not take them): wait for it to settle
+                            // before trying again. Only no progress for a while
+                            // is out of memory.
+                            c = self
+                                .settled
+                                .wait_timeout(c, std::time::Duration::from_millis(5))
+                                .unwrap_or_else(|e| e.into_inner())
+                                .0;
+                        } else {
                             // Everything resident is unevictable (or swap is
                             // full): the kernel would OOM-kill; we raise SIGBUS.
                             if tid.is_some() {
@@ -1391,6 +1404,7 @@ impl Inner {
         let mm = self.read_mm();
         let (segs, check) = lock(&self.core).populate_check(addr as u64, len as u64, write);
         let mut populated = 0usize;
+        let mut empty_rounds = 0;
         for seg in segs {
             let mut p = seg.start;
             while p < seg.end {
@@ -1414,7 +1428,12 @@ impl Inner {
                         if obtainable == 0 || self.reclaim_locked(&mm, want.max(64)) == 0 {
                             let c = lock(&self.core);
                             if c.free_frames() == 0 {
-                                return (populated, Err(Errno::ENOMEM));
+                                empty_rounds += 1;
+                                if obtainable == 0 || empty_rounds > OOM_ROUNDS {
+                                    return (populated, Err(Errno::ENOMEM));
+                                }
+                                // Reclaim in flight elsewhere: let it settle.
+                                let _ = self.settled.wait_timeout(c, std::time::Duration::from_millis(5));
                             }
                         }
                     }
