@@ -376,12 +376,10 @@ impl Inner {
                     }
                     return;
                 }
-                FaultPlan::FileRead { run, file, file_page } => {
+                FaultPlan::FileRead { run, file, .. } => {
                     drop(c);
-                    let n = self.file_in(run, file, file_page).unwrap_or(0);
-                    let mut c = lock(&self.core);
-                    c.fill_done(&plan, n);
-                    self.after_fill(&mut c);
+                    let n = self.fill_io(&plan, write);
+                    let c = self.commit_fill(&plan, n);
                     // Read-ahead pipeline: a full window in a sequential or
                     // streaming region has the next window read by the
                     // background thread while the program consumes this one.
@@ -434,24 +432,18 @@ impl Inner {
                 }
                 FaultPlan::ZeroFill { run } => {
                     drop(c);
-                    let n = if write { self.zero_fill(run) } else { self.zero_map(run) };
-                    let mut c = lock(&self.core);
-                    c.fill_done(&plan, n);
-                    self.after_fill(&mut c);
-                    drop(c);
+                    let n = self.fill_io(&plan, write);
+                    drop(self.commit_fill(&plan, n));
                     // Wake only after the commit: the woken thread must see
                     // the page's final state (e.g. locked), never a fill in
                     // flight.
                     self.wake_run(run, page_addr);
                     return;
                 }
-                FaultPlan::SwapIn { run, slot } => {
+                FaultPlan::SwapIn { run, .. } => {
                     drop(c);
-                    let n = self.swap_in(run, slot);
-                    let mut c = lock(&self.core);
-                    c.fill_done(&plan, n);
-                    self.after_fill(&mut c);
-                    drop(c);
+                    let n = self.fill_io(&plan, write);
+                    drop(self.commit_fill(&plan, n));
                     let p = Addr(page_addr as u64);
                     let faulted_in = n > 0 && (p.0 - self.addr(run.start) as u64) / (self.page_size as u64) < n;
                     if !faulted_in {
@@ -464,18 +456,38 @@ impl Inner {
                     self.wake_run(run, page_addr);
                     return;
                 }
-                FaultPlan::Reactivate { page, slot, how } => {
+                FaultPlan::Reactivate { .. } => {
                     drop(c);
-                    let ok = self.reactivate(page, slot, how);
-                    let mut c = lock(&self.core);
-                    c.fill_done(&plan, ok as u64);
-                    self.after_fill(&mut c);
-                    drop(c);
+                    let n = self.fill_io(&plan, write);
+                    drop(self.commit_fill(&plan, n));
                     let _ = self.uffd.wake(page_addr, self.page_size);
                     return;
                 }
             }
         }
+    }
+
+    /// The I/O of a fill plan, with no lock held: returns how many pages of
+    /// the plan (a prefix) were installed.
+    fn fill_io(&self, plan: &FaultPlan, write: bool) -> u64 {
+        match *plan {
+            FaultPlan::ZeroFill { run } if write => self.zero_fill(run),
+            // A read maps the zero page (Linux does too).
+            FaultPlan::ZeroFill { run } => self.zero_map(run),
+            FaultPlan::FileRead { run, file, file_page } => self.file_in(run, file, file_page).unwrap_or(0),
+            FaultPlan::SwapIn { run, slot } => self.swap_in(run, slot),
+            FaultPlan::Reactivate { page, slot, how } => u64::from(self.reactivate(page, slot, how)),
+            _ => 0,
+        }
+    }
+
+    /// Commits a fill and tells the threads waiting on the core; returns the
+    /// core, still locked.
+    fn commit_fill(&self, plan: &FaultPlan, installed: u64) -> MutexGuard<'_, Core> {
+        let mut c = lock(&self.core);
+        c.fill_done(plan, installed);
+        self.after_fill(&mut c);
+        c
     }
 
     /// Wakes the threads waiting on `run` (and on `fault_addr`'s page,
@@ -1438,18 +1450,6 @@ impl Inner {
                         }
                     }
                     FaultPlan::Sigbus => return (populated, Err(Errno::EHWPOISON)),
-                    FaultPlan::FileRead { run, file, file_page } => {
-                        drop(c);
-                        let n = self.file_in(run, file, file_page).unwrap_or(0);
-                        let mut c = lock(&self.core);
-                        c.fill_done(&plan, n);
-                        self.after_fill(&mut c);
-                        drop(c);
-                        if n == 0 {
-                            // Past the end of the file or unreadable.
-                            return (populated, Err(Errno::EFAULT));
-                        }
-                    }
                     FaultPlan::Refill { page } => {
                         let a = self.addr(page);
                         let n = self.arena.zero_fill_wake(&self.uffd, a, self.page_size, true).unwrap_or(0);
@@ -1460,43 +1460,27 @@ impl Inner {
                         // The region went away under us (a concurrent munmap).
                         return (populated, Err(Errno::ENOMEM));
                     }
-                    FaultPlan::ZeroFill { run } => {
+                    FaultPlan::ZeroFill { .. }
+                    | FaultPlan::FileRead { .. }
+                    | FaultPlan::SwapIn { .. }
+                    | FaultPlan::Reactivate { .. } => {
                         drop(c);
-                        // POPULATE_READ maps the zero page (Linux does too).
-                        let n = if write { self.zero_fill(run) } else { self.zero_map(run) };
-                        let mut c = lock(&self.core);
-                        c.fill_done(&plan, n);
-                        self.after_fill(&mut c);
-                        drop(c);
+                        let n = self.fill_io(&plan, write);
+                        drop(self.commit_fill(&plan, n));
+                        let run = match plan {
+                            FaultPlan::ZeroFill { run }
+                            | FaultPlan::FileRead { run, .. }
+                            | FaultPlan::SwapIn { run, .. } => run,
+                            FaultPlan::Reactivate { page, .. } => PageRange::new(page.0, page.0 + 1),
+                            _ => unreachable!(),
+                        };
                         self.wake_run(run, self.addr(run.start));
                         if n == 0 {
+                            // Backing that cannot be read: past the end of a
+                            // file, or an I/O error.
                             return (populated, Err(Errno::EFAULT));
                         }
                         // The loop re-checks the page; a filled page is skipped.
-                    }
-                    FaultPlan::SwapIn { run, slot } => {
-                        drop(c);
-                        let n = self.swap_in(run, slot);
-                        let mut c = lock(&self.core);
-                        c.fill_done(&plan, n);
-                        self.after_fill(&mut c);
-                        drop(c);
-                        self.wake_run(run, self.addr(run.start));
-                        if n == 0 {
-                            return (populated, Err(Errno::EFAULT));
-                        }
-                    }
-                    FaultPlan::Reactivate { page, slot, how } => {
-                        drop(c);
-                        let ok = self.reactivate(page, slot, how);
-                        let mut c = lock(&self.core);
-                        c.fill_done(&plan, ok as u64);
-                        self.after_fill(&mut c);
-                        drop(c);
-                        let _ = self.uffd.wake(self.addr(page), self.page_size);
-                        if !ok {
-                            return (populated, Err(Errno::EFAULT));
-                        }
                     }
                 }
                 // A range larger than the budget cannot be resident at once.
