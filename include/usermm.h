@@ -118,6 +118,8 @@
 #define UMM_F_REQUIRE_FULL_UFFD     0x2u /* no user-mode-only fallback: EPERM */
 #define UMM_F_NO_BACKGROUND_RECLAIM 0x4u /* direct reclaim only */
 #define UMM_F_FORCE_USER_MODE       0x8u /* use the user-mode-only fallback */
+#define UMM_F_KEEP_FILE_CACHE      0x10u /* leave file pages in the host page
+                                            cache (default: dropped behind) */
 
 #ifdef __cplusplus
 extern "C" {

@@ -92,7 +92,9 @@ pub const UMM_PAGE_POISONED: u32 = 1 << 7;
 pub const UMM_PAGE_INACTIVE: u32 = 1 << 8;
 
 /// `UMM_F_*` bits of `umm_config.flags`.
-/// Fault exactly the touched page, never around it (Linux's residency).
+/// Fault exactly the touched page, never around it (Linux's residency; a
+/// read fault in a lock-on-fault file region still maps the aligned 64 KiB
+/// window, as Linux's fault-around does there).
 pub const UMM_F_EXACT_FAULTS: u32 = 1 << 0;
 /// Refuse the user-mode-only fallback: `umm_open` fails with `EPERM` instead.
 pub const UMM_F_REQUIRE_FULL_UFFD: u32 = 1 << 1;
@@ -101,6 +103,15 @@ pub const UMM_F_NO_BACKGROUND_RECLAIM: u32 = 1 << 2;
 /// Use the user-mode-only userfaultfd even where full userfaultfd is
 /// available (to test and measure the unprivileged fallback).
 pub const UMM_F_FORCE_USER_MODE: u32 = 1 << 3;
+/// Leave file pages in the host page cache after usermm reads or writes
+/// them. By default they are dropped behind (`POSIX_FADV_DONTNEED`): the
+/// space holds the copy it needs, and a second one would be memory its
+/// budget does not see. Keeping them makes a re-read after eviction (or by
+/// the next space) a page-cache hit instead of a disk read.
+pub const UMM_F_KEEP_FILE_CACHE: u32 = 1 << 4;
 /// Every `UMM_F_*` bit.
-pub const UMM_F_ALL: u32 =
-    UMM_F_EXACT_FAULTS | UMM_F_REQUIRE_FULL_UFFD | UMM_F_NO_BACKGROUND_RECLAIM | UMM_F_FORCE_USER_MODE;
+pub const UMM_F_ALL: u32 = UMM_F_EXACT_FAULTS
+    | UMM_F_REQUIRE_FULL_UFFD
+    | UMM_F_NO_BACKGROUND_RECLAIM
+    | UMM_F_FORCE_USER_MODE
+    | UMM_F_KEEP_FILE_CACHE;

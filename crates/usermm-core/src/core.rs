@@ -24,6 +24,9 @@ pub const MAX_WINDOW_PAGES: u64 = 256;
 pub const SWAP_CLUSTER_PAGES: u64 = 32;
 /// Fault-around block for dense access in large regions, in pages.
 pub const BLOCK_PAGES: u64 = 64;
+/// Linux's `fault_around_bytes` (default 64 KiB): the aligned window a read
+/// fault in a file mapping maps, and so locks in a lock-on-fault region.
+pub const FAULT_AROUND_BYTES: u64 = 64 << 10;
 /// Regions at least this large (pages) get block fault-around on dense access.
 pub const BLOCK_MIN_REGION_PAGES: u64 = 8192;
 
@@ -375,6 +378,19 @@ impl Core {
     }
     pub fn regions(&self) -> &RegionTree {
         &self.regions
+    }
+    /// `(addr, len)` of every locked region: where a page that maps the
+    /// zero page is counted locked here but not by Linux (see
+    /// `Space::stats`).
+    pub fn locked_extents(&self) -> Vec<(u64, u64)> {
+        self.regions
+            .iter()
+            .filter(|r| r.lock != LockMode::None)
+            .map(|r| {
+                let a = self.addr_of(r.range.start).0;
+                (a, self.addr_of(r.range.end).0 - a)
+            })
+            .collect()
     }
     pub fn page(&self, p: PageIdx) -> PageMeta {
         self.pages.get(p)
@@ -1281,6 +1297,29 @@ impl Core {
                     }
                 }
                 let reg = self.regions.find_mut(p).expect("region");
+                if populate.is_none() && !write && reg.lock != LockMode::None && reg.file().is_some() {
+                    // Linux maps (and so locks, in a VM_LOCKONFAULT vma) the
+                    // whole fault-around window of a file read fault (64 KiB
+                    // around the page, within the vma). That is
+                    // Linux's residency, so UMM_F_EXACT_FAULTS keeps it too.
+                    // do_fault_around(): the window starts at the aligned
+                    // block or the region's start, whichever is later, and
+                    // keeps its length up to the region's end or the page
+                    // table's (512 entries).
+                    let n = (FAULT_AROUND_BYTES >> self.cfg.page_shift).max(1);
+                    let from = ((p.0 / n) * n).max(region.start.0);
+                    let table_end = (p.0 / 512 + 1) * 512;
+                    let block = PageRange::new(from, (from + n).min(table_end).min(region.end.0));
+                    while run.start > block.start
+                        && run.pages() < free
+                        && self.pages.get(PageIdx(run.start.0 - 1)) == PageMeta::default()
+                    {
+                        run.start.0 -= 1;
+                    }
+                    while run.end < block.end && run.pages() < free && self.pages.get(run.end) == PageMeta::default() {
+                        run.end.0 += 1;
+                    }
+                }
                 if populate.is_none() {
                     reg.next_fault = run.end.0;
                 }

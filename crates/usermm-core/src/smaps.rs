@@ -10,12 +10,15 @@ use crate::region::{Kind, LockMode, Region};
 /// What smaps shows of a mapped file: `(major, minor, inode, path)`.
 pub type FileInfo = (u32, u32, u64, String);
 
+/// `zero_pages(addr, len)`: how many pages of the range map the shared zero
+/// page (the executor asks the host); Linux counts none of them in `Locked:`.
 pub fn format_region(
     out: &mut String,
     core: &Core,
     reg: &Region,
     extra_flags: &str,
     file_info: &dyn Fn(u32) -> Option<FileInfo>,
+    zero_pages: &dyn Fn(u64, u64) -> u64,
 ) {
     let start = core.addr_of(reg.range.start).0;
     let end = core.addr_of(reg.range.end).0;
@@ -43,6 +46,7 @@ pub fn format_region(
     };
     let size = reg.range.pages() * kb;
     let rss = res * kb;
+    let locked_pages = if locked_pages > 0 { locked_pages.saturating_sub(zero_pages(start, end - start)) } else { 0 };
     let locked = locked_pages * kb;
     let anon = if shared || reg.kind == Kind::FilePrivate { 0 } else { rss };
     let _ = writeln!(out, "{header}");
@@ -106,14 +110,20 @@ pub fn format_region(
 /// VmFlags line (usermm's own two-letter flags, e.g. `uo` for the
 /// user-mode-only fallback).
 pub fn format(core: &Core, extra_flags: &str) -> String {
-    format_with_files(core, extra_flags, &|_| None)
+    format_with_files(core, extra_flags, &|_| None, &|_, _| 0)
 }
 
-/// `format`, with the executor's description of mapped files.
-pub fn format_with_files(core: &Core, extra_flags: &str, file_info: &dyn Fn(u32) -> Option<FileInfo>) -> String {
+/// `format`, with the executor's description of mapped files and of the
+/// pages that map the zero page.
+pub fn format_with_files(
+    core: &Core,
+    extra_flags: &str,
+    file_info: &dyn Fn(u32) -> Option<FileInfo>,
+    zero_pages: &dyn Fn(u64, u64) -> u64,
+) -> String {
     let mut s = String::new();
     for reg in core.regions().iter() {
-        format_region(&mut s, core, reg, extra_flags, file_info);
+        format_region(&mut s, core, reg, extra_flags, file_info, zero_pages);
     }
     s
 }

@@ -270,8 +270,9 @@ impl Arena {
     }
 
     /// Reads `len` bytes of `file` at `off` and installs them at `dst` (of
-    /// the reservation), waking waiters. Bytes past the end of the file read
-    /// as zeros up to the end of the last page that holds file data. Returns
+    /// the reservation), without waking the waiters (the caller commits,
+    /// then wakes). Bytes past the end of the file read as zeros up to the
+    /// end of the last page that holds file data. Returns
     /// the bytes installed (a whole number of pages; 0 when `off` is at or
     /// past the end of the file).
     pub fn file_in(
@@ -322,7 +323,7 @@ impl Arena {
         unsafe { mem::zero(bounce.addr + done, pages_len - done) };
         file.drop_cache(off, done);
         // SAFETY: the bounce buffer is readable for `pages_len` bytes.
-        unsafe { uffd.copy(dst, bounce.addr as *const u8, pages_len, true) }
+        unsafe { uffd.copy(dst, bounce.addr as *const u8, pages_len, false) }
     }
 
     /// Writes one page of the space — at `src` (mapped) or in staging `slot`
@@ -381,12 +382,23 @@ impl Arena {
         mem::protect(a, l, prot)
     }
 
+    /// The host's `MADV_POPULATE_WRITE` inside the reservation: breaks the
+    /// copy-on-write of pages that map the zero page (their entries are
+    /// present, so no userfaultfd fault is involved).
+    pub fn host_populate_write(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.check(a, l)?;
+        mem::advise(a, l, MADV_POPULATE_WRITE)
+    }
+
     /// `MADV_DONTNEED` inside the reservation.
     pub fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno> {
         self.check(a, l)?;
         mem::advise(a, l, libc::MADV_DONTNEED)
     }
 }
+
+/// `MADV_POPULATE_WRITE` (Linux 5.14; newer than some libc headers).
+const MADV_POPULATE_WRITE: i32 = 23;
 
 impl Drop for Arena {
     fn drop(&mut self) {

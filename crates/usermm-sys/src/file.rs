@@ -209,6 +209,69 @@ impl Pagemap {
         }
         Ok(e >> 63 == 1)
     }
+
+    /// The page ranges of `[addr, addr+len)` whose page-table entry maps
+    /// the shared zero page (`PAGEMAP_SCAN`, `PAGE_IS_PFNZERO`; Linux 6.7+).
+    /// `Err` where the kernel has no `PAGEMAP_SCAN`.
+    pub fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Result<Vec<(usize, usize)>, Errno> {
+        let mut out = Vec::new();
+        let mut vec = vec![PageRegion::default(); 256];
+        let mut start = addr as u64;
+        let end = (addr + len) as u64;
+        while start < end {
+            let mut arg = PmScanArg {
+                size: std::mem::size_of::<PmScanArg>() as u64,
+                start,
+                end,
+                vec: vec.as_mut_ptr() as u64,
+                vec_len: vec.len() as u64,
+                category_mask: PAGE_IS_PFNZERO,
+                return_mask: PAGE_IS_PFNZERO,
+                ..PmScanArg::default()
+            };
+            // SAFETY: `arg` is a valid pm_scan_arg whose `vec` points at
+            // `vec.len()` writable page_region entries that outlive the call.
+            let n = check_isize(unsafe { libc::ioctl(self.0.as_raw_fd(), PAGEMAP_SCAN, &mut arg) as isize })?;
+            for r in &vec[..n.min(vec.len())] {
+                out.push((r.start as usize, r.end as usize));
+            }
+            if arg.walk_end <= start || n < vec.len() {
+                break;
+            }
+            start = arg.walk_end;
+        }
+        Ok(out)
+    }
+}
+
+/// `PAGEMAP_SCAN` (`_IOWR('f', 16, struct pm_scan_arg)`) and its categories,
+/// from the kernel's uapi `linux/fs.h` (newer than this system's headers).
+const PAGEMAP_SCAN: libc::c_ulong = 0xC060_6610;
+const PAGE_IS_PFNZERO: u64 = 1 << 5;
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct PageRegion {
+    start: u64,
+    end: u64,
+    categories: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
 }
 
 /// A file mapped by a space: a duplicate of the program's descriptor (the
@@ -220,13 +283,16 @@ pub struct MappedFile {
     pub dev: u64,
     pub ino: u64,
     pub path: String,
+    /// Leave pages in the host page cache after reading or writing them
+    /// (`UMM_F_KEEP_FILE_CACHE`); otherwise `drop_cache` drops them.
+    pub keep_cache: bool,
 }
 
 impl MappedFile {
     /// Checks `fd` as Linux's mmap does and keeps a duplicate: `EBADF` if it
     /// is not open, `ENODEV` if it cannot be mapped (not a regular file or a
     /// block device), `EACCES` if it is not open for reading.
-    pub fn from_fd(fd: RawFd) -> Result<MappedFile, Errno> {
+    pub fn from_fd(fd: RawFd, keep_cache: bool) -> Result<MappedFile, Errno> {
         if fd < 0 {
             return Err(Errno::EBADF);
         }
@@ -263,6 +329,7 @@ impl MappedFile {
             dev: st.st_dev,
             ino: st.st_ino,
             path,
+            keep_cache,
         })
     }
 
@@ -289,6 +356,9 @@ impl MappedFile {
     /// data it needs itself, and a second copy would be memory the budget
     /// does not see.
     pub fn drop_cache(&self, off: u64, len: usize) {
+        if self.keep_cache {
+            return;
+        }
         // SAFETY: posix_fadvise takes its arguments by value.
         unsafe {
             libc::posix_fadvise(self.fd.as_raw_fd(), off as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED)

@@ -129,13 +129,19 @@ impl KernelArena {
     /// panics, because the caller asked for a comparable address and did not
     /// get one.
     pub fn mmap(&self, addr: usize, len: usize, prot: i32, flags: i32, off: i64) -> Result<usize, Errno> {
+        self.mmap_fd(addr, len, prot, flags, -1, off)
+    }
+
+    /// `mmap(addr, len, prot, flags, fd, off)`: as [`KernelArena::mmap`],
+    /// for file mappings too.
+    pub fn mmap_fd(&self, addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Result<usize, Errno> {
         if flags & libc::MAP_FIXED != 0 {
             self.guard("mmap(MAP_FIXED)", addr, len);
         }
         // SAFETY: with MAP_FIXED the range lies inside the arena, whose
         // memory no Rust reference points into (invariant); without it the
         // kernel never replaces an existing mapping.
-        let r = unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, -1i64, off) };
+        let r = unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd as i64, off) };
         if r < 0 && r > -4096 {
             return Err(last_errno());
         }

@@ -348,19 +348,39 @@ impl Space {
         if r.is_ok() && out.len() < npages {
             return Err(Errno::EFAULT);
         }
+        if r.is_ok() {
+            // A locked page that maps the zero page is not locked for Linux
+            // (nothing is pinned until a write allocates the page).
+            let ps = self.inner.page_size;
+            for (a, e) in self.inner.zero_pfn_ranges(addr, n * ps) {
+                for w in &mut tmp[(a - addr) / ps..(e - addr) / ps] {
+                    *w &= !consts::UMM_PAGE_LOCKED;
+                }
+            }
+        }
         out[..n].copy_from_slice(&tmp[..n]);
         r
     }
 
     /// Statistics.
     pub fn stats(&self) -> Stats {
-        let s = self.inner.core.lock().unwrap_or_else(|e| e.into_inner()).stats();
+        let (s, locked) = {
+            let c = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
+            (c.stats(), c.locked_extents())
+        };
+        // Pages of locked regions that map the zero page are resident (and
+        // pinned: a write would allocate them) but, as on Linux, not locked.
+        let zero: usize = locked
+            .iter()
+            .flat_map(|&(a, l)| self.inner.zero_pfn_ranges(a as usize, l as usize))
+            .map(|(a, e)| (e - a) / self.inner.page_size)
+            .sum();
         let c = &s.counters;
         Stats {
             budget_pages: s.budget_pages,
             resident_pages: s.resident_pages,
             resident_pages_max: s.resident_pages_max,
-            locked_pages: s.locked_pages,
+            locked_pages: s.locked_pages.saturating_sub(zero as u64),
             locked_charged_pages: s.locked_charged_pages,
             swapped_pages: s.swapped_pages,
             lazyfree_pages: s.lazyfree_pages,
@@ -401,7 +421,11 @@ impl Space {
             })
         };
         let c = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
-        usermm_core::smaps::format_with_files(&c, extra, &info)
+        let zero = |a: u64, l: u64| {
+            let r = self.inner.zero_pfn_ranges(a as usize, l as usize);
+            r.iter().map(|(a, e)| ((e - a) / self.inner.page_size) as u64).sum()
+        };
+        usermm_core::smaps::format_with_files(&c, extra, &info, &zero)
     }
 
     /// Maps `len` bytes of private anonymous read-write memory as a handle

@@ -100,6 +100,8 @@ pub(crate) struct Inner {
     pub host_lazyfree: bool,
     pub fallback_reason: Option<String>,
     pub swap_bytes: u64,
+    /// `UMM_F_KEEP_FILE_CACHE`: file pages stay in the host page cache.
+    keep_file_cache: bool,
 }
 
 pub(crate) struct Threads {
@@ -195,6 +197,7 @@ impl Inner {
             user_mode_only,
             host_lazyfree,
             swap_bytes: swap_slots as u64 * ps as u64,
+            keep_file_cache: cfg.flags & UMM_F_KEEP_FILE_CACHE != 0,
         });
         let nthreads =
             if cfg.fault_threads == 0 { default_fault_threads() } else { cfg.fault_threads.min(64) as usize };
@@ -249,6 +252,12 @@ impl Inner {
     }
     fn swap_off(&self, slot: u32) -> u64 {
         slot as u64 * self.page_size as u64
+    }
+
+    /// The page ranges of `[addr, addr+len)` that map the shared zero page
+    /// (none where the host has no `PAGEMAP_SCAN`).
+    pub fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Vec<(usize, usize)> {
+        usermm_sys::file::Pagemap::open().and_then(|p| p.zero_pfn_ranges(addr, len)).unwrap_or_default()
     }
 
     pub fn read_mm(&self) -> RwLockReadGuard<'_, ()> {
@@ -400,9 +409,10 @@ impl Inner {
                             let _ = usermm_sys::thread::sigbus_thread(t, addr);
                         }
                     }
-                    if n < run.pages() {
-                        let _ = self.uffd.wake(page_addr, self.page_size);
-                    }
+                    // Wake only after the commit (the pages were copied in
+                    // without waking): the woken thread must see them
+                    // committed (e.g. locked), never a fill in flight.
+                    self.wake_run(run, page_addr);
                     return;
                 }
                 FaultPlan::ZeroFill { run } if run.pages() <= SMALL_FILL_PAGES => {
@@ -1022,7 +1032,7 @@ impl Inner {
             if len == 0 || !(t == MAP_SHARED || t == MAP_PRIVATE || t == MAP_SHARED_VALIDATE) {
                 return Err(Errno::EINVAL);
             }
-            let f = MappedFile::from_fd(fd)?;
+            let f = MappedFile::from_fd(fd, self.keep_file_cache)?;
             // One entry (and one descriptor) per open file, however many
             // regions map it: 100,000 regions of one file need one fd.
             let mut files = lock(&self.files);
@@ -1419,6 +1429,7 @@ impl Inner {
         let mut empty_rounds = 0;
         for seg in segs {
             let mut p = seg.start;
+            let mut skipped = false;
             while p < seg.end {
                 if self.shutdown.load(Ordering::Relaxed) {
                     return (populated, Err(Errno::EINTR));
@@ -1426,6 +1437,7 @@ impl Inner {
                 let mut c = lock(&self.core);
                 let Some(plan) = c.populate_step(p, seg.end, write) else {
                     drop(c);
+                    skipped = true;
                     p.0 += 1;
                     populated += self.page_size;
                     continue;
@@ -1489,6 +1501,14 @@ impl Inner {
                 let seg_done = p.0 - seg.start.0;
                 if seg_done > budget {
                     return (populated, Err(Errno::ENOMEM));
+                }
+            }
+            if write && skipped {
+                // Resident pages a read mapped to the zero page: a WRITE
+                // populate allocates them (never leaves the zero page).
+                let a = self.addr(seg.start);
+                for (z, e) in self.zero_pfn_ranges(a, seg.pages() as usize * self.page_size) {
+                    let _ = self.arena.host_populate_write(z, e - z);
                 }
             }
         }

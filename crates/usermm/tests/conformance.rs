@@ -1058,3 +1058,62 @@ fn mlock_over_a_hole_locks_up_to_it() {
         t.note(format!("regions {}", mm.region_count()));
     });
 }
+
+/// A file of `pages` pages written 4 KiB at a time, so that the host page
+/// cache holds it in 4 KiB folios (a read after a cache drop would use large
+/// folios, and Linux's fault-around then maps whole folios).
+fn small_folio_file(path: &std::path::Path, pages: usize) -> std::fs::File {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path).unwrap();
+    for p in 0..pages {
+        f.write_all_at(&[p as u8 | 1; PAGE], (p * PAGE) as u64).unwrap();
+    }
+    f
+}
+
+#[test]
+fn mlock_onfault_file_locks_the_fault_around_window() {
+    let path = std::env::temp_dir().join(format!("usermm-conform-lof-{}", std::process::id()));
+    conform("mlock_onfault_file_locks_the_fault_around_window", |mm, t| {
+        use std::os::fd::AsRawFd;
+        let f = small_folio_file(&path, 48);
+        let b = mm.base();
+        // The region starts 3 pages into an aligned 64 KiB block and ends
+        // 5 pages before the end of the file.
+        let a = t.addr("A", mm.mmap_fd(b + 3 * PAGE, 40 * PAGE, PROT_READ, MAP_SHARED | MAP_FIXED, f.as_raw_fd(), 0));
+        t.unit("mlock2 ONFAULT", mm.mlock2(b + 3 * PAGE, 40 * PAGE, MLOCK_ONFAULT));
+        t.note(format!("untouched {}", mm.lock_info(b + 3 * PAGE)));
+        if a.is_none() {
+            return;
+        }
+        for page in [5, 6, 20, 40] {
+            t.note(format!("read page {page}: {}", mm.read_byte(b + page * PAGE)));
+            t.note(format!("  {}", mm.lock_info(b + 3 * PAGE)));
+        }
+        t.unit("munlock", mm.munlock(b + 3 * PAGE, 40 * PAGE));
+        t.note(format!("unlocked {}", mm.lock_info(b + 3 * PAGE)));
+        t.unit("munmap", mm.munmap(b + 3 * PAGE, 40 * PAGE));
+    });
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn mlock_onfault_reads_of_untouched_pages_lock_nothing() {
+    conform("mlock_onfault_reads_of_untouched_pages_lock_nothing", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("A", mm.mmap(b, 16 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.unit("mlock2 ONFAULT", mm.mlock2(b, 16 * PAGE, MLOCK_ONFAULT));
+        t.note(format!("read page 1: {}", mm.read_byte(b + PAGE)));
+        t.note(format!("after a read (zero page) {}", mm.lock_info(b)));
+        mm.write_byte(b + 2 * PAGE, 7);
+        t.note(format!("after a write {}", mm.lock_info(b)));
+        mm.write_byte(b + PAGE, 9);
+        t.note(format!("after writing the read page {}", mm.lock_info(b)));
+        t.unit("POPULATE_READ", mm.madvise(b + 4 * PAGE, 4 * PAGE, MADV_POPULATE_READ));
+        t.note(format!("after POPULATE_READ {}", mm.lock_info(b)));
+        t.unit("POPULATE_WRITE", mm.madvise(b + 8 * PAGE, 4 * PAGE, MADV_POPULATE_WRITE));
+        t.note(format!("after POPULATE_WRITE {}", mm.lock_info(b)));
+        t.mincore("residency", mm.mincore(b, 16 * PAGE));
+        t.unit("munmap", mm.munmap(b, 16 * PAGE));
+    });
+}

@@ -367,3 +367,31 @@ fn willneed_reads_the_file_ahead_asynchronously() {
     s.munmap(a, 64 * PS).unwrap();
     let _ = std::fs::remove_file(p);
 }
+
+/// How many of the file's first `pages` pages the host page cache holds.
+fn host_cached_pages(f: &File, pages: usize) -> usize {
+    let m = usermm_sys::host::HostFileMap::open(f, pages * PS).unwrap();
+    let v = usermm_sys::kernel::mincore(m.addr(), pages * PS).unwrap();
+    v.iter().filter(|b| *b & 1 != 0).count()
+}
+
+#[test]
+fn host_page_cache_is_dropped_behind_unless_kept() {
+    for keep in [false, true] {
+        let flags = if keep { UMM_F_KEEP_FILE_CACHE } else { 0 };
+        let s = Space::open(&Config { budget_bytes: 64 << 20, flags, ..Config::default() }).unwrap();
+        let data = pattern(32);
+        let (p, f) = temp_file(if keep { "keep-cache" } else { "drop-cache" }, &data);
+        let a = s.mmap(0, 32 * PS, PROT_READ, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
+        s.populate(a, 32 * PS, MADV_POPULATE_READ).1.unwrap();
+        assert_eq!(peek(a + 31 * PS + 3), data[31 * PS + 3]);
+        let cached = host_cached_pages(&f, 32);
+        if keep {
+            assert_eq!(cached, 32, "UMM_F_KEEP_FILE_CACHE: the host keeps the pages usermm read");
+        } else {
+            assert_eq!(cached, 0, "default: the host copy is dropped behind the read");
+        }
+        s.munmap(a, 32 * PS).unwrap();
+        let _ = std::fs::remove_file(p);
+    }
+}

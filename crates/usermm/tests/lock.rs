@@ -164,3 +164,28 @@ fn locked_pages_are_never_evicted_or_written_to_swap() {
     assert!(!swap.windows(marker.len()).any(|w| w == marker), "a locked page reached the swap file");
     s.validate();
 }
+
+#[test]
+fn onfault_read_maps_the_zero_page_and_locks_nothing_until_written() {
+    let s = space(64, 64, usize::MAX);
+    let a = anon(&s, 8 * PS);
+    s.mlock2(a, 8 * PS, MLOCK_ONFAULT).unwrap();
+    assert_eq!(usermm_sys::kernel::peek(a + 3 * PS), 0);
+    let st = states(&s, a + 3 * PS, 1)[0];
+    assert_ne!(st & UMM_PAGE_RESIDENT, 0, "the zero page is mapped");
+    assert_eq!(st & UMM_PAGE_LOCKED, 0, "the zero page is not locked (Linux)");
+    assert_eq!(s.stats().locked_pages, 0);
+    assert!(s.smaps().contains("Locked:                0 kB"));
+    // The write allocates the page (a copy-on-write the host kernel does
+    // with no usermm fault): from then on it is locked.
+    write(a + 3 * PS, 5);
+    assert_ne!(states(&s, a + 3 * PS, 1)[0] & UMM_PAGE_LOCKED, 0);
+    assert_eq!(s.stats().locked_pages, 1);
+    assert!(s.smaps().contains("Locked:                4 kB"));
+    // A READ populate maps zero pages, locked by none; WRITE locks.
+    s.populate(a + 4 * PS, 2 * PS, MADV_POPULATE_READ).1.unwrap();
+    assert_eq!(s.stats().locked_pages, 1);
+    s.populate(a + 4 * PS, 2 * PS, MADV_POPULATE_WRITE).1.unwrap();
+    assert_eq!(s.stats().locked_pages, 3);
+    s.validate();
+}

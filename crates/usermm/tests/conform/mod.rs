@@ -32,6 +32,8 @@ pub trait Mm {
     fn base(&self) -> usize;
     /// `mmap(addr, len, prot, flags, -1, off)`.
     fn mmap(&self, addr: usize, len: usize, prot: i32, flags: i32, off: i64) -> Result<usize, Errno>;
+    /// `mmap(addr, len, prot, flags, fd, off)` of a file.
+    fn mmap_fd(&self, addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Result<usize, Errno>;
     fn munmap(&self, addr: usize, len: usize) -> Result<(), Errno>;
     fn mprotect(&self, addr: usize, len: usize, prot: i32) -> Result<(), Errno>;
     fn madvise(&self, addr: usize, len: usize, advice: i32) -> Result<(), Errno>;
@@ -146,6 +148,9 @@ impl Mm for KernelMm {
     fn mmap(&self, addr: usize, len: usize, prot: i32, flags: i32, off: i64) -> Result<usize, Errno> {
         self.arena.mmap(addr, len, prot, flags, off)
     }
+    fn mmap_fd(&self, addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Result<usize, Errno> {
+        self.arena.mmap_fd(addr, len, prot, flags, fd, off)
+    }
     fn munmap(&self, addr: usize, len: usize) -> Result<(), Errno> {
         self.arena.munmap(addr, len)
     }
@@ -209,6 +214,9 @@ impl Mm for UserMm {
     }
     fn mmap(&self, addr: usize, len: usize, prot: i32, flags: i32, off: i64) -> Result<usize, Errno> {
         self.space.mmap(addr, len, prot, flags, -1, off)
+    }
+    fn mmap_fd(&self, addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Result<usize, Errno> {
+        self.space.mmap(addr, len, prot, flags, fd, off)
     }
     fn munmap(&self, addr: usize, len: usize) -> Result<(), Errno> {
         self.space.munmap(addr, len)
