@@ -64,6 +64,12 @@ const OOM_ROUNDS: u32 = 50;
 const SMALL_FILL_PAGES: u64 = 16;
 /// How long a handler spins for the next fault after serving one.
 const SPIN_NS: u64 = 100_000;
+/// How many windows a streaming file region's read-in runs ahead of the
+/// program's last fault.
+const READAHEAD_DEPTH: u64 = 4;
+/// How many windows past the next one a streaming file region asks the
+/// host to read ahead.
+const HOST_READAHEAD_WINDOWS: u64 = 8;
 /// Pages reclaimed per background round.
 const RECLAIM_BATCH: u64 = 256;
 
@@ -398,6 +404,19 @@ impl Inner {
                         && c.page(run.end) == usermm_core::page::PageMeta::default();
                     drop(c);
                     if ahead {
+                        // And the host reads further ahead asynchronously
+                        // (as its own mmap read-ahead would), so that the
+                        // pipeline's reads find the page cache warm.
+                        if let FaultPlan::FileRead { file_page, .. } = plan {
+                            if let Some(f) = lock(&self.files).get(&file) {
+                                let ps = self.page_size as u64;
+                                let w = run.pages() * ps;
+                                f.host_readahead(
+                                    (file_page + run.pages()) * ps + w,
+                                    (HOST_READAHEAD_WINDOWS * w) as usize,
+                                );
+                            }
+                        }
                         lock(&self.willneed).push(self.addr(run.end));
                         let _c = lock(&self.core);
                         self.reclaim_wanted.notify_all();
@@ -719,7 +738,30 @@ impl Inner {
                     // File read-ahead: a window from `a` (up to a hole or the
                     // end of the file; best effort, errors ignored).
                     let window = usermm_core::MAX_WINDOW_PAGES as usize * self.page_size;
-                    let _ = self.populate(a, window, false);
+                    let (n, _) = self.populate(a, window, false);
+                    // A streaming read-in chains: the next window follows,
+                    // up to READAHEAD_DEPTH windows past the program's last
+                    // fault in the region (it does not fault on the windows
+                    // read ahead, so that is as far as it is known to be).
+                    let next = a + window;
+                    let chain = n == window && {
+                        let c = lock(&self.core);
+                        let here = c.page_of(Addr(a as u64));
+                        let there = c.page_of(Addr(next as u64));
+                        match (here.and_then(|p| c.region_at(p)), there) {
+                            (Some(r), Some(q)) => {
+                                r.file().is_some()
+                                    && c.region_at(q).is_some_and(|r2| r2.file() == r.file())
+                                    && c.page(q) == usermm_core::page::PageMeta::default()
+                                    && q.0.saturating_sub(r.next_fault)
+                                        < READAHEAD_DEPTH * usermm_core::MAX_WINDOW_PAGES
+                            }
+                            _ => false,
+                        }
+                    };
+                    if chain {
+                        lock(&self.willneed).push(next);
+                    }
                 }
             }
             if !reclaim {
