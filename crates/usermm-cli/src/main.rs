@@ -13,6 +13,7 @@
 
 mod common;
 mod fault;
+mod lockonfault;
 mod madvfree;
 mod munmap;
 mod outofcore;
@@ -37,7 +38,7 @@ struct ExpDef {
     run: fn(&Params, &Progress) -> Result<Experiment, String>,
 }
 
-const EXPERIMENTS: [ExpDef; 7] = [
+const EXPERIMENTS: [ExpDef; 8] = [
     ExpDef {
         name: "fault",
         about: "first touch of a fresh region (seq/random/sparse × read/write): throughput, sparse latency",
@@ -79,6 +80,12 @@ const EXPERIMENTS: [ExpDef; 7] = [
         about: "a file 4× the budget mapped MAP_SHARED: random, hot/cold, sequential reads vs kernel mmap and a pread cache",
         params: outofcore::params,
         run: outofcore::run,
+    },
+    ExpDef {
+        name: "lockonfault",
+        about: "seed 000: random 1-byte reads of a big file kept locked: mlock, per-access mlock, SIGSEGV batches, MLOCK_ONFAULT vs usermm",
+        params: lockonfault::params,
+        run: lockonfault::run,
     },
 ];
 

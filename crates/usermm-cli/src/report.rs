@@ -92,6 +92,15 @@ impl Goal {
     }
 }
 
+/// A summary table an experiment lays out itself (one line per row of its
+/// own choosing), printed before the generic rows; it repeats numbers of
+/// the rows, it adds none to `results.json`.
+pub struct Table {
+    pub title: String,
+    pub head: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+}
+
 /// One experiment's parameters, rows, goals, notes and plots.
 pub struct Experiment {
     pub name: String,
@@ -104,6 +113,8 @@ pub struct Experiment {
     pub notes: Vec<String>,
     /// `(file name, svg text)`.
     pub plots: Vec<(String, String)>,
+    /// Summary tables (see [`Table`]).
+    pub tables: Vec<Table>,
     pub elapsed_s: f64,
 }
 
@@ -117,6 +128,7 @@ impl Experiment {
             goals: Vec::new(),
             notes: Vec::new(),
             plots: Vec::new(),
+            tables: Vec::new(),
             elapsed_s: 0.0,
         }
     }
@@ -318,6 +330,12 @@ fn goal_cells(g: &Goal) -> Vec<String> {
 pub fn text(e: &Experiment) -> String {
     let rows: Vec<Vec<String>> = e.rows.iter().map(row_cells).collect();
     let mut o = format!("\n== {} — {} ({:.1} s)\n", e.name, e.title, e.elapsed_s);
+    for t in &e.tables {
+        let head: Vec<&str> = t.head.iter().map(String::as_str).collect();
+        o += &format!("{}\n", t.title);
+        o += &text_table(&head, &t.rows);
+        o += "\n";
+    }
     o += &text_table(&ROW_HEAD, &rows);
     if !e.goals.is_empty() {
         o += "\n";
@@ -371,6 +389,11 @@ pub fn markdown(exps: &[Experiment], header: &[(String, String)], mode: &str) ->
             &["parameter", "value"],
             &e.params.iter().map(|(k, v)| vec![format!("`{k}`"), v.clone()]).collect::<Vec<_>>(),
         );
+        for t in &e.tables {
+            let head: Vec<&str> = t.head.iter().map(String::as_str).collect();
+            let _ = write!(o, "\n### {}\n\n", t.title);
+            o += &md_table(&head, &t.rows);
+        }
         o += "\n### Results\n\n";
         o += &md_table(&ROW_HEAD, &e.rows.iter().map(row_cells).collect::<Vec<_>>());
         if !e.goals.is_empty() {

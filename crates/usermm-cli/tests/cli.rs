@@ -1,6 +1,7 @@
 //! Runs the built `usermm` binary: a small `bench fault` (and one small run
 //! of each of `populate`, `madvfree`, `volatile`) must write a
-//! `results.json` of the documented shape with kernel and usermm rows, and
+//! `results.json` of the documented shape with kernel and usermm rows (and
+//! so must one tiny run of `outofcore` and `lockonfault`), and
 //! usage errors must exit with status 2.
 
 use std::collections::BTreeMap;
@@ -308,6 +309,9 @@ fn help_lists_every_experiment_and_parameter() {
         "populate",
         "madvfree",
         "volatile",
+        "outofcore",
+        "lockonfault",
+        "--slow-runs",
         "--size-mib",
         "--budget-mib",
         "--sizes-mib",
@@ -436,4 +440,44 @@ fn bench_outofcore_writes_results() {
     // The seq-scan touches all 32 MiB: usermm and the pread cache stay in 8.
     assert!(value(&rows, "usermm", "seq-scan", "resident_peak") <= 8.0);
     assert_eq!(value(&rows, "pread-cache", "seq-scan", "misses"), 8192.0);
+}
+
+#[test]
+fn bench_lockonfault_writes_results() {
+    // 4 MiB stays under an unprivileged RLIMIT_MEMLOCK of 8 MiB, and 1024
+    // pages need no change of vm.max_map_count.
+    let rows = bench_rows(
+        "lockonfault",
+        &["lockonfault", "--file-mib=4", "--reads=20000", "--runs=1", "--slow-runs=1", "--sample-every=16"],
+    );
+    let pages = 1024.0;
+    let kernel = [
+        "plain",
+        "mlock-all",
+        "mlock-each-access",
+        "sigsegv-batch1",
+        "sigsegv-batch8",
+        "sigsegv-batch16",
+        "onfault",
+        "plain@large-folios",
+        "onfault@large-folios",
+    ];
+    let usermm = ["plain", "mlock-all", "onfault", "onfault@large-folios"];
+    for (sys, variants) in [("kernel", &kernel[..]), ("usermm", &usermm[..])] {
+        for v in variants {
+            assert!(value(&rows, sys, v, "setup") > 0.0, "{sys} {v}");
+            assert!(value(&rows, sys, v, "processing") > 0.0, "{sys} {v}");
+            let locked = value(&rows, sys, v, "locked_pages");
+            let resident = value(&rows, sys, v, "resident_pages");
+            assert!(locked <= resident && resident <= pages, "{sys} {v}: {locked} locked, {resident} resident");
+            if !v.starts_with("plain") {
+                assert!(locked > 0.0, "{sys} {v} locked nothing");
+            }
+        }
+    }
+    assert_eq!(value(&rows, "kernel", "mlock-all", "locked_pages"), pages);
+    assert_eq!(value(&rows, "usermm", "mlock-all", "locked_pages"), pages);
+    assert!(value(&rows, "kernel", "sigsegv-batch1", "sigsegv") > 0.0);
+    // The seed's reference rows are there, under their own system name.
+    assert!(value(&rows, "seed000-other-hw", "onfault", "processing_avg") > 0.0);
 }
