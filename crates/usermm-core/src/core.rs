@@ -1282,18 +1282,7 @@ impl Core {
                     let mut seen = false;
                     self.pages.for_each_live(block, |_, _| seen = true);
                     if seen {
-                        while run.start > block.start
-                            && run.pages() < free
-                            && self.pages.get(PageIdx(run.start.0 - 1)) == PageMeta::default()
-                        {
-                            run.start.0 -= 1;
-                        }
-                        while run.end < block.end
-                            && run.pages() < free
-                            && self.pages.get(run.end) == PageMeta::default()
-                        {
-                            run.end.0 += 1;
-                        }
+                        grow_run(&self.pages, &mut run, block, free);
                     }
                 }
                 let reg = self.regions.find_mut(p).expect("region");
@@ -1310,15 +1299,7 @@ impl Core {
                     let from = ((p.0 / n) * n).max(region.start.0);
                     let table_end = (p.0 / 512 + 1) * 512;
                     let block = PageRange::new(from, (from + n).min(table_end).min(region.end.0));
-                    while run.start > block.start
-                        && run.pages() < free
-                        && self.pages.get(PageIdx(run.start.0 - 1)) == PageMeta::default()
-                    {
-                        run.start.0 -= 1;
-                    }
-                    while run.end < block.end && run.pages() < free && self.pages.get(run.end) == PageMeta::default() {
-                        run.end.0 += 1;
-                    }
+                    grow_run(&self.pages, &mut run, block, free);
                 }
                 if populate.is_none() {
                     reg.next_fault = run.end.0;
@@ -2437,6 +2418,17 @@ impl Core {
         });
         assert_eq!(vp, self.volatile_pages, "volatile pages count");
         assert_eq!(lz, self.lazyfree_pages, "lazyfree pages count");
+    }
+}
+
+/// Grows `run` backwards and forwards over untouched pages, within `block`
+/// and up to `max` pages.
+fn grow_run(pages: &PageTable, run: &mut PageRange, block: PageRange, max: u64) {
+    while run.start > block.start && run.pages() < max && pages.get(PageIdx(run.start.0 - 1)) == PageMeta::default() {
+        run.start.0 -= 1;
+    }
+    while run.end < block.end && run.pages() < max && pages.get(run.end) == PageMeta::default() {
+        run.end.0 += 1;
     }
 }
 

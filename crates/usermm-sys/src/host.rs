@@ -297,18 +297,7 @@ impl HostFileMap {
     /// The caller keeps the file at least `len` bytes long while the mapping
     /// lives (a read past its end raises SIGBUS, as for any file mapping).
     pub fn open(file: &std::fs::File, len: usize) -> Result<HostFileMap, Errno> {
-        if len == 0 {
-            return Err(Errno::EINVAL);
-        }
-        // SAFETY: a fresh file mapping at a kernel-chosen address (no
-        // MAP_FIXED) touches no existing memory; the descriptor is borrowed
-        // for the call only (the mapping keeps its own reference).
-        let p =
-            unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0) };
-        if p == libc::MAP_FAILED {
-            return Err(last_errno());
-        }
-        Ok(HostFileMap { addr: p as usize, len })
+        HostFileMap::open_prot(file, len, libc::PROT_READ)
     }
 
     pub fn addr(&self) -> usize {
@@ -408,7 +397,9 @@ impl HostFileMap {
         if len == 0 || (prot != libc::PROT_READ && prot != libc::PROT_NONE) {
             return Err(Errno::EINVAL);
         }
-        // SAFETY: as for `open`: a fresh mapping at a kernel-chosen address.
+        // SAFETY: a fresh file mapping at a kernel-chosen address (no
+        // MAP_FIXED) touches no existing memory; the descriptor is borrowed
+        // for the call only (the mapping keeps its own reference).
         let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, file.as_raw_fd(), 0) };
         if p == libc::MAP_FAILED {
             return Err(last_errno());

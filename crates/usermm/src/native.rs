@@ -108,6 +108,8 @@ pub(crate) struct Inner {
     pub swap_bytes: u64,
     /// `UMM_F_KEEP_FILE_CACHE`: file pages stay in the host page cache.
     keep_file_cache: bool,
+    /// `/proc/self/pagemap`, for the zero-page scans of the lock reports.
+    pagemap: Option<usermm_sys::file::Pagemap>,
 }
 
 pub(crate) struct Threads {
@@ -204,6 +206,7 @@ impl Inner {
             host_lazyfree,
             swap_bytes: swap_slots as u64 * ps as u64,
             keep_file_cache: cfg.flags & UMM_F_KEEP_FILE_CACHE != 0,
+            pagemap: usermm_sys::file::Pagemap::open().ok(),
         });
         let nthreads =
             if cfg.fault_threads == 0 { default_fault_threads() } else { cfg.fault_threads.min(64) as usize };
@@ -263,7 +266,7 @@ impl Inner {
     /// The page ranges of `[addr, addr+len)` that map the shared zero page
     /// (none where the host has no `PAGEMAP_SCAN`).
     pub fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Vec<(usize, usize)> {
-        usermm_sys::file::Pagemap::open().and_then(|p| p.zero_pfn_ranges(addr, len)).unwrap_or_default()
+        self.pagemap.as_ref().and_then(|p| p.zero_pfn_ranges(addr, len).ok()).unwrap_or_default()
     }
 
     pub fn read_mm(&self) -> RwLockReadGuard<'_, ()> {
@@ -398,10 +401,7 @@ impl Inner {
                     // Read-ahead pipeline: a full window in a sequential or
                     // streaming region has the next window read by the
                     // background thread while the program consumes this one.
-                    let ahead = n == run.pages()
-                        && n >= usermm_core::BLOCK_PAGES
-                        && c.region_at(run.end).is_some_and(|r| r.file() == Some(file))
-                        && c.page(run.end) == usermm_core::page::PageMeta::default();
+                    let ahead = n == run.pages() && n >= usermm_core::BLOCK_PAGES && file_continues(&c, run.end, file);
                     drop(c);
                     if ahead {
                         // And the host reads further ahead asynchronously
@@ -749,13 +749,11 @@ impl Inner {
                         let here = c.page_of(Addr(a as u64));
                         let there = c.page_of(Addr(next as u64));
                         match (here.and_then(|p| c.region_at(p)), there) {
-                            (Some(r), Some(q)) => {
-                                r.file().is_some()
-                                    && c.region_at(q).is_some_and(|r2| r2.file() == r.file())
-                                    && c.page(q) == usermm_core::page::PageMeta::default()
+                            (Some(r), Some(q)) => r.file().is_some_and(|f| {
+                                file_continues(&c, q, f)
                                     && q.0.saturating_sub(r.next_fault)
                                         < READAHEAD_DEPTH * usermm_core::MAX_WINDOW_PAGES
-                            }
+                            }),
                             _ => false,
                         }
                     };
@@ -1579,6 +1577,12 @@ fn with_bounce<R>(len: usize, f: impl FnOnce(&Bounce) -> R) -> Option<R> {
 /// fault against 18–21 µs for two pinned handlers, which race each other
 /// for every message); more help when many threads fault at once and swap-in
 /// I/O waits.
+/// Whether page `p` is an untouched page of a region of `file`: where a
+/// streaming read of that file goes on.
+fn file_continues(c: &Core, p: PageIdx, file: u32) -> bool {
+    c.region_at(p).is_some_and(|r| r.file() == Some(file)) && c.page(p) == usermm_core::page::PageMeta::default()
+}
+
 fn default_fault_threads() -> usize {
     match usermm_sys::ncpus() {
         0..=2 => 1,
