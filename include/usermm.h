@@ -120,6 +120,8 @@
 #define UMM_F_FORCE_USER_MODE       0x8u /* use the user-mode-only fallback */
 #define UMM_F_KEEP_FILE_CACHE      0x10u /* leave file pages in the host page
                                             cache (default: dropped behind) */
+#define UMM_F_PURGE_VOLATILE_FIRST 0x20u /* reclaim purges volatile pages
+                                            before any other page leaves */
 
 #ifdef __cplusplus
 extern "C" {

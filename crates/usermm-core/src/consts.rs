@@ -109,9 +109,13 @@ pub const UMM_F_FORCE_USER_MODE: u32 = 1 << 3;
 /// budget does not see. Keeping them makes a re-read after eviction (or by
 /// the next space) a page-cache hit instead of a disk read.
 pub const UMM_F_KEEP_FILE_CACHE: u32 = 1 << 4;
+/// Reclaim purges volatile pages before it evicts, discards or purges any
+/// other page, whatever their recency (SPEC §3's option).
+pub const UMM_F_PURGE_VOLATILE_FIRST: u32 = 1 << 5;
 /// Every `UMM_F_*` bit.
 pub const UMM_F_ALL: u32 = UMM_F_EXACT_FAULTS
     | UMM_F_REQUIRE_FULL_UFFD
     | UMM_F_NO_BACKGROUND_RECLAIM
     | UMM_F_FORCE_USER_MODE
-    | UMM_F_KEEP_FILE_CACHE;
+    | UMM_F_KEEP_FILE_CACHE
+    | UMM_F_PURGE_VOLATILE_FIRST;

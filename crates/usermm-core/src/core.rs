@@ -59,6 +59,9 @@ pub struct Counters {
     pub writebacks: u64,
     pub lazyfree_discards: u64,
     pub volatile_purges: u64,
+    /// Of `volatile_purges`, those the host kernel did (found out when the
+    /// page was mapped back).
+    pub host_purges: u64,
     pub evictions: u64,
     pub deactivations: u64,
     pub oom_sigbus: u64,
@@ -112,8 +115,11 @@ pub enum FaultPlan {
     /// (claimed, frames charged). A run longer than one page is swap-in
     /// clustering: the evictor wrote neighbours to neighbouring slots.
     SwapIn { run: PageRange, slot: u32 },
-    /// Map the parked page back from staging slot `slot` (claimed).
-    Reactivate { page: PageIdx, slot: u32, how: Transfer },
+    /// Map the parked page back from staging slot `slot` (claimed). With
+    /// `checked`, the slot was handed to the host to discard (a volatile
+    /// page): copy it through a buffer and check that the slot still held
+    /// the page afterwards; if not, the host purged it (`reactivate_lost`).
+    Reactivate { page: PageIdx, slot: u32, how: Transfer, checked: bool },
     /// The page cannot be served (poisoned): raise SIGBUS.
     Sigbus,
     /// Read the file into the pages of `run` (claimed, frames charged):
@@ -154,6 +160,9 @@ pub struct Deactivate {
     pub page: PageIdx,
     pub slot: u32,
     pub how: Transfer,
+    /// A volatile page: once parked, hand its slot to the host to discard
+    /// under the host's own memory pressure (`MADV_FREE`).
+    pub host_free: bool,
 }
 
 /// One eviction: write staging slot `staging` to swap slot `swap`.
@@ -203,6 +212,10 @@ impl ReclaimPlan {
 pub struct NoVolatile {
     /// Purged pages, in address order.
     pub purged: Vec<PageIdx>,
+    /// Parked volatile pages whose slots the host may discard: nothing was
+    /// changed; the executor maps these back (a checked reactivation, which
+    /// finds out whether the host purged them) and calls again.
+    pub reactivate: Vec<PageIdx>,
 }
 
 /// A range detached by `munmap` (or replaced by `MAP_FIXED`): held back from
@@ -318,6 +331,9 @@ pub struct Core {
     /// Whether the executor passes MADV_FREE down to the host and can have
     /// the host discard clean lazily freed pages (`set_host_lazyfree`).
     host_lazyfree: bool,
+    /// Reclaim purges volatile pages before anything else
+    /// (`set_purge_volatile_first`).
+    purge_volatile_first: bool,
     /// Most lazily freed pages kept (`set_lazyfree_max`).
     lazyfree_max: u64,
     /// Write-back errors not reported yet: `(file, errno)`.
@@ -356,6 +372,7 @@ impl Core {
             volatile_pages: 0,
             lazyfree_pages: 0,
             host_lazyfree: false,
+            purge_volatile_first: false,
             lazyfree_max: u64::MAX,
             file_errors: Vec::new(),
             file_pages: std::collections::HashMap::new(),
@@ -368,6 +385,14 @@ impl Core {
     /// The executor can have the host discard clean lazily freed pages.
     pub fn set_host_lazyfree(&mut self, on: bool) {
         self.host_lazyfree = on;
+    }
+
+    /// `UMM_F_PURGE_VOLATILE_FIRST`: reclaim takes the pages that were
+    /// resident when marked volatile before any other page, oldest mark
+    /// first, whatever their recency (SPEC §3's "a space option may purge
+    /// volatile pages first").
+    pub fn set_purge_volatile_first(&mut self, on: bool) {
+        self.purge_volatile_first = on;
     }
 
     pub fn config(&self) -> &CoreConfig {
@@ -1203,7 +1228,8 @@ impl Core {
             PState::Resident => FaultPlan::Wake,
             PState::Inactive => {
                 self.pages.update(p, |m| m.state = PState::Filling);
-                FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot) }
+                let checked = self.host_lazyfree && m.has(pf::VOLATILE);
+                FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked }
             }
             PState::Swapped => {
                 if free == 0 {
@@ -1365,6 +1391,11 @@ impl Core {
                 let m = pages.get(*p);
                 m.gen == *g && m.state == PState::Inactive
             });
+            self.lru.lazy.retain(|p| pages.get(*p).has(pf::LAZYFREE));
+            self.lru.volatile.retain(|p| {
+                let m = pages.get(*p);
+                m.has(pf::VOLATILE) && !m.has(pf::PURGED) && m.state.holds_frame()
+            });
         }
     }
 
@@ -1469,6 +1500,14 @@ impl Core {
             // could be purged.
             return plan;
         }
+        if self.purge_volatile_first && !self.lru.volatile.is_empty() {
+            self.plan_volatile(&mut plan, want);
+            if !plan.purge.is_empty() || !plan.deactivate.is_empty() {
+                // Volatile pages go first: nothing else leaves while they
+                // are on their way out (parked now, purged next round).
+                return plan;
+            }
+        }
         // Lazily freed pages first: a clean one is discarded with no I/O.
         self.plan_lazy(&mut plan, want.max(32));
         if !plan.deactivate.is_empty() || (plan.discard.len() as u64) >= want {
@@ -1570,7 +1609,8 @@ impl Core {
                 m.state = PState::Deactivating;
                 m.slot = slot;
             });
-            plan.deactivate.push(Deactivate { page: p, slot, how });
+            let host_free = self.host_lazyfree && m.has(pf::VOLATILE);
+            plan.deactivate.push(Deactivate { page: p, slot, how, host_free });
         }
         plan
     }
@@ -1627,7 +1667,7 @@ impl Core {
                         m.state = PState::Deactivating;
                         m.slot = slot;
                     });
-                    plan.deactivate.push(Deactivate { page: p, slot, how: Transfer::Move });
+                    plan.deactivate.push(Deactivate { page: p, slot, how: Transfer::Move, host_free: false });
                     // To the front: the next round discards it first (a round
                     // that parks lazy pages evicts nothing else).
                     parked.push(p);
@@ -1637,6 +1677,56 @@ impl Core {
         }
         for p in parked.into_iter().rev() {
             self.lru.lazy.push_front(p);
+        }
+    }
+
+    /// Plans the purge of volatile pages, oldest mark first, up to `want`
+    /// pages (`set_purge_volatile_first`): parked ones are purged now;
+    /// mapped ones are parked this round (and purged by the next, unless
+    /// touched meanwhile, which parks them again the round after).
+    fn plan_volatile(&mut self, plan: &mut ReclaimPlan, want: u64) {
+        let mut parked = Vec::new();
+        let mut scanned = 0;
+        let max = self.lru.volatile.len();
+        while ((plan.purge.len() + plan.deactivate.len()) as u64) < want && scanned < max {
+            scanned += 1;
+            let Some(p) = self.lru.volatile.pop_front() else { break };
+            let m = self.pages.get(p);
+            if !m.has(pf::VOLATILE) || m.has(pf::PURGED) {
+                continue;
+            }
+            let Some(reg) = self.regions.find(p).cloned() else { continue };
+            match m.state {
+                PState::Inactive => {
+                    self.pages.update(p, |m| m.state = PState::Evicting);
+                    plan.purge.push((p, m.slot));
+                }
+                PState::Resident => {
+                    if reg.lock != LockMode::None || m.has(pf::LOCKED) {
+                        continue;
+                    }
+                    if reg.writable() && reg.prot != PROT_READ | PROT_WRITE {
+                        continue; // cannot be parked (see reclaim_plan)
+                    }
+                    let Some(slot) = self.staging.alloc() else {
+                        self.lru.volatile.push_front(p);
+                        break;
+                    };
+                    self.pages.update(p, |m| {
+                        m.state = PState::Deactivating;
+                        m.slot = slot;
+                        m.flags &= !pf::REFERENCED;
+                    });
+                    let host_free = self.host_lazyfree;
+                    plan.deactivate.push(Deactivate { page: p, slot, how: transfer_for(reg.prot), host_free });
+                    parked.push(p);
+                }
+                PState::Absent | PState::Swapped => {}
+                _ => self.lru.volatile.push_back(p),
+            }
+        }
+        for p in parked.into_iter().rev() {
+            self.lru.volatile.push_front(p);
         }
     }
 
@@ -1689,7 +1779,8 @@ impl Core {
                 m.slot = slot;
                 m.flags &= !pf::REFERENCED;
             });
-            v.push(Deactivate { page: p, slot, how });
+            let host_free = self.host_lazyfree && m.has(pf::VOLATILE);
+            v.push(Deactivate { page: p, slot, how, host_free });
         }
         v
     }
@@ -1791,6 +1882,32 @@ impl Core {
         });
         self.counters.volatile_purges += 1;
         self.counters.evictions += 1;
+    }
+
+    /// Commits a checked reactivation that found the staging slot empty: the
+    /// host discarded the parked volatile page (`Reactivate { checked }`).
+    /// The page is purged exactly as a purge by reclaim would leave it; the
+    /// executor has dropped the slot and installed nothing.
+    pub fn reactivate_lost(&mut self, plan: &FaultPlan) {
+        let FaultPlan::Reactivate { page, slot, .. } = *plan else { return };
+        debug_assert_eq!(self.pages.get(page).state, PState::Filling);
+        self.staging.release(slot);
+        self.inactive -= 1;
+        self.resident -= 1;
+        let m = self.pages.get(page);
+        if m.has(pf::LAZYFREE) {
+            self.lazyfree_pages -= 1;
+        }
+        let purged = if m.has(pf::VOLATILE) { pf::PURGED } else { 0 };
+        self.pages.update(page, |m| {
+            m.state = PState::Absent;
+            m.slot = 0;
+            m.flags = (m.flags | purged) & !(pf::LAZYFREE | pf::REFERENCED);
+        });
+        if purged != 0 {
+            self.counters.volatile_purges += 1;
+            self.counters.host_purges += 1;
+        }
     }
 
     /// Commits a discard attempt. `dropped`: the host dropped the clean
@@ -1997,8 +2114,12 @@ impl Core {
 
     /// Decides `mvolatile`: marks the pages of the range volatile. A locked
     /// region is `EINVAL`, holes `ENOMEM` (after marking the mapped parts).
-    pub fn mvolatile(&mut self, addr: u64, len: u64) -> Result<(), Errno> {
+    /// Returns the staging slots of the parked pages it marked: with host
+    /// discards on (`set_host_lazyfree`), the executor hands them to the
+    /// host (`MADV_FREE`), as it does for pages parked later while volatile.
+    pub fn mvolatile(&mut self, addr: u64, len: u64) -> (Vec<u32>, Result<(), Errno>) {
         let (segs, res) = self.volatile_segments(addr, len, true);
+        let mut parked = Vec::new();
         for seg in segs {
             for q in seg.start.0..seg.end.0 {
                 let p = PageIdx(q);
@@ -2006,10 +2127,16 @@ impl Core {
                 if !m.has(pf::VOLATILE) {
                     self.pages.update(p, |m| m.flags |= pf::VOLATILE);
                     self.volatile_pages += 1;
+                    if self.host_lazyfree && m.state == PState::Inactive {
+                        parked.push(m.slot);
+                    }
+                    if self.purge_volatile_first && m.state.holds_frame() {
+                        self.lru.volatile.push_back(p);
+                    }
                 }
             }
         }
-        res
+        (parked, res)
     }
 
     /// The segments of a volatile call, and its result.
@@ -2066,6 +2193,22 @@ impl Core {
             }
         }
         let mut out = NoVolatile::default();
+        if self.host_lazyfree {
+            // A parked volatile page's slot may be discarded by the host at
+            // any time: only mapping it back tells (atomically) whether it
+            // was. Pages in the program's range never are (only parked
+            // pages are handed to the host).
+            for seg in &segs {
+                for (p, m) in self.pages.live_in(*seg) {
+                    if m.state == PState::Inactive && m.has(pf::VOLATILE) {
+                        out.reactivate.push(p);
+                    }
+                }
+            }
+            if !out.reactivate.is_empty() {
+                return Ok((out, res));
+            }
+        }
         for seg in segs {
             for (p, m) in self.pages.live_in(seg) {
                 if m.has(pf::VOLATILE) {

@@ -26,11 +26,16 @@ pub struct Lru {
     /// since discarding a clean one costs no I/O. An entry is valid while the
     /// page still has its `LAZYFREE` flag.
     pub lazy: VecDeque<PageIdx>,
+    /// Pages marked volatile while holding a frame, in order, with
+    /// `UMM_F_PURGE_VOLATILE_FIRST` only: reclaim purges them first. An
+    /// entry is valid while the page is volatile, not purged, and holds a
+    /// frame.
+    pub volatile: VecDeque<PageIdx>,
 }
 
 impl Lru {
     pub fn len(&self) -> usize {
-        self.active.len() + self.inactive.len() + self.lazy.len()
+        self.active.len() + self.inactive.len() + self.lazy.len() + self.volatile.len()
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0

@@ -83,11 +83,24 @@ impl Arena {
         mem::advise(self.slot_addr(slot), self.page_size, libc::MADV_FREE)
     }
 
+    /// Test hook: the host's own reclaim of the whole staging area, as its
+    /// memory pressure would do it (`MADV_PAGEOUT`: clean lazily freed
+    /// pages are discarded; other pages, with no host swap, stay).
+    pub fn host_reclaim_staging(&self) {
+        self.drain_host_lru();
+        let _ = mem::advise(self.staging_base, self.staging_len, libc::MADV_PAGEOUT);
+    }
+
     /// Flushes every CPU's pending LRU batches in the host, so that pages
     /// just installed or just lazily freed on another CPU can be reclaimed
-    /// by the next `MADV_PAGEOUT`. (`mlock` drains them all: Linux's
-    /// `do_mlock` calls `lru_add_drain_all`.) Best effort.
+    /// by the next `MADV_PAGEOUT` (measured on Linux 6.18: without it, the
+    /// last up to 15 pages a handler thread installed on the other CPU stay
+    /// out of reach). `move_pages` drains them all; `mlock` is the fallback
+    /// for kernels without page migration. Best effort.
     pub fn drain_host_lru(&self) {
+        if mem::lru_drain_all(self.zero_buf).is_ok() {
+            return;
+        }
         if mem::mlock2(self.zero_buf, self.page_size.min(4096), 0).is_ok() {
             let _ = mem::munlock(self.zero_buf, self.page_size.min(4096));
         }
@@ -176,6 +189,41 @@ impl Arena {
             return Err(Errno::EEXIST);
         }
         mem::advise(src, ps, libc::MADV_DONTNEED)
+    }
+
+    /// Maps the page parked in `slot` at the empty page `dst` (without
+    /// waking) when the slot may have been discarded by the host
+    /// (`MADV_FREE`): the page is read into `bounce` first, then the slot is
+    /// checked to still hold a page of its own. A discarded slot reads as
+    /// the zero page, and nothing but us ever puts a page back in a slot, so
+    /// a slot that still holds its page after the read held it during the
+    /// read. Returns `Ok(false)` when the host discarded it (nothing is
+    /// installed). The slot is emptied in both cases.
+    pub fn slot_to_page_checked(&self, uffd: &Uffd, slot: u32, dst: usize, bounce: &Bounce) -> Result<bool, Errno> {
+        let ps = self.page_size;
+        self.check(dst, ps)?;
+        if bounce.len < ps {
+            return Err(Errno::EINVAL);
+        }
+        let pm = self.pagemap.as_ref().ok_or(Errno::ENOSYS)?;
+        let src = self.slot_addr(slot);
+        // SAFETY: the slot and the bounce buffer are ours, mapped readable
+        // and writable for at least one page each, and do not overlap; a
+        // discarded slot reads as the zero page (no fault reaches a handler:
+        // staging is registered for write-protect only).
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, bounce.addr as *mut u8, ps) };
+        let intact = pm.present_not_zero(src)?;
+        if intact {
+            // SAFETY: the bounce buffer is ours and holds `ps` readable bytes.
+            let n = unsafe { uffd.copy(dst, bounce.addr as *const u8, ps, false) }?;
+            if n != ps {
+                return Err(Errno::EEXIST);
+            }
+        }
+        // A slot that cannot be emptied is found occupied when next used
+        // (its move fails and the page stays where it is).
+        let _ = mem::advise(src, ps, libc::MADV_DONTNEED);
+        Ok(intact)
     }
 
     /// Moves the `n` resident pages at `src` into the empty consecutive

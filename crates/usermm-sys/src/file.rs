@@ -210,6 +210,26 @@ impl Pagemap {
         Ok(e >> 63 == 1)
     }
 
+    /// Whether the page at `addr` is present and maps a page of its own,
+    /// not the shared zero page (`PAGEMAP_SCAN`; Linux 6.7+).
+    pub fn present_not_zero(&self, addr: usize) -> Result<bool, Errno> {
+        let mut vec = [PageRegion::default(); 1];
+        let mut arg = PmScanArg {
+            size: std::mem::size_of::<PmScanArg>() as u64,
+            start: (addr & !4095) as u64,
+            end: ((addr & !4095) + 4096) as u64,
+            vec: vec.as_mut_ptr() as u64,
+            vec_len: 1,
+            category_mask: PAGE_IS_PRESENT,
+            return_mask: PAGE_IS_PRESENT | PAGE_IS_PFNZERO,
+            ..PmScanArg::default()
+        };
+        // SAFETY: `arg` is a valid pm_scan_arg whose `vec` points at one
+        // writable page_region entry that outlives the call.
+        let n = check_isize(unsafe { libc::ioctl(self.0.as_raw_fd(), PAGEMAP_SCAN, &mut arg) as isize })?;
+        Ok(n == 1 && vec[0].categories & PAGE_IS_PFNZERO == 0)
+    }
+
     /// The page ranges of `[addr, addr+len)` whose page-table entry maps
     /// the shared zero page (`PAGEMAP_SCAN`, `PAGE_IS_PFNZERO`; Linux 6.7+).
     /// `Err` where the kernel has no `PAGEMAP_SCAN`.
@@ -247,6 +267,7 @@ impl Pagemap {
 /// `PAGEMAP_SCAN` (`_IOWR('f', 16, struct pm_scan_arg)`) and its categories,
 /// from the kernel's uapi `linux/fs.h` (newer than this system's headers).
 const PAGEMAP_SCAN: libc::c_ulong = 0xC060_6610;
+const PAGE_IS_PRESENT: u64 = 1 << 3;
 const PAGE_IS_PFNZERO: u64 = 1 << 5;
 
 #[repr(C)]

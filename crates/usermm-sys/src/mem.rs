@@ -90,6 +90,49 @@ pub fn mlock2(addr: usize, len: usize, flags: u32) -> Result<(), Errno> {
     Ok(())
 }
 
+/// Flushes every CPU's pending LRU batches in the host
+/// (`lru_add_drain_all`), by asking `move_pages` to move the page at `addr`
+/// (one of ours, resident) to the node it is already on: page migration
+/// drains all batches first. Pages created on another CPU wait in that CPU's
+/// batch, invisible to reclaim, until then.
+pub fn lru_drain_all(addr: usize) -> Result<(), Errno> {
+    let pages = [addr as *mut libc::c_void];
+    let mut status: libc::c_int = -1;
+    // SAFETY: one page pointer, a NULL node list (query only), one status
+    // slot; the kernel only reads `pages` and writes `status`.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            0,
+            1usize,
+            pages.as_ptr(),
+            std::ptr::null::<libc::c_int>(),
+            &mut status as *mut libc::c_int,
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(last_errno());
+    }
+    let node: libc::c_int = status.max(0);
+    // SAFETY: as above, with one target node that outlives the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_pages,
+            0,
+            1usize,
+            pages.as_ptr(),
+            &node as *const libc::c_int,
+            &mut status as *mut libc::c_int,
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(last_errno());
+    }
+    Ok(())
+}
+
 /// `munlock` on memory owned by a space.
 pub fn munlock(addr: usize, len: usize) -> Result<(), Errno> {
     // SAFETY: unlocking has no memory-safety effect.

@@ -119,6 +119,9 @@ pub struct Stats {
     pub writebacks: u64,
     pub lazyfree_discards: u64,
     pub volatile_purges: u64,
+    /// Of `volatile_purges`, the pages the host kernel purged (Rust API
+    /// only; not in `struct umm_stats`).
+    pub host_purges: u64,
     pub evictions: u64,
     pub oom_sigbus: u64,
     pub write_lock_hold_ns_max: u64,
@@ -393,6 +396,7 @@ impl Space {
             writebacks: c.writebacks,
             lazyfree_discards: c.lazyfree_discards,
             volatile_purges: c.volatile_purges,
+            host_purges: c.host_purges,
             evictions: c.evictions,
             oom_sigbus: c.oom_sigbus,
             write_lock_hold_ns_max: self.inner.write_hold_ns_max.load(std::sync::atomic::Ordering::Relaxed),
@@ -447,6 +451,16 @@ impl Space {
     pub fn inject_swap_errors(&self, reads: u32, writes: u32) {
         self.inner.inject_read_errors.store(reads, std::sync::atomic::Ordering::SeqCst);
         self.inner.inject_write_errors.store(writes, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Test hook: the host kernel reclaims the space's staging area now, as
+    /// its own memory pressure would: parked volatile pages (and lazily
+    /// freed ones) that are clean are discarded by the host. Returns whether
+    /// host discards are on for this space (`false`: no userfaultfd
+    /// write-protect or no `PAGEMAP_SCAN`, so nothing is handed to the host).
+    pub fn host_reclaim(&self) -> bool {
+        self.inner.host_reclaim_staging();
+        self.inner.host_lazyfree
     }
 
     /// Test hook: the whole swap file's contents (to check what reached disk).

@@ -173,6 +173,7 @@ impl Inner {
         let host_lazyfree = arena.host_lazyfree() && ps == 4096 && !user_mode_only;
         let mut core = core;
         core.set_host_lazyfree(host_lazyfree);
+        core.set_purge_volatile_first(cfg.flags & UMM_F_PURGE_VOLATILE_FIRST != 0);
         if cfg.lazyfree_max_bytes != 0 {
             core.set_lazyfree_max((cfg.lazyfree_max_bytes / ps) as u64);
         }
@@ -487,7 +488,12 @@ impl Inner {
                 }
                 FaultPlan::Reactivate { .. } => {
                     drop(c);
-                    let n = self.fill_io(&plan, write);
+                    let Some(n) = self.reactivate_io(&plan) else {
+                        // The host purged the parked volatile page: plan
+                        // again (a SIGBUS, as for any purged page).
+                        c = lock(&self.core);
+                        continue;
+                    };
                     drop(self.commit_fill(&plan, n));
                     let _ = self.uffd.wake(page_addr, self.page_size);
                     return;
@@ -505,8 +511,32 @@ impl Inner {
             FaultPlan::ZeroFill { run } => self.zero_map(run),
             FaultPlan::FileRead { run, file, file_page } => self.file_in(run, file, file_page).unwrap_or(0),
             FaultPlan::SwapIn { run, slot } => self.swap_in(run, slot),
-            FaultPlan::Reactivate { page, slot, how } => u64::from(self.reactivate(page, slot, how)),
+            // (Checked reactivations go through `reactivate_io`, which also
+            // commits a loss.)
+            FaultPlan::Reactivate { page, slot, how, checked: false } => u64::from(self.reactivate(page, slot, how)),
             _ => 0,
+        }
+    }
+
+    /// A reactivation's I/O: `Some(pages installed)`, or `None` when a
+    /// checked reactivation found that the host discarded the parked page
+    /// (the loss is committed: the page is purged).
+    fn reactivate_io(&self, plan: &FaultPlan) -> Option<u64> {
+        let FaultPlan::Reactivate { page, slot, checked, .. } = *plan else { return Some(0) };
+        if !checked {
+            return Some(self.fill_io(plan, false));
+        }
+        let dst = self.addr(page);
+        let r = with_bounce(self.page_size, |b| self.arena.slot_to_page_checked(&self.uffd, slot, dst, b));
+        match r {
+            Some(Ok(true)) => Some(1),
+            Some(Ok(false)) => {
+                let mut c = lock(&self.core);
+                c.reactivate_lost(plan);
+                self.settled.notify_all();
+                None
+            }
+            _ => Some(0),
         }
     }
 
@@ -842,6 +872,19 @@ impl Inner {
             }
             i = j;
         }
+        // Parked volatile pages may be purged by the host under its own
+        // pressure (found out when they are mapped back). Before the commit,
+        // while the slots are surely still theirs. (The host only takes
+        // pages on its LRU lists: a page still in a CPU's batch would stay
+        // unpurgeable, so flush the batches first.)
+        if ds.iter().zip(&oks).any(|(d, ok)| *ok && d.host_free) {
+            self.arena.drain_host_lru();
+        }
+        for (d, ok) in ds.iter().zip(&oks) {
+            if *ok && d.host_free {
+                let _ = self.arena.host_free_slot(d.slot);
+            }
+        }
         let mut c = lock(&self.core);
         for (d, ok) in ds.iter().zip(&oks) {
             c.deactivate_done(d, *ok);
@@ -925,16 +968,37 @@ impl Inner {
     /// `mvolatile`.
     pub fn mvolatile(&self, addr: usize, len: usize) -> Result<(), Errno> {
         let _mm = self.read_mm();
-        lock(&self.core).mvolatile(addr as u64, len as u64)
+        let mut c = lock(&self.core);
+        let (parked, res) = c.mvolatile(addr as u64, len as u64);
+        // Under the core lock: no parked page can be mapped back (and its
+        // slot reused) meanwhile.
+        if !parked.is_empty() {
+            self.arena.drain_host_lru();
+        }
+        for slot in parked {
+            let _ = self.arena.host_free_slot(slot);
+        }
+        res
     }
 
     /// `mnovolatile`: returns the purged pages (in address order) and the
     /// call's result.
     pub fn mnovolatile(&self, addr: usize, len: usize) -> Result<(Vec<usize>, Result<(), Errno>), Errno> {
-        let _mm = self.read_mm();
+        let mut mm = self.read_mm();
         let mut c = lock(&self.core);
         let (nv, res) = loop {
             match c.mnovolatile(addr as u64, len as u64) {
+                Ok((nv, _)) if !nv.reactivate.is_empty() => {
+                    // Parked pages the host may have purged: map them back
+                    // (which finds out), then decide again.
+                    drop(c);
+                    drop(mm);
+                    for p in nv.reactivate {
+                        self.resolve(self.addr(p), false, None);
+                    }
+                    mm = self.read_mm();
+                    c = lock(&self.core);
+                }
                 Ok(r) => break r,
                 Err(Some(e)) => return Err(e),
                 Err(None) => c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner()),
@@ -952,6 +1016,12 @@ impl Inner {
             i = j;
         }
         Ok((nv.purged.iter().map(|&p| self.addr(p)).collect(), res))
+    }
+
+    /// Test hook: the host kernel reclaims the staging area as its memory
+    /// pressure would (clean lazily freed slots are discarded).
+    pub fn host_reclaim_staging(&self) {
+        self.arena.host_reclaim_staging();
     }
 
     /// Writes the evictions to swap (runs of consecutive slots in one call),
@@ -1511,6 +1581,18 @@ impl Inner {
                     FaultPlan::Wake | FaultPlan::SegvUnmapping => {
                         // The region went away under us (a concurrent munmap).
                         return (populated, Err(Errno::ENOMEM));
+                    }
+                    FaultPlan::Reactivate { checked: true, page, .. } => {
+                        drop(c);
+                        // `None`: the host purged the parked page; the loop
+                        // plans again and finds it purged.
+                        if let Some(n) = self.reactivate_io(&plan) {
+                            drop(self.commit_fill(&plan, n));
+                            let _ = self.uffd.wake(self.addr(page), self.page_size);
+                            if n == 0 {
+                                return (populated, Err(Errno::EFAULT));
+                            }
+                        }
                     }
                     FaultPlan::ZeroFill { .. }
                     | FaultPlan::FileRead { .. }

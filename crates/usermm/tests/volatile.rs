@@ -170,6 +170,7 @@ fn sigbus_with_exact_address_and_handler_regenerates_from_several_threads() {
 fn mnovolatile_races_reclaim_without_losing_a_page_reported_intact() {
     let s = space(8, 256);
     let a = anon(&s, 128 * CHUNK);
+    let host = host_discards_on(&s);
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|sc| {
         let stop = &stop;
@@ -179,10 +180,18 @@ fn mnovolatile_races_reclaim_without_losing_a_page_reported_intact() {
                 pressure(s, 16 << 20);
             }
         });
-        // At least 40 rounds, and on until reclaim really purged during the
-        // race (at most 1000 rounds).
+        // And the host kernel's reclaim, purging parked volatile pages.
+        sc.spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                s.host_reclaim();
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        });
+        // At least 40 rounds, and on until both usermm's reclaim and the
+        // host's really purged during the race (at most 1000 rounds).
         for round in 0..1000u32 {
-            if round >= 40 && s.stats().volatile_purges > 0 {
+            let st = s.stats();
+            if round >= 40 && st.volatile_purges > st.host_purges && (st.host_purges > 0 || !host) {
                 break;
             }
             let v = (round as u8).wrapping_mul(7) | 1;
@@ -209,7 +218,185 @@ fn mnovolatile_races_reclaim_without_losing_a_page_reported_intact() {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
     let st = s.stats();
-    assert!(st.volatile_purges > 0, "the race must really purge: {st:?}");
-    eprintln!("volatile race: {} purges, {} swapouts", st.volatile_purges, st.swapouts);
+    assert!(st.volatile_purges > st.host_purges, "usermm's reclaim must really purge: {st:?}");
+    assert!(st.host_purges > 0 || !host, "the host must really purge: {st:?}");
+    eprintln!(
+        "volatile race: {} purges ({} by the host), {} swapouts",
+        st.volatile_purges, st.host_purges, st.swapouts
+    );
     s.validate();
+}
+
+/// Parks pages `[from, to)` of `a` (MADV_COLD): a parked volatile page is
+/// handed to the host, which may discard it under its own pressure.
+fn park(s: &Space, a: usize, from: usize, to: usize) {
+    s.madvise(a + from * PS, (to - from) * PS, MADV_COLD).unwrap();
+    let mut st = vec![0u32; to - from];
+    s.page_state(a + from * PS, to - from, &mut st).unwrap();
+    assert!(st.iter().all(|b| b & UMM_PAGE_RESIDENT != 0), "parked pages still count as resident: {st:?}");
+}
+
+fn host_discards_on(s: &Space) -> bool {
+    let on = s.host_reclaim();
+    if !on {
+        eprintln!(
+            "\n*** NOT RUN: host discards are off in this space (no userfaultfd write-protect or PAGEMAP_SCAN, \
+             e.g. user-mode-only userfaultfd): the host kernel cannot purge volatile pages here ***\n"
+        );
+    }
+    on
+}
+
+#[test]
+fn host_kernel_purges_are_reported_exactly() {
+    let s = space(64, 64);
+    if !host_discards_on(&s) {
+        return;
+    }
+    let n = 64;
+    let a = anon(&s, n * PS);
+    for p in 0..n {
+        poke(a + p * PS, p as u8 + 1);
+    }
+    s.mvolatile(a, n * PS).unwrap();
+    // Parked: 0..32 and 48..64; of those, 48..56 are touched again (mapped
+    // back while intact, so no longer the host's to discard).
+    park(&s, a, 0, 32);
+    park(&s, a, 48, 64);
+    for p in 48..56 {
+        assert_eq!(peek(a + p * PS), p as u8 + 1, "page {p} mapped back intact");
+    }
+    let before = s.stats();
+    // The host's reclaim discards the clean parked pages: 0..32 and 56..64.
+    s.host_reclaim();
+    let (purged, rep) = s.mnovolatile(a, n * PS).unwrap();
+    let lost: Vec<usize> = (0..32).chain(56..64).collect();
+    assert!(purged);
+    assert_eq!(rep.purged_pages, lost.len(), "{rep:?}");
+    assert_eq!(rep.first_purged, a);
+    for p in 0..n {
+        let bit = rep.bitmap[p / 64] >> (p % 64) & 1 == 1;
+        assert_eq!(bit, lost.contains(&p), "page {p}: reported purged={bit}");
+        let want = if lost.contains(&p) { 0 } else { p as u8 + 1 };
+        assert_eq!(peek(a + p * PS), want, "page {p} reads back");
+    }
+    let after = s.stats();
+    assert_eq!(after.volatile_purges - before.volatile_purges, lost.len() as u64);
+    assert_eq!(after.host_purges - before.host_purges, lost.len() as u64);
+    assert_eq!(after.volatile_pages, 0);
+    s.validate();
+}
+
+#[test]
+fn pages_mapped_back_by_mnovolatile_are_safe_from_the_host() {
+    let s = space(64, 64);
+    if !host_discards_on(&s) {
+        return;
+    }
+    let n = 32;
+    let a = anon(&s, n * PS);
+    for p in 0..n {
+        poke(a + p * PS, 0x40 + p as u8);
+    }
+    s.mvolatile(a, n * PS).unwrap();
+    park(&s, a, 0, n);
+    let (purged, _) = s.mnovolatile(a, n * PS).unwrap();
+    assert!(!purged, "nothing was discarded before mnovolatile");
+    // Non-volatile now: the host's reclaim must not take anything.
+    s.host_reclaim();
+    park(&s, a, 0, n);
+    s.host_reclaim();
+    for p in 0..n {
+        assert_eq!(peek(a + p * PS), 0x40 + p as u8, "page {p} kept");
+    }
+    assert_eq!(s.stats().host_purges, 0);
+    s.validate();
+}
+
+static HOST_SPACE: OnceLock<Space> = OnceLock::new();
+
+fn regenerate_host_purged(addr: usize) {
+    let s = HOST_SPACE.get().unwrap();
+    let page = addr & !(PS - 1);
+    let (purged, _) = s.mnovolatile(page, PS).unwrap();
+    assert!(purged);
+    poke(page, 0x5a);
+}
+
+#[test]
+fn touching_a_page_the_host_purged_raises_sigbus_at_the_address() {
+    let s = HOST_SPACE.get_or_init(|| space(64, 64));
+    if !host_discards_on(s) {
+        return;
+    }
+    let n = 16;
+    let a = anon(s, n * PS);
+    for p in 0..n {
+        poke(a + p * PS, 7);
+    }
+    s.mvolatile(a, n * PS).unwrap();
+    park(s, a, 0, n);
+    s.host_reclaim();
+    let rec = SigbusRecorder::install_with(a, a + n * PS, regenerate_host_purged).unwrap();
+    std::thread::scope(|sc| {
+        for p in [1usize, 5, 9, 13] {
+            sc.spawn(move || {
+                // SIGBUS first (si_addr = this address), then the handler
+                // regenerates and the retried read sees its data.
+                assert_eq!(peek(a + p * PS), 0x5a);
+            });
+        }
+    });
+    let r = rec.record();
+    drop(rec);
+    assert_eq!(r.count, 4, "one SIGBUS per touching thread");
+    assert_eq!(r.code, 2, "BUS_ADRERR");
+    assert!([1usize, 5, 9, 13].iter().any(|&p| r.addr == a + p * PS), "si_addr {:#x}", r.addr);
+    // The untouched ones are still volatile and purged: reported as such.
+    let (purged, rep) = s.mnovolatile(a, n * PS).unwrap();
+    assert!(purged);
+    assert_eq!(rep.purged_pages, 12, "{rep:?}");
+    s.validate();
+}
+
+/// Writes `old` (non-volatile, written first, so the oldest on the LRU) and
+/// `vol` (volatile), then presses the budget; returns how many pages of
+/// `old` were swapped and how many of `vol` purged.
+fn pressure_order(flags: u32) -> (usize, usize) {
+    let s = Space::open(&Config { budget_bytes: 4 << 20, swap_bytes: 64 << 20, flags, ..Config::default() }).unwrap();
+    let n = 384;
+    let old = anon(&s, n * PS);
+    let vol = anon(&s, n * PS);
+    for p in 0..n {
+        poke(old + p * PS, 1);
+    }
+    for p in 0..n {
+        poke(vol + p * PS, 2);
+    }
+    s.mvolatile(vol, n * PS).unwrap();
+    let mut more = s.map_anon(384 * PS).unwrap();
+    for c in more.chunks_mut(PS) {
+        c[0] = 3;
+    }
+    let mut st = vec![0u32; n];
+    s.page_state(old, n, &mut st).unwrap();
+    let swapped = st.iter().filter(|b| *b & UMM_PAGE_SWAPPED != 0).count();
+    s.page_state(vol, n, &mut st).unwrap();
+    let purged = st.iter().filter(|b| *b & UMM_PAGE_PURGED != 0).count();
+    for p in 0..n {
+        assert_eq!(peek(old + p * PS), 1, "old page {p} kept its data");
+    }
+    s.validate();
+    (swapped, purged)
+}
+
+#[test]
+fn purge_volatile_first_option_purges_before_anything_is_swapped() {
+    let (swapped, purged) = pressure_order(UMM_F_PURGE_VOLATILE_FIRST);
+    assert!(purged >= 128, "pressure must purge volatile pages: {purged}");
+    assert_eq!(swapped, 0, "with the option, no page is swapped while volatile pages remain ({purged} purged)");
+    // Without it, volatile pages age like the others: the older ordinary
+    // pages are swapped first.
+    let (swapped, purged) = pressure_order(0);
+    assert!(swapped > 0, "without the option the oldest pages are swapped first ({purged} purged)");
 }
