@@ -59,7 +59,7 @@ const EXPERIMENTS: [ExpDef; 8] = [
     },
     ExpDef {
         name: "populate",
-        about: "seed 004: prefault a fresh region (read/write loops, MADV_POPULATE_*, MAP_POPULATE), ns per page",
+        about: "seed 004: prefault a fresh anonymous or file region (read/write loops, MADV_POPULATE_*, MAP_POPULATE), ns per page",
         params: populate::params,
         run: populate::run,
     },

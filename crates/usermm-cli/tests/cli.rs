@@ -317,6 +317,7 @@ fn help_lists_every_experiment_and_parameter() {
         "--sizes-mib",
         "--run-ms",
         "--rounds",
+        "--file-warmup",
     ] {
         assert!(h.contains(w), "--help lacks {w}:\n{h}");
     }
@@ -361,7 +362,7 @@ fn value(rows: &[(String, String, String, f64)], sys: &str, variant: &str, metri
 fn bench_populate_writes_results() {
     let rows = bench_rows("populate", &["populate", "--sizes-mib=2", "--runs=2", "--warmup=0"]);
     for sys in ["kernel", "usermm"] {
-        for kind in ["private", "shared"] {
+        for kind in ["private", "shared", "file-shared", "file-private"] {
             for m in ["read", "write", "read-write", "populate-read", "populate-write", "map-populate"] {
                 assert!(value(&rows, sys, &format!("2MiB-{kind}-{m}"), "ns_per_page") > 0.0);
             }

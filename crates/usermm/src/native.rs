@@ -1654,17 +1654,17 @@ fn with_bounce<R>(len: usize, f: impl FnOnce(&Bounce) -> R) -> Option<R> {
     })
 }
 
-/// Handler threads when the configuration says 0. One spinning handler
-/// serves a single faulting thread fastest (measured on 2 vCPUs: 13–16 µs a
-/// fault against 18–21 µs for two pinned handlers, which race each other
-/// for every message); more help when many threads fault at once and swap-in
-/// I/O waits.
 /// Whether page `p` is an untouched page of a region of `file`: where a
 /// streaming read of that file goes on.
 fn file_continues(c: &Core, p: PageIdx, file: u32) -> bool {
     c.region_at(p).is_some_and(|r| r.file() == Some(file)) && c.page(p) == usermm_core::page::PageMeta::default()
 }
 
+/// Handler threads when the configuration says 0. One spinning handler
+/// serves a single faulting thread fastest (measured on 2 vCPUs: 13–16 µs a
+/// fault against 18–21 µs for two pinned handlers, which race each other
+/// for every message); more help when many threads fault at once and swap-in
+/// I/O waits.
 fn default_fault_threads() -> usize {
     match usermm_sys::ncpus() {
         0..=2 => 1,
