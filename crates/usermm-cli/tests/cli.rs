@@ -470,7 +470,14 @@ fn bench_lockonfault_writes_results() {
             assert!(value(&rows, sys, v, "processing") > 0.0, "{sys} {v}");
             let locked = value(&rows, sys, v, "locked_pages");
             let resident = value(&rows, sys, v, "resident_pages");
-            assert!(locked <= resident && resident <= pages, "{sys} {v}: {locked} locked, {resident} resident");
+            // The kernel's figures are changes of the whole process's
+            // Rss/Locked (smaps_rollup): allow a few pages of the process's
+            // own allocations beside the mapping.
+            let slack = if sys == "kernel" { 16.0 } else { 0.0 };
+            assert!(
+                locked <= resident + slack && resident <= pages + slack,
+                "{sys} {v}: {locked} locked, {resident} resident"
+            );
             if !v.starts_with("plain") {
                 assert!(locked > 0.0, "{sys} {v} locked nothing");
             }
