@@ -400,3 +400,44 @@ fn purge_volatile_first_option_purges_before_anything_is_swapped() {
     let (swapped, purged) = pressure_order(0);
     assert!(swapped > 0, "without the option the oldest pages are swapped first ({purged} purged)");
 }
+
+/// A volatile page of a file region: a purge drops usermm's copy and writes
+/// nothing back; the file keeps its data, and once the range is made
+/// non-volatile a purged page reads the file again (for a shared region,
+/// what the file holds; for a private one, the file, not the private copy).
+#[test]
+fn volatile_file_pages_are_dropped_and_read_back_from_the_file() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    for shared in [true, false] {
+        let s = space(4, 64);
+        let n = 64;
+        let path = std::env::temp_dir().join(format!("usermm-test-{}-volatile-file-{shared}", std::process::id()));
+        let mut f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        f.write_all(&vec![1u8; n * PS]).unwrap();
+        f.sync_all().unwrap();
+        let kind = if shared { MAP_SHARED } else { MAP_PRIVATE };
+        let a = s.mmap(0, n * PS, PROT_READ | PROT_WRITE, kind, f.as_raw_fd(), 0).unwrap();
+        for p in 0..n {
+            poke(a + p * PS, 2);
+        }
+        s.mvolatile(a, n * PS).unwrap();
+        pressure(&s, 32 << 20);
+        let (purged, rep) = s.mnovolatile(a, n * PS).unwrap();
+        assert!(purged && rep.purged_pages > 0, "pressure purged file pages ({shared}): {rep:?}");
+        for p in 0..n {
+            let bit = rep.bitmap[p / 64] >> (p % 64) & 1 == 1;
+            assert_eq!(peek(a + p * PS), if bit { 1 } else { 2 }, "shared={shared} page {p} purged={bit}");
+        }
+        s.munmap(a, n * PS).unwrap();
+        let mut c = Vec::new();
+        std::fs::File::open(&path).unwrap().read_to_end(&mut c).unwrap();
+        for p in 0..n {
+            let bit = rep.bitmap[p / 64] >> (p % 64) & 1 == 1;
+            let want = if shared && !bit { 2 } else { 1 };
+            assert_eq!(c[p * PS], want, "shared={shared}: file page {p} (purged={bit})");
+        }
+        let _ = std::fs::remove_file(&path);
+        s.validate();
+    }
+}
