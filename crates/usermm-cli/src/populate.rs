@@ -32,7 +32,7 @@ use usermm::consts::{
     PROT_WRITE, UMM_F_KEEP_FILE_CACHE,
 };
 use usermm::{Config, Space};
-use usermm_sys::host::{page_cache_layout, HostFileRwMap, HostMap};
+use usermm_sys::host::{page_cache_layout, HostFileMap, HostMap};
 use usermm_sys::kernel::{peek, poke};
 use usermm_sys::now_ns;
 
@@ -250,7 +250,7 @@ impl Drop for TestFile {
 /// A kernel mapping of either kind.
 enum KernelMap {
     Anon(HostMap),
-    File(HostFileRwMap),
+    File(HostFileMap),
 }
 
 impl KernelMap {
@@ -281,7 +281,7 @@ fn kernel_one(size: usize, kind: MapKind, method: &str, file: Option<&TestFile>)
     let m = match (kind, file) {
         (MapKind::Private, _) => HostMap::anon(size, extra).map(KernelMap::Anon),
         (MapKind::Shared, _) => HostMap::shared_anon(size, extra).map(KernelMap::Anon),
-        (_, Some(f)) => HostFileRwMap::open(&f.file, size, kind.shared(), extra).map(KernelMap::File),
+        (_, Some(f)) => HostFileMap::open_rw(&f.file, size, kind.shared(), extra).map(KernelMap::File),
         (_, None) => return Err("populate: a file kind without its test file".into()),
     };
     let mut m = m.map_err(|e| format!("kernel mmap: {e:?}"))?;

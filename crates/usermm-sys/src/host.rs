@@ -28,9 +28,6 @@
 //!   seed's mlock variants and its SIGSEGV + `mprotect`/`mlock` batch
 //!   handler) and the check of how the host page cache holds the file
 //!   (4 KiB pages or large folios).
-//! - [`HostFileRwMap`]: a read-write shared or private file mapping (plain
-//!   `mmap`, optionally `MAP_POPULATE`) with `MADV_POPULATE_*`: the `populate`
-//!   experiment's kernel rows for file regions.
 //!
 //! # Fault model
 //! Every call can fail with the errno the kernel gives; nothing here panics
@@ -284,10 +281,13 @@ pub fn disk_write_bandwidth(dir: &str, bytes: u64, chunk: usize) -> Result<DiskW
     Ok(DiskWrite { bytes: written, ns, direct })
 }
 
-/// A read-only shared mapping of a file (`PROT_READ`, `MAP_SHARED`) at a
-/// kernel-chosen address: the `kernel-mmap` baseline of the `outofcore`
-/// experiment. It hands out no slice (the file could change under a
-/// reference); reads are volatile 8-byte loads through [`HostFileMap::read_u64`].
+/// A mapping of a file at a kernel-chosen address: read-only and shared
+/// (`open`, `open_prot`: the `kernel-mmap` baseline of the `outofcore` and
+/// `lockonfault` experiments) or read-write, shared or private (`open_rw`:
+/// the `populate` experiment's kernel rows for file regions). It hands out
+/// no slice (the file could change under a reference); it is read and
+/// written only by volatile loads and stores ([`HostFileMap::read_u64`],
+/// [`crate::kernel::peek`] / [`crate::kernel::poke`] at its addresses).
 /// Invariant: `[addr, addr+len)` is that mapping for as long as the
 /// `HostFileMap` lives, and nothing else unmaps it.
 pub struct HostFileMap {
@@ -301,6 +301,37 @@ impl HostFileMap {
     /// lives (a read past its end raises SIGBUS, as for any file mapping).
     pub fn open(file: &std::fs::File, len: usize) -> Result<HostFileMap, Errno> {
         HostFileMap::open_prot(file, len, libc::PROT_READ)
+    }
+
+    /// Maps the first `len` bytes (`len > 0`) of `file` readable and
+    /// writable, `MAP_SHARED` if `shared` (the file must be open for
+    /// writing) else `MAP_PRIVATE` (copy on write); `extra_flags` may hold
+    /// only `MAP_POPULATE` and `MAP_NORESERVE` (anything else is `EINVAL`,
+    /// so that the mapping stays a fresh one at a kernel-chosen address).
+    /// The caller keeps the file at least `len` bytes long while the mapping
+    /// lives (a touch past its end raises SIGBUS, as for any file mapping).
+    pub fn open_rw(file: &std::fs::File, len: usize, shared: bool, extra_flags: i32) -> Result<HostFileMap, Errno> {
+        if len == 0 || extra_flags & !(libc::MAP_POPULATE | libc::MAP_NORESERVE) != 0 {
+            return Err(Errno::EINVAL);
+        }
+        let kind = if shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
+        // SAFETY: a fresh file mapping at a kernel-chosen address (no
+        // MAP_FIXED) touches no existing memory; the descriptor is borrowed
+        // for the call only (the mapping keeps its own reference).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                kind | extra_flags,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(last_errno());
+        }
+        Ok(HostFileMap { addr: p as usize, len })
     }
 
     pub fn addr(&self) -> usize {
@@ -323,91 +354,6 @@ impl HostFileMap {
         // SAFETY: the 8 bytes lie inside our readable mapping (checked
         // above; the invariant keeps it mapped); no reference is created.
         u64::from_le_bytes(unsafe { std::ptr::read_volatile((self.addr + off) as *const [u8; 8]) })
-    }
-
-    /// `madvise` on the whole mapping, for the access-pattern hints only
-    /// (`MADV_NORMAL`, `MADV_RANDOM`, `MADV_SEQUENTIAL`, `MADV_WILLNEED`);
-    /// other advice is refused with `EINVAL`.
-    pub fn madvise(&self, advice: i32) -> Result<(), Errno> {
-        if !matches!(advice, libc::MADV_NORMAL | libc::MADV_RANDOM | libc::MADV_SEQUENTIAL | libc::MADV_WILLNEED) {
-            return Err(Errno::EINVAL);
-        }
-        // SAFETY: the range is our own mapping and the advice is a hint that
-        // changes neither its contents nor its extent.
-        check(unsafe { libc::madvise(self.addr as *mut libc::c_void, self.len, advice) }).map(|_| ())
-    }
-
-    /// Unmaps now and reports the result.
-    pub fn unmap(self) -> Result<(), Errno> {
-        let (addr, len) = (self.addr, self.len);
-        std::mem::forget(self);
-        // SAFETY: `self` is consumed; no reference into the mapping exists.
-        check(unsafe { libc::munmap(addr as *mut libc::c_void, len) }).map(|_| ())
-    }
-}
-
-impl Drop for HostFileMap {
-    fn drop(&mut self) {
-        // SAFETY: `self` is being dropped; no reference into the mapping exists.
-        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
-    }
-}
-
-/// A read-write mapping of a file (`PROT_READ | PROT_WRITE`, `MAP_SHARED` or
-/// `MAP_PRIVATE`) at a kernel-chosen address: the kernel rows of the
-/// `populate` experiment's file kinds. Like [`HostFileMap`] it hands out no
-/// slice (a shared mapping's bytes can change under a reference, through the
-/// file); its memory is touched only by volatile loads and stores at
-/// addresses ([`crate::kernel::peek`] / [`crate::kernel::poke`]).
-/// Invariant: `[addr, addr+len)` is that mapping for as long as the
-/// `HostFileRwMap` lives, and nothing else unmaps it.
-pub struct HostFileRwMap {
-    addr: usize,
-    len: usize,
-}
-
-impl HostFileRwMap {
-    /// Maps the first `len` bytes (`len > 0`) of `file` readable and
-    /// writable, `MAP_SHARED` if `shared` (the file must be open for
-    /// writing) else `MAP_PRIVATE` (copy on write); `extra_flags` may hold
-    /// only `MAP_POPULATE` and `MAP_NORESERVE` (anything else is `EINVAL`,
-    /// so that the mapping stays a fresh one at a kernel-chosen address).
-    /// The caller keeps the file at least `len` bytes long while the mapping
-    /// lives (a touch past its end raises SIGBUS, as for any file mapping).
-    pub fn open(file: &std::fs::File, len: usize, shared: bool, extra_flags: i32) -> Result<HostFileRwMap, Errno> {
-        if len == 0 || extra_flags & !(libc::MAP_POPULATE | libc::MAP_NORESERVE) != 0 {
-            return Err(Errno::EINVAL);
-        }
-        let kind = if shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE };
-        // SAFETY: a fresh file mapping at a kernel-chosen address (no
-        // MAP_FIXED) touches no existing memory; the descriptor is borrowed
-        // for the call only (the mapping keeps its own reference).
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                kind | extra_flags,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(last_errno());
-        }
-        Ok(HostFileRwMap { addr: p as usize, len })
-    }
-
-    pub fn addr(&self) -> usize {
-        self.addr
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// `madvise` on the whole mapping, for the access-pattern hints
@@ -443,7 +389,7 @@ impl HostFileRwMap {
     }
 }
 
-impl Drop for HostFileRwMap {
+impl Drop for HostFileMap {
     fn drop(&mut self) {
         // SAFETY: `self` is being dropped; no reference into the mapping exists.
         unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
