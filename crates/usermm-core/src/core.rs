@@ -2235,6 +2235,13 @@ impl Core {
         busy
     }
 
+    /// How many pages of `r` are marked volatile (purged ones included).
+    pub fn volatile_in(&self, r: PageRange) -> u64 {
+        let mut n = 0;
+        self.pages.for_each_live(r, |_, m| n += u64::from(m.has(pf::VOLATILE)));
+        n
+    }
+
     /// Whether any page of `r` is volatile (mlock refuses them).
     pub fn any_volatile(&self, r: PageRange) -> bool {
         let mut v = false;

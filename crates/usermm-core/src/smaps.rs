@@ -75,6 +75,14 @@ pub fn format_region(
     kv("Swap", swap * kb);
     kv("SwapPss", swap * kb);
     kv("Locked", locked);
+    // usermm's own line (Linux has no volatile ranges), only where the
+    // region has volatile pages, so that other regions read exactly as
+    // Linux's: the pages marked volatile, purged ones included (as
+    // `umm_stats.volatile_pages`).
+    let volatile = core.volatile_in(reg.range);
+    if volatile > 0 {
+        kv("Volatile", volatile * kb);
+    }
     let _ = writeln!(out, "THPeligible:    0");
     let _ = writeln!(out, "ProtectionKey:   0");
     let mut flags = String::new();
@@ -101,6 +109,9 @@ pub fn format_region(
             flags.push_str(f);
             flags.push(' ');
         }
+    }
+    if volatile > 0 {
+        flags.push_str("vo ");
     }
     flags.push_str(extra_flags);
     let _ = writeln!(out, "VmFlags: {flags}");

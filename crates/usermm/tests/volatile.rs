@@ -441,3 +441,34 @@ fn volatile_file_pages_are_dropped_and_read_back_from_the_file() {
         s.validate();
     }
 }
+
+/// Private and shared anonymous regions alike: smaps shows the volatile
+/// pages (`Volatile:` and the VmFlag `vo`, only while there are some),
+/// reclaim purges them, the report is exact and purged pages read zeros.
+#[test]
+fn anonymous_private_and_shared_regions_and_smaps() {
+    for shared in [false, true] {
+        let s = space(4, 64);
+        let n = 64;
+        let kind = if shared { MAP_SHARED } else { MAP_PRIVATE };
+        let a = s.mmap(0, n * PS, PROT_READ | PROT_WRITE, kind | MAP_ANONYMOUS, -1, 0).unwrap();
+        for p in 0..n {
+            poke(a + p * PS, 5);
+        }
+        assert!(!s.smaps().contains("Volatile:"), "no volatile line before mvolatile");
+        s.mvolatile(a, n * PS).unwrap();
+        let smaps = s.smaps();
+        assert!(smaps.contains(&format!("Volatile:       {:>8} kB", n * 4)), "shared={shared}:\n{smaps}");
+        assert!(smaps.lines().any(|l| l.starts_with("VmFlags:") && l.contains(" vo ")), "{smaps}");
+        pressure(&s, 32 << 20);
+        let (purged, rep) = s.mnovolatile(a, n * PS).unwrap();
+        assert!(purged && rep.purged_pages > 0, "shared={shared}: {rep:?}");
+        for p in 0..n {
+            let bit = rep.bitmap[p / 64] >> (p % 64) & 1 == 1;
+            assert_eq!(peek(a + p * PS), if bit { 0 } else { 5 }, "shared={shared} page {p} purged={bit}");
+        }
+        let smaps = s.smaps();
+        assert!(!smaps.contains("Volatile:") && !smaps.contains(" vo "), "{smaps}");
+        s.validate();
+    }
+}
