@@ -30,6 +30,31 @@ pub const FAULT_AROUND_BYTES: u64 = 64 << 10;
 /// Regions at least this large (pages) get block fault-around on dense access.
 pub const BLOCK_MIN_REGION_PAGES: u64 = 8192;
 
+/// Spare metadata buffers the executor allocates outside the core lock and
+/// hands over with [`Core::add_spares`].
+#[derive(Default)]
+pub struct Spares {
+    pub leaves: Vec<crate::page::Leaf>,
+    pub active: Vec<crate::lru::Chunk<(PageIdx, u16)>>,
+    pub inactive: Vec<crate::lru::Chunk<(PageIdx, u16)>>,
+}
+
+impl Spares {
+    /// Allocates `(leaves, active chunks, inactive chunks)` buffers.
+    pub fn alloc((leaves, active, inactive): (usize, usize, usize)) -> Spares {
+        Spares {
+            leaves: (0..leaves).map(|_| PageTable::new_leaf()).collect(),
+            active: (0..active).map(|_| crate::lru::Fifo::alloc_chunk()).collect(),
+            inactive: (0..inactive).map(|_| crate::lru::Fifo::alloc_chunk()).collect(),
+        }
+    }
+}
+
+/// Below this many spare leaves (of 256) or chunks (of 8), the executor is
+/// asked to refill.
+const SPARES_LOW_LEAVES: usize = 192;
+const SPARES_LOW_CHUNKS: usize = 4;
+
 /// The core's configuration, in pages.
 #[derive(Clone, Debug)]
 pub struct CoreConfig {
@@ -1369,7 +1394,12 @@ impl Core {
         m.gen = m.gen.wrapping_add(1);
         self.pages.set(p, m);
         self.lru.active.push_back((p, m.gen));
-        self.maybe_compact();
+        // Zaps compact the lists (they make entries stale in bulk); a fault
+        // sweeps only as a safety net, should stale entries pile up another
+        // way, since a fault's commit must stay short.
+        if self.lru.len() > 8 * self.resident as usize + (1 << 20) {
+            self.maybe_compact(1);
+        }
     }
 
     fn push_inactive(&mut self, p: PageIdx) {
@@ -1379,23 +1409,56 @@ impl Core {
         self.lru.inactive.push_back((p, m.gen));
     }
 
-    fn maybe_compact(&mut self) {
+    /// The spare metadata buffers the core would take (see [`Spares`]).
+    pub fn spares_wanted(&self) -> (usize, usize, usize) {
+        (self.pages.spare_wanted(), self.lru.active.spare_wanted(), self.lru.inactive.spare_wanted())
+    }
+
+    /// Whether the spares ran low: a fault would soon call the allocator.
+    pub fn spares_low(&self) -> bool {
+        let (l, a, i) = self.spares_wanted();
+        l > SPARES_LOW_LEAVES || a > SPARES_LOW_CHUNKS || i > SPARES_LOW_CHUNKS
+    }
+
+    /// Takes spare metadata buffers allocated outside the core lock: a
+    /// fault's commit then never calls the allocator, whose heap growth (an
+    /// `mprotect` of a thread arena) waits for the kernel's mmap lock —
+    /// behind a concurrent `munmap`'s zap, for hundreds of microseconds.
+    pub fn add_spares(&mut self, s: Spares) {
+        self.pages.add_spare(s.leaves);
+        self.lru.active.add_spare(s.active);
+        self.lru.inactive.add_spare(s.inactive);
+    }
+
+    /// Drops stale LRU entries when they dominate, sweeping at most
+    /// `chunks` chunks of 512 entries, so that every call stays short. A
+    /// zap, which is what leaves entries stale in bulk, sweeps two chunks
+    /// for every chunk's worth it zapped.
+    fn maybe_compact(&mut self, chunks: usize) {
         let live = self.resident as usize;
-        if self.lru.len() > 2 * live + 4096 {
-            let pages = &self.pages;
-            self.lru.active.retain(|(p, g)| {
+        if self.lru.compacting == 0 && self.lru.len() > 2 * live + 4096 {
+            self.lru.compacting = 1;
+        }
+        let pages = &self.pages;
+        let lru = &mut self.lru;
+        let swept = match lru.compacting {
+            0 => return,
+            1 => lru.active.sweep(chunks, |(p, g)| {
                 let m = pages.get(*p);
                 m.gen == *g && m.state == PState::Resident
-            });
-            self.lru.inactive.retain(|(p, g)| {
+            }),
+            2 => lru.inactive.sweep(chunks, |(p, g)| {
                 let m = pages.get(*p);
                 m.gen == *g && m.state == PState::Inactive
-            });
-            self.lru.lazy.retain(|p| pages.get(*p).has(pf::LAZYFREE));
-            self.lru.volatile.retain(|p| {
+            }),
+            3 => lru.lazy.sweep(chunks, |p| pages.get(*p).has(pf::LAZYFREE)),
+            _ => lru.volatile.sweep(chunks, |p| {
                 let m = pages.get(*p);
                 m.has(pf::VOLATILE) && !m.has(pf::PURGED) && m.state.holds_frame()
-            });
+            }),
+        };
+        if swept {
+            lru.compacting = (lru.compacting + 1) % 5;
         }
     }
 
@@ -2386,6 +2449,7 @@ impl Core {
             }
             self.pages.set(p, PageMeta::default());
         }
+        self.maybe_compact(2 * c.range.pages().div_ceil(512) as usize);
         for &s in &c.staging {
             self.staging.release(s);
             self.inactive -= 1;

@@ -90,13 +90,21 @@ const LEAF_SHIFT: u32 = 9;
 const LEAF_PAGES: u64 = 1 << LEAF_SHIFT;
 const LEAF_MASK: u64 = LEAF_PAGES - 1;
 
-type Leaf = Box<[PageMeta; LEAF_PAGES as usize]>;
+pub type Leaf = Box<[PageMeta; LEAF_PAGES as usize]>;
+
+/// Emptied leaves kept for reuse, at most (1 MiB of them): a fault then
+/// finds a leaf without calling the allocator, whose heap growth (an
+/// `mprotect` of a thread arena) waits for the kernel's mmap lock — behind a
+/// concurrent `munmap`'s zap, for hundreds of microseconds.
+const SPARE_LEAVES_MAX: usize = 256;
 
 /// A sparse table of `PageMeta`, allocated 512 pages at a time.
 pub struct PageTable {
     leaves: Vec<Option<Leaf>>,
     live: Vec<u16>,
     pages: u64,
+    /// Empty leaves ready for reuse (see [`SPARE_LEAVES_MAX`]).
+    spare: Vec<Leaf>,
 }
 
 impl PageTable {
@@ -104,7 +112,28 @@ impl PageTable {
         let n = pages.div_ceil(LEAF_PAGES) as usize;
         let mut leaves = Vec::with_capacity(n);
         leaves.resize_with(n, || None);
-        PageTable { leaves, live: vec![0; n], pages }
+        PageTable { leaves, live: vec![0; n], pages, spare: Vec::new() }
+    }
+
+    /// A new, empty leaf (the executor allocates them outside its locks and
+    /// hands them over with [`PageTable::add_spare`]).
+    pub fn new_leaf() -> Leaf {
+        Box::new([PageMeta::default(); LEAF_PAGES as usize])
+    }
+
+    /// How many spare leaves the table would take to be full.
+    pub fn spare_wanted(&self) -> usize {
+        SPARE_LEAVES_MAX.saturating_sub(self.spare.len())
+    }
+
+    /// Adds empty leaves to the spare pool (beyond its size, they are freed).
+    pub fn add_spare(&mut self, leaves: Vec<Leaf>) {
+        for l in leaves {
+            debug_assert!(l.iter().all(|m| *m == PageMeta::default()));
+            if self.spare.len() < SPARE_LEAVES_MAX {
+                self.spare.push(l);
+            }
+        }
     }
 
     pub fn pages(&self) -> u64 {
@@ -133,7 +162,11 @@ impl PageTable {
                     (true, false) => {
                         self.live[l] -= 1;
                         if self.live[l] == 0 {
-                            self.leaves[l] = None;
+                            if let Some(leaf) = self.leaves[l].take() {
+                                if self.spare.len() < SPARE_LEAVES_MAX {
+                                    self.spare.push(leaf);
+                                }
+                            }
                         }
                     }
                     _ => {}
@@ -143,7 +176,7 @@ impl PageTable {
                 if m == empty {
                     return;
                 }
-                let mut leaf: Leaf = Box::new([empty; LEAF_PAGES as usize]);
+                let mut leaf: Leaf = self.spare.pop().unwrap_or_else(PageTable::new_leaf);
                 leaf[i] = m;
                 self.leaves[l] = Some(leaf);
                 self.live[l] = 1;

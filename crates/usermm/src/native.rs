@@ -581,9 +581,17 @@ impl Inner {
 
     fn after_fill(&self, c: &mut MutexGuard<'_, Core>) {
         self.settled.notify_all();
-        if c.free_frames() < self.low_watermark {
+        if c.free_frames() < self.low_watermark || c.spares_low() {
             self.reclaim_wanted.notify_one();
         }
+    }
+
+    /// Tops up the core's spare metadata buffers, allocated here with no
+    /// lock held (see `Core::add_spares`).
+    fn refill_spares(&self) {
+        let wanted = lock(&self.core).spares_wanted();
+        let spares = usermm_core::Spares::alloc(wanted);
+        lock(&self.core).add_spares(spares);
     }
 
     /// Installs zero pages on `run`; returns how many (a prefix) went in.
@@ -744,6 +752,12 @@ impl Inner {
                 loop {
                     if self.shutdown.load(Ordering::Relaxed) {
                         return;
+                    }
+                    if c.spares_low() {
+                        drop(c);
+                        self.refill_spares();
+                        c = lock(&self.core);
+                        continue;
                     }
                     let need = reclaim && (c.free_frames() < self.low_watermark || c.needs_aging());
                     if need || !lock(&self.willneed).is_empty() {
