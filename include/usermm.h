@@ -296,7 +296,9 @@ int umm_page_state(umm_space *s, const void *addr, size_t npages, uint32_t *stat
  * when not NULL (on failure too), how many bytes from addr were populated
  * and the first failing address (NULL on success). Errors as madvise:
  * EINVAL other advice or protection, ENOMEM holes/budget, EFAULT backing
- * I/O, EHWPOISON. */
+ * I/O, EHWPOISON, EINTR interrupted (Linux: a fatal signal; usermm: the
+ * space is being closed — a populate stops at a page boundary and reports
+ * exactly what it did). */
 int umm_populate(umm_space *s, void *addr, size_t len, int advice, struct umm_populate_report *out);
 
 /* Statistics (see struct umm_stats): EINVAL for NULL or out->size < 8. */

@@ -463,6 +463,14 @@ impl Space {
         self.inner.host_lazyfree
     }
 
+    /// Test hook: the next populate (`MADV_POPULATE_*`, `umm_populate`) that
+    /// reaches the page at `addr` is interrupted there with `EINTR`, as a
+    /// populate is when the space closes under it; the hook then clears.
+    pub fn interrupt_populate_at(&self, addr: usize) {
+        let p = (addr.wrapping_sub(self.inner.base) / self.inner.page_size) as u64;
+        self.inner.populate_interrupt.store(p, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Test hook: the whole swap file's contents (to check what reached disk).
     pub fn swap_contents(&self) -> Result<Vec<u8>, Errno> {
         match &self.inner.swap {

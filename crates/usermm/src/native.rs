@@ -95,6 +95,9 @@ pub(crate) struct Inner {
     pub low_watermark: u64,
     pub high_watermark: u64,
     pub inject_read_errors: AtomicU32,
+    /// Test hook: the page index at which a populate is interrupted (EINTR),
+    /// once; `u64::MAX`: none (see `Space::interrupt_populate_at`).
+    pub populate_interrupt: AtomicU64,
     pub inject_write_errors: AtomicU32,
     pub willneed: Mutex<Vec<usize>>,
     /// Files mapped by the space's regions, by id (ids start at 1).
@@ -199,6 +202,7 @@ impl Inner {
             low_watermark: low,
             high_watermark: high,
             inject_read_errors: AtomicU32::new(0),
+            populate_interrupt: AtomicU64::new(u64::MAX),
             inject_write_errors: AtomicU32::new(0),
             willneed: Mutex::new(Vec::new()),
             files: Mutex::new(std::collections::HashMap::new()),
@@ -1555,11 +1559,16 @@ impl Inner {
             let mut p = seg.start;
             let mut skipped = false;
             while p < seg.end {
-                if self.shutdown.load(Ordering::Relaxed) {
+                // Interrupted: the space is closing (or the test hook).
+                let stop = self.populate_interrupt.load(Ordering::Relaxed);
+                if self.shutdown.load(Ordering::Relaxed) || p.0 == stop {
+                    self.populate_interrupt.store(u64::MAX, Ordering::Relaxed);
                     return (populated, Err(Errno::EINTR));
                 }
+                // (A step never runs past the interruption point.)
+                let end = if stop > p.0 { PageIdx(seg.end.0.min(stop)) } else { seg.end };
                 let mut c = lock(&self.core);
-                let Some(plan) = c.populate_step(p, seg.end, write) else {
+                let Some(plan) = c.populate_step(p, end, write) else {
                     drop(c);
                     skipped = true;
                     p.0 += 1;

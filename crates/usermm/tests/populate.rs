@@ -144,3 +144,40 @@ fn swap_read_error_is_efault_with_exact_report_then_retry_works() {
     assert_eq!(s.stats().swap_read_errors, 1);
     s.validate();
 }
+
+/// `EINTR`: a populate interrupted (as one is when the space closes under it)
+/// stops at a page boundary, reports exactly what it populated, and leaves
+/// the rest for a retry. Linux returns `EINTR` only for a fatal signal,
+/// which a test cannot observe, so this one has no kernel twin.
+#[test]
+fn interrupted_populate_is_eintr_with_exact_report_then_retry_works() {
+    let s = space(64, 0);
+    let pages = 256;
+    let a = map(&s, pages * PS, PROT_READ | PROT_WRITE);
+    // Already resident pages before the interruption point are counted too.
+    s.madvise(a + 10 * PS, 5 * PS, MADV_POPULATE_WRITE).unwrap();
+
+    s.interrupt_populate_at(a + 100 * PS);
+    let (rep, r) = s.populate(a, pages * PS, MADV_POPULATE_WRITE);
+    assert_eq!(r, Err(Errno::EINTR));
+    assert_eq!(rep.populated_bytes, 100 * PS);
+    assert_eq!(rep.fail_addr, a + 100 * PS);
+    let res = resident(&s, a, pages);
+    assert!(res[..100].iter().all(|&r| r), "every page before the interruption is populated");
+    assert!(res[100..].iter().all(|&r| !r), "nothing at or after it");
+
+    // The hook fired once: the retry completes the range.
+    let (rep, r) = s.populate(a, pages * PS, MADV_POPULATE_WRITE);
+    assert_eq!(r, Ok(()));
+    assert_eq!(rep.populated_bytes, pages * PS);
+    assert!(resident(&s, a, pages).iter().all(|&r| r));
+
+    // madvise gives the same errno (READ on a fresh region this time).
+    let b = map(&s, 64 * PS, PROT_READ);
+    s.interrupt_populate_at(b + 7 * PS);
+    assert_eq!(s.madvise(b, 64 * PS, MADV_POPULATE_READ), Err(Errno::EINTR));
+    let res = resident(&s, b, 64);
+    assert!(res[..7].iter().all(|&r| r) && res[7..].iter().all(|&r| !r));
+    s.madvise(b, 64 * PS, MADV_POPULATE_READ).unwrap();
+    s.validate();
+}
