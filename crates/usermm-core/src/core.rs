@@ -220,6 +220,11 @@ pub struct ReclaimPlan {
     pub discard: Vec<Discard>,
     /// Parked pages of shared file regions to write to their files.
     pub writeback: Vec<Writeback>,
+    /// Clean pages of shared file regions advised `MADV_SEQUENTIAL`, to drop
+    /// where they are (`MADV_DONTNEED`): no staging, no I/O — a streaming
+    /// read's pages are used once (the kernel drops them behind the stream
+    /// too), and the next touch reads the file again.
+    pub drop: Vec<PageIdx>,
 }
 
 impl ReclaimPlan {
@@ -229,6 +234,7 @@ impl ReclaimPlan {
             && self.purge.is_empty()
             && self.discard.is_empty()
             && self.writeback.is_empty()
+            && self.drop.is_empty()
     }
 }
 
@@ -1634,7 +1640,8 @@ impl Core {
         let short = want.saturating_sub((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64);
         let mut scanned = 0;
         let scan_max = self.lru.active.len();
-        while ((self.inactive + plan.deactivate.len() as u64) < target || (plan.deactivate.len() as u64) < short)
+        while ((self.inactive + plan.deactivate.len() as u64) < target
+            || ((plan.deactivate.len() + plan.drop.len()) as u64) < short)
             && scanned < scan_max
         {
             scanned += 1;
@@ -1656,6 +1663,22 @@ impl Core {
             if m.has(pf::REFERENCED) {
                 self.pages.update(p, |m| m.flags &= !pf::REFERENCED);
                 self.lru.active.push_back((p, g));
+                continue;
+            }
+            if reg.kind == Kind::FileShared
+                && reg.advice == Advice::Sequential
+                && !m.has(pf::MAYBE_DIRTY)
+                && !m.has(pf::VOLATILE)
+            {
+                if (plan.drop.len() as u64) >= short {
+                    // Only as many as the round wants (never age a stream
+                    // into staging): the rest stays, oldest first.
+                    self.lru.active.push_front((p, g));
+                    break;
+                }
+                // (Zapping: being dropped where it is, frame still charged.)
+                self.pages.update(p, |m| m.state = PState::Zapping);
+                plan.drop.push(p);
                 continue;
             }
             if !m.has(pf::VOLATILE)
@@ -1896,6 +1919,20 @@ impl Core {
             });
             // The region may have been locked while the page was in flight.
             self.note_resident(d.page);
+        }
+    }
+
+    /// Commits the drop of a clean page of a streaming file region (see
+    /// `ReclaimPlan::drop`): on success the page is gone (the next touch
+    /// reads the file); otherwise it stays resident.
+    pub fn drop_done(&mut self, p: PageIdx, ok: bool) {
+        debug_assert_eq!(self.pages.get(p).state, PState::Zapping);
+        if ok {
+            self.pages.set(p, PageMeta::default());
+            self.resident -= 1;
+        } else {
+            self.pages.update(p, |m| m.state = PState::Resident);
+            self.note_resident(p);
         }
     }
 

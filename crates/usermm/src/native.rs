@@ -854,6 +854,7 @@ impl Inner {
             freed += self.writeback_all(&plan.writeback);
             freed += self.purge_all(&plan.purge);
             freed += self.evict_all(&plan.evict);
+            freed += self.drop_all(&plan.drop);
             // Stop as soon as anything was freed: another round would evict
             // the pages this one just deactivated, before the program had a
             // chance to touch them (and so to prove them hot).
@@ -960,6 +961,35 @@ impl Inner {
         for (d, &(dropped, written)) in ds.iter().zip(&outcome) {
             c.discard_done(d, dropped, written);
             freed += u64::from(dropped || written);
+        }
+        self.settled.notify_all();
+        freed
+    }
+
+    /// Drops clean pages of streaming file regions where they are, a run of
+    /// consecutive pages per `MADV_DONTNEED`; returns how many went.
+    fn drop_all(&self, pages: &[PageIdx]) -> u64 {
+        if pages.is_empty() {
+            return 0;
+        }
+        let mut sorted = pages.to_vec();
+        sorted.sort_unstable();
+        let mut ok = Vec::with_capacity(sorted.len());
+        let mut i = 0;
+        while i < sorted.len() {
+            let mut j = i + 1;
+            while j < sorted.len() && sorted[j].0 == sorted[j - 1].0 + 1 {
+                j += 1;
+            }
+            let r = self.arena.dontneed(self.addr(sorted[i]), (j - i) * self.page_size).is_ok();
+            ok.extend(std::iter::repeat_n(r, j - i));
+            i = j;
+        }
+        let mut c = lock(&self.core);
+        let mut freed = 0;
+        for (&p, &ok) in sorted.iter().zip(&ok) {
+            c.drop_done(p, ok);
+            freed += u64::from(ok);
         }
         self.settled.notify_all();
         freed

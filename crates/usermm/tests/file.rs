@@ -185,6 +185,61 @@ fn eviction_writes_shared_pages_back_and_close_too() {
     let _ = std::fs::remove_file(p);
 }
 
+/// A streaming read of a file 4× the budget (`MADV_SEQUENTIAL`, read-only
+/// shared mapping): reclaim drops the clean pages where they are — nothing
+/// goes through the staging area, nothing is written — and every page reads
+/// the file's data, on the first pass and on the second (re-read from it).
+/// A page written in the same kind of region is never dropped without its
+/// write-back.
+#[test]
+fn streaming_reads_drop_clean_pages_behind_and_keep_the_data() {
+    let pages = 4096; // 16 MiB, budget 4 MiB
+    let data = pattern(pages);
+    let (p, f) = temp_file("stream", &data);
+    let s = space(4);
+    let a = s.mmap(0, pages * PS, PROT_READ, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
+    s.madvise(a, pages * PS, MADV_SEQUENTIAL).unwrap();
+    let st0 = s.stats();
+    for pass in 0..2 {
+        for pg in 0..pages {
+            for off in [0, 1234, PS - 1] {
+                assert_eq!(peek(a + pg * PS + off), data[pg * PS + off], "pass {pass}, page {pg}+{off}");
+            }
+        }
+    }
+    let st = s.stats();
+    assert!(st.resident_pages_max <= st.budget_pages, "{st:?}");
+    assert_eq!(st.deactivations, st0.deactivations, "clean streaming pages skip the staging area");
+    assert_eq!(st.writebacks, 0);
+    assert_eq!(st.swapouts, 0);
+    s.validate();
+
+    // Written pages of a streaming region still reach the file.
+    let f2 = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    let b = s.mmap(0, pages * PS, PROT_READ | PROT_WRITE, MAP_SHARED, f2.as_raw_fd(), 0).unwrap();
+    s.madvise(b, pages * PS, MADV_SEQUENTIAL).unwrap();
+    for pg in 0..pages {
+        let v = peek(b + pg * PS);
+        if pg % 3 == 0 {
+            poke(b + pg * PS, !v);
+        }
+    }
+    for pg in 0..pages {
+        let want = if pg % 3 == 0 { !data[pg * PS] } else { data[pg * PS] };
+        assert_eq!(peek(b + pg * PS), want, "page {pg} after the write pass");
+    }
+    s.munmap(b, pages * PS).unwrap();
+    s.munmap(a, pages * PS).unwrap();
+    s.validate();
+    drop(s);
+    let c = contents(&p);
+    for pg in 0..pages {
+        let want = if pg % 3 == 0 { !data[pg * PS] } else { data[pg * PS] };
+        assert_eq!(c[pg * PS], want, "page {pg} in the file");
+    }
+    let _ = std::fs::remove_file(p);
+}
+
 static GROW_FD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
 
 fn grow_file(_addr: usize) {
