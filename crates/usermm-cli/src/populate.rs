@@ -292,6 +292,35 @@ impl KernelMap {
     }
 }
 
+/// Times `method`'s prefault of the `pages` pages at `addr` (ns); `advise`
+/// is the system's `madvise` over the region. `map-populate` is the mmap
+/// itself (`map_ns`); `write-1by1` advises `MADV_RANDOM` first, untimed.
+fn prefault(
+    method: &str,
+    map_ns: u64,
+    addr: usize,
+    pages: usize,
+    kind: MapKind,
+    mut advise: impl FnMut(i32) -> Result<(), String>,
+) -> Result<u64, String> {
+    Ok(match method {
+        "map-populate" => map_ns,
+        "populate-read" | "populate-write" => {
+            let t = now_ns();
+            advise(advice(method))?;
+            now_ns() - t
+        }
+        _ => {
+            if method == ONE_BY_ONE {
+                advise(MADV_RANDOM)?;
+            }
+            let t = now_ns();
+            touch_loop(addr, pages, loop_of(method), kind);
+            now_ns() - t
+        }
+    })
+}
+
 /// One measurement: `(ns, pages read back wrong)`.
 fn kernel_one(size: usize, kind: MapKind, method: &str, file: Option<&TestFile>) -> Result<(u64, usize), String> {
     let extra = if method == "map-populate" { MAP_POPULATE } else { 0 };
@@ -305,22 +334,10 @@ fn kernel_one(size: usize, kind: MapKind, method: &str, file: Option<&TestFile>)
     let mut m = m.map_err(|e| format!("kernel mmap: {e:?}"))?;
     let map_ns = now_ns() - t0;
     let pages = size / PAGE;
-    let ns = match method {
-        "map-populate" => map_ns,
-        "populate-read" | "populate-write" => {
-            let t = now_ns();
-            m.madvise(advice(method)).map_err(|e| format!("kernel madvise({method}): {e:?}"))?;
-            now_ns() - t
-        }
-        _ => {
-            if method == ONE_BY_ONE {
-                m.madvise(MADV_RANDOM).map_err(|e| format!("kernel madvise(MADV_RANDOM): {e:?}"))?;
-            }
-            let t = now_ns();
-            touch_loop(m.addr(), pages, loop_of(method), kind);
-            now_ns() - t
-        }
-    };
+    let addr = m.addr();
+    let ns = prefault(method, map_ns, addr, pages, kind, |adv| {
+        m.madvise(adv).map_err(|e| format!("kernel madvise({adv}): {e:?}"))
+    })?;
     let bad = verify(m.addr(), pages, method, kind);
     m.unmap().map_err(|e| format!("kernel munmap: {e:?}"))?;
     Ok((ns, bad))
@@ -347,22 +364,9 @@ fn usermm_one(size: usize, kind: MapKind, method: &str, file: Option<&TestFile>)
         .map_err(|e| format!("usermm mmap: {e:?}"))?;
     let map_ns = now_ns() - t0;
     let pages = size / PAGE;
-    let ns = match method {
-        "map-populate" => map_ns,
-        "populate-read" | "populate-write" => {
-            let t = now_ns();
-            space.madvise(a, size, advice(method)).map_err(|e| format!("usermm madvise({method}): {e:?}"))?;
-            now_ns() - t
-        }
-        _ => {
-            if method == ONE_BY_ONE {
-                space.madvise(a, size, MADV_RANDOM).map_err(|e| format!("usermm madvise(MADV_RANDOM): {e:?}"))?;
-            }
-            let t = now_ns();
-            touch_loop(a, pages, loop_of(method), kind);
-            now_ns() - t
-        }
-    };
+    let ns = prefault(method, map_ns, a, pages, kind, |adv| {
+        space.madvise(a, size, adv).map_err(|e| format!("usermm madvise({adv}): {e:?}"))
+    })?;
     let faults = space.stats().faults;
     let mut bad = verify(a, pages, method, kind);
     if (method.starts_with("populate") || method == "map-populate") && space.stats().faults != faults {

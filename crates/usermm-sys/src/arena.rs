@@ -7,7 +7,7 @@
 //! without `unsafe`: no Rust reference ever points into these mappings; the
 //! kernel moves the bytes (userfaultfd ioctls, `pread`/`pwritev`).
 
-use crate::file::{MappedFile, ProcMem, SwapFile};
+use crate::file::{pread_upto, pwrite_all, MappedFile, ProcMem, SwapFile};
 use crate::uffd::Uffd;
 use crate::{mem, Errno};
 
@@ -340,29 +340,8 @@ impl Arena {
             return Ok(0);
         }
         let want = len.min((size - off) as usize);
-        let mut done = 0;
-        while done < want {
-            // SAFETY: the bounce buffer is ours and writable for its length.
-            let r = unsafe {
-                libc::pread(
-                    file.raw(),
-                    (bounce.addr + done) as *mut libc::c_void,
-                    want - done,
-                    (off + done as u64) as libc::off_t,
-                )
-            };
-            if r < 0 {
-                let e = crate::last_errno();
-                if e.0 == libc::EINTR {
-                    continue;
-                }
-                return Err(e);
-            }
-            if r == 0 {
-                break;
-            }
-            done += r as usize;
-        }
+        // SAFETY: the bounce buffer is ours and writable for its length.
+        let done = unsafe { pread_upto(file.raw(), bounce.addr, want, off) }?;
         if done == 0 {
             return Ok(0);
         }
@@ -397,31 +376,9 @@ impl Arena {
             return Ok(());
         }
         let len = ps.min((size - off) as usize);
-        let mut done = 0;
-        while done < len {
-            // SAFETY: `addr` is a resident page of the space (the caller's
-            // claim) or a parked page in staging, readable for a page.
-            let r = unsafe {
-                libc::pwrite(
-                    file.raw(),
-                    (addr + done) as *const libc::c_void,
-                    len - done,
-                    (off + done as u64) as libc::off_t,
-                )
-            };
-            if r < 0 {
-                let e = crate::last_errno();
-                if e.0 == libc::EINTR {
-                    continue;
-                }
-                return Err(e);
-            }
-            if r == 0 {
-                return Err(Errno::EIO);
-            }
-            done += r as usize;
-        }
-        Ok(())
+        // SAFETY: `addr` is a resident page of the space (the caller's
+        // claim) or a parked page in staging, readable for a page.
+        unsafe { pwrite_all(file.raw(), addr, len, off) }
     }
 
     /// `mprotect` inside the reservation.

@@ -106,22 +106,9 @@ impl SwapFile {
     /// # Safety
     /// `[dst, dst+len)` must be writable memory for the call.
     pub unsafe fn pread(&self, dst: usize, len: usize, off: u64) -> Result<(), Errno> {
-        let mut done = 0;
-        while done < len {
-            // SAFETY: the caller guarantees the buffer is writable.
-            let r = unsafe {
-                libc::pread(
-                    self.fd.as_raw_fd(),
-                    (dst + done) as *mut libc::c_void,
-                    len - done,
-                    (off + done as u64) as libc::off_t,
-                )
-            };
-            let n = check_isize(r)?;
-            if n == 0 {
-                return Err(Errno::EIO);
-            }
-            done += n;
+        // SAFETY: the caller guarantees the buffer is writable.
+        if unsafe { pread_upto(self.fd.as_raw_fd(), dst, len, off) }? < len {
+            return Err(Errno::EIO);
         }
         Ok(())
     }
@@ -136,21 +123,55 @@ impl SwapFile {
         // SAFETY: a new descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let mut v = vec![0u8; size as usize];
-        let mut done = 0;
-        while done < v.len() {
-            // SAFETY: `v[done..]` is writable.
-            let r = unsafe {
-                libc::pread(fd.as_raw_fd(), v[done..].as_mut_ptr() as *mut libc::c_void, v.len() - done, done as i64)
-            };
-            let n = check_isize(r)?;
-            if n == 0 {
-                break;
-            }
-            done += n;
-        }
+        // SAFETY: `v` is writable for its length.
+        let done = unsafe { pread_upto(fd.as_raw_fd(), v.as_mut_ptr() as usize, v.len(), 0) }?;
         v.truncate(done);
         Ok(v)
     }
+}
+
+/// Reads up to `len` bytes at `off` into `dst`, looping over short reads and
+/// `EINTR`; returns how many were read (fewer only at the end of the file).
+///
+/// # Safety
+/// `[dst, dst+len)` must be writable memory for the call.
+pub unsafe fn pread_upto(fd: RawFd, dst: usize, len: usize, off: u64) -> Result<usize, Errno> {
+    let mut done = 0;
+    while done < len {
+        // SAFETY: the caller guarantees the buffer is writable.
+        let r = unsafe {
+            libc::pread(fd, (dst + done) as *mut libc::c_void, len - done, (off + done as u64) as libc::off_t)
+        };
+        match check_isize(r) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.0 == libc::EINTR => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Writes `len` bytes from `src` at `off`, looping over short writes and
+/// `EINTR`; a write that makes no progress is `EIO`.
+///
+/// # Safety
+/// `[src, src+len)` must be readable memory for the call.
+pub unsafe fn pwrite_all(fd: RawFd, src: usize, len: usize, off: u64) -> Result<(), Errno> {
+    let mut done = 0;
+    while done < len {
+        // SAFETY: the caller guarantees the buffer is readable.
+        let r = unsafe {
+            libc::pwrite(fd, (src + done) as *const libc::c_void, len - done, (off + done as u64) as libc::off_t)
+        };
+        match check_isize(r) {
+            Ok(0) => return Err(Errno::EIO),
+            Ok(n) => done += n,
+            Err(e) if e.0 == libc::EINTR => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// `/proc/self/mem`: reads pages whatever their protection (FOLL_FORCE), to
