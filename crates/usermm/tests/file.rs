@@ -80,6 +80,30 @@ fn private_mapping_never_writes_the_file() {
     let _ = std::fs::remove_file(p);
 }
 
+/// The same body on the host kernel's mapping and on usermm's: populating a
+/// shared file mapping that runs past the end of its file is `EFAULT` (never
+/// a signal), for READ and WRITE, and the file does not grow.
+#[test]
+fn populate_past_eof_is_efault_like_the_kernel() {
+    let mut data = pattern(2);
+    data.truncate(PS + 100);
+    let (p, f) = temp_file("eof-twin", &data);
+    let body = |madvise: &dyn Fn(i32) -> Result<(), Errno>| -> Vec<Result<(), Errno>> {
+        vec![madvise(MADV_POPULATE_READ), madvise(MADV_POPULATE_WRITE), madvise(MADV_WILLNEED)]
+    };
+    let k = usermm_sys::host::HostFileMap::open_rw(&f, 3 * PS, true, 0).unwrap();
+    let kernel = body(&|adv| k.madvise(adv).map_err(|e| Errno(e.0)));
+    k.unmap().unwrap();
+    let s = space(64);
+    let a = s.mmap(0, 3 * PS, PROT_READ | PROT_WRITE, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
+    let usermm = body(&|adv| s.madvise(a, 3 * PS, adv));
+    assert_eq!(usermm, kernel);
+    assert_eq!(kernel[..2], [Err(Errno::EFAULT), Err(Errno::EFAULT)]);
+    s.munmap(a, 3 * PS).unwrap();
+    assert_eq!(contents(&p).len(), PS + 100, "the file did not grow");
+    let _ = std::fs::remove_file(p);
+}
+
 #[test]
 fn offset_partial_last_page_and_past_eof() {
     let s = space(64);
