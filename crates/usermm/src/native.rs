@@ -303,7 +303,11 @@ impl Inner {
                             self.resolve(m.address as usize, m.flags & UFFD_PAGEFAULT_FLAG_WRITE != 0, Some(m.ptid));
                         }
                     }
-                    if self.spinning.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+                    // Become the spinner unless this thread already is or
+                    // another one is.
+                    if spin_until == 0
+                        && self.spinning.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_err()
+                    {
                         break;
                     }
                     spin_until = now_ns() + SPIN_NS;
