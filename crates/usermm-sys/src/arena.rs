@@ -331,7 +331,6 @@ impl Arena {
         dst: usize,
         len: usize,
         bounce: &Bounce,
-        drop_now: bool,
     ) -> Result<usize, Errno> {
         let ps = self.page_size;
         self.check(dst, len)?;
@@ -349,9 +348,6 @@ impl Arena {
         let pages_len = done.div_ceil(ps) * ps;
         // SAFETY: the tail of the last page is inside the bounce buffer.
         unsafe { mem::zero(bounce.addr + done, pages_len - done) };
-        if drop_now {
-            file.drop_cache(off, done);
-        }
         // SAFETY: the bounce buffer is readable for `pages_len` bytes.
         unsafe { uffd.copy(dst, bounce.addr as *const u8, pages_len, false) }
     }

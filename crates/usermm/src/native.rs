@@ -688,11 +688,13 @@ impl Inner {
         let ps = self.page_size;
         let len = run.pages() as usize * ps;
         let off = file_page * ps as u64;
-        let r = with_bounce(len, |bounce| {
-            self.arena.file_in(&self.uffd, &f, off, self.addr(run.start), len, bounce, !defer_drop)
-        })
-        .ok_or(Errno::ENOMEM)?;
-        r.map(|n| (n / ps) as u64)
+        let r = with_bounce(len, |bounce| self.arena.file_in(&self.uffd, &f, off, self.addr(run.start), len, bounce))
+            .ok_or(Errno::ENOMEM)?;
+        let n = r?;
+        if !defer_drop && n > 0 {
+            f.drop_cache(off, n);
+        }
+        Ok((n / ps) as u64)
     }
 
     /// Drops the host's page-cache copy of `pages` pages of `file` from
