@@ -427,22 +427,26 @@ impl Inner {
                     // without waking): the woken thread must see them
                     // committed (e.g. locked), never a fill in flight.
                     self.wake_run(run, page_addr);
-                    // Then what the woken thread need not wait for.
-                    if ahead {
-                        // And the host reads further ahead asynchronously
-                        // (as its own mmap read-ahead would), so that the
-                        // pipeline's reads find the page cache warm.
-                        if let Some(f) = lock(&self.files).get(&file) {
-                            let ps = self.page_size as u64;
+                    // Then what the woken thread need not wait for: the
+                    // deferred page-cache drop and the read-ahead hints.
+                    let f = lock(&self.files).get(&file).cloned();
+                    let ps = self.page_size as u64;
+                    if let Some(f) = &f {
+                        if n > 0 {
+                            f.drop_cache(file_page * ps, (n * ps) as usize);
+                        }
+                        if ahead {
+                            // The host reads further ahead asynchronously (as
+                            // its own mmap read-ahead would), so that the
+                            // pipeline's reads find the page cache warm.
                             let w = run.pages() * ps;
                             f.host_readahead((file_page + run.pages()) * ps + w, (HOST_READAHEAD_WINDOWS * w) as usize);
                         }
+                    }
+                    if ahead {
                         lock(&self.willneed).push(self.addr(run.end));
                         let _c = lock(&self.core);
                         self.reclaim_wanted.notify_all();
-                    }
-                    if n > 0 {
-                        self.drop_file_cache(file, file_page, n);
                     }
                     return;
                 }
@@ -677,8 +681,8 @@ impl Inner {
     /// run starts past the end of the file.
     ///
     /// The host's page-cache copy of what was read is dropped here unless
-    /// `defer_drop`, when the caller drops it (`drop_file_cache`) once the
-    /// faulting thread is woken: the drop costs 3 µs for a single page and
+    /// `defer_drop`, when the caller drops it once the faulting thread is
+    /// woken: the drop costs 3 µs for a single page and
     /// 0.5 µs a page in a window, and the thread need not wait for it.
     fn file_in(&self, run: PageRange, file: u32, file_page: u64, defer_drop: bool) -> Result<u64, Errno> {
         let f = lock(&self.files).get(&file).cloned().ok_or(Errno::EIO)?;
@@ -695,15 +699,6 @@ impl Inner {
             f.drop_cache(off, n);
         }
         Ok((n / ps) as u64)
-    }
-
-    /// Drops the host's page-cache copy of `pages` pages of `file` from
-    /// `file_page` (a deferred drop, see `file_in`).
-    fn drop_file_cache(&self, file: u32, file_page: u64, pages: u64) {
-        if let Some(f) = lock(&self.files).get(&file) {
-            let ps = self.page_size as u64;
-            f.drop_cache(file_page * ps, (pages * ps) as usize);
-        }
     }
 
     /// Writes pages of shared file regions to their files. Returns one
