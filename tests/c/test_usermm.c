@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <string.h>
 #include <unistd.h>
+#include <setjmp.h>
+#include <signal.h>
 
 static int passed, failed;
 
@@ -331,6 +333,82 @@ static void test_errno(umm_space *s) {
     CHECK(umm_munmap(s, p, 16 * PAGE) == 0); /* holes are fine */
 }
 
+/* A touch of an unmapped page: SIGSEGV, caught here and turned back into a
+ * return value. usermm's munmap leaves the host protection of the range as
+ * it was (an mprotect would hold the kernel's mmap lock exclusively), so the
+ * touch reaches the fault handler, which must make it a SIGSEGV — never a
+ * zero page. */
+static sigjmp_buf segv_jmp;
+static volatile sig_atomic_t segv_addr_ok;
+static volatile uintptr_t segv_expect;
+
+static void on_segv(int sig, siginfo_t *si, void *uc) {
+    (void)sig;
+    (void)uc;
+    segv_addr_ok = (uintptr_t)si->si_addr == segv_expect;
+    siglongjmp(segv_jmp, 1);
+}
+
+/* 1 when touching `a` (a write if `write`) raises SIGSEGV at `a`, 0 when it
+ * completes (a read stores the byte in *got). */
+static int touch_segv(volatile unsigned char *a, int write, unsigned char *got) {
+    struct sigaction sa = {0}, old;
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &old);
+    segv_expect = (uintptr_t)a;
+    segv_addr_ok = 0;
+    int faulted = 0;
+    if (sigsetjmp(segv_jmp, 1) == 0) {
+        if (write)
+            *a = 0x77;
+        else
+            *got = *a;
+    } else {
+        faulted = segv_addr_ok ? 1 : -1;
+    }
+    sigaction(SIGSEGV, &old, NULL);
+    return faulted;
+}
+
+static void test_touch_after_munmap(umm_space *s) {
+    enum { N = 64 };
+    unsigned char *p = umm_mmap(s, NULL, N * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(p != MAP_FAILED);
+    if (p == MAP_FAILED)
+        return;
+    memset(p, 0xab, N * PAGE);
+    CHECK(umm_munmap(s, p + 8 * PAGE, 48 * PAGE) == 0);
+    unsigned char got = 0;
+    /* Resident before the unmap, read and written; never touched again. */
+    CHECK(touch_segv(p + 8 * PAGE, 0, &got) == 1);
+    CHECK(touch_segv(p + 9 * PAGE + 100, 1, &got) == 1);
+    CHECK(touch_segv(p + 55 * PAGE, 0, &got) == 1);
+    /* The same page again (now PROT_NONE on the host). */
+    CHECK(touch_segv(p + 8 * PAGE, 1, &got) == 1);
+    /* The neighbours are untouched. */
+    CHECK(touch_segv(p + 7 * PAGE, 0, &got) == 0 && got == 0xab);
+    CHECK(touch_segv(p + 56 * PAGE, 0, &got) == 0 && got == 0xab);
+    /* A new mapping over the hole has its own protection and zero pages:
+     * read-only here, so a write is SIGSEGV and a read sees 0. */
+    void *q = umm_mmap(s, p + 8 * PAGE, 16 * PAGE, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    CHECK(q == p + 8 * PAGE);
+    CHECK(touch_segv(p + 8 * PAGE, 0, &got) == 0 && got == 0);
+    CHECK(touch_segv(p + 9 * PAGE, 1, &got) == 1);
+    CHECK(touch_segv(p + 10 * PAGE, 0, &got) == 0 && got == 0);
+    /* And read-write: written and read back. */
+    void *r = umm_mmap(s, p + 24 * PAGE, 8 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    CHECK(r == p + 24 * PAGE);
+    CHECK(touch_segv(p + 24 * PAGE, 1, &got) == 0);
+    CHECK(touch_segv(p + 24 * PAGE, 0, &got) == 0 && got == 0x77);
+    /* Still unmapped between the new mappings. */
+    CHECK(touch_segv(p + 40 * PAGE, 0, &got) == 1);
+    CHECK(umm_munmap(s, p, N * PAGE) == 0);
+    CHECK(touch_segv(p, 0, &got) == 1);
+    CHECK(touch_segv(p + 24 * PAGE, 0, &got) == 1);
+}
+
 static void test_smaps(umm_space *s) {
     unsigned char *p = umm_mmap(s, NULL, 8 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     CHECK(p != MAP_FAILED);
@@ -495,6 +573,7 @@ int main(void) {
     test_stats_sizes(s);
     test_errno(s);
     test_smaps(s);
+    test_touch_after_munmap(s);
     test_lock_and_populate(s);
     test_volatile(s);
     CHECK(umm_close(s) == 0);

@@ -127,9 +127,10 @@ pub enum FaultPlan {
     /// Nothing to install (the page is there, or the fault raced with a
     /// protection change): wake the thread so that it retries.
     Wake,
-    /// The address is in a range being unmapped: make the page `PROT_NONE`
-    /// and wake the thread, which then takes SIGSEGV (never a zero page).
-    SegvUnmapping,
+    /// The address is in no region (unmapped, or being unmapped: munmap
+    /// leaves the host protection as it was): make the page `PROT_NONE` and
+    /// wake the thread, which then takes SIGSEGV (never a zero page).
+    Segv,
     /// A busy page: wait for the core to change, then plan again.
     Wait,
     /// No free frame: reclaim at least `want` frames, then plan again.
@@ -1229,10 +1230,9 @@ impl Core {
         let free = self.free_frames();
         let exact = self.cfg.exact_faults;
         let Some(reg) = self.regions.find_mut(p) else {
-            if self.held.iter().any(|h| h.contains(p)) {
-                return FaultPlan::SegvUnmapping;
-            }
-            return FaultPlan::Wake;
+            // Unmapped (or being unmapped): munmap leaves the range's host
+            // protection as it was, so the touch reached the handler.
+            return FaultPlan::Segv;
         };
         if populate.is_none() && (reg.prot & PROT_READ == 0 && reg.prot & PROT_WRITE == 0 || (write && !reg.writable()))
         {

@@ -196,8 +196,11 @@ impl Sim {
         let allowed = m.is_some_and(|m| if write { m.prot & PROT_WRITE != 0 } else { m.prot != PROT_NONE });
         self.log.push(format!("touch p{p} write={write} allowed={allowed}"));
         if !allowed {
-            // The kernel raises SIGSEGV; a racing fault is only woken.
-            assert_eq!(self.c.fault(Addr(addr(p as i64)), write), FaultPlan::Wake, "fault on p{p} without access");
+            // Unmapped: munmap leaves the host protection, so the fault
+            // reaches the core, which makes it SIGSEGV. Mapped without the
+            // access: the kernel raises SIGSEGV; a racing fault is only woken.
+            let want = if m.is_none() { FaultPlan::Segv } else { FaultPlan::Wake };
+            assert_eq!(self.c.fault(Addr(addr(p as i64)), write), want, "fault on p{p} without access");
             return;
         }
         if self.c.page(PageIdx(p)).state != PState::Resident && !self.serve(p, write) {
