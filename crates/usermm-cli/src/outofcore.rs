@@ -58,6 +58,7 @@ pub fn params(full: bool) -> Params {
         .def("dir", Kind::Text, default_swap_dir(), "directory of the test file (not a tmpfs: it must have a disk)")
         .def("usermm_rdwr", Kind::Int, 0, "0: usermm's descriptor is opened O_RDONLY, as the others'; 1: O_RDWR")
         .def("seed", Kind::Int, 7, "PRNG seed of the read offsets and of the file's content")
+        .def("workloads", Kind::Text, WORKLOADS.join(","), "workloads to run: random, hotcold, seq-scan")
 }
 
 const WORKLOADS: [&str; 3] = ["random", "hotcold", "seq-scan"];
@@ -386,8 +387,14 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     let t = now_ns();
     let file = TestFile::create(&dir, len, seed)?;
     prog.say(&format!("file written in {:.1} s", (now_ns() - t) as f64 / 1e9));
+    let wanted = p.text("workloads");
+    let wanted: Vec<&str> = wanted.split(',').map(str::trim).filter(|w| !w.is_empty()).collect();
+    if let Some(w) = wanted.iter().find(|w| !WORKLOADS.contains(w)) {
+        return Err(format!("outofcore: unknown workload {w:?} (known: {})", WORKLOADS.join(", ")));
+    }
     let work: Vec<(&str, Vec<usize>, u64)> = WORKLOADS
         .iter()
+        .filter(|w| wanted.contains(w))
         .map(|w| {
             let offs = offsets(w, pages, reads, hot_pages, hot_touch, seed);
             let want = offs.iter().fold(0u64, |a, &o| a.wrapping_add(word((o / 8) as u64, seed)));
@@ -445,8 +452,12 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     };
     let g1 = ratio("hot/cold reads vs a hand-written pread cache", "hotcold", "pread-cache", 1.0, 1.5);
     let g2 = ratio("sequential scan vs the kernel's mmap", "seq-scan", "kernel-mmap", 0.8, 1.0);
-    e.goals.push(g1);
-    e.goals.push(g2);
+    if wanted.contains(&"hotcold") {
+        e.goals.push(g1);
+    }
+    if wanted.contains(&"seq-scan") {
+        e.goals.push(g2);
+    }
     let budget_mib = (budget / MIB) as f64;
     e.goals.push(Goal {
         what: "usermm resident peak within the budget".into(),

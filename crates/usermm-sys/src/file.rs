@@ -394,15 +394,6 @@ impl MappedFile {
         check(unsafe { libc::fdatasync(self.fd.as_raw_fd()) }).map(|_| ())
     }
 
-    /// Asks the host to start reading `[off, off+len)` into its page cache
-    /// (`POSIX_FADV_WILLNEED`: asynchronous, returns at once).
-    pub fn host_readahead(&self, off: u64, len: usize) {
-        // SAFETY: posix_fadvise takes its arguments by value.
-        unsafe {
-            libc::posix_fadvise(self.fd.as_raw_fd(), off as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED)
-        };
-    }
-
     /// Drops `[off, off+len)` from the host page cache: the space holds the
     /// data it needs itself, and a second copy would be memory the budget
     /// does not see.
