@@ -128,9 +128,11 @@ pub enum FaultPlan {
     /// protection change): wake the thread so that it retries.
     Wake,
     /// The address is in no region (unmapped, or being unmapped: munmap
-    /// leaves the host protection as it was): make the page `PROT_NONE` and
-    /// wake the thread, which then takes SIGSEGV (never a zero page).
-    Segv,
+    /// leaves the host protection as it was): make the unmapped range
+    /// around it, `gap`, `PROT_NONE` (the whole gap, so that touches leave
+    /// one host VMA, not one per page) and wake the thread, which then
+    /// takes SIGSEGV (never a zero page).
+    Segv { gap: PageRange },
     /// A busy page: wait for the core to change, then plan again.
     Wait,
     /// No free frame: reclaim at least `want` frames, then plan again.
@@ -1232,7 +1234,7 @@ impl Core {
         let Some(reg) = self.regions.find_mut(p) else {
             // Unmapped (or being unmapped): munmap leaves the range's host
             // protection as it was, so the touch reached the handler.
-            return FaultPlan::Segv;
+            return FaultPlan::Segv { gap: self.regions.gap_around(p, self.cfg.reserve_pages) };
         };
         if populate.is_none() && (reg.prot & PROT_READ == 0 && reg.prot & PROT_WRITE == 0 || (write && !reg.writable()))
         {

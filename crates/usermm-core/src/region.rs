@@ -220,6 +220,15 @@ impl RegionTree {
         self.find(r.start).is_some() || self.map.range(r.start.0..r.end.0).next().is_some()
     }
 
+    /// The unmapped range around `p` (which no region contains): from the
+    /// end of the region before it (or 0) to the start of the next one (or
+    /// `limit`).
+    pub fn gap_around(&self, p: PageIdx, limit: u64) -> PageRange {
+        let start = self.map.range(..=p.0).next_back().map_or(0, |(_, r)| r.range.end.0);
+        let end = self.map.range(p.0 + 1..).next().map_or(limit, |(k, _)| *k);
+        PageRange::new(start, end)
+    }
+
     /// Lowest gap of `pages` pages in `[from, limit)` that avoids every region
     /// and every range in `held`.
     pub fn find_gap(&self, pages: u64, from: u64, limit: u64, held: &[PageRange]) -> Option<u64> {

@@ -199,8 +199,23 @@ impl Sim {
             // Unmapped: munmap leaves the host protection, so the fault
             // reaches the core, which makes it SIGSEGV. Mapped without the
             // access: the kernel raises SIGSEGV; a racing fault is only woken.
-            let want = if m.is_none() { FaultPlan::Segv } else { FaultPlan::Wake };
-            assert_eq!(self.c.fault(Addr(addr(p as i64)), write), want, "fault on p{p} without access");
+            let plan = self.c.fault(Addr(addr(p as i64)), write);
+            match plan {
+                // The gap is the unmapped range around the page, exactly.
+                FaultPlan::Segv { gap } if m.is_none() => {
+                    assert!(gap.contains(PageIdx(p)), "p{p}: {plan:?}");
+                    for q in gap.start.0..gap.end.0 {
+                        assert!(self.c.region_at(PageIdx(q)).is_none(), "p{p}: {plan:?} holds mapped p{q}");
+                    }
+                    for q in [gap.start.0.checked_sub(1), Some(gap.end.0)].into_iter().flatten() {
+                        if q < RES {
+                            assert!(self.c.region_at(PageIdx(q)).is_some(), "p{p}: {plan:?} stops short of p{q}");
+                        }
+                    }
+                }
+                FaultPlan::Wake if m.is_some() => {}
+                _ => panic!("fault on p{p} without access: {plan:?}"),
+            }
             return;
         }
         if self.c.page(PageIdx(p)).state != PState::Resident && !self.serve(p, write) {

@@ -67,7 +67,7 @@ fn faults_that_are_not_served() {
     // Unmapped: the executor makes the page PROT_NONE (munmap leaves the
     // host protection as it was). Outside the reservation, wrong
     // protection: wake (the retry takes SIGSEGV from the kernel).
-    assert_eq!(fault(&mut c, 10, false), FaultPlan::Segv);
+    assert_eq!(fault(&mut c, 10, false), FaultPlan::Segv { gap: PageRange::new(4, 1024) });
     assert_eq!(c.fault(Addr(BASE - PS), false), FaultPlan::Wake);
     assert_eq!(fault(&mut c, 2, true), FaultPlan::Wake);
     assert_eq!(fault(&mut c, 3, false), FaultPlan::Wake);
@@ -321,20 +321,20 @@ fn a_fault_in_a_range_being_unmapped_is_segv() {
     assert_eq!(d.ranges, vec![PageRange::new(1, 3)]);
     assert_eq!(draw(&c, 0, 4), "A..B");
     // The pages are still there until the zap; a touch must not see zeros.
-    assert_eq!(fault(&mut c, 1, false), FaultPlan::Segv);
-    assert_eq!(fault(&mut c, 2, true), FaultPlan::Segv);
+    assert_eq!(fault(&mut c, 1, false), FaultPlan::Segv { gap: PageRange::new(1, 3) });
+    assert_eq!(fault(&mut c, 2, true), FaultPlan::Segv { gap: PageRange::new(1, 3) });
     assert_eq!(state(&c, 1), PState::Resident);
     // MAP_FIXED over the held range waits for the zap.
     assert!(matches!(c.mmap(at(2), PS, RW, ANON | MAP_FIXED), Ok(MmapReply::WaitUnmapping)));
     for r in &d.ranges {
         zap(&mut c, *r);
     }
-    assert_eq!(fault(&mut c, 1, false), FaultPlan::Segv, "held until unhold");
+    assert_eq!(fault(&mut c, 1, false), FaultPlan::Segv { gap: PageRange::new(1, 3) }, "held until unhold");
     c.unhold(&d);
     c.validate();
     // Unmapped: the executor left the host protection as it was (no
     // mprotect on munmap), so a touch still reaches the core — and is SIGSEGV.
-    assert_eq!(fault(&mut c, 1, false), FaultPlan::Segv);
+    assert_eq!(fault(&mut c, 1, false), FaultPlan::Segv { gap: PageRange::new(1, 3) });
     assert_eq!(c.stats().resident_pages, 2);
     assert!(matches!(c.mmap(at(2), PS, RW, ANON | MAP_FIXED), Ok(MmapReply::Done(_))));
     c.validate();

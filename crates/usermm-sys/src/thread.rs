@@ -1,4 +1,4 @@
-//! Threads and signals: thread ids, SIGBUS delivery, the wake-up eventfd.
+//! Threads and signals: thread ids, SIGBUS/SIGSEGV delivery, the wake-up eventfd.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
@@ -29,9 +29,20 @@ pub const SIGBUS_TRANSIENT_SI_CODE: i32 = -1;
 /// user space and takes the signal; if its handler returns, the access is
 /// retried.
 pub fn sigbus_thread(tid: u32, addr: usize) -> Result<(), Errno> {
+    fault_signal_thread(tid, libc::SIGBUS, addr)
+}
+
+/// Raises SIGSEGV in thread `tid`, with `si_addr = addr` and `si_code =
+/// SI_QUEUE`: for a touch of unmapped memory when the page could not be made
+/// `PROT_NONE` (the kernel's own SIGSEGV would say `SEGV_MAPERR`).
+pub fn sigsegv_thread(tid: u32, addr: usize) -> Result<(), Errno> {
+    fault_signal_thread(tid, libc::SIGSEGV, addr)
+}
+
+fn fault_signal_thread(tid: u32, sig: i32, addr: usize) -> Result<(), Errno> {
     // SAFETY: siginfo_t is plain data; zeroed is a valid value.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    info.si_signo = libc::SIGBUS;
+    info.si_signo = sig;
     info.si_code = SIGBUS_TRANSIENT_SI_CODE;
     // si_addr sits at offset 16 of siginfo_t on x86-64 (the _sigfault union).
     // SAFETY: the union starts at byte 16 and the write stays inside the
@@ -47,7 +58,7 @@ pub fn sigbus_thread(tid: u32, addr: usize) -> Result<(), Errno> {
             libc::SYS_rt_tgsigqueueinfo,
             libc::getpid(),
             tid as libc::pid_t,
-            libc::SIGBUS,
+            sig,
             &info as *const libc::siginfo_t,
         )
     };

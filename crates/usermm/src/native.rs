@@ -339,9 +339,18 @@ impl Inner {
                     let _ = self.uffd.wake(page_addr, self.page_size);
                     return;
                 }
-                FaultPlan::Segv => {
+                FaultPlan::Segv { gap } => {
                     drop(c);
-                    let _ = self.arena.protect(page_addr, self.page_size, PROT_NONE);
+                    let protected =
+                        self.arena.protect(self.addr(gap.start), gap.pages() as usize * self.page_size, PROT_NONE);
+                    if protected.is_err() {
+                        // The host refused (out of its map count): the
+                        // signal itself, or the thread would fault forever.
+                        if let Some(t) = tid {
+                            let _ = usermm_sys::thread::sigsegv_thread(t, addr);
+                        }
+                        return;
+                    }
                     let _ = self.uffd.wake(page_addr, self.page_size);
                     return;
                 }
@@ -1386,7 +1395,7 @@ impl Inner {
         // would hold the kernel's mmap lock exclusively while it walks the
         // range's page tables (0.6 ms a GiB), stalling every fault the
         // handlers serve. A touch of an unmapped page reaches a handler,
-        // which finds no region and makes that page PROT_NONE (`Segv`).
+        // which finds no region and makes the gap around it PROT_NONE (`Segv`).
         let chunk_pages = (ZAP_CHUNK_BYTES / self.page_size).max(1) as u64;
         for r in &d.ranges {
             let mut s = r.start.0;
@@ -1692,7 +1701,7 @@ impl Inner {
                         c.fill_done(&plan, u64::from(n == self.page_size));
                         self.after_fill(&mut c);
                     }
-                    FaultPlan::Wake | FaultPlan::Segv => {
+                    FaultPlan::Wake | FaultPlan::Segv { .. } => {
                         // The region went away under us (a concurrent munmap).
                         return (populated, Err(Errno::ENOMEM));
                     }

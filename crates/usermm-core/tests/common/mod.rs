@@ -227,7 +227,7 @@ pub fn touch(c: &mut Core, p: u64, write: bool) -> Touch {
             FaultPlan::Wake => {
                 return if c.page(PageIdx(p)).state == PState::Resident { Touch::Served(plans) } else { Touch::Woken };
             }
-            FaultPlan::Segv => return Touch::Segv,
+            FaultPlan::Segv { .. } => return Touch::Segv,
             FaultPlan::Wait => panic!("page {p} busy in a synchronous test"),
             FaultPlan::Sigbus => return Touch::Oom,
             FaultPlan::Refill { .. } => {
