@@ -14,9 +14,9 @@
 //! file's host page cache dropped before it):
 //! - `usermm`: a fresh space with a `budget_mib` budget and no swap, the file
 //!   mapped `MAP_SHARED` `PROT_READ`, `MADV_RANDOM` (random, hotcold) or
-//!   `MADV_SEQUENTIAL` (seq-scan) on the region, and the same
-//!   `posix_fadvise` as the others on the descriptor it maps (usermm reads
-//!   through a duplicate of it, so the host's read-ahead follows that advice);
+//!   `MADV_SEQUENTIAL` (seq-scan) on the region (usermm reads through its
+//!   own open file descriptions of the file, so `posix_fadvise` on the
+//!   program's descriptor would not reach its reads);
 //! - `kernel-mmap`: the host's own `mmap` of the file, no limit (an upper
 //!   bound: the page cache takes what it wants), with the same advice as
 //!   `madvise` and `posix_fadvise`;
@@ -309,8 +309,6 @@ struct Setup<'a> {
 
 fn run_usermm(s: &Setup, workload: &str, offs: &[usize]) -> Result<Measured, String> {
     let f = s.file.open_cold(s.usermm_rdwr)?;
-    let fadv = if workload == "seq-scan" { POSIX_FADV_SEQUENTIAL } else { POSIX_FADV_RANDOM };
-    fadvise(&f, 0, 0, fadv).map_err(|e| format!("usermm fadvise: {e:?}"))?;
     let space = Space::open(&config(s.budget, 0, None)).map_err(|e| format!("usermm open: {e:?}"))?;
     let a = space.mmap(0, s.len, PROT_READ, MAP_SHARED, f.as_raw_fd(), 0).map_err(|e| format!("usermm mmap: {e:?}"))?;
     let advice = if workload == "seq-scan" { MADV_SEQUENTIAL } else { MADV_RANDOM };
@@ -494,12 +492,12 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     ));
     e.notes.push(
         "`usermm`: `MAP_SHARED` `PROT_READ` mapping of the file in a space with no swap; `MADV_RANDOM` on the \
-         region for `random` and `hotcold` (a fault reads exactly its page), `MADV_SEQUENTIAL` for `seq-scan`, and \
-         the same `posix_fadvise` as the others on the descriptor it maps (usermm reads through a duplicate of it, \
-         so the host's read-ahead follows that advice). \
+         region for `random` and `hotcold` (a fault reads exactly its page), `MADV_SEQUENTIAL` for `seq-scan` \
+         (usermm reads through its own open file descriptions of the file, one per reading thread, so \
+         `posix_fadvise` on the program's descriptor would not reach its reads). \
          `resident_peak` = `Stats::resident_pages_max` × page size; usermm also drops the host page cache behind \
          its reads, so that is all the memory the file costs it, apart from the host's read-ahead ahead of a \
-         stream (up to the disk's `read_ahead_kb`, twice that with `POSIX_FADV_SEQUENTIAL`). `faults` = delta of `Stats::faults` \
+         stream (up to the disk's `read_ahead_kb`). `faults` = delta of `Stats::faults` \
          (`Stats::major_faults` stays 0 for pages read from a file, so it is not shown). `writebacks` = delta \
          of `Stats::writebacks` over the workload and its `munmap`."
             .into(),

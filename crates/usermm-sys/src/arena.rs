@@ -341,7 +341,7 @@ impl Arena {
         }
         let want = len.min((size - off) as usize);
         // SAFETY: the bounce buffer is ours and writable for its length.
-        let done = unsafe { pread_upto(file.raw(), bounce.addr, want, off) }?;
+        let done = unsafe { pread_upto(file.read_fd(), bounce.addr, want, off) }?;
         if done == 0 {
             return Ok(0);
         }

@@ -328,7 +328,14 @@ pub struct MappedFile {
     /// Leave pages in the host page cache after reading or writing them
     /// (`UMM_F_KEEP_FILE_CACHE`); otherwise `drop_cache` drops them.
     pub keep_cache: bool,
+    /// Each reading thread's own open file description of the file (see
+    /// `read_fd`); `None` where reopening failed.
+    readers: std::sync::Mutex<Vec<(std::thread::ThreadId, Option<OwnedFd>)>>,
 }
+
+/// At most this many threads get their own description of a file; others
+/// read through the shared one.
+const MAX_READERS: usize = 8;
 
 impl MappedFile {
     /// Checks `fd` as Linux's mmap does and keeps a duplicate: `EBADF` if it
@@ -372,11 +379,41 @@ impl MappedFile {
             ino: st.st_ino,
             path,
             keep_cache,
+            readers: std::sync::Mutex::new(Vec::new()),
         })
     }
 
     pub fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// The descriptor the calling thread reads through: its own open file
+    /// description of the file (opened once through `/proc/self/fd`), so
+    /// that each reader has its own read-ahead state. Through one shared
+    /// description, two threads reading a stream's windows in turn confuse
+    /// the host's read-ahead: measured here, 2 threads × 1 MiB sequential
+    /// reads of a cold file went at 1.4–3.9 GB/s through one description,
+    /// 4.4 GB/s through one each. The program's own descriptor (and its
+    /// `posix_fadvise` advice) is left alone. Falls back to the shared
+    /// descriptor where reopening fails (no `/proc`, no permission any more)
+    /// and past `MAX_READERS` threads.
+    pub fn read_fd(&self) -> RawFd {
+        let me = std::thread::current().id();
+        let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, fd)) = readers.iter().find(|(t, _)| *t == me) {
+            return fd.as_ref().map_or(self.fd.as_raw_fd(), |f| f.as_raw_fd());
+        }
+        if readers.len() >= MAX_READERS {
+            return self.fd.as_raw_fd();
+        }
+        let path = CString::new(format!("/proc/self/fd/{}", self.fd.as_raw_fd())).expect("no NUL");
+        // SAFETY: `path` is a valid C string; open takes no other pointer.
+        let r = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        // SAFETY: a new descriptor we own.
+        let fd = (r >= 0).then(|| unsafe { OwnedFd::from_raw_fd(r) });
+        let raw = fd.as_ref().map_or(self.fd.as_raw_fd(), |f| f.as_raw_fd());
+        readers.push((me, fd));
+        raw
     }
 
     /// The file's size in bytes now.

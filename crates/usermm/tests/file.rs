@@ -474,3 +474,46 @@ fn host_page_cache_is_dropped_behind_unless_kept() {
         let _ = std::fs::remove_file(p);
     }
 }
+
+/// Open descriptors of this process that refer to `p`.
+fn open_descriptors_of(p: &PathBuf) -> usize {
+    let want = std::fs::canonicalize(p).unwrap();
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| *l == want)
+        .count()
+}
+
+#[test]
+fn reads_go_through_descriptions_of_its_own_and_none_leak() {
+    // usermm reads a file through one open file description per reading
+    // thread (its own read-ahead state, the program's descriptor untouched),
+    // and closes them all with the file's last region.
+    let pages = 1024;
+    let data = pattern(pages);
+    let (p, f) = temp_file("readers", &data);
+    assert_eq!(open_descriptors_of(&p), 1);
+    let s = space(64);
+    let a = s.mmap(0, pages * PS, PROT_READ, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
+    s.madvise(a, pages * PS, MADV_SEQUENTIAL).unwrap();
+    for pg in 0..pages {
+        assert_eq!(peek(a + pg * PS + 7), data[pg * PS + 7], "page {pg}");
+    }
+    // The program's, usermm's duplicate, and at least one reader's.
+    let during = open_descriptors_of(&p);
+    assert!(during >= 3, "{during} descriptors of the file while mapped");
+    s.munmap(a, pages * PS).unwrap();
+    let mut after = open_descriptors_of(&p);
+    for _ in 0..100 {
+        if after == 1 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        after = open_descriptors_of(&p);
+    }
+    assert_eq!(after, 1, "descriptors left open after the last region went");
+    s.validate();
+    drop(s);
+    let _ = std::fs::remove_file(p);
+}
