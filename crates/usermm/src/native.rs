@@ -1218,7 +1218,10 @@ impl Inner {
                 let _ = self.arena.dontneed(start + off, n);
                 off += n;
                 if off < len {
-                    let held = mm.take().is_some();
+                    // A fair unlock hands the lock to a parked writer at
+                    // once, instead of letting this thread take it back
+                    // first.
+                    let held = mm.take().map(RwLockReadGuard::unlock_fair).is_some();
                     std::thread::yield_now();
                     if held {
                         mm = Some(self.read_mm());
