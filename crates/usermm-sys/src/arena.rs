@@ -322,7 +322,9 @@ impl Arena {
     /// then wakes). Bytes past the end of the file read as zeros up to the
     /// end of the last page that holds file data. Returns
     /// the bytes installed (a whole number of pages; 0 when `off` is at or
-    /// past the end of the file).
+    /// past the end of the file), and whether the read went through the
+    /// host page cache (a single page is read with `O_DIRECT` where the file
+    /// system allows it; see `MappedFile::read_page_direct`).
     pub fn file_in(
         &self,
         uffd: &Uffd,
@@ -331,25 +333,32 @@ impl Arena {
         dst: usize,
         len: usize,
         bounce: &Bounce,
-    ) -> Result<usize, Errno> {
+    ) -> Result<(usize, bool), Errno> {
         let ps = self.page_size;
         self.check(dst, len)?;
         assert!(bounce.len >= len);
         let size = file.size()?;
         if off >= size {
-            return Ok(0);
+            return Ok((0, false));
         }
         let want = len.min((size - off) as usize);
-        // SAFETY: the bounce buffer is ours and writable for its length.
-        let done = unsafe { pread_upto(file.read_fd(), bounce.addr, want, off) }?;
+        // A single page past the page cache where the file system allows it.
+        // SAFETY: the bounce buffer is ours, page-aligned and at least a page.
+        let direct = if len == ps { unsafe { file.read_page_direct(bounce.addr, ps, off) } } else { None };
+        let cached = direct.is_none();
+        let done = match direct {
+            Some(r) => r?.min(want),
+            // SAFETY: the bounce buffer is ours and writable for its length.
+            None => unsafe { pread_upto(file.read_fd(), bounce.addr, want, off) }?,
+        };
         if done == 0 {
-            return Ok(0);
+            return Ok((0, cached));
         }
         let pages_len = done.div_ceil(ps) * ps;
         // SAFETY: the tail of the last page is inside the bounce buffer.
         unsafe { mem::zero(bounce.addr + done, pages_len - done) };
         // SAFETY: the bounce buffer is readable for `pages_len` bytes.
-        unsafe { uffd.copy(dst, bounce.addr as *const u8, pages_len, false) }
+        unsafe { uffd.copy(dst, bounce.addr as *const u8, pages_len, false) }.map(|n| (n, cached))
     }
 
     /// Writes one page of the space — at `src` (mapped) or in staging `slot`

@@ -415,7 +415,7 @@ impl Inner {
                 }
                 FaultPlan::FileRead { run, file, file_page } => {
                     drop(c);
-                    let n = self.file_in(run, file, file_page, true).unwrap_or(0);
+                    let (n, drop_due) = self.file_in(run, file, file_page, true).unwrap_or((0, false));
                     let c = self.commit_fill(&plan, n);
                     // Read-ahead pipeline: a full window in a sequential or
                     // streaming region has the next window read by the
@@ -439,7 +439,7 @@ impl Inner {
                     // on our sequential 1 MiB preads keeps ahead better; the
                     // hint blocks 0.23 ms a MiB in the caller and halved the
                     // streaming scan's throughput.)
-                    if n > 0 {
+                    if drop_due {
                         if let Some(f) = lock(&self.files).get(&file).cloned() {
                             let ps = self.page_size as u64;
                             f.drop_cache(file_page * ps, (n * ps) as usize);
@@ -529,7 +529,9 @@ impl Inner {
             FaultPlan::ZeroFill { run } if write => self.zero_fill(run),
             // A read maps the zero page (Linux does too).
             FaultPlan::ZeroFill { run } => self.zero_map(run),
-            FaultPlan::FileRead { run, file, file_page } => self.file_in(run, file, file_page, false).unwrap_or(0),
+            FaultPlan::FileRead { run, file, file_page } => {
+                self.file_in(run, file, file_page, false).map_or(0, |(n, _)| n)
+            }
             FaultPlan::SwapIn { run, slot } => self.swap_in(run, slot),
             // (Checked reactivations go through `reactivate_io`, which also
             // commits a loss.)
@@ -680,13 +682,15 @@ impl Inner {
 
     /// Reads file pages into `run` (its first page is file page
     /// `file_page`); returns how many (a prefix) were installed — 0 when the
-    /// run starts past the end of the file.
+    /// run starts past the end of the file — and whether a drop of the
+    /// host's page-cache copy is still due.
     ///
-    /// The host's page-cache copy of what was read is dropped here unless
-    /// `defer_drop`, when the caller drops it once the faulting thread is
-    /// woken: the drop costs 3 µs for a single page and
-    /// 0.5 µs a page in a window, and the thread need not wait for it.
-    fn file_in(&self, run: PageRange, file: u32, file_page: u64, defer_drop: bool) -> Result<u64, Errno> {
+    /// That copy (of a read through the page cache; a single page is read
+    /// with `O_DIRECT` where possible and leaves none) is dropped here
+    /// unless `defer_drop`, when the caller drops it once the faulting
+    /// thread is woken: the drop costs 3 µs for a single page and 0.5 µs a
+    /// page in a window, and the thread need not wait for it.
+    fn file_in(&self, run: PageRange, file: u32, file_page: u64, defer_drop: bool) -> Result<(u64, bool), Errno> {
         let f = lock(&self.files).get(&file).cloned().ok_or(Errno::EIO)?;
         if take_one(&self.inject_read_errors) {
             return Err(Errno::EIO);
@@ -696,11 +700,12 @@ impl Inner {
         let off = file_page * ps as u64;
         let r = with_bounce(len, |bounce| self.arena.file_in(&self.uffd, &f, off, self.addr(run.start), len, bounce))
             .ok_or(Errno::ENOMEM)?;
-        let n = r?;
-        if !defer_drop && n > 0 {
+        let (n, cached) = r?;
+        let due = cached && n > 0;
+        if due && !defer_drop {
             f.drop_cache(off, n);
         }
-        Ok((n / ps) as u64)
+        Ok(((n / ps) as u64, due && defer_drop))
     }
 
     /// Writes pages of shared file regions to their files. Returns one

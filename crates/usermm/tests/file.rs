@@ -517,3 +517,39 @@ fn reads_go_through_descriptions_of_its_own_and_none_leak() {
     drop(s);
     let _ = std::fs::remove_file(p);
 }
+
+#[test]
+fn single_page_reads_leave_no_host_copy_and_read_the_partial_last_page() {
+    // MADV_RANDOM: each fault reads exactly its page, with O_DIRECT where
+    // the file system allows it (else through the page cache, dropped just
+    // after): either way no host copy is left, and the tail of the last,
+    // partial page reads as zeros.
+    let mut data = pattern(6);
+    data.truncate(5 * PS + 100);
+    let (p, f) = temp_file("single-pages", &data);
+    // Writing the file cached it; start cold, so that what is cached after
+    // is what usermm's reads left.
+    usermm_sys::host::fadvise(&f, 0, 0, usermm_sys::host::POSIX_FADV_DONTNEED).unwrap();
+    assert_eq!(host_cached_pages(&f, 6), 0);
+    let s = space(64);
+    let a = s.mmap(0, 6 * PS, PROT_READ, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
+    s.madvise(a, 6 * PS, MADV_RANDOM).unwrap();
+    for pg in [3, 0, 5, 1] {
+        assert_eq!(peek(a + pg * PS + 17), data[pg * PS + 17], "page {pg}");
+    }
+    assert_eq!(peek(a + 5 * PS + 99), data[5 * PS + 99]);
+    assert_eq!(peek(a + 5 * PS + 100), 0, "past the end of the file in the last page");
+    let st = s.stats();
+    assert_eq!(st.resident_pages, 4, "exactly the pages touched: {st:?}");
+    let mut cached = host_cached_pages(&f, 6);
+    for _ in 0..100 {
+        if cached == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        cached = host_cached_pages(&f, 6);
+    }
+    assert_eq!(cached, 0, "pages left in the host page cache");
+    s.munmap(a, 6 * PS).unwrap();
+    let _ = std::fs::remove_file(p);
+}
