@@ -337,19 +337,22 @@ impl Arena {
         let ps = self.page_size;
         self.check(dst, len)?;
         assert!(bounce.len >= len);
-        let size = file.size()?;
-        if off >= size {
-            return Ok((0, false));
-        }
-        let want = len.min((size - off) as usize);
-        // A single page past the page cache where the file system allows it.
+        // A single page past the page cache where the file system allows it
+        // (its short count says where the file ends: no fstat needed).
         // SAFETY: the bounce buffer is ours, page-aligned and at least a page.
         let direct = if len == ps { unsafe { file.read_page_direct(bounce.addr, ps, off) } } else { None };
         let cached = direct.is_none();
         let done = match direct {
-            Some(r) => r?.min(want),
-            // SAFETY: the bounce buffer is ours and writable for its length.
-            None => unsafe { pread_upto(file.read_fd(), bounce.addr, want, off) }?,
+            Some(r) => r?,
+            None => {
+                let size = file.size()?;
+                if off >= size {
+                    return Ok((0, false));
+                }
+                let want = len.min((size - off) as usize);
+                // SAFETY: the bounce buffer is ours and writable for its length.
+                unsafe { pread_upto(file.read_fd(), bounce.addr, want, off) }?
+            }
         };
         if done == 0 {
             return Ok((0, cached));
