@@ -349,6 +349,17 @@ struct Reader {
 /// read through the shared one.
 const MAX_READERS: usize = 8;
 
+/// The soft `RLIMIT_NOFILE` (1024 if it cannot be read).
+fn nofile_limit() -> u64 {
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `rl` is a valid out-pointer for getrlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } == 0 {
+        rl.rlim_cur
+    } else {
+        1024
+    }
+}
+
 impl MappedFile {
     /// Checks `fd` as Linux's mmap does and keeps a duplicate: `EBADF` if it
     /// is not open, `ENODEV` if it cannot be mapped (not a regular file or a
@@ -408,8 +419,9 @@ impl MappedFile {
     /// reads of a cold file went at 1.4–3.9 GB/s through one description,
     /// 4.4 GB/s through one each. The program's own descriptor (and its
     /// `posix_fadvise` advice) is left alone. Falls back to the shared
-    /// descriptor where reopening fails (no `/proc`, no permission any more)
-    /// and past `MAX_READERS` threads.
+    /// descriptor where reopening fails (no `/proc`, no permission any more),
+    /// past `MAX_READERS` threads, and where the new descriptor would take
+    /// the upper half of the program's descriptor table (`RLIMIT_NOFILE`).
     pub fn read_fd(&self) -> RawFd {
         self.reader_fd(false).unwrap_or(self.fd.as_raw_fd())
     }
@@ -434,8 +446,12 @@ impl MappedFile {
             let flags = libc::O_RDONLY | libc::O_CLOEXEC | if direct { libc::O_DIRECT } else { 0 };
             // SAFETY: `path` is a valid C string; open takes no other pointer.
             let r = unsafe { libc::open(path.as_ptr(), flags) };
-            // SAFETY: a new descriptor we own.
-            (r >= 0).then(|| unsafe { OwnedFd::from_raw_fd(r) })
+            // SAFETY: a new descriptor we own (closed when dropped).
+            let fd = (r >= 0).then(|| unsafe { OwnedFd::from_raw_fd(r) })?;
+            // Never into the upper half of the program's descriptor table:
+            // these descriptors are an optimisation, the program's own
+            // open() calls must not run out because of them.
+            ((r as u64) < nofile_limit() / 2).then_some(fd)
         });
         fd.as_ref().map(|f| f.as_raw_fd())
     }
@@ -447,7 +463,7 @@ impl MappedFile {
     /// 33 µs buffered plus 3 µs to drop the cached copy). Returns the bytes
     /// read (short at the end of the file), or `None` where `O_DIRECT` is not
     /// to be had — the caller then reads through the page cache. A file
-    /// system that refuses it is not asked again.
+    /// system that refuses it (`EINVAL`) is not asked again.
     ///
     /// # Safety
     /// `[dst, dst+page)` must be writable memory for the call.
@@ -456,10 +472,8 @@ impl MappedFile {
         if self.keep_cache || !self.direct_ok.load(Ordering::Relaxed) {
             return None;
         }
-        let Some(fd) = self.reader_fd(true) else {
-            self.direct_ok.store(false, Ordering::Relaxed);
-            return None;
-        };
+        // (No description of its own to read through: the page cache then.)
+        let fd = self.reader_fd(true)?;
         loop {
             // SAFETY: the caller guarantees the buffer is writable.
             let r = unsafe { libc::pread(fd, dst as *mut libc::c_void, page, off as libc::off_t) };
