@@ -553,3 +553,48 @@ fn single_page_reads_leave_no_host_copy_and_read_the_partial_last_page() {
     s.munmap(a, 6 * PS).unwrap();
     let _ = std::fs::remove_file(p);
 }
+
+const NOFILE_ENV: &str = "USERMM_FILE_NOFILE_CHILD";
+
+#[test]
+#[ignore = "child-process entry point of reader_descriptions_stay_out_of_the_upper_half_of_the_fd_table"]
+fn nofile_child() {
+    let Ok(path) = std::env::var(NOFILE_ENV) else { return };
+    let s = space(64);
+    let f = File::open(&path).unwrap();
+    let pages = 64;
+    let a = s.mmap(0, pages * PS, PROT_READ, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
+    // The next descriptor number m; a soft limit of 2m - 2 lets open() give
+    // m, m+1, ... but each of them is in the upper half of the table.
+    let m = File::open("/dev/null").unwrap().as_raw_fd() as u64;
+    let lim = 2 * m - 2;
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `rl` is a valid out-pointer, then a valid rlimit, for the calls.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) }, 0);
+    rl.rlim_cur = lim;
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) }, 0);
+    let data = pattern(pages);
+    s.madvise(a, 32 * PS, MADV_RANDOM).unwrap();
+    s.madvise(a + 32 * PS, 32 * PS, MADV_SEQUENTIAL).unwrap();
+    for pg in (0..pages).rev() {
+        assert_eq!(peek(a + pg * PS + 5), data[pg * PS + 5], "page {pg}");
+    }
+    // The program's descriptor and usermm's duplicate, nothing more.
+    assert_eq!(open_descriptors_of(&PathBuf::from(&path)), 2);
+    s.munmap(a, pages * PS).unwrap();
+    eprintln!("child: read through the shared descriptor");
+}
+
+#[test]
+fn reader_descriptions_stay_out_of_the_upper_half_of_the_fd_table() {
+    let (p, _f) = temp_file("nofile", &pattern(64));
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "nofile_child", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(NOFILE_ENV, &p)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("child: read through the shared descriptor"), "child: {err}");
+    let _ = std::fs::remove_file(p);
+}
