@@ -43,7 +43,7 @@ fn fault_signal_thread(tid: u32, sig: i32, addr: usize) -> Result<(), Errno> {
     // SAFETY: siginfo_t is plain data; zeroed is a valid value.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
     info.si_signo = sig;
-    info.si_code = SIGBUS_TRANSIENT_SI_CODE;
+    info.si_code = libc::SI_QUEUE;
     // si_addr sits at offset 16 of siginfo_t on x86-64 (the _sigfault union).
     // SAFETY: the union starts at byte 16 and the write stays inside the
     // 128-byte struct.

@@ -415,7 +415,7 @@ impl Inner {
                 }
                 FaultPlan::FileRead { run, file, file_page } => {
                     drop(c);
-                    let (n, drop_due) = self.file_in(run, file, file_page, true).unwrap_or((0, false));
+                    let (n, drop_due) = self.file_in(run, file, file_page, true).unwrap_or((0, None));
                     let c = self.commit_fill(&plan, n);
                     // Read-ahead pipeline: a full window in a sequential or
                     // streaming region has the next window read by the
@@ -439,11 +439,9 @@ impl Inner {
                     // on our sequential 1 MiB preads keeps ahead better; the
                     // hint blocks 0.23 ms a MiB in the caller and halved the
                     // streaming scan's throughput.)
-                    if drop_due {
-                        if let Some(f) = lock(&self.files).get(&file).cloned() {
-                            let ps = self.page_size as u64;
-                            f.drop_cache(file_page * ps, (n * ps) as usize);
-                        }
+                    if let Some(f) = drop_due {
+                        let ps = self.page_size as u64;
+                        f.drop_cache(file_page * ps, (n * ps) as usize);
                     }
                     if ahead {
                         lock(&self.willneed).push(self.addr(run.end));
@@ -682,15 +680,21 @@ impl Inner {
 
     /// Reads file pages into `run` (its first page is file page
     /// `file_page`); returns how many (a prefix) were installed — 0 when the
-    /// run starts past the end of the file — and whether a drop of the
-    /// host's page-cache copy is still due.
+    /// run starts past the end of the file — and, if a drop of the host's
+    /// page-cache copy is still due, the file to drop it from.
     ///
     /// That copy (of a read through the page cache; a single page is read
     /// with `O_DIRECT` where possible and leaves none) is dropped here
     /// unless `defer_drop`, when the caller drops it once the faulting
     /// thread is woken: the drop costs 3 µs for a single page and 0.5 µs a
     /// page in a window, and the thread need not wait for it.
-    fn file_in(&self, run: PageRange, file: u32, file_page: u64, defer_drop: bool) -> Result<(u64, bool), Errno> {
+    fn file_in(
+        &self,
+        run: PageRange,
+        file: u32,
+        file_page: u64,
+        defer_drop: bool,
+    ) -> Result<(u64, Option<Arc<MappedFile>>), Errno> {
         let f = lock(&self.files).get(&file).cloned().ok_or(Errno::EIO)?;
         if take_one(&self.inject_read_errors) {
             return Err(Errno::EIO);
@@ -701,11 +705,14 @@ impl Inner {
         let r = with_bounce(len, |bounce| self.arena.file_in(&self.uffd, &f, off, self.addr(run.start), len, bounce))
             .ok_or(Errno::ENOMEM)?;
         let (n, cached) = r?;
-        let due = cached && n > 0;
-        if due && !defer_drop {
-            f.drop_cache(off, n);
+        if !cached || n == 0 {
+            return Ok(((n / ps) as u64, None));
         }
-        Ok(((n / ps) as u64, due && defer_drop))
+        if !defer_drop {
+            f.drop_cache(off, n);
+            return Ok(((n / ps) as u64, None));
+        }
+        Ok(((n / ps) as u64, Some(f)))
     }
 
     /// Writes pages of shared file regions to their files. Returns one

@@ -335,6 +335,17 @@ fn one_hundred_thousand_file_regions() {
     let _ = std::fs::remove_file(p);
 }
 
+/// Runs this test binary's ignored test `name` alone in a child process,
+/// with `env` set to the file `path` (a child-process entry point returns at
+/// once without it).
+fn run_child(name: &str, env: &str, path: &PathBuf) -> std::process::Output {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--ignored", "--nocapture", "--test-threads=1"])
+        .env(env, path)
+        .output()
+        .unwrap()
+}
+
 const CRASH_ENV: &str = "USERMM_FILE_CRASH_CHILD";
 
 #[test]
@@ -357,11 +368,7 @@ fn crash_child() {
 fn msync_sync_data_survives_sigkill() {
     use std::os::unix::process::ExitStatusExt;
     let (p, _f) = temp_file("crash", &vec![0u8; 16 * PS]);
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "crash_child", "--ignored", "--nocapture", "--test-threads=1"])
-        .env(CRASH_ENV, &p)
-        .output()
-        .unwrap();
+    let out = run_child("crash_child", CRASH_ENV, &p);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("child: synced"), "child output: {err}");
     assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{:?}", out.status);
@@ -589,11 +596,7 @@ fn nofile_child() {
 #[test]
 fn reader_descriptions_stay_out_of_the_upper_half_of_the_fd_table() {
     let (p, _f) = temp_file("nofile", &pattern(64));
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "nofile_child", "--ignored", "--nocapture", "--test-threads=1"])
-        .env(NOFILE_ENV, &p)
-        .output()
-        .unwrap();
+    let out = run_child("nofile_child", NOFILE_ENV, &p);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && err.contains("child: read through the shared descriptor"), "child: {err}");
     let _ = std::fs::remove_file(p);
