@@ -1253,8 +1253,11 @@ impl Core {
         }
         match m.state {
             // A fault on a page we hold as resident: either a race (it is
-            // there by now) or a lazily freed page the host discarded.
-            PState::Resident if m.has(pf::LAZYFREE) => {
+            // there by now) or a lazily freed page the host discarded. (A
+            // populate treats it as resident: the executor asks the host to
+            // populate lazily freed pages, which faults here if the host
+            // dropped one.)
+            PState::Resident if m.has(pf::LAZYFREE) && populate.is_none() => {
                 self.pages.update(p, |m| m.state = PState::Filling);
                 FaultPlan::Refill { page: p }
             }
@@ -1581,9 +1584,12 @@ impl Core {
         }
         // Lazily freed pages first: a clean one is discarded with no I/O.
         self.plan_lazy(&mut plan, want.max(32));
-        if !plan.deactivate.is_empty() || (plan.discard.len() as u64) >= want {
-            // Lazily freed pages are on their way out (parked now, discarded
-            // by the next round): nothing dirty is evicted before them.
+        if ((plan.deactivate.len() + plan.discard.len()) as u64) >= want {
+            // Enough lazily freed pages are on their way out (parked now,
+            // discarded by the next round): nothing dirty is evicted before
+            // them. With fewer, the rest of the round evicts as usual (every
+            // lazily freed page is already in this plan), so that lazily
+            // freed pages that cannot be parked never stop reclaim.
             return plan;
         }
         // Evict the oldest inactive pages. A page that cannot go anywhere
@@ -1922,6 +1928,32 @@ impl Core {
             // The region may have been locked while the page was in flight.
             self.note_resident(d.page);
         }
+    }
+
+    /// Commits a deactivation that found the page gone from the host: a
+    /// lazily freed page the host discarded under its own pressure (its
+    /// `MADV_FREE` was passed down). The page is discarded exactly as a
+    /// discard by reclaim would leave it (reads back as zeros) and its frame
+    /// is free; returns true. Any other page cannot be gone: the
+    /// deactivation just failed (returns false).
+    pub fn deactivate_lost(&mut self, d: &Deactivate) -> bool {
+        let m = self.pages.get(d.page);
+        if !m.has(pf::LAZYFREE) || m.has(pf::VOLATILE) {
+            self.deactivate_done(d, false);
+            return false;
+        }
+        debug_assert_eq!(m.state, PState::Deactivating);
+        self.staging.release(d.slot);
+        self.resident -= 1;
+        self.lazyfree_pages -= 1;
+        self.pages.update(d.page, |m| {
+            m.state = PState::Absent;
+            m.slot = 0;
+            m.flags &= !(pf::LAZYFREE | pf::REFERENCED | pf::MAYBE_DIRTY);
+        });
+        self.counters.lazyfree_discards += 1;
+        self.counters.evictions += 1;
+        true
     }
 
     /// Commits the drop of a clean page of a streaming file region (see
@@ -2389,6 +2421,22 @@ impl Core {
             }
         }
         parked
+    }
+
+    /// The runs of resident, lazily freed pages of `r` (a write populate
+    /// passes them to the host, which then treats them as written, as
+    /// Linux's populate does: `FOLL_WRITE` dirties the folio).
+    pub fn lazyfree_runs(&self, r: PageRange) -> Vec<PageRange> {
+        let mut runs: Vec<PageRange> = Vec::new();
+        self.pages.for_each_live(r, |p, m| {
+            if m.state == PState::Resident && m.has(pf::LAZYFREE) {
+                match runs.last_mut() {
+                    Some(last) if last.end == p => last.end.0 += 1,
+                    _ => runs.push(PageRange::new(p.0, p.0 + 1)),
+                }
+            }
+        });
+        runs
     }
 
     /// Marks every page of `r` poisoned (after the executor zapped them).

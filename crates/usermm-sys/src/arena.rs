@@ -108,12 +108,25 @@ impl Arena {
 
     /// Asks the host to reclaim the page parked in `slot` now and says
     /// whether it dropped it: a clean lazily freed page is dropped at once
-    /// (no I/O); a page written since `MADV_FREE` stays.
+    /// (no I/O); a page written since `MADV_FREE` stays — or, on a host with
+    /// swap of its own, goes to the host's swap, which is not a drop: the
+    /// data is still there (read back by the next access).
     pub fn discard_slot(&self, slot: u32) -> bool {
         let a = self.slot_addr(slot);
         let _ = mem::advise(a, self.page_size, libc::MADV_PAGEOUT);
+        self.gone(a)
+    }
+
+    /// Whether the host dropped the page at `a` of the reservation (a lazily
+    /// freed page it discarded): no page and no host swap entry. False when
+    /// it cannot tell.
+    pub fn page_gone(&self, a: usize) -> bool {
+        self.in_reserve(a, self.page_size) && self.gone(a)
+    }
+
+    fn gone(&self, a: usize) -> bool {
         match &self.pagemap {
-            Some(pm) => !pm.present(a).unwrap_or(true),
+            Some(pm) => pm.gone(a).unwrap_or(false),
             None => false,
         }
     }
@@ -399,8 +412,9 @@ impl Arena {
     }
 
     /// The host's `MADV_POPULATE_WRITE` inside the reservation: breaks the
-    /// copy-on-write of pages that map the zero page (their entries are
-    /// present, so no userfaultfd fault is involved).
+    /// copy-on-write of pages that map the zero page and dirties present
+    /// pages. A missing page faults into the space's handlers: the caller
+    /// must hold no lock that they take.
     pub fn host_populate_write(&self, a: usize, l: usize) -> Result<(), Errno> {
         self.check(a, l)?;
         mem::advise(a, l, MADV_POPULATE_WRITE)

@@ -213,8 +213,17 @@ impl Pagemap {
         Ok(Pagemap(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
-    /// Whether the page at `addr` is present (bit 63 of its entry).
-    pub fn present(&self, addr: usize) -> Result<bool, Errno> {
+    /// Whether the page at `addr` is gone: neither present (bit 63 of its
+    /// entry) nor swapped out by the host (bit 62). A page the host swapped
+    /// (a host with swap of its own, under its own pressure) still holds
+    /// its data.
+    pub fn gone(&self, addr: usize) -> Result<bool, Errno> {
+        let e = self.entry(addr)?;
+        Ok(e >> 62 == 0)
+    }
+
+    /// The raw pagemap entry of the page at `addr`.
+    pub fn entry(&self, addr: usize) -> Result<u64, Errno> {
         let mut e = 0u64;
         // SAFETY: reads 8 bytes into a valid u64.
         let r = unsafe {
@@ -228,7 +237,7 @@ impl Pagemap {
         if check_isize(r)? != 8 {
             return Err(Errno::EIO);
         }
-        Ok(e >> 63 == 1)
+        Ok(e)
     }
 
     /// Whether the page at `addr` is present and maps a page of its own,

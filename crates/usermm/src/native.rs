@@ -331,6 +331,7 @@ impl Inner {
         let mm = self.read_mm();
         let mut c = lock(&self.core);
         let mut reclaim_rounds = 0;
+        let mut poison_failed = false;
         loop {
             let plan = c.fault(Addr(page_addr as u64), write);
             match plan {
@@ -358,35 +359,36 @@ impl Inner {
                     c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner());
                 }
                 FaultPlan::Reclaim { want } => {
+                    if reclaim_rounds > OOM_ROUNDS {
+                        // Everything resident is unevictable (or swap is
+                        // full): the kernel would OOM-kill; we raise SIGBUS.
+                        // Decided on a plan made under this hold of the core
+                        // lock, and raised before it is let go: the page is
+                        // neither resident nor being filled, so the thread
+                        // is still in this fault (or will fault here again)
+                        // and the signal cannot reach it anywhere else.
+                        if let Some(t) = tid {
+                            c.fault_oom();
+                            let _ = usermm_sys::thread::sigbus_thread(t, addr);
+                        }
+                        return;
+                    }
                     let want = want.max(c.direct_reclaim_batch());
                     drop(c);
                     let freed = self.reclaim_locked(&mm, want);
                     c = lock(&self.core);
                     if freed == 0 && c.free_frames() == 0 {
+                        // Nothing freed this time, but other reclaim may be
+                        // in flight (the pages it holds are busy, so this
+                        // plan could not take them): wait for it to settle
+                        // before trying again. Only no progress for a while
+                        // is out of memory.
                         reclaim_rounds += 1;
-                        if reclaim_rounds <= OOM_ROUNDS {
-                            // Nothing freed this time, but other reclaim may be
-                            // in flight (the pages it holds are busy, so this
-                            // plan could not take them): wait for it to settle
-                            // before trying again. Only no progress for a while
-                            // is out of memory.
-                            c = self
-                                .settled
-                                .wait_timeout(c, std::time::Duration::from_millis(5))
-                                .unwrap_or_else(|e| e.into_inner())
-                                .0;
-                        } else {
-                            // Everything resident is unevictable (or swap is
-                            // full): the kernel would OOM-kill; we raise SIGBUS.
-                            if tid.is_some() {
-                                c.fault_oom();
-                            }
-                            drop(c);
-                            if let Some(t) = tid {
-                                let _ = usermm_sys::thread::sigbus_thread(t, addr);
-                            }
-                            return;
-                        }
+                        c = self
+                            .settled
+                            .wait_timeout(c, std::time::Duration::from_millis(5))
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0;
                     }
                 }
                 FaultPlan::Refill { page } => {
@@ -402,16 +404,27 @@ impl Inner {
                     return;
                 }
                 FaultPlan::Sigbus => {
+                    if poison_failed {
+                        // Still to be raised, and no marker can be placed:
+                        // the signal itself, under the core lock (see the
+                        // out-of-memory case above).
+                        if let Some(t) = tid {
+                            let _ = usermm_sys::thread::sigbus_thread(t, addr);
+                        }
+                        return;
+                    }
                     drop(c);
                     // A poison marker makes the kernel raise the SIGBUS itself,
                     // in the touching thread, with the exact address (and for
                     // every later touch too); the marker also wakes the thread.
-                    if self.uffd.poison(page_addr, self.page_size).is_err() {
-                        if let Some(t) = tid {
-                            let _ = usermm_sys::thread::sigbus_thread(t, addr);
-                        }
+                    if self.uffd.poison(page_addr, self.page_size).is_ok() {
+                        return;
                     }
-                    return;
+                    // The page may have been filled meanwhile (the thread
+                    // then went on, and a signal now would reach it
+                    // elsewhere): plan again.
+                    poison_failed = true;
+                    c = lock(&self.core);
                 }
                 FaultPlan::FileRead { run, file, file_page } => {
                     drop(c);
@@ -421,14 +434,16 @@ impl Inner {
                     // streaming region has the next window read by the
                     // background thread while the program consumes this one.
                     let ahead = n == run.pages() && n >= usermm_core::BLOCK_PAGES && file_continues(&c, run.end, file);
-                    drop(c);
                     if n == 0 {
                         // Past the end of the file (or the read failed):
                         // SIGBUS, as Linux raises for a mapping past EOF.
+                        // Under the core lock, before the wake: the thread
+                        // is still in this fault.
                         if let Some(t) = tid {
                             let _ = usermm_sys::thread::sigbus_thread(t, addr);
                         }
                     }
+                    drop(c);
                     // Wake only after the commit (the pages were copied in
                     // without waking): the woken thread must see them
                     // committed (e.g. locked), never a fill in flight.
@@ -491,16 +506,18 @@ impl Inner {
                 FaultPlan::SwapIn { run, .. } => {
                     drop(c);
                     let n = self.fill_io(&plan, write);
-                    drop(self.commit_fill(&plan, n));
+                    let c = self.commit_fill(&plan, n);
                     let p = Addr(page_addr as u64);
                     let faulted_in = n > 0 && (p.0 - self.addr(run.start) as u64) / (self.page_size as u64) < n;
                     if !faulted_in {
-                        // Signal first: a thread woken before its SIGBUS is
-                        // queued would retry the fault instead.
+                        // Signal first, under the core lock: a thread woken
+                        // before its SIGBUS is queued would retry the fault
+                        // instead, and the page cannot be filled meanwhile.
                         if let Some(t) = tid {
                             let _ = usermm_sys::thread::sigbus_thread(t, addr);
                         }
                     }
+                    drop(c);
                     self.wake_run(run, page_addr);
                     return;
                 }
@@ -841,13 +858,17 @@ impl Inner {
             }
             let pending: Vec<usize> = std::mem::take(&mut *lock(&self.willneed));
             for a in pending {
-                let swapped = {
+                let (swapped, file) = {
                     let c = lock(&self.core);
-                    c.page_of(Addr(a as u64)).is_some_and(|p| c.page(p).state == usermm_core::page::PState::Swapped)
+                    let p = c.page_of(Addr(a as u64));
+                    (
+                        p.is_some_and(|p| c.page(p).state == usermm_core::page::PState::Swapped),
+                        p.and_then(|p| c.region_at(p)).is_some_and(|r| r.file().is_some()),
+                    )
                 };
                 if swapped {
                     self.resolve(a, false, None);
-                } else {
+                } else if file {
                     // File read-ahead: a window from `a` (up to a hole or the
                     // end of the file; best effort, errors ignored).
                     let window = usermm_core::MAX_WINDOW_PAGES as usize * self.page_size;
@@ -914,7 +935,7 @@ impl Inner {
             if plan.is_empty() {
                 break;
             }
-            self.deactivate_all(&plan.deactivate);
+            freed += self.deactivate_all(&plan.deactivate);
             freed += self.discard_all(&plan.discard);
             freed += self.writeback_all(&plan.writeback);
             freed += self.purge_all(&plan.purge);
@@ -930,7 +951,10 @@ impl Inner {
         freed
     }
 
-    fn deactivate_all(&self, ds: &[Deactivate]) -> Vec<bool> {
+    /// Parks the pages of `ds` in their staging slots and commits; returns
+    /// the frames freed meanwhile: lazily freed pages the host turned out
+    /// to have discarded (a move finds no page: `deactivate_lost`).
+    fn deactivate_all(&self, ds: &[Deactivate]) -> u64 {
         let mut oks = vec![false; ds.len()];
         let can_move = self.uffd.has(UFFD_FEATURE_MOVE);
         let mut i = 0;
@@ -969,12 +993,24 @@ impl Inner {
                 let _ = self.arena.host_free_slot(d.slot);
             }
         }
+        // A page that would not move may be a lazily freed page the host
+        // discarded (its MADV_FREE was passed down): no page at all there.
+        let gone: Vec<bool> = ds
+            .iter()
+            .zip(&oks)
+            .map(|(d, ok)| !ok && self.host_lazyfree && self.arena.page_gone(self.addr(d.page)))
+            .collect();
         let mut c = lock(&self.core);
-        for (d, ok) in ds.iter().zip(&oks) {
-            c.deactivate_done(d, *ok);
+        let mut freed = 0;
+        for ((d, ok), gone) in ds.iter().zip(&oks).zip(gone) {
+            if gone {
+                freed += u64::from(c.deactivate_lost(d));
+            } else {
+                c.deactivate_done(d, *ok);
+            }
         }
         self.settled.notify_all();
-        oks
+        freed
     }
 
     /// Moves a resident page out of the program's range into its staging
@@ -1666,7 +1702,7 @@ impl Inner {
     /// `MADV_POPULATE_READ/WRITE` and `umm_populate`: returns the bytes
     /// populated (from `addr`, a prefix of the range) and the result.
     pub fn populate(&self, addr: usize, len: usize, write: bool) -> (usize, Result<(), Errno>) {
-        let mm = self.read_mm();
+        let mut mm = self.read_mm();
         let (segs, check) = lock(&self.core).populate_check(addr as u64, len as u64, write);
         let mut populated = 0usize;
         let mut empty_rounds = 0;
@@ -1711,10 +1747,13 @@ impl Inner {
                     }
                     FaultPlan::Sigbus => return (populated, Err(Errno::EHWPOISON)),
                     FaultPlan::Refill { page } => {
+                        // (A populate step plans none: a lazily freed
+                        // resident page is skipped like any resident one.)
                         let a = self.addr(page);
                         let n = self.arena.zero_fill_wake(&self.uffd, a, self.page_size, true).unwrap_or(0);
                         c.fill_done(&plan, u64::from(n == self.page_size));
                         self.after_fill(&mut c);
+                        drop(c);
                     }
                     FaultPlan::Wake | FaultPlan::Segv { .. } => {
                         // The region went away under us (a concurrent munmap).
@@ -1765,10 +1804,28 @@ impl Inner {
             }
             if write && skipped {
                 // Resident pages a read mapped to the zero page: a WRITE
-                // populate allocates them (never leaves the zero page).
+                // populate allocates them (never leaves the zero page). And
+                // lazily freed pages: the host's write populate dirties
+                // them, so that they are kept, as Linux's populate does
+                // (`FOLL_WRITE`); one the host already dropped faults into
+                // our handlers and is refilled.
                 let a = self.addr(seg.start);
-                for (z, e) in self.zero_pfn_ranges(a, seg.pages() as usize * self.page_size) {
-                    let _ = self.arena.host_populate_write(z, e - z);
+                let mut ranges = self.zero_pfn_ranges(a, seg.pages() as usize * self.page_size);
+                let lazy = lock(&self.core).lazyfree_runs(seg);
+                ranges.extend(lazy.iter().map(|r| (self.addr(r.start), self.addr(r.end))));
+                if !ranges.is_empty() {
+                    // The host call can fault into our own handlers, which
+                    // take the region lock: never hold it across one (a
+                    // writer waiting for it would block the handler, and
+                    // the handler this call). Without the lock the range
+                    // may be unmapped meanwhile: the host populate then
+                    // fails or populates the new region's pages through our
+                    // handlers, which changes no byte.
+                    drop(mm);
+                    for (z, e) in ranges {
+                        let _ = self.arena.host_populate_write(z, e - z);
+                    }
+                    mm = self.read_mm();
                 }
             }
         }
