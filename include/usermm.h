@@ -196,6 +196,8 @@ struct umm_stats {
     uint64_t regions;             /* regions mapped now */
     uint64_t user_mode_only;      /* 1: user-mode-only userfaultfd fallback */
     uint64_t swap_direct_io;      /* 1: swap I/O bypasses the page cache */
+    uint64_t host_refusals;       /* zaps the host refused at first (pages locked
+                                     behind usermm's back): unlocked or replaced */
 };
 
 /* Fills *cfg with the defaults (size = sizeof, swap_dir = NULL). */

@@ -420,6 +420,29 @@ impl Arena {
         mem::advise(a, l, MADV_POPULATE_WRITE)
     }
 
+    /// Drops the pages of `[a, a+l)` of the reservation, whatever the host
+    /// says: `MADV_DONTNEED`; if the host refuses (pages locked behind
+    /// usermm's back with a raw `mlock`: `EINVAL`), the range is unlocked
+    /// and dropped again; if it still refuses, the range is replaced by a
+    /// fresh mapping of protection `prot`, registered with `uffd` again. A
+    /// zapped range never shows its old bytes to the next region there.
+    /// Returns whether the host refused at first (for the stats).
+    pub fn zap(&self, uffd: &Uffd, a: usize, l: usize, prot: i32) -> Result<bool, Errno> {
+        self.check(a, l)?;
+        if mem::advise(a, l, libc::MADV_DONTNEED).is_ok() {
+            return Ok(false);
+        }
+        let _ = mem::munlock(a, l);
+        if mem::advise(a, l, libc::MADV_DONTNEED).is_ok() {
+            return Ok(true);
+        }
+        mem::replace_anon(a, l, prot)?;
+        mem::advise(a, l, libc::MADV_DONTFORK)?;
+        mem::advise(a, l, libc::MADV_NOHUGEPAGE)?;
+        uffd.register(a, l)?;
+        Ok(true)
+    }
+
     /// `MADV_DONTNEED` inside the reservation.
     pub fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno> {
         self.check(a, l)?;

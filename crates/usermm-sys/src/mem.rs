@@ -72,6 +72,29 @@ pub fn protect(addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
     check(unsafe { libc::mprotect(addr as *mut libc::c_void, len, prot) }).map(|_| ())
 }
 
+/// Replaces `[addr, addr+len)` of a space's reservation with a fresh,
+/// empty anonymous mapping of protection `prot` (`MAP_FIXED`): whatever the
+/// old pages were (locked, pinned), they are gone.
+pub fn replace_anon(addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
+    // SAFETY: the range belongs to a space (its reservation); replacing it
+    // drops pages usermm has decided to drop and that no Rust reference
+    // points at.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            prot,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(last_errno());
+    }
+    Ok(())
+}
+
 /// `madvise` on memory owned by a space (DONTNEED drops its pages).
 pub fn advise(addr: usize, len: usize, advice: i32) -> Result<(), Errno> {
     // SAFETY: the range belongs to a space; the advice usermm gives (DONTNEED
@@ -83,7 +106,7 @@ pub fn advise(addr: usize, len: usize, advice: i32) -> Result<(), Errno> {
 /// `mlock2` on memory owned by a space.
 pub fn mlock2(addr: usize, len: usize, flags: u32) -> Result<(), Errno> {
     // SAFETY: locking has no memory-safety effect.
-    let r = unsafe { libc::syscall(325, addr, len, flags) };
+    let r = unsafe { libc::syscall(libc::SYS_mlock2, addr, len, flags) };
     if r < 0 {
         return Err(last_errno());
     }

@@ -138,6 +138,11 @@ pub struct Stats {
     pub user_mode_only: u64,
     /// 1 when swap I/O bypasses the host page cache (O_DIRECT).
     pub swap_direct_io: u64,
+    /// Zaps (munmap, `MADV_DONTNEED`, `MAP_FIXED`) the host refused at
+    /// first because the pages were locked behind usermm's back (a raw
+    /// `mlock` syscall): the range was unlocked, or replaced by a fresh
+    /// mapping, so that no old byte is ever seen again.
+    pub host_refusals: u64,
 }
 
 /// What `umm_populate` reports (`struct umm_populate_report`).
@@ -408,6 +413,7 @@ impl Space {
             regions: s.regions,
             user_mode_only: self.inner.user_mode_only as u64,
             swap_direct_io: self.inner.swap.as_ref().is_some_and(|s| s.direct) as u64,
+            host_refusals: self.inner.host_refusals.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 

@@ -92,6 +92,8 @@ pub(crate) struct Inner {
     spinning: AtomicBool,
     pub wake_fd: EventFd,
     pub write_hold_ns_max: AtomicU64,
+    /// Zaps the host refused at first (see `Arena::zap`).
+    pub host_refusals: AtomicU64,
     pub low_watermark: u64,
     pub high_watermark: u64,
     pub inject_read_errors: AtomicU32,
@@ -199,6 +201,7 @@ impl Inner {
             spinning: AtomicBool::new(false),
             wake_fd: EventFd::new()?,
             write_hold_ns_max: AtomicU64::new(0),
+            host_refusals: AtomicU64::new(0),
             low_watermark: low,
             high_watermark: high,
             inject_read_errors: AtomicU32::new(0),
@@ -1247,11 +1250,13 @@ impl Inner {
     fn zap_chunk<'a>(&'a self, r: PageRange, mut mm: Option<RwLockReadGuard<'a, ()>>) {
         let start = self.addr(r.start);
         let len = r.pages() as usize * self.page_size;
-        let claim = {
+        let (claim, prot) = {
             let mut c = lock(&self.core);
             loop {
                 match c.zap_begin(r) {
-                    Ok(claim) => break claim,
+                    // (A detached range is PROT_NONE to the program: a
+                    // touch is SIGSEGV; see `Arena::zap` for the prot.)
+                    Ok(claim) => break (claim, c.region_at(r.start).map_or(PROT_NONE, |g| g.prot & PROT_MASK)),
                     Err(()) => c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner()),
                 }
             }
@@ -1263,7 +1268,12 @@ impl Inner {
             let mut off = 0;
             while off < len {
                 let n = (len - off).min(ZAP_SLICE_BYTES);
-                let _ = self.arena.dontneed(start + off, n);
+                // Whatever the host says, the pages go (a range locked
+                // behind our back is unlocked, or replaced): a new region
+                // here must never show them.
+                if !matches!(self.arena.zap(&self.uffd, start + off, n, prot), Ok(false)) {
+                    self.host_refusals.fetch_add(1, Ordering::Relaxed);
+                }
                 off += n;
                 if off < len {
                     // A fair unlock hands the lock to a parked writer at

@@ -305,3 +305,40 @@ fn lazyfree_mix_under_pressure_never_sigbus() {
         s.validate();
     });
 }
+
+/// Item 7: pages locked in the host behind usermm's back (a raw `mlock2`
+/// syscall, as LTP and the kernel's selftests make) make the host refuse
+/// `MADV_DONTNEED`; munmap must still drop them, so that the next region at
+/// that address reads zeros, and the space keeps working there.
+#[test]
+fn a_region_never_shows_another_regions_bytes() {
+    within(30, "raw host lock, munmap, remap", || {
+        let s = space(256, 1024, 0);
+        let a = s.mmap(0, 8 * PS, RW, ANON, -1, 0).unwrap();
+        fill(a, 0..8, 0x40);
+        usermm_sys::mem::mlock2(a, 8 * PS, 0).expect("raw host mlock2");
+        s.munmap(a, 8 * PS).unwrap();
+        let b = s.mmap(a, 8 * PS, RW, ANON | MAP_FIXED, -1, 0).unwrap();
+        assert_eq!(b, a);
+        for p in 0..8 {
+            assert_eq!(peek(b + p * PS), 0, "page {p}: the old region's byte");
+            assert_eq!(peek(b + p * PS + PS - 1), 0, "page {p}: the old region's byte");
+        }
+        assert!(s.stats().host_refusals > 0, "the refusal is counted");
+        // The space works there as before: writes, locks, populate.
+        fill(b, 0..8, 0x11);
+        s.mlockall(MCL_CURRENT).unwrap();
+        s.munlockall().unwrap();
+        s.madvise(b, 8 * PS, MADV_POPULATE_WRITE).unwrap();
+        for p in 0..8 {
+            assert_eq!(peek(b + p * PS), 0x11u8.wrapping_add(p as u8));
+        }
+        // MADV_DONTNEED over pages locked behind our back drops them too.
+        usermm_sys::mem::mlock2(b, 8 * PS, 0).expect("raw host mlock2");
+        s.madvise(b, 8 * PS, MADV_DONTNEED).unwrap();
+        for p in 0..8 {
+            assert_eq!(peek(b + p * PS), 0, "page {p} after DONTNEED");
+        }
+        s.validate();
+    });
+}

@@ -115,11 +115,12 @@ fn stats_words(s: &Stats) -> [u64; STATS_WORDS] {
         s.regions,
         s.user_mode_only,
         s.swap_direct_io,
+        s.host_refusals,
     ]
 }
 
 /// Fields of `struct umm_stats` after `size`.
-pub const STATS_WORDS: usize = 27;
+pub const STATS_WORDS: usize = 28;
 /// `sizeof(struct umm_stats)` in this library's version of the header.
 pub const STATS_SIZE: usize = 8 * (1 + STATS_WORDS);
 
@@ -712,7 +713,7 @@ mod tests {
     #[test]
     fn stats_layout_matches_header() {
         // The header's struct: size_t size + 19 SPEC fields + 8 of usermm's.
-        assert_eq!(STATS_WORDS, 19 + 8);
+        assert_eq!(STATS_WORDS, 19 + 9);
         assert_eq!(stats_words(&Stats::default()).len(), STATS_WORDS);
         // SPEC §2's struct is 72 bytes on x86-64; usermm's own field follows.
         assert_eq!(SPEC_CONFIG_SIZE, 72);
