@@ -94,6 +94,10 @@ pub(crate) struct Inner {
     pub write_hold_ns_max: AtomicU64,
     /// Zaps the host refused at first (see `Arena::zap`).
     pub host_refusals: AtomicU64,
+    /// Fills committed so far, and that count at the last drain of the
+    /// host's LRU batches before a `MADV_FREE` (see `AdviceOp::Free`).
+    fills: AtomicU64,
+    fills_drained: AtomicU64,
     pub low_watermark: u64,
     pub high_watermark: u64,
     pub inject_read_errors: AtomicU32,
@@ -202,6 +206,8 @@ impl Inner {
             wake_fd: EventFd::new()?,
             write_hold_ns_max: AtomicU64::new(0),
             host_refusals: AtomicU64::new(0),
+            fills: AtomicU64::new(0),
+            fills_drained: AtomicU64::new(0),
             low_watermark: low,
             high_watermark: high,
             inject_read_errors: AtomicU32::new(0),
@@ -620,6 +626,7 @@ impl Inner {
     }
 
     fn after_fill(&self, c: &mut MutexGuard<'_, Core>) {
+        self.fills.fetch_add(1, Ordering::Relaxed);
         self.settled.notify_all();
         if c.free_frames() < self.low_watermark || c.spares_low() {
             self.reclaim_wanted.notify_one();
@@ -1599,6 +1606,18 @@ impl Inner {
                     // Reuse costs nothing: the pages stay mapped, a write
                     // cancels the host's lazy free, and only under pressure
                     // (ours or the host's) is a clean page dropped.
+                    //
+                    // The host's MADV_FREE skips a page still waiting in a
+                    // CPU's LRU batch (it drains only the calling CPU's, and
+                    // our handlers install pages on the others): such a page
+                    // would never be discarded. Drain every CPU's batches
+                    // first, when pages were installed since the last drain
+                    // (a free-and-reuse loop installs none, and pays
+                    // nothing).
+                    let fills = self.fills.load(Ordering::Relaxed);
+                    if self.fills_drained.swap(fills, Ordering::Relaxed) != fills {
+                        self.arena.drain_host_lru();
+                    }
                     let _ = self.arena.host_free(self.addr(r.start), r.pages() as usize * self.page_size);
                     for s in parked {
                         let _ = self.arena.host_free_slot(s);

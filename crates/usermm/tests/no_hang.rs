@@ -221,8 +221,14 @@ fn lazily_freed_then_written_survives_host_swap() {
 /// free keep their data.
 #[test]
 fn lazily_freed_clean_pages_are_discarded_under_pressure() {
-    within(60, "lazyfree discard", || {
-        let s = space(8192, 65536, 0);
+    for flags in [0, UMM_F_EXACT_FAULTS] {
+        lazyfree_discard_under_pressure(flags);
+    }
+}
+
+fn lazyfree_discard_under_pressure(flags: u32) {
+    within(60, "lazyfree discard", move || {
+        let s = space(8192, 65536, flags);
         let a = s.mmap(0, 64 * PS, RW, ANON, -1, 0).unwrap();
         fill(a, 0..64, 1);
         s.madvise(a, 64 * PS, MADV_FREE).unwrap();
