@@ -68,6 +68,10 @@ pub struct CoreConfig {
     pub max_regions: usize,
     /// Lock limit in pages; `u64::MAX` is unlimited, 0 refuses every lock.
     pub memlock_pages: u64,
+    /// Whether locks may be asked for at all: false for a lock limit of 0
+    /// bytes (`EPERM`, Linux's `can_do_mlock`); a limit below one page is
+    /// `memlock_pages == 0` and gives `ENOMEM`/`EAGAIN`, as on Linux.
+    pub mlock_allowed: bool,
     /// Never fault around the touched page.
     pub exact_faults: bool,
 }
@@ -292,11 +296,15 @@ pub struct LockPlan {
     /// Parked (inactive) pages in newly locked segments.
     pub reactivate: Vec<PageIdx>,
     pub result: Result<(), Errno>,
+    /// Populate failures other than the budget are ignored (`mlockall`:
+    /// Linux's `__mm_populate(.., ignore_errors)`); otherwise they fail the
+    /// call with `ENOMEM` and leave the range locked, as `mlock` does.
+    pub populate_best_effort: bool,
 }
 
 impl Default for LockPlan {
     fn default() -> LockPlan {
-        LockPlan { changed: Vec::new(), reactivate: Vec::new(), result: Ok(()) }
+        LockPlan { changed: Vec::new(), reactivate: Vec::new(), result: Ok(()), populate_best_effort: false }
     }
 }
 
@@ -480,6 +488,12 @@ impl Core {
         let ps = self.page_size();
         len.checked_add(ps - 1).map(|l| l >> self.cfg.page_shift)
     }
+    /// `len` rounded up to whole pages as Linux's `PAGE_ALIGN` does it, with
+    /// wrap-around (`SIZE_MAX` becomes 0).
+    fn page_align_wrapping(&self, len: u64) -> u64 {
+        let ps = self.page_size();
+        len.wrapping_add(ps - 1) & !(ps - 1)
+    }
     /// The part of `[addr, addr+pages)` inside the reservation, as page indices.
     fn clip(&self, addr: u64, pages: u64) -> PageRange {
         let lo = addr.max(self.cfg.base);
@@ -520,8 +534,55 @@ impl Core {
         flags: i32,
         file: Option<FileMap>,
     ) -> Result<MmapReply, Errno> {
+        // Linux's order (do_mmap): the length, the offset, the address
+        // (alignment, MAP_FIXED_NOREPLACE overlap), the lock limit, and only
+        // then the mapping type and the file's checks.
         if len == 0 {
             return bad(Errno::EINVAL);
+        }
+        if flags & MAP_HUGETLB != 0 {
+            return bad(Errno::EINVAL);
+        }
+        let pages = self.len_pages(len).ok_or(Errno::ENOMEM)?;
+        if pages == 0 {
+            return bad(Errno::ENOMEM);
+        }
+        if let Some(f) = &file {
+            if f.off_pages.checked_add(pages).is_none() {
+                return bad(Errno::EOVERFLOW);
+            }
+        }
+        let fixed = flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0;
+        let fixed_range = if fixed {
+            if !self.aligned(addr) {
+                return bad(Errno::EINVAL);
+            }
+            if !self.in_reservation(addr, pages) {
+                return bad(Errno::EINVAL);
+            }
+            let r = self.clip(addr, pages);
+            if flags & MAP_FIXED_NOREPLACE != 0 && (self.regions.any_in(r) || self.held.iter().any(|h| h.overlaps(&r)))
+            {
+                return bad(Errno::EEXIST);
+            }
+            Some(r)
+        } else {
+            None
+        };
+        let lock = if flags & UMM_MAP_LOCKONFAULT != 0 {
+            LockMode::OnFault
+        } else if flags & MAP_LOCKED != 0 {
+            LockMode::Locked
+        } else {
+            self.lock_future.unwrap_or(LockMode::None)
+        };
+        if lock != LockMode::None {
+            if !self.cfg.mlock_allowed {
+                return bad(Errno::EPERM);
+            }
+            if self.locked_charged.saturating_add(pages) > self.cfg.memlock_pages {
+                return bad(Errno::EAGAIN);
+            }
         }
         let shared = match flags & MAP_TYPE {
             MAP_SHARED => true,
@@ -549,46 +610,8 @@ impl Core {
             if shared && prot & PROT_WRITE != 0 && !f.writable {
                 return bad(Errno::EACCES);
             }
-            let pages = self.len_pages(len).unwrap_or(0);
-            if f.off_pages.checked_add(pages).is_none() {
-                return bad(Errno::EOVERFLOW);
-            }
         }
-        if flags & MAP_HUGETLB != 0 {
-            return bad(Errno::EINVAL);
-        }
-        let pages = self.len_pages(len).ok_or(Errno::ENOMEM)?;
-        if pages == 0 {
-            return bad(Errno::ENOMEM);
-        }
-        let lock = if flags & UMM_MAP_LOCKONFAULT != 0 {
-            LockMode::OnFault
-        } else if flags & MAP_LOCKED != 0 {
-            LockMode::Locked
-        } else {
-            self.lock_future.unwrap_or(LockMode::None)
-        };
-        if lock != LockMode::None {
-            if self.cfg.memlock_pages == 0 {
-                return bad(Errno::EPERM);
-            }
-            if self.locked_charged.saturating_add(pages) > self.cfg.memlock_pages {
-                return bad(Errno::EAGAIN);
-            }
-        }
-        let fixed = flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0;
-        let start = if fixed {
-            if !self.aligned(addr) {
-                return bad(Errno::EINVAL);
-            }
-            if !self.in_reservation(addr, pages) {
-                return bad(Errno::EINVAL);
-            }
-            let r = self.clip(addr, pages);
-            if flags & MAP_FIXED_NOREPLACE != 0 && (self.regions.any_in(r) || self.held.iter().any(|h| h.overlaps(&r)))
-            {
-                return bad(Errno::EEXIST);
-            }
+        let start = if let Some(r) = fixed_range {
             if self.held.iter().any(|h| h.overlaps(&r)) {
                 return Ok(MmapReply::WaitUnmapping);
             }
@@ -777,9 +800,16 @@ impl Core {
             return (vec![], bad(Errno::ENOMEM));
         }
         if prot & !(PROT_MASK | PROT_SEM | PROT_GROWSDOWN | PROT_GROWSUP) != 0
-            || prot & (PROT_GROWSDOWN | PROT_GROWSUP) != 0
+            || prot & (PROT_GROWSDOWN | PROT_GROWSUP) == PROT_GROWSDOWN | PROT_GROWSUP
         {
             return (vec![], bad(Errno::EINVAL));
+        }
+        if prot & (PROT_GROWSDOWN | PROT_GROWSUP) != 0 {
+            // No region grows: Linux finds the first mapping in the range
+            // (none: ENOMEM), then refuses it for not growing (EINVAL).
+            let r = self.clip(addr, pages);
+            let any = !r.is_empty() && self.regions.any_in(r);
+            return (vec![], bad(if any { Errno::EINVAL } else { Errno::ENOMEM }));
         }
         let prot = prot & PROT_MASK;
         if !self.in_reservation(addr, pages) {
@@ -856,22 +886,18 @@ impl Core {
     /// `plan.result` is the error and `plan.changed` what was applied.
     pub fn lock_range(&mut self, addr: u64, len: u64, mode: LockMode) -> LockPlan {
         let mut plan = LockPlan::default();
-        if mode != LockMode::None && self.cfg.memlock_pages == 0 {
+        if mode != LockMode::None && !self.cfg.mlock_allowed {
             plan.result = bad(Errno::EPERM);
             return plan;
         }
+        // Linux (do_mlock, apply_vma_lock_flags): the length is widened to
+        // whole pages with wrap-around; an empty result is a no-op (0), and
+        // `start + len` overflowing is EINVAL — after the limit check.
         let ps = self.page_size();
         let start = addr & !(ps - 1);
-        let Some(end) = addr.checked_add(len).and_then(|e| e.checked_add(ps - 1)).map(|e| e & !(ps - 1)) else {
-            plan.result = bad(Errno::ENOMEM);
-            return plan;
-        };
-        if end == start {
-            return plan;
-        }
-        let pages = (end - start) >> self.cfg.page_shift;
-        if mode != LockMode::None {
-            // Linux counts the whole request, minus what is locked already.
+        let bytes = self.page_align_wrapping(len.wrapping_add(addr & (ps - 1)));
+        let pages = bytes >> self.cfg.page_shift;
+        if mode != LockMode::None && self.cfg.memlock_pages != u64::MAX {
             let r = self.clip(start, pages);
             let already: u64 = self
                 .regions
@@ -880,10 +906,17 @@ impl Core {
                 .filter(|g| g.lock != LockMode::None)
                 .map(|g| g.range.intersect(&r).pages())
                 .sum();
-            if self.cfg.memlock_pages != u64::MAX && self.locked_charged + pages - already > self.cfg.memlock_pages {
+            if self.locked_charged + pages - already.min(pages) > self.cfg.memlock_pages {
                 plan.result = bad(Errno::ENOMEM);
                 return plan;
             }
+        }
+        let Some(end) = start.checked_add(bytes) else {
+            plan.result = bad(Errno::EINVAL);
+            return plan;
+        };
+        if end == start {
+            return plan;
         }
         if !self.in_reservation(start, pages) && self.page_of(Addr(start)).is_none() {
             plan.result = bad(Errno::ENOMEM);
@@ -972,12 +1005,12 @@ impl Core {
 
     /// Decides `mlockall`: returns the plan for `MCL_CURRENT`'s changes.
     pub fn mlockall(&mut self, flags: i32) -> LockPlan {
-        let mut plan = LockPlan::default();
+        let mut plan = LockPlan { populate_best_effort: true, ..LockPlan::default() };
         if flags == 0 || flags & !(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT) != 0 || flags == MCL_ONFAULT {
             plan.result = bad(Errno::EINVAL);
             return plan;
         }
-        if self.cfg.memlock_pages == 0 {
+        if !self.cfg.mlock_allowed {
             plan.result = bad(Errno::EPERM);
             return plan;
         }
@@ -2202,13 +2235,16 @@ impl Core {
         if flags & MS_ASYNC != 0 && flags & MS_SYNC != 0 {
             return (vec![], bad(Errno::EINVAL));
         }
-        let Some(pages) = self.len_pages(len) else { return (vec![], bad(Errno::ENOMEM)) };
-        let Some(end) = pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b)) else {
+        // Linux rounds the length up with wrap-around (a length that wraps
+        // to 0 is an empty range), then `start + len` overflowing is ENOMEM.
+        let bytes = self.page_align_wrapping(len);
+        let Some(end) = addr.checked_add(bytes) else {
             return (vec![], bad(Errno::ENOMEM));
         };
         if end == addr {
             return (vec![], Ok(()));
         }
+        let pages = bytes >> self.cfg.page_shift;
         let r = self.clip(addr, pages);
         let mut hole = !self.in_reservation(addr, pages);
         let mut segs = Vec::new();

@@ -519,6 +519,7 @@ fn run(seed: u64, ops: usize) -> usermm_core::Counters {
         staging_slots: 16,
         max_regions: 100,
         memlock_pages: u64::MAX,
+        mlock_allowed: true,
         exact_faults: rng.chance(2),
     });
     let mut sim = Sim {

@@ -177,6 +177,7 @@ impl Inner {
             staging_slots,
             max_regions: if cfg.max_regions == 0 { 65530 } else { cfg.max_regions },
             memlock_pages: if cfg.memlock_bytes == usize::MAX { u64::MAX } else { (cfg.memlock_bytes / ps) as u64 },
+            mlock_allowed: cfg.memlock_bytes != 0,
             exact_faults: cfg.flags & UMM_F_EXACT_FAULTS != 0,
         });
         let host_lazyfree = arena.host_lazyfree() && ps == 4096 && !user_mode_only;
@@ -1706,23 +1707,42 @@ impl Inner {
             self.resolve(self.addr(p), false, None);
         }
         if plan.result.is_ok() {
+            let mut failed = None;
             for seg in &full {
                 let prot = lock(&self.core).region_at(seg.start).map(|r| r.prot).unwrap_or(PROT_NONE);
-                if prot == PROT_NONE {
-                    // Linux cannot populate PROT_NONE: mlock says ENOMEM
-                    // and leaves the range locked.
-                    return Err(Errno::ENOMEM);
-                }
-                let (_, r) =
-                    self.populate(self.addr(seg.start), seg.pages() as usize * self.page_size, prot & PROT_WRITE != 0);
-                if r.is_err() {
-                    let _mm = self.mm.write();
-                    for &(seg, old) in plan.changed.iter().rev() {
-                        let _ = self.host_lock(seg, old);
+                // Linux populates what it can reach (FOLL_FORCE): not
+                // PROT_NONE, and here not exec-only either (measured on
+                // this kernel: mlock of both says ENOMEM).
+                let r = if prot & (PROT_READ | PROT_WRITE) == 0 {
+                    Err(Errno::EFAULT)
+                } else {
+                    self.populate(self.addr(seg.start), seg.pages() as usize * self.page_size, prot & PROT_WRITE != 0).1
+                };
+                match r {
+                    Ok(()) => {}
+                    Err(Errno::ENOMEM) => {
+                        // The budget cannot hold the pages: EAGAIN, and
+                        // nothing new stays locked (usermm's improvement on
+                        // Linux, which leaves the range locked).
+                        let _mm = self.mm.write();
+                        for &(seg, old) in plan.changed.iter().rev() {
+                            let _ = self.host_lock(seg, old);
+                        }
+                        lock(&self.core).lock_revert(&plan);
+                        return Err(Errno::EAGAIN);
                     }
-                    lock(&self.core).lock_revert(&plan);
-                    return Err(Errno::EAGAIN);
+                    // mlockall ignores the others (Linux's ignore_errors);
+                    // mlock reports them as Linux's
+                    // __mlock_posix_error_return does (EFAULT, and an
+                    // unreadable range, is ENOMEM) and stays locked.
+                    Err(_) if plan.populate_best_effort => {}
+                    Err(e) => {
+                        failed.get_or_insert(if e == Errno::EFAULT || e == Errno::EINVAL { Errno::ENOMEM } else { e });
+                    }
                 }
+            }
+            if let Some(e) = failed {
+                return Err(e);
             }
         }
         plan.result

@@ -1117,3 +1117,84 @@ fn mlock_onfault_reads_of_untouched_pages_lock_nothing() {
         t.unit("munmap", mm.munmap(b, 16 * PAGE));
     });
 }
+
+#[test]
+fn linux_errno_lock_lengths_and_grows_flags() {
+    conform("linux_errno_lock_lengths_and_grows_flags", |mm, t| {
+        let b = mm.base();
+        //  AA.A
+        let _ = t.addr("A", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.unit("hole", mm.munmap(b + 2 * PAGE, PAGE));
+        // A length whose page-rounded value wraps to 0 is an empty range.
+        t.unit("mlock SIZE_MAX", mm.mlock2(b, usize::MAX, 0));
+        t.unit("munlock SIZE_MAX", mm.munlock(b, usize::MAX));
+        // addr + len overflowing: EINVAL (after the lock limit).
+        t.unit("mlock overflowing", mm.mlock2(b, usize::MAX - 2 * PAGE, 0));
+        t.unit("munlock overflowing", mm.munlock(b, usize::MAX - 2 * PAGE));
+        t.unit("mlock unaligned overflowing", mm.mlock2(b + 1, usize::MAX - PAGE, MLOCK_ONFAULT));
+        // PROT_GROWSDOWN/UP: no region grows; a hole is ENOMEM first.
+        t.unit("growsdown over a hole", mm.mprotect(b + 2 * PAGE, PAGE, PROT_READ | 0x0100_0000));
+        t.unit("growsup over a hole", mm.mprotect(b + 2 * PAGE, PAGE, PROT_READ | 0x0200_0000));
+        t.unit("growsdown over a mapping", mm.mprotect(b, PAGE, PROT_READ | 0x0100_0000));
+        t.unit("growsdown from a hole into a mapping", mm.mprotect(b + 2 * PAGE, 2 * PAGE, PROT_READ | 0x0100_0000));
+        t.unit("both grows flags over a hole", mm.mprotect(b + 2 * PAGE, PAGE, PROT_READ | 0x0300_0000));
+        // mlock of memory it cannot populate: ENOMEM, and the range stays
+        // locked (Linux).
+        let _ = t.addr("N", mm.mmap(b + 8 * PAGE, 2 * PAGE, PROT_NONE, FIXED_PRIVATE, 0));
+        t.unit("mlock PROT_NONE", mm.mlock2(b + 8 * PAGE, 2 * PAGE, 0));
+        t.note(format!("lock N {}", mm.lock_info(b + 8 * PAGE)));
+        let _ = t.addr("X", mm.mmap(b + 12 * PAGE, 2 * PAGE, PROT_EXEC, FIXED_PRIVATE, 0));
+        t.unit("mlock exec-only", mm.mlock2(b + 12 * PAGE, 2 * PAGE, 0));
+        t.note(format!("lock X {}", mm.lock_info(b + 12 * PAGE)));
+        t.unit("munlock all", mm.munlock(b, 16 * PAGE));
+        t.layout("layout", mm);
+    });
+}
+
+/// Linux's `mmap` order (do_mmap): length, address (alignment,
+/// `MAP_FIXED_NOREPLACE` overlap), lock limit, then the mapping type. The
+/// host cannot be given a lock limit here (root has `CAP_IPC_LOCK`), so the
+/// order is checked on usermm alone; each case was measured on Linux 6.18
+/// as an unprivileged process with RLIMIT_MEMLOCK of one page.
+#[test]
+fn usermm_mmap_error_precedence_and_lock_limits() {
+    let s = space(Config { budget_bytes: 16 << 20, memlock_bytes: 4096, ..Config::default() });
+    let (base, _) = s.reservation();
+    let a = s.mmap(base, 4 * PAGE, RW, FIXED_PRIVATE, -1, 0).unwrap();
+    let locked = MAP_ANONYMOUS | MAP_LOCKED;
+    // Invalid type + lock over the limit: EAGAIN.
+    assert_eq!(s.mmap(0, 4 * PAGE, RW, locked, -1, 0), Err(Errno::EAGAIN));
+    // Unaligned MAP_FIXED_NOREPLACE + lock over the limit: EINVAL.
+    assert_eq!(s.mmap(a + 1, 4 * PAGE, RW, locked | MAP_PRIVATE | MAP_FIXED_NOREPLACE, -1, 0), Err(Errno::EINVAL));
+    // NOREPLACE overlap + lock over the limit: EEXIST.
+    assert_eq!(s.mmap(a, 4 * PAGE, RW, locked | MAP_PRIVATE | MAP_FIXED_NOREPLACE, -1, 0), Err(Errno::EEXIST));
+    // NOREPLACE overlap + invalid type: EEXIST.
+    assert_eq!(s.mmap(a, 4 * PAGE, RW, MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0), Err(Errno::EEXIST));
+    // A limit below one page: ENOMEM for mlock (EPERM is for a zero limit).
+    let small = space(Config { budget_bytes: 16 << 20, memlock_bytes: 100, ..Config::default() });
+    let m = small.mmap(0, PAGE, RW, ANON_PRIVATE, -1, 0).unwrap();
+    assert_eq!(small.mlock(m, 1), Err(Errno::ENOMEM));
+    let zero = space(Config { budget_bytes: 16 << 20, memlock_bytes: 0, ..Config::default() });
+    let z = zero.mmap(0, PAGE, RW, ANON_PRIVATE, -1, 0).unwrap();
+    assert_eq!(zero.mlock(z, 1), Err(Errno::EPERM));
+    // msync with a length that wraps to 0: 0.
+    assert_eq!(s.msync(a, usize::MAX, MS_SYNC), Ok(()));
+}
+
+/// `mlockall(MCL_CURRENT)` locks every region and ignores what it cannot
+/// populate (Linux's `__mm_populate(.., ignore_errors)`): a `PROT_NONE`
+/// region is locked, the call returns 0.
+#[test]
+fn usermm_mlockall_with_prot_none_region() {
+    let s = space(Config { budget_bytes: 16 << 20, ..Config::default() });
+    let a = s.mmap(0, 4 * PAGE, RW, ANON_PRIVATE, -1, 0).unwrap();
+    let n = s.mmap(0, 4 * PAGE, PROT_NONE, ANON_PRIVATE, -1, 0).unwrap();
+    assert_eq!(s.mlockall(MCL_CURRENT), Ok(()));
+    let mut st = vec![0u32; 4];
+    s.page_state(a, 4, &mut st).unwrap();
+    assert!(st.iter().all(|x| x & UMM_PAGE_LOCKED != 0 && x & UMM_PAGE_RESIDENT != 0), "{st:?}");
+    assert!(s.smaps().contains("lo"), "{}", s.smaps());
+    let _ = n;
+    assert_eq!(s.munlockall(), Ok(()));
+    s.validate();
+}

@@ -23,6 +23,7 @@ pub fn cfg() -> CoreConfig {
         staging_slots: 16,
         max_regions: 100,
         memlock_pages: u64::MAX,
+        mlock_allowed: true,
         exact_faults: true,
     }
 }

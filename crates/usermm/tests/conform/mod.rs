@@ -105,6 +105,14 @@ pub trait Mm {
     }
 }
 
+/// Whether Linux's `mlock`/`munlock` of `[addr, addr+len)` touches nothing:
+/// the page-rounded length wraps to 0 (an empty range) or the end overflows
+/// (`EINVAL`). Such calls may be passed to the host whatever the arena.
+fn no_effect(addr: usize, len: usize) -> bool {
+    let bytes = len.wrapping_add(addr & (PAGE - 1)).wrapping_add(PAGE - 1) & !(PAGE - 1);
+    bytes == 0 || (addr & !(PAGE - 1)).checked_add(bytes).is_none()
+}
+
 /// Parses `start-end perms ...` header lines (maps or smaps text), keeping
 /// those inside `[lo, hi)`.
 pub fn parse_maps(text: &str, lo: usize, hi: usize) -> Vec<(usize, usize, String)> {
@@ -171,11 +179,17 @@ impl Mm for KernelMm {
         self.regions().len()
     }
     fn mlock2(&self, addr: usize, len: usize, flags: u32) -> Result<(), Errno> {
-        assert!(self.arena.contains(addr & !(PAGE - 1), len), "kernel mlock2 outside the arena");
+        assert!(
+            no_effect(addr, len) || self.arena.contains(addr & !(PAGE - 1), len),
+            "kernel mlock2 outside the arena"
+        );
         usermm_sys::mem::mlock2(addr, len, flags)
     }
     fn munlock(&self, addr: usize, len: usize) -> Result<(), Errno> {
-        assert!(self.arena.contains(addr & !(PAGE - 1), len), "kernel munlock outside the arena");
+        assert!(
+            no_effect(addr, len) || self.arena.contains(addr & !(PAGE - 1), len),
+            "kernel munlock outside the arena"
+        );
         usermm_sys::mem::munlock(addr, len)
     }
     fn smaps_text(&self) -> String {
