@@ -572,7 +572,14 @@ impl Core {
         let lock = if flags & UMM_MAP_LOCKONFAULT != 0 {
             LockMode::OnFault
         } else if flags & MAP_LOCKED != 0 {
-            LockMode::Locked
+            // Under mlockall(MCL_FUTURE | MCL_ONFAULT), MAP_LOCKED adds
+            // VM_LOCKED to the default VM_LOCKED | VM_LOCKONFAULT: still
+            // lock-on-fault (Linux).
+            if self.lock_future == Some(LockMode::OnFault) {
+                LockMode::OnFault
+            } else {
+                LockMode::Locked
+            }
         } else {
             self.lock_future.unwrap_or(LockMode::None)
         };
@@ -1275,6 +1282,9 @@ impl Core {
             // one raced with mprotect. The retry sees the new protection.
             return FaultPlan::Wake;
         }
+        // Shared anonymous memory is shmem on Linux: a fault allocates
+        // exactly the touched page (no fault-around, no mTHP-like blocks).
+        let exact = exact || reg.kind == Kind::AnonShared;
         let region = match populate {
             Some(end) => PageRange { start: reg.range.start, end: reg.range.end.min(end) },
             None => reg.range,

@@ -39,7 +39,7 @@ use parking_lot::{RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 
 use usermm_core::consts::*;
-use usermm_core::region::LockMode;
+use usermm_core::region::{Kind, LockMode};
 use usermm_core::{
     Addr, AdviceOp, Core, CoreConfig, Deactivate, Detached, Discard, Errno, Evict, FaultPlan, FileMap, FileRange,
     LockPlan, MmapReply, PageIdx, PageRange, Transfer, Writeback,
@@ -1421,7 +1421,10 @@ impl Inner {
                     // Best effort: never fails the mmap (Linux). A
                     // lock-on-fault region is never populated, even with
                     // MAP_POPULATE (Linux skips VM_LOCKONFAULT).
-                    let populate = mode == LockMode::Locked || (flags & MAP_POPULATE != 0 && mode != LockMode::OnFault);
+                    // MAP_NONBLOCK with MAP_POPULATE populates nothing
+                    // (do_mmap: only a lock, or MAP_POPULATE alone).
+                    let populate = mode == LockMode::Locked
+                        || (flags & (MAP_POPULATE | MAP_NONBLOCK) == MAP_POPULATE && mode != LockMode::OnFault);
                     if populate && plan.prot != PROT_NONE {
                         let _ = self.populate(a, l, plan.prot & PROT_WRITE != 0);
                     }
@@ -1540,14 +1543,46 @@ impl Inner {
     }
 
     pub fn mprotect(&self, addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
-        let _mm = self.mm.write();
+        let mm = self.mm.write();
         let t0 = now_ns();
-        let (segs, res) = lock(&self.core).mprotect(addr as u64, len as u64, prot);
-        for s in segs {
+        let (segs, res, populate) = {
+            let mut c = lock(&self.core);
+            // Linux (mprotect_fixup): a fully locked private range made
+            // writable is populated for writing (the zero pages a read
+            // mapped get frames of their own); lock-on-fault ones are not.
+            let populate: Vec<PageRange> = if prot & PROT_WRITE != 0 {
+                let ps = self.page_size as u64;
+                let pages = (len as u64).div_ceil(ps);
+                c.page_of(Addr(addr as u64))
+                    .map(|p0| {
+                        let r = PageRange::new(p0.0, p0.0.saturating_add(pages));
+                        c.regions()
+                            .overlapping(r)
+                            .iter()
+                            .filter(|g| {
+                                g.lock == LockMode::Locked
+                                    && matches!(g.kind, Kind::AnonPrivate | Kind::FilePrivate)
+                                    && g.prot & PROT_WRITE == 0
+                            })
+                            .map(|g| g.range.intersect(&r))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let (segs, res) = c.mprotect(addr as u64, len as u64, prot);
+            (segs, res, populate)
+        };
+        for s in &segs {
             let a = self.addr(s.start);
             self.arena.protect(a, s.pages() as usize * self.page_size, prot & PROT_MASK)?;
         }
         self.note_hold(t0);
+        drop(mm);
+        for r in populate.into_iter().filter(|r| segs.iter().any(|s| s.overlaps(r))) {
+            let _ = self.populate(self.addr(r.start), r.pages() as usize * self.page_size, true);
+        }
         res
     }
 

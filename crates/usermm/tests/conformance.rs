@@ -1198,3 +1198,99 @@ fn usermm_mlockall_with_prot_none_region() {
     assert_eq!(s.munlockall(), Ok(()));
     s.validate();
 }
+
+/// Random `mlock`/`mlock2(MLOCK_ONFAULT)` calls inside the first 128 KiB of a
+/// 384 KiB region with a 256 KiB limit all succeed on Linux (the charge of
+/// the range already locked is not counted twice).
+#[test]
+fn usermm_random_locks_within_the_limit_all_succeed() {
+    let s = space(Config { budget_bytes: 16 << 20, memlock_bytes: 256 << 10, ..Config::default() });
+    let a = s.mmap(0, 384 << 10, RW, ANON_PRIVATE, -1, 0).unwrap();
+    let mut x = 7u64;
+    for i in 0..100 {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let off = (x >> 33) as usize % (128 << 10);
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let len = (x >> 33) as usize % ((128 << 10) - off) + 1;
+        let r = if i % 2 == 0 { s.mlock(a + off, len) } else { s.mlock2(a + off, len, MLOCK_ONFAULT) };
+        assert_eq!(
+            r,
+            Ok(()),
+            "call {i}: lock [{off:#x}, +{len:#x}) with {} pages charged",
+            s.stats().locked_charged_pages
+        );
+    }
+    assert!(s.stats().locked_charged_pages <= 32);
+    s.validate();
+}
+
+#[test]
+fn linux_map_populate_nonblock_populates_nothing() {
+    conform("linux_map_populate_nonblock_populates_nothing", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("POPULATE|NONBLOCK", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE | MAP_POPULATE | MAP_NONBLOCK, 0));
+        t.mincore("nothing populated", mm.mincore(b, 4 * PAGE));
+        let _ = t.addr("POPULATE", mm.mmap(b + 8 * PAGE, 4 * PAGE, RW, FIXED_PRIVATE | MAP_POPULATE, 0));
+        t.mincore("populated", mm.mincore(b + 8 * PAGE, 4 * PAGE));
+    });
+}
+
+/// `mprotect(+PROT_WRITE)` of a fully locked private range populates it
+/// for writing: the zero pages a read populate mapped get frames of their
+/// own (Linux's mprotect_fixup), on the host and on usermm alike.
+#[test]
+fn linux_mprotect_write_on_locked_range_populates() {
+    let pm = usermm_sys::file::Pagemap::open().expect("pagemap");
+    let check = |name: &str, a: usize, mprotect: &dyn Fn(usize, usize, i32) -> Result<(), Errno>| {
+        let zero_before = pm.zero_pfn_ranges(a, 4 * PAGE).expect("PAGEMAP_SCAN");
+        assert!(!zero_before.is_empty(), "{name}: a read-only locked range maps the zero page");
+        mprotect(a, 4 * PAGE, RW).unwrap();
+        let zero_after = pm.zero_pfn_ranges(a, 4 * PAGE).expect("PAGEMAP_SCAN");
+        assert!(zero_after.is_empty(), "{name}: still the zero page after mprotect(+W): {zero_after:x?}");
+    };
+    let k = usermm_sys::kernel::KernelArena::new(1 << 20).unwrap();
+    let a = k.mmap(k.base(), 4 * PAGE, PROT_READ, FIXED_PRIVATE, 0).unwrap();
+    usermm_sys::mem::mlock2(a, 4 * PAGE, 0).unwrap();
+    check("kernel", a, &|a, l, p| k.mprotect(a, l, p));
+    usermm_sys::mem::munlock(a, 4 * PAGE).unwrap();
+    let s = space(Config { budget_bytes: 16 << 20, ..Config::default() });
+    let u = s.mmap(0, 4 * PAGE, PROT_READ, ANON_PRIVATE, -1, 0).unwrap();
+    s.mlock(u, 4 * PAGE).unwrap();
+    check("usermm", u, &|a, l, p| s.mprotect(a, l, p));
+    s.validate();
+}
+
+/// `MAP_LOCKED` under `mlockall(MCL_FUTURE | MCL_ONFAULT)` is lock-on-fault:
+/// nothing is populated (Linux: VM_LOCKED | VM_LOCKONFAULT).
+#[test]
+fn usermm_map_locked_under_mcl_onfault_is_lock_on_fault() {
+    let s = space(Config { budget_bytes: 16 << 20, ..Config::default() });
+    s.mlockall(MCL_FUTURE | MCL_ONFAULT).unwrap();
+    let a = s.mmap(0, 4 * PAGE, RW, ANON_PRIVATE | MAP_LOCKED, -1, 0).unwrap();
+    let mut v = vec![0u8; 4];
+    s.mincore(a, 4 * PAGE, &mut v).unwrap();
+    assert_eq!(v, [0, 0, 0, 0], "nothing populated");
+    assert!(s.smaps().contains("lo lf") || s.smaps().contains("lf"), "{}", s.smaps());
+    s.munlockall().unwrap();
+}
+
+/// LTP mlock201's layout: an 8-page shared anonymous region, 4 pages
+/// touched, then `mlock2(MLOCK_ONFAULT)`: exactly the touched pages are
+/// resident (shmem allocates the touched page only).
+#[test]
+fn linux_shared_anonymous_residency_is_exact() {
+    conform("linux_shared_anonymous_residency_is_exact", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("shared", mm.mmap(b, 8 * PAGE, RW, FIXED_SHARED, 0));
+        for p in 0..4 {
+            mm.write_byte(b + p * PAGE, 1);
+        }
+        t.unit("mlock2 ONFAULT", mm.mlock2(b, 8 * PAGE, MLOCK_ONFAULT));
+        t.mincore("touched pages only", mm.mincore(b, 8 * PAGE));
+        for p in [7, 5] {
+            mm.read_byte(b + p * PAGE);
+        }
+        t.mincore("read pages too", mm.mincore(b, 8 * PAGE));
+        t.unit("munlock", mm.munlock(b, 8 * PAGE));
+    });
+}
