@@ -53,6 +53,10 @@ pub const MADV_WILLNEED: i32 = 3;
 pub const MADV_DONTNEED: i32 = 4;
 pub const MADV_FREE: i32 = 8;
 pub const MADV_REMOVE: i32 = 9;
+/// Linux 6.13's guard pages: a touch raises SIGSEGV; they survive
+/// `MADV_DONTNEED` and go with `munmap` or `MADV_GUARD_REMOVE`.
+pub const MADV_GUARD_INSTALL: i32 = 102;
+pub const MADV_GUARD_REMOVE: i32 = 103;
 pub const MADV_DONTFORK: i32 = 10;
 pub const MADV_DOFORK: i32 = 11;
 pub const MADV_MERGEABLE: i32 = 12;

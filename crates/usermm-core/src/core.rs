@@ -335,6 +335,13 @@ pub enum AdviceOp {
     /// Write the pages back to their file, then drop them (DONTNEED on a
     /// shared file region: the file keeps the data, a touch re-reads it).
     WritebackZap(PageRange),
+    /// Free the file's blocks under the pages (`fallocate(PUNCH_HOLE)`),
+    /// then drop the pages without write-back (MADV_REMOVE on a shared file
+    /// region: it reads back as zeros).
+    PunchZap { range: PageRange, file: u32, file_page: u64 },
+    /// Pass the advice down to the host kernel on the range (MADV_DONTDUMP,
+    /// MADV_DODUMP, MADV_GUARD_INSTALL after a zap, MADV_GUARD_REMOVE).
+    Host(PageRange, i32),
 }
 
 /// The reply to `mmap`: either a plan, or "wait for a zap in progress".
@@ -1094,7 +1101,10 @@ impl Core {
             // (the reservation is always MADV_DONTFORK), KSM, THP (usermm
             // installs 4 KiB pages), core dumps. Accepted, no effect.
             MADV_DONTFORK | MADV_DOFORK | MADV_MERGEABLE | MADV_UNMERGEABLE | MADV_HUGEPAGE | MADV_NOHUGEPAGE
-            | MADV_DONTDUMP | MADV_DODUMP | MADV_WIPEONFORK | MADV_KEEPONFORK => {}
+            | MADV_WIPEONFORK | MADV_KEEPONFORK => {}
+            // Passed down to the host (a secret kept in a space stays out
+            // of core dumps), freeing the backing, and guard pages.
+            MADV_DONTDUMP | MADV_DODUMP | MADV_REMOVE | MADV_GUARD_INSTALL | MADV_GUARD_REMOVE => {}
             _ => return (vec![], bad(Errno::EINVAL)),
         }
         if !self.aligned(addr) {
@@ -1182,6 +1192,38 @@ impl Core {
                     ops.push(AdviceOp::Free(seg));
                 }
                 MADV_WIPEONFORK if reg.kind != Kind::AnonPrivate => return (ops, bad(Errno::EINVAL)),
+                MADV_DONTDUMP | MADV_DODUMP => ops.push(AdviceOp::Host(seg, advice)),
+                MADV_REMOVE => {
+                    // Linux (madvise_remove): locked EINVAL, no backing
+                    // object EINVAL, not shared and writable EACCES.
+                    if locked || reg.kind == Kind::AnonPrivate {
+                        return (ops, bad(Errno::EINVAL));
+                    }
+                    if !matches!(reg.kind, Kind::AnonShared | Kind::FileShared) || !reg.may_write {
+                        return (ops, bad(Errno::EACCES));
+                    }
+                    match reg.file() {
+                        Some(file) => {
+                            ops.push(AdviceOp::PunchZap { range: seg, file, file_page: reg.file_page(seg.start) })
+                        }
+                        // Shared anonymous memory is shmem: its pages and
+                        // their data go.
+                        None => ops.push(AdviceOp::Zap(seg)),
+                    }
+                }
+                MADV_GUARD_INSTALL => {
+                    // Guard pages on private memory (Linux 6.13; shared
+                    // regions are refused here, see docs/design.md), never
+                    // locked: the pages are dropped, then the host installs
+                    // its markers (a touch raises SIGSEGV without reaching
+                    // usermm; MADV_DONTNEED keeps them; munmap removes them).
+                    if locked || !matches!(reg.kind, Kind::AnonPrivate | Kind::FilePrivate) {
+                        return (ops, bad(Errno::EINVAL));
+                    }
+                    ops.push(AdviceOp::Zap(seg));
+                    ops.push(AdviceOp::Host(seg, advice));
+                }
+                MADV_GUARD_REMOVE => ops.push(AdviceOp::Host(seg, advice)),
                 _ => {}
             }
         }

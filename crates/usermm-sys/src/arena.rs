@@ -443,6 +443,17 @@ impl Arena {
         Ok(true)
     }
 
+    /// Advice passed down to the host inside the reservation: only advice
+    /// that changes no byte usermm holds (`MADV_DONTDUMP`, `MADV_DODUMP`,
+    /// `MADV_GUARD_INSTALL` on pages usermm has dropped, `MADV_GUARD_REMOVE`).
+    pub fn host_advise(&self, a: usize, l: usize, advice: i32) -> Result<(), Errno> {
+        self.check(a, l)?;
+        match advice {
+            libc::MADV_DONTDUMP | libc::MADV_DODUMP | 102 | 103 => mem::advise(a, l, advice),
+            _ => Err(Errno::EINVAL),
+        }
+    }
+
     /// `MADV_DONTNEED` inside the reservation.
     pub fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno> {
         self.check(a, l)?;

@@ -508,6 +508,21 @@ impl MappedFile {
     }
 
     /// `fdatasync`.
+    /// Frees `[off, off+len)` of the file (`fallocate(PUNCH_HOLE)`): it
+    /// reads back as zeros (`MADV_REMOVE`).
+    pub fn punch_hole(&self, off: u64, len: u64) -> Result<(), Errno> {
+        // SAFETY: takes a descriptor we own; plain integer arguments.
+        check(unsafe {
+            libc::fallocate(
+                self.fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                off as libc::off_t,
+                len as libc::off_t,
+            )
+        })
+        .map(|_| ())
+    }
+
     pub fn sync(&self) -> Result<(), Errno> {
         // SAFETY: takes a descriptor we own.
         check(unsafe { libc::fdatasync(self.fd.as_raw_fd()) }).map(|_| ())

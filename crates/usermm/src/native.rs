@@ -98,6 +98,11 @@ pub(crate) struct Inner {
     /// host's LRU batches before a `MADV_FREE` (see `AdviceOp::Free`).
     fills: AtomicU64,
     fills_drained: AtomicU64,
+    /// Whether guard pages (`MADV_GUARD_INSTALL`) or `MADV_DONTDUMP` were
+    /// ever passed down: unmapped ranges then have them removed, so that a
+    /// new region there starts clean.
+    guards_used: AtomicBool,
+    dontdump_used: AtomicBool,
     pub low_watermark: u64,
     pub high_watermark: u64,
     pub inject_read_errors: AtomicU32,
@@ -209,6 +214,8 @@ impl Inner {
             host_refusals: AtomicU64::new(0),
             fills: AtomicU64::new(0),
             fills_drained: AtomicU64::new(0),
+            guards_used: AtomicBool::new(false),
+            dontdump_used: AtomicBool::new(false),
             low_watermark: low,
             high_watermark: high,
             inject_read_errors: AtomicU32::new(0),
@@ -1390,6 +1397,7 @@ impl Inner {
                         for r in &d.locked {
                             let _ = self.host_lock(*r, LockMode::None);
                         }
+                        self.clear_host_advice(&d.ranges);
                         for r in &d.ranges {
                             self.zap_range(*r);
                         }
@@ -1434,6 +1442,24 @@ impl Inner {
         }
     }
 
+    /// Removes what advice passed down to the host left on ranges that are
+    /// leaving (guard markers, `VM_DONTDUMP`), so that a new region there
+    /// starts as a fresh mapping would. Nothing to do, and no syscall, in a
+    /// space that never used them.
+    fn clear_host_advice(&self, ranges: &[PageRange]) {
+        let guards = self.guards_used.load(Ordering::Relaxed);
+        let dump = self.dontdump_used.load(Ordering::Relaxed);
+        for r in ranges {
+            let (a, l) = (self.addr(r.start), r.pages() as usize * self.page_size);
+            if guards {
+                let _ = self.arena.host_advise(a, l, MADV_GUARD_REMOVE);
+            }
+            if dump {
+                let _ = self.arena.host_advise(a, l, MADV_DODUMP);
+            }
+        }
+    }
+
     fn note_hold(&self, t0: u64) {
         let held = now_ns().saturating_sub(t0);
         self.write_hold_ns_max.fetch_max(held, Ordering::Relaxed);
@@ -1468,6 +1494,7 @@ impl Inner {
         // range's page tables (0.6 ms a GiB), stalling every fault the
         // handlers serve. A touch of an unmapped page reaches a handler,
         // which finds no region and makes the gap around it PROT_NONE (`Segv`).
+        self.clear_host_advice(&d.ranges);
         let chunk_pages = (ZAP_CHUNK_BYTES / self.page_size).max(1) as u64;
         for r in &d.ranges {
             let mut s = r.start.0;
@@ -1602,18 +1629,37 @@ impl Inner {
             // Fills of this range in flight (other threads' faults) land
             // first: the advice applies to them.
             let r = self.settled_core_all(addr, len, advice == MADV_FREE).madvise(addr as u64, len as u64, advice);
+            let mut err = None;
             for op in &r.0 {
-                self.advice_op(&mm, op);
+                if let Err(e) = self.advice_op(&mm, op) {
+                    err.get_or_insert(e);
+                }
             }
-            (Vec::new(), r.1)
+            (Vec::new(), r.1.and(err.map_or(Ok(()), Err)))
         };
         debug_assert!(ops.is_empty());
         res
     }
 
     /// Carries out one page advice; the caller holds `mm` shared.
-    fn advice_op(&self, _mm: &RwLockReadGuard<'_, ()>, op: &AdviceOp) {
+    fn advice_op(&self, _mm: &RwLockReadGuard<'_, ()>, op: &AdviceOp) -> Result<(), Errno> {
         match *op {
+            AdviceOp::Host(r, advice) => {
+                match advice {
+                    MADV_GUARD_INSTALL => self.guards_used.store(true, Ordering::Relaxed),
+                    MADV_DONTDUMP => self.dontdump_used.store(true, Ordering::Relaxed),
+                    _ => {}
+                }
+                return self.arena.host_advise(self.addr(r.start), r.pages() as usize * self.page_size, advice);
+            }
+            AdviceOp::PunchZap { range, file, file_page } => {
+                let f = lock(&self.files).get(&file).cloned().ok_or(Errno::EIO)?;
+                let ps = self.page_size as u64;
+                f.punch_hole(file_page * ps, range.pages() * ps)?;
+                // The file reads zeros there now: drop our copies, dirty or
+                // not, with no write-back.
+                self.zap_range(range);
+            }
             AdviceOp::Zap(r) => self.zap_range(r),
             AdviceOp::WritebackZap(r) => {
                 if self.writeback_range(r, &[]).is_ok() {
@@ -1683,6 +1729,7 @@ impl Inner {
                 }
             }
         }
+        Ok(())
     }
 }
 

@@ -1294,3 +1294,79 @@ fn linux_shared_anonymous_residency_is_exact() {
         t.unit("munlock", mm.munlock(b, 8 * PAGE));
     });
 }
+
+#[test]
+fn linux_madv_remove_and_guard_pages() {
+    conform("linux_madv_remove_and_guard_pages", |mm, t| {
+        let b = mm.base();
+        // MADV_REMOVE: shared anonymous memory loses its data; private is
+        // EINVAL; locked EINVAL.
+        let _ = t.addr("shared", mm.mmap(b, 4 * PAGE, RW, FIXED_SHARED, 0));
+        fill(mm, b, 4, |i| 1 + i as u8);
+        t.unit("REMOVE shared 1..3", mm.madvise(b + PAGE, 2 * PAGE, MADV_REMOVE));
+        t.note(format!("shared contents {:?}", dump(mm, b, 4)));
+        let _ = t.addr("private", mm.mmap(b + 8 * PAGE, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        fill(mm, b + 8 * PAGE, 4, |i| 0x20 + i as u8);
+        t.unit("REMOVE private", mm.madvise(b + 8 * PAGE, PAGE, MADV_REMOVE));
+        t.unit("lock shared", mm.mlock2(b, PAGE, 0));
+        t.unit("REMOVE locked", mm.madvise(b, PAGE, MADV_REMOVE));
+        t.unit("unlock shared", mm.munlock(b, PAGE));
+        // Guard pages: a touch faults (SIGSEGV; probed here without a
+        // signal), they survive DONTNEED, GUARD_REMOVE leaves zeros.
+        t.unit("GUARD_INSTALL private page 1", mm.madvise(b + 9 * PAGE, PAGE, MADV_GUARD_INSTALL));
+        let probe =
+            |mm: &dyn Mm| (0..4).map(|p| usermm_sys::kernel::probe_read(b + 8 * PAGE + p * PAGE)).collect::<Vec<_>>();
+        t.note(format!("probe {:?}", probe(mm)));
+        t.mincore("guard not resident", mm.mincore(b + 8 * PAGE, 4 * PAGE));
+        t.unit("DONTNEED over the guard", mm.madvise(b + 8 * PAGE, 4 * PAGE, MADV_DONTNEED));
+        t.note(format!("probe after DONTNEED {:?}", probe(mm)));
+        t.unit("GUARD_REMOVE", mm.madvise(b + 9 * PAGE, PAGE, MADV_GUARD_REMOVE));
+        t.note(format!("probe after GUARD_REMOVE {:?}", probe(mm)));
+        t.unit("GUARD_INSTALL again", mm.madvise(b + 10 * PAGE, PAGE, MADV_GUARD_INSTALL));
+        t.unit("lock over a guard", mm.mlock2(b + 8 * PAGE, 4 * PAGE, MLOCK_ONFAULT));
+        t.unit("GUARD_INSTALL locked", mm.madvise(b + 11 * PAGE, PAGE, MADV_GUARD_INSTALL));
+        t.unit("unlock", mm.munlock(b + 8 * PAGE, 4 * PAGE));
+        t.unit("munmap", mm.munmap(b + 8 * PAGE, 4 * PAGE));
+        let _ = t.addr("private again", mm.mmap(b + 8 * PAGE, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.note(format!("probe new region {:?}", probe(mm)));
+    });
+}
+
+/// `MADV_DONTDUMP` reaches the host: the space's pages are left out of a
+/// core dump (the host VMA carries `dd`); `munmap` clears it, so a new region
+/// at that address is dumped again.
+#[test]
+fn usermm_dontdump_reaches_the_host() {
+    let s = space(Config { budget_bytes: 16 << 20, ..Config::default() });
+    let a = s.mmap(0, 4 * PAGE, RW, ANON_PRIVATE, -1, 0).unwrap();
+    usermm_sys::kernel::poke(a, 0x5e);
+    let host_flags = |addr: usize| -> String {
+        let text = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in text.lines() {
+            if let Some((r, _)) = line.split_once(' ') {
+                if let Some((lo, hi)) = r.split_once('-') {
+                    if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)) {
+                        inside = lo <= addr && addr < hi;
+                        continue;
+                    }
+                }
+            }
+            if inside {
+                if let Some(f) = line.strip_prefix("VmFlags:") {
+                    return f.to_string();
+                }
+            }
+        }
+        String::new()
+    };
+    assert!(!host_flags(a).contains(" dd"), "{}", host_flags(a));
+    s.madvise(a, 4 * PAGE, MADV_DONTDUMP).unwrap();
+    assert!(host_flags(a).contains(" dd"), "DONTDUMP not passed down: {}", host_flags(a));
+    s.munmap(a, 4 * PAGE).unwrap();
+    let b = s.mmap(a, 4 * PAGE, RW, FIXED_PRIVATE, -1, 0).unwrap();
+    assert!(!host_flags(b).contains(" dd"), "a new region is dumped: {}", host_flags(b));
+    s.madvise(b, 4 * PAGE, MADV_DONTDUMP).unwrap();
+    s.madvise(b, 4 * PAGE, MADV_DODUMP).unwrap();
+    assert!(!host_flags(b).contains(" dd"), "{}", host_flags(b));
+}
