@@ -381,14 +381,14 @@ impl Slot {
         }
     }
     fn begin(&self, what: String, lo: usize, hi: usize) {
-        *self.current.lock().unwrap() = (what, lo, hi);
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = (what, lo, hi);
         self.busy_since.store(now_ms(), Ordering::SeqCst);
     }
     fn end(&self, result: &str) {
         self.busy_since.store(0, Ordering::SeqCst);
         self.ops.fetch_add(1, Ordering::Relaxed);
-        let (cur, lo, hi) = std::mem::take(&mut *self.current.lock().unwrap());
-        let mut h = self.history.lock().unwrap();
+        let (cur, lo, hi) = std::mem::take(&mut *self.current.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut h = self.history.lock().unwrap_or_else(|e| e.into_inner());
         if h.len() == HISTORY {
             h.pop_front();
         }
@@ -471,17 +471,40 @@ fn dump_stacks() -> String {
             let _ = writeln!(s, "      {l}");
         }
     }
+    // Print what we have before gdb runs (should it take the process down).
+    eprint!("{s}");
+    s.clear();
     let pid = std::process::id().to_string();
+    let t0 = Instant::now();
+    // A task in uninterruptible sleep (D: e.g. a kernel-mode userfaultfd
+    // fault from inside madvise or a syscall) cannot be stopped by ptrace:
+    // gdb would wait for it until its timeout. Its kernel stack is above.
+    let stuck: Vec<u32> = tids
+        .iter()
+        .copied()
+        .filter(|t| {
+            let st = read_trim(&format!("/proc/self/task/{t}/stat"));
+            st.rsplit_once(") ").is_some_and(|x| x.1.starts_with('D'))
+        })
+        .collect();
+    if !stuck.is_empty() {
+        let _ = writeln!(
+            s,
+            "=== user stacks: SKIPPED: tasks {stuck:?} are in uninterruptible sleep (D), which ptrace cannot stop \
+             (gdb would hang); see their kernel stacks above ==="
+        );
+        return s;
+    }
     let tool = if which("gdb").is_some() {
         Some((
             "gdb",
             Command::new("timeout")
-                .args(["-k", "5", "90", "gdb", "-p", &pid, "-batch", "-nx", "-q"])
+                .args(["-k", "5", "120", "gdb", "-p", &pid, "-batch", "-nx", "-q"])
                 .args(["-ex", "set pagination off", "-ex", "thread apply all bt"])
                 .output(),
         ))
     } else if which("eu-stack").is_some() {
-        Some(("eu-stack", Command::new("timeout").args(["-k", "5", "90", "eu-stack", "-p", &pid]).output()))
+        Some(("eu-stack", Command::new("timeout").args(["-k", "5", "120", "eu-stack", "-p", &pid]).output()))
     } else {
         None
     };
@@ -492,7 +515,8 @@ fn dump_stacks() -> String {
         }
         Some((name, Ok(out))) => {
             let text = String::from_utf8_lossy(&out.stdout);
-            let _ = writeln!(s, "=== user stacks ({name}, {}) ===", out.status);
+            let _ =
+                writeln!(s, "=== user stacks ({name}, {}, took {:.1} s) ===", out.status, t0.elapsed().as_secs_f64());
             for l in text.lines() {
                 // gdb's chatter about loading symbols is noise.
                 if !l.starts_with("[New LWP") && !l.contains("Downloading") {
@@ -524,7 +548,7 @@ fn stack_summary(gdb: &str) -> String {
             let lwp = l.split("LWP ").nth(1).and_then(|x| x.split(')').next()).unwrap_or("?");
             cur = Some((format!("{name} (tid {lwp})"), Vec::new()));
         } else if let Some((_, f)) = cur.as_mut() {
-            if l.starts_with('#') && f.len() < 4 {
+            if l.starts_with('#') && f.len() < 3 {
                 let func = l.split(" in ").nth(1).unwrap_or(l.split_whitespace().nth(1).unwrap_or(""));
                 let func = func.split(" (").next().unwrap_or(func);
                 let at = l.rsplit(" at ").next().unwrap_or("");
@@ -555,13 +579,20 @@ fn stats_with_timeout(space: &Weak<Space>) -> String {
 /// Prints the full report and aborts the process: the test fails, CI never
 /// stalls.
 fn fatal(sh: &Shared, space: &Weak<Space>, what: &str) -> ! {
-    let mut s = format!("\n\n################ SOAK FAILURE: {what}\n");
+    let mut s = format!("\n\n################ SOAK FAILURE: {what} ({:.1} s into the run)\n", now_ms() as f64 / 1000.0);
     for sl in &sh.slots {
         let _ = writeln!(s, "  [{}] {}\n    history (oldest first):", sl.name, sl.current_text());
         s.push_str(&sl.history_text(None));
     }
     let _ = writeln!(s, "  stats: {}", stats_with_timeout(space));
     eprint!("{s}");
+    // gdb stops the process with SIGINT; one still pending when it detaches
+    // would end the process before the report is out. A no-op handler (not
+    // SIG_IGN: an ignored SIGINT never reaches gdb, which then waits for it).
+    extern "C" fn ignore(_: libc::c_int) {}
+    let h: extern "C" fn(libc::c_int) = ignore;
+    // SAFETY: the handler is async-signal-safe (it does nothing).
+    unsafe { libc::signal(libc::SIGINT, h as libc::sighandler_t) };
     eprint!("{}", dump_stacks());
     eprintln!("################ SOAK FAILURE: {what} (aborting the process)\n");
     host_swap_off();
@@ -739,13 +770,13 @@ impl Worker<'_> {
 
     /// Fails the test; `addr`: the address concerned (its calls are listed).
     fn fail_at(&self, msg: String, addr: Option<usize>) -> ! {
-        let s = format!("worker {}: {msg}", self.idx);
+        let s = format!("worker {} ({:.1} s into the run): {msg}", self.idx, now_ms() as f64 / 1000.0);
         eprintln!(
             "\n################ SOAK FAILURE: {s}\n  history of worker {} (oldest first, * = covers the address):\n{}",
             self.idx,
             self.slot().history_text(addr)
         );
-        self.sh.failed.lock().unwrap().push(s.clone());
+        self.sh.failed.lock().unwrap_or_else(|e| e.into_inner()).push(s.clone());
         self.sh.stop.store(true, Ordering::SeqCst);
         panic!("{s}");
     }
@@ -1047,9 +1078,14 @@ impl Worker<'_> {
                 if self.selftest != "sigbus" {
                     EXPECT.with(|e| e.set(a));
                 }
+                // The handler runs inside the read: compiler fences keep the
+                // stores to EXPECT before it and the load of HANDLED after it
+                // (a volatile access alone orders nothing else).
+                std::sync::atomic::compiler_fence(Ordering::SeqCst);
                 // SAFETY: as `mem_read`; a purged page raises SIGBUS, which
                 // the handler serves (mnovolatile) before the retry.
                 let got = unsafe { std::ptr::read_volatile((a + off) as *const u8) };
+                std::sync::atomic::compiler_fence(Ordering::SeqCst);
                 EXPECT.with(|e| e.set(0));
                 let h = HANDLED.with(Cell::get);
                 self.slot().end(&format!("read {got:#04x}, sigbus {h:?}"));
@@ -1236,6 +1272,37 @@ impl Worker<'_> {
     }
 }
 
+/// A worker that panics (its own check, or a panic inside usermm) stops the
+/// run at once and says in which call, instead of looking hung.
+struct PanicGuard<'a>(&'a Shared, usize);
+
+impl Drop for PanicGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let sl = &self.0.slots[self.1];
+            let own = format!("worker {} (", self.1);
+            let reported = self.0.failed.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|f| f.starts_with(&own));
+            if !reported {
+                let cur = sl.current.lock().unwrap_or_else(|e| e.into_inner()).0.clone();
+                eprintln!(
+                    "\n################ SOAK FAILURE: worker {} PANICKED inside `{cur}` ({:.1} s into the run); \
+                     history (oldest first):\n{}",
+                    self.1,
+                    now_ms() as f64 / 1000.0,
+                    sl.history_text(None)
+                );
+                self.0
+                    .failed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(format!("worker {} panicked inside `{cur}` (see its panic message above)", self.1));
+            }
+            sl.end("PANICKED");
+            self.0.stop.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {
         let v = v.trim();
@@ -1325,6 +1392,15 @@ fn soak() {
     let deadline = started + Duration::from_secs(secs);
     let mut validations = 0u64;
     std::thread::scope(|s| {
+        /// A panic of the main thread in here (a failed `validate()`) must
+        /// stop the workers, or the scope would wait for them for ever.
+        struct StopOnUnwind<'a>(&'a AtomicBool);
+        impl Drop for StopOnUnwind<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let _stop_guard = StopOnUnwind(&sh.stop);
         let workers: Vec<_> = (0..THREADS)
             .map(|i| {
                 let (space, sh, bases, ops) = (&*space, &*sh, bases[i], &ops);
@@ -1332,6 +1408,7 @@ fn soak() {
                     .name(format!("soak-worker-{i}"))
                     .spawn_scoped(s, move || {
                         WORKER.with(|w| w.set(i));
+                        let _guard = PanicGuard(sh, i);
                         let mut w = Worker {
                             idx: i,
                             space,
@@ -1368,7 +1445,7 @@ fn soak() {
     let elapsed = started.elapsed();
     SPACE.store(std::ptr::null_mut(), Ordering::SeqCst);
     drop(signals);
-    let failed = sh.failed.lock().unwrap().clone();
+    let failed = sh.failed.lock().unwrap_or_else(|e| e.into_inner()).clone();
     assert!(failed.is_empty(), "soak failed: {failed:?}");
 
     main_slot.begin("final munmap of every region + validate()".into(), 0, 0);
