@@ -141,7 +141,9 @@ pub fn madvise(c: &mut Core, addr: u64, len: u64, advice: i32) -> Result<(), Err
     let (ops, res) = c.madvise(addr, len, advice);
     for op in ops {
         match op {
-            AdviceOp::Zap(r) => zap(c, r),
+            AdviceOp::Zap(r) | AdviceOp::PunchZap { range: r, .. } => zap(c, r),
+            // Host-only advice changes no page state.
+            AdviceOp::Host(..) => {}
             AdviceOp::Cold(r) => {
                 for d in c.deactivate_range(r) {
                     c.deactivate_done(&d, true);
