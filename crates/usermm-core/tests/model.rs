@@ -388,7 +388,8 @@ impl Sim {
         self.c.validate();
         for op in ops {
             match op {
-                AdviceOp::Zap(r) => self.zap(r),
+                AdviceOp::Zap(r) | AdviceOp::PunchZap { range: r, .. } => self.zap(r),
+                AdviceOp::Host(..) => {}
                 AdviceOp::Cold(r) => {
                     let ds = self.c.deactivate_range(r);
                     self.deactivate(&ds);

@@ -1315,7 +1315,7 @@ fn linux_madv_remove_and_guard_pages() {
         // signal), they survive DONTNEED, GUARD_REMOVE leaves zeros.
         t.unit("GUARD_INSTALL private page 1", mm.madvise(b + 9 * PAGE, PAGE, MADV_GUARD_INSTALL));
         let probe =
-            |mm: &dyn Mm| (0..4).map(|p| usermm_sys::kernel::probe_read(b + 8 * PAGE + p * PAGE)).collect::<Vec<_>>();
+            |_mm: &dyn Mm| (0..4).map(|p| usermm_sys::kernel::probe_read(b + 8 * PAGE + p * PAGE)).collect::<Vec<_>>();
         t.note(format!("probe {:?}", probe(mm)));
         t.mincore("guard not resident", mm.mincore(b + 8 * PAGE, 4 * PAGE));
         t.unit("DONTNEED over the guard", mm.madvise(b + 8 * PAGE, 4 * PAGE, MADV_DONTNEED));
