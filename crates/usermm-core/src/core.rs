@@ -357,6 +357,12 @@ pub struct Core {
     regions: RegionTree,
     /// Ranges detached by munmap whose pages are still being zapped.
     held: Vec<PageRange>,
+    /// Chunks being zapped (between `zap_begin` and `zap_end`): a fault or
+    /// populate step in one waits, so that no page is filled while the
+    /// host drops the chunk's pages (the fill would be dropped with them, or
+    /// an old swapped page brought back after the call).
+    /// Invariant: every page of a chunk is settled or `Zapping`.
+    zapping: Vec<PageRange>,
     pages: PageTable,
     lru: Lru,
     swap: SlotAllocator,
@@ -411,6 +417,7 @@ impl Core {
             cfg,
             regions: RegionTree::default(),
             held: Vec::new(),
+            zapping: Vec::new(),
             lru: Lru::default(),
             resident: 0,
             resident_max: 0,
@@ -1327,13 +1334,22 @@ impl Core {
         // Shared anonymous memory is shmem on Linux: a fault allocates
         // exactly the touched page (no fault-around, no mTHP-like blocks).
         let exact = exact || reg.kind == Kind::AnonShared;
-        let region = match populate {
+        let mut region = match populate {
             Some(end) => PageRange { start: reg.range.start, end: reg.range.end.min(end) },
             None => reg.range,
         };
+        // A window never reaches into a chunk being zapped.
+        for z in &self.zapping {
+            if z.end <= p && z.end > region.start {
+                region.start = z.end;
+            }
+            if z.start > p && z.start < region.end {
+                region.end = z.start;
+            }
+        }
         let prot = reg.prot;
         let m = self.pages.get(p);
-        if m.state.busy() {
+        if m.state.busy() || self.zapping.iter().any(|z| z.contains(p)) {
             return FaultPlan::Wait;
         }
         match m.state {
@@ -1478,8 +1494,10 @@ impl Core {
         }
         let locked = self.regions.find(p).is_some_and(|r| r.lock != LockMode::None);
         if locked {
-            self.pages.update(p, |m| m.flags |= pf::LOCKED);
-            self.locked_pages += 1;
+            if !self.pages.get(p).has(pf::LOCKED) {
+                self.pages.update(p, |m| m.flags |= pf::LOCKED);
+                self.locked_pages += 1;
+            }
         } else {
             self.push_active(p);
         }
@@ -1825,6 +1843,11 @@ impl Core {
             let Some(p) = self.lru.lazy.pop_front() else { break };
             let m = self.pages.get(p);
             if !m.has(pf::LAZYFREE) || m.has(pf::VOLATILE) || self.regions.find(p).is_none() {
+                continue;
+            }
+            if m.has(pf::LOCKED) || self.regions.find(p).is_some_and(|r| r.lock != LockMode::None) {
+                // Locked since it was freed (mlock after MADV_FREE): never
+                // reclaimed while locked, and no longer a lazy candidate.
                 continue;
             }
             match m.state {
@@ -2580,6 +2603,7 @@ impl Core {
         if live.iter().any(|(_, m)| m.state.busy()) {
             return Err(());
         }
+        self.zapping.push(r);
         let mut claim = ZapClaim { range: r, staging: Vec::new(), mapped: false };
         for (p, m) in live {
             if m.has(pf::POISONED) || m.has(pf::PURGED) {
@@ -2603,6 +2627,9 @@ impl Core {
 
     /// Drops the pages of a claim: the executor has dropped the frames.
     pub fn zap_end(&mut self, c: &ZapClaim) {
+        if let Some(i) = self.zapping.iter().position(|z| *z == c.range) {
+            self.zapping.swap_remove(i);
+        }
         for (p, m) in self.pages.live_in(c.range) {
             if m.has(pf::LOCKED) {
                 self.locked_pages -= 1;

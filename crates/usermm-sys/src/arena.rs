@@ -400,9 +400,27 @@ impl Arena {
             return Ok(());
         }
         let len = ps.min((size - off) as usize);
-        // SAFETY: `addr` is a resident page of the space (the caller's
-        // claim) or a parked page in staging, readable for a page.
-        unsafe { pwrite_all(file.raw(), addr, len, off) }
+        if slot.is_some() {
+            // SAFETY: a parked page in staging, readable for a page (it
+            // never faults: staging is ours, not registered).
+            return unsafe { pwrite_all(file.raw(), addr, len, off) };
+        }
+        // A page of the space is copied out first, never written from
+        // where it is: between the caller's snapshot and this write the
+        // page may be evicted, and a `pwrite` that faults on it does so
+        // holding the file's inode lock, while the handler may wait for
+        // reclaim, whose own write-back waits for that lock (a deadlock
+        // seen in the file tests). The copy's fault takes no lock of ours.
+        thread_local! {
+            static PAGE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        PAGE.with(|b| {
+            let mut b = b.borrow_mut();
+            b.resize(len, 0);
+            crate::ffi::copy_from_own_memory(&mut b[..len], addr)?;
+            // SAFETY: `b` is our own buffer, readable for `len` bytes.
+            unsafe { pwrite_all(file.raw(), b.as_ptr() as usize, len, off) }
+        })
     }
 
     /// `mprotect` inside the reservation.

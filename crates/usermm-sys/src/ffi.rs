@@ -89,3 +89,50 @@ pub unsafe fn mapped_slice<'a>(addr: usize, len: usize) -> &'a mut [u8] {
     // SAFETY: guaranteed by the caller.
     unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) }
 }
+
+/// Copies `dst.len()` bytes from `src`, an address of this process, the way
+/// the kernel reads a user pointer: `process_vm_readv` on our own pid, so an
+/// unmapped or unreadable `src` is `EFAULT`, never a signal, and a missing
+/// page of a space is a kernel-mode fault its handlers serve. No lock of the
+/// caller's may be one the handlers take.
+pub fn copy_from_own_memory(dst: &mut [u8], src: usize) -> Result<(), crate::Errno> {
+    process_vm(src, dst.as_mut_ptr(), dst.len(), false)
+}
+
+/// Copies `src` to `dst`, an address of this process, the way the kernel
+/// writes a user pointer (`process_vm_writev`): a read-only, unmapped or
+/// `PROT_NONE` `dst` is `EFAULT`, never a signal.
+pub fn copy_to_own_memory(dst: usize, src: &[u8]) -> Result<(), crate::Errno> {
+    process_vm(dst, src.as_ptr().cast_mut(), src.len(), true)
+}
+
+fn process_vm(remote: usize, local: *mut u8, len: usize, write: bool) -> Result<(), crate::Errno> {
+    let mut done = 0;
+    while done < len {
+        let l = libc::iovec { iov_base: local.wrapping_add(done).cast(), iov_len: len - done };
+        let r = libc::iovec { iov_base: (remote + done) as *mut libc::c_void, iov_len: len - done };
+        // SAFETY: `local` is our own buffer of `len` bytes (readable, and
+        // writable for a read: the callers pass a `&mut [u8]` then); the
+        // kernel validates `remote` and fails with EFAULT instead of
+        // faulting this process.
+        let n = unsafe {
+            if write {
+                libc::process_vm_writev(libc::getpid(), &l, 1, &r, 1, 0)
+            } else {
+                libc::process_vm_readv(libc::getpid(), &l, 1, &r, 1, 0)
+            }
+        };
+        if n < 0 {
+            let e = crate::last_errno();
+            if e == crate::Errno::EINTR {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(crate::Errno::EFAULT);
+        }
+        done += n as usize;
+    }
+    Ok(())
+}

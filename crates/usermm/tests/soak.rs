@@ -674,8 +674,11 @@ struct Page {
     /// The expected bytes.
     data: Vec<u8>,
     /// After MADV_FREE: the other allowed contents (zeros, with the bytes
-    /// written since applied).
-    alt: Option<Vec<u8>>,
+    /// written since applied). A page freed again before a read settled it
+    /// keeps every earlier alternative too: it may have been discarded
+    /// before the writes in between, so zeros-plus-those-writes is as right
+    /// as the expected bytes.
+    alt: Vec<Vec<u8>>,
     /// Written since MADV_FREE (the lazy free is cancelled: no later
     /// discard; a read settles which contents it is).
     written_since_free: bool,
@@ -688,7 +691,7 @@ impl Page {
     fn zero() -> Page {
         Page {
             data: vec![0; PS],
-            alt: None,
+            alt: Vec::new(),
             written_since_free: false,
             volatile: false,
             lock: Lock::No,
@@ -697,7 +700,7 @@ impl Page {
     }
     fn set_zero(&mut self) {
         self.data.fill(0);
-        self.alt = None;
+        self.alt.clear();
         self.written_since_free = false;
     }
     fn readable(&self) -> bool {
@@ -715,7 +718,7 @@ impl Page {
             self.prot,
             self.lock,
             self.volatile,
-            self.alt.is_some(),
+            !self.alt.is_empty(),
             self.written_since_free
         )
     }
@@ -797,19 +800,17 @@ impl Worker<'_> {
         let ok_data = buf == pg.data;
         if ok_data {
             if pg.written_since_free {
-                pg.alt = None;
+                pg.alt.clear();
                 pg.written_since_free = false;
             }
-        } else if pg.alt.as_ref().is_some_and(|a| *a == buf) {
+        } else if let Some(i) = pg.alt.iter().position(|a| *a == buf) {
             // Discarded: it stays so until written.
-            pg.data = pg.alt.take().unwrap();
+            pg.data = pg.alt.swap_remove(i);
+            pg.alt.clear();
             pg.written_since_free = false;
         } else {
             // The first byte that is neither allowed value.
-            let alt_ok = |i: usize| match &pg.alt {
-                Some(a) => buf[i] == a[i],
-                None => false,
-            };
+            let alt_ok = |i: usize| pg.alt.iter().any(|a| buf[i] == a[i]);
             let off = (0..PS).find(|&i| buf[i] != pg.data[i] && !alt_ok(i));
             let off = off.unwrap_or_else(|| (0..PS).find(|&i| buf[i] != pg.data[i]).unwrap());
             let bad = (0..PS).filter(|&i| buf[i] != pg.data[i]).count();
@@ -828,11 +829,11 @@ impl Worker<'_> {
                 p % REGION_PAGES,
                 pg.data[off],
                 pg.alt
-                    .as_ref()
-                    .map(|a| format!(" or {:#04x} (lazily freed: old or zeros)", a[off]))
+                    .first()
+                    .map(|a| format!(" or {:#04x} (lazily freed: old or zeros, {} alternatives)", a[off], pg.alt.len()))
                     .unwrap_or_default(),
                 buf[off],
-                if pg.alt.is_some() { " and from the zeros alternative" } else { "" },
+                if pg.alt.is_empty() { "" } else { " and from the zeros alternatives" },
                 if zeros { "ALL ZEROS" } else { "not all zeros" },
                 pg.describe()
             );
@@ -851,7 +852,7 @@ impl Worker<'_> {
         for w in pg.data[16..].chunks_exact_mut(8) {
             w.copy_from_slice(&r.next().to_le_bytes());
         }
-        pg.alt = None;
+        pg.alt.clear();
         pg.written_since_free = false;
         mem_write(addr, &pg.data);
     }
@@ -895,8 +896,10 @@ impl Worker<'_> {
                 mem_write(a + off, &bytes);
                 let pg = &mut self.pages[p];
                 pg.data[off..off + len].copy_from_slice(&bytes);
-                if let Some(alt) = pg.alt.as_mut() {
+                for alt in pg.alt.iter_mut() {
                     alt[off..off + len].copy_from_slice(&bytes);
+                }
+                if !pg.alt.is_empty() {
                     pg.written_since_free = true;
                 }
                 self.sh.bytes_written.fetch_add(len as u64, Ordering::Relaxed);
@@ -937,7 +940,11 @@ impl Worker<'_> {
                     if op == Op::DontNeed {
                         pg.set_zero();
                     } else {
-                        pg.alt = Some(vec![0; PS]);
+                        // Freed again before a read settled it: every
+                        // earlier alternative stays possible, and zeros.
+                        if !pg.alt.iter().any(|a| a.iter().all(|&b| b == 0)) {
+                            pg.alt.push(vec![0; PS]);
+                        }
                         pg.written_since_free = false;
                     }
                 }
@@ -1092,7 +1099,7 @@ impl Worker<'_> {
                 let pg = &mut self.pages[p];
                 match h {
                     Handled::None => {
-                        let ok = got == pg.data[off] || pg.alt.as_ref().is_some_and(|x| x[off] == got);
+                        let ok = got == pg.data[off] || pg.alt.iter().any(|x| x[off] == got);
                         if !ok {
                             let want = pg.data[off];
                             let st = pg.describe();
