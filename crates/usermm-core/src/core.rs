@@ -1309,6 +1309,17 @@ impl Core {
 
     /// Whether `want` more frames could ever be had: the pages that can be
     /// evicted (resident, unlocked, with swap room) plus the free frames.
+    /// Whether reclaim can free nothing however long it is waited for:
+    /// every resident page is locked, or there is no swap or it is full
+    /// (what clean pages there were, earlier rounds dropped). Short of that, a
+    /// reclaim that frees nothing only met pages in flight (being filled,
+    /// written back, parked by another thread), which settle: not an
+    /// out-of-memory condition (a SIGBUS there, on a busy 2-vCPU machine,
+    /// was raised with most of the budget evictable).
+    pub fn reclaim_hopeless(&self) -> bool {
+        self.resident <= self.locked_pages || self.swap.free() == 0
+    }
+
     pub fn frames_obtainable(&self) -> u64 {
         let evictable = if self.swap.capacity() == 0 { 0 } else { self.resident.min(self.swap.free() as u64) };
         self.free_frames() + evictable

@@ -221,12 +221,13 @@ impl Uffd {
     /// `src..src+len` must be readable memory of this process.
     pub unsafe fn copy(&self, dst: usize, src: *const u8, len: usize, wake: bool) -> Result<usize, Errno> {
         let mut done = 0usize;
+        let mut piece = Piece::new(len);
         while done < len {
             let mut c = UffdioCopy {
                 dst: (dst + done) as u64,
                 // SAFETY: done < len, so the pointer stays inside the caller's buffer.
                 src: unsafe { src.add(done) } as u64,
-                len: (len - done) as u64,
+                len: piece.len(len - done) as u64,
                 mode: if wake { 0 } else { UFFDIO_COPY_MODE_DONTWAKE },
                 copy: 0,
             };
@@ -235,9 +236,11 @@ impl Uffd {
                 done += c.copy as usize;
             }
             match r {
-                Ok(()) => return Ok(len),
+                Ok(()) if piece.whole => return Ok(len),
+                Ok(()) => done += piece.unreported(c.copy as i64),
                 Err(Errno(libc::EAGAIN)) => continue,
                 Err(Errno(libc::EEXIST)) => return Ok(done),
+                Err(e) if piece.split(e) => continue,
                 Err(e) => {
                     if done > 0 {
                         return Ok(done);
@@ -254,11 +257,12 @@ impl Uffd {
     pub fn mv(&self, dst: usize, src: usize, len: usize, wake: bool) -> Result<usize, Errno> {
         let mut done = 0usize;
         let mut tries = 0;
+        let mut piece = Piece::new(len);
         while done < len {
             let mut m = UffdioMove {
                 dst: (dst + done) as u64,
                 src: (src + done) as u64,
-                len: (len - done) as u64,
+                len: piece.len(len - done) as u64,
                 mode: if wake { 0 } else { UFFDIO_MOVE_MODE_DONTWAKE },
                 moved: 0,
             };
@@ -267,11 +271,13 @@ impl Uffd {
                 done += m.moved as usize;
             }
             match r {
-                Ok(()) => return Ok(len),
+                Ok(()) if piece.whole => return Ok(len),
+                Ok(()) => done += piece.unreported(m.moved as i64),
                 Err(Errno(libc::EAGAIN)) if tries < 1000 => {
                     tries += 1;
                     continue;
                 }
+                Err(e) if piece.split(e) => continue,
                 Err(e) => {
                     if done > 0 {
                         return Ok(done);
@@ -287,9 +293,10 @@ impl Uffd {
     /// `[dst, dst+len)`, waking waiters. Returns the bytes mapped (a prefix).
     pub fn zeropage(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
         let mut done = 0usize;
+        let mut piece = Piece::new(len);
         while done < len {
             let mut z = UffdioZeropage {
-                range: UffdioRange { start: (dst + done) as u64, len: (len - done) as u64 },
+                range: UffdioRange { start: (dst + done) as u64, len: piece.len(len - done) as u64 },
                 mode: if wake {
                     0
                 } else {
@@ -302,15 +309,17 @@ impl Uffd {
                 done += z.zeropage as usize;
             }
             match r {
-                Ok(()) => return Ok(len),
+                Ok(()) if piece.whole => return Ok(len),
+                Ok(()) => done += piece.unreported(z.zeropage as i64),
                 Err(Errno(libc::EAGAIN)) => continue,
+                Err(e) if piece.split(e) => continue,
                 Err(e) => return if done > 0 { Ok(done) } else { Err(e) },
             }
         }
         Ok(done)
     }
 
-    /// `UFFDIO_WAKE` on a range.
+    /// `UFFDIO_WAKE` on a range (any number of VMAs).
     pub fn wake(&self, start: usize, len: usize) -> Result<(), Errno> {
         let mut r = UffdioRange { start: start as u64, len: len as u64 };
         self.ioctl(UFFDIO_WAKE, &mut r as *mut _ as *mut libc::c_void)
@@ -386,4 +395,49 @@ pub fn poll2(fd: RawFd, wake_fd: RawFd, timeout_ms: i32) -> Result<bool, Errno> 
         return Err(e);
     }
     Ok(p[0].revents & libc::POLLIN != 0)
+}
+
+/// How much of a range one resolving ioctl asks for. The whole rest at
+/// first; but the host refuses a range that spans two of its VMAs (`ENOENT`,
+/// or `EINVAL` for a move), and one usermm region can be two host VMAs (two
+/// regions written separately and the gap between them mapped later: the
+/// host cannot merge VMAs with different `anon_vma`s). Then the rest goes a
+/// page at a time, which stays inside one VMA; an error on a single page is
+/// the caller's.
+struct Piece {
+    whole: bool,
+}
+
+/// The smallest page size a host VMA boundary can fall on.
+const MIN_PAGE: usize = 4096;
+
+impl Piece {
+    fn new(len: usize) -> Piece {
+        Piece { whole: len > MIN_PAGE }
+    }
+    fn len(&self, rest: usize) -> usize {
+        if self.whole {
+            rest
+        } else {
+            rest.min(MIN_PAGE)
+        }
+    }
+    /// After a success of a single page: what the ioctl did that its count
+    /// field (`copy`/`moved`/`zeropage`, added by the caller when positive)
+    /// did not say. Never 0, so the loop always goes on.
+    fn unreported(&self, counted: i64) -> usize {
+        if counted > 0 {
+            0
+        } else {
+            MIN_PAGE
+        }
+    }
+    /// Whether `e` on a multi-page piece is a VMA boundary to go around.
+    fn split(&mut self, e: Errno) -> bool {
+        if self.whole && (e == Errno(libc::ENOENT) || e == Errno(libc::EINVAL)) {
+            self.whole = false;
+            return true;
+        }
+        false
+    }
 }

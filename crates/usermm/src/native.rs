@@ -63,6 +63,10 @@ const ZAP_SLICE_BYTES: usize = 512 << 10;
 const SWAP_BOUNCE_BYTES: usize = 1 << 20;
 /// Empty reclaim rounds (5 ms apart) before a fault is out of memory.
 const OOM_ROUNDS: u32 = 50;
+/// Rounds of no progress (5 ms each) after which a fault or populate gives
+/// up even though resident pages are not all locked (they stayed in flight
+/// for 5 s: something is wrong, and a SIGBUS beats a hang).
+const OOM_ROUNDS_BUSY: u32 = 1000;
 /// Fills up to this many pages are installed under the core lock.
 const SMALL_FILL_PAGES: u64 = 16;
 /// How long a handler spins for the next fault after serving one.
@@ -376,9 +380,11 @@ impl Inner {
                     c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner());
                 }
                 FaultPlan::Reclaim { want } => {
-                    if reclaim_rounds > OOM_ROUNDS {
+                    if reclaim_rounds > OOM_ROUNDS && (c.reclaim_hopeless() || reclaim_rounds > OOM_ROUNDS_BUSY) {
                         // Everything resident is unevictable (or swap is
                         // full): the kernel would OOM-kill; we raise SIGBUS.
+                        // (Pages merely in flight settle: only a much longer
+                        // wait with no progress counts then.)
                         // Decided on a plan made under this hold of the core
                         // lock, and raised before it is let go: the page is
                         // neither resident nor being filled, so the thread
@@ -1868,7 +1874,10 @@ impl Inner {
                             let c = lock(&self.core);
                             if c.free_frames() == 0 {
                                 empty_rounds += 1;
-                                if obtainable == 0 || empty_rounds > OOM_ROUNDS {
+                                if obtainable == 0
+                                    || (empty_rounds > OOM_ROUNDS
+                                        && (c.reclaim_hopeless() || empty_rounds > OOM_ROUNDS_BUSY))
+                                {
                                     return (populated, Err(Errno::ENOMEM));
                                 }
                                 // Reclaim in flight elsewhere: let it settle.

@@ -348,3 +348,65 @@ fn a_region_never_shows_another_regions_bytes() {
         s.validate();
     });
 }
+
+/// Item 6: a region that the host keeps as two VMAs (two regions written
+/// separately, then the page between them mapped: the host cannot merge
+/// VMAs with different anon_vmas, usermm merges the regions). Every
+/// multi-page host operation across the boundary must still work: swap-in
+/// runs, fault-around, PAGEOUT, POPULATE, mlock.
+#[test]
+fn one_region_over_two_host_vmas() {
+    within(30, "one region over two host VMAs", || {
+        let s = space(256, 1024, 0);
+        let base = s.reservation().0 + (64 << 20);
+        let a = s.mmap(base, 4 * PS, RW, ANON | MAP_FIXED, -1, 0).unwrap();
+        let b = s.mmap(base + 5 * PS, 4 * PS, RW, ANON | MAP_FIXED, -1, 0).unwrap();
+        assert_eq!(b, a + 5 * PS);
+        fill(a, 0..4, 0x10);
+        fill(a, 5..9, 0x10);
+        s.mmap(a + 4 * PS, PS, RW, ANON | MAP_FIXED, -1, 0).unwrap();
+        fill(a, 4..5, 0x10);
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let vmas: Vec<&str> = maps
+            .lines()
+            .filter(|l| {
+                let r = l.split_whitespace().next().unwrap();
+                let (lo, hi) = r.split_once('-').unwrap();
+                let (lo, hi) = (usize::from_str_radix(lo, 16).unwrap(), usize::from_str_radix(hi, 16).unwrap());
+                lo < a + 9 * PS && hi > a
+            })
+            .collect();
+        assert!(vmas.len() >= 2, "the host keeps two VMAs there (the case under test): {vmas:#?}");
+        let check = |what: &str| {
+            for p in 0..9 {
+                let want = 0x10u8.wrapping_add(p as u8);
+                assert_eq!(peek(a + p * PS), want, "{what}: page {p}");
+                assert_eq!(peek(a + p * PS + PS - 1), want, "{what}: page {p} end");
+            }
+        };
+        check("written");
+        // Out to swap and back in as one run across the boundary.
+        s.madvise(a, 9 * PS, MADV_PAGEOUT).unwrap();
+        let st = s.stats();
+        assert_eq!(st.resident_pages, 0, "PAGEOUT over the boundary evicts every page: {st:?}");
+        check("after pageout");
+        assert_eq!(s.stats().swap_read_errors, 0);
+        s.madvise(a, 9 * PS, MADV_PAGEOUT).unwrap();
+        s.madvise(a, 9 * PS, MADV_POPULATE_WRITE).unwrap();
+        check("after populate-write");
+        s.madvise(a, 9 * PS, MADV_PAGEOUT).unwrap();
+        s.madvise(a, 9 * PS, MADV_POPULATE_READ).unwrap();
+        check("after populate-read");
+        s.madvise(a, 9 * PS, MADV_PAGEOUT).unwrap();
+        s.mlock(a, 9 * PS).unwrap();
+        check("after mlock");
+        s.munlock(a, 9 * PS).unwrap();
+        // Zero fills across the boundary: a fresh range mapped the same way.
+        s.madvise(a, 9 * PS, MADV_DONTNEED).unwrap();
+        s.madvise(a, 9 * PS, MADV_POPULATE_WRITE).unwrap();
+        for p in 0..9 {
+            assert_eq!(peek(a + p * PS), 0, "zeros after DONTNEED: page {p}");
+        }
+        s.validate();
+    });
+}
