@@ -45,8 +45,10 @@ impl Arena {
         a.staging_base = mem::map_rw(a.staging_len)?;
         a.zero_buf = mem::map_rw(a.zero_len)?;
         for (s, l) in [(a.base, a.reserve_len), (a.staging_base, a.staging_len)] {
-            mem::advise(s, l, libc::MADV_DONTFORK)?;
-            mem::advise(s, l, libc::MADV_NOHUGEPAGE)?;
+            // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+            unsafe { mem::advise(s, l, libc::MADV_DONTFORK) }?;
+            // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+            unsafe { mem::advise(s, l, libc::MADV_NOHUGEPAGE) }?;
         }
         uffd.register(a.base, a.reserve_len)?;
         // The staging area must be registered with the same userfaultfd (it
@@ -75,12 +77,14 @@ impl Arena {
     /// drop the pages under its own memory pressure (a write cancels it).
     pub fn host_free(&self, a: usize, l: usize) -> Result<(), Errno> {
         self.check(a, l)?;
-        mem::advise(a, l, libc::MADV_FREE)
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        unsafe { mem::advise(a, l, libc::MADV_FREE) }
     }
 
     /// `MADV_FREE` in the host on a staging slot.
     pub fn host_free_slot(&self, slot: u32) -> Result<(), Errno> {
-        mem::advise(self.slot_addr(slot), self.page_size, libc::MADV_FREE)
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        unsafe { mem::advise(self.slot_addr(slot), self.page_size, libc::MADV_FREE) }
     }
 
     /// Test hook: the host's own reclaim of the whole staging area, as its
@@ -88,7 +92,8 @@ impl Arena {
     /// pages are discarded; other pages, with no host swap, stay).
     pub fn host_reclaim_staging(&self) {
         self.drain_host_lru();
-        let _ = mem::advise(self.staging_base, self.staging_len, libc::MADV_PAGEOUT);
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        let _ = unsafe { mem::advise(self.staging_base, self.staging_len, libc::MADV_PAGEOUT) };
     }
 
     /// Flushes every CPU's pending LRU batches in the host, so that pages
@@ -113,7 +118,8 @@ impl Arena {
     /// data is still there (read back by the next access).
     pub fn discard_slot(&self, slot: u32) -> bool {
         let a = self.slot_addr(slot);
-        let _ = mem::advise(a, self.page_size, libc::MADV_PAGEOUT);
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        let _ = unsafe { mem::advise(a, self.page_size, libc::MADV_PAGEOUT) };
         self.gone(a)
     }
 
@@ -179,10 +185,28 @@ impl Arena {
         self.zero_map_wake(uffd, dst, len, false)
     }
 
+    /// Wakes the threads waiting on `[a, a+l)` of the reservation (outside
+    /// it: `EFAULT`).
+    pub fn wake(&self, uffd: &Uffd, a: usize, l: usize) -> Result<(), Errno> {
+        self.check(a, l)?;
+        // SAFETY: inside the reservation; the caller wakes pages its core
+        // says are settled.
+        unsafe { uffd.wake(a, l) }
+    }
+
+    /// Places poison markers on the missing pages of `[a, a+l)` of the
+    /// reservation: a touch raises SIGBUS there (outside it: `EFAULT`).
+    pub fn poison(&self, uffd: &Uffd, a: usize, l: usize) -> Result<(), Errno> {
+        self.check(a, l)?;
+        // SAFETY: inside the reservation: memory no Rust reference points at.
+        unsafe { uffd.poison(a, l) }
+    }
+
     /// `zero_map`, waking the waiters when `wake`.
     pub fn zero_map_wake(&self, uffd: &Uffd, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
         self.check(dst, len)?;
-        uffd.zeropage(dst, len, wake)
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        unsafe { uffd.zeropage(dst, len, wake) }
     }
 
     /// Maps the page parked in `slot` back at `dst` (without waking):
@@ -192,7 +216,8 @@ impl Arena {
         let ps = self.page_size;
         self.check(dst, ps)?;
         let src = self.slot_addr(slot);
-        if try_move && matches!(uffd.mv(dst, src, ps, false), Ok(n) if n == ps) {
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        if try_move && matches!(unsafe { uffd.mv(dst, src, ps, false) }, Ok(n) if n == ps) {
             return Ok(());
         }
         // SAFETY: the slot is ours and holds a page (the caller's claim), so
@@ -201,7 +226,8 @@ impl Arena {
         if n != ps {
             return Err(Errno::EEXIST);
         }
-        mem::advise(src, ps, libc::MADV_DONTNEED)
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        unsafe { mem::advise(src, ps, libc::MADV_DONTNEED) }
     }
 
     /// Maps the page parked in `slot` at the empty page `dst` (without
@@ -235,7 +261,8 @@ impl Arena {
         }
         // A slot that cannot be emptied is found occupied when next used
         // (its move fails and the page stays where it is).
-        let _ = mem::advise(src, ps, libc::MADV_DONTNEED);
+        // SAFETY: a staging slot of ours, read above into the bounce buffer.
+        let _ = unsafe { mem::advise(src, ps, libc::MADV_DONTNEED) };
         Ok(intact)
     }
 
@@ -246,7 +273,8 @@ impl Arena {
         let ps = self.page_size;
         self.check(src, ps * n)?;
         self.slot_addr(slot + n as u32 - 1);
-        Ok(uffd.mv(self.slot_addr(slot), src, ps * n, false)? / ps)
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        Ok(unsafe { uffd.mv(self.slot_addr(slot), src, ps * n, false) }? / ps)
     }
 
     /// Copies the resident page at `src` into the empty `slot`, then drops it
@@ -288,7 +316,8 @@ impl Arena {
                 }
             }
         }
-        mem::advise(src, ps, libc::MADV_DONTNEED)
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        unsafe { mem::advise(src, ps, libc::MADV_DONTNEED) }
     }
 
     /// Writes the pages parked in `slots` to consecutive pages of `swap`
@@ -307,7 +336,8 @@ impl Arena {
     /// Drops the frames of the `n` consecutive slots from `slot`.
     pub fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno> {
         self.slot_addr(slot + n as u32 - 1);
-        mem::advise(self.slot_addr(slot), self.page_size * n, libc::MADV_DONTNEED)
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        unsafe { mem::advise(self.slot_addr(slot), self.page_size * n, libc::MADV_DONTNEED) }
     }
 
     /// Reads `len` bytes of `swap` at `off` and installs them at `dst`
@@ -426,7 +456,8 @@ impl Arena {
     /// `mprotect` inside the reservation.
     pub fn protect(&self, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
         self.check(a, l)?;
-        mem::protect(a, l, prot)
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        unsafe { mem::protect(a, l, prot) }
     }
 
     /// The host's `MADV_POPULATE_WRITE` inside the reservation: breaks the
@@ -435,7 +466,8 @@ impl Arena {
     /// must hold no lock that they take.
     pub fn host_populate_write(&self, a: usize, l: usize) -> Result<(), Errno> {
         self.check(a, l)?;
-        mem::advise(a, l, MADV_POPULATE_WRITE)
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        unsafe { mem::advise(a, l, MADV_POPULATE_WRITE) }
     }
 
     /// Drops the pages of `[a, a+l)` of the reservation, whatever the host
@@ -447,16 +479,21 @@ impl Arena {
     /// Returns whether the host refused at first (for the stats).
     pub fn zap(&self, uffd: &Uffd, a: usize, l: usize, prot: i32) -> Result<bool, Errno> {
         self.check(a, l)?;
-        if mem::advise(a, l, libc::MADV_DONTNEED).is_ok() {
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        if unsafe { mem::advise(a, l, libc::MADV_DONTNEED) }.is_ok() {
             return Ok(false);
         }
         let _ = mem::munlock(a, l);
-        if mem::advise(a, l, libc::MADV_DONTNEED).is_ok() {
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        if unsafe { mem::advise(a, l, libc::MADV_DONTNEED) }.is_ok() {
             return Ok(true);
         }
-        mem::replace_anon(a, l, prot)?;
-        mem::advise(a, l, libc::MADV_DONTFORK)?;
-        mem::advise(a, l, libc::MADV_NOHUGEPAGE)?;
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        unsafe { mem::replace_anon(a, l, prot) }?;
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        unsafe { mem::advise(a, l, libc::MADV_DONTFORK) }?;
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        unsafe { mem::advise(a, l, libc::MADV_NOHUGEPAGE) }?;
         uffd.register(a, l)?;
         Ok(true)
     }
@@ -467,7 +504,8 @@ impl Arena {
     pub fn host_advise(&self, a: usize, l: usize, advice: i32) -> Result<(), Errno> {
         self.check(a, l)?;
         match advice {
-            libc::MADV_DONTDUMP | libc::MADV_DODUMP | 102 | 103 => mem::advise(a, l, advice),
+            // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+            libc::MADV_DONTDUMP | libc::MADV_DODUMP | 102 | 103 => unsafe { mem::advise(a, l, advice) },
             _ => Err(Errno::EINVAL),
         }
     }
@@ -475,7 +513,8 @@ impl Arena {
     /// `MADV_DONTNEED` inside the reservation.
     pub fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno> {
         self.check(a, l)?;
-        mem::advise(a, l, libc::MADV_DONTNEED)
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        unsafe { mem::advise(a, l, libc::MADV_DONTNEED) }
     }
 }
 

@@ -65,20 +65,27 @@ pub unsafe fn unmap(addr: usize, len: usize) -> Result<(), Errno> {
 }
 
 /// `mprotect` on memory owned by a space.
-pub fn protect(addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
-    // SAFETY: changing protection is memory-safe for this program: the range
-    // belongs to a space, and access to it is the program's own business
-    // (violations raise SIGSEGV, never undefined behaviour in usermm).
+///
+/// # Safety
+/// No Rust reference may point into `[addr, addr+len)` while it loses
+/// access it needs (usermm's callers pass ranges of a space's reservation).
+pub unsafe fn protect(addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
+    // SAFETY: the caller's contract: the range is memory no Rust reference
+    // depends on (a space's); the kernel validates the rest.
     check(unsafe { libc::mprotect(addr as *mut libc::c_void, len, prot) }).map(|_| ())
 }
 
 /// Replaces `[addr, addr+len)` of a space's reservation with a fresh,
 /// empty anonymous mapping of protection `prot` (`MAP_FIXED`): whatever the
 /// old pages were (locked, pinned), they are gone.
-pub fn replace_anon(addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
-    // SAFETY: the range belongs to a space (its reservation); replacing it
-    // drops pages usermm has decided to drop and that no Rust reference
-    // points at.
+///
+/// # Safety
+/// `[addr, addr+len)` must be memory of this process that nothing else
+/// (no Rust reference, no other mapping's owner) relies on: a space's
+/// reservation.
+pub unsafe fn replace_anon(addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
+    // SAFETY: the caller's contract: the range is a space's, and its pages
+    // are ones usermm has decided to drop.
     let p = unsafe {
         libc::mmap(
             addr as *mut libc::c_void,
@@ -96,10 +103,14 @@ pub fn replace_anon(addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
 }
 
 /// `madvise` on memory owned by a space (DONTNEED drops its pages).
-pub fn advise(addr: usize, len: usize, advice: i32) -> Result<(), Errno> {
-    // SAFETY: the range belongs to a space; the advice usermm gives (DONTNEED
-    // on pages it has decided to drop, NOHUGEPAGE, DONTFORK) changes no
-    // memory usermm itself still reads.
+///
+/// # Safety
+/// Advice such as `MADV_DONTNEED`, `MADV_FREE` or `MADV_REMOVE` changes the
+/// bytes of the range: no Rust reference may point into it (usermm's
+/// callers pass ranges of a space's reservation or its own staging area).
+pub unsafe fn advise(addr: usize, len: usize, advice: i32) -> Result<(), Errno> {
+    // SAFETY: the caller's contract: no Rust reference points into the
+    // range; the kernel validates the rest.
     check(unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) }).map(|_| ())
 }
 

@@ -237,7 +237,7 @@ impl Uffd {
             }
             match r {
                 Ok(()) if piece.whole => return Ok(len),
-                Ok(()) => done += piece.unreported(c.copy as i64),
+                Ok(()) => done += piece.unreported(c.copy),
                 Err(Errno(libc::EAGAIN)) => continue,
                 Err(Errno(libc::EEXIST)) => return Ok(done),
                 Err(e) if piece.split(e) => continue,
@@ -254,7 +254,11 @@ impl Uffd {
 
     /// `UFFDIO_MOVE`: moves the pages at `src` to the missing `dst`. Returns
     /// the bytes moved (a prefix).
-    pub fn mv(&self, dst: usize, src: usize, len: usize, wake: bool) -> Result<usize, Errno> {
+    ///
+    /// # Safety
+    /// The pages leave `src` and appear at `dst`: no Rust reference may
+    /// point into either range.
+    pub unsafe fn mv(&self, dst: usize, src: usize, len: usize, wake: bool) -> Result<usize, Errno> {
         let mut done = 0usize;
         let mut tries = 0;
         let mut piece = Piece::new(len);
@@ -272,7 +276,7 @@ impl Uffd {
             }
             match r {
                 Ok(()) if piece.whole => return Ok(len),
-                Ok(()) => done += piece.unreported(m.moved as i64),
+                Ok(()) => done += piece.unreported(m.moved),
                 Err(Errno(libc::EAGAIN)) if tries < 1000 => {
                     tries += 1;
                     continue;
@@ -291,7 +295,10 @@ impl Uffd {
 
     /// `UFFDIO_ZEROPAGE`: maps the shared zero page on the missing pages of
     /// `[dst, dst+len)`, waking waiters. Returns the bytes mapped (a prefix).
-    pub fn zeropage(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
+    ///
+    /// # Safety
+    /// No Rust reference may point into the range (its bytes appear).
+    pub unsafe fn zeropage(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
         let mut done = 0usize;
         let mut piece = Piece::new(len);
         while done < len {
@@ -310,7 +317,7 @@ impl Uffd {
             }
             match r {
                 Ok(()) if piece.whole => return Ok(len),
-                Ok(()) => done += piece.unreported(z.zeropage as i64),
+                Ok(()) => done += piece.unreported(z.zeropage),
                 Err(Errno(libc::EAGAIN)) => continue,
                 Err(e) if piece.split(e) => continue,
                 Err(e) => return if done > 0 { Ok(done) } else { Err(e) },
@@ -320,13 +327,21 @@ impl Uffd {
     }
 
     /// `UFFDIO_WAKE` on a range (any number of VMAs).
-    pub fn wake(&self, start: usize, len: usize) -> Result<(), Errno> {
+    ///
+    /// # Safety
+    /// The threads woken retry their access: the range must be one whose
+    /// pages are settled (installed, or to fault again), as the caller's
+    /// core says.
+    pub unsafe fn wake(&self, start: usize, len: usize) -> Result<(), Errno> {
         let mut r = UffdioRange { start: start as u64, len: len as u64 };
         self.ioctl(UFFDIO_WAKE, &mut r as *mut _ as *mut libc::c_void)
     }
 
     /// `UFFDIO_POISON`: installs poison markers (touching raises SIGBUS).
-    pub fn poison(&self, start: usize, len: usize) -> Result<(), Errno> {
+    ///
+    /// # Safety
+    /// No Rust reference may point into the range: a touch raises SIGBUS.
+    pub unsafe fn poison(&self, start: usize, len: usize) -> Result<(), Errno> {
         loop {
             let mut p =
                 UffdioPoison { range: UffdioRange { start: start as u64, len: len as u64 }, mode: 0, updated: 0 };

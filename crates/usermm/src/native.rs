@@ -358,7 +358,7 @@ impl Inner {
             match plan {
                 FaultPlan::Wake => {
                     drop(c);
-                    let _ = self.uffd.wake(page_addr, self.page_size);
+                    let _ = self.arena.wake(&self.uffd, page_addr, self.page_size);
                     return;
                 }
                 FaultPlan::Segv { gap } => {
@@ -373,7 +373,7 @@ impl Inner {
                         }
                         return;
                     }
-                    let _ = self.uffd.wake(page_addr, self.page_size);
+                    let _ = self.arena.wake(&self.uffd, page_addr, self.page_size);
                     return;
                 }
                 FaultPlan::Wait => {
@@ -423,7 +423,7 @@ impl Inner {
                     c.fill_done(&plan, u64::from(n == self.page_size));
                     self.after_fill(&mut c);
                     drop(c);
-                    let _ = self.uffd.wake(page_addr, self.page_size);
+                    let _ = self.arena.wake(&self.uffd, page_addr, self.page_size);
                     return;
                 }
                 FaultPlan::Sigbus => {
@@ -440,7 +440,7 @@ impl Inner {
                     // A poison marker makes the kernel raise the SIGBUS itself,
                     // in the touching thread, with the exact address (and for
                     // every later touch too); the marker also wakes the thread.
-                    if self.uffd.poison(page_addr, self.page_size).is_ok() {
+                    if self.arena.poison(&self.uffd, page_addr, self.page_size).is_ok() {
                         return;
                     }
                     // The page may have been filled meanwhile (the thread
@@ -509,7 +509,7 @@ impl Inner {
                     self.after_fill(&mut c);
                     drop(c);
                     if n < run.pages() {
-                        let _ = self.uffd.wake(page_addr, self.page_size);
+                        let _ = self.arena.wake(&self.uffd, page_addr, self.page_size);
                     }
                     return;
                 }
@@ -553,7 +553,7 @@ impl Inner {
                         continue;
                     };
                     drop(self.commit_fill(&plan, n));
-                    let _ = self.uffd.wake(page_addr, self.page_size);
+                    let _ = self.arena.wake(&self.uffd, page_addr, self.page_size);
                     return;
                 }
             }
@@ -614,9 +614,9 @@ impl Inner {
     fn wake_run(&self, run: PageRange, fault_addr: usize) {
         let a = self.addr(run.start);
         let l = run.pages() as usize * self.page_size;
-        let _ = self.uffd.wake(a, l);
+        let _ = self.arena.wake(&self.uffd, a, l);
         if fault_addr < a || fault_addr >= a + l {
-            let _ = self.uffd.wake(fault_addr, self.page_size);
+            let _ = self.arena.wake(&self.uffd, fault_addr, self.page_size);
         }
     }
 
@@ -1128,7 +1128,7 @@ impl Inner {
         }
         for &(p, slot) in purges {
             let _ = self.arena.drop_slot(slot);
-            let _ = self.uffd.poison(self.addr(p), self.page_size);
+            let _ = self.arena.poison(&self.uffd, self.addr(p), self.page_size);
         }
         let mut c = lock(&self.core);
         for &(p, slot) in purges {
@@ -1724,7 +1724,7 @@ impl Inner {
             AdviceOp::Poison(r) => {
                 self.zap_range(r);
                 lock(&self.core).set_poison(r);
-                let _ = self.uffd.poison(self.addr(r.start), r.pages() as usize * self.page_size);
+                let _ = self.arena.poison(&self.uffd, self.addr(r.start), r.pages() as usize * self.page_size);
             }
             AdviceOp::WillNeed(r) => {
                 let pages = lock(&self.core).swapped_in(r);
@@ -1905,7 +1905,7 @@ impl Inner {
                         // plans again and finds it purged.
                         if let Some(n) = self.reactivate_io(&plan) {
                             drop(self.commit_fill(&plan, n));
-                            let _ = self.uffd.wake(self.addr(page), self.page_size);
+                            let _ = self.arena.wake(&self.uffd, self.addr(page), self.page_size);
                             if n == 0 {
                                 return (populated, Err(Errno::EFAULT));
                             }
