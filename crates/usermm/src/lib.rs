@@ -485,8 +485,13 @@ impl Space {
         }
     }
 
-    /// Checks every invariant of the core (for tests; takes the core lock).
+    /// Checks every invariant of the core (for tests). Takes the region
+    /// lock shared, then the core lock, as every observer does: a
+    /// `MAP_FIXED` replacement holds the region lock exclusively while the
+    /// new region already covers the range whose old pages it zaps (seen by
+    /// the soak as "held range has regions" under the core lock alone).
     pub fn validate(&self) {
+        let _mm = self.inner.read_mm();
         self.inner.core.lock().unwrap_or_else(|e| e.into_inner()).validate();
     }
 }
