@@ -171,23 +171,28 @@ fn usermm_run(threads: usize, sh: Shape, volatile: bool, budget: usize) -> Resul
     let sp = &space;
     let mut faults = || Ok(sp.stats().faults);
     let (elapsed_ns, s, purged) = threaded(maps, sh, &mut faults, |r, m: &mut Mapping<'_>| {
-        let base = m.addr();
         let mut purged = 0u64;
         if volatile {
-            sp.mvolatile(base, len).map_err(|e| format!("usermm mvolatile: {e:?}"))?;
+            // SAFETY: a chunk is borrowed only between its mnovolatile
+            // below and the mvolatile that follows.
+            #[allow(unsafe_code)]
+            let v = unsafe { m.mvolatile(0, len) };
+            v.map_err(|e| format!("usermm mvolatile: {e:?}"))?;
         }
         for c in 0..sh.chunks {
             let off = c * sh.chunk;
             if volatile {
-                let (_, rep) =
-                    sp.mnovolatile(base + off, sh.chunk).map_err(|e| format!("usermm mnovolatile: {e:?}"))?;
+                let (_, rep) = m.mnovolatile(off, sh.chunk).map_err(|e| format!("usermm mnovolatile: {e:?}"))?;
                 purged += rep.purged_pages as u64;
             }
             m[off..off + sh.chunk].fill(fill_value(r, c));
             if volatile {
-                sp.mvolatile(base + off, sh.chunk).map_err(|e| format!("usermm mvolatile: {e:?}"))?;
+                // SAFETY: as above: not borrowed again before its mnovolatile.
+                #[allow(unsafe_code)]
+                let v = unsafe { m.mvolatile(off, sh.chunk) };
+                v.map_err(|e| format!("usermm mvolatile: {e:?}"))?;
             } else {
-                sp.madvise(base + off, sh.chunk, MADV_DONTNEED).map_err(|e| format!("usermm madvise: {e:?}"))?;
+                m.advise_range(off, sh.chunk, MADV_DONTNEED).map_err(|e| format!("usermm madvise: {e:?}"))?;
             }
         }
         Ok(purged)
@@ -220,7 +225,11 @@ fn purge_demo(budget: usize, swap_dir: &str) -> Result<Demo, String> {
         m[i * DEMO_CHUNK..(i + 1) * DEMO_CHUNK].fill(b'A' + i as u8);
     }
     for i in (0..26).step_by(2) {
-        space.mvolatile(m.addr() + i * DEMO_CHUNK, DEMO_CHUNK).map_err(|e| format!("usermm mvolatile: {e:?}"))?;
+        // SAFETY: the even chunks are read only after their mnovolatile
+        // below.
+        #[allow(unsafe_code)]
+        let v = unsafe { m.mvolatile(i * DEMO_CHUNK, DEMO_CHUNK) };
+        v.map_err(|e| format!("usermm mvolatile: {e:?}"))?;
     }
     let before = space.stats();
     {
@@ -254,8 +263,7 @@ fn purge_demo(budget: usize, swap_dir: &str) -> Result<Demo, String> {
                 .count() as u64
         };
         if i % 2 == 0 {
-            let (purged, rep) =
-                space.mnovolatile(m.addr() + base, DEMO_CHUNK).map_err(|e| format!("usermm mnovolatile: {e:?}"))?;
+            let (purged, rep) = m.mnovolatile(base, DEMO_CHUNK).map_err(|e| format!("usermm mnovolatile: {e:?}"))?;
             let word = rep.bitmap.first().copied().unwrap_or(0);
             let bad = chunk_ok(&m, &|p| word >> p & 1 == 1) + u64::from(purged != (rep.purged_pages > 0));
             d.mismatches += bad;

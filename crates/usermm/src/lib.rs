@@ -170,13 +170,26 @@ pub struct PurgeReport {
 pub struct Space {
     inner: Arc<Inner>,
     threads: Option<Threads>,
+    /// The ranges of the live [`Mapping`]s (and [`Purgeable`]s): safe code
+    /// may hold a `&[u8]` into them, so the address-based calls that would
+    /// change or remove their bytes refuse them (`EBUSY`); the handle's own
+    /// methods, which hold it by `&mut` or by value, do it instead.
+    owned: std::sync::Mutex<Vec<(usize, usize)>>,
+}
+
+/// Advice that changes a range's bytes now or later, or removes access to
+/// them: refused on a [`Mapping`]'s range through the address-based
+/// [`Space::madvise`].
+fn advice_changes_bytes(advice: i32) -> bool {
+    use consts::*;
+    matches!(advice, MADV_DONTNEED | MADV_FREE | MADV_REMOVE | MADV_HWPOISON | MADV_GUARD_INSTALL)
 }
 
 impl Space {
     /// Opens a space (`umm_open`).
     pub fn open(cfg: &Config) -> Result<Space, Errno> {
         let (inner, threads) = Inner::open(cfg)?;
-        Ok(Space { inner, threads: Some(threads) })
+        Ok(Space { inner, threads: Some(threads), owned: std::sync::Mutex::new(Vec::new()) })
     }
 
     /// Closes the space (`umm_close`): stops its threads and releases its
@@ -216,13 +229,42 @@ impl Space {
         self.inner.fallback_reason.as_deref()
     }
 
-    /// `mmap`: returns the start address of the new region.
+    /// `EBUSY` if `[addr, addr+len)` overlaps a live [`Mapping`] (safe
+    /// code may be borrowing its bytes).
+    fn not_owned(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        let end = addr.saturating_add(len);
+        if owned.iter().any(|&(a, l)| a < end && addr < a + l) {
+            return Err(Errno::EBUSY);
+        }
+        Ok(())
+    }
+
+    fn own(&self, addr: usize, len: usize) {
+        self.owned.lock().unwrap_or_else(|e| e.into_inner()).push((addr, len));
+    }
+
+    fn disown(&self, addr: usize) {
+        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = owned.iter().position(|&(a, _)| a == addr) {
+            owned.swap_remove(i);
+        }
+    }
+
+    /// `mmap`: returns the start address of the new region. `MAP_FIXED`
+    /// over a live [`Mapping`] is `EBUSY` (it would replace bytes safe code
+    /// may be borrowing).
     pub fn mmap(&self, addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Result<usize, Errno> {
+        if flags & consts::MAP_FIXED != 0 {
+            self.not_owned(addr, len)?;
+        }
         self.inner.mmap(addr, len, prot, flags, fd, off)
     }
 
-    /// `munmap` (seed 003: two-phase).
+    /// `munmap` (seed 003: two-phase). A range overlapping a live
+    /// [`Mapping`] is `EBUSY`: use [`Mapping::unmap`] (or drop it).
     pub fn munmap(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.not_owned(addr, len)?;
         self.inner.munmap(addr, len)
     }
 
@@ -233,13 +275,20 @@ impl Space {
         self.inner.msync(addr, len, flags)
     }
 
-    /// `mprotect`.
+    /// `mprotect`. A range overlapping a live [`Mapping`] is `EBUSY` (its
+    /// `Deref` promises readable, writable bytes).
     pub fn mprotect(&self, addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
+        self.not_owned(addr, len)?;
         self.inner.mprotect(addr, len, prot)
     }
 
-    /// `madvise`.
+    /// `madvise`. Advice that changes or removes bytes (`MADV_DONTNEED`,
+    /// `MADV_FREE`, `MADV_REMOVE`, `MADV_GUARD_INSTALL`, `MADV_HWPOISON`)
+    /// over a live [`Mapping`] is `EBUSY`: use [`Mapping::advise`].
     pub fn madvise(&self, addr: usize, len: usize, advice: i32) -> Result<(), Errno> {
+        if advice_changes_bytes(advice) {
+            self.not_owned(addr, len)?;
+        }
         self.inner.madvise(addr, len, advice)
     }
 
@@ -283,7 +332,18 @@ impl Space {
     /// `mnovolatile`; until then they keep their data and are accessed with
     /// no fault. Touching a purged page while it is volatile raises SIGBUS
     /// (`si_code` `BUS_ADRERR`, `si_addr` the address touched).
+    ///
+    /// A range overlapping a live [`Mapping`] is `EBUSY`: a purge would
+    /// change bytes safe code may be borrowing. [`Purgeable`] is the safe
+    /// handle for volatile memory.
     pub fn mvolatile(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.not_owned(addr, len)?;
+        self.inner.mvolatile(addr, len)
+    }
+
+    /// `mvolatile` for a [`Purgeable`], whose bytes are only reachable
+    /// through a guard that makes them non-volatile first.
+    pub(crate) fn mvolatile_owned(&self, addr: usize, len: usize) -> Result<(), Errno> {
         self.inner.mvolatile(addr, len)
     }
 
@@ -449,6 +509,7 @@ impl Space {
             -1,
             0,
         )?;
+        self.own(addr, len);
         Ok(Mapping { space: self, addr, len })
     }
 
@@ -528,18 +589,82 @@ impl Mapping<'_> {
     /// Unmaps now and reports the result (dropping a `Mapping` also unmaps,
     /// ignoring errors).
     pub fn unmap(self) -> Result<(), Errno> {
-        let r = self.space.munmap(self.addr, self.len);
+        self.space.disown(self.addr);
+        let r = self.space.inner.munmap(self.addr, self.len);
         std::mem::forget(self);
         r
     }
-    /// `madvise` on the whole mapping.
-    pub fn advise(&self, advice: i32) -> Result<(), Errno> {
-        self.space.madvise(self.addr, self.len, advice)
+
+    /// `madvise` on the whole mapping: [`Mapping::advise_range`].
+    pub fn advise(&mut self, advice: i32) -> Result<(), Errno> {
+        self.advise_range(0, self.len, advice)
+    }
+
+    /// `madvise` on `[offset, offset+len)` of the mapping (`EINVAL` past its
+    /// end). It takes the mapping by `&mut`: no borrow of its bytes lives
+    /// across the call, so advice that changes them now (`MADV_DONTNEED`:
+    /// zeros after) is safe. Advice that may change them *later*, under a
+    /// borrow taken after the call (`MADV_FREE`: a page reads as its data or
+    /// as zeros until written), or that removes access
+    /// (`MADV_GUARD_INSTALL`, `MADV_HWPOISON`), is `EINVAL` here:
+    /// [`Mapping::advise_unchecked`].
+    pub fn advise_range(&mut self, offset: usize, len: usize, advice: i32) -> Result<(), Errno> {
+        use consts::*;
+        if matches!(advice, MADV_FREE | MADV_GUARD_INSTALL | MADV_HWPOISON) {
+            return Err(Errno::EINVAL);
+        }
+        self.advise_inner(offset, len, advice)
+    }
+
+    /// `madvise` with any advice on `[offset, offset+len)` of the mapping.
+    ///
+    /// # Safety
+    /// After `MADV_FREE`, each page must be written (or advised with
+    /// `MADV_DONTNEED`) before its bytes are borrowed: until then a discard
+    /// may change them under a borrow. After `MADV_GUARD_INSTALL` or
+    /// `MADV_HWPOISON`, the pages must not be borrowed at all until
+    /// `MADV_GUARD_REMOVE` (poison: never).
+    // An unsafe contract, not unsafe code: the body is a safe call.
+    #[allow(unsafe_code)]
+    pub unsafe fn advise_unchecked(&mut self, offset: usize, len: usize, advice: i32) -> Result<(), Errno> {
+        self.advise_inner(offset, len, advice)
+    }
+
+    /// `mvolatile` on `[offset, offset+len)` of the mapping.
+    ///
+    /// # Safety
+    /// Until `mnovolatile` on it, the range must not be borrowed: a purge
+    /// may change it at any time (and a touch of a purged page raises
+    /// SIGBUS). [`Purgeable`] is the safe handle for volatile memory.
+    #[allow(unsafe_code)]
+    pub unsafe fn mvolatile(&mut self, offset: usize, len: usize) -> Result<(), Errno> {
+        self.check_range(offset, len)?;
+        self.space.inner.mvolatile(self.addr + offset, len)
+    }
+
+    /// `mnovolatile` on `[offset, offset+len)` of the mapping: see
+    /// [`Space::mnovolatile`].
+    pub fn mnovolatile(&mut self, offset: usize, len: usize) -> Result<(bool, PurgeReport), Errno> {
+        self.check_range(offset, len)?;
+        self.space.mnovolatile(self.addr + offset, len)
+    }
+
+    fn check_range(&self, offset: usize, len: usize) -> Result<(), Errno> {
+        if offset.checked_add(len).is_none_or(|e| e > self.len) {
+            return Err(Errno::EINVAL);
+        }
+        Ok(())
+    }
+
+    fn advise_inner(&mut self, offset: usize, len: usize, advice: i32) -> Result<(), Errno> {
+        self.check_range(offset, len)?;
+        self.space.inner.madvise(self.addr + offset, len, advice)
     }
 }
 
 impl Drop for Mapping<'_> {
     fn drop(&mut self) {
-        let _ = self.space.munmap(self.addr, self.len);
+        self.space.disown(self.addr);
+        let _ = self.space.inner.munmap(self.addr, self.len);
     }
 }

@@ -138,7 +138,7 @@ impl<'a> Purgeable<'a> {
     /// purged in between.
     pub fn new_volatile(space: &'a Space, len: usize) -> Result<Purgeable<'a>, Errno> {
         let mut p = Purgeable::new(space, len)?;
-        space.mvolatile(p.map.addr(), p.span_bytes(0, p.map.len()))?;
+        space.mvolatile_owned(p.map.addr(), p.span_bytes(0, p.map.len()))?;
         p.volatile = true;
         Ok(p)
     }
@@ -235,7 +235,7 @@ impl PurgeableGuard<'_, '_> {
         }
         let b = &mut *self.buf;
         let (offset, len) = if b.volatile { (self.offset, self.len) } else { (0, b.map.len()) };
-        b.space.mvolatile(b.map.addr() + offset, b.span_bytes(offset, len))?;
+        b.space.mvolatile_owned(b.map.addr() + offset, b.span_bytes(offset, len))?;
         b.volatile = true;
         Ok(())
     }

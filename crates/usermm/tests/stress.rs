@@ -110,8 +110,7 @@ fn worker(space: &Space, thread: usize, stop: &AtomicBool, t: &Totals) {
                 // MADV_DONTNEED: the run must read as zeros, then is rewritten.
                 let n = 1 + rng.below(512);
                 let first = rng.below(PAGES - n + 1);
-                let addr = r.map.as_ref().unwrap().addr() + first * PAGE;
-                space.madvise(addr, n * PAGE, MADV_DONTNEED).expect("MADV_DONTNEED");
+                r.map.as_mut().unwrap().advise_range(first * PAGE, n * PAGE, MADV_DONTNEED).expect("MADV_DONTNEED");
                 r.versions[first..first + n].fill(0);
                 verify_run(r, thread, ri, first, n, t);
                 let k = n.min(1 + rng.below(64));

@@ -48,7 +48,7 @@ fn states(s: &Space, m: &Mapping<'_>) -> Vec<u32> {
 /// the faulting thread is woken by `UFFDIO_COPY` a moment before the handler
 /// records the page as resident, so a page-out right after the touch can
 /// miss the last page(s) touched.
-fn pageout_all(s: &Space, m: &Mapping<'_>) -> Vec<u32> {
+fn pageout_all(s: &Space, m: &mut Mapping<'_>) -> Vec<u32> {
     let mut st = Vec::new();
     for _ in 0..1000 {
         m.advise(MADV_PAGEOUT).expect("MADV_PAGEOUT");
@@ -104,7 +104,7 @@ fn write_errors_keep_pages_resident_and_intact() {
     assert!(st.resident_pages_max <= st.budget_pages);
 
     // The errors are used up: a page-out really swaps now.
-    let ps = pageout_all(&s, &a);
+    let ps = pageout_all(&s, &mut a);
     assert!(ps.iter().all(|&b| b & UMM_PAGE_SWAPPED != 0), "not all swapped after the errors stopped: {ps:x?}");
     assert_eq!(bad_in(&a, 1, 2), 0, "region a read back from swap");
     drop(a);
@@ -137,7 +137,7 @@ fn child_read_error_scenario() {
     let s = space(4 << 20, 16 << 20);
     let mut m = s.map_anon(16 * PAGE).expect("mmap");
     fill(&mut m, 9, 1);
-    let st = pageout_all(&s, &m);
+    let st = pageout_all(&s, &mut m);
     if st[0] & UMM_PAGE_SWAPPED == 0 {
         eprintln!("child: page 0 not swapped out: {:#x}", st[0]);
         std::process::exit(3);
@@ -224,7 +224,7 @@ fn read_error_in_process() {
     let s = space(4 << 20, 16 << 20);
     let mut m = s.map_anon(16 * PAGE).expect("mmap");
     fill(&mut m, 5, 3);
-    let st = pageout_all(&s, &m);
+    let st = pageout_all(&s, &mut m);
     assert!(st.iter().all(|&b| b & UMM_PAGE_SWAPPED != 0), "not swapped out: {st:x?}");
     let before = s.stats();
     let rec = SigbusRecorder::install(m.addr(), m.addr() + m.len()).expect("install SIGBUS recorder");
