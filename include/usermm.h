@@ -27,6 +27,16 @@
  *     changes state, such as umm_mnovolatile or umm_populate, has made the
  *     change when it reports EFAULT, as wait4 has reaped the child whose
  *     status it cannot store). Caller memory may lie in a space.
+ *   - fork: a space belongs to the process that opened it. In a forked
+ *     child every call on a space of the parent fails at once with ESTALE
+ *     ("stale handle": the handle was copied into the child, the space was
+ *     not; nothing of the parent's space is touched and no lock is waited
+ *     for, whatever parent threads held at the fork), and umm_close only
+ *     forgets the handle (0). A child opens its own spaces; the default
+ *     space of usermm_compat.h is re-opened in the child by its first call.
+ *     Touching a parent space's memory in the child raises SIGSEGV (the
+ *     reservation is MADV_DONTFORK). Detected with a pthread_atfork child
+ *     handler: a child made by a raw clone(2) or vfork is not detected.
  *   - File regions: MAP_SHARED pages are written back on reclaim, msync,
  *     munmap and umm_close; MAP_PRIVATE written pages go to swap, never to
  *     the file. A touch past the end of the file raises SIGBUS.
@@ -225,7 +235,9 @@ umm_space *umm_open(const struct umm_config *cfg);
 /*
  * Unmaps everything, writes back shared files, stops the space's threads
  * and frees it; nothing may touch its memory afterwards. 0, or -1/EINVAL for
- * NULL or the default space of usermm_compat.h (which is never closed).
+ * NULL or the default space of usermm_compat.h (which is never closed). In
+ * a forked child, a space of the parent (default or not) is only forgotten:
+ * 0.
  */
 int umm_close(umm_space *s);
 
@@ -335,7 +347,8 @@ int umm_debug_inject_swap_errors(umm_space *s, unsigned reads, unsigned writes);
 
 /* usermm extension (usermm_compat.h): the process-wide default space,
  * opened once from the USERMM_* environment variables (see
- * usermm_compat.h); NULL + errno if it could not be opened. Never closed. */
+ * usermm_compat.h); NULL + errno if it could not be opened. Never closed.
+ * In a forked child the first call opens the child's own default space. */
 umm_space *umm_default_space(void);
 
 #ifdef __cplusplus

@@ -167,26 +167,69 @@ pub struct PurgeReport {
 }
 
 /// A space: a reserved virtual range whose pages usermm serves.
+///
+/// # fork
+/// A space belongs to the process that opened it. In a forked child every
+/// call on it fails at once with [`Errno::ESTALE`] (the calls that return no
+/// `Result` — [`Space::stats`], [`Space::smaps`], [`Space::validate`],
+/// [`Space::host_reclaim`] — panic), before any lock is taken: a parent
+/// thread may have held one at the fork, and the handler threads that serve
+/// the space do not exist in the child. Dropping or closing it in the child
+/// only forgets it; the parent's space is untouched. A child opens its own.
 pub struct Space {
     inner: Arc<Inner>,
     threads: Option<Threads>,
+    /// The fork generation ([`usermm_sys::thread::fork_generation`]) of the
+    /// process that opened the space. Invariant: the space is used (locked,
+    /// closed) only while the current generation equals it.
+    fork_generation: u64,
 }
 
 impl Space {
     /// Opens a space (`umm_open`).
     pub fn open(cfg: &Config) -> Result<Space, Errno> {
+        let fork_generation = usermm_sys::thread::watch_forks()?;
         let (inner, threads) = Inner::open(cfg)?;
-        Ok(Space { inner, threads: Some(threads) })
+        Ok(Space { inner, threads: Some(threads), fork_generation })
+    }
+
+    /// `Err(ESTALE)` in a process forked after the space was opened (see
+    /// [`Space`]'s "fork"); an atomic load, checked before any lock.
+    pub fn check_owner(&self) -> Result<(), Errno> {
+        if usermm_sys::thread::fork_generation() != self.fork_generation {
+            return Err(Errno::ESTALE);
+        }
+        Ok(())
+    }
+
+    /// Panics in a forked child, for the calls that cannot return `ESTALE`.
+    fn assert_owner(&self) {
+        assert!(
+            self.check_owner().is_ok(),
+            "usermm: a space used in a forked child (ESTALE): a child must open its own"
+        );
     }
 
     /// Closes the space (`umm_close`): stops its threads and releases its
-    /// memory. Nothing may touch the space's memory afterwards.
+    /// memory. Nothing may touch the space's memory afterwards. In a forked
+    /// child it only forgets the space (and returns `Ok`).
     pub fn close(mut self) -> Result<(), Errno> {
         self.close_inner();
         Ok(())
     }
 
     fn close_inner(&mut self) {
+        if self.check_owner().is_err() {
+            // A forked child: the handler threads to join do not exist here,
+            // and the space's locks may be held forever by threads that did
+            // not come along. Forget everything; freeing the reservation
+            // could even unmap what the child has mapped there since.
+            if let Some(t) = self.threads.take() {
+                std::mem::forget(t);
+                std::mem::forget(Arc::clone(&self.inner));
+            }
+            return;
+        }
         if let Some(t) = self.threads.take() {
             self.inner.close(t);
         }
@@ -218,11 +261,13 @@ impl Space {
 
     /// `mmap`: returns the start address of the new region.
     pub fn mmap(&self, addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Result<usize, Errno> {
+        self.check_owner()?;
         self.inner.mmap(addr, len, prot, flags, fd, off)
     }
 
     /// `munmap` (seed 003: two-phase).
     pub fn munmap(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.check_owner()?;
         self.inner.munmap(addr, len)
     }
 
@@ -230,16 +275,19 @@ impl Space {
     /// of the range are written to their files before it returns (both
     /// modes); `MS_SYNC` also `fdatasync`s the files.
     pub fn msync(&self, addr: usize, len: usize, flags: i32) -> Result<(), Errno> {
+        self.check_owner()?;
         self.inner.msync(addr, len, flags)
     }
 
     /// `mprotect`.
     pub fn mprotect(&self, addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
+        self.check_owner()?;
         self.inner.mprotect(addr, len, prot)
     }
 
     /// `madvise`.
     pub fn madvise(&self, addr: usize, len: usize, advice: i32) -> Result<(), Errno> {
+        self.check_owner()?;
         self.inner.madvise(addr, len, advice)
     }
 
@@ -253,6 +301,7 @@ impl Space {
     /// `MLOCK_ONFAULT`, as they are first touched. `addr` need not be
     /// aligned. The whole range is charged to `memlock_bytes` now.
     pub fn mlock2(&self, addr: usize, len: usize, flags: u32) -> Result<(), Errno> {
+        self.check_owner()?;
         if flags & !consts::MLOCK_ONFAULT != 0 {
             return Err(Errno::EINVAL);
         }
@@ -266,16 +315,19 @@ impl Space {
 
     /// `munlock`: clears both kinds of lock on the range and uncharges it.
     pub fn munlock(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.check_owner()?;
         self.inner.lock_call(|c| c.lock_range(addr as u64, len as u64, usermm_core::region::LockMode::None))
     }
 
     /// `mlockall` (`MCL_CURRENT`, `MCL_FUTURE`, `MCL_ONFAULT`).
     pub fn mlockall(&self, flags: i32) -> Result<(), Errno> {
+        self.check_owner()?;
         self.inner.lock_call(|c| c.mlockall(flags))
     }
 
     /// `munlockall`.
     pub fn munlockall(&self) -> Result<(), Errno> {
+        self.check_owner()?;
         self.inner.lock_call(|c| c.munlockall())
     }
 
@@ -284,6 +336,7 @@ impl Space {
     /// no fault. Touching a purged page while it is volatile raises SIGBUS
     /// (`si_code` `BUS_ADRERR`, `si_addr` the address touched).
     pub fn mvolatile(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.check_owner()?;
         self.inner.mvolatile(addr, len)
     }
 
@@ -292,6 +345,7 @@ impl Space {
     /// zeros), with the exact report. Holes: the mapped parts are made
     /// non-volatile and the call fails with `ENOMEM`.
     pub fn mnovolatile(&self, addr: usize, len: usize) -> Result<(bool, PurgeReport), Errno> {
+        self.check_owner()?;
         let (purged, res) = self.inner.mnovolatile(addr, len)?;
         let ps = self.page_size();
         let pages = len.div_ceil(ps);
@@ -310,6 +364,9 @@ impl Space {
     /// range, also reporting how many bytes (from `addr`) were populated; on
     /// failure, the report's `fail_addr` is `addr + populated`.
     pub fn populate(&self, addr: usize, len: usize, advice: i32) -> (PopulateReport, Result<(), Errno>) {
+        if let Err(e) = self.check_owner() {
+            return (PopulateReport::default(), Err(e));
+        }
         if advice != consts::MADV_POPULATE_READ && advice != consts::MADV_POPULATE_WRITE {
             return (PopulateReport::default(), Err(Errno::EINVAL));
         }
@@ -321,6 +378,7 @@ impl Space {
     /// `mincore`: fills `vec` (one byte per page; bit 0 is "resident"). `vec`
     /// must hold `ceil(len / page_size)` bytes (`EFAULT` otherwise).
     pub fn mincore(&self, addr: usize, len: usize, vec: &mut [u8]) -> Result<(), Errno> {
+        self.check_owner()?;
         // Never allocate more than the reservation has pages: a longer range
         // ends in a hole anyway (ENOMEM), which the core reports.
         let pages = len.div_ceil(self.inner.page_size).min(self.reserve_pages());
@@ -344,6 +402,7 @@ impl Space {
     /// `umm_page_state`: one word of `UMM_PAGE_*` bits per page (the words
     /// past a hole are left untouched).
     pub fn page_state(&self, addr: usize, npages: usize, out: &mut [u32]) -> Result<(), Errno> {
+        self.check_owner()?;
         let pages = npages.min(self.reserve_pages());
         let mut tmp = vec![0u32; pages];
         let n = out.len().min(pages);
@@ -372,6 +431,7 @@ impl Space {
 
     /// Statistics.
     pub fn stats(&self) -> Stats {
+        self.assert_owner();
         let (s, locked) = {
             let c = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
             (c.stats(), c.locked_extents())
@@ -421,6 +481,7 @@ impl Space {
     /// usermm's own VmFlags: `um` (served by usermm) on every region, and
     /// `uo` when the space runs on the user-mode-only fallback.
     pub fn smaps(&self) -> String {
+        self.assert_owner();
         let extra = if self.inner.user_mode_only { "uo " } else { "" };
         let files = self.inner.files.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let info = |id: u32| {
@@ -465,6 +526,7 @@ impl Space {
     /// host discards are on for this space (`false`: no userfaultfd
     /// write-protect or no `PAGEMAP_SCAN`, so nothing is handed to the host).
     pub fn host_reclaim(&self) -> bool {
+        self.assert_owner();
         self.inner.host_reclaim_staging();
         self.inner.host_lazyfree
     }
@@ -479,6 +541,7 @@ impl Space {
 
     /// Test hook: the whole swap file's contents (to check what reached disk).
     pub fn swap_contents(&self) -> Result<Vec<u8>, Errno> {
+        self.check_owner()?;
         match &self.inner.swap {
             Some(s) => s.read_all(self.inner.swap_bytes),
             None => Ok(Vec::new()),
@@ -487,6 +550,7 @@ impl Space {
 
     /// Checks every invariant of the core (for tests; takes the core lock).
     pub fn validate(&self) {
+        self.assert_owner();
         self.inner.core.lock().unwrap_or_else(|e| e.into_inner()).validate();
     }
 }

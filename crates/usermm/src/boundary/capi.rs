@@ -21,7 +21,10 @@
 //! - A `umm_space *` is a `Box<Space>` turned into a raw pointer by
 //!   `umm_open` and back by `umm_close`, except for the process-wide default
 //!   space (`umm_default_space`, for `usermm_compat.h`), which lives in a
-//!   static and is never closed.
+//!   leaked per-fork-generation cell and is never closed.
+//! - fork: a handle of a space opened before a fork is stale in the child;
+//!   every call on it is `ESTALE` at once ([`Space::check_owner`], an atomic
+//!   load before any lock), and `umm_close` only forgets it.
 //! - Every exported function that takes a space handle is an `unsafe extern
 //!   "C" fn`: the handle is the one pointer it trusts (the header's
 //!   contract); turning it into a `&Space` is the only dereference, in
@@ -33,6 +36,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::OnceLock;
 
 use usermm_sys::ffi::{
@@ -153,16 +157,21 @@ fn guard<T>(fail: T, f: impl FnOnce() -> Result<T, Errno>) -> T {
     }
 }
 
-/// The space behind a C handle; `EINVAL` for NULL.
+/// The space behind a C handle; `EINVAL` for NULL, `ESTALE` for a space
+/// opened by the parent of a forked child (checked before anything else,
+/// see [`Space::check_owner`]).
 ///
 /// # Safety
 /// `s` must be NULL or a live handle: returned by `umm_open` and not yet
-/// passed to `umm_close`, or returned by `umm_default_space`. The space must
-/// stay open for `'a`.
+/// passed to `umm_close`, or returned by `umm_default_space` (in this
+/// process or, before a fork, in its parent: the handle's memory was copied
+/// into the child). The space must stay open for `'a`.
 unsafe fn space<'a>(s: *mut umm_space) -> Result<&'a Space, Errno> {
     // SAFETY: guaranteed by the caller; a live handle points to a `Space`,
     // which is `Sync`.
-    unsafe { as_ref(s as *const Space) }.ok_or(Errno::EINVAL)
+    let sp = unsafe { as_ref(s as *const Space) }.ok_or(Errno::EINVAL)?;
+    sp.check_owner()?;
+    Ok(sp)
 }
 
 /// Linux's `PATH_MAX`: the longest path, NUL included, `getname` accepts.
@@ -316,17 +325,22 @@ pub extern "C" fn umm_open(cfg: *const umm_config) -> *mut umm_space {
 }
 
 /// `umm_close`: closes and frees the space. `EINVAL` for NULL or the default
-/// space (which lives in a static).
+/// space (which lives in a static). In a forked child, a space of the parent
+/// (the default one included) is only forgotten: 0, and nothing of it is
+/// touched.
 ///
 /// # Safety
 /// `s` must be NULL or a live handle; it is dangling after this call.
 #[no_mangle]
 pub unsafe extern "C" fn umm_close(s: *mut umm_space) -> c_int {
     guard(-1, || {
-        if s.is_null() {
-            return Err(Errno::EINVAL);
+        // SAFETY: `s` is NULL or a live handle (this function's contract).
+        match unsafe { space(s) } {
+            Err(e) if e == Errno::ESTALE => return Ok(0),
+            Err(e) => return Err(e),
+            Ok(_) => {}
         }
-        if let Some(Ok(d)) = DEFAULT_SPACE.get() {
+        if let Some(Ok(d)) = default_cell().get() {
             if std::ptr::eq(d, s as *const Space) {
                 return Err(Errno::EINVAL);
             }
@@ -712,9 +726,42 @@ pub unsafe extern "C" fn umm_debug_inject_swap_errors(s: *mut umm_space, reads: 
     })
 }
 
-/// The process-wide default space of `usermm_compat.h`; the error is kept so
-/// that every call reports it.
-static DEFAULT_SPACE: OnceLock<Result<Space, Errno>> = OnceLock::new();
+/// The process-wide default space of `usermm_compat.h` for one fork
+/// generation; the error is kept so that every call reports it.
+struct DefaultCell {
+    fork_generation: u64,
+    space: OnceLock<Result<Space, Errno>>,
+}
+
+/// The default space's cell of the current fork generation: a forked child
+/// gets a fresh cell (and so a fresh space, opened by its first call) and
+/// never waits on the parent's, whose `OnceLock` a parent thread may have
+/// been initialising at the fork. Cells are leaked, never freed: one per
+/// generation that called `umm_default_space`.
+static DEFAULT_CELL: AtomicPtr<DefaultCell> = AtomicPtr::new(std::ptr::null_mut());
+
+fn default_cell() -> &'static OnceLock<Result<Space, Errno>> {
+    let generation = usermm_sys::thread::fork_generation();
+    let mut cur = DEFAULT_CELL.load(Ordering::Acquire);
+    loop {
+        // SAFETY: DEFAULT_CELL holds NULL or a pointer from `Box::leak`
+        // below, never freed, so it is valid for 'static.
+        if let Some(cell) = unsafe { cur.as_ref() } {
+            if cell.fork_generation == generation {
+                return &cell.space;
+            }
+        }
+        let new: &'static mut DefaultCell =
+            Box::leak(Box::new(DefaultCell { fork_generation: generation, space: OnceLock::new() }));
+        match DEFAULT_CELL.compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return &new.space,
+            // Another thread installed a cell first: use it if it is this
+            // generation's (ours stays leaked, a few bytes, at most once per
+            // racing thread).
+            Err(other) => cur = other,
+        }
+    }
+}
 
 /// A byte count from the environment: decimal or `0x` hex, with an optional
 /// binary suffix `k`, `m`, `g`, `t`; `unlimited` (or `max`) is `SIZE_MAX`.
@@ -773,11 +820,12 @@ fn config_from_env() -> Result<Config, Errno> {
 /// `umm_default_space`: the process-wide default space, opened once (the
 /// first caller opens it; concurrent callers wait) from the `USERMM_*`
 /// environment. NULL + errno if it could not be opened (a message says why,
-/// once, on stderr). It is never closed.
+/// once, on stderr). It is never closed. A forked child's first call opens
+/// the child's own default space (the parent's is stale there).
 #[no_mangle]
 pub extern "C" fn umm_default_space() -> *mut umm_space {
     guard(std::ptr::null_mut(), || {
-        let r = DEFAULT_SPACE.get_or_init(|| {
+        let r = default_cell().get_or_init(|| {
             let r = config_from_env().and_then(|c| Space::open(&c));
             if let Err(e) = &r {
                 eprintln!("usermm: cannot open the default space (USERMM_* environment): {e}");
