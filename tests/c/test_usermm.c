@@ -743,6 +743,39 @@ static void test_bad_pointers(umm_space *s) {
     munmap(ro, PAGE);
 }
 
+/* On the user-mode-only fallback the kernel's own faults in a space are not
+ * served, and usermm copies results out the way the kernel does: an output
+ * buffer in an untouched page of that space must still work (usermm
+ * populates it first), and a read-only one is still EFAULT. */
+static void test_user_mode_copy_out(void) {
+    struct umm_config cfg;
+    umm_config_init(&cfg);
+    cfg.flags = UMM_F_FORCE_USER_MODE;
+    cfg.budget_bytes = 4UL << 20;
+    cfg.swap_bytes = 0;
+    cfg.reserve_bytes = 64UL << 20;
+    umm_space *s = umm_open(&cfg);
+    CHECK(s != NULL);
+    if (!s)
+        return;
+    unsigned char *p = umm_mmap(s, NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *q = umm_mmap(s, NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *qro = umm_mmap(s, NULL, PAGE, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(p != MAP_FAILED && q != MAP_FAILED && qro != MAP_FAILED);
+    if (p == MAP_FAILED || q == MAP_FAILED || qro == MAP_FAILED)
+        return;
+    p[0] = 1;
+    CHECK(umm_mincore(s, p, 2 * PAGE, q + 5) == 0);
+    CHECK(q[5] == 1 && q[6] == 0);
+    CHECK(umm_page_state(s, p, 1, (uint32_t *)(q + 2 * PAGE)) == 0);
+    CHECK((*(uint32_t *)(q + 2 * PAGE) & UMM_PAGE_RESIDENT) != 0);
+    struct umm_populate_report *rep = (struct umm_populate_report *)(q + 3 * PAGE);
+    CHECK(umm_populate(s, p, PAGE, MADV_POPULATE_READ, rep) == 0);
+    CHECK(rep->populated_bytes == PAGE);
+    CHECK_ERR_NOCRASH(umm_mincore(s, p, PAGE, qro), EFAULT);
+    CHECK(umm_close(s) == 0);
+}
+
 int main(void) {
     test_config_and_open();
 
@@ -766,6 +799,7 @@ int main(void) {
     test_lock_and_populate(s);
     test_volatile(s);
     test_bad_pointers(s);
+    test_user_mode_copy_out();
     CHECK(umm_close(s) == 0);
 
     printf("%d passed, %d failed\n", passed, failed);

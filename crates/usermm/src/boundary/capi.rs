@@ -12,7 +12,10 @@
 //!   `process_vm_writev` on our own pid), so a read-only, `PROT_NONE` or
 //!   unmapped pointer is `EFAULT`, never a signal. Results are computed into
 //!   an internal buffer first and copied out afterwards; the range's own
-//!   errors (`EINVAL`, `ENOMEM`) come before `EFAULT`, as on Linux.
+//!   errors (`EINVAL`, `ENOMEM`) come before `EFAULT`, as on Linux. On the
+//!   user-mode-only fallback, caller memory in the call's own space is
+//!   populated through the space before a copy is retried
+//!   ([`retry_populated`]).
 //! - No lock of the space is held while caller memory is read or written:
 //!   this module only touches caller memory before calling the Rust API
 //!   (arguments) or after it returned (results). Caller memory may itself
@@ -184,24 +187,92 @@ fn access_ok(addr: usize, len: usize) -> bool {
     addr.checked_add(len).is_some_and(|end| end as u64 <= usermm_core::TASK_SIZE)
 }
 
+/// The most bytes [`copy_out`] and [`copy_in`] copy at once: what a retry
+/// after populating must fit in the budget.
+const COPY_CHUNK: usize = 256 << 10;
+
+/// Runs `copy` (of caller memory `[addr, addr + len)`), retrying an `EFAULT`
+/// after populating the part of `[addr, addr + len)` that lies in `sp`, when
+/// `sp` runs on the user-mode-only userfaultfd fallback.
+///
+/// # Why?
+/// That fallback does not serve faults the kernel takes on the program's
+/// behalf (README, "Privileges"), and `process_vm_readv`/`writev` take
+/// exactly those: caller memory in an untouched page of the space would be
+/// `EFAULT` where a plain store worked. A populate is served by usermm
+/// itself. A few retries, because reclaim may evict the pages again in
+/// between; a range that cannot be populated (read-only, a hole) stays
+/// `EFAULT`.
+fn retry_populated(
+    sp: Option<&Space>,
+    addr: usize,
+    len: usize,
+    write: bool,
+    mut copy: impl FnMut() -> Result<(), Errno>,
+) -> Result<(), Errno> {
+    let mut tries = 0;
+    loop {
+        let e = match copy() {
+            Err(e) if e == Errno::EFAULT && tries < 3 => e,
+            r => return r,
+        };
+        let Some(sp) = sp.filter(|sp| sp.uffd_mode() == crate::UffdMode::UserModeOnly) else {
+            return Err(e);
+        };
+        let (base, reserve_len) = sp.reservation();
+        let ps = sp.page_size();
+        let lo = addr.max(base) / ps * ps;
+        let hi = addr.saturating_add(len).min(base + reserve_len).div_ceil(ps) * ps;
+        if lo >= hi {
+            return Err(e);
+        }
+        let advice = if write { crate::consts::MADV_POPULATE_WRITE } else { crate::consts::MADV_POPULATE_READ };
+        if sp.populate(lo, hi - lo, advice).1.is_err() {
+            return Err(e);
+        }
+        tries += 1;
+    }
+}
+
+/// Copies `src` to caller memory at `dst` (`EFAULT` if it cannot be
+/// written), in chunks; `sp` is the space of the call, if any (see
+/// [`retry_populated`]).
+fn copy_out(sp: Option<&Space>, dst: usize, src: &[u8]) -> Result<(), Errno> {
+    for (i, chunk) in src.chunks(COPY_CHUNK).enumerate() {
+        let at = dst.checked_add(i * COPY_CHUNK).ok_or(Errno::EFAULT)?;
+        retry_populated(sp, at, chunk.len(), true, || copy_to_own_memory(at, chunk))?;
+    }
+    Ok(())
+}
+
+/// Fills `buf` from caller memory at `src` (`EFAULT` if it cannot be read);
+/// `sp` as for [`copy_out`].
+fn copy_in(sp: Option<&Space>, buf: &mut [u8], src: usize) -> Result<(), Errno> {
+    for (i, chunk) in buf.chunks_mut(COPY_CHUNK).enumerate() {
+        let at = src.checked_add(i * COPY_CHUNK).ok_or(Errno::EFAULT)?;
+        retry_populated(sp, at, chunk.len(), false, || copy_from_own_memory(chunk, at))?;
+    }
+    Ok(())
+}
+
 /// Writes `head` at `dst` (caller memory), then zeros up to `total` bytes
 /// (`head` past `total` is cut). `EFAULT` if any of it cannot be written.
-fn copy_out_zero_padded(dst: usize, head: &[u8], total: usize) -> Result<(), Errno> {
+fn copy_out_zero_padded(sp: Option<&Space>, dst: usize, head: &[u8], total: usize) -> Result<(), Errno> {
     let n = head.len().min(total);
-    copy_to_own_memory(dst, &head[..n])?;
+    copy_out(sp, dst, &head[..n])?;
     let zeros = [0u8; 4096];
     let mut at = n;
     while at < total {
         let k = (total - at).min(zeros.len());
-        copy_to_own_memory(dst.checked_add(at).ok_or(Errno::EFAULT)?, &zeros[..k])?;
+        copy_out(sp, dst.checked_add(at).ok_or(Errno::EFAULT)?, &zeros[..k])?;
         at += k;
     }
     Ok(())
 }
 
-fn read_usize(addr: usize) -> Result<usize, Errno> {
+fn read_usize(sp: Option<&Space>, addr: usize) -> Result<usize, Errno> {
     let mut b = [0u8; 8];
-    copy_from_own_memory(&mut b, addr)?;
+    copy_in(sp, &mut b, addr)?;
     Ok(usize::from_ne_bytes(b))
 }
 
@@ -254,7 +325,7 @@ fn config_from_bytes(b: &[u8; CONFIG_SIZE]) -> umm_config {
 fn read_config(addr: usize) -> Result<Config, Errno> {
     // Read the size first: an older caller's struct may be shorter than
     // ours, and then the rest must not be read.
-    let size = read_usize(addr)?;
+    let size = read_usize(None, addr)?;
     if size < SPEC_CONFIG_SIZE {
         return Err(Errno::EINVAL);
     }
@@ -262,7 +333,7 @@ fn read_config(addr: usize) -> Result<Config, Errno> {
     // prefix of ours).
     let mut b = config_to_bytes(&config_to_c(&Config::default()));
     let n = if size >= CONFIG_SIZE { CONFIG_SIZE } else { SPEC_CONFIG_SIZE };
-    copy_from_own_memory(&mut b[..n], addr)?;
+    copy_in(None, &mut b[..n], addr)?;
     let c = config_from_bytes(&b);
     let swap_dir = if c.swap_dir.is_null() {
         None
@@ -309,7 +380,7 @@ pub extern "C" fn umm_config_init(cfg: *mut umm_config) {
         if cfg.is_null() {
             return Ok(());
         }
-        copy_to_own_memory(cfg as usize, &config_to_bytes(&config_to_c(&Config::default())))
+        copy_out(None, cfg as usize, &config_to_bytes(&config_to_c(&Config::default())))
     })
 }
 
@@ -518,9 +589,10 @@ pub unsafe extern "C" fn umm_mnovolatile(
     // SAFETY: `s` is NULL or a live handle (this function's contract).
     let sp = unsafe { space(s) };
     guard(-1, || {
-        let (purged, report) = sp?.mnovolatile(addr as usize, len)?;
+        let sp = sp?;
+        let (purged, report) = sp.mnovolatile(addr as usize, len)?;
         if !out.is_null() {
-            write_purge_report(out as usize, &report)?;
+            write_purge_report(sp, out as usize, &report)?;
         }
         Ok(c_int::from(purged))
     })
@@ -530,18 +602,19 @@ pub unsafe extern "C" fn umm_mnovolatile(
 /// its `bitmap` and `bitmap_words`, writes the count, the first purged
 /// address and, when `bitmap` is not NULL, `bitmap_words` words (the bits of
 /// the range, then zeros). `EFAULT` if any of it cannot be read or written.
-fn write_purge_report(out: usize, report: &PurgeReport) -> Result<(), Errno> {
+fn write_purge_report(sp: &Space, out: usize, report: &PurgeReport) -> Result<(), Errno> {
+    let sp = Some(sp);
     use std::mem::offset_of;
-    let bitmap = read_usize(out + offset_of!(umm_purge_report, bitmap))?;
-    let words = read_usize(out + offset_of!(umm_purge_report, bitmap_words))?;
+    let bitmap = read_usize(sp, out + offset_of!(umm_purge_report, bitmap))?;
+    let words = read_usize(sp, out + offset_of!(umm_purge_report, bitmap_words))?;
     let mut head = [0u8; 16];
     head[..8].copy_from_slice(&report.purged_pages.to_ne_bytes());
     head[8..].copy_from_slice(&report.first_purged.to_ne_bytes());
     const { assert!(offset_of!(umm_purge_report, first_purged) == 8) };
-    copy_to_own_memory(out + offset_of!(umm_purge_report, purged_pages), &head)?;
+    copy_out(sp, out + offset_of!(umm_purge_report, purged_pages), &head)?;
     if bitmap != 0 {
         let bytes: Vec<u8> = report.bitmap.iter().flat_map(|w| w.to_ne_bytes()).collect();
-        copy_out_zero_padded(bitmap, &bytes, words.checked_mul(8).ok_or(Errno::EFAULT)?)?;
+        copy_out_zero_padded(sp, bitmap, &bytes, words.checked_mul(8).ok_or(Errno::EFAULT)?)?;
     }
     Ok(())
 }
@@ -595,7 +668,7 @@ pub unsafe extern "C" fn umm_mincore(s: *mut umm_space, addr: *mut c_void, len: 
         let r = sp.mincore(addr as usize, len, &mut tmp);
         let filled = tmp.iter().position(|&b| b == UNFILLED).unwrap_or(tmp.len());
         if filled > 0 {
-            copy_to_own_memory(vec as usize, &tmp[..filled])?;
+            copy_out(Some(sp), vec as usize, &tmp[..filled])?;
         }
         r.map(|()| 0)
     })
@@ -625,7 +698,7 @@ pub unsafe extern "C" fn umm_page_state(
         let filled = tmp.iter().position(|&w| w == unfilled).unwrap_or(tmp.len());
         if filled > 0 {
             let bytes: Vec<u8> = tmp[..filled].iter().flat_map(|w| w.to_ne_bytes()).collect();
-            copy_to_own_memory(states as usize, &bytes)?;
+            copy_out(Some(sp), states as usize, &bytes)?;
         }
         r.map(|()| 0)
     })
@@ -648,7 +721,8 @@ pub unsafe extern "C" fn umm_populate(
     // SAFETY: `s` is NULL or a live handle (this function's contract).
     let sp = unsafe { space(s) };
     guard(-1, || {
-        let (report, r) = sp?.populate(addr as usize, len, advice);
+        let sp = sp?;
+        let (report, r) = sp.populate(addr as usize, len, advice);
         // The report is written on failure too: it says how far it got. The
         // populate's own error comes first; a report that cannot be written
         // after a populate that succeeded is EFAULT (the range stays
@@ -660,7 +734,7 @@ pub unsafe extern "C" fn umm_populate(
             b[..8].copy_from_slice(&report.populated_bytes.to_ne_bytes());
             b[8..].copy_from_slice(&report.fail_addr.to_ne_bytes());
             const { assert!(std::mem::size_of::<umm_populate_report>() == 16) };
-            copy_to_own_memory(out as usize, &b)
+            copy_out(Some(sp), out as usize, &b)
         };
         r?;
         written.map(|()| 0)
@@ -683,13 +757,13 @@ pub unsafe extern "C" fn umm_stats(s: *mut umm_space, out: *mut c_void) -> c_int
         if out.is_null() {
             return Err(Errno::EINVAL);
         }
-        let size = read_usize(out as usize)?;
+        let size = read_usize(Some(sp), out as usize)?;
         if size < 8 {
             return Err(Errno::EINVAL);
         }
         let bytes: Vec<u8> = stats_words(&sp.stats()).iter().flat_map(|w| w.to_ne_bytes()).collect();
         // The whole words after `size` that fit in it.
-        copy_out_zero_padded(out as usize + 8, &bytes, (size / 8 - 1) * 8)?;
+        copy_out_zero_padded(Some(sp), out as usize + 8, &bytes, (size / 8 - 1) * 8)?;
         Ok(0)
     })
 }
