@@ -18,6 +18,25 @@
  *     prefix and the space argument.
  *   - A NULL space is EINVAL. No call panics or unwinds into C; an internal
  *     error is reported as EIO.
+ *   - Caller memory (mincore's vec, the states, stats, report and config
+ *     structs, a purge bitmap, swap_dir) is read and written the way the
+ *     kernel reads and writes user pointers: memory the caller cannot read
+ *     or write (unmapped, read-only, PROT_NONE) is EFAULT, never a signal,
+ *     reported after the range's own errors (EINVAL, ENOMEM) as Linux does.
+ *     Results are copied out after the call's work is done (a call that
+ *     changes state, such as umm_mnovolatile or umm_populate, has made the
+ *     change when it reports EFAULT, as wait4 has reaped the child whose
+ *     status it cannot store). Caller memory may lie in a space.
+ *   - fork: a space belongs to the process that opened it. In a forked
+ *     child every call on a space of the parent fails at once with ESTALE
+ *     ("stale handle": the handle was copied into the child, the space was
+ *     not; nothing of the parent's space is touched and no lock is waited
+ *     for, whatever parent threads held at the fork), and umm_close only
+ *     forgets the handle (0). A child opens its own spaces; the default
+ *     space of usermm_compat.h is re-opened in the child by its first call.
+ *     Touching a parent space's memory in the child raises SIGSEGV (the
+ *     reservation is MADV_DONTFORK). Detected with a pthread_atfork child
+ *     handler: a child made by a raw clone(2) or vfork is not detected.
  *   - File regions: MAP_SHARED pages are written back on reclaim, msync,
  *     munmap and umm_close; MAP_PRIVATE written pages go to swap, never to
  *     the file. A touch past the end of the file raises SIGBUS.
@@ -200,20 +219,25 @@ struct umm_stats {
                                      behind usermm's back): unlocked or replaced */
 };
 
-/* Fills *cfg with the defaults (size = sizeof, swap_dir = NULL). */
+/* Fills *cfg with the defaults (size = sizeof, swap_dir = NULL). NULL is
+ * ignored; memory that cannot be written sets errno to EFAULT. */
 void umm_config_init(struct umm_config *cfg);
 
 /*
  * Opens a space. cfg NULL: the defaults. NULL + errno on error: EINVAL for
  * a cfg->size smaller than this header's struct or a bad value, EPERM where
- * userfaultfd is refused, ENOMEM when the range cannot be reserved.
+ * userfaultfd is refused, ENOMEM when the range cannot be reserved, EFAULT
+ * for a cfg or swap_dir that cannot be read, ENAMETOOLONG for a swap_dir
+ * with no NUL in PATH_MAX (4096) bytes.
  */
 umm_space *umm_open(const struct umm_config *cfg);
 
 /*
  * Unmaps everything, writes back shared files, stops the space's threads
  * and frees it; nothing may touch its memory afterwards. 0, or -1/EINVAL for
- * NULL or the default space of usermm_compat.h (which is never closed).
+ * NULL or the default space of usermm_compat.h (which is never closed). In
+ * a forked child, a space of the parent (default or not) is only forgotten:
+ * 0.
  */
 int umm_close(umm_space *s);
 
@@ -280,18 +304,21 @@ int umm_mvolatile(umm_space *s, void *addr, size_t len);
  * Fills *out when not NULL: the count, the first purged address, and (when
  * out->bitmap is not NULL) one bit per page of the range in out->bitmap
  * (out->bitmap_words words; bit i%64 of word i/64 is page i). May be called
- * from a SIGBUS handler. */
+ * from a SIGBUS handler. EFAULT: *out or its bitmap cannot be read or
+ * written (the range has been made non-volatile all the same). */
 int umm_mnovolatile(umm_space *s, void *addr, size_t len, struct umm_purge_report *out);
 
 /*
  * mincore(2): one byte per page in vec (bit 0: resident), ceil(len/page)
- * bytes. EINVAL unaligned addr, ENOMEM a hole or outside the space, EFAULT
- * vec NULL (checked after the range, as Linux does).
+ * bytes. Errors in Linux's order: EINVAL unaligned addr; ENOMEM a range past
+ * the user address space; EFAULT a vec past it; then the walk: the bytes up
+ * to the first hole are copied to vec (EFAULT if vec cannot take them: NULL,
+ * read-only, unmapped) and a hole (or memory outside the space) is ENOMEM.
  */
 int umm_mincore(umm_space *s, void *addr, size_t len, unsigned char *vec);
 
 /* One word of UMM_PAGE_* bits per page for npages pages from addr (aligned);
- * errors as umm_mincore. */
+ * errors as umm_mincore (states NULL, read-only or unmapped is EFAULT). */
 int umm_page_state(umm_space *s, const void *addr, size_t npages, uint32_t *states);
 
 /* Seed 004: madvise(MADV_POPULATE_READ/WRITE) that also reports, in *out
@@ -300,10 +327,13 @@ int umm_page_state(umm_space *s, const void *addr, size_t npages, uint32_t *stat
  * EINVAL other advice or protection, ENOMEM holes/budget, EFAULT backing
  * I/O, EHWPOISON, EINTR interrupted (Linux: a fatal signal; usermm: the
  * space is being closed — a populate stops at a page boundary and reports
- * exactly what it did). */
+ * exactly what it did). EFAULT: *out cannot be written after a populate
+ * that succeeded (the range is populated; a failed populate reports its own
+ * errno). */
 int umm_populate(umm_space *s, void *addr, size_t len, int advice, struct umm_populate_report *out);
 
-/* Statistics (see struct umm_stats): EINVAL for NULL or out->size < 8. */
+/* Statistics (see struct umm_stats): EINVAL for NULL or out->size < 8,
+ * EFAULT for an out (of out->size bytes) that cannot be read or written. */
 int umm_stats(umm_space *s, struct umm_stats *out);
 
 /* Writes one entry per region in /proc/PID/smaps's layout to fd; VmFlags
@@ -317,7 +347,8 @@ int umm_debug_inject_swap_errors(umm_space *s, unsigned reads, unsigned writes);
 
 /* usermm extension (usermm_compat.h): the process-wide default space,
  * opened once from the USERMM_* environment variables (see
- * usermm_compat.h); NULL + errno if it could not be opened. Never closed. */
+ * usermm_compat.h); NULL + errno if it could not be opened. Never closed.
+ * In a forked child the first call opens the child's own default space. */
 umm_space *umm_default_space(void);
 
 #ifdef __cplusplus

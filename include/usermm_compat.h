@@ -40,6 +40,10 @@
  * The default space is never closed: at exit its memory simply goes away,
  * so write shared file mappings back with msync or munmap before exiting.
  * umm_close(umm_default_space()) is EINVAL.
+ *
+ * After fork, the child's first redirected call opens a default space of the
+ * child's own (same environment), empty: the parent's regions are not there
+ * (touching them raises SIGSEGV), and the parent's space is left alone.
  */
 #ifndef USERMM_COMPAT_H
 #define USERMM_COMPAT_H

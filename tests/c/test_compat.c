@@ -1,7 +1,9 @@
 /*
  * test_compat.c: a program written against the plain calls (mmap, munmap,
  * madvise, mincore), compiled against usermm through usermm_compat.h and
- * run by crates/usermm/tests/c_abi.rs.
+ * run by crates/usermm/tests/c_abi.rs. It also forks (while a thread keeps
+ * the default space busy): each child gets a fresh default space of its own
+ * and never hangs on the parent's.
  *
  * It configures the default space through the environment (setenv without
  * overwriting, so that the runner can pass other values): a 4 MiB budget and
@@ -17,10 +19,14 @@
 
 #include "usermm_compat.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static int passed, failed;
 
@@ -52,6 +58,110 @@ static void bad_env(void) {
     errno = 0;
     CHECK(umm_default_space() == NULL);
     CHECK(errno == EINVAL);
+}
+
+/* A thread that keeps the default space's locks busy (map, populate,
+ * unmap) until told to stop: forks happen while it holds them. */
+static volatile int hammer_stop;
+
+static void *hammer(void *arg) {
+    (void)arg;
+    while (!hammer_stop) {
+        size_t len = 4UL << 20;
+        unsigned char *a = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (a == MAP_FAILED)
+            continue;
+        madvise(a, len, MADV_POPULATE_WRITE);
+        munmap(a, len);
+    }
+    return NULL;
+}
+
+/* In a forked child: the plain calls go to a fresh default space of the
+ * child's own; the parent's spaces are stale (ESTALE) and umm_close only
+ * forgets them. Returns the number of failed checks. */
+static int child_after_fork(umm_space *parent_default, umm_space *parent_other) {
+    alarm(10); /* a child that hangs is killed by SIGALRM */
+    int bad = 0;
+    unsigned char *q = mmap(NULL, 64 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    bad += q == MAP_FAILED;
+    if (q != MAP_FAILED) {
+        for (size_t i = 0; i < 64 * PAGE; i++)
+            q[i] = (unsigned char)(i * 7);
+        for (size_t i = 0; i < 64 * PAGE; i++)
+            bad += q[i] != (unsigned char)(i * 7);
+        unsigned char v[64];
+        bad += mincore(q, 64 * PAGE, v) != 0 || (v[0] & 1) != 1;
+        bad += munmap(q, 64 * PAGE) != 0;
+    }
+    umm_space *mine = umm_default_space();
+    bad += mine == NULL || mine == parent_default;
+    struct umm_stats st;
+    memset(&st, 0, sizeof st);
+    st.size = sizeof st;
+    errno = 0;
+    bad += !(umm_stats(parent_default, &st) == -1 && errno == ESTALE);
+    if (mine) {
+        bad += umm_stats(mine, &st) != 0 || st.regions != 0;
+    }
+    errno = 0;
+    bad += !(umm_munmap(parent_other, NULL, PAGE) == -1 && errno == ESTALE);
+    errno = 0;
+    bad += umm_mmap(parent_other, NULL, PAGE, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) != MAP_FAILED ||
+           errno != ESTALE;
+    bad += umm_close(parent_other) != 0;
+    bad += umm_close(parent_default) != 0;
+    return bad;
+}
+
+/* Forks `n` children, each running child_after_fork; CHECKs that each
+ * exited with 0 (not killed by SIGALRM: hung). */
+static void fork_children(int n, umm_space *parent_default, umm_space *parent_other) {
+    for (int i = 0; i < n; i++) {
+        usleep(500 + 100 * (i % 7));
+        pid_t pid = fork();
+        CHECK(pid >= 0);
+        if (pid < 0)
+            return;
+        if (pid == 0)
+            _exit(child_after_fork(parent_default, parent_other) ? 1 : 0);
+        int status = 0;
+        CHECK(waitpid(pid, &status, 0) == pid);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (WIFSIGNALED(status))
+            fprintf(stderr, "child %d killed by signal %d%s\n", i, WTERMSIG(status),
+                    WTERMSIG(status) == SIGALRM ? " (hung)" : "");
+        else if (WEXITSTATUS(status) != 0)
+            fprintf(stderr, "child %d: a check failed\n", i);
+    }
+}
+
+/* fork (issue 16 item 9, LTP madvise09): the parent's data stays intact,
+ * children never hang, even when a parent thread holds the space's locks
+ * at the fork. */
+static void test_fork(unsigned char *p) {
+    umm_space *s = umm_default_space();
+    struct umm_config cfg;
+    umm_config_init(&cfg);
+    cfg.budget_bytes = 4UL << 20;
+    cfg.swap_bytes = 0;
+    cfg.reserve_bytes = 64UL << 20;
+    umm_space *other = umm_open(&cfg);
+    CHECK(other != NULL);
+    if (!other)
+        return;
+    fork_children(1, s, other);
+    pthread_t t;
+    hammer_stop = 0;
+    CHECK(pthread_create(&t, NULL, hammer, NULL) == 0);
+    fork_children(10, s, other);
+    hammer_stop = 1;
+    pthread_join(t, NULL);
+    size_t bad = 0;
+    for (size_t i = 64; i < NPAGES; i++)
+        bad += p[i * PAGE] != (unsigned char)(i % 251 + 1);
+    CHECK(bad == 0);
+    CHECK(umm_close(other) == 0);
 }
 
 int main(int argc, char **argv) {
@@ -106,6 +216,8 @@ int main(int argc, char **argv) {
 
     errno = 0;
     CHECK(umm_close(s) == -1 && errno == EINVAL); /* the default space stays */
+
+    test_fork(p);
 
     CHECK(munmap(p, LEN) == 0);
     memset(&st, 0, sizeof st);

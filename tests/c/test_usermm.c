@@ -582,6 +582,200 @@ static void test_volatile(umm_space *s) {
     CHECK(umm_munmap(s, p, CHUNKS * CHUNK) == 0);
 }
 
+/* Bad caller pointers (issue 16 item 8, LTP mincore01): memory the caller
+ * cannot write (a read-only page, an unmapped page, a kernel address) is
+ * EFAULT, as the kernel's own mincore says, never a signal. Each call runs
+ * under a SIGSEGV/SIGBUS catcher, so that a call that crashes counts as one
+ * failed check (and says so) instead of killing the whole program. */
+static sigjmp_buf crash_jmp;
+static volatile sig_atomic_t crash_sig;
+
+static void on_crash(int sig) {
+    crash_sig = sig;
+    siglongjmp(crash_jmp, 1);
+}
+
+/* `expr` (an int call) must fail with -1 and errno `err`, without a signal. */
+#define CHECK_ERR_NOCRASH(expr, err)                                           \
+    do {                                                                       \
+        struct sigaction sa_ = {0}, osegv_, obus_;                             \
+        sa_.sa_handler = on_crash;                                             \
+        sigemptyset(&sa_.sa_mask);                                             \
+        sigaction(SIGSEGV, &sa_, &osegv_);                                     \
+        sigaction(SIGBUS, &sa_, &obus_);                                       \
+        crash_sig = 0;                                                         \
+        if (sigsetjmp(crash_jmp, 1) == 0) {                                    \
+            CHECK_ERR(expr, err);                                              \
+        } else {                                                               \
+            failed++;                                                          \
+            fprintf(stderr, "%s:%d: %s: killed by signal %d, want -1 %s\n",    \
+                    __FILE__, __LINE__, #expr, (int)crash_sig, #err);          \
+        }                                                                      \
+        sigaction(SIGSEGV, &osegv_, NULL);                                     \
+        sigaction(SIGBUS, &obus_, NULL);                                       \
+    } while (0)
+
+/* Runs `stmt` under the catcher; 1 if it was killed by a signal. */
+#define CRASHED(stmt)                                                          \
+    ({                                                                         \
+        struct sigaction sa_ = {0}, osegv_, obus_;                             \
+        sa_.sa_handler = on_crash;                                             \
+        sigemptyset(&sa_.sa_mask);                                             \
+        sigaction(SIGSEGV, &sa_, &osegv_);                                     \
+        sigaction(SIGBUS, &sa_, &obus_);                                       \
+        crash_sig = 0;                                                         \
+        if (sigsetjmp(crash_jmp, 1) == 0) {                                    \
+            stmt;                                                              \
+        }                                                                      \
+        sigaction(SIGSEGV, &osegv_, NULL);                                     \
+        sigaction(SIGBUS, &obus_, NULL);                                       \
+        crash_sig != 0;                                                        \
+    })
+
+static void test_bad_pointers(umm_space *s) {
+    /* A read-only page whose first word is a plausible struct size, and an
+     * unmapped page, both the host kernel's. */
+    unsigned char *ro = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *gone = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(ro != MAP_FAILED && gone != MAP_FAILED);
+    if (ro == MAP_FAILED || gone == MAP_FAILED)
+        return;
+    memset(ro, 0, PAGE);
+    *(size_t *)ro = sizeof(struct umm_stats);
+    CHECK(mprotect(ro, PAGE, PROT_READ) == 0);
+    CHECK(munmap(gone, PAGE) == 0);
+    unsigned char *kernel = (unsigned char *)(uintptr_t)0xffffffffff600000ULL;
+
+    unsigned char *p = umm_mmap(s, NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *q = umm_mmap(s, NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *qro = umm_mmap(s, NULL, PAGE, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(p != MAP_FAILED && q != MAP_FAILED && qro != MAP_FAILED);
+    if (p == MAP_FAILED || q == MAP_FAILED || qro == MAP_FAILED)
+        return;
+    p[0] = 1;
+    CHECK(umm_munmap(s, p + 2 * PAGE, PAGE) == 0); /* p: AA.A */
+
+    /* The host kernel's mincore, the reference: on a host page. */
+    CHECK_ERR(mincore(ro, PAGE, ro), EFAULT);
+    CHECK_ERR(mincore(ro, PAGE, gone), EFAULT);
+    CHECK_ERR(mincore(ro, PAGE, kernel), EFAULT);
+    CHECK_ERR(mincore(ro + 1, PAGE, ro), EINVAL);  /* the range first */
+    CHECK_ERR(mincore(gone, PAGE, ro), ENOMEM);    /* a hole before the copy */
+    CHECK_ERR(mincore(gone, PAGE, kernel), EFAULT); /* access_ok before the walk */
+
+    /* usermm's, on a space page: the same answers. */
+    CHECK_ERR_NOCRASH(umm_mincore(s, p, PAGE, ro), EFAULT);
+    CHECK_ERR_NOCRASH(umm_mincore(s, p, PAGE, gone), EFAULT);
+    CHECK_ERR_NOCRASH(umm_mincore(s, p, PAGE, kernel), EFAULT);
+    CHECK_ERR_NOCRASH(umm_mincore(s, p + 1, PAGE, ro), EINVAL);
+    CHECK_ERR_NOCRASH(umm_mincore(s, p + 2 * PAGE, PAGE, ro), ENOMEM);
+    CHECK_ERR_NOCRASH(umm_mincore(s, p + 2 * PAGE, PAGE, kernel), EFAULT);
+    /* Pages before the hole are copied first: EFAULT, as Linux's first batch. */
+    CHECK_ERR_NOCRASH(umm_mincore(s, p, 4 * PAGE, ro), EFAULT);
+    CHECK_ERR_NOCRASH(umm_mincore(s, p, 4 * PAGE, gone), EFAULT);
+    /* A vec in a read-only region of the space; a vec in an untouched
+     * region of the space (the copy faults it in through the handlers). */
+    CHECK_ERR_NOCRASH(umm_mincore(s, p, PAGE, qro), EFAULT);
+    CHECK(umm_mincore(s, p, 2 * PAGE, q + PAGE + 7) == 0);
+    CHECK(q[PAGE + 7] == 1 && q[PAGE + 8] == 0);
+
+    /* page_state: the same rules. */
+    CHECK_ERR_NOCRASH(umm_page_state(s, p, 1, (uint32_t *)ro), EFAULT);
+    CHECK_ERR_NOCRASH(umm_page_state(s, p, 1, (uint32_t *)gone), EFAULT);
+    CHECK_ERR_NOCRASH(umm_page_state(s, p, 1, (uint32_t *)kernel), EFAULT);
+    CHECK_ERR_NOCRASH(umm_page_state(s, p + 2 * PAGE, 1, (uint32_t *)ro), ENOMEM);
+    CHECK_ERR_NOCRASH(umm_page_state(s, p, 1, (uint32_t *)qro), EFAULT);
+    CHECK(umm_page_state(s, p, 1, (uint32_t *)(q + 2 * PAGE)) == 0);
+    CHECK((*(uint32_t *)(q + 2 * PAGE) & UMM_PAGE_RESIDENT) != 0);
+
+    /* stats: a size that reads fine but a struct that cannot be written;
+     * a struct that cannot be read. */
+    CHECK_ERR_NOCRASH(umm_stats(s, (struct umm_stats *)ro), EFAULT);
+    CHECK_ERR_NOCRASH(umm_stats(s, (struct umm_stats *)gone), EFAULT);
+    CHECK_ERR_NOCRASH(umm_stats(s, (struct umm_stats *)qro), EINVAL); /* size 0 */
+
+    /* populate: a report that cannot be written after a populate that
+     * succeeded is EFAULT; a failed populate keeps its own errno. */
+    CHECK_ERR_NOCRASH(umm_populate(s, p, PAGE, MADV_POPULATE_READ, (struct umm_populate_report *)ro), EFAULT);
+    CHECK_ERR_NOCRASH(umm_populate(s, p, PAGE, MADV_POPULATE_READ, (struct umm_populate_report *)gone), EFAULT);
+    CHECK_ERR_NOCRASH(umm_populate(s, p + 2 * PAGE, PAGE, MADV_POPULATE_READ, (struct umm_populate_report *)ro),
+                      ENOMEM);
+
+    /* mnovolatile: the report, or its bitmap, cannot be written. */
+    CHECK(umm_mvolatile(s, p, PAGE) == 0);
+    CHECK_ERR_NOCRASH(umm_mnovolatile(s, p, PAGE, (struct umm_purge_report *)ro), EFAULT);
+    CHECK(umm_mvolatile(s, p, PAGE) == 0);
+    CHECK_ERR_NOCRASH(umm_mnovolatile(s, p, PAGE, (struct umm_purge_report *)gone), EFAULT);
+    uint32_t st0 = 0;
+    CHECK(umm_page_state(s, p, 1, &st0) == 0);
+    CHECK((st0 & UMM_PAGE_VOLATILE) == 0); /* made non-volatile all the same */
+    struct umm_purge_report rep = {.bitmap = (uint64_t *)ro, .bitmap_words = 1};
+    CHECK(umm_mvolatile(s, p, PAGE) == 0);
+    CHECK_ERR_NOCRASH(umm_mnovolatile(s, p, PAGE, &rep), EFAULT);
+    rep.bitmap = (uint64_t *)gone;
+    CHECK(umm_mvolatile(s, p, PAGE) == 0);
+    CHECK_ERR_NOCRASH(umm_mnovolatile(s, p, PAGE, &rep), EFAULT);
+    CHECK_ERR_NOCRASH(umm_mnovolatile(s, p + 1, PAGE, (struct umm_purge_report *)ro), EINVAL);
+
+    /* config: umm_config_init cannot report but sets errno; umm_open of an
+     * unreadable struct or swap_dir is EFAULT. */
+    errno = 0;
+    CHECK(!CRASHED(umm_config_init((struct umm_config *)ro)));
+    CHECK(errno == EFAULT);
+    errno = 0;
+    CHECK(!CRASHED(umm_config_init((struct umm_config *)gone)));
+    CHECK(errno == EFAULT);
+    umm_space *volatile bad = NULL;
+    errno = 0;
+    CHECK(!CRASHED(bad = umm_open((const struct umm_config *)gone)));
+    CHECK(bad == NULL && errno == EFAULT);
+    struct umm_config cfg;
+    umm_config_init(&cfg);
+    cfg.reserve_bytes = 64UL << 20;
+    cfg.swap_dir = (const char *)gone;
+    errno = 0;
+    CHECK(!CRASHED(bad = umm_open(&cfg)));
+    CHECK(bad == NULL && errno == EFAULT);
+
+    CHECK(umm_munmap(s, p, 4 * PAGE) == 0);
+    CHECK(umm_munmap(s, q, 4 * PAGE) == 0);
+    CHECK(umm_munmap(s, qro, PAGE) == 0);
+    munmap(ro, PAGE);
+}
+
+/* On the user-mode-only fallback the kernel's own faults in a space are not
+ * served, and usermm copies results out the way the kernel does: an output
+ * buffer in an untouched page of that space must still work (usermm
+ * populates it first), and a read-only one is still EFAULT. */
+static void test_user_mode_copy_out(void) {
+    struct umm_config cfg;
+    umm_config_init(&cfg);
+    cfg.flags = UMM_F_FORCE_USER_MODE;
+    cfg.budget_bytes = 4UL << 20;
+    cfg.swap_bytes = 0;
+    cfg.reserve_bytes = 64UL << 20;
+    umm_space *s = umm_open(&cfg);
+    CHECK(s != NULL);
+    if (!s)
+        return;
+    unsigned char *p = umm_mmap(s, NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *q = umm_mmap(s, NULL, 4 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *qro = umm_mmap(s, NULL, PAGE, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(p != MAP_FAILED && q != MAP_FAILED && qro != MAP_FAILED);
+    if (p == MAP_FAILED || q == MAP_FAILED || qro == MAP_FAILED)
+        return;
+    p[0] = 1;
+    CHECK(umm_mincore(s, p, 2 * PAGE, q + 5) == 0);
+    CHECK(q[5] == 1 && q[6] == 0);
+    CHECK(umm_page_state(s, p, 1, (uint32_t *)(q + 2 * PAGE)) == 0);
+    CHECK((*(uint32_t *)(q + 2 * PAGE) & UMM_PAGE_RESIDENT) != 0);
+    struct umm_populate_report *rep = (struct umm_populate_report *)(q + 3 * PAGE);
+    CHECK(umm_populate(s, p, PAGE, MADV_POPULATE_READ, rep) == 0);
+    CHECK(rep->populated_bytes == PAGE);
+    CHECK_ERR_NOCRASH(umm_mincore(s, p, PAGE, qro), EFAULT);
+    CHECK(umm_close(s) == 0);
+}
+
 int main(void) {
     test_config_and_open();
 
@@ -604,6 +798,8 @@ int main(void) {
     test_touch_after_munmap(s);
     test_lock_and_populate(s);
     test_volatile(s);
+    test_bad_pointers(s);
+    test_user_mode_copy_out();
     CHECK(umm_close(s) == 0);
 
     printf("%d passed, %d failed\n", passed, failed);

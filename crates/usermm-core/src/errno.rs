@@ -21,9 +21,11 @@ impl Errno {
     pub const ENODEV: Errno = Errno(19);
     pub const EINVAL: Errno = Errno(22);
     pub const ENOSPC: Errno = Errno(28);
+    pub const ENAMETOOLONG: Errno = Errno(36);
     pub const ENOSYS: Errno = Errno(38);
     pub const EOVERFLOW: Errno = Errno(75);
     pub const EOPNOTSUPP: Errno = Errno(95);
+    pub const ESTALE: Errno = Errno(116);
     pub const EHWPOISON: Errno = Errno(133);
 
     /// The raw value.
@@ -48,9 +50,11 @@ impl Errno {
             19 => "ENODEV",
             22 => "EINVAL",
             28 => "ENOSPC",
+            36 => "ENAMETOOLONG",
             38 => "ENOSYS",
             75 => "EOVERFLOW",
             95 => "EOPNOTSUPP",
+            116 => "ESTALE",
             133 => "EHWPOISON",
             _ => "E?",
         }

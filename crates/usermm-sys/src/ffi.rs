@@ -106,7 +106,36 @@ pub fn copy_to_own_memory(dst: usize, src: &[u8]) -> Result<(), crate::Errno> {
     process_vm(dst, src.as_ptr().cast_mut(), src.len(), true)
 }
 
+/// Reads a NUL-terminated string at `src`, an address of this process, the
+/// way the kernel's `strncpy_from_user` does: `EFAULT` for an unreadable byte
+/// before the NUL, `ENAMETOOLONG` when no NUL is found in `max` bytes. The
+/// NUL is not returned. Reads never cross a page boundary past the NUL, so a
+/// string that ends just before an unmapped page is read whole.
+pub fn c_string_from_own_memory(src: usize, max: usize) -> Result<Vec<u8>, crate::Errno> {
+    const CHUNK: usize = 4096;
+    let mut out = Vec::new();
+    let mut at = src;
+    while out.len() < max {
+        // Up to the end of the page (the smallest page the host uses), so a
+        // readable string never makes a read touch the next page.
+        let n = (CHUNK - at % CHUNK).min(max - out.len());
+        let mut buf = vec![0u8; n];
+        copy_from_own_memory(&mut buf, at)?;
+        if let Some(z) = buf.iter().position(|&b| b == 0) {
+            out.extend_from_slice(&buf[..z]);
+            return Ok(out);
+        }
+        out.extend_from_slice(&buf);
+        at = at.checked_add(n).ok_or(crate::Errno::EFAULT)?;
+    }
+    Err(crate::Errno::ENAMETOOLONG)
+}
+
 fn process_vm(remote: usize, local: *mut u8, len: usize, write: bool) -> Result<(), crate::Errno> {
+    // A range that wraps around the address space is no memory at all.
+    if remote.checked_add(len).is_none() {
+        return Err(crate::Errno::EFAULT);
+    }
     let mut done = 0;
     while done < len {
         let l = libc::iovec { iov_base: local.wrapping_add(done).cast(), iov_len: len - done };

@@ -1,6 +1,7 @@
 //! Threads and signals: thread ids, SIGBUS/SIGSEGV delivery, the wake-up eventfd.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{check, last_errno, Errno};
 
@@ -103,6 +104,50 @@ pub fn pin_to_cpu(cpu: usize) -> Result<(), Errno> {
     check(unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) }).map(|_| ())
 }
 
+/// The fork generation of this process: 0 in the process that first loaded
+/// usermm, bumped in the child of every `fork` after [`watch_forks`] ran.
+///
+/// # Why?
+/// A space belongs to the process that opened it: its handler threads do not
+/// exist in a forked child, its reservation is not even mapped there
+/// (`MADV_DONTFORK`), and its locks may have been held by a parent thread at
+/// the moment of the fork (so a child taking one would wait forever). A space
+/// records the generation it was opened in, and every call compares it with
+/// this counter first: an atomic load, no `getpid` syscall on the hot path.
+static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// The `pthread_atfork` child handler. It runs in the child, single-threaded,
+/// right after `fork` returns there, before any other code of the child.
+extern "C" fn on_fork_child() {
+    FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Registers the fork handler (once per process) and returns the current
+/// fork generation. Call it before recording the generation of a new space,
+/// so that every later fork is counted. Fails only if `pthread_atfork` does
+/// (`ENOMEM`).
+pub fn watch_forks() -> Result<u64, Errno> {
+    static REGISTERED: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    let r = *REGISTERED.get_or_init(|| {
+        // SAFETY: `on_fork_child` is an `extern "C" fn()` that only performs
+        // an atomic add (async-signal-safe, as a child handler of a
+        // multithreaded process must be); it lives in this library for as
+        // long as the library is loaded, and glibc's `pthread_atfork`
+        // registers it against this object's `__dso_handle`, so an unload
+        // unregisters it. The prepare and parent handlers are none.
+        unsafe { libc::pthread_atfork(None, None, Some(on_fork_child)) }
+    });
+    if r != 0 {
+        return Err(Errno(r));
+    }
+    Ok(fork_generation())
+}
+
+/// The current fork generation (see [`watch_forks`]).
+pub fn fork_generation() -> u64 {
+    FORK_GENERATION.load(Ordering::Relaxed)
+}
+
 /// How a forked probe child ended.
 #[derive(Copy, Clone, PartialEq, Eq, Debug)]
 pub enum ProbeOutcome {
@@ -143,5 +188,61 @@ pub fn fork_probe_read(addr: usize) -> Result<ProbeOutcome, Errno> {
         Ok(ProbeOutcome::Signaled(libc::WTERMSIG(status)))
     } else {
         Ok(ProbeOutcome::Read(libc::WEXITSTATUS(status) as u8))
+    }
+}
+
+/// How a forked child of [`fork_run`] ended.
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub enum ChildExit {
+    /// The child returned this status.
+    Exited(i32),
+    /// The child was killed by this signal (`SIGALRM`: it ran out of time).
+    Signaled(i32),
+}
+
+/// Forks a child that runs `child` under `alarm(timeout_s)` and exits with
+/// its return value; waits for it and reports how it ended. A child that
+/// blocks is killed by `SIGALRM` (default disposition, restored in the
+/// child). This is how tests check that a forked child never hangs.
+///
+/// `child` runs in the child of a possibly multithreaded process: only the
+/// calling thread exists there, so it must not wait for another thread or
+/// for a lock another thread may have held (stdio, for one); glibc's
+/// `malloc` is safe. The child leaves with `_exit`: no destructor, no exit
+/// handler of the parent's runs twice.
+pub fn fork_run(timeout_s: u32, child: impl FnOnce() -> i32) -> Result<ChildExit, Errno> {
+    // SAFETY: fork has no memory-safety preconditions; the child runs only
+    // `child` (whose constraints are this function's contract) and `_exit`.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(last_errno());
+    }
+    if pid == 0 {
+        // SAFETY: in the child: restoring SIGALRM's default disposition and
+        // arming the alarm take no pointer; `_exit` never returns and runs
+        // no Rust or C destructor.
+        unsafe {
+            libc::signal(libc::SIGALRM, libc::SIG_DFL);
+            libc::alarm(timeout_s);
+        }
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(101);
+        // SAFETY: as above.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    loop {
+        // SAFETY: `status` is a valid out-pointer.
+        if unsafe { libc::waitpid(pid, &mut status, 0) } >= 0 {
+            break;
+        }
+        let e = last_errno();
+        if e != Errno::EINTR {
+            return Err(e);
+        }
+    }
+    if libc::WIFSIGNALED(status) {
+        Ok(ChildExit::Signaled(libc::WTERMSIG(status)))
+    } else {
+        Ok(ChildExit::Exited(libc::WEXITSTATUS(status)))
     }
 }

@@ -167,9 +167,22 @@ pub struct PurgeReport {
 }
 
 /// A space: a reserved virtual range whose pages usermm serves.
+///
+/// # fork
+/// A space belongs to the process that opened it. In a forked child every
+/// call on it fails at once with [`Errno::ESTALE`] (the calls that return no
+/// `Result` — [`Space::stats`], [`Space::smaps`], [`Space::validate`],
+/// [`Space::host_reclaim`] — panic), before any lock is taken: a parent
+/// thread may have held one at the fork, and the handler threads that serve
+/// the space do not exist in the child. Dropping or closing it in the child
+/// only forgets it; the parent's space is untouched. A child opens its own.
 pub struct Space {
     inner: Arc<Inner>,
     threads: Option<Threads>,
+    /// The fork generation ([`usermm_sys::thread::fork_generation`]) of the
+    /// process that opened the space. Invariant: the space is used (locked,
+    /// closed) only while the current generation equals it.
+    fork_generation: u64,
     /// The ranges of the live [`Mapping`]s (and [`Purgeable`]s): safe code
     /// may hold a `&[u8]` into them, so the address-based calls that would
     /// change or remove their bytes refuse them (`EBUSY`); the handle's own
@@ -188,18 +201,48 @@ fn advice_changes_bytes(advice: i32) -> bool {
 impl Space {
     /// Opens a space (`umm_open`).
     pub fn open(cfg: &Config) -> Result<Space, Errno> {
+        let fork_generation = usermm_sys::thread::watch_forks()?;
         let (inner, threads) = Inner::open(cfg)?;
-        Ok(Space { inner, threads: Some(threads), owned: std::sync::Mutex::new(Vec::new()) })
+        Ok(Space { inner, threads: Some(threads), fork_generation, owned: std::sync::Mutex::new(Vec::new()) })
+    }
+
+    /// `Err(ESTALE)` in a process forked after the space was opened (see
+    /// [`Space`]'s "fork"); an atomic load, checked before any lock.
+    pub fn check_owner(&self) -> Result<(), Errno> {
+        if usermm_sys::thread::fork_generation() != self.fork_generation {
+            return Err(Errno::ESTALE);
+        }
+        Ok(())
+    }
+
+    /// Panics in a forked child, for the calls that cannot return `ESTALE`.
+    fn assert_owner(&self) {
+        assert!(
+            self.check_owner().is_ok(),
+            "usermm: a space used in a forked child (ESTALE): a child must open its own"
+        );
     }
 
     /// Closes the space (`umm_close`): stops its threads and releases its
-    /// memory. Nothing may touch the space's memory afterwards.
+    /// memory. Nothing may touch the space's memory afterwards. In a forked
+    /// child it only forgets the space (and returns `Ok`).
     pub fn close(mut self) -> Result<(), Errno> {
         self.close_inner();
         Ok(())
     }
 
     fn close_inner(&mut self) {
+        if self.check_owner().is_err() {
+            // A forked child: the handler threads to join do not exist here,
+            // and the space's locks may be held forever by threads that did
+            // not come along. Forget everything; freeing the reservation
+            // could even unmap what the child has mapped there since.
+            if let Some(t) = self.threads.take() {
+                std::mem::forget(t);
+                std::mem::forget(Arc::clone(&self.inner));
+            }
+            return;
+        }
         if let Some(t) = self.threads.take() {
             self.inner.close(t);
         }
@@ -255,6 +298,7 @@ impl Space {
     /// over a live [`Mapping`] is `EBUSY` (it would replace bytes safe code
     /// may be borrowing).
     pub fn mmap(&self, addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Result<usize, Errno> {
+        self.check_owner()?;
         if flags & consts::MAP_FIXED != 0 {
             self.not_owned(addr, len)?;
         }
@@ -264,6 +308,7 @@ impl Space {
     /// `munmap` (seed 003: two-phase). A range overlapping a live
     /// [`Mapping`] is `EBUSY`: use [`Mapping::unmap`] (or drop it).
     pub fn munmap(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.check_owner()?;
         self.not_owned(addr, len)?;
         self.inner.munmap(addr, len)
     }
@@ -272,12 +317,14 @@ impl Space {
     /// of the range are written to their files before it returns (both
     /// modes); `MS_SYNC` also `fdatasync`s the files.
     pub fn msync(&self, addr: usize, len: usize, flags: i32) -> Result<(), Errno> {
+        self.check_owner()?;
         self.inner.msync(addr, len, flags)
     }
 
     /// `mprotect`. A range overlapping a live [`Mapping`] is `EBUSY` (its
     /// `Deref` promises readable, writable bytes).
     pub fn mprotect(&self, addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
+        self.check_owner()?;
         self.not_owned(addr, len)?;
         self.inner.mprotect(addr, len, prot)
     }
@@ -286,6 +333,7 @@ impl Space {
     /// `MADV_FREE`, `MADV_REMOVE`, `MADV_GUARD_INSTALL`, `MADV_HWPOISON`)
     /// over a live [`Mapping`] is `EBUSY`: use [`Mapping::advise`].
     pub fn madvise(&self, addr: usize, len: usize, advice: i32) -> Result<(), Errno> {
+        self.check_owner()?;
         if advice_changes_bytes(advice) {
             self.not_owned(addr, len)?;
         }
@@ -302,6 +350,7 @@ impl Space {
     /// `MLOCK_ONFAULT`, as they are first touched. `addr` need not be
     /// aligned. The whole range is charged to `memlock_bytes` now.
     pub fn mlock2(&self, addr: usize, len: usize, flags: u32) -> Result<(), Errno> {
+        self.check_owner()?;
         if flags & !consts::MLOCK_ONFAULT != 0 {
             return Err(Errno::EINVAL);
         }
@@ -315,16 +364,19 @@ impl Space {
 
     /// `munlock`: clears both kinds of lock on the range and uncharges it.
     pub fn munlock(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.check_owner()?;
         self.inner.lock_call(|c| c.lock_range(addr as u64, len as u64, usermm_core::region::LockMode::None))
     }
 
     /// `mlockall` (`MCL_CURRENT`, `MCL_FUTURE`, `MCL_ONFAULT`).
     pub fn mlockall(&self, flags: i32) -> Result<(), Errno> {
+        self.check_owner()?;
         self.inner.lock_call(|c| c.mlockall(flags))
     }
 
     /// `munlockall`.
     pub fn munlockall(&self) -> Result<(), Errno> {
+        self.check_owner()?;
         self.inner.lock_call(|c| c.munlockall())
     }
 
@@ -337,6 +389,7 @@ impl Space {
     /// change bytes safe code may be borrowing. [`Purgeable`] is the safe
     /// handle for volatile memory.
     pub fn mvolatile(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.check_owner()?;
         self.not_owned(addr, len)?;
         self.inner.mvolatile(addr, len)
     }
@@ -344,6 +397,7 @@ impl Space {
     /// `mvolatile` for a [`Purgeable`], whose bytes are only reachable
     /// through a guard that makes them non-volatile first.
     pub(crate) fn mvolatile_owned(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.check_owner()?;
         self.inner.mvolatile(addr, len)
     }
 
@@ -352,6 +406,7 @@ impl Space {
     /// zeros), with the exact report. Holes: the mapped parts are made
     /// non-volatile and the call fails with `ENOMEM`.
     pub fn mnovolatile(&self, addr: usize, len: usize) -> Result<(bool, PurgeReport), Errno> {
+        self.check_owner()?;
         let (purged, res) = self.inner.mnovolatile(addr, len)?;
         let ps = self.page_size();
         let pages = len.div_ceil(ps);
@@ -370,6 +425,9 @@ impl Space {
     /// range, also reporting how many bytes (from `addr`) were populated; on
     /// failure, the report's `fail_addr` is `addr + populated`.
     pub fn populate(&self, addr: usize, len: usize, advice: i32) -> (PopulateReport, Result<(), Errno>) {
+        if let Err(e) = self.check_owner() {
+            return (PopulateReport::default(), Err(e));
+        }
         if advice != consts::MADV_POPULATE_READ && advice != consts::MADV_POPULATE_WRITE {
             return (PopulateReport::default(), Err(Errno::EINVAL));
         }
@@ -381,6 +439,7 @@ impl Space {
     /// `mincore`: fills `vec` (one byte per page; bit 0 is "resident"). `vec`
     /// must hold `ceil(len / page_size)` bytes (`EFAULT` otherwise).
     pub fn mincore(&self, addr: usize, len: usize, vec: &mut [u8]) -> Result<(), Errno> {
+        self.check_owner()?;
         // Never allocate more than the reservation has pages: a longer range
         // ends in a hole anyway (ENOMEM), which the core reports.
         let pages = len.div_ceil(self.inner.page_size).min(self.reserve_pages());
@@ -404,6 +463,7 @@ impl Space {
     /// `umm_page_state`: one word of `UMM_PAGE_*` bits per page (the words
     /// past a hole are left untouched).
     pub fn page_state(&self, addr: usize, npages: usize, out: &mut [u32]) -> Result<(), Errno> {
+        self.check_owner()?;
         let pages = npages.min(self.reserve_pages());
         let mut tmp = vec![0u32; pages];
         let n = out.len().min(pages);
@@ -432,6 +492,7 @@ impl Space {
 
     /// Statistics.
     pub fn stats(&self) -> Stats {
+        self.assert_owner();
         let (s, locked) = {
             let c = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
             (c.stats(), c.locked_extents())
@@ -481,6 +542,7 @@ impl Space {
     /// usermm's own VmFlags: `um` (served by usermm) on every region, and
     /// `uo` when the space runs on the user-mode-only fallback.
     pub fn smaps(&self) -> String {
+        self.assert_owner();
         let extra = if self.inner.user_mode_only { "uo " } else { "" };
         let files = self.inner.files.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let info = |id: u32| {
@@ -526,6 +588,7 @@ impl Space {
     /// host discards are on for this space (`false`: no userfaultfd
     /// write-protect or no `PAGEMAP_SCAN`, so nothing is handed to the host).
     pub fn host_reclaim(&self) -> bool {
+        self.assert_owner();
         self.inner.host_reclaim_staging();
         self.inner.host_lazyfree
     }
@@ -540,6 +603,7 @@ impl Space {
 
     /// Test hook: the whole swap file's contents (to check what reached disk).
     pub fn swap_contents(&self) -> Result<Vec<u8>, Errno> {
+        self.check_owner()?;
         match &self.inner.swap {
             Some(s) => s.read_all(self.inner.swap_bytes),
             None => Ok(Vec::new()),
@@ -552,6 +616,7 @@ impl Space {
     /// new region already covers the range whose old pages it zaps (seen by
     /// the soak as "held range has regions" under the core lock alone).
     pub fn validate(&self) {
+        self.assert_owner();
         let _mm = self.inner.read_mm();
         self.inner.core.lock().unwrap_or_else(|e| e.into_inner()).validate();
     }
@@ -590,7 +655,7 @@ impl Mapping<'_> {
     /// ignoring errors).
     pub fn unmap(self) -> Result<(), Errno> {
         self.space.disown(self.addr);
-        let r = self.space.inner.munmap(self.addr, self.len);
+        let r = self.space.check_owner().and_then(|()| self.space.inner.munmap(self.addr, self.len));
         std::mem::forget(self);
         r
     }
@@ -639,6 +704,7 @@ impl Mapping<'_> {
     #[allow(unsafe_code)]
     pub unsafe fn mvolatile(&mut self, offset: usize, len: usize) -> Result<(), Errno> {
         self.check_range(offset, len)?;
+        self.space.check_owner()?;
         self.space.inner.mvolatile(self.addr + offset, len)
     }
 
@@ -658,6 +724,7 @@ impl Mapping<'_> {
 
     fn advise_inner(&mut self, offset: usize, len: usize, advice: i32) -> Result<(), Errno> {
         self.check_range(offset, len)?;
+        self.space.check_owner()?;
         self.space.inner.madvise(self.addr + offset, len, advice)
     }
 }
@@ -665,6 +732,8 @@ impl Mapping<'_> {
 impl Drop for Mapping<'_> {
     fn drop(&mut self) {
         self.space.disown(self.addr);
-        let _ = self.space.inner.munmap(self.addr, self.len);
+        if self.space.check_owner().is_ok() {
+            let _ = self.space.inner.munmap(self.addr, self.len);
+        }
     }
 }

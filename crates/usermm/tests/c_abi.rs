@@ -83,9 +83,14 @@ fn link_shared() -> Vec<String> {
     vec![format!("-L{dir}"), "-lusermm".into(), format!("-Wl,-rpath,{dir}")]
 }
 
-/// A command for a compiled C test with no `USERMM_*` variable inherited.
+/// A command for a compiled C test with no `USERMM_*` variable inherited,
+/// and no `LD_LIBRARY_PATH`: cargo's lists `target/<profile>` (where `cargo
+/// build` last copied a library, perhaps an older one) before
+/// `target/<profile>/deps`, and it would win over the `-rpath` the program
+/// was linked with, so the test could run against a stale library.
 fn command(exe: &Path) -> Command {
     let mut cmd = Command::new(exe);
+    cmd.env_remove("LD_LIBRARY_PATH");
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("USERMM_") {
             cmd.env_remove(k);

@@ -1,10 +1,16 @@
 //! SPEC §4 "fork": a child process gets no space, and never silently reads
 //! zeros where the parent had data. usermm marks the reservation
 //! `MADV_DONTFORK`, so the child has no mapping there at all: any touch of a
-//! space's memory in the child raises SIGSEGV.
+//! space's memory in the child raises SIGSEGV. Every call on a parent's space
+//! in the child fails at once with `ESTALE`, whatever locks parent threads
+//! held at the fork (issue 16 item 9, LTP madvise09 hung there).
 
-use usermm::{Config, Space};
-use usermm_sys::thread::{fork_probe_read, ProbeOutcome};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use usermm::consts::{MADV_DONTNEED, MADV_POPULATE_WRITE, MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+use usermm::{Config, Errno, Space};
+use usermm_sys::thread::{fork_probe_read, fork_run, ChildExit, ProbeOutcome};
 
 #[test]
 fn child_gets_sigsegv_never_zeros() {
@@ -23,4 +29,123 @@ fn child_gets_sigsegv_never_zeros() {
     // The parent is unaffected.
     assert!(m.iter().all(|&b| b == 0x5a));
     s.validate();
+}
+
+/// The calls a child makes on a space of its parent, each of which must fail
+/// at once with `ESTALE`; returns 0, or the number of the first call that did
+/// not. No allocation, no stdio: this runs in the child of a multithreaded
+/// process.
+fn child_calls(s: &Space, addr: usize, ps: usize) -> i32 {
+    let stale = |r: Result<(), Errno>| r == Err(Errno::ESTALE);
+    let mut vec = [0u8; 4];
+    let mut words = [0u32; 4];
+    let checks = [
+        s.mmap(0, ps, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0).map(|_| ()) == Err(Errno::ESTALE),
+        stale(s.munmap(addr, ps)),
+        stale(s.madvise(addr, ps, MADV_DONTNEED)),
+        stale(s.mprotect(addr, ps, PROT_READ)),
+        stale(s.mlock(addr, ps)),
+        stale(s.munlockall()),
+        stale(s.mincore(addr, 4 * ps, &mut vec)),
+        stale(s.page_state(addr, 4, &mut words)),
+        stale(s.populate(addr, ps, MADV_POPULATE_WRITE).1),
+        stale(s.mvolatile(addr, ps)),
+        s.mnovolatile(addr, ps).map(|_| ()) == Err(Errno::ESTALE),
+        stale(s.msync(addr, ps, 0)),
+    ];
+    match checks.iter().position(|ok| !ok) {
+        Some(i) => 1 + i as i32,
+        None => 0,
+    }
+}
+
+/// A thread keeps the space's locks busy (map, populate, unmap: the region
+/// lock exclusive and shared, the core lock, fills waiting for the handler
+/// threads) while the main thread forks again and again. Each child calls
+/// the space under `alarm(5)`: every call must fail at once with `ESTALE`,
+/// and dropping a space of the parent must return at once. Before the fork
+/// generation check the children blocked on a lock held at the fork (or on
+/// handler threads that do not exist in a child) and were killed by SIGALRM.
+#[test]
+fn child_never_hangs_on_a_parent_space() {
+    let cfg = Config { budget_bytes: 32 << 20, swap_bytes: 64 << 20, ..Config::default() };
+    let s = Space::open(&cfg).unwrap();
+    let mut owned = Some(Space::open(&cfg).unwrap());
+    let ps = s.page_size();
+    let mut data = s.map_anon(1 << 20).unwrap();
+    data.fill(0x3c);
+    let addr = data.addr();
+    let stop = AtomicBool::new(false);
+    const ROUNDS: usize = 40;
+    let mut outcomes = Vec::new();
+    std::thread::scope(|scope| {
+        let hammer = scope.spawn(|| {
+            let len = 8 << 20;
+            while !stop.load(Ordering::Relaxed) {
+                let a = s.mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0).unwrap();
+                s.madvise(a, len, MADV_POPULATE_WRITE).unwrap();
+                s.munmap(a, len).unwrap();
+            }
+        });
+        for round in 0..ROUNDS {
+            std::thread::sleep(Duration::from_micros(500 + 97 * (round as u64 % 13)));
+            let o = fork_run(5, || {
+                let r = child_calls(&s, addr, ps);
+                if r != 0 {
+                    return r;
+                }
+                // Dropping (closing) a space of the parent forgets it.
+                drop(owned.take());
+                0
+            })
+            .unwrap();
+            outcomes.push(o);
+        }
+        stop.store(true, Ordering::Relaxed);
+        hammer.join().unwrap();
+    });
+    let hung = outcomes.iter().filter(|&&o| o == ChildExit::Signaled(libc::SIGALRM)).count();
+    assert_eq!(hung, 0, "{hung} of {ROUNDS} children hung (killed by SIGALRM): {outcomes:?}");
+    for o in &outcomes {
+        assert_eq!(*o, ChildExit::Exited(0), "a child's call number {o:?} did not fail with ESTALE: {outcomes:?}");
+    }
+    // The parent's spaces are untouched and still work.
+    assert!(data.iter().all(|&b| b == 0x3c));
+    assert!(owned.is_some());
+    let mut v = [0u8; 1];
+    s.mincore(addr, ps, &mut v).unwrap();
+    assert_eq!(v[0] & 1, 1);
+    s.validate();
+    drop(data);
+    owned.take().unwrap().close().unwrap();
+}
+
+/// In the parent, nothing changes: a space keeps its generation, and a
+/// space opened in a child (after the fork) works there.
+#[test]
+fn child_opens_its_own_space() {
+    let s = Space::open(&Config { budget_bytes: 8 << 20, swap_bytes: 0, ..Config::default() }).unwrap();
+    let o = fork_run(10, || {
+        if s.check_owner() != Err(Errno::ESTALE) {
+            return 1;
+        }
+        let Ok(c) = Space::open(&Config { budget_bytes: 8 << 20, swap_bytes: 0, ..Config::default() }) else {
+            return 2;
+        };
+        let Ok(mut m) = c.map_anon(1 << 20) else {
+            return 3;
+        };
+        m.fill(0x11);
+        if !m.iter().all(|&b| b == 0x11) {
+            return 4;
+        }
+        drop(m);
+        if c.close().is_err() {
+            return 5;
+        }
+        0
+    })
+    .unwrap();
+    assert_eq!(o, ChildExit::Exited(0));
+    assert_eq!(s.check_owner(), Ok(()));
 }

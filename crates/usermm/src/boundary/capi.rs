@@ -6,30 +6,47 @@
 //!   a panic is reported as `-1`/`EIO`.
 //! - Errors are `-1` (or `MAP_FAILED` for `umm_mmap`) with `errno` set to
 //!   exactly what the Rust API returned; a NULL space is `EINVAL`.
-//! - No lock of the space is held while caller memory is read or written: the
-//!   Rust API copies results out after releasing its locks, and this module
-//!   only touches caller memory before calling it (arguments) or after it
-//!   returned (results). Caller memory may itself live in the space (its
-//!   faults are then served by the handler threads).
+//! - Caller memory is read and written the way the kernel reads and writes
+//!   user pointers: never dereferenced, only copied with
+//!   [`copy_from_own_memory`] / [`copy_to_own_memory`] (`process_vm_readv` /
+//!   `process_vm_writev` on our own pid), so a read-only, `PROT_NONE` or
+//!   unmapped pointer is `EFAULT`, never a signal. Results are computed into
+//!   an internal buffer first and copied out afterwards; the range's own
+//!   errors (`EINVAL`, `ENOMEM`) come before `EFAULT`, as on Linux. On the
+//!   user-mode-only fallback, caller memory in the call's own space is
+//!   populated through the space before a copy is retried
+//!   ([`retry_populated`]).
+//! - No lock of the space is held while caller memory is read or written:
+//!   this module only touches caller memory before calling the Rust API
+//!   (arguments) or after it returned (results). Caller memory may itself
+//!   live in the space: the copy is then a kernel-mode fault that the
+//!   space's handler threads serve.
 //! - A `umm_space *` is a `Box<Space>` turned into a raw pointer by
 //!   `umm_open` and back by `umm_close`, except for the process-wide default
 //!   space (`umm_default_space`, for `usermm_compat.h`), which lives in a
-//!   static and is never closed.
-//! - Every exported function that takes a pointer is an `unsafe extern "C"
-//!   fn`: its contract is the header's; inside, each dereference is its own
-//!   small `unsafe` block through `usermm_sys::ffi`.
+//!   leaked per-fork-generation cell and is never closed.
+//! - fork: a handle of a space opened before a fork is stale in the child;
+//!   every call on it is `ESTALE` at once ([`Space::check_owner`], an atomic
+//!   load before any lock), and `umm_close` only forgets it.
+//! - Every exported function that takes a space handle is an `unsafe extern
+//!   "C" fn`: the handle is the one pointer it trusts (the header's
+//!   contract); turning it into a `&Space` is the only dereference, in
+//!   [`space`].
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr, OsStr};
+use std::ffi::{c_char, c_int, c_uint, c_void, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::OnceLock;
 
-use usermm_sys::ffi::{as_mut, as_ref, set_errno, slice_mut, write_fd};
+use usermm_sys::ffi::{
+    as_ref, c_string_from_own_memory, copy_from_own_memory, copy_to_own_memory, set_errno, write_fd,
+};
 
-use crate::{Config, Errno, Space, Stats};
+use crate::{Config, Errno, PurgeReport, Space, Stats};
 
 /// The opaque `umm_space` of the C ABI (really a [`Space`]).
 #[allow(non_camel_case_types)]
@@ -143,26 +160,199 @@ fn guard<T>(fail: T, f: impl FnOnce() -> Result<T, Errno>) -> T {
     }
 }
 
-/// The space behind a C handle; `EINVAL` for NULL.
+/// The space behind a C handle; `EINVAL` for NULL, `ESTALE` for a space
+/// opened by the parent of a forked child (checked before anything else,
+/// see [`Space::check_owner`]).
 ///
 /// # Safety
 /// `s` must be NULL or a live handle: returned by `umm_open` and not yet
-/// passed to `umm_close`, or returned by `umm_default_space`. The space must
-/// stay open for `'a`.
+/// passed to `umm_close`, or returned by `umm_default_space` (in this
+/// process or, before a fork, in its parent: the handle's memory was copied
+/// into the child). The space must stay open for `'a`.
 unsafe fn space<'a>(s: *mut umm_space) -> Result<&'a Space, Errno> {
     // SAFETY: guaranteed by the caller; a live handle points to a `Space`,
     // which is `Sync`.
-    unsafe { as_ref(s as *const Space) }.ok_or(Errno::EINVAL)
+    let sp = unsafe { as_ref(s as *const Space) }.ok_or(Errno::EINVAL)?;
+    sp.check_owner()?;
+    Ok(sp)
 }
 
-/// A C string as a path (any bytes but NUL, not only UTF-8).
+/// Linux's `PATH_MAX`: the longest path, NUL included, `getname` accepts.
+const PATH_MAX: usize = 4096;
+
+/// Linux's `access_ok`: whether `[addr, addr + len)` lies in the user half of
+/// the address space. It says nothing of what is mapped there; the copy
+/// itself finds that out.
+fn access_ok(addr: usize, len: usize) -> bool {
+    addr.checked_add(len).is_some_and(|end| end as u64 <= usermm_core::TASK_SIZE)
+}
+
+/// The most bytes [`copy_out`] and [`copy_in`] copy at once: what a retry
+/// after populating must fit in the budget.
+const COPY_CHUNK: usize = 256 << 10;
+
+/// Runs `copy` (of caller memory `[addr, addr + len)`), retrying an `EFAULT`
+/// after populating the part of `[addr, addr + len)` that lies in `sp`, when
+/// `sp` runs on the user-mode-only userfaultfd fallback.
 ///
-/// # Safety
-/// `p` must be non-null and point to a NUL-terminated string.
-unsafe fn c_path(p: *const c_char) -> PathBuf {
-    // SAFETY: guaranteed by the caller.
-    let bytes = unsafe { CStr::from_ptr(p) }.to_bytes();
-    PathBuf::from(OsStr::from_bytes(bytes))
+/// # Why?
+/// That fallback does not serve faults the kernel takes on the program's
+/// behalf (README, "Privileges"), and `process_vm_readv`/`writev` take
+/// exactly those: caller memory in an untouched page of the space would be
+/// `EFAULT` where a plain store worked. A populate is served by usermm
+/// itself. A few retries, because reclaim may evict the pages again in
+/// between; a range that cannot be populated (read-only, a hole) stays
+/// `EFAULT`.
+fn retry_populated(
+    sp: Option<&Space>,
+    addr: usize,
+    len: usize,
+    write: bool,
+    mut copy: impl FnMut() -> Result<(), Errno>,
+) -> Result<(), Errno> {
+    let mut tries = 0;
+    loop {
+        let e = match copy() {
+            Err(e) if e == Errno::EFAULT && tries < 3 => e,
+            r => return r,
+        };
+        let Some(sp) = sp.filter(|sp| sp.uffd_mode() == crate::UffdMode::UserModeOnly) else {
+            return Err(e);
+        };
+        let (base, reserve_len) = sp.reservation();
+        let ps = sp.page_size();
+        let lo = addr.max(base) / ps * ps;
+        let hi = addr.saturating_add(len).min(base + reserve_len).div_ceil(ps) * ps;
+        if lo >= hi {
+            return Err(e);
+        }
+        let advice = if write { crate::consts::MADV_POPULATE_WRITE } else { crate::consts::MADV_POPULATE_READ };
+        if sp.populate(lo, hi - lo, advice).1.is_err() {
+            return Err(e);
+        }
+        tries += 1;
+    }
+}
+
+/// Copies `src` to caller memory at `dst` (`EFAULT` if it cannot be
+/// written), in chunks; `sp` is the space of the call, if any (see
+/// [`retry_populated`]).
+fn copy_out(sp: Option<&Space>, dst: usize, src: &[u8]) -> Result<(), Errno> {
+    for (i, chunk) in src.chunks(COPY_CHUNK).enumerate() {
+        let at = dst.checked_add(i * COPY_CHUNK).ok_or(Errno::EFAULT)?;
+        retry_populated(sp, at, chunk.len(), true, || copy_to_own_memory(at, chunk))?;
+    }
+    Ok(())
+}
+
+/// Fills `buf` from caller memory at `src` (`EFAULT` if it cannot be read);
+/// `sp` as for [`copy_out`].
+fn copy_in(sp: Option<&Space>, buf: &mut [u8], src: usize) -> Result<(), Errno> {
+    for (i, chunk) in buf.chunks_mut(COPY_CHUNK).enumerate() {
+        let at = src.checked_add(i * COPY_CHUNK).ok_or(Errno::EFAULT)?;
+        retry_populated(sp, at, chunk.len(), false, || copy_from_own_memory(chunk, at))?;
+    }
+    Ok(())
+}
+
+/// Writes `head` at `dst` (caller memory), then zeros up to `total` bytes
+/// (`head` past `total` is cut). `EFAULT` if any of it cannot be written.
+fn copy_out_zero_padded(sp: Option<&Space>, dst: usize, head: &[u8], total: usize) -> Result<(), Errno> {
+    let n = head.len().min(total);
+    copy_out(sp, dst, &head[..n])?;
+    let zeros = [0u8; 4096];
+    let mut at = n;
+    while at < total {
+        let k = (total - at).min(zeros.len());
+        copy_out(sp, dst.checked_add(at).ok_or(Errno::EFAULT)?, &zeros[..k])?;
+        at += k;
+    }
+    Ok(())
+}
+
+fn read_usize(sp: Option<&Space>, addr: usize) -> Result<usize, Errno> {
+    let mut b = [0u8; 8];
+    copy_in(sp, &mut b, addr)?;
+    Ok(usize::from_ne_bytes(b))
+}
+
+/// `sizeof(struct umm_config)`.
+const CONFIG_SIZE: usize = std::mem::size_of::<umm_config>();
+
+/// The bytes of `struct umm_config` (padding zeroed), field by field.
+fn config_to_bytes(c: &umm_config) -> [u8; CONFIG_SIZE] {
+    use std::mem::offset_of;
+    let mut b = [0u8; CONFIG_SIZE];
+    let mut put = |off: usize, v: &[u8]| b[off..off + v.len()].copy_from_slice(v);
+    put(offset_of!(umm_config, size), &c.size.to_ne_bytes());
+    put(offset_of!(umm_config, budget_bytes), &c.budget_bytes.to_ne_bytes());
+    put(offset_of!(umm_config, reserve_bytes), &c.reserve_bytes.to_ne_bytes());
+    put(offset_of!(umm_config, memlock_bytes), &c.memlock_bytes.to_ne_bytes());
+    put(offset_of!(umm_config, swap_bytes), &c.swap_bytes.to_ne_bytes());
+    put(offset_of!(umm_config, swap_dir), &(c.swap_dir as usize).to_ne_bytes());
+    put(offset_of!(umm_config, max_regions), &c.max_regions.to_ne_bytes());
+    put(offset_of!(umm_config, page_shift), &c.page_shift.to_ne_bytes());
+    put(offset_of!(umm_config, fault_threads), &c.fault_threads.to_ne_bytes());
+    put(offset_of!(umm_config, flags), &c.flags.to_ne_bytes());
+    put(offset_of!(umm_config, lazyfree_max_bytes), &c.lazyfree_max_bytes.to_ne_bytes());
+    b
+}
+
+/// `struct umm_config` from its bytes (the inverse of [`config_to_bytes`]).
+fn config_from_bytes(b: &[u8; CONFIG_SIZE]) -> umm_config {
+    use std::mem::offset_of;
+    let word = |off: usize| usize::from_ne_bytes(b[off..off + 8].try_into().expect("8 bytes"));
+    let half = |off: usize| u32::from_ne_bytes(b[off..off + 4].try_into().expect("4 bytes"));
+    umm_config {
+        size: word(offset_of!(umm_config, size)),
+        budget_bytes: word(offset_of!(umm_config, budget_bytes)),
+        reserve_bytes: word(offset_of!(umm_config, reserve_bytes)),
+        memlock_bytes: word(offset_of!(umm_config, memlock_bytes)),
+        swap_bytes: word(offset_of!(umm_config, swap_bytes)),
+        swap_dir: word(offset_of!(umm_config, swap_dir)) as *const c_char,
+        max_regions: word(offset_of!(umm_config, max_regions)),
+        page_shift: half(offset_of!(umm_config, page_shift)),
+        fault_threads: half(offset_of!(umm_config, fault_threads)),
+        flags: half(offset_of!(umm_config, flags)),
+        lazyfree_max_bytes: word(offset_of!(umm_config, lazyfree_max_bytes)),
+    }
+}
+
+/// Reads the caller's `struct umm_config` at `addr` (non-null): `EFAULT`
+/// for unreadable memory (the struct or its `swap_dir` string),
+/// `ENAMETOOLONG` for a `swap_dir` with no NUL in `PATH_MAX` bytes,
+/// `EINVAL` for a `size` too small.
+fn read_config(addr: usize) -> Result<Config, Errno> {
+    // Read the size first: an older caller's struct may be shorter than
+    // ours, and then the rest must not be read.
+    let size = read_usize(None, addr)?;
+    if size < SPEC_CONFIG_SIZE {
+        return Err(Errno::EINVAL);
+    }
+    // A SPEC-sized struct: read its fields, default ours (same layout, a
+    // prefix of ours).
+    let mut b = config_to_bytes(&config_to_c(&Config::default()));
+    let n = if size >= CONFIG_SIZE { CONFIG_SIZE } else { SPEC_CONFIG_SIZE };
+    copy_in(None, &mut b[..n], addr)?;
+    let c = config_from_bytes(&b);
+    let swap_dir = if c.swap_dir.is_null() {
+        None
+    } else {
+        let bytes = c_string_from_own_memory(c.swap_dir as usize, PATH_MAX)?;
+        Some(PathBuf::from(OsStr::from_bytes(&bytes)))
+    };
+    Ok(Config {
+        budget_bytes: c.budget_bytes,
+        reserve_bytes: c.reserve_bytes,
+        memlock_bytes: c.memlock_bytes,
+        swap_bytes: c.swap_bytes,
+        swap_dir,
+        max_regions: c.max_regions,
+        page_shift: c.page_shift,
+        fault_threads: c.fault_threads,
+        flags: c.flags,
+        lazyfree_max_bytes: c.lazyfree_max_bytes,
+    })
 }
 
 fn config_to_c(c: &Config) -> umm_config {
@@ -181,96 +371,47 @@ fn config_to_c(c: &Config) -> umm_config {
     }
 }
 
-/// `umm_config_init`: fills `*cfg` with `Config::default()`.
-///
-/// # Safety
-/// `cfg` must be NULL or point to a writable `struct umm_config`.
+/// `umm_config_init`: fills `*cfg` with `Config::default()`. NULL is
+/// ignored; memory that cannot be written sets `errno` to `EFAULT` (the call
+/// returns nothing).
 #[no_mangle]
-pub unsafe extern "C" fn umm_config_init(cfg: *mut umm_config) {
+pub extern "C" fn umm_config_init(cfg: *mut umm_config) {
     guard((), || {
-        // SAFETY: the caller passes a writable `struct umm_config` (or NULL,
-        // which is ignored: the call has no way to report an error).
-        if let Some(out) = unsafe { as_mut(cfg) } {
-            *out = config_to_c(&Config::default());
+        if cfg.is_null() {
+            return Ok(());
         }
-        Ok(())
+        copy_out(None, cfg as usize, &config_to_bytes(&config_to_c(&Config::default())))
     })
 }
 
-/// `umm_open`: NULL + errno on error; `cfg` NULL means the defaults.
-///
-/// # Safety
-/// `cfg` must be NULL or point to a `struct umm_config` of `cfg->size` bytes
-/// whose `swap_dir` is NULL or a NUL-terminated string.
+/// `umm_open`: NULL + errno on error; `cfg` NULL means the defaults. A `cfg`
+/// (or its `swap_dir`) that cannot be read is `EFAULT`.
 #[no_mangle]
-pub unsafe extern "C" fn umm_open(cfg: *const umm_config) -> *mut umm_space {
+pub extern "C" fn umm_open(cfg: *const umm_config) -> *mut umm_space {
     guard(std::ptr::null_mut(), || {
-        let config = if cfg.is_null() {
-            Config::default()
-        } else {
-            // Read the size first: an older caller's struct may be shorter
-            // than ours, and then the rest must not be read.
-            // SAFETY: a non-null `cfg` points to a `struct umm_config`, whose
-            // first field is a `size_t`.
-            let size = *unsafe { as_ref(cfg as *const usize) }.ok_or(Errno::EINVAL)?;
-            if size < SPEC_CONFIG_SIZE {
-                return Err(Errno::EINVAL);
-            }
-            let c = if size >= std::mem::size_of::<umm_config>() {
-                // SAFETY: the caller says the struct holds `size` bytes, at
-                // least all of ours.
-                *unsafe { as_ref(cfg) }.ok_or(Errno::EINVAL)?
-            } else {
-                // A SPEC-sized struct: read its fields, default ours.
-                let mut full = config_to_c(&Config::default());
-                // SAFETY: the caller's struct holds at least SPEC_CONFIG_SIZE
-                // bytes, a prefix of ours with the same layout.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        cfg as *const u8,
-                        &mut full as *mut umm_config as *mut u8,
-                        SPEC_CONFIG_SIZE,
-                    )
-                };
-                full
-            };
-            let swap_dir = if c.swap_dir.is_null() {
-                None
-            } else {
-                // SAFETY: a non-null `swap_dir` is a NUL-terminated string
-                // (the header's contract).
-                Some(unsafe { c_path(c.swap_dir) })
-            };
-            Config {
-                budget_bytes: c.budget_bytes,
-                reserve_bytes: c.reserve_bytes,
-                memlock_bytes: c.memlock_bytes,
-                swap_bytes: c.swap_bytes,
-                swap_dir,
-                max_regions: c.max_regions,
-                page_shift: c.page_shift,
-                fault_threads: c.fault_threads,
-                flags: c.flags,
-                lazyfree_max_bytes: c.lazyfree_max_bytes,
-            }
-        };
+        let config = if cfg.is_null() { Config::default() } else { read_config(cfg as usize)? };
         let s = Space::open(&config)?;
         Ok(Box::into_raw(Box::new(s)) as *mut umm_space)
     })
 }
 
 /// `umm_close`: closes and frees the space. `EINVAL` for NULL or the default
-/// space (which lives in a static).
+/// space (which lives in a static). In a forked child, a space of the parent
+/// (the default one included) is only forgotten: 0, and nothing of it is
+/// touched.
 ///
 /// # Safety
 /// `s` must be NULL or a live handle; it is dangling after this call.
 #[no_mangle]
 pub unsafe extern "C" fn umm_close(s: *mut umm_space) -> c_int {
     guard(-1, || {
-        if s.is_null() {
-            return Err(Errno::EINVAL);
+        // SAFETY: `s` is NULL or a live handle (this function's contract).
+        match unsafe { space(s) } {
+            Err(e) if e == Errno::ESTALE => return Ok(0),
+            Err(e) => return Err(e),
+            Ok(_) => {}
         }
-        if let Some(Ok(d)) = DEFAULT_SPACE.get() {
+        if let Some(Ok(d)) = default_cell().get() {
             if std::ptr::eq(d, s as *const Space) {
                 return Err(Errno::EINVAL);
             }
@@ -287,8 +428,8 @@ pub unsafe extern "C" fn umm_close(s: *mut umm_space) -> c_int {
 /// `umm_mmap`: `MAP_FAILED` + errno on error.
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`). Other pointers need
+/// not be valid: they are only copied through (`EFAULT` when bad).
 #[no_mangle]
 pub unsafe extern "C" fn umm_mmap(
     s: *mut umm_space,
@@ -310,8 +451,8 @@ pub unsafe extern "C" fn umm_mmap(
 /// `umm_munmap`.
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`). Other pointers need
+/// not be valid: they are only copied through (`EFAULT` when bad).
 #[no_mangle]
 pub unsafe extern "C" fn umm_munmap(s: *mut umm_space, addr: *mut c_void, len: usize) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
@@ -322,8 +463,8 @@ pub unsafe extern "C" fn umm_munmap(s: *mut umm_space, addr: *mut c_void, len: u
 /// `umm_mprotect`.
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`). Other pointers need
+/// not be valid: they are only copied through (`EFAULT` when bad).
 #[no_mangle]
 pub unsafe extern "C" fn umm_mprotect(s: *mut umm_space, addr: *mut c_void, len: usize, prot: c_int) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
@@ -334,8 +475,8 @@ pub unsafe extern "C" fn umm_mprotect(s: *mut umm_space, addr: *mut c_void, len:
 /// `umm_msync`.
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`). Other pointers need
+/// not be valid: they are only copied through (`EFAULT` when bad).
 #[no_mangle]
 pub unsafe extern "C" fn umm_msync(s: *mut umm_space, addr: *mut c_void, len: usize, flags: c_int) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
@@ -349,8 +490,8 @@ pub unsafe extern "C" fn umm_msync(s: *mut umm_space, addr: *mut c_void, len: us
 /// `umm_mlock`.
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`). Other pointers need
+/// not be valid: they are only copied through (`EFAULT` when bad).
 #[no_mangle]
 pub unsafe extern "C" fn umm_mlock(s: *mut umm_space, addr: *const c_void, len: usize) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
@@ -361,8 +502,8 @@ pub unsafe extern "C" fn umm_mlock(s: *mut umm_space, addr: *const c_void, len: 
 /// `umm_mlock2`.
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`). Other pointers need
+/// not be valid: they are only copied through (`EFAULT` when bad).
 #[no_mangle]
 pub unsafe extern "C" fn umm_mlock2(s: *mut umm_space, addr: *const c_void, len: usize, flags: c_uint) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
@@ -373,8 +514,8 @@ pub unsafe extern "C" fn umm_mlock2(s: *mut umm_space, addr: *const c_void, len:
 /// `umm_munlock`.
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`). Other pointers need
+/// not be valid: they are only copied through (`EFAULT` when bad).
 #[no_mangle]
 pub unsafe extern "C" fn umm_munlock(s: *mut umm_space, addr: *const c_void, len: usize) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
@@ -385,8 +526,8 @@ pub unsafe extern "C" fn umm_munlock(s: *mut umm_space, addr: *const c_void, len
 /// `umm_mlockall`.
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`). Other pointers need
+/// not be valid: they are only copied through (`EFAULT` when bad).
 #[no_mangle]
 pub unsafe extern "C" fn umm_mlockall(s: *mut umm_space, flags: c_int) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
@@ -397,8 +538,8 @@ pub unsafe extern "C" fn umm_mlockall(s: *mut umm_space, flags: c_int) -> c_int 
 /// `umm_munlockall`.
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`). Other pointers need
+/// not be valid: they are only copied through (`EFAULT` when bad).
 #[no_mangle]
 pub unsafe extern "C" fn umm_munlockall(s: *mut umm_space) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
@@ -409,8 +550,8 @@ pub unsafe extern "C" fn umm_munlockall(s: *mut umm_space) -> c_int {
 /// `umm_madvise`.
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`). Other pointers need
+/// not be valid: they are only copied through (`EFAULT` when bad).
 #[no_mangle]
 pub unsafe extern "C" fn umm_madvise(s: *mut umm_space, addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
@@ -421,8 +562,8 @@ pub unsafe extern "C" fn umm_madvise(s: *mut umm_space, addr: *mut c_void, len: 
 /// `umm_mvolatile`.
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`). Other pointers need
+/// not be valid: they are only copied through (`EFAULT` when bad).
 #[no_mangle]
 pub unsafe extern "C" fn umm_mvolatile(s: *mut umm_space, addr: *mut c_void, len: usize) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
@@ -436,8 +577,8 @@ pub unsafe extern "C" fn umm_mvolatile(s: *mut umm_space, addr: *mut c_void, len
 /// `umm_mnovolatile`.
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`). Other pointers need
+/// not be valid: they are only copied through (`EFAULT` when bad).
 #[no_mangle]
 pub unsafe extern "C" fn umm_mnovolatile(
     s: *mut umm_space,
@@ -447,74 +588,97 @@ pub unsafe extern "C" fn umm_mnovolatile(
 ) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
     let sp = unsafe { space(s) };
-    // SAFETY: `out` is NULL or a valid report (this function's contract).
-    let out = unsafe { as_mut(out) };
     guard(-1, || {
-        let (purged, report) = sp?.mnovolatile(addr as usize, len)?;
-        if let Some(out) = out {
-            out.purged_pages = report.purged_pages;
-            out.first_purged = report.first_purged as *mut c_void;
-            // SAFETY: the caller's bitmap is NULL or valid for
-            // `bitmap_words` words (usermm.h).
-            if let Some(words) = unsafe { slice_mut(out.bitmap, out.bitmap_words) } {
-                let n = words.len().min(report.bitmap.len());
-                words[..n].copy_from_slice(&report.bitmap[..n]);
-                words[n..].fill(0);
-            }
+        let sp = sp?;
+        let (purged, report) = sp.mnovolatile(addr as usize, len)?;
+        if !out.is_null() {
+            write_purge_report(sp, out as usize, &report)?;
         }
         Ok(c_int::from(purged))
     })
 }
 
-/// The error of a range of `pages` pages from `addr` that cannot fit in the
-/// space's reservation: `EINVAL` for an unaligned `addr`, `ENOMEM` otherwise
-/// (memory outside the space counts as unmapped, and an overflowing range is
-/// `ENOMEM` for mincore on Linux, as in the core). Checked
-/// before the Rust API sizes buffers by the page count, so that a huge length
-/// is an errno, not a huge allocation.
-fn oversized_range(sp: &Space, addr: usize, pages: usize) -> Result<(), Errno> {
-    let ps = sp.page_size();
-    let (_, reserve_len) = sp.reservation();
-    if pages <= reserve_len / ps {
-        return Ok(());
+/// Fills the caller's `struct umm_purge_report` at `out` (non-null): reads
+/// its `bitmap` and `bitmap_words`, writes the count, the first purged
+/// address and, when `bitmap` is not NULL, `bitmap_words` words (the bits of
+/// the range, then zeros). `EFAULT` if any of it cannot be read or written.
+fn write_purge_report(sp: &Space, out: usize, report: &PurgeReport) -> Result<(), Errno> {
+    let sp = Some(sp);
+    use std::mem::offset_of;
+    let bitmap = read_usize(sp, out + offset_of!(umm_purge_report, bitmap))?;
+    let words = read_usize(sp, out + offset_of!(umm_purge_report, bitmap_words))?;
+    let mut head = [0u8; 16];
+    head[..8].copy_from_slice(&report.purged_pages.to_ne_bytes());
+    head[8..].copy_from_slice(&report.first_purged.to_ne_bytes());
+    const { assert!(offset_of!(umm_purge_report, first_purged) == 8) };
+    copy_out(sp, out + offset_of!(umm_purge_report, purged_pages), &head)?;
+    if bitmap != 0 {
+        let bytes: Vec<u8> = report.bitmap.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        copy_out_zero_padded(sp, bitmap, &bytes, words.checked_mul(8).ok_or(Errno::EFAULT)?)?;
     }
-    if !addr.is_multiple_of(ps) {
-        return Err(Errno::EINVAL);
-    }
-    Err(Errno::ENOMEM)
+    Ok(())
 }
 
-/// `umm_mincore`: `vec` NULL is `EFAULT`, reported after the range's own
-/// errors (`EINVAL`, `ENOMEM`), as Linux does.
+/// The byte a results buffer starts with: mincore and page_state write
+/// other values only (a byte is 0 or 1, a word has no more than the
+/// `UMM_PAGE_*` bits), so the first one left says where the walk stopped.
+const UNFILLED: u8 = 0xff;
+
+/// The checks `mincore(2)` makes before it walks the range, in Linux's
+/// order: `EINVAL` unaligned `addr`, `ENOMEM` a range past the user address
+/// space, `EFAULT` an output buffer (`out_bytes` long) that is not in it.
+fn introspect_checks(
+    sp: &Space,
+    addr: usize,
+    range_bytes: Option<usize>,
+    out: usize,
+    out_bytes: Option<usize>,
+) -> Result<(), Errno> {
+    if !addr.is_multiple_of(sp.page_size()) {
+        return Err(Errno::EINVAL);
+    }
+    if !range_bytes.is_some_and(|l| access_ok(addr, l)) {
+        return Err(Errno::ENOMEM);
+    }
+    if !out_bytes.is_some_and(|l| access_ok(out, l)) {
+        return Err(Errno::EFAULT);
+    }
+    Ok(())
+}
+
+/// `umm_mincore`: Linux's order of errors: `EINVAL` (unaligned), `ENOMEM`
+/// (past the address space), `EFAULT` (`vec` outside it), then the walk:
+/// the bytes up to the first hole are copied to `vec` (`EFAULT` if they
+/// cannot be: NULL, read-only, unmapped), then the hole is `ENOMEM`.
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`).
 #[no_mangle]
 pub unsafe extern "C" fn umm_mincore(s: *mut umm_space, addr: *mut c_void, len: usize, vec: *mut u8) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
     let sp = unsafe { space(s) };
     guard(-1, || {
         let sp = sp?;
-        let pages = len.div_ceil(sp.page_size());
-        oversized_range(sp, addr as usize, pages)?;
-        // SAFETY: a non-null `vec` holds `ceil(len / page size)` writable
-        // bytes (mincore(2)'s contract); NULL gives `None`.
-        match unsafe { slice_mut(vec, pages) } {
-            Some(v) => sp.mincore(addr as usize, len, v)?,
-            // The empty buffer makes the Rust API return `EFAULT` once the
-            // range itself is valid.
-            None => sp.mincore(addr as usize, len, &mut [])?,
+        let ps = sp.page_size();
+        let pages = len.div_ceil(ps);
+        introspect_checks(sp, addr as usize, Some(len), vec as usize, Some(pages))?;
+        // Never more than the reservation has pages: a longer range ends in
+        // a hole (ENOMEM) after at most that many.
+        let mut tmp = vec![UNFILLED; pages.min(sp.reservation().1 / ps)];
+        let r = sp.mincore(addr as usize, len, &mut tmp);
+        let filled = tmp.iter().position(|&b| b == UNFILLED).unwrap_or(tmp.len());
+        if filled > 0 {
+            copy_out(Some(sp), vec as usize, &tmp[..filled])?;
         }
-        Ok(0)
+        r.map(|()| 0)
     })
 }
 
-/// `umm_page_state`: `states` NULL is `EFAULT`, after the range's errors.
+/// `umm_page_state`: errors as `umm_mincore` (`states` NULL, read-only or
+/// unmapped is `EFAULT`, after the range's own errors).
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`).
 #[no_mangle]
 pub unsafe extern "C" fn umm_page_state(
     s: *mut umm_space,
@@ -526,14 +690,17 @@ pub unsafe extern "C" fn umm_page_state(
     let sp = unsafe { space(s) };
     guard(-1, || {
         let sp = sp?;
-        oversized_range(sp, addr as usize, npages)?;
-        // SAFETY: a non-null `states` holds `npages` writable words (the
-        // header's contract); NULL gives `None`.
-        match unsafe { slice_mut(states, npages) } {
-            Some(v) => sp.page_state(addr as usize, npages, v)?,
-            None => sp.page_state(addr as usize, npages, &mut [])?,
+        let ps = sp.page_size();
+        introspect_checks(sp, addr as usize, npages.checked_mul(ps), states as usize, npages.checked_mul(4))?;
+        let unfilled = u32::from_ne_bytes([UNFILLED; 4]);
+        let mut tmp = vec![unfilled; npages.min(sp.reservation().1 / ps)];
+        let r = sp.page_state(addr as usize, npages, &mut tmp);
+        let filled = tmp.iter().position(|&w| w == unfilled).unwrap_or(tmp.len());
+        if filled > 0 {
+            let bytes: Vec<u8> = tmp[..filled].iter().flat_map(|w| w.to_ne_bytes()).collect();
+            copy_out(Some(sp), states as usize, &bytes)?;
         }
-        Ok(0)
+        r.map(|()| 0)
     })
 }
 
@@ -541,8 +708,8 @@ pub unsafe extern "C" fn umm_page_state(
 /// not NULL), on failure as well.
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`). Other pointers need
+/// not be valid: they are only copied through (`EFAULT` when bad).
 #[no_mangle]
 pub unsafe extern "C" fn umm_populate(
     s: *mut umm_space,
@@ -554,14 +721,23 @@ pub unsafe extern "C" fn umm_populate(
     // SAFETY: `s` is NULL or a live handle (this function's contract).
     let sp = unsafe { space(s) };
     guard(-1, || {
-        let (report, r) = sp?.populate(addr as usize, len, advice);
-        // The report is written on failure too: it says how far it got.
-        // SAFETY: `out` is NULL or a writable `struct umm_populate_report`.
-        if let Some(o) = unsafe { as_mut(out) } {
-            o.populated_bytes = report.populated_bytes;
-            o.fail_addr = report.fail_addr as *mut c_void;
-        }
-        r.map(|()| 0)
+        let sp = sp?;
+        let (report, r) = sp.populate(addr as usize, len, advice);
+        // The report is written on failure too: it says how far it got. The
+        // populate's own error comes first; a report that cannot be written
+        // after a populate that succeeded is EFAULT (the range stays
+        // populated).
+        let written = if out.is_null() {
+            Ok(())
+        } else {
+            let mut b = [0u8; 16];
+            b[..8].copy_from_slice(&report.populated_bytes.to_ne_bytes());
+            b[8..].copy_from_slice(&report.fail_addr.to_ne_bytes());
+            const { assert!(std::mem::size_of::<umm_populate_report>() == 16) };
+            copy_out(Some(sp), out as usize, &b)
+        };
+        r?;
+        written.map(|()| 0)
     })
 }
 
@@ -570,27 +746,24 @@ pub unsafe extern "C" fn umm_populate(
 /// as the caller set it.
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`). Other pointers need
+/// not be valid: they are only copied through (`EFAULT` when bad).
 #[no_mangle]
 pub unsafe extern "C" fn umm_stats(s: *mut umm_space, out: *mut c_void) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
     let sp = unsafe { space(s) };
     guard(-1, || {
         let sp = sp?;
-        // SAFETY: a non-null `out` points to a `struct umm_stats`, whose first
-        // field is a `size_t`.
-        let size = *unsafe { as_ref(out as *const usize) }.ok_or(Errno::EINVAL)?;
+        if out.is_null() {
+            return Err(Errno::EINVAL);
+        }
+        let size = read_usize(Some(sp), out as usize)?;
         if size < 8 {
             return Err(Errno::EINVAL);
         }
-        let words = stats_words(&sp.stats());
-        // SAFETY: the caller vouches that `out` holds `size` writable bytes;
-        // `struct umm_stats` is 8-aligned (its fields are `size_t`/`uint64_t`).
-        let dst = unsafe { slice_mut(out as *mut u64, size / 8) }.ok_or(Errno::EINVAL)?;
-        for (i, w) in dst.iter_mut().enumerate().skip(1) {
-            *w = words.get(i - 1).copied().unwrap_or(0);
-        }
+        let bytes: Vec<u8> = stats_words(&sp.stats()).iter().flat_map(|w| w.to_ne_bytes()).collect();
+        // The whole words after `size` that fit in it.
+        copy_out_zero_padded(Some(sp), out as usize + 8, &bytes, (size / 8 - 1) * 8)?;
         Ok(0)
     })
 }
@@ -598,8 +771,8 @@ pub unsafe extern "C" fn umm_stats(s: *mut umm_space, out: *mut c_void) -> c_int
 /// `umm_smaps`: writes the smaps text to `fd`.
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`). Other pointers need
+/// not be valid: they are only copied through (`EFAULT` when bad).
 #[no_mangle]
 pub unsafe extern "C" fn umm_smaps(s: *mut umm_space, fd: c_int) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
@@ -615,8 +788,8 @@ pub unsafe extern "C" fn umm_smaps(s: *mut umm_space, fd: c_int) -> c_int {
 /// and `writes` swap writes fail with `EIO`.
 ///
 /// # Safety
-/// `s` must be NULL or a live handle (see `usermm.h`); pointer arguments must
-/// be NULL or valid for what `usermm.h` says the call reads or writes.
+/// `s` must be NULL or a live handle (see `usermm.h`). Other pointers need
+/// not be valid: they are only copied through (`EFAULT` when bad).
 #[no_mangle]
 pub unsafe extern "C" fn umm_debug_inject_swap_errors(s: *mut umm_space, reads: c_uint, writes: c_uint) -> c_int {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
@@ -627,9 +800,42 @@ pub unsafe extern "C" fn umm_debug_inject_swap_errors(s: *mut umm_space, reads: 
     })
 }
 
-/// The process-wide default space of `usermm_compat.h`; the error is kept so
-/// that every call reports it.
-static DEFAULT_SPACE: OnceLock<Result<Space, Errno>> = OnceLock::new();
+/// The process-wide default space of `usermm_compat.h` for one fork
+/// generation; the error is kept so that every call reports it.
+struct DefaultCell {
+    fork_generation: u64,
+    space: OnceLock<Result<Space, Errno>>,
+}
+
+/// The default space's cell of the current fork generation: a forked child
+/// gets a fresh cell (and so a fresh space, opened by its first call) and
+/// never waits on the parent's, whose `OnceLock` a parent thread may have
+/// been initialising at the fork. Cells are leaked, never freed: one per
+/// generation that called `umm_default_space`.
+static DEFAULT_CELL: AtomicPtr<DefaultCell> = AtomicPtr::new(std::ptr::null_mut());
+
+fn default_cell() -> &'static OnceLock<Result<Space, Errno>> {
+    let generation = usermm_sys::thread::fork_generation();
+    let mut cur = DEFAULT_CELL.load(Ordering::Acquire);
+    loop {
+        // SAFETY: DEFAULT_CELL holds NULL or a pointer from `Box::leak`
+        // below, never freed, so it is valid for 'static.
+        if let Some(cell) = unsafe { cur.as_ref() } {
+            if cell.fork_generation == generation {
+                return &cell.space;
+            }
+        }
+        let new: &'static mut DefaultCell =
+            Box::leak(Box::new(DefaultCell { fork_generation: generation, space: OnceLock::new() }));
+        match DEFAULT_CELL.compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return &new.space,
+            // Another thread installed a cell first: use it if it is this
+            // generation's (ours stays leaked, a few bytes, at most once per
+            // racing thread).
+            Err(other) => cur = other,
+        }
+    }
+}
 
 /// A byte count from the environment: decimal or `0x` hex, with an optional
 /// binary suffix `k`, `m`, `g`, `t`; `unlimited` (or `max`) is `SIZE_MAX`.
@@ -688,11 +894,12 @@ fn config_from_env() -> Result<Config, Errno> {
 /// `umm_default_space`: the process-wide default space, opened once (the
 /// first caller opens it; concurrent callers wait) from the `USERMM_*`
 /// environment. NULL + errno if it could not be opened (a message says why,
-/// once, on stderr). It is never closed.
+/// once, on stderr). It is never closed. A forked child's first call opens
+/// the child's own default space (the parent's is stale there).
 #[no_mangle]
 pub extern "C" fn umm_default_space() -> *mut umm_space {
     guard(std::ptr::null_mut(), || {
-        let r = DEFAULT_SPACE.get_or_init(|| {
+        let r = default_cell().get_or_init(|| {
             let r = config_from_env().and_then(|c| Space::open(&c));
             if let Err(e) = &r {
                 eprintln!("usermm: cannot open the default space (USERMM_* environment): {e}");
