@@ -1125,6 +1125,10 @@ fn linux_errno_lock_lengths_and_grows_flags() {
         //  AA.A
         let _ = t.addr("A", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
         t.unit("hole", mm.munmap(b + 2 * PAGE, PAGE));
+        // An unknown advice is EINVAL before any look at the range.
+        t.unit("advice 999 over a hole", mm.madvise(b + 2 * PAGE, PAGE, 999));
+        t.unit("advice 999 over mapping and hole", mm.madvise(b, 4 * PAGE, 999));
+        t.unit("advice 999 outside everything", mm.madvise(b + 64 * PAGE, PAGE, 999));
         // A length whose page-rounded value wraps to 0 is an empty range.
         t.unit("mlock SIZE_MAX", mm.mlock2(b, usize::MAX, 0));
         t.unit("munlock SIZE_MAX", mm.munlock(b, usize::MAX));

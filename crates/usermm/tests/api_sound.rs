@@ -1,0 +1,58 @@
+//! The Rust API is sound: the bytes a `Mapping` derefs to never change
+//! under a borrow through a safe call. The address-based calls that would
+//! change or remove them refuse a live mapping's range (`EBUSY`); the
+//! handle's own methods (by `&mut` or by value) do it, and advice that
+//! changes bytes later (`MADV_FREE`) is only reachable through an `unsafe`
+//! method.
+
+use usermm::consts::*;
+use usermm::{Config, Errno, Space};
+
+const PS: usize = 4096;
+
+#[test]
+fn address_based_calls_refuse_a_live_mapping_and_the_handle_does_them() {
+    let s = Space::open(&Config { budget_bytes: 64 << 20, swap_bytes: 64 << 20, ..Config::default() }).unwrap();
+    let mut m = s.map_anon(16 * PS).unwrap();
+    m.fill(7);
+    let a = m.addr();
+    // Whatever overlaps it, even by one page.
+    assert_eq!(s.munmap(a + 15 * PS, 2 * PS), Err(Errno::EBUSY));
+    assert_eq!(s.munmap(a, 16 * PS), Err(Errno::EBUSY));
+    assert_eq!(s.mprotect(a, PS, PROT_READ), Err(Errno::EBUSY));
+    for adv in [MADV_DONTNEED, MADV_FREE, MADV_REMOVE, MADV_GUARD_INSTALL] {
+        assert_eq!(s.madvise(a, PS, adv), Err(Errno::EBUSY), "advice {adv}");
+    }
+    assert_eq!(s.mvolatile(a, PS), Err(Errno::EBUSY));
+    assert_eq!(
+        s.mmap(a, PS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0),
+        Err(Errno::EBUSY)
+    );
+    // Advice that keeps the bytes is fine through the address.
+    for adv in [MADV_PAGEOUT, MADV_COLD, MADV_WILLNEED, MADV_POPULATE_READ, MADV_SEQUENTIAL] {
+        s.madvise(a, 16 * PS, adv).unwrap_or_else(|e| panic!("advice {adv}: {e}"));
+    }
+    assert!(m.iter().all(|&b| b == 7), "nothing changed the bytes");
+    // The handle: DONTNEED by &mut (zeros after), FREE only unsafe.
+    m.advise_range(PS, PS, MADV_DONTNEED).unwrap();
+    assert!(m[PS..2 * PS].iter().all(|&b| b == 0));
+    assert!(m[..PS].iter().all(|&b| b == 7));
+    assert_eq!(m.advise(MADV_FREE), Err(Errno::EINVAL));
+    assert_eq!(m.advise_range(15 * PS, 2 * PS, MADV_DONTNEED), Err(Errno::EINVAL), "past its end");
+    // SAFETY: every freed page is written before it is borrowed again.
+    unsafe { m.advise_unchecked(2 * PS, PS, MADV_FREE) }.unwrap();
+    m[2 * PS..3 * PS].fill(9);
+    assert!(m[2 * PS..3 * PS].iter().all(|&b| b == 9));
+    // Once the handle is gone the range is the program's again.
+    m.unmap().unwrap();
+    let b = s.mmap(a, 16 * PS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0).unwrap();
+    assert_eq!(b, a);
+    s.madvise(a, 16 * PS, MADV_DONTNEED).unwrap();
+    s.munmap(a, 16 * PS).unwrap();
+    // A dropped handle too.
+    {
+        let m = s.map_anon(4 * PS).unwrap();
+        assert_eq!(s.munmap(m.addr(), PS), Err(Errno::EBUSY));
+    }
+    s.validate();
+}
