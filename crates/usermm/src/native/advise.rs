@@ -1,0 +1,96 @@
+//! Carrying out an advice the core planned (`AdviceOp`).
+
+use super::*;
+
+impl Inner {
+    /// Carries out one page advice; the caller holds `mm` shared.
+    pub(super) fn advice_op(&self, _mm: &RwLockReadGuard<'_, ()>, op: &AdviceOp) -> Result<(), Errno> {
+        match *op {
+            AdviceOp::Host(r, advice) => {
+                match advice {
+                    MADV_GUARD_INSTALL => self.guards_used.store(true, Ordering::Relaxed),
+                    MADV_DONTDUMP => self.dontdump_used.store(true, Ordering::Relaxed),
+                    _ => {}
+                }
+                return self.arena.host_advise(self.addr(r.start), r.pages() as usize * self.page_size, advice);
+            }
+            AdviceOp::PunchZap { range, file, file_page } => {
+                let f = lock(&self.files).get(&file).cloned().ok_or(Errno::EIO)?;
+                let ps = self.page_size as u64;
+                f.punch_hole(file_page * ps, range.pages() * ps)?;
+                // The file reads zeros there now: drop our copies, dirty or
+                // not, with no write-back.
+                self.zap_range(range);
+            }
+            AdviceOp::Zap(r) => self.zap_range(r),
+            AdviceOp::WritebackZap(r) => {
+                if self.writeback_range(r, &[]).is_ok() {
+                    self.zap_range(r);
+                }
+            }
+            AdviceOp::Cold(r) => {
+                let ds = lock(&self.core).deactivate_range(r);
+                self.deactivate_all(&ds);
+            }
+            AdviceOp::Pageout(r) => {
+                // Deactivate the mapped pages, then evict every parked page of
+                // the range (also those parked before this call).
+                let ds = lock(&self.core).deactivate_range(r);
+                self.deactivate_all(&ds);
+                loop {
+                    let evs = lock(&self.core).evict_range(r, 1024);
+                    if evs.is_empty() || self.evict_all(&evs) == 0 {
+                        break;
+                    }
+                }
+            }
+            AdviceOp::Free(r) => {
+                let parked = lock(&self.core).lazyfree(r);
+                if self.host_lazyfree {
+                    // Reuse costs nothing: the pages stay mapped, a write
+                    // cancels the host's lazy free, and only under pressure
+                    // (ours or the host's) is a clean page dropped.
+                    //
+                    // The host's MADV_FREE skips a page still waiting in a
+                    // CPU's LRU batch (it drains only the calling CPU's, and
+                    // our handlers install pages on the others): such a page
+                    // would never be discarded. Drain every CPU's batches
+                    // first, when pages were installed since the last drain
+                    // (a free-and-reuse loop installs none, and pays
+                    // nothing).
+                    let fills = self.fills.load(Ordering::Relaxed);
+                    if self.fills_drained.swap(fills, Ordering::Relaxed) != fills {
+                        self.arena.drain_host_lru();
+                    }
+                    let _ = self.arena.host_free(self.addr(r.start), r.pages() as usize * self.page_size);
+                    for s in parked {
+                        let _ = self.arena.host_free_slot(s);
+                    }
+                    // Past the space's bound, discard the oldest at once.
+                    for _ in 0..64 {
+                        let plan = lock(&self.core).lazyfree_trim_plan();
+                        if plan.is_empty() {
+                            break;
+                        }
+                        self.deactivate_all(&plan.deactivate);
+                        self.discard_all(&plan.discard);
+                    }
+                }
+            }
+            AdviceOp::Poison(r) => {
+                self.zap_range(r);
+                lock(&self.core).set_poison(r);
+                let _ = self.arena.poison(&self.uffd, self.addr(r.start), r.pages() as usize * self.page_size);
+            }
+            AdviceOp::WillNeed(r) => {
+                let pages = lock(&self.core).swapped_in(r);
+                if !pages.is_empty() {
+                    lock(&self.willneed).extend(pages.into_iter().map(|p| self.addr(p)));
+                    let _c = lock(&self.core);
+                    self.reclaim_wanted.notify_all();
+                }
+            }
+        }
+        Ok(())
+    }
+}

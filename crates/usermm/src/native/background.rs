@@ -1,0 +1,94 @@
+//! The background thread: reclaim ahead of the program, spare metadata,
+//! `MADV_WILLNEED` read-in and file read-ahead chaining.
+
+use super::*;
+
+impl Inner {
+    pub(super) fn background_loop(&self, reclaim: bool) {
+        loop {
+            {
+                let mut c = lock(&self.core);
+                loop {
+                    if self.shutdown.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    if c.spares_low() {
+                        drop(c);
+                        self.refill_spares();
+                        c = lock(&self.core);
+                        continue;
+                    }
+                    let need = reclaim && (c.free_frames() < self.low_watermark || c.needs_aging());
+                    if need || !lock(&self.willneed).is_empty() {
+                        break;
+                    }
+                    c = self
+                        .reclaim_wanted
+                        .wait_timeout(c, std::time::Duration::from_millis(100))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            }
+            let pending: Vec<usize> = std::mem::take(&mut *lock(&self.willneed));
+            for a in pending {
+                let (swapped, file) = {
+                    let c = lock(&self.core);
+                    let p = c.page_of(Addr(a as u64));
+                    (
+                        p.is_some_and(|p| c.page(p).state == usermm_core::page::PState::Swapped),
+                        p.and_then(|p| c.region_at(p)).is_some_and(|r| r.file().is_some()),
+                    )
+                };
+                if swapped {
+                    self.resolve(a, false, None);
+                } else if file {
+                    // File read-ahead: a window from `a` (up to a hole or the
+                    // end of the file; best effort, errors ignored).
+                    let window = usermm_core::MAX_WINDOW_PAGES as usize * self.page_size;
+                    let (n, _) = self.populate(a, window, false);
+                    // A streaming read-in chains: the next window follows,
+                    // up to READAHEAD_DEPTH windows past the program's last
+                    // fault in the region (it does not fault on the windows
+                    // read ahead, so that is as far as it is known to be).
+                    let next = a + window;
+                    let chain = n == window && {
+                        let c = lock(&self.core);
+                        let here = c.page_of(Addr(a as u64));
+                        let there = c.page_of(Addr(next as u64));
+                        match (here.and_then(|p| c.region_at(p)), there) {
+                            (Some(r), Some(q)) => r.file().is_some_and(|f| {
+                                file_continues(&c, q, f)
+                                    && q.0.saturating_sub(r.next_fault)
+                                        < READAHEAD_DEPTH * usermm_core::MAX_WINDOW_PAGES
+                            }),
+                            _ => false,
+                        }
+                    };
+                    if chain {
+                        lock(&self.willneed).push(next);
+                    }
+                }
+            }
+            if !reclaim {
+                continue;
+            }
+            let mm = self.read_mm();
+            let (want, aging) = {
+                let c = lock(&self.core);
+                (self.high_watermark.saturating_sub(c.free_frames()), c.needs_aging())
+            };
+            if want > 0 {
+                let freed = self.reclaim_rounds(&mm, want.min(RECLAIM_BATCH), false);
+                drop(mm);
+                if freed == 0 {
+                    // Nothing evicted this time (the round only aged pages,
+                    // or nothing is evictable): give the program a moment to
+                    // touch what was just deactivated, instead of spinning.
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+            } else if aging {
+                self.reclaim_rounds(&mm, 0, false);
+            }
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! The region calls: `mmap`, `munmap`, `msync`, `mprotect`, and `madvise`'s
+//! entry.
+
+use super::*;
+
+impl Inner {
+    pub fn mmap(&self, addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Result<usize, Errno> {
+        if off & (self.page_size as i64 - 1) != 0 {
+            return Err(Errno::EINVAL);
+        }
+        if flags & MAP_ANONYMOUS == 0 && !usermm_sys::ffi::fd_is_open(fd) && flags & MAP_TYPE != 0 {
+            // Linux checks the type first (EINVAL), then the descriptor.
+            let t = flags & MAP_TYPE;
+            if t == MAP_SHARED || t == MAP_PRIVATE || t == MAP_SHARED_VALIDATE {
+                if len == 0 {
+                    return Err(Errno::EINVAL);
+                }
+                return Err(Errno::EBADF);
+            }
+        }
+        // A file mapping: Linux's checks on the descriptor (after the length
+        // and type), then the space keeps a duplicate of it.
+        let file = if flags & MAP_ANONYMOUS == 0 {
+            let t = flags & MAP_TYPE;
+            if len == 0 || !(t == MAP_SHARED || t == MAP_PRIVATE || t == MAP_SHARED_VALIDATE) {
+                return Err(Errno::EINVAL);
+            }
+            let f = MappedFile::from_fd(fd, self.keep_file_cache)?;
+            // One entry (and one descriptor) per open file, however many
+            // regions map it: 100,000 regions of one file need one fd.
+            let mut files = lock(&self.files);
+            let same = files.iter().find(|(_, e)| e.dev == f.dev && e.ino == f.ino && e.writable == f.writable);
+            let (id, f) = match same {
+                Some((id, e)) => (*id, e.clone()),
+                None => {
+                    let id = self.next_file.fetch_add(1, Ordering::Relaxed);
+                    let f = Arc::new(f);
+                    files.insert(id, f.clone());
+                    (id, f)
+                }
+            };
+            drop(files);
+            Some((id, f))
+        } else {
+            None
+        };
+        let result = self.mmap_locked(addr, len, prot, flags, off, file.as_ref());
+        if result.is_err() && file.is_some() {
+            self.release_files();
+        }
+        result
+    }
+
+    pub(super) fn mmap_locked(
+        &self,
+        addr: usize,
+        len: usize,
+        prot: i32,
+        flags: i32,
+        off: i64,
+        file: Option<&(u32, Arc<MappedFile>)>,
+    ) -> Result<usize, Errno> {
+        loop {
+            let mm = self.mm.write();
+            let t0 = now_ns();
+            let reply = match file {
+                Some((id, f)) => lock(&self.core).mmap_file(
+                    addr as u64,
+                    len as u64,
+                    prot,
+                    flags,
+                    FileMap { id: *id, writable: f.writable, off_pages: off as u64 / self.page_size as u64 },
+                ),
+                None => lock(&self.core).mmap(addr as u64, len as u64, prot, flags),
+            }?;
+            match reply {
+                MmapReply::WaitUnmapping => {
+                    drop(mm);
+                    let c = lock(&self.core);
+                    let _ = self.settled.wait_timeout(c, std::time::Duration::from_millis(10));
+                    continue;
+                }
+                MmapReply::Done(plan) => {
+                    if let Some(d) = &plan.replaced {
+                        for f in &d.files {
+                            let _ = self.writeback_range(f.range, &d.files);
+                        }
+                        for r in &d.locked {
+                            let _ = self.host_lock(*r, LockMode::None);
+                        }
+                        self.clear_host_advice(&d.ranges);
+                        for r in &d.ranges {
+                            self.zap_range(*r);
+                        }
+                        lock(&self.core).unhold(d);
+                    }
+                    let a = self.addr(plan.range.start);
+                    let l = plan.range.pages() as usize * self.page_size;
+                    if let Err(e) = self.arena.protect(a, l, plan.prot) {
+                        // Undo: the kernel refused (out of its map count).
+                        let d = lock(&self.core).munmap(a as u64, l as u64);
+                        if let Ok(Some(d)) = d {
+                            lock(&self.core).unhold(&d);
+                        }
+                        return Err(e);
+                    }
+                    let mode = lock(&self.core).region_at(plan.range.start).map(|r| r.lock).unwrap_or(LockMode::None);
+                    if mode != LockMode::None {
+                        if let Err(e) = self.host_lock(plan.range, mode) {
+                            let d = lock(&self.core).munmap(a as u64, l as u64);
+                            if let Ok(Some(d)) = d {
+                                lock(&self.core).unhold(&d);
+                            }
+                            let _ = self.arena.protect(a, l, PROT_NONE);
+                            return Err(if e == Errno::ENOMEM || e == Errno::EPERM { Errno::EAGAIN } else { e });
+                        }
+                    }
+                    self.note_hold(t0);
+                    drop(mm);
+                    // Best effort: never fails the mmap (Linux). A
+                    // lock-on-fault region is never populated, even with
+                    // MAP_POPULATE (Linux skips VM_LOCKONFAULT).
+                    // MAP_NONBLOCK with MAP_POPULATE populates nothing
+                    // (do_mmap: only a lock, or MAP_POPULATE alone).
+                    let populate = mode == LockMode::Locked
+                        || (flags & (MAP_POPULATE | MAP_NONBLOCK) == MAP_POPULATE && mode != LockMode::OnFault);
+                    if populate && plan.prot != PROT_NONE {
+                        let _ = self.populate(a, l, plan.prot & PROT_WRITE != 0);
+                    }
+                    return Ok(a);
+                }
+            }
+        }
+    }
+
+    /// Removes what advice passed down to the host left on ranges that are
+    /// leaving (guard markers, `VM_DONTDUMP`), so that a new region there
+    /// starts as a fresh mapping would. Nothing to do, and no syscall, in a
+    /// space that never used them.
+    pub(super) fn clear_host_advice(&self, ranges: &[PageRange]) {
+        let guards = self.guards_used.load(Ordering::Relaxed);
+        let dump = self.dontdump_used.load(Ordering::Relaxed);
+        for r in ranges {
+            let (a, l) = (self.addr(r.start), r.pages() as usize * self.page_size);
+            if guards {
+                let _ = self.arena.host_advise(a, l, MADV_GUARD_REMOVE);
+            }
+            if dump {
+                let _ = self.arena.host_advise(a, l, MADV_DODUMP);
+            }
+        }
+    }
+
+    pub(super) fn note_hold(&self, t0: u64) {
+        let held = now_ns().saturating_sub(t0);
+        self.write_hold_ns_max.fetch_max(held, Ordering::Relaxed);
+    }
+
+    /// Seed 003: detach under the exclusive lock, then zap chunk by chunk
+    /// under the shared lock (re-taken per chunk, so that writers get in
+    /// between chunks), with the range held back from reuse until done.
+    pub fn munmap(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        let detached: Option<Detached> = {
+            let _mm = self.mm.write();
+            let t0 = now_ns();
+            let d = lock(&self.core).munmap(addr as u64, len as u64)?;
+            self.note_hold(t0);
+            d
+        };
+        let Some(d) = detached else { return Ok(()) };
+        // Dirty shared file pages reach their file before the call returns.
+        let mut wb_err = None;
+        for f in &d.files {
+            let _mm = self.read_mm();
+            if let Err(e) = self.writeback_range(f.range, &d.files) {
+                wb_err.get_or_insert(e);
+            }
+        }
+        for r in &d.locked {
+            // MADV_DONTNEED refuses VM_LOCKED ranges; the range is leaving.
+            let _ = self.host_lock(*r, LockMode::None);
+        }
+        // The range keeps its host protection: no mprotect(PROT_NONE), which
+        // would hold the kernel's mmap lock exclusively while it walks the
+        // range's page tables (0.6 ms a GiB), stalling every fault the
+        // handlers serve. A touch of an unmapped page reaches a handler,
+        // which finds no region and makes the gap around it PROT_NONE (`Segv`).
+        self.clear_host_advice(&d.ranges);
+        let chunk_pages = (ZAP_CHUNK_BYTES / self.page_size).max(1) as u64;
+        for r in &d.ranges {
+            let mut s = r.start.0;
+            while s < r.end.0 {
+                let e = (s + chunk_pages).min(r.end.0);
+                self.zap_chunk(PageRange::new(s, e), Some(self.read_mm()));
+                // Let the handler threads and a waiting writer run: on a
+                // machine with few CPUs the zap would otherwise keep one busy
+                // for the whole unmap.
+                std::thread::yield_now();
+                s = e;
+            }
+        }
+        let mut c = lock(&self.core);
+        c.unhold(&d);
+        let errs: Vec<Errno> = d.files.iter().filter_map(|f| c.take_file_error(f.file)).collect();
+        self.settled.notify_all();
+        drop(c);
+        self.release_files();
+        match wb_err.or(errs.first().copied()) {
+            // Linux's munmap does not report write-back errors; usermm does
+            // (the data could not reach the file), as fsync would.
+            Some(e) => Err(if e == Errno::EIO { Errno::EIO } else { e }),
+            None => Ok(()),
+        }
+    }
+
+    /// `msync`: writes the shared file pages of the range to their files;
+    /// with `MS_SYNC`, also `fdatasync`s them before returning. A write-back
+    /// error since the last msync (eviction included) is reported as `EIO`.
+    pub fn msync(&self, addr: usize, len: usize, flags: i32) -> Result<(), Errno> {
+        let _mm = self.read_mm();
+        let (segs, res) = lock(&self.core).msync(addr as u64, len as u64, flags);
+        let mut files = Vec::new();
+        let mut err = None;
+        for seg in segs {
+            match self.writeback_range(seg, &[]) {
+                Ok(fs) => files.extend(fs),
+                Err(e) => {
+                    err.get_or_insert(e);
+                }
+            }
+            // Files of the segment even when no page was resident: their
+            // earlier write-back errors are reported here.
+            let c = lock(&self.core);
+            if let Some(f) = c.region_at(seg.start).and_then(|r| r.file()) {
+                files.push(f);
+            }
+        }
+        files.sort_unstable();
+        files.dedup();
+        if flags & MS_SYNC != 0 {
+            let table = lock(&self.files).clone();
+            for f in &files {
+                if let Some(mf) = table.get(f) {
+                    if let Err(e) = mf.sync() {
+                        err.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        let mut c = lock(&self.core);
+        for f in &files {
+            if let Some(e) = c.take_file_error(*f) {
+                err.get_or_insert(e);
+            }
+        }
+        drop(c);
+        if let Some(e) = err {
+            return Err(if e == Errno::ENOSPC { e } else { Errno::EIO });
+        }
+        res
+    }
+
+    pub fn mprotect(&self, addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
+        let mm = self.mm.write();
+        let t0 = now_ns();
+        let (segs, res, populate) = {
+            let mut c = lock(&self.core);
+            // Linux (mprotect_fixup): a fully locked private range made
+            // writable is populated for writing (the zero pages a read
+            // mapped get frames of their own); lock-on-fault ones are not.
+            let populate: Vec<PageRange> = if prot & PROT_WRITE != 0 {
+                let ps = self.page_size as u64;
+                let pages = (len as u64).div_ceil(ps);
+                c.page_of(Addr(addr as u64))
+                    .map(|p0| {
+                        let r = PageRange::new(p0.0, p0.0.saturating_add(pages));
+                        c.regions()
+                            .overlapping(r)
+                            .iter()
+                            .filter(|g| {
+                                g.lock == LockMode::Locked
+                                    && matches!(g.kind, Kind::AnonPrivate | Kind::FilePrivate)
+                                    && g.prot & PROT_WRITE == 0
+                            })
+                            .map(|g| g.range.intersect(&r))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let (segs, res) = c.mprotect(addr as u64, len as u64, prot);
+            (segs, res, populate)
+        };
+        for s in &segs {
+            let a = self.addr(s.start);
+            self.arena.protect(a, s.pages() as usize * self.page_size, prot & PROT_MASK)?;
+        }
+        self.note_hold(t0);
+        drop(mm);
+        for r in populate.into_iter().filter(|r| segs.iter().any(|s| s.overlaps(r))) {
+            let _ = self.populate(self.addr(r.start), r.pages() as usize * self.page_size, true);
+        }
+        res
+    }
+
+    pub fn madvise(&self, addr: usize, len: usize, advice: i32) -> Result<(), Errno> {
+        if advice == MADV_POPULATE_READ || advice == MADV_POPULATE_WRITE {
+            return self.populate(addr, len, advice == MADV_POPULATE_WRITE).1;
+        }
+        let attr = matches!(advice, MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL);
+        let (ops, res) = if attr {
+            let _mm = self.mm.write();
+            let t0 = now_ns();
+            let r = lock(&self.core).madvise(addr as u64, len as u64, advice);
+            self.note_hold(t0);
+            r
+        } else {
+            let mm = self.read_mm();
+            // Fills of this range in flight (other threads' faults) land
+            // first: the advice applies to them.
+            let r = self.settled_core_all(addr, len, advice == MADV_FREE).madvise(addr as u64, len as u64, advice);
+            let mut err = None;
+            for op in &r.0 {
+                if let Err(e) = self.advice_op(&mm, op) {
+                    err.get_or_insert(e);
+                }
+            }
+            (Vec::new(), r.1.and(err.map_or(Ok(()), Err)))
+        };
+        debug_assert!(ops.is_empty());
+        res
+    }
+}

@@ -1,0 +1,239 @@
+//! The lock calls (`mlock2`, `munlock`, `mlockall`) and populate
+//! (`MADV_POPULATE_*`, `umm_populate`, the population a lock does).
+
+use super::*;
+
+impl Inner {
+    /// Locks (`mode` Locked/OnFault) or unlocks (None) a range in the host
+    /// kernel too, so that locked pages never reach the host's swap. Always
+    /// `MLOCK_ONFAULT` in the host: usermm populates itself (a host populate
+    /// would fault into our own handlers while we hold the region lock).
+    pub(super) fn host_lock(&self, r: PageRange, mode: LockMode) -> Result<(), Errno> {
+        let a = self.addr(r.start);
+        let l = r.pages() as usize * self.page_size;
+        match mode {
+            LockMode::None => usermm_sys::mem::munlock(a, l),
+            _ => usermm_sys::mem::mlock2(a, l, MLOCK_ONFAULT),
+        }
+    }
+
+    /// Carries out a lock decision made by `decide` under the exclusive
+    /// lock: host locks, the budget check for full locks, then (under the
+    /// shared lock) mapping parked pages back and populating full locks.
+    /// Anything that fails undoes the whole call (a full lock that the budget
+    /// cannot hold is `EAGAIN` and locks nothing new).
+    pub fn lock_call(&self, decide: impl FnOnce(&mut Core) -> LockPlan) -> Result<(), Errno> {
+        let mm = self.mm.write();
+        let t0 = now_ns();
+        let mut c = lock(&self.core);
+        let plan = decide(&mut c);
+        let mut full = Vec::new();
+        let mut done = Vec::new();
+        for &(seg, old) in &plan.changed {
+            let new = c.region_at(seg.start).map(|r| r.lock).unwrap_or(LockMode::None);
+            if let Err(e) = self.host_lock(seg, new) {
+                for &(seg, old) in done.iter().rev() {
+                    let _ = self.host_lock(seg, old);
+                }
+                c.lock_revert(&plan);
+                self.note_hold(t0);
+                return Err(e);
+            }
+            done.push((seg, old));
+            if new == LockMode::Locked {
+                full.push(seg);
+            }
+        }
+        if !full.is_empty() && !c.lock_fits(&full) {
+            for &(seg, old) in done.iter().rev() {
+                let _ = self.host_lock(seg, old);
+            }
+            c.lock_revert(&plan);
+            self.note_hold(t0);
+            return Err(Errno::EAGAIN);
+        }
+        drop(c);
+        self.note_hold(t0);
+        drop(mm);
+        for &p in &plan.reactivate {
+            self.resolve(self.addr(p), false, None);
+        }
+        if plan.result.is_ok() {
+            let mut failed = None;
+            for seg in &full {
+                let prot = lock(&self.core).region_at(seg.start).map(|r| r.prot).unwrap_or(PROT_NONE);
+                // Linux populates what it can reach (FOLL_FORCE): not
+                // PROT_NONE, and here not exec-only either (measured on
+                // this kernel: mlock of both says ENOMEM).
+                let r = if prot & (PROT_READ | PROT_WRITE) == 0 {
+                    Err(Errno::EFAULT)
+                } else {
+                    self.populate(self.addr(seg.start), seg.pages() as usize * self.page_size, prot & PROT_WRITE != 0).1
+                };
+                match r {
+                    Ok(()) => {}
+                    Err(Errno::ENOMEM) => {
+                        // The budget cannot hold the pages: EAGAIN, and
+                        // nothing new stays locked (usermm's improvement on
+                        // Linux, which leaves the range locked).
+                        let _mm = self.mm.write();
+                        for &(seg, old) in plan.changed.iter().rev() {
+                            let _ = self.host_lock(seg, old);
+                        }
+                        lock(&self.core).lock_revert(&plan);
+                        return Err(Errno::EAGAIN);
+                    }
+                    // mlockall ignores the others (Linux's ignore_errors);
+                    // mlock reports them as Linux's
+                    // __mlock_posix_error_return does (EFAULT, and an
+                    // unreadable range, is ENOMEM) and stays locked.
+                    Err(_) if plan.populate_best_effort => {}
+                    Err(e) => {
+                        failed.get_or_insert(if e == Errno::EFAULT || e == Errno::EINVAL { Errno::ENOMEM } else { e });
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                return Err(e);
+            }
+        }
+        plan.result
+    }
+
+    /// `MADV_POPULATE_READ/WRITE` and `umm_populate`: returns the bytes
+    /// populated (from `addr`, a prefix of the range) and the result.
+    pub fn populate(&self, addr: usize, len: usize, write: bool) -> (usize, Result<(), Errno>) {
+        let mut mm = self.read_mm();
+        let (segs, check) = lock(&self.core).populate_check(addr as u64, len as u64, write);
+        let mut populated = 0usize;
+        let mut empty_rounds = 0;
+        for seg in segs {
+            let mut p = seg.start;
+            let mut skipped = false;
+            while p < seg.end {
+                // Interrupted: the space is closing (or the test hook).
+                let stop = self.populate_interrupt.load(Ordering::Relaxed);
+                if self.shutdown.load(Ordering::Relaxed) || p.0 == stop {
+                    self.populate_interrupt.store(u64::MAX, Ordering::Relaxed);
+                    return (populated, Err(Errno::EINTR));
+                }
+                // (A step never runs past the interruption point.)
+                let end = if stop > p.0 { PageIdx(seg.end.0.min(stop)) } else { seg.end };
+                let mut c = lock(&self.core);
+                let Some(plan) = c.populate_step(p, end, write) else {
+                    drop(c);
+                    skipped = true;
+                    p.0 += 1;
+                    populated += self.page_size;
+                    continue;
+                };
+                match plan {
+                    FaultPlan::Wait => {
+                        let _c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner());
+                    }
+                    FaultPlan::Reclaim { want } => {
+                        let obtainable = c.frames_obtainable();
+                        drop(c);
+                        if obtainable == 0 || self.reclaim_locked(&mm, want.max(64)) == 0 {
+                            let c = lock(&self.core);
+                            if c.free_frames() == 0 {
+                                empty_rounds += 1;
+                                if obtainable == 0
+                                    || (empty_rounds > OOM_ROUNDS
+                                        && (c.reclaim_hopeless() || empty_rounds > OOM_ROUNDS_BUSY))
+                                {
+                                    return (populated, Err(Errno::ENOMEM));
+                                }
+                                // Reclaim in flight elsewhere: let it settle.
+                                let _ = self.settled.wait_timeout(c, std::time::Duration::from_millis(5));
+                            }
+                        }
+                    }
+                    FaultPlan::Sigbus => return (populated, Err(Errno::EHWPOISON)),
+                    FaultPlan::Refill { page } => {
+                        // (A populate step plans none: a lazily freed
+                        // resident page is skipped like any resident one.)
+                        let a = self.addr(page);
+                        let n = self.arena.zero_fill_wake(&self.uffd, a, self.page_size, true).unwrap_or(0);
+                        c.fill_done(&plan, u64::from(n == self.page_size));
+                        self.after_fill(&mut c);
+                        drop(c);
+                    }
+                    FaultPlan::Wake | FaultPlan::Segv { .. } => {
+                        // The region went away under us (a concurrent munmap).
+                        return (populated, Err(Errno::ENOMEM));
+                    }
+                    FaultPlan::Reactivate { checked: true, page, .. } => {
+                        drop(c);
+                        // `None`: the host purged the parked page; the loop
+                        // plans again and finds it purged.
+                        if let Some(n) = self.reactivate_io(&plan) {
+                            drop(self.commit_fill(&plan, n));
+                            let _ = self.arena.wake(&self.uffd, self.addr(page), self.page_size);
+                            if n == 0 {
+                                return (populated, Err(Errno::EFAULT));
+                            }
+                        }
+                    }
+                    FaultPlan::ZeroFill { .. }
+                    | FaultPlan::FileRead { .. }
+                    | FaultPlan::SwapIn { .. }
+                    | FaultPlan::Reactivate { .. } => {
+                        drop(c);
+                        let n = self.fill_io(&plan, write);
+                        drop(self.commit_fill(&plan, n));
+                        let run = match plan {
+                            FaultPlan::ZeroFill { run }
+                            | FaultPlan::FileRead { run, .. }
+                            | FaultPlan::SwapIn { run, .. } => run,
+                            FaultPlan::Reactivate { page, .. } => PageRange::new(page.0, page.0 + 1),
+                            _ => unreachable!(),
+                        };
+                        self.wake_run(run, self.addr(run.start));
+                        if n == 0 {
+                            // Backing that cannot be read: past the end of a
+                            // file, or an I/O error.
+                            return (populated, Err(Errno::EFAULT));
+                        }
+                        // The loop re-checks the page; a filled page is skipped.
+                    }
+                }
+                // A range larger than the budget cannot be resident at once.
+                let c = lock(&self.core);
+                let budget = c.config().budget_pages;
+                let seg_done = p.0 - seg.start.0;
+                if seg_done > budget {
+                    return (populated, Err(Errno::ENOMEM));
+                }
+            }
+            if write && skipped {
+                // Resident pages a read mapped to the zero page: a WRITE
+                // populate allocates them (never leaves the zero page). And
+                // lazily freed pages: the host's write populate dirties
+                // them, so that they are kept, as Linux's populate does
+                // (`FOLL_WRITE`); one the host already dropped faults into
+                // our handlers and is refilled.
+                let a = self.addr(seg.start);
+                let mut ranges = self.zero_pfn_ranges(a, seg.pages() as usize * self.page_size);
+                let lazy = lock(&self.core).lazyfree_runs(seg);
+                ranges.extend(lazy.iter().map(|r| (self.addr(r.start), self.addr(r.end))));
+                if !ranges.is_empty() {
+                    // The host call can fault into our own handlers, which
+                    // take the region lock: never hold it across one (a
+                    // writer waiting for it would block the handler, and
+                    // the handler this call). Without the lock the range
+                    // may be unmapped meanwhile: the host populate then
+                    // fails or populates the new region's pages through our
+                    // handlers, which changes no byte.
+                    drop(mm);
+                    for (z, e) in ranges {
+                        let _ = self.arena.host_populate_write(z, e - z);
+                    }
+                    mm = self.read_mm();
+                }
+            }
+        }
+        drop(mm);
+        (populated, check)
+    }
+}

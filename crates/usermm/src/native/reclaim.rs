@@ -1,0 +1,256 @@
+//! Reclaim execution: deactivation into staging, eviction to swap or file,
+//! discards of lazily freed pages, drops of clean file pages, purges of
+//! volatile pages.
+
+use super::*;
+
+impl Inner {
+    /// Reclaims up to `want` frames for a fault that found none (direct
+    /// reclaim: it must make progress). The caller holds `mm` shared.
+    pub fn reclaim_locked(&self, mm: &RwLockReadGuard<'_, ()>, want: u64) -> u64 {
+        self.reclaim_rounds(mm, want, true)
+    }
+
+    /// Reclaim rounds. Without `direct`, a round that evicted nothing (it
+    /// only deactivated) ends the call, so that freshly deactivated pages get
+    /// a chance to be touched before they are evicted.
+    pub(super) fn reclaim_rounds(&self, _mm: &RwLockReadGuard<'_, ()>, want: u64, direct: bool) -> u64 {
+        let mut freed = 0;
+        for _round in 0..4 {
+            let plan = lock(&self.core).reclaim_plan(want - freed);
+            if plan.is_empty() {
+                break;
+            }
+            freed += self.deactivate_all(&plan.deactivate);
+            freed += self.discard_all(&plan.discard);
+            freed += self.writeback_all(&plan.writeback);
+            freed += self.purge_all(&plan.purge);
+            freed += self.evict_all(&plan.evict);
+            freed += self.drop_all(&plan.drop);
+            // Stop as soon as anything was freed: another round would evict
+            // the pages this one just deactivated, before the program had a
+            // chance to touch them (and so to prove them hot).
+            if freed > 0 || !direct || want == 0 {
+                break;
+            }
+        }
+        freed
+    }
+
+    /// Parks the pages of `ds` in their staging slots and commits; returns
+    /// the frames freed meanwhile: lazily freed pages the host turned out
+    /// to have discarded (a move finds no page: `deactivate_lost`).
+    pub(super) fn deactivate_all(&self, ds: &[Deactivate]) -> u64 {
+        let mut oks = vec![false; ds.len()];
+        let can_move = self.uffd.has(UFFD_FEATURE_MOVE);
+        let mut i = 0;
+        while i < ds.len() {
+            // A run of neighbouring pages going to neighbouring slots moves
+            // with one ioctl.
+            let mut j = i + 1;
+            if can_move && ds[i].how == Transfer::Move {
+                while j < ds.len()
+                    && ds[j].how == Transfer::Move
+                    && ds[j].page.0 == ds[j - 1].page.0 + 1
+                    && ds[j].slot == ds[j - 1].slot + 1
+                {
+                    j += 1;
+                }
+                let moved =
+                    self.arena.pages_to_slots_move(&self.uffd, self.addr(ds[i].page), ds[i].slot, j - i).unwrap_or(0);
+                for ok in &mut oks[i..i + moved] {
+                    *ok = true;
+                }
+            } else {
+                oks[i] = self.transfer_out(&ds[i]);
+            }
+            i = j;
+        }
+        // Parked volatile pages may be purged by the host under its own
+        // pressure (found out when they are mapped back). Before the commit,
+        // while the slots are surely still theirs. (The host only takes
+        // pages on its LRU lists: a page still in a CPU's batch would stay
+        // unpurgeable, so flush the batches first.)
+        if ds.iter().zip(&oks).any(|(d, ok)| *ok && d.host_free) {
+            self.arena.drain_host_lru();
+        }
+        for (d, ok) in ds.iter().zip(&oks) {
+            if *ok && d.host_free {
+                let _ = self.arena.host_free_slot(d.slot);
+            }
+        }
+        // A page that would not move may be a lazily freed page the host
+        // discarded (its MADV_FREE was passed down): no page at all there.
+        let gone: Vec<bool> = ds
+            .iter()
+            .zip(&oks)
+            .map(|(d, ok)| !ok && self.host_lazyfree && self.arena.page_gone(self.addr(d.page)))
+            .collect();
+        let mut c = lock(&self.core);
+        let mut freed = 0;
+        for ((d, ok), gone) in ds.iter().zip(&oks).zip(gone) {
+            if gone {
+                freed += u64::from(c.deactivate_lost(d));
+            } else {
+                c.deactivate_done(d, *ok);
+            }
+        }
+        self.settled.notify_all();
+        freed
+    }
+
+    /// Moves a resident page out of the program's range into its staging
+    /// slot when it cannot be moved (a non-writable region, or no
+    /// `UFFDIO_MOVE`): copy, then drop — race-free because nothing can write
+    /// a non-writable page in between.
+    pub(super) fn transfer_out(&self, d: &Deactivate) -> bool {
+        let src = self.addr(d.page);
+        match d.how {
+            Transfer::Move | Transfer::Copy { readable: true } => {
+                if d.how == Transfer::Move {
+                    // A writable page without UFFDIO_MOVE: a copy would race
+                    // with the program's writes, so the page stays.
+                    return false;
+                }
+                self.arena.page_to_slot_copy(&self.uffd, src, d.slot, None).is_ok()
+            }
+            Transfer::Copy { readable: false } => match &self.procmem {
+                Some(pm) => self.arena.page_to_slot_copy(&self.uffd, src, d.slot, Some(pm)).is_ok(),
+                None => false,
+            },
+        }
+    }
+
+    /// Discards lazily freed parked pages: the host drops the clean ones
+    /// (no I/O); the ones written since `MADV_FREE` are swapped normally.
+    pub(super) fn discard_all(&self, ds: &[Discard]) -> u64 {
+        if ds.is_empty() {
+            return 0;
+        }
+        let mut outcome = Vec::with_capacity(ds.len());
+        self.arena.drain_host_lru();
+        for d in ds {
+            if self.arena.discard_slot(d.staging) {
+                outcome.push((true, false));
+                continue;
+            }
+            let written = match (&self.swap, d.swap) {
+                (Some(swap), Some(slot)) if !take_one(&self.inject_write_errors) => {
+                    self.arena.write_slots(swap, &[d.staging], self.swap_off(slot)).is_ok()
+                        && self.arena.drop_slot(d.staging).is_ok()
+                }
+                _ => false,
+            };
+            outcome.push((false, written));
+        }
+        let mut c = lock(&self.core);
+        let mut freed = 0;
+        for (d, &(dropped, written)) in ds.iter().zip(&outcome) {
+            c.discard_done(d, dropped, written);
+            freed += u64::from(dropped || written);
+        }
+        self.settled.notify_all();
+        freed
+    }
+
+    /// Drops clean pages of streaming file regions where they are, a run of
+    /// consecutive pages per `MADV_DONTNEED`; returns how many went.
+    pub(super) fn drop_all(&self, pages: &[PageIdx]) -> u64 {
+        if pages.is_empty() {
+            return 0;
+        }
+        let mut sorted = pages.to_vec();
+        sorted.sort_unstable();
+        let mut ok = Vec::with_capacity(sorted.len());
+        let mut i = 0;
+        while i < sorted.len() {
+            let mut j = i + 1;
+            while j < sorted.len() && sorted[j].0 == sorted[j - 1].0 + 1 {
+                j += 1;
+            }
+            let r = self.arena.dontneed(self.addr(sorted[i]), (j - i) * self.page_size).is_ok();
+            ok.extend(std::iter::repeat_n(r, j - i));
+            i = j;
+        }
+        let mut c = lock(&self.core);
+        let mut freed = 0;
+        for (&p, &ok) in sorted.iter().zip(&ok) {
+            c.drop_done(p, ok);
+            freed += u64::from(ok);
+        }
+        self.settled.notify_all();
+        freed
+    }
+
+    /// Purges volatile pages: drops their staging frames and puts a poison
+    /// marker at their addresses (a touch raises SIGBUS). No I/O.
+    pub(super) fn purge_all(&self, purges: &[(PageIdx, u32)]) -> u64 {
+        if purges.is_empty() {
+            return 0;
+        }
+        for &(p, slot) in purges {
+            let _ = self.arena.drop_slot(slot);
+            let _ = self.arena.poison(&self.uffd, self.addr(p), self.page_size);
+        }
+        let mut c = lock(&self.core);
+        for &(p, slot) in purges {
+            c.purge_done(p, slot);
+        }
+        self.settled.notify_all();
+        purges.len() as u64
+    }
+
+    /// Test hook: the host kernel reclaims the staging area as its memory
+    /// pressure would (clean lazily freed slots are discarded).
+    pub fn host_reclaim_staging(&self) {
+        self.arena.host_reclaim_staging();
+    }
+
+    /// Writes the evictions to swap (runs of consecutive slots in one call),
+    /// drops their staging frames, and commits. Returns frames freed.
+    pub(super) fn evict_all(&self, evs: &[Evict]) -> u64 {
+        if evs.is_empty() {
+            return 0;
+        }
+        let mut order: Vec<usize> = (0..evs.len()).collect();
+        order.sort_by_key(|&i| evs[i].swap);
+        let mut ok = vec![false; evs.len()];
+        let mut i = 0;
+        while i < order.len() {
+            let mut j = i + 1;
+            while j < order.len() && evs[order[j]].swap == evs[order[j - 1]].swap + 1 && j - i < 256 {
+                j += 1;
+            }
+            let slots: Vec<u32> = order[i..j].iter().map(|&k| evs[k].staging).collect();
+            let written = match &self.swap {
+                Some(swap) if !take_one(&self.inject_write_errors) => {
+                    self.arena.write_slots(swap, &slots, self.swap_off(evs[order[i]].swap)).is_ok()
+                }
+                _ => false,
+            };
+            if written {
+                let mut a = i;
+                while a < j {
+                    let mut b = a + 1;
+                    while b < j && evs[order[b]].staging == evs[order[b - 1]].staging + 1 {
+                        b += 1;
+                    }
+                    let dropped = self.arena.drop_slots(evs[order[a]].staging, b - a).is_ok();
+                    for &k in &order[a..b] {
+                        ok[k] = dropped;
+                    }
+                    a = b;
+                }
+            }
+            i = j;
+        }
+        let mut c = lock(&self.core);
+        let mut freed = 0;
+        for (e, ok) in evs.iter().zip(&ok) {
+            c.evict_done(e, *ok);
+            freed += *ok as u64;
+        }
+        self.settled.notify_all();
+        freed
+    }
+}

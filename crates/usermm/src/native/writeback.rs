@@ -1,0 +1,97 @@
+//! Write-back of shared file pages: by reclaim, msync, munmap, DONTNEED and
+//! close.
+
+use super::*;
+
+impl Inner {
+    /// Writes pages of shared file regions to their files. Returns one
+    /// result per item.
+    pub(super) fn write_pages(&self, ws: &[Writeback]) -> Vec<Result<(), Errno>> {
+        let files = lock(&self.files).clone();
+        let ps = self.page_size as u64;
+        let mut touched = Vec::new();
+        let out = ws
+            .iter()
+            .map(|w| {
+                let f = files.get(&w.file).ok_or(Errno::EIO)?;
+                let src = if w.staging.is_none() { Some(self.addr(w.page)) } else { None };
+                if take_one(&self.inject_write_errors) {
+                    return Err(Errno::EIO);
+                }
+                let r = self.arena.page_out_to_file(f, src, w.staging, w.file_page * ps);
+                if r.is_ok() && !touched.contains(&w.file) {
+                    touched.push(w.file);
+                }
+                r
+            })
+            .collect();
+        for id in touched {
+            if let Some(f) = files.get(&id) {
+                f.drop_cache(0, 0);
+            }
+        }
+        out
+    }
+
+    /// Evicts parked pages of shared file regions to their files.
+    pub(super) fn writeback_all(&self, ws: &[Writeback]) -> u64 {
+        if ws.is_empty() {
+            return 0;
+        }
+        // Clean pages are dropped without I/O.
+        let dirty: Vec<Writeback> = ws.iter().filter(|w| !w.clean).cloned().collect();
+        let mut written = self.write_pages(&dirty).into_iter();
+        let results: Vec<Result<(), Errno>> =
+            ws.iter().map(|w| if w.clean { Ok(()) } else { written.next().unwrap_or(Err(Errno::EIO)) }).collect();
+        let mut ok_slots = Vec::new();
+        for (w, r) in ws.iter().zip(&results) {
+            if r.is_ok() {
+                if let Some(s) = w.staging {
+                    let _ = self.arena.drop_slot(s);
+                    ok_slots.push(s);
+                }
+            }
+        }
+        let mut c = lock(&self.core);
+        let mut freed = 0;
+        for (w, r) in ws.iter().zip(results) {
+            freed += u64::from(r.is_ok());
+            c.writeback_done(w, r);
+        }
+        self.settled.notify_all();
+        freed
+    }
+
+    /// Writes the data of the shared file pages of `r` to their files (for
+    /// msync, munmap, DONTNEED, close). `detached` describes shared file
+    /// ranges already removed from the region tree. Returns the first error.
+    pub(super) fn writeback_range(&self, r: PageRange, detached: &[FileRange]) -> Result<Vec<u32>, Errno> {
+        let snapshot = {
+            let bytes = r.pages() as usize * self.page_size;
+            let c = self.settled_core_all(self.addr(r.start), bytes, true);
+            c.writeback_snapshot(r, detached)
+        };
+        let mut files: Vec<u32> = snapshot.iter().map(|w| w.file).collect();
+        files.sort_unstable();
+        files.dedup();
+        let mut first = None;
+        for (w, res) in snapshot.iter().zip(self.write_pages(&snapshot)) {
+            if let Err(e) = res {
+                first.get_or_insert(e);
+                lock(&self.core).note_file_error(w.file, e);
+            } else {
+                lock(&self.core).count_writeback(w.page);
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(files),
+        }
+    }
+
+    /// Forgets the files no region maps any more.
+    pub(super) fn release_files(&self) {
+        let used = lock(&self.core).files_in_use();
+        lock(&self.files).retain(|id, _| used.contains(id));
+    }
+}
