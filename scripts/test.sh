@@ -14,5 +14,7 @@ echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --release -- -D warnings
 echo "== cargo build --release"
 cargo build --release --workspace
+echo "== cargo test -p usermm-core (debug build: every debug_assert! checked)"
+cargo test -p usermm-core
 echo "== cargo test --release"
 cargo test --release --workspace -- --test-threads=2
