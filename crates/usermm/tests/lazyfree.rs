@@ -8,11 +8,10 @@ use usermm::consts::*;
 use usermm::{Config, Errno, Space};
 use usermm_sys::kernel::{peek, poke};
 
-const PS: usize = 4096;
+mod common;
+use common::space;
 
-fn space(budget_mib: usize, swap_mib: usize) -> Space {
-    Space::open(&Config { budget_bytes: budget_mib << 20, swap_bytes: swap_mib << 20, ..Config::default() }).unwrap()
-}
+const PS: usize = 4096;
 
 #[test]
 fn rules_and_data_intact() {

@@ -4,35 +4,19 @@
 //! suite) and asserts the bytes, not just that the call returned.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use usermm::consts::*;
-use usermm::{Config, Space};
 use usermm_sys::kernel::{peek, poke};
 use usermm_sys::testing::SigbusRecorder;
+
+mod common;
+use common::{space_pages as space, within};
 
 const PS: usize = 4096;
 const RW: i32 = PROT_READ | PROT_WRITE;
 const ANON: i32 = MAP_PRIVATE | MAP_ANONYMOUS;
-
-/// Runs `f` on its own thread and fails the test if it has not returned
-/// within `secs` (the hung thread is left behind; the test binary exits).
-fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(Duration::from_secs(secs)) {
-        Ok(v) => v,
-        Err(_) => panic!("hang: {what} did not return within {secs} s"),
-    }
-}
-
-fn space(budget_pages: usize, swap_pages: usize, flags: u32) -> Space {
-    Space::open(&Config { budget_bytes: budget_pages * PS, swap_bytes: swap_pages * PS, flags, ..Config::default() })
-        .unwrap()
-}
 
 fn fill(a: usize, pages: std::ops::Range<usize>, tag: u8) {
     for p in pages {

@@ -2,13 +2,12 @@
 //! reports, with Linux's errors (never a signal).
 
 use usermm::consts::*;
-use usermm::{Config, Errno, Space};
+use usermm::{Errno, Space};
+
+mod common;
+use common::space;
 
 const PS: usize = 4096;
-
-fn space(budget_mib: usize, swap_mib: usize) -> Space {
-    Space::open(&Config { budget_bytes: budget_mib << 20, swap_bytes: swap_mib << 20, ..Config::default() }).unwrap()
-}
 
 fn map(s: &Space, len: usize, prot: i32) -> usize {
     s.mmap(0, len, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0).unwrap()

@@ -6,14 +6,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use usermm::consts::*;
-use usermm::{Config, Contents, Errno, Purgeable, Space};
+use usermm::{Contents, Errno, Purgeable, Space};
 use usermm_sys::testing::SigbusRecorder;
 
-const PS: usize = 4096;
+mod common;
+use common::space;
 
-fn space(budget_mib: usize, swap_mib: usize) -> Space {
-    Space::open(&Config { budget_bytes: budget_mib << 20, swap_bytes: swap_mib << 20, ..Config::default() }).unwrap()
-}
+const PS: usize = 4096;
 
 /// Writes `len` bytes of private anonymous memory elsewhere in the space,
 /// twice, so that the LRU cycles everything older through reclaim.

@@ -8,12 +8,11 @@ use usermm::{Config, Errno, Space};
 use usermm_sys::kernel::{peek, poke};
 use usermm_sys::testing::SigbusRecorder;
 
+mod common;
+use common::space;
+
 const PS: usize = 4096;
 const CHUNK: usize = 16 << 10;
-
-fn space(budget_mib: usize, swap_mib: usize) -> Space {
-    Space::open(&Config { budget_bytes: budget_mib << 20, swap_bytes: swap_mib << 20, ..Config::default() }).unwrap()
-}
 
 fn anon(s: &Space, len: usize) -> usize {
     s.mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0).unwrap()

@@ -1,0 +1,42 @@
+//! Helpers every native integration test shares: opening a space (failing
+//! loudly, with the reason, where userfaultfd is not available), and a
+//! timeout for calls that must not hang.
+
+#![allow(dead_code)]
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use usermm::{Config, Space};
+
+/// Opens a space with `cfg`; panics with the reason if it cannot (these
+/// tests need userfaultfd with kernel-mode faults: root, or access to
+/// `/dev/userfaultfd`; they never skip).
+pub fn open(cfg: &Config) -> Space {
+    Space::open(cfg).unwrap_or_else(|e| {
+        panic!("umm_open failed ({e}): the native tests need userfaultfd (root, or rw access to /dev/userfaultfd)")
+    })
+}
+
+/// A space with a budget and swap of the given MiB.
+pub fn space(budget_mib: usize, swap_mib: usize) -> Space {
+    open(&Config { budget_bytes: budget_mib << 20, swap_bytes: swap_mib << 20, ..Config::default() })
+}
+
+/// A space with a budget and swap of the given pages (4 KiB) and flags.
+pub fn space_pages(budget_pages: usize, swap_pages: usize, flags: u32) -> Space {
+    open(&Config { budget_bytes: budget_pages * 4096, swap_bytes: swap_pages * 4096, flags, ..Config::default() })
+}
+
+/// Runs `f` on its own thread and fails the test if it has not returned
+/// within `secs` (the hung thread is left behind; the test binary exits).
+pub fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(Duration::from_secs(secs)) {
+        Ok(v) => v,
+        Err(_) => panic!("hang: {what} did not return within {secs} s"),
+    }
+}
