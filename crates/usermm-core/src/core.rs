@@ -157,8 +157,11 @@ pub enum FaultPlan {
     /// Read the file into the pages of `run` (claimed, frames charged):
     /// `file_page` is the file page of `run.start`.
     FileRead { run: PageRange, file: u32, file_page: u64 },
-    /// A lazily freed page the host kernel discarded: install a zero page
-    /// (its frame is still charged), as a discard reads back as zeros.
+    /// A fault on a page held as resident: a lazily freed page the host
+    /// kernel discarded, or one dropped by a raw `madvise` behind usermm's
+    /// back. Install a zero page (its frame is still charged), as a discard
+    /// reads back as zeros; if the page is there (the fault raced with its
+    /// fill), the copy installs nothing.
     Refill { page: PageIdx },
 }
 
@@ -1365,11 +1368,15 @@ impl Core {
         }
         match m.state {
             // A fault on a page we hold as resident: either a race (it is
-            // there by now) or a lazily freed page the host discarded. (A
-            // populate treats it as resident: the executor asks the host to
-            // populate lazily freed pages, which faults here if the host
+            // there by now: the refill's copy finds it and installs
+            // nothing), a lazily freed page the host discarded, or a page
+            // the program dropped behind our back with a raw
+            // `madvise(MADV_DONTNEED)` (Linux reads zeros there; a plain
+            // wake would send the thread back into the same fault forever).
+            // (A populate treats it as resident: the executor asks the host
+            // to populate lazily freed pages, which faults here if the host
             // dropped one.)
-            PState::Resident if m.has(pf::LAZYFREE) && populate.is_none() => {
+            PState::Resident if populate.is_none() => {
                 self.pages.update(p, |m| m.state = PState::Filling);
                 FaultPlan::Refill { page: p }
             }
@@ -1637,13 +1644,16 @@ impl Core {
                 // The frame stays charged either way; the page is no longer
                 // lazily freed (a discard reads back as zeros, and the
                 // program is about to use it).
+                let lazy = self.pages.get(page).has(pf::LAZYFREE);
                 self.pages.update(page, |m| {
                     m.state = PState::Resident;
                     m.flags &= !pf::LAZYFREE;
                 });
-                self.lazyfree_pages -= 1;
-                if installed > 0 {
-                    self.counters.lazyfree_discards += 1;
+                if lazy {
+                    self.lazyfree_pages -= 1;
+                    if installed > 0 {
+                        self.counters.lazyfree_discards += 1;
+                    }
                 }
             }
             FaultPlan::Reactivate { page, slot, .. } => {

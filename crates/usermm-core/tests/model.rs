@@ -142,6 +142,13 @@ impl Sim {
             validate_planned(&self.c, &plan);
             match plan {
                 FaultPlan::Wake => return true,
+                FaultPlan::Refill { page } => {
+                    // A fault on a resident page (a race with its fill here:
+                    // the copy finds it and installs nothing).
+                    assert!(self.prog.contains_key(&page.0), "refill of p{} the program lost", page.0);
+                    self.c.fill_done(&plan, 0);
+                    return true;
+                }
                 FaultPlan::Reclaim { want } => {
                     if self.reclaim(want) {
                         idle = 0;
@@ -214,6 +221,7 @@ impl Sim {
                     }
                 }
                 FaultPlan::Wake if m.is_some() => {}
+                FaultPlan::Refill { .. } if m.is_some() => self.c.fill_done(&plan, 0),
                 _ => panic!("fault on p{p} without access: {plan:?}"),
             }
             return;

@@ -41,8 +41,13 @@ fn fault_on_an_absent_page_zero_fills_it() {
     assert_eq!(draw_pages(&c, 0, 5), "_R__.");
     let s = c.stats();
     assert_eq!((s.resident_pages, s.counters.zero_fills, s.counters.faults), (1, 1, 1));
-    // A second fault on it (a race) just wakes.
-    assert_eq!(fault(&mut c, 1, true), FaultPlan::Wake);
+    // A second fault on it (a race, or a page dropped behind usermm's back)
+    // refills it: the copy installs nothing where the page is there.
+    let plan = fault(&mut c, 1, true);
+    assert_eq!(plan, FaultPlan::Refill { page: PageIdx(1) });
+    c.fill_done(&plan, 0);
+    c.validate();
+    assert_eq!(draw_pages(&c, 0, 5), "_R__.");
     // A read fault fills too.
     assert!(matches!(fault(&mut c, 2, false), FaultPlan::ZeroFill { .. }));
 }
@@ -456,6 +461,11 @@ fn hot_cold(native_reclaim: bool) -> (u64, u64) {
                     c.fill_done(&plan, run.pages());
                 }
                 FaultPlan::Reactivate { .. } => c.fill_done(&plan, 1),
+                // Faulted in by the plan before: the page is there.
+                FaultPlan::Refill { .. } => {
+                    c.fill_done(&plan, 0);
+                    return;
+                }
                 other => panic!("unexpected {other:?}"),
             }
             c.validate();

@@ -394,3 +394,25 @@ fn one_region_over_two_host_vmas() {
         s.validate();
     });
 }
+
+/// A raw `madvise(MADV_DONTNEED)` on space memory (LTP and the kernel's mm
+/// selftests make raw calls) dropped pages usermm holds as resident: the
+/// next touch faulted, usermm woke the thread as for a fault that raced
+/// with a fill, and the thread faulted again forever. Linux reads zeros.
+#[test]
+fn raw_dontneed_behind_usermms_back_reads_zeros() {
+    within(20, "touch after a raw MADV_DONTNEED", || {
+        let s = space(256, 1024, 0);
+        let a = s.mmap(0, 16 * PS, RW, ANON, -1, 0).unwrap();
+        fill(a, 0..16, 0x30);
+        // SAFETY: no Rust reference points into the space's memory.
+        unsafe { usermm_sys::mem::advise(a + 4 * PS, 4 * PS, MADV_DONTNEED) }.expect("raw madvise");
+        for p in 0..16 {
+            let want = if (4..8).contains(&p) { 0 } else { 0x30u8.wrapping_add(p as u8) };
+            assert_eq!(peek(a + p * PS), want, "page {p}");
+        }
+        poke(a + 5 * PS, 9);
+        assert_eq!(peek(a + 5 * PS), 9);
+        s.validate();
+    });
+}

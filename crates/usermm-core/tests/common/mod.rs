@@ -233,9 +233,13 @@ pub fn touch(c: &mut Core, p: u64, write: bool) -> Touch {
             FaultPlan::Segv { .. } => return Touch::Segv,
             FaultPlan::Wait => panic!("page {p} busy in a synchronous test"),
             FaultPlan::Sigbus => return Touch::Oom,
-            FaultPlan::Refill { .. } => {
-                c.fill_done(&plan, 1);
+            FaultPlan::Refill { page } => {
+                // A lazily freed page the host discarded gets zeros; a page
+                // that is there (a race) gets nothing installed.
+                let lazy = c.page(page).flags & usermm_core::page::pf::LAZYFREE != 0;
+                c.fill_done(&plan, u64::from(lazy));
                 plans.push(plan);
+                return Touch::Served(plans);
             }
             FaultPlan::FileRead { run, .. } => {
                 c.fill_done(&plan, run.pages());
