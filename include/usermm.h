@@ -6,7 +6,8 @@
  * userfaultfd), under a resident-memory budget with its own LRU reclaim and
  * swap file. The contract is SPEC.md (section 2 for this header, section 3
  * for the semantics of each call); where it is silent, usermm does what Linux
- * does.
+ * does. Every deviation from Linux, with its reason, is in one table:
+ * docs/design.md, "Deviations from Linux (and from the SPEC)".
  *
  * Conventions (SPEC section 2):
  *   - Every call is thread-safe.
@@ -39,7 +40,11 @@
  *     handler: a child made by a raw clone(2) or vfork is not detected.
  *   - File regions: MAP_SHARED pages are written back on reclaim, msync,
  *     munmap and umm_close; MAP_PRIVATE written pages go to swap, never to
- *     the file. A touch past the end of the file raises SIGBUS.
+ *     the file. A touch past the end of the file raises SIGBUS. A region's
+ *     pages are usermm's copies, not the page cache: a store reaches the
+ *     file (and read(2), other mappings) only when the page is written
+ *     back (also umm_msync with MS_ASYNC, MADV_DONTNEED), and a write(2) to
+ *     the file is seen only by pages read after it.
  *
  * Link with -lusermm (libusermm.so), or with libusermm.a plus
  * -lpthread -ldl -lm.

@@ -14,6 +14,31 @@
  * library's own mappings (malloc, stdio, thread stacks) stay with the kernel,
  * and taking a function's address (`&mmap`) still names the kernel's call.
  *
+ * Raw syscalls bypass usermm. Code that calls the kernel directly on a
+ * space's memory -- syscall(__NR_mlock2, ...), syscall(__NR_madvise, ...),
+ * or a raw mlock, mprotect, munmap or mremap (both upstream test suites, LTP
+ * and the kernel's mm selftests, do this) -- changes the host mapping while
+ * usermm's regions, page states, locks and statistics stay as they were:
+ *
+ *   mlock/mlock2  the pages are locked in the host only (not in
+ *                 locked_pages, Locked: or UMM_PAGE_LOCKED, not charged to
+ *                 the lock limit); usermm's next zap of them (munmap,
+ *                 MAP_FIXED, MADV_DONTNEED) unlocks or replaces them, counted
+ *                 in umm_stats.host_refusals.
+ *   madvise       MADV_DONTNEED drops frames usermm holds as resident: a
+ *                 thread that touches such a page never returns from that
+ *                 access (a lazily freed page is refilled with zeros).
+ *   mprotect      only the host's protection changes (SIGSEGV SEGV_ACCERR
+ *                 from the kernel; umm_smaps shows usermm's protection).
+ *   munmap/mremap the host mapping is gone: a touch of the old range is a
+ *                 kernel SIGSEGV (SEGV_MAPERR) until usermm's own munmap of
+ *                 it, which replaces the mapping (host_refusals).
+ *
+ * Use the redirected names (or the umm_ calls) on space memory. Every
+ * deviation from Linux, with its reason, is in docs/design.md, "Deviations
+ * from Linux (and from the SPEC)"; these are under "Raw syscalls on space
+ * memory".
+ *
  * The default space is opened once, lazily, by the first call (thread-safe),
  * from these environment variables; unset or empty means usermm's default:
  *
