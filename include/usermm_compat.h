@@ -25,9 +25,9 @@
  *                 the lock limit); usermm's next zap of them (munmap,
  *                 MAP_FIXED, MADV_DONTNEED) unlocks or replaces them, counted
  *                 in umm_stats.host_refusals.
- *   madvise       MADV_DONTNEED drops frames usermm holds as resident: a
- *                 thread that touches such a page never returns from that
- *                 access (a lazily freed page is refilled with zeros).
+ *   madvise       MADV_DONTNEED drops frames usermm holds as resident: the
+ *                 next touch refills such a page with zeros (as Linux reads
+ *                 it); usermm still counts it resident.
  *   mprotect      only the host's protection changes (SIGSEGV SEGV_ACCERR
  *                 from the kernel; umm_smaps shows usermm's protection).
  *   munmap/mremap the host mapping is gone: a touch of the old range is a
