@@ -20,23 +20,13 @@ mod madvise;
 mod mlock;
 mod plan;
 mod vma;
+mod window;
 
 pub use plan::*;
+pub use window::{BLOCK_MIN_REGION_PAGES, BLOCK_PAGES, FAULT_AROUND_BYTES, MAX_WINDOW_PAGES, SWAP_CLUSTER_PAGES};
 
 /// The highest user address on x86-64 with 4-level paging (Linux TASK_SIZE).
 pub const TASK_SIZE: u64 = 0x7fff_ffff_f000;
-
-/// Largest fault-around window, in pages.
-pub const MAX_WINDOW_PAGES: u64 = 256;
-/// Swap-in cluster for `MADV_NORMAL` regions, in pages.
-pub const SWAP_CLUSTER_PAGES: u64 = 32;
-/// Fault-around block for dense access in large regions, in pages.
-pub const BLOCK_PAGES: u64 = 64;
-/// Linux's `fault_around_bytes` (default 64 KiB): the aligned window a read
-/// fault in a file mapping maps, and so locks in a lock-on-fault region.
-pub const FAULT_AROUND_BYTES: u64 = 64 << 10;
-/// Regions at least this large (pages) get block fault-around on dense access.
-pub const BLOCK_MIN_REGION_PAGES: u64 = 8192;
 
 /// Below this many spare leaves (of 256) or chunks (of 8), the executor is
 /// asked to refill.
@@ -1519,17 +1509,6 @@ impl Core {
         });
         assert_eq!(vp, self.volatile_pages, "volatile pages count");
         assert_eq!(lz, self.lazyfree_pages, "lazyfree pages count");
-    }
-}
-
-/// Grows `run` backwards and forwards over untouched pages, within `block`
-/// and up to `max` pages.
-fn grow_run(pages: &PageTable, run: &mut PageRange, block: PageRange, max: u64) {
-    while run.start > block.start && run.pages() < max && pages.get(PageIdx(run.start.0 - 1)) == PageMeta::default() {
-        run.start.0 -= 1;
-    }
-    while run.end < block.end && run.pages() < max && pages.get(run.end) == PageMeta::default() {
-        run.end.0 += 1;
     }
 }
 

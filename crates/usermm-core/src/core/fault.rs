@@ -8,10 +8,10 @@
 //! frame is told to `Reclaim`. How many pages a fault fills around the
 //! touched one is the window policy (constants and helpers in `window.rs`).
 
-use super::{
-    bad, grow_run, transfer_for, Core, FaultPlan, BLOCK_MIN_REGION_PAGES, BLOCK_PAGES, FAULT_AROUND_BYTES,
-    MAX_WINDOW_PAGES, SWAP_CLUSTER_PAGES,
+use super::window::{
+    grow_run, BLOCK_MIN_REGION_PAGES, BLOCK_PAGES, FAULT_AROUND_BYTES, MAX_WINDOW_PAGES, SWAP_CLUSTER_PAGES,
 };
+use super::{bad, transfer_for, Core, FaultPlan};
 use crate::consts::*;
 use crate::errno::Errno;
 use crate::page::{pf, PState, PageMeta};

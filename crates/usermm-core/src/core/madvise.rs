@@ -8,7 +8,8 @@
 //! On an error the ops planned before the failing region still apply, as on
 //! Linux. `MADV_FREE`'s page work is in `volatile.rs` (`lazyfree`).
 
-use super::{bad, AdviceOp, Core, MAX_WINDOW_PAGES};
+use super::window::MAX_WINDOW_PAGES;
+use super::{bad, AdviceOp, Core};
 use crate::consts::*;
 use crate::errno::Errno;
 use crate::page::{pf, PState, PageMeta};
