@@ -16,6 +16,7 @@ use crate::slots::SlotAllocator;
 use crate::types::{Addr, PageIdx, PageRange};
 
 mod fault;
+mod frames;
 mod madvise;
 mod mlock;
 mod plan;
@@ -27,11 +28,6 @@ pub use window::{BLOCK_MIN_REGION_PAGES, BLOCK_PAGES, FAULT_AROUND_BYTES, MAX_WI
 
 /// The highest user address on x86-64 with 4-level paging (Linux TASK_SIZE).
 pub const TASK_SIZE: u64 = 0x7fff_ffff_f000;
-
-/// Below this many spare leaves (of 256) or chunks (of 8), the executor is
-/// asked to refill.
-const SPARES_LOW_LEAVES: usize = 192;
-const SPARES_LOW_CHUNKS: usize = 4;
 
 /// The core's configuration, in pages.
 #[derive(Clone, Debug)]
@@ -280,101 +276,6 @@ impl Core {
     pub fn frames_obtainable(&self) -> u64 {
         let evictable = if self.swap.capacity() == 0 { 0 } else { self.resident.min(self.swap.free() as u64) };
         self.free_frames() + evictable
-    }
-
-    fn claim_frames(&mut self, n: u64) {
-        self.resident += n;
-        debug_assert!(self.resident <= self.cfg.budget_pages, "claim beyond budget");
-        self.resident_max = self.resident_max.max(self.resident);
-    }
-
-    /// A page just became resident: lock it if its region is locked.
-    fn note_resident(&mut self, p: PageIdx) {
-        if self.regions.find(p).is_some_and(|r| r.writable()) {
-            self.pages.update(p, |m| m.flags |= pf::MAYBE_DIRTY);
-        }
-        let locked = self.regions.find(p).is_some_and(|r| r.lock != LockMode::None);
-        if locked {
-            if !self.pages.get(p).has(pf::LOCKED) {
-                self.pages.update(p, |m| m.flags |= pf::LOCKED);
-                self.locked_pages += 1;
-            }
-        } else {
-            self.push_active(p);
-        }
-    }
-
-    fn push_active(&mut self, p: PageIdx) {
-        let mut m = self.pages.get(p);
-        m.gen = m.gen.wrapping_add(1);
-        self.pages.set(p, m);
-        self.lru.active.push_back((p, m.gen));
-        // Zaps compact the lists (they make entries stale in bulk); a fault
-        // sweeps only as a safety net, should stale entries pile up another
-        // way, since a fault's commit must stay short.
-        if self.lru.len() > 8 * self.resident as usize + (1 << 20) {
-            self.maybe_compact(1);
-        }
-    }
-
-    fn push_inactive(&mut self, p: PageIdx) {
-        let mut m = self.pages.get(p);
-        m.gen = m.gen.wrapping_add(1);
-        self.pages.set(p, m);
-        self.lru.inactive.push_back((p, m.gen));
-    }
-
-    /// The spare metadata buffers the core would take (see [`Spares`]).
-    pub fn spares_wanted(&self) -> (usize, usize, usize) {
-        (self.pages.spare_wanted(), self.lru.active.spare_wanted(), self.lru.inactive.spare_wanted())
-    }
-
-    /// Whether the spares ran low: a fault would soon call the allocator.
-    pub fn spares_low(&self) -> bool {
-        let (l, a, i) = self.spares_wanted();
-        l > SPARES_LOW_LEAVES || a > SPARES_LOW_CHUNKS || i > SPARES_LOW_CHUNKS
-    }
-
-    /// Takes spare metadata buffers allocated outside the core lock: a
-    /// fault's commit then never calls the allocator, whose heap growth (an
-    /// `mprotect` of a thread arena) waits for the kernel's mmap lock —
-    /// behind a concurrent `munmap`'s zap, for hundreds of microseconds.
-    pub fn add_spares(&mut self, s: Spares) {
-        self.pages.add_spare(s.leaves);
-        self.lru.active.add_spare(s.active);
-        self.lru.inactive.add_spare(s.inactive);
-    }
-
-    /// Drops stale LRU entries when they dominate, sweeping at most
-    /// `chunks` chunks of 512 entries, so that every call stays short. A
-    /// zap, which is what leaves entries stale in bulk, sweeps two chunks
-    /// for every chunk's worth it zapped.
-    fn maybe_compact(&mut self, chunks: usize) {
-        let live = self.resident as usize;
-        if self.lru.compacting == 0 && self.lru.len() > 2 * live + 4096 {
-            self.lru.compacting = 1;
-        }
-        let pages = &self.pages;
-        let lru = &mut self.lru;
-        let swept = match lru.compacting {
-            0 => return,
-            1 => lru.active.sweep(chunks, |(p, g)| {
-                let m = pages.get(*p);
-                m.gen == *g && m.state == PState::Resident
-            }),
-            2 => lru.inactive.sweep(chunks, |(p, g)| {
-                let m = pages.get(*p);
-                m.gen == *g && m.state == PState::Inactive
-            }),
-            3 => lru.lazy.sweep(chunks, |p| pages.get(*p).has(pf::LAZYFREE)),
-            _ => lru.volatile.sweep(chunks, |p| {
-                let m = pages.get(*p);
-                m.has(pf::VOLATILE) && !m.has(pf::PURGED) && m.state.holds_frame()
-            }),
-        };
-        if swept {
-            lru.compacting = (lru.compacting + 1) % 5;
-        }
     }
 
     // ------------------------------------------------------------------
