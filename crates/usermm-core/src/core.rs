@@ -6,6 +6,31 @@
 //! either way — a failed fill leaves the page where its data was, a failed
 //! eviction keeps the page resident, a failed zap is impossible by
 //! construction (it only drops).
+//!
+//! # Where each concern lives
+//!
+//! One `Core` struct, one `impl Core` block per concern, each in a child
+//! module (children see the private fields; a helper another concern calls
+//! is `pub(super)`). Every public method is reached as `Core::method`
+//! whatever file it is in, and every type as `usermm_core::core::X` and
+//! `usermm_core::X` (re-exported below).
+//!
+//! | file                 | what                                                                   |
+//! |----------------------|------------------------------------------------------------------------|
+//! | `core.rs` (this)     | `Core`, its config, counters, constructor, accessors, range arithmetic |
+//! | `core/plan.rs`       | the core ↔ executor protocol: plans, outcomes, replies                 |
+//! | `core/vma.rs`        | region changes: `mmap`, `munmap` (detach, `unhold`), `mprotect`        |
+//! | `core/mlock.rs`      | locks: `mlock2`/`munlock`, `mlockall`/`munlockall`                     |
+//! | `core/madvise.rs`    | `madvise` decisions, `WILLNEED`/`HWPOISON` page queries                |
+//! | `core/fault.rs`      | fault and populate plans, `fill_done`                                  |
+//! | `core/window.rs`     | fault-around window bounds, `grow_run`                                 |
+//! | `core/frames.rs`     | frame charge, LRU pushes and compaction, spare buffers                 |
+//! | `core/reclaim.rs`    | reclaim policy: deactivate, evict, purge, discard, and their `*_done`  |
+//! | `core/file.rs`       | shared file regions: write-back, `msync`, write-back errors            |
+//! | `core/volatile.rs`   | `mvolatile`/`mnovolatile`, lazy free (`MADV_FREE`)                     |
+//! | `core/zap.rs`        | `zap_begin`/`zap_end`: dropping a range's pages                        |
+//! | `core/introspect.rs` | `mincore`, `page_state`, `stats`, smaps usage                          |
+//! | `core/validate.rs`   | `validate`: every invariant, asserted                                  |
 
 use crate::consts::*;
 use crate::errno::Errno;
@@ -145,6 +170,7 @@ pub struct Core {
     counters: Counters,
 }
 
+/// An error result: the argument checks of every concern return through it.
 fn bad<T>(e: Errno) -> Result<T, Errno> {
     Err(e)
 }
@@ -268,6 +294,9 @@ impl Core {
     }
 }
 
+/// How a page of a region with protection `prot` leaves for staging (see
+/// [`Transfer`]); both faults (a reactivation maps it back the same way) and
+/// reclaim ask.
 fn transfer_for(prot: i32) -> Transfer {
     if prot == PROT_READ | PROT_WRITE {
         Transfer::Move
