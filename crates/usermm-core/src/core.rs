@@ -23,7 +23,7 @@
 //! | `core/mlock.rs`      | locks: `mlock2`/`munlock`, `mlockall`/`munlockall`                     |
 //! | `core/madvise.rs`    | `madvise` decisions, `WILLNEED`/`HWPOISON` page queries                |
 //! | `core/fault.rs`      | fault and populate plans, `fill_done`                                  |
-//! | `core/window.rs`     | fault-around window bounds, `grow_run`                                 |
+//! | `core/window.rs`     | fault-around and swap-in window policy, `grow_run`                     |
 //! | `core/frames.rs`     | frame charge, LRU pushes and compaction, spare buffers                 |
 //! | `core/reclaim.rs`    | reclaim policy: deactivate, evict, purge, discard, and their `*_done`  |
 //! | `core/file.rs`       | shared file regions: write-back, `msync`, write-back errors            |

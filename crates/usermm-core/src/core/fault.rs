@@ -9,7 +9,7 @@
 //! touched one is the window policy (constants and helpers in `window.rs`).
 
 use super::window::{
-    grow_run, BLOCK_MIN_REGION_PAGES, BLOCK_PAGES, FAULT_AROUND_BYTES, MAX_WINDOW_PAGES, SWAP_CLUSTER_PAGES,
+    dense_block, fault_around_window, file_fault_around_block, grow_run, swap_in_window, BLOCK_MIN_REGION_PAGES,
 };
 use super::{bad, transfer_for, Core, FaultPlan};
 use crate::consts::*;
@@ -138,15 +138,7 @@ impl Core {
                 if free == 0 {
                     return FaultPlan::Reclaim { want: 1 };
                 }
-                let window = if populate.is_some() {
-                    MAX_WINDOW_PAGES
-                } else if reg.advice == Advice::Random || reg.lock != LockMode::None {
-                    1
-                } else if reg.advice == Advice::Sequential {
-                    MAX_WINDOW_PAGES
-                } else {
-                    SWAP_CLUSTER_PAGES
-                };
+                let window = swap_in_window(reg, populate.is_some());
                 let limit = free.min(window);
                 let mut run = PageRange::new(p.0, p.0 + 1);
                 while run.pages() < limit && run.end < region.end {
@@ -170,28 +162,7 @@ impl Core {
                     return FaultPlan::Reclaim { want: 1 };
                 }
                 // Fault-around: how many pages past (and around) `p`.
-                let window = if populate.is_some() {
-                    MAX_WINDOW_PAGES
-                } else if exact || reg.lock != LockMode::None {
-                    1
-                } else {
-                    match reg.advice {
-                        Advice::Random => 1,
-                        Advice::Sequential => MAX_WINDOW_PAGES,
-                        Advice::Normal => {
-                            if p.0 == reg.next_fault {
-                                reg.streak = reg.streak.saturating_add(1);
-                            } else {
-                                reg.streak = 0;
-                            }
-                            if reg.streak >= 3 {
-                                (BLOCK_PAGES << (reg.streak - 3).min(4)).min(MAX_WINDOW_PAGES)
-                            } else {
-                                1
-                            }
-                        }
-                    }
-                };
+                let window = fault_around_window(reg, p, populate.is_some(), exact);
                 let mut run = PageRange::new(p.0, p.0 + 1);
                 let limit = free.min(window);
                 while run.pages() < limit && run.end < region.end && self.pages.get(run.end) == PageMeta::default() {
@@ -204,13 +175,7 @@ impl Core {
                     && reg.lock == LockMode::None
                     && region.pages() >= BLOCK_MIN_REGION_PAGES
                 {
-                    // Dense access in a large region: a second fault in an
-                    // aligned block fills the block (like a 64 KiB mTHP).
-                    let b0 = (p.0 / BLOCK_PAGES) * BLOCK_PAGES;
-                    let block = PageRange::new(b0, b0 + BLOCK_PAGES).intersect(&region);
-                    let mut seen = false;
-                    self.pages.for_each_live(block, |_, _| seen = true);
-                    if seen {
+                    if let Some(block) = dense_block(&self.pages, p, region) {
                         grow_run(&self.pages, &mut run, block, free);
                     }
                 }
@@ -220,14 +185,7 @@ impl Core {
                     // whole fault-around window of a file read fault (64 KiB
                     // around the page, within the vma). That is
                     // Linux's residency, so UMM_F_EXACT_FAULTS keeps it too.
-                    // do_fault_around(): the window starts at the aligned
-                    // block or the region's start, whichever is later, and
-                    // keeps its length up to the region's end or the page
-                    // table's (512 entries).
-                    let n = (FAULT_AROUND_BYTES >> self.cfg.page_shift).max(1);
-                    let from = ((p.0 / n) * n).max(region.start.0);
-                    let table_end = (p.0 / 512 + 1) * 512;
-                    let block = PageRange::new(from, (from + n).min(table_end).min(region.end.0));
+                    let block = file_fault_around_block(p, region, self.cfg.page_shift);
                     grow_run(&self.pages, &mut run, block, free);
                 }
                 if populate.is_none() {
