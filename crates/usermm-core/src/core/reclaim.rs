@@ -21,8 +21,6 @@ use crate::region::{Advice, Kind, LockMode};
 use crate::types::{PageIdx, PageRange};
 
 impl Core {
-    /// Whether `want` more frames could ever be had: the pages that can be
-    /// evicted (resident, unlocked, with swap room) plus the free frames.
     /// Whether reclaim can free nothing however long it is waited for:
     /// every resident page is locked, or there is no swap or it is full
     /// (what clean pages there were, earlier rounds dropped). Short of that, a
@@ -34,6 +32,8 @@ impl Core {
         self.resident <= self.locked_pages || self.swap.free() == 0
     }
 
+    /// The frames that could ever be had: the free frames plus as many
+    /// resident pages as swap has room for (none without swap).
     pub fn frames_obtainable(&self) -> u64 {
         let evictable = if self.swap.capacity() == 0 { 0 } else { self.resident.min(self.swap.free() as u64) };
         self.free_frames() + evictable
