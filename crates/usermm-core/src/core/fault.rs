@@ -1,0 +1,298 @@
+//! Fault resolution: `fault` and `populate_step` plan, `fill_done` commits.
+//!
+//! A plan claims the pages it hands out (state `Filling`) and charges their
+//! frames before the executor installs anything; `fill_done` then commits
+//! the installed prefix of the run and releases the rest, so a failed or
+//! short fill leaves every page where its data was. A fault on a busy page,
+//! or in a chunk being zapped, is told to `Wait`; one that finds no free
+//! frame is told to `Reclaim`. How many pages a fault fills around the
+//! touched one is the window policy (constants and helpers in `window.rs`).
+
+use super::window::{
+    dense_block, fault_around_window, file_fault_around_block, grow_run, swap_in_window, BLOCK_MIN_REGION_PAGES,
+};
+use super::{bad, transfer_for, Core, FaultPlan};
+use crate::consts::*;
+use crate::errno::Errno;
+use crate::page::{pf, PState, PageMeta};
+use crate::region::{Advice, Kind, LockMode};
+use crate::types::{Addr, PageIdx, PageRange};
+
+impl Core {
+    /// Plans the resolution of a fault at `a`.
+    pub fn fault(&mut self, a: Addr, write: bool) -> FaultPlan {
+        self.fault_in(a, write, None)
+    }
+
+    /// Plans one step of populating `[p, end)` (MADV_POPULATE_*): like a
+    /// fault at `p`, with the largest window, bounded by `end`. The caller
+    /// checked the range with `populate_check`. Returns `None` when `p` is
+    /// already resident and mapped.
+    pub fn populate_step(&mut self, p: PageIdx, end: PageIdx, write: bool) -> Option<FaultPlan> {
+        let plan = self.fault_in(self.addr_of(p), write, Some(end));
+        match plan {
+            FaultPlan::Wake => None,
+            other => Some(other),
+        }
+    }
+
+    /// Checks a `MADV_POPULATE_READ/WRITE` range: returns the segments to
+    /// populate, in order, and the error to return after populating them
+    /// (Linux populates up to the failing region: a hole is `ENOMEM`, a
+    /// region without the needed protection `EINVAL`).
+    pub fn populate_check(&self, addr: u64, len: u64, write: bool) -> (Vec<PageRange>, Result<(), Errno>) {
+        if !self.aligned(addr) {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        let Some(pages) = self.len_pages(len) else {
+            return (vec![], bad(Errno::EINVAL));
+        };
+        if len != 0 && pages == 0 {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        if pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b)).is_none() {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        if pages == 0 {
+            return (vec![], Ok(()));
+        }
+        if !self.in_reservation(addr, pages) && self.page_of(Addr(addr)).is_none() {
+            return (vec![], bad(Errno::ENOMEM));
+        }
+        let r = self.clip(addr, pages);
+        let mut segs = Vec::new();
+        let mut at = r.start;
+        for reg in self.regions.overlapping(r) {
+            if reg.range.start > at {
+                return (segs, bad(Errno::ENOMEM));
+            }
+            let need = if write { PROT_WRITE } else { PROT_READ };
+            if reg.prot & need == 0 {
+                return (segs, bad(Errno::EINVAL));
+            }
+            let seg = reg.range.intersect(&r);
+            segs.push(seg);
+            at = seg.end;
+        }
+        if at < r.end || !self.in_reservation(addr, pages) {
+            return (segs, bad(Errno::ENOMEM));
+        }
+        (segs, Ok(()))
+    }
+
+    fn fault_in(&mut self, a: Addr, write: bool, populate: Option<PageIdx>) -> FaultPlan {
+        let Some(p) = self.page_of(a) else {
+            return FaultPlan::Wake;
+        };
+        let free = self.free_frames();
+        let exact = self.cfg.exact_faults;
+        let Some(reg) = self.regions.find_mut(p) else {
+            // Unmapped (or being unmapped): munmap leaves the range's host
+            // protection as it was, so the touch reached the handler.
+            return FaultPlan::Segv { gap: self.regions.gap_around(p, self.cfg.reserve_pages) };
+        };
+        if populate.is_none() && (reg.prot & PROT_READ == 0 && reg.prot & PROT_WRITE == 0 || (write && !reg.writable()))
+        {
+            // The kernel checks protection before it reports a fault; this
+            // one raced with mprotect. The retry sees the new protection.
+            return FaultPlan::Wake;
+        }
+        // Shared anonymous memory is shmem on Linux: a fault allocates
+        // exactly the touched page (no fault-around, no mTHP-like blocks).
+        let exact = exact || reg.kind == Kind::AnonShared;
+        let mut region = match populate {
+            Some(end) => PageRange { start: reg.range.start, end: reg.range.end.min(end) },
+            None => reg.range,
+        };
+        // A window never reaches into a chunk being zapped.
+        for z in &self.zapping {
+            if z.end <= p && z.end > region.start {
+                region.start = z.end;
+            }
+            if z.start > p && z.start < region.end {
+                region.end = z.start;
+            }
+        }
+        let prot = reg.prot;
+        let m = self.pages.get(p);
+        if m.state.busy() || self.zapping.iter().any(|z| z.contains(p)) {
+            return FaultPlan::Wait;
+        }
+        match m.state {
+            // A fault on a page we hold as resident: either a race (it is
+            // there by now: the refill's copy finds it and installs
+            // nothing), a lazily freed page the host discarded, or a page
+            // the program dropped behind our back with a raw
+            // `madvise(MADV_DONTNEED)` (Linux reads zeros there; a plain
+            // wake would send the thread back into the same fault forever).
+            // (A populate treats it as resident: the executor asks the host
+            // to populate lazily freed pages, which faults here if the host
+            // dropped one.)
+            PState::Resident if populate.is_none() => {
+                self.pages.update(p, |m| m.state = PState::Filling);
+                FaultPlan::Refill { page: p }
+            }
+            PState::Resident => FaultPlan::Wake,
+            PState::Inactive => {
+                self.pages.update(p, |m| m.state = PState::Filling);
+                let checked = self.host_lazyfree && m.has(pf::VOLATILE);
+                FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked }
+            }
+            PState::Swapped => {
+                if free == 0 {
+                    return FaultPlan::Reclaim { want: 1 };
+                }
+                let window = swap_in_window(reg, populate.is_some());
+                let limit = free.min(window);
+                let mut run = PageRange::new(p.0, p.0 + 1);
+                while run.pages() < limit && run.end < region.end {
+                    let n = self.pages.get(run.end);
+                    if n.state != PState::Swapped || n.slot != m.slot + run.pages() as u32 {
+                        break;
+                    }
+                    run.end.0 += 1;
+                }
+                self.claim_frames(run.pages());
+                for q in run.start.0..run.end.0 {
+                    self.pages.update(PageIdx(q), |m| m.state = PState::Filling);
+                }
+                FaultPlan::SwapIn { run, slot: m.slot }
+            }
+            PState::Absent => {
+                if m.has(pf::POISONED) || (m.has(pf::PURGED) && m.has(pf::VOLATILE)) {
+                    return FaultPlan::Sigbus;
+                }
+                if free == 0 {
+                    return FaultPlan::Reclaim { want: 1 };
+                }
+                // Fault-around: how many pages past (and around) `p`.
+                let window = fault_around_window(reg, p, populate.is_some(), exact);
+                let mut run = PageRange::new(p.0, p.0 + 1);
+                let limit = free.min(window);
+                while run.pages() < limit && run.end < region.end && self.pages.get(run.end) == PageMeta::default() {
+                    run.end.0 += 1;
+                }
+                if window == 1
+                    && populate.is_none()
+                    && !exact
+                    && reg.advice == Advice::Normal
+                    && reg.lock == LockMode::None
+                    && region.pages() >= BLOCK_MIN_REGION_PAGES
+                {
+                    if let Some(block) = dense_block(&self.pages, p, region) {
+                        grow_run(&self.pages, &mut run, block, free);
+                    }
+                }
+                let reg = self.regions.find_mut(p).expect("region");
+                if populate.is_none() && !write && reg.lock != LockMode::None && reg.file().is_some() {
+                    // Linux maps (and so locks, in a VM_LOCKONFAULT vma) the
+                    // whole fault-around window of a file read fault (64 KiB
+                    // around the page, within the vma). That is
+                    // Linux's residency, so UMM_F_EXACT_FAULTS keeps it too.
+                    let block = file_fault_around_block(p, region, self.cfg.page_shift);
+                    grow_run(&self.pages, &mut run, block, free);
+                }
+                if populate.is_none() {
+                    reg.next_fault = run.end.0;
+                }
+                let file = reg.file().map(|f| (f, reg.file_page(run.start)));
+                self.claim_frames(run.pages());
+                for q in run.start.0..run.end.0 {
+                    self.pages.update(PageIdx(q), |m| m.state = PState::Filling);
+                }
+                match file {
+                    Some((file, file_page)) => FaultPlan::FileRead { run, file, file_page },
+                    None => FaultPlan::ZeroFill { run },
+                }
+            }
+            _ => unreachable!("busy handled above"),
+        }
+    }
+
+    /// Commits a fill. `installed` is how many pages of the plan the executor
+    /// installed (a prefix of the run); the rest are released.
+    pub fn fill_done(&mut self, plan: &FaultPlan, installed: u64) {
+        self.counters.faults += 1;
+        match *plan {
+            FaultPlan::ZeroFill { run } | FaultPlan::FileRead { run, .. } => {
+                for q in run.start.0..run.end.0 {
+                    let p = PageIdx(q);
+                    if q - run.start.0 < installed {
+                        self.pages.update(p, |m| m.state = PState::Resident);
+                        self.note_resident(p);
+                    } else {
+                        self.pages.update(p, |m| m.state = PState::Absent);
+                        self.resident -= 1;
+                    }
+                }
+                if matches!(plan, FaultPlan::FileRead { .. }) {
+                    self.counters.major_faults += u64::from(installed > 0);
+                } else {
+                    self.counters.zero_fills += installed;
+                }
+            }
+            FaultPlan::SwapIn { run, slot } => {
+                for q in run.start.0..run.end.0 {
+                    let p = PageIdx(q);
+                    let k = q - run.start.0;
+                    if k < installed {
+                        self.swap.release(slot + k as u32);
+                        self.swapped -= 1;
+                        self.pages.update(p, |m| {
+                            m.state = PState::Resident;
+                            m.slot = 0;
+                        });
+                        self.note_resident(p);
+                    } else {
+                        self.pages.update(p, |m| m.state = PState::Swapped);
+                        self.resident -= 1;
+                    }
+                }
+                if installed > 0 {
+                    self.counters.swapins += installed;
+                    self.counters.major_faults += 1;
+                } else {
+                    self.counters.swap_read_errors += 1;
+                }
+            }
+            FaultPlan::Refill { page } => {
+                // The frame stays charged either way; the page is no longer
+                // lazily freed (a discard reads back as zeros, and the
+                // program is about to use it).
+                let lazy = self.pages.get(page).has(pf::LAZYFREE);
+                self.pages.update(page, |m| {
+                    m.state = PState::Resident;
+                    m.flags &= !pf::LAZYFREE;
+                });
+                if lazy {
+                    self.lazyfree_pages -= 1;
+                    if installed > 0 {
+                        self.counters.lazyfree_discards += 1;
+                    }
+                }
+            }
+            FaultPlan::Reactivate { page, slot, .. } => {
+                if installed > 0 {
+                    self.staging.release(slot);
+                    self.inactive -= 1;
+                    self.pages.update(page, |m| {
+                        m.state = PState::Resident;
+                        m.slot = 0;
+                        m.flags |= pf::REFERENCED;
+                    });
+                    self.note_resident(page);
+                    self.counters.minor_faults += 1;
+                } else {
+                    self.pages.update(page, |m| m.state = PState::Inactive);
+                    self.push_inactive(page);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Counts a fault that could get no frame (SIGBUS raised).
+    pub fn fault_oom(&mut self) {
+        self.counters.oom_sigbus += 1;
+    }
+}

@@ -1,0 +1,176 @@
+//! Shared file regions: write-back, `msync`, and write-back errors.
+//!
+//! A page of a `MAP_SHARED` file region never goes to swap: reclaim plans a
+//! `Writeback` of it (see `reclaim.rs`) and `writeback_done` commits it, and
+//! `msync`, `munmap` and `close` write back the dirty pages that
+//! `writeback_snapshot` lists. A failed write keeps the page resident and
+//! parks the error, reported once by the next `msync`/`munmap` of the file
+//! (`take_file_error`, fsync semantics). Invariant (kept by `vma.rs`):
+//! `file_pages` counts the pages of live regions mapping each file.
+
+use super::{bad, Core, FileRange, Writeback};
+use crate::consts::*;
+use crate::errno::Errno;
+use crate::page::{pf, PState, PageMeta};
+use crate::region::{Kind, LockMode};
+use crate::types::{PageIdx, PageRange};
+
+impl Core {
+    /// Commits an eviction to a file: on success the page is dropped (a
+    /// touch re-reads it); on failure it stays resident and parked, and the
+    /// error is kept for the next `msync`/`munmap` of the file (as fsync
+    /// reports write-back errors).
+    pub fn writeback_done(&mut self, w: &Writeback, result: Result<(), Errno>) {
+        debug_assert_eq!(self.pages.get(w.page).state, PState::Evicting);
+        let slot = w.staging.expect("evicted page is parked");
+        match result {
+            Ok(()) => {
+                self.staging.release(slot);
+                self.inactive -= 1;
+                self.resident -= 1;
+                let m = self.pages.get(w.page);
+                if m.has(pf::LAZYFREE) {
+                    self.lazyfree_pages -= 1;
+                }
+                if m.has(pf::VOLATILE) {
+                    self.volatile_pages -= 1;
+                }
+                self.pages.set(w.page, PageMeta::default());
+                if !w.clean {
+                    self.counters.writebacks += 1;
+                }
+                self.counters.evictions += 1;
+            }
+            Err(e) => {
+                self.pages.update(w.page, |m| m.state = PState::Inactive);
+                self.push_inactive(w.page);
+                self.file_errors.push((w.file, e));
+            }
+        }
+    }
+
+    /// Records a write-back error for `file` (reported by the next msync or
+    /// munmap of it).
+    pub fn note_file_error(&mut self, file: u32, e: Errno) {
+        self.file_errors.push((file, e));
+    }
+
+    /// Counts one page written back to its file; a page of a region that
+    /// is no longer writable is clean from now on.
+    pub fn count_writeback(&mut self, p: PageIdx) {
+        self.counters.writebacks += 1;
+        if self.regions.find(p).is_some_and(|r| !r.writable()) {
+            self.pages.update(p, |m| {
+                if m.state.holds_frame() {
+                    m.flags &= !pf::MAYBE_DIRTY
+                }
+            });
+        }
+    }
+
+    /// The first write-back error recorded for `file` since the last call,
+    /// cleared (fsync semantics).
+    pub fn take_file_error(&mut self, file: u32) -> Option<Errno> {
+        let i = self.file_errors.iter().position(|(f, _)| *f == file)?;
+        let e = self.file_errors[i].1;
+        self.file_errors.retain(|(f, _)| *f != file);
+        Some(e)
+    }
+
+    /// The pages of `r` that belong to shared file regions (live or being
+    /// unmapped, described by `files`) and hold data: what a write-back of
+    /// `r` must write. Busy pages are skipped (the caller settles first).
+    pub fn writeback_snapshot(&self, r: PageRange, detached: &[FileRange]) -> Vec<Writeback> {
+        let mut v = Vec::new();
+        let mut push = |seg: PageRange, file: u32, file_page_of_start: u64| {
+            self.pages.for_each_live(seg, |p, m| {
+                let staging = match m.state {
+                    PState::Resident => None,
+                    PState::Inactive => Some(m.slot),
+                    _ => return,
+                };
+                if !m.has(pf::MAYBE_DIRTY) {
+                    return; // clean: nothing to write
+                }
+                v.push(Writeback {
+                    page: p,
+                    staging,
+                    file,
+                    file_page: file_page_of_start + (p.0 - seg.start.0),
+                    clean: false,
+                });
+            });
+        };
+        for reg in self.regions.overlapping(r) {
+            if reg.kind == Kind::FileShared {
+                let seg = reg.range.intersect(&r);
+                push(seg, reg.file().expect("file"), reg.file_page(seg.start));
+            }
+        }
+        for f in detached {
+            let seg = f.range.intersect(&r);
+            if !seg.is_empty() {
+                push(seg, f.file, f.file_page + (seg.start.0 - f.range.start.0));
+            }
+        }
+        v
+    }
+
+    /// Decides `msync`: returns the shared file segments to write back (in
+    /// order) and the result (Linux: `EINVAL` for bad flags or an unaligned
+    /// start, `ENOMEM` for holes — after syncing the mapped parts — and
+    /// `EBUSY` for `MS_INVALIDATE` over locked pages).
+    pub fn msync(&self, addr: u64, len: u64, flags: i32) -> (Vec<PageRange>, Result<(), Errno>) {
+        if flags & !(MS_ASYNC | MS_INVALIDATE | MS_SYNC) != 0 || !self.aligned(addr) {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        if flags & MS_ASYNC != 0 && flags & MS_SYNC != 0 {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        // Linux rounds the length up with wrap-around (a length that wraps
+        // to 0 is an empty range), then `start + len` overflowing is ENOMEM.
+        let bytes = self.page_align_wrapping(len);
+        let Some(end) = addr.checked_add(bytes) else {
+            return (vec![], bad(Errno::ENOMEM));
+        };
+        if end == addr {
+            return (vec![], Ok(()));
+        }
+        let pages = bytes >> self.cfg.page_shift;
+        let r = self.clip(addr, pages);
+        let mut hole = !self.in_reservation(addr, pages);
+        let mut segs = Vec::new();
+        let mut at = r.start;
+        let regs = self.regions.overlapping(r);
+        if regs.is_empty() {
+            return (vec![], bad(Errno::ENOMEM));
+        }
+        for reg in regs {
+            if reg.range.start > at {
+                hole = true;
+            }
+            if flags & MS_INVALIDATE != 0 && reg.lock != LockMode::None {
+                return (segs, bad(Errno::EBUSY));
+            }
+            let seg = reg.range.intersect(&r);
+            if reg.kind == Kind::FileShared {
+                segs.push(seg);
+            }
+            at = seg.end;
+        }
+        if at < r.end {
+            hole = true;
+        }
+        (segs, if hole { bad(Errno::ENOMEM) } else { Ok(()) })
+    }
+
+    /// The file ids still mapped by a live region.
+    pub fn files_in_use(&self) -> Vec<u32> {
+        self.file_pages.iter().filter(|(_, n)| **n > 0).map(|(f, _)| *f).collect()
+    }
+
+    /// Every shared file segment of the space (for `close`).
+    pub fn shared_file_ranges(&self) -> Vec<PageRange> {
+        self.regions.iter().filter(|r| r.kind == Kind::FileShared).map(|r| r.range).collect()
+    }
+}

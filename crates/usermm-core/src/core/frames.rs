@@ -1,0 +1,117 @@
+//! Frame and LRU accounting, and the spare metadata buffers.
+//!
+//! Helpers every concern calls when a page gains or loses a frame or moves
+//! between LRU lists: `claim_frames` charges the budget (invariant:
+//! `resident <= budget_pages`), `note_resident` locks or activates a page
+//! that just became resident, `push_active`/`push_inactive` append a page
+//! under a new generation (older entries for it turn stale), and
+//! `maybe_compact` sweeps stale entries a few chunks at a time so that no
+//! call stays long. The spares (`add_spares`) let a fault's commit run
+//! without calling the allocator.
+
+use super::{Core, Spares};
+use crate::page::{pf, PState};
+use crate::region::LockMode;
+use crate::types::PageIdx;
+
+/// Below this many spare leaves (of 256) or chunks (of 8), the executor is
+/// asked to refill.
+const SPARES_LOW_LEAVES: usize = 192;
+const SPARES_LOW_CHUNKS: usize = 4;
+
+impl Core {
+    pub(super) fn claim_frames(&mut self, n: u64) {
+        self.resident += n;
+        debug_assert!(self.resident <= self.cfg.budget_pages, "claim beyond budget");
+        self.resident_max = self.resident_max.max(self.resident);
+    }
+
+    /// A page just became resident: lock it if its region is locked.
+    pub(super) fn note_resident(&mut self, p: PageIdx) {
+        if self.regions.find(p).is_some_and(|r| r.writable()) {
+            self.pages.update(p, |m| m.flags |= pf::MAYBE_DIRTY);
+        }
+        let locked = self.regions.find(p).is_some_and(|r| r.lock != LockMode::None);
+        if locked {
+            if !self.pages.get(p).has(pf::LOCKED) {
+                self.pages.update(p, |m| m.flags |= pf::LOCKED);
+                self.locked_pages += 1;
+            }
+        } else {
+            self.push_active(p);
+        }
+    }
+
+    pub(super) fn push_active(&mut self, p: PageIdx) {
+        let mut m = self.pages.get(p);
+        m.gen = m.gen.wrapping_add(1);
+        self.pages.set(p, m);
+        self.lru.active.push_back((p, m.gen));
+        // Zaps compact the lists (they make entries stale in bulk); a fault
+        // sweeps only as a safety net, should stale entries pile up another
+        // way, since a fault's commit must stay short.
+        if self.lru.len() > 8 * self.resident as usize + (1 << 20) {
+            self.maybe_compact(1);
+        }
+    }
+
+    pub(super) fn push_inactive(&mut self, p: PageIdx) {
+        let mut m = self.pages.get(p);
+        m.gen = m.gen.wrapping_add(1);
+        self.pages.set(p, m);
+        self.lru.inactive.push_back((p, m.gen));
+    }
+
+    /// The spare metadata buffers the core would take (see [`Spares`]).
+    pub fn spares_wanted(&self) -> (usize, usize, usize) {
+        (self.pages.spare_wanted(), self.lru.active.spare_wanted(), self.lru.inactive.spare_wanted())
+    }
+
+    /// Whether the spares ran low: a fault would soon call the allocator.
+    pub fn spares_low(&self) -> bool {
+        let (l, a, i) = self.spares_wanted();
+        l > SPARES_LOW_LEAVES || a > SPARES_LOW_CHUNKS || i > SPARES_LOW_CHUNKS
+    }
+
+    /// Takes spare metadata buffers allocated outside the core lock: a
+    /// fault's commit then never calls the allocator, whose heap growth (an
+    /// `mprotect` of a thread arena) waits for the kernel's mmap lock —
+    /// behind a concurrent `munmap`'s zap, for hundreds of microseconds.
+    pub fn add_spares(&mut self, s: Spares) {
+        self.pages.add_spare(s.leaves);
+        self.lru.active.add_spare(s.active);
+        self.lru.inactive.add_spare(s.inactive);
+    }
+
+    /// Drops stale LRU entries when they dominate, sweeping at most
+    /// `chunks` chunks of 512 entries, so that every call stays short. A
+    /// zap, which is what leaves entries stale in bulk, sweeps two chunks
+    /// for every chunk's worth it zapped.
+    pub(super) fn maybe_compact(&mut self, chunks: usize) {
+        let live = self.resident as usize;
+        if self.lru.compacting == 0 && self.lru.len() > 2 * live + 4096 {
+            self.lru.compacting = 1;
+        }
+        let pages = &self.pages;
+        let lru = &mut self.lru;
+        let swept = match lru.compacting {
+            0 => return,
+            1 => lru.active.sweep(chunks, |(p, g)| {
+                let m = pages.get(*p);
+                m.gen == *g && m.state == PState::Resident
+            }),
+            2 => lru.inactive.sweep(chunks, |(p, g)| {
+                let m = pages.get(*p);
+                m.gen == *g && m.state == PState::Inactive
+            }),
+            3 => lru.lazy.sweep(chunks, |p| pages.get(*p).has(pf::LAZYFREE)),
+            _ => lru.volatile.sweep(chunks, |p| {
+                let m = pages.get(*p);
+                m.has(pf::VOLATILE) && !m.has(pf::PURGED) && m.state.holds_frame()
+            }),
+        };
+        if swept {
+            lru.compacting = (lru.compacting + 1) % 5;
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! `madvise`: the argument checks and the per-region decision of every
+//! advice, plus the page queries its ops need (`swapped_in` for
+//! `MADV_WILLNEED`, `set_poison` for `MADV_HWPOISON`).
+//!
+//! Attribute advice (`MADV_NORMAL/RANDOM/SEQUENTIAL`) changes region flags
+//! here, under the executor's exclusive lock; page advice comes back as
+//! `AdviceOp`s in address order, for the executor to carry out afterwards.
+//! On an error the ops planned before the failing region still apply, as on
+//! Linux. `MADV_FREE`'s page work is in `volatile.rs` (`lazyfree`).
+
+use super::window::MAX_WINDOW_PAGES;
+use super::{bad, AdviceOp, Core};
+use crate::consts::*;
+use crate::errno::Errno;
+use crate::page::{pf, PState, PageMeta};
+use crate::region::{Advice, Kind, LockMode};
+use crate::types::{PageIdx, PageRange};
+
+impl Core {
+    /// Decides `madvise`. Attribute advice (NORMAL/RANDOM/SEQUENTIAL) is
+    /// applied to the regions here (the executor holds the exclusive lock for
+    /// it); page advice comes back as ops for the executor, in address order.
+    /// On error, the ops before the failing region still apply (Linux).
+    pub fn madvise(&mut self, addr: u64, len: u64, advice: i32) -> (Vec<AdviceOp>, Result<(), Errno>) {
+        match advice {
+            MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL | MADV_WILLNEED | MADV_DONTNEED | MADV_COLD | MADV_PAGEOUT
+            | MADV_HWPOISON | MADV_FREE => {}
+            // Advice Linux knows whose effect usermm does not need: fork
+            // (the reservation is always MADV_DONTFORK), KSM, THP (usermm
+            // installs 4 KiB pages), core dumps. Accepted, no effect.
+            MADV_DONTFORK | MADV_DOFORK | MADV_MERGEABLE | MADV_UNMERGEABLE | MADV_HUGEPAGE | MADV_NOHUGEPAGE
+            | MADV_WIPEONFORK | MADV_KEEPONFORK => {}
+            // Passed down to the host (a secret kept in a space stays out
+            // of core dumps), freeing the backing, and guard pages.
+            MADV_DONTDUMP | MADV_DODUMP | MADV_REMOVE | MADV_GUARD_INSTALL | MADV_GUARD_REMOVE => {}
+            _ => return (vec![], bad(Errno::EINVAL)),
+        }
+        if !self.aligned(addr) {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        let Some(pages) = self.len_pages(len) else {
+            return (vec![], bad(Errno::EINVAL));
+        };
+        if len != 0 && pages == 0 {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        let Some(end) = pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b)) else {
+            return (vec![], bad(Errno::EINVAL));
+        };
+        if end == addr {
+            return (vec![], Ok(()));
+        }
+        let r = self.clip(addr, pages);
+        let mut hole = !self.in_reservation(addr, pages);
+        let segs = self.regions.overlapping(r);
+        if segs.is_empty() {
+            return (vec![], bad(Errno::ENOMEM));
+        }
+        let mut ops = Vec::new();
+        let mut at = r.start;
+        for reg in segs {
+            if reg.range.start > at {
+                hole = true;
+            }
+            let seg = reg.range.intersect(&r);
+            at = seg.end;
+            let locked = reg.lock != LockMode::None;
+            match advice {
+                MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL => {
+                    let want = match advice {
+                        MADV_RANDOM => Advice::Random,
+                        MADV_SEQUENTIAL => Advice::Sequential,
+                        _ => Advice::Normal,
+                    };
+                    if reg.advice != want {
+                        let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
+                        if self.regions.len() + cost > self.cfg.max_regions {
+                            // Linux: a split beyond vm.max_map_count in madvise is EAGAIN.
+                            self.regions.merge_around(r);
+                            return (ops, bad(Errno::EAGAIN));
+                        }
+                        self.regions.split_at(seg.start);
+                        self.regions.split_at(seg.end);
+                        let reg = self.regions.find_mut(seg.start).expect("split");
+                        reg.advice = want;
+                        reg.streak = 0;
+                    }
+                }
+                MADV_DONTNEED => {
+                    if locked {
+                        return (ops, bad(Errno::EINVAL));
+                    }
+                    match reg.kind {
+                        Kind::AnonPrivate | Kind::FilePrivate => ops.push(AdviceOp::Zap(seg)),
+                        Kind::FileShared => ops.push(AdviceOp::WritebackZap(seg)),
+                        Kind::AnonShared => {}
+                    }
+                    // Shared anonymous memory keeps its data (shmem): the
+                    // pages are only unmapped on Linux, and stay resident.
+                }
+                MADV_COLD => {
+                    if locked {
+                        return (ops, bad(Errno::EINVAL));
+                    }
+                    ops.push(AdviceOp::Cold(seg));
+                }
+                MADV_PAGEOUT => {
+                    if locked {
+                        return (ops, bad(Errno::EINVAL));
+                    }
+                    ops.push(AdviceOp::Pageout(seg));
+                }
+                MADV_WILLNEED => ops.push(AdviceOp::WillNeed(seg)),
+                MADV_HWPOISON => ops.push(AdviceOp::Poison(seg)),
+                MADV_FREE => {
+                    // Linux: only anonymous private memory, never locked.
+                    if reg.kind != Kind::AnonPrivate || locked {
+                        return (ops, bad(Errno::EINVAL));
+                    }
+                    ops.push(AdviceOp::Free(seg));
+                }
+                MADV_WIPEONFORK if reg.kind != Kind::AnonPrivate => return (ops, bad(Errno::EINVAL)),
+                MADV_DONTDUMP | MADV_DODUMP => ops.push(AdviceOp::Host(seg, advice)),
+                MADV_REMOVE => {
+                    // Linux (madvise_remove): locked EINVAL, no backing
+                    // object EINVAL, not shared and writable EACCES.
+                    if locked || reg.kind == Kind::AnonPrivate {
+                        return (ops, bad(Errno::EINVAL));
+                    }
+                    if !matches!(reg.kind, Kind::AnonShared | Kind::FileShared) || !reg.may_write {
+                        return (ops, bad(Errno::EACCES));
+                    }
+                    match reg.file() {
+                        Some(file) => {
+                            ops.push(AdviceOp::PunchZap { range: seg, file, file_page: reg.file_page(seg.start) })
+                        }
+                        // Shared anonymous memory is shmem: its pages and
+                        // their data go.
+                        None => ops.push(AdviceOp::Zap(seg)),
+                    }
+                }
+                MADV_GUARD_INSTALL => {
+                    // Guard pages on private memory (Linux 6.13; shared
+                    // regions are refused here, see docs/design.md), never
+                    // locked: the pages are dropped, then the host installs
+                    // its markers (a touch raises SIGSEGV without reaching
+                    // usermm; MADV_DONTNEED keeps them; munmap removes them).
+                    if locked || !matches!(reg.kind, Kind::AnonPrivate | Kind::FilePrivate) {
+                        return (ops, bad(Errno::EINVAL));
+                    }
+                    ops.push(AdviceOp::Zap(seg));
+                    ops.push(AdviceOp::Host(seg, advice));
+                }
+                MADV_GUARD_REMOVE => ops.push(AdviceOp::Host(seg, advice)),
+                _ => {}
+            }
+        }
+        if matches!(advice, MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL) {
+            self.regions.merge_around(r);
+        }
+        if at < r.end {
+            hole = true;
+        }
+        (ops, if hole { bad(Errno::ENOMEM) } else { Ok(()) })
+    }
+
+    /// Marks every page of `r` poisoned (after the executor zapped them).
+    pub fn set_poison(&mut self, r: PageRange) {
+        for q in r.start.0..r.end.0 {
+            self.pages.update(PageIdx(q), |m| {
+                debug_assert_eq!(m.state, PState::Absent);
+                m.flags |= pf::POISONED;
+            });
+        }
+    }
+
+    /// Swapped pages of `r` to read in (MADV_WILLNEED); none are claimed: the
+    /// executor touches them through the normal fault path.
+    pub fn swapped_in(&self, r: PageRange) -> Vec<PageIdx> {
+        let mut v = Vec::new();
+        self.pages.for_each_live(r, |p, m| {
+            if m.state == PState::Swapped {
+                v.push(p)
+            }
+        });
+        // In file regions, absent pages are read from the file (read-ahead),
+        // a window at a time: one page per window is enough, the fault plan
+        // reads the run after it.
+        for reg in self.regions.overlapping(r) {
+            if reg.file().is_none() {
+                continue;
+            }
+            let seg = reg.range.intersect(&r);
+            let mut q = seg.start.0;
+            while q < seg.end.0 {
+                let m = self.pages.get(PageIdx(q));
+                if m == PageMeta::default() {
+                    v.push(PageIdx(q));
+                    q += MAX_WINDOW_PAGES;
+                } else {
+                    q += 1;
+                }
+            }
+        }
+        v.sort_unstable();
+        v
+    }
+}

@@ -1,0 +1,577 @@
+//! Reclaim policy: what leaves memory, in what order, and the commits of
+//! each step.
+//!
+//! Pages leave in two phases, both claimed while in flight: deactivation
+//! parks a resident page in a staging slot (`Deactivating`, then
+//! `Inactive`), and eviction writes a parked page to swap (`Evicting`, then
+//! `Swapped`). Volatile pages are purged instead of swapped, lazily freed
+//! ones discarded (or swapped if written since), clean pages of streaming
+//! shared file regions dropped where they are; shared file pages go back to
+//! their file (`writeback_done`, in `file.rs`). Order: volatile pages first
+//! when `purge_volatile_first` is set, then lazily freed pages, then the
+//! inactive list oldest first, refilled from the active list's head (a
+//! second chance for referenced pages). Without swap, anonymous pages are
+//! unevictable. Every `*_done` leaves the state consistent on failure: the
+//! page stays resident (parked or mapped).
+
+use super::{transfer_for, Core, Deactivate, Discard, Evict, FaultPlan, ReclaimPlan, Transfer, Writeback};
+use crate::consts::*;
+use crate::page::{pf, PState, PageMeta};
+use crate::region::{Advice, Kind, LockMode};
+use crate::types::{PageIdx, PageRange};
+
+impl Core {
+    /// Whether reclaim can free nothing however long it is waited for:
+    /// every resident page is locked, or there is no swap or it is full
+    /// (what clean pages there were, earlier rounds dropped). Short of that, a
+    /// reclaim that frees nothing only met pages in flight (being filled,
+    /// written back, parked by another thread), which settle: not an
+    /// out-of-memory condition (a SIGBUS there, on a busy 2-vCPU machine,
+    /// was raised with most of the budget evictable).
+    pub fn reclaim_hopeless(&self) -> bool {
+        self.resident <= self.locked_pages || self.swap.free() == 0
+    }
+
+    /// The frames that could ever be had: the free frames plus as many
+    /// resident pages as swap has room for (none without swap).
+    pub fn frames_obtainable(&self) -> u64 {
+        let evictable = if self.swap.capacity() == 0 { 0 } else { self.resident.min(self.swap.free() as u64) };
+        self.free_frames() + evictable
+    }
+
+    /// Plans reclaim of up to `want` frames: evictions from the inactive
+    /// list, and deactivations that refill it.
+    pub fn reclaim_plan(&mut self, want: u64) -> ReclaimPlan {
+        let mut plan = ReclaimPlan::default();
+        if self.swap.capacity() == 0
+            && self.volatile_pages == 0
+            && (self.lazyfree_pages == 0 || !self.host_lazyfree)
+            && !self.regions.iter().any(|r| r.kind == Kind::FileShared)
+        {
+            // No swap: anonymous pages are unevictable (as on a swapless
+            // Linux), so there is nothing to age either; only volatile pages
+            // could be purged.
+            return plan;
+        }
+        if self.purge_volatile_first && !self.lru.volatile.is_empty() {
+            self.plan_volatile(&mut plan, want);
+            if !plan.purge.is_empty() || !plan.deactivate.is_empty() {
+                // Volatile pages go first: nothing else leaves while they
+                // are on their way out (parked now, purged next round).
+                return plan;
+            }
+        }
+        // Lazily freed pages first: a clean one is discarded with no I/O.
+        self.plan_lazy(&mut plan, want.max(32));
+        if ((plan.deactivate.len() + plan.discard.len()) as u64) >= want {
+            // Enough lazily freed pages are on their way out (parked now,
+            // discarded by the next round): nothing dirty is evicted before
+            // them. With fewer, the rest of the round evicts as usual (every
+            // lazily freed page is already in this plan), so that lazily
+            // freed pages that cannot be parked never stop reclaim.
+            return plan;
+        }
+        // Evict the oldest inactive pages. A page that cannot go anywhere
+        // (no swap slot) is kept at the head and the scan goes on, so that
+        // volatile pages behind it can still be purged.
+        let mut kept = Vec::new();
+        let mut scanned = 0;
+        let scan_max = self.lru.inactive.len();
+        while ((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64) < want && scanned < scan_max {
+            scanned += 1;
+            let Some((p, g)) = self.lru.inactive.pop_front() else { break };
+            let m = self.pages.get(p);
+            if m.gen != g || m.state != PState::Inactive {
+                continue;
+            }
+            if self.regions.find(p).is_none() {
+                continue; // being unmapped: the zap frees it
+            }
+            if m.has(pf::VOLATILE) {
+                // Volatile: purged instead of swapped, no I/O.
+                self.pages.update(p, |m| m.state = PState::Evicting);
+                plan.purge.push((p, m.slot));
+                continue;
+            }
+            let file_shared = self.regions.find(p).filter(|r| r.kind == Kind::FileShared).cloned();
+            if let Some(reg) = file_shared {
+                // A shared file page goes back to its file, never to swap.
+                self.pages.update(p, |m| m.state = PState::Evicting);
+                plan.writeback.push(Writeback {
+                    page: p,
+                    staging: Some(m.slot),
+                    file: reg.file().expect("file region"),
+                    file_page: reg.file_page(p),
+                    clean: !m.has(pf::MAYBE_DIRTY),
+                });
+                continue;
+            }
+            if m.has(pf::LAZYFREE) && self.host_lazyfree {
+                let swap = self.swap.alloc();
+                self.pages.update(p, |m| m.state = PState::Evicting);
+                plan.discard.push(Discard { page: p, staging: m.slot, swap });
+                continue;
+            }
+            let Some(swap) = self.swap.alloc() else {
+                kept.push((p, g));
+                continue;
+            };
+            self.pages.update(p, |m| m.state = PState::Evicting);
+            plan.evict.push(Evict { page: p, staging: m.slot, swap });
+        }
+        for e in kept.into_iter().rev() {
+            self.lru.inactive.push_front(e);
+        }
+        // Refill the inactive list from the head of the active list.
+        let target = self.inactive_target();
+        let short = want.saturating_sub((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64);
+        let mut scanned = 0;
+        let scan_max = self.lru.active.len();
+        while ((self.inactive + plan.deactivate.len() as u64) < target
+            || ((plan.deactivate.len() + plan.drop.len()) as u64) < short)
+            && scanned < scan_max
+        {
+            scanned += 1;
+            let Some((p, g)) = self.lru.active.pop_front() else { break };
+            let m = self.pages.get(p);
+            if m.gen != g || m.state != PState::Resident {
+                continue;
+            }
+            let Some(reg) = self.regions.find(p) else { continue };
+            if reg.lock != LockMode::None || m.has(pf::LOCKED) {
+                continue; // unevictable: off the LRU until unlocked
+            }
+            if reg.writable() && reg.prot != PROT_READ | PROT_WRITE {
+                // Writable but not plain RW (e.g. RWX): neither MOVE nor a
+                // race-free copy is possible; keep it (documented).
+                self.lru.active.push_back((p, g));
+                continue;
+            }
+            if m.has(pf::REFERENCED) {
+                self.pages.update(p, |m| m.flags &= !pf::REFERENCED);
+                self.lru.active.push_back((p, g));
+                continue;
+            }
+            if reg.kind == Kind::FileShared
+                && reg.advice == Advice::Sequential
+                && !m.has(pf::MAYBE_DIRTY)
+                && !m.has(pf::VOLATILE)
+            {
+                if (plan.drop.len() as u64) >= short {
+                    // Only as many as the round wants (never age a stream
+                    // into staging): the rest stays, oldest first.
+                    self.lru.active.push_front((p, g));
+                    break;
+                }
+                // (Zapping: being dropped where it is, frame still charged.)
+                self.pages.update(p, |m| m.state = PState::Zapping);
+                plan.drop.push(p);
+                continue;
+            }
+            if !m.has(pf::VOLATILE)
+                && reg.kind != Kind::FileShared
+                && self.swap.free() as u64 <= plan.deactivate.len() as u64
+            {
+                // No swap room: only volatile pages can leave.
+                self.lru.active.push_back((p, g));
+                continue;
+            }
+            let Some(slot) = self.staging.alloc() else { break };
+            let how = transfer_for(reg.prot);
+            self.pages.update(p, |m| {
+                m.state = PState::Deactivating;
+                m.slot = slot;
+            });
+            let host_free = self.host_lazyfree && m.has(pf::VOLATILE);
+            plan.deactivate.push(Deactivate { page: p, slot, how, host_free });
+        }
+        plan
+    }
+
+    /// The inactive list's target length: a quarter of the budget.
+    pub fn inactive_target(&self) -> u64 {
+        (self.cfg.budget_pages / 4).max(1)
+    }
+
+    /// Whether the inactive list should be refilled ahead of need: once the
+    /// budget is half full, pages start aging (deactivation, no eviction), so
+    /// that the first evictions come from a list the program has had time
+    /// to touch — the hot pages prove themselves before any page leaves.
+    pub fn needs_aging(&self) -> bool {
+        // Only with swap: without it nothing aged could be evicted but
+        // volatile pages, which are purged when pressure comes anyway, and
+        // parking them early only costs the program minor faults.
+        self.swap.capacity() > 0
+            && self.resident * 2 >= self.cfg.budget_pages
+            && self.inactive < self.inactive_target()
+            && !self.lru.active.is_empty()
+    }
+
+    /// Plans work on lazily freed pages, oldest first, up to `want` pages:
+    /// parked ones are discarded now; mapped ones are parked this round (and
+    /// discarded by the next).
+    fn plan_lazy(&mut self, plan: &mut ReclaimPlan, want: u64) {
+        let mut parked = Vec::new();
+        let mut scanned = 0;
+        let lazy_max = self.lru.lazy.len();
+        while ((plan.discard.len() + plan.deactivate.len()) as u64) < want && scanned < lazy_max {
+            scanned += 1;
+            let Some(p) = self.lru.lazy.pop_front() else { break };
+            let m = self.pages.get(p);
+            if !m.has(pf::LAZYFREE) || m.has(pf::VOLATILE) || self.regions.find(p).is_none() {
+                continue;
+            }
+            if m.has(pf::LOCKED) || self.regions.find(p).is_some_and(|r| r.lock != LockMode::None) {
+                // Locked since it was freed (mlock after MADV_FREE): never
+                // reclaimed while locked, and no longer a lazy candidate.
+                continue;
+            }
+            match m.state {
+                PState::Inactive if self.host_lazyfree => {
+                    let swap = self.swap.alloc();
+                    self.pages.update(p, |m| m.state = PState::Evicting);
+                    plan.discard.push(Discard { page: p, staging: m.slot, swap });
+                }
+                PState::Resident if self.host_lazyfree => {
+                    let Some(reg) = self.regions.find(p) else { continue };
+                    if reg.prot != PROT_READ | PROT_WRITE {
+                        continue;
+                    }
+                    let Some(slot) = self.staging.alloc() else {
+                        self.lru.lazy.push_front(p);
+                        break;
+                    };
+                    self.pages.update(p, |m| {
+                        m.state = PState::Deactivating;
+                        m.slot = slot;
+                    });
+                    plan.deactivate.push(Deactivate { page: p, slot, how: Transfer::Move, host_free: false });
+                    // To the front: the next round discards it first (a round
+                    // that parks lazy pages evicts nothing else).
+                    parked.push(p);
+                }
+                _ => self.lru.lazy.push_back(p),
+            }
+        }
+        for p in parked.into_iter().rev() {
+            self.lru.lazy.push_front(p);
+        }
+    }
+
+    /// Plans the purge of volatile pages, oldest mark first, up to `want`
+    /// pages (`set_purge_volatile_first`): parked ones are purged now;
+    /// mapped ones are parked this round (and purged by the next, unless
+    /// touched meanwhile, which parks them again the round after).
+    fn plan_volatile(&mut self, plan: &mut ReclaimPlan, want: u64) {
+        let mut parked = Vec::new();
+        let mut scanned = 0;
+        let max = self.lru.volatile.len();
+        while ((plan.purge.len() + plan.deactivate.len()) as u64) < want && scanned < max {
+            scanned += 1;
+            let Some(p) = self.lru.volatile.pop_front() else { break };
+            let m = self.pages.get(p);
+            if !m.has(pf::VOLATILE) || m.has(pf::PURGED) {
+                continue;
+            }
+            let Some(reg) = self.regions.find(p).cloned() else { continue };
+            match m.state {
+                PState::Inactive => {
+                    self.pages.update(p, |m| m.state = PState::Evicting);
+                    plan.purge.push((p, m.slot));
+                }
+                PState::Resident => {
+                    if reg.lock != LockMode::None || m.has(pf::LOCKED) {
+                        continue;
+                    }
+                    if reg.writable() && reg.prot != PROT_READ | PROT_WRITE {
+                        continue; // cannot be parked (see reclaim_plan)
+                    }
+                    let Some(slot) = self.staging.alloc() else {
+                        self.lru.volatile.push_front(p);
+                        break;
+                    };
+                    self.pages.update(p, |m| {
+                        m.state = PState::Deactivating;
+                        m.slot = slot;
+                        m.flags &= !pf::REFERENCED;
+                    });
+                    let host_free = self.host_lazyfree;
+                    plan.deactivate.push(Deactivate { page: p, slot, how: transfer_for(reg.prot), host_free });
+                    parked.push(p);
+                }
+                PState::Absent | PState::Swapped => {}
+                _ => self.lru.volatile.push_back(p),
+            }
+        }
+        for p in parked.into_iter().rev() {
+            self.lru.volatile.push_front(p);
+        }
+    }
+
+    /// Lazily freed pages beyond the space's bound (`set_lazyfree_max`).
+    pub fn lazyfree_excess(&self) -> u64 {
+        self.lazyfree_pages.saturating_sub(self.lazyfree_max)
+    }
+
+    /// Plans the eager discard of the lazily freed pages beyond the bound.
+    pub fn lazyfree_trim_plan(&mut self) -> ReclaimPlan {
+        let mut plan = ReclaimPlan::default();
+        let excess = self.lazyfree_excess();
+        if excess > 0 && self.host_lazyfree {
+            self.plan_lazy(&mut plan, excess);
+        }
+        plan
+    }
+
+    /// Bounds how many lazily freed pages the space keeps (`u64::MAX`:
+    /// unbounded); past it, `MADV_FREE` discards the oldest at once.
+    pub fn set_lazyfree_max(&mut self, pages: u64) {
+        self.lazyfree_max = pages;
+    }
+
+    /// How many frames a fault that finds none reclaims at once: enough to
+    /// amortise the work, never so many that a small budget is flushed.
+    pub fn direct_reclaim_batch(&self) -> u64 {
+        (self.cfg.budget_pages / 8).clamp(1, 16)
+    }
+
+    /// Plans the deactivation (MADV_COLD) or deactivation-then-eviction
+    /// (MADV_PAGEOUT) of the resident pages of `r`.
+    pub fn deactivate_range(&mut self, r: PageRange) -> Vec<Deactivate> {
+        let mut v = Vec::new();
+        let Some(reg) = self.regions.find(r.start).cloned() else { return v };
+        if reg.lock != LockMode::None || self.swap.capacity() == 0 {
+            return v;
+        }
+        if reg.writable() && reg.prot != PROT_READ | PROT_WRITE {
+            return v;
+        }
+        let how = transfer_for(reg.prot);
+        for (p, m) in self.pages.live_in(r) {
+            if m.state != PState::Resident || m.has(pf::LOCKED) {
+                continue;
+            }
+            let Some(slot) = self.staging.alloc() else { break };
+            self.pages.update(p, |m| {
+                m.state = PState::Deactivating;
+                m.slot = slot;
+                m.flags &= !pf::REFERENCED;
+            });
+            let host_free = self.host_lazyfree && m.has(pf::VOLATILE);
+            v.push(Deactivate { page: p, slot, how, host_free });
+        }
+        v
+    }
+
+    /// Plans the eviction of the given inactive pages (skipping the others).
+    pub fn evict_pages(&mut self, pages: &[PageIdx]) -> Vec<Evict> {
+        let mut v = Vec::new();
+        for &p in pages {
+            let m = self.pages.get(p);
+            if m.state != PState::Inactive || m.has(pf::VOLATILE) {
+                continue;
+            }
+            let Some(swap) = self.swap.alloc() else { break };
+            self.pages.update(p, |m| m.state = PState::Evicting);
+            v.push(Evict { page: p, staging: m.slot, swap });
+        }
+        v
+    }
+
+    /// Plans the eviction of every inactive page of `r` (MADV_PAGEOUT, after
+    /// `deactivate_range`), at most `max`.
+    pub fn evict_range(&mut self, r: PageRange, max: usize) -> Vec<Evict> {
+        let mut v = Vec::new();
+        for (p, m) in self.pages.live_in(r) {
+            if v.len() >= max {
+                break;
+            }
+            if m.state != PState::Inactive || m.has(pf::VOLATILE) {
+                continue;
+            }
+            let Some(swap) = self.swap.alloc() else { break };
+            self.pages.update(p, |m| m.state = PState::Evicting);
+            v.push(Evict { page: p, staging: m.slot, swap });
+        }
+        v
+    }
+
+    pub fn deactivate_done(&mut self, d: &Deactivate, ok: bool) {
+        debug_assert_eq!(self.pages.get(d.page).state, PState::Deactivating);
+        if ok {
+            self.pages.update(d.page, |m| m.state = PState::Inactive);
+            self.inactive += 1;
+            self.push_inactive(d.page);
+            self.counters.deactivations += 1;
+        } else {
+            self.staging.release(d.slot);
+            self.pages.update(d.page, |m| {
+                m.state = PState::Resident;
+                m.slot = 0;
+            });
+            // The region may have been locked while the page was in flight.
+            self.note_resident(d.page);
+        }
+    }
+
+    /// Commits a deactivation that found the page gone from the host: a
+    /// lazily freed page the host discarded under its own pressure (its
+    /// `MADV_FREE` was passed down). The page is discarded exactly as a
+    /// discard by reclaim would leave it (reads back as zeros) and its frame
+    /// is free; returns true. Any other page cannot be gone: the
+    /// deactivation just failed (returns false).
+    pub fn deactivate_lost(&mut self, d: &Deactivate) -> bool {
+        let m = self.pages.get(d.page);
+        if !m.has(pf::LAZYFREE) || m.has(pf::VOLATILE) {
+            self.deactivate_done(d, false);
+            return false;
+        }
+        debug_assert_eq!(m.state, PState::Deactivating);
+        self.staging.release(d.slot);
+        self.resident -= 1;
+        self.lazyfree_pages -= 1;
+        self.pages.update(d.page, |m| {
+            m.state = PState::Absent;
+            m.slot = 0;
+            m.flags &= !(pf::LAZYFREE | pf::REFERENCED | pf::MAYBE_DIRTY);
+        });
+        self.counters.lazyfree_discards += 1;
+        self.counters.evictions += 1;
+        true
+    }
+
+    /// Commits the drop of a clean page of a streaming file region (see
+    /// `ReclaimPlan::drop`): on success the page is gone (the next touch
+    /// reads the file); otherwise it stays resident.
+    pub fn drop_done(&mut self, p: PageIdx, ok: bool) {
+        debug_assert_eq!(self.pages.get(p).state, PState::Zapping);
+        if ok {
+            self.pages.set(p, PageMeta::default());
+            self.resident -= 1;
+        } else {
+            self.pages.update(p, |m| m.state = PState::Resident);
+            self.note_resident(p);
+        }
+    }
+
+    /// Commits an eviction. On success the executor has written the data to
+    /// swap and dropped the staging frame.
+    pub fn evict_done(&mut self, e: &Evict, ok: bool) {
+        debug_assert_eq!(self.pages.get(e.page).state, PState::Evicting);
+        if ok {
+            self.staging.release(e.staging);
+            self.inactive -= 1;
+            self.swapped += 1;
+            self.resident -= 1;
+            let was_lazy = self.pages.get(e.page).has(pf::LAZYFREE);
+            if was_lazy {
+                self.lazyfree_pages -= 1;
+            }
+            self.pages.update(e.page, |m| {
+                m.state = PState::Swapped;
+                m.slot = e.swap;
+                m.flags &= !pf::LAZYFREE;
+            });
+            self.counters.swapouts += 1;
+            self.counters.evictions += 1;
+        } else {
+            // The page stays resident (parked); the slot is not reused blindly.
+            self.swap.release(e.swap);
+            self.pages.update(e.page, |m| m.state = PState::Inactive);
+            self.push_inactive(e.page);
+            self.counters.swap_write_errors += 1;
+        }
+    }
+
+    /// Commits a purge: the executor dropped the staging frame and put a
+    /// poison marker at the page's address.
+    pub fn purge_done(&mut self, p: PageIdx, staging: u32) {
+        debug_assert_eq!(self.pages.get(p).state, PState::Evicting);
+        self.staging.release(staging);
+        self.inactive -= 1;
+        self.resident -= 1;
+        if self.pages.get(p).has(pf::LAZYFREE) {
+            self.lazyfree_pages -= 1;
+        }
+        self.pages.update(p, |m| {
+            m.state = PState::Absent;
+            m.slot = 0;
+            m.flags = (m.flags | pf::PURGED) & !pf::LAZYFREE;
+        });
+        self.counters.volatile_purges += 1;
+        self.counters.evictions += 1;
+    }
+
+    /// Commits a checked reactivation that found the staging slot empty: the
+    /// host discarded the parked volatile page (`Reactivate { checked }`).
+    /// The page is purged exactly as a purge by reclaim would leave it; the
+    /// executor has dropped the slot and installed nothing.
+    pub fn reactivate_lost(&mut self, plan: &FaultPlan) {
+        let FaultPlan::Reactivate { page, slot, .. } = *plan else { return };
+        debug_assert_eq!(self.pages.get(page).state, PState::Filling);
+        self.staging.release(slot);
+        self.inactive -= 1;
+        self.resident -= 1;
+        let m = self.pages.get(page);
+        if m.has(pf::LAZYFREE) {
+            self.lazyfree_pages -= 1;
+        }
+        let purged = if m.has(pf::VOLATILE) { pf::PURGED } else { 0 };
+        self.pages.update(page, |m| {
+            m.state = PState::Absent;
+            m.slot = 0;
+            m.flags = (m.flags | purged) & !(pf::LAZYFREE | pf::REFERENCED);
+        });
+        if purged != 0 {
+            self.counters.volatile_purges += 1;
+            self.counters.host_purges += 1;
+        }
+    }
+
+    /// Commits a discard attempt. `dropped`: the host dropped the clean
+    /// page (no I/O); otherwise the program wrote it since `MADV_FREE`, and
+    /// `written` says whether the executor wrote it to `d.swap`.
+    pub fn discard_done(&mut self, d: &Discard, dropped: bool, written: bool) {
+        debug_assert_eq!(self.pages.get(d.page).state, PState::Evicting);
+        self.lazyfree_pages -= 1;
+        if dropped {
+            if let Some(s) = d.swap {
+                self.swap.release(s);
+            }
+            self.staging.release(d.staging);
+            self.inactive -= 1;
+            self.resident -= 1;
+            self.pages.update(d.page, |m| {
+                m.state = PState::Absent;
+                m.slot = 0;
+                m.flags &= !pf::LAZYFREE;
+            });
+            self.counters.lazyfree_discards += 1;
+            self.counters.evictions += 1;
+            return;
+        }
+        // Written since: an ordinary dirty page now.
+        self.pages.update(d.page, |m| m.flags &= !pf::LAZYFREE);
+        match (d.swap, written) {
+            (Some(swap), true) => {
+                self.staging.release(d.staging);
+                self.inactive -= 1;
+                self.swapped += 1;
+                self.resident -= 1;
+                self.pages.update(d.page, |m| {
+                    m.state = PState::Swapped;
+                    m.slot = swap;
+                });
+                self.counters.swapouts += 1;
+                self.counters.evictions += 1;
+            }
+            (swap, _) => {
+                if let Some(s) = swap {
+                    self.swap.release(s);
+                }
+                self.pages.update(d.page, |m| m.state = PState::Inactive);
+                self.push_inactive(d.page);
+            }
+        }
+    }
+}

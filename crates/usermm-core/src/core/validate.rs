@@ -1,0 +1,106 @@
+//! `validate`: walks the whole state and asserts every invariant (Linux's
+//! `validate_mm()`); tests call it after each step.
+//!
+//! It checks the region tree, the page table and both slot allocators on
+//! their own, then every counter the core keeps against a recount from the
+//! pages (`resident`, `inactive`, `swapped`, `locked_pages`,
+//! `volatile_pages`, `lazyfree_pages`) and the regions (`locked_charged`,
+//! `file_pages`), allowing for pages in flight (`Filling`, `Evicting`,
+//! `Zapping`) that still count where they came from.
+
+use super::Core;
+use crate::page::{pf, PState};
+use crate::region::LockMode;
+use crate::types::PageRange;
+
+impl Core {
+    /// Walks the whole state and asserts every invariant.
+    pub fn validate(&self) {
+        self.regions.validate(self.cfg.reserve_pages);
+        assert!(self.regions.len() <= self.cfg.max_regions, "region limit");
+        for h in &self.held {
+            assert!(!self.regions.any_in(*h), "held range {h:?} has regions");
+        }
+        self.pages.validate();
+        self.swap.validate();
+        self.staging.validate();
+        let all = PageRange::new(0, self.cfg.reserve_pages);
+        let (mut res, mut ina, mut sw, mut staged, mut evicting, mut zapping, mut filling) =
+            (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+        let mut swap_seen = std::collections::HashSet::new();
+        let mut staging_seen = std::collections::HashSet::new();
+        self.pages.for_each_live(all, |p, m| {
+            if m.state != PState::Absent {
+                assert!(
+                    self.regions.find(p).is_some() || self.held.iter().any(|h| h.contains(p)),
+                    "page {p:?} ({:?}) outside every region",
+                    m.state
+                );
+            }
+            if m.state.holds_frame() {
+                res += 1;
+            }
+            match m.state {
+                PState::Inactive | PState::Deactivating | PState::Evicting => {
+                    staged += 1;
+                    assert!(self.staging.is_used(m.slot), "staging slot of {p:?}");
+                    assert!(staging_seen.insert(m.slot), "staging slot shared");
+                    match m.state {
+                        PState::Inactive => ina += 1,
+                        PState::Evicting => evicting += 1,
+                        _ => {}
+                    }
+                }
+                PState::Swapped => {
+                    sw += 1;
+                    assert!(self.swap.is_used(m.slot), "swap slot of {p:?}");
+                    assert!(swap_seen.insert(m.slot), "swap slot shared");
+                }
+                PState::Zapping => zapping += 1,
+                PState::Filling => filling += 1,
+                _ => {}
+            }
+        });
+        assert_eq!(res, self.resident, "resident count");
+        assert!(self.resident <= self.cfg.budget_pages, "over budget");
+        assert!(self.resident_max <= self.cfg.budget_pages, "max over budget");
+        assert!(self.resident <= self.resident_max, "max below current");
+        // A page being filled (swap-in, reactivation) still holds its old
+        // slot and counts where it came from until `fill_done`.
+        assert!(sw <= self.swapped && self.swapped <= sw + filling, "swapped count");
+        let su = self.swap.used() as u64;
+        // (A lazily freed page being discarded may hold no swap slot.)
+        assert!(su >= sw && su <= sw + evicting + filling, "swap slots in use");
+        let used = self.staging.used() as u64;
+        assert!(used >= staged && used <= staged + zapping + filling, "staging slots in use");
+        assert!(self.inactive >= ina && self.inactive <= ina + evicting + zapping + filling, "inactive count");
+        let locked: u64 = self.regions.iter().filter(|r| r.lock != LockMode::None).map(|r| r.range.pages()).sum();
+        assert_eq!(locked, self.locked_charged, "lock charge");
+        let mut lp = 0;
+        self.pages.for_each_live(all, |p, m| {
+            if m.has(pf::LOCKED) {
+                lp += 1;
+                assert!(
+                    self.regions.find(p).is_some_and(|r| r.lock != LockMode::None)
+                        || self.held.iter().any(|h| h.contains(p)),
+                    "locked page {p:?} outside a locked region"
+                );
+            }
+        });
+        assert_eq!(lp, self.locked_pages, "locked pages count");
+        let mut fp: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
+        for r in self.regions.iter() {
+            if let Some(f) = r.file() {
+                *fp.entry(f).or_insert(0) += r.range.pages();
+            }
+        }
+        assert_eq!(fp, self.file_pages, "pages per file");
+        let (mut vp, mut lz) = (0, 0);
+        self.pages.for_each_live(all, |_, m| {
+            vp += u64::from(m.has(pf::VOLATILE));
+            lz += u64::from(m.has(pf::LAZYFREE));
+        });
+        assert_eq!(vp, self.volatile_pages, "volatile pages count");
+        assert_eq!(lz, self.lazyfree_pages, "lazyfree pages count");
+    }
+}

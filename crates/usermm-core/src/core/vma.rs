@@ -1,0 +1,391 @@
+//! Region changes: `mmap`, `munmap` and `mprotect`.
+//!
+//! Every call here changes region metadata only (split, insert, merge,
+//! detach) and never touches a page: `munmap` detaches the range and holds
+//! it (`Core::held`) until the executor has zapped its pages and calls
+//! `unhold`, and a `MAP_FIXED` replacement comes back as `MmapPlan::replaced`
+//! for the executor to zap the same way (seed 003, Linux's
+//! `do_vmi_munmap`/`unmap_region` split). Argument checks follow Linux's
+//! order (`do_mmap`, `do_mprotect_pkey`) so that each call returns the errno
+//! Linux would. Invariant kept: the region count never exceeds
+//! `CoreConfig::max_regions` once a call returns.
+
+use super::{bad, Core, Detached, FileMap, FileRange, MmapPlan, MmapReply, TASK_SIZE};
+use crate::consts::*;
+use crate::errno::Errno;
+use crate::page::pf;
+use crate::region::{Advice, Kind, LockMode, Region, FILE_OBJECT};
+use crate::types::{PageIdx, PageRange};
+
+impl Core {
+    /// Decides an anonymous `mmap`. `anon` is false for a file mapping, which
+    /// the executor has validated (the descriptor) before calling.
+    pub fn mmap(&mut self, addr: u64, len: u64, prot: i32, flags: i32) -> Result<MmapReply, Errno> {
+        self.mmap_in(addr, len, prot, flags, None)
+    }
+
+    /// Decides a file `mmap`: the executor has checked the descriptor (EBADF,
+    /// ENODEV, EACCES for a descriptor not open for reading) and gives the
+    /// file's id, whether it is open for writing, and the offset in pages.
+    pub fn mmap_file(&mut self, addr: u64, len: u64, prot: i32, flags: i32, file: FileMap) -> Result<MmapReply, Errno> {
+        self.mmap_in(addr, len, prot, flags & !MAP_ANONYMOUS, Some(file))
+    }
+
+    fn mmap_in(
+        &mut self,
+        addr: u64,
+        len: u64,
+        prot: i32,
+        flags: i32,
+        file: Option<FileMap>,
+    ) -> Result<MmapReply, Errno> {
+        // Linux's order (do_mmap): the length, the offset, the address
+        // (alignment, MAP_FIXED_NOREPLACE overlap), the lock limit, and only
+        // then the mapping type and the file's checks.
+        if len == 0 {
+            return bad(Errno::EINVAL);
+        }
+        if flags & MAP_HUGETLB != 0 {
+            return bad(Errno::EINVAL);
+        }
+        let pages = self.len_pages(len).ok_or(Errno::ENOMEM)?;
+        if pages == 0 {
+            return bad(Errno::ENOMEM);
+        }
+        if let Some(f) = &file {
+            if f.off_pages.checked_add(pages).is_none() {
+                return bad(Errno::EOVERFLOW);
+            }
+        }
+        let fixed = flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0;
+        let fixed_range = if fixed {
+            if !self.aligned(addr) {
+                return bad(Errno::EINVAL);
+            }
+            if !self.in_reservation(addr, pages) {
+                return bad(Errno::EINVAL);
+            }
+            let r = self.clip(addr, pages);
+            if flags & MAP_FIXED_NOREPLACE != 0 && (self.regions.any_in(r) || self.held.iter().any(|h| h.overlaps(&r)))
+            {
+                return bad(Errno::EEXIST);
+            }
+            Some(r)
+        } else {
+            None
+        };
+        let lock = if flags & UMM_MAP_LOCKONFAULT != 0 {
+            LockMode::OnFault
+        } else if flags & MAP_LOCKED != 0 {
+            // Under mlockall(MCL_FUTURE | MCL_ONFAULT), MAP_LOCKED adds
+            // VM_LOCKED to the default VM_LOCKED | VM_LOCKONFAULT: still
+            // lock-on-fault (Linux).
+            if self.lock_future == Some(LockMode::OnFault) {
+                LockMode::OnFault
+            } else {
+                LockMode::Locked
+            }
+        } else {
+            self.lock_future.unwrap_or(LockMode::None)
+        };
+        if lock != LockMode::None {
+            if !self.cfg.mlock_allowed {
+                return bad(Errno::EPERM);
+            }
+            if self.locked_charged.saturating_add(pages) > self.cfg.memlock_pages {
+                return bad(Errno::EAGAIN);
+            }
+        }
+        let shared = match flags & MAP_TYPE {
+            MAP_SHARED => true,
+            MAP_PRIVATE => false,
+            MAP_SHARED_VALIDATE => {
+                // Linux validates flags only for file mappings; an anonymous
+                // MAP_SHARED_VALIDATE is EINVAL whatever the flags.
+                if flags & MAP_ANONYMOUS != 0 {
+                    return bad(Errno::EINVAL);
+                }
+                if flags & !(LEGACY_MAP_MASK | MAP_FIXED_NOREPLACE | UMM_MAP_LOCKONFAULT | MAP_SHARED_VALIDATE) != 0 {
+                    return bad(Errno::EOPNOTSUPP);
+                }
+                true
+            }
+            _ => return bad(Errno::EINVAL),
+        };
+        if flags & MAP_ANONYMOUS == 0 && file.is_none() {
+            // The executor maps files through `mmap_file`.
+            return bad(Errno::ENODEV);
+        }
+        if let Some(f) = &file {
+            // Linux: a shared writable mapping needs a descriptor open for
+            // writing.
+            if shared && prot & PROT_WRITE != 0 && !f.writable {
+                return bad(Errno::EACCES);
+            }
+        }
+        let start = if let Some(r) = fixed_range {
+            if self.held.iter().any(|h| h.overlaps(&r)) {
+                return Ok(MmapReply::WaitUnmapping);
+            }
+            r.start.0
+        } else {
+            let ps = self.page_size();
+            // x86-64 Linux rounds an unaligned hint down.
+            let hint = addr & !(ps - 1);
+            let hinted = (hint != 0 && self.in_reservation(hint, pages)).then(|| self.clip(hint, pages));
+            match hinted {
+                Some(r) if !self.regions.any_in(r) && !self.held.iter().any(|h| h.overlaps(&r)) => r.start.0,
+                _ => self.regions.find_gap(pages, 0, self.cfg.reserve_pages, &self.held).ok_or(Errno::ENOMEM)?,
+            }
+        };
+        let range = PageRange::new(start, start + pages);
+        // Region count: the new region, plus splits of regions it cuts.
+        let mut new_count = self.regions.len() + 1;
+        let cut = self.regions.overlapping(range);
+        new_count -= cut.len();
+        new_count += self.regions.split_cost(range.start) + self.regions.split_cost(range.end);
+        let would_merge = self.merge_neighbours(range, prot, shared || file.is_some(), lock, flags);
+        if new_count - would_merge > self.cfg.max_regions {
+            return bad(Errno::ENOMEM);
+        }
+        let replaced = if cut.is_empty() { None } else { Some(self.detach(range)) };
+        let object = match &file {
+            Some(f) => FILE_OBJECT | f.id as u64,
+            None if shared => {
+                let o = self.next_object;
+                self.next_object += 1;
+                o
+            }
+            None => 0,
+        };
+        if lock != LockMode::None {
+            self.locked_charged += pages;
+        }
+        if let Some(f) = &file {
+            *self.file_pages.entry(f.id).or_insert(0) += pages;
+        }
+        self.regions.insert(Region {
+            range,
+            prot: prot & PROT_MASK,
+            kind: match (&file, shared) {
+                (Some(_), true) => Kind::FileShared,
+                (Some(_), false) => Kind::FilePrivate,
+                (None, true) => Kind::AnonShared,
+                (None, false) => Kind::AnonPrivate,
+            },
+            advice: Advice::Normal,
+            noreserve: flags & MAP_NORESERVE != 0,
+            lock,
+            object,
+            pgoff: file.as_ref().map_or(0, |f| f.off_pages),
+            next_fault: u64::MAX,
+            streak: 0,
+            may_write: file.as_ref().is_none_or(|f| f.writable || !shared),
+        });
+        self.regions.merge_around(range);
+        // A MAP_FIXED replacement's pages must be gone before the new region
+        // is seen; the executor zaps `replaced` under the exclusive lock. The
+        // range is held until then so that faults in it wait.
+        Ok(MmapReply::Done(MmapPlan { range, prot: prot & PROT_MASK, replaced }))
+    }
+
+    /// How many neighbours (0..=2) a new region would merge with.
+    fn merge_neighbours(&self, range: PageRange, prot: i32, shared: bool, lock: LockMode, flags: i32) -> usize {
+        if shared {
+            return 0;
+        }
+        let probe = Region {
+            range,
+            prot: prot & PROT_MASK,
+            kind: Kind::AnonPrivate,
+            advice: Advice::Normal,
+            noreserve: flags & MAP_NORESERVE != 0,
+            lock,
+            object: 0,
+            pgoff: 0,
+            next_fault: 0,
+            streak: 0,
+            may_write: true,
+        };
+        let mut n = 0;
+        if range.start.0 > 0 {
+            if let Some(prev) = self.regions.find(PageIdx(range.start.0 - 1)) {
+                if prev.range.end == range.start && prev.can_merge(&probe) {
+                    n += 1;
+                }
+            }
+        }
+        if let Some(next) = self.regions.find(range.end) {
+            if probe.can_merge(next) {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Splits at the boundaries of `r`, removes the regions inside, holds the
+    /// parts that had regions, and uncharges their locks. O(regions + log n):
+    /// no page is touched (seed 003).
+    fn detach(&mut self, r: PageRange) -> Detached {
+        self.regions.split_at(r.start);
+        self.regions.split_at(r.end);
+        let removed = self.regions.remove_range(r);
+        let mut ranges: Vec<PageRange> = Vec::new();
+        let mut locked = Vec::new();
+        let mut files = Vec::new();
+        for reg in &removed {
+            if reg.lock != LockMode::None {
+                self.locked_charged -= reg.range.pages();
+                locked.push(reg.range);
+            }
+            if reg.kind == Kind::FileShared {
+                files.push(FileRange { range: reg.range, file: reg.file().expect("file"), file_page: reg.pgoff });
+            }
+            if let Some(f) = reg.file() {
+                let n = self.file_pages.entry(f).or_insert(0);
+                *n -= reg.range.pages();
+                if *n == 0 {
+                    self.file_pages.remove(&f);
+                }
+            }
+            match ranges.last_mut() {
+                Some(last) if last.end == reg.range.start => last.end = reg.range.end,
+                _ => ranges.push(reg.range),
+            }
+        }
+        self.held.extend(ranges.iter().copied());
+        Detached { ranges, locked, files }
+    }
+
+    /// Phase 1 of `munmap`, under the exclusive lock: validate and detach.
+    /// Returns `None` when nothing was mapped there.
+    pub fn munmap(&mut self, addr: u64, len: u64) -> Result<Option<Detached>, Errno> {
+        if !self.aligned(addr) || addr > TASK_SIZE || len > TASK_SIZE - addr {
+            return bad(Errno::EINVAL);
+        }
+        let pages = self.len_pages(len).ok_or(Errno::EINVAL)?;
+        if pages == 0 {
+            return bad(Errno::EINVAL);
+        }
+        if !self.in_reservation(addr, pages) {
+            return bad(Errno::EINVAL);
+        }
+        let r = self.clip(addr, pages);
+        if !self.regions.any_in(r) {
+            return Ok(None);
+        }
+        // Unmapping the middle of a region adds one region (Linux checks the
+        // limit before splitting).
+        if let Some(reg) = self.regions.find(r.start) {
+            if reg.range.start < r.start && r.end < reg.range.end && self.regions.len() >= self.cfg.max_regions {
+                return bad(Errno::ENOMEM);
+            }
+        }
+        Ok(Some(self.detach(r)))
+    }
+
+    /// The last phase of `munmap`: the range may be reused.
+    pub fn unhold(&mut self, d: &Detached) {
+        for r in &d.ranges {
+            let i = self.held.iter().position(|h| h == r).expect("held range");
+            self.held.swap_remove(i);
+        }
+    }
+
+    /// Decides `mprotect`. Returns the segments to apply (in order) and the
+    /// call's result; on error the segments before the failure are applied,
+    /// as Linux does.
+    pub fn mprotect(&mut self, addr: u64, len: u64, prot: i32) -> (Vec<PageRange>, Result<(), Errno>) {
+        const PROT_SEM: i32 = 0x8;
+        const PROT_GROWSDOWN: i32 = 0x0100_0000;
+        const PROT_GROWSUP: i32 = 0x0200_0000;
+        if !self.aligned(addr) {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        if len == 0 {
+            return (vec![], Ok(()));
+        }
+        let Some(pages) = self.len_pages(len).filter(|p| *p > 0) else {
+            return (vec![], bad(Errno::ENOMEM));
+        };
+        if pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b)).is_none() {
+            return (vec![], bad(Errno::ENOMEM));
+        }
+        if prot & !(PROT_MASK | PROT_SEM | PROT_GROWSDOWN | PROT_GROWSUP) != 0
+            || prot & (PROT_GROWSDOWN | PROT_GROWSUP) == PROT_GROWSDOWN | PROT_GROWSUP
+        {
+            return (vec![], bad(Errno::EINVAL));
+        }
+        if prot & (PROT_GROWSDOWN | PROT_GROWSUP) != 0 {
+            // No region grows: Linux finds the first mapping in the range
+            // (none: ENOMEM), then refuses it for not growing (EINVAL).
+            let r = self.clip(addr, pages);
+            let any = !r.is_empty() && self.regions.any_in(r);
+            return (vec![], bad(if any { Errno::EINVAL } else { Errno::ENOMEM }));
+        }
+        let prot = prot & PROT_MASK;
+        if !self.in_reservation(addr, pages) {
+            // Partly outside: Linux applies the mapped prefix; the reservation
+            // edge is a hole.
+            let r = self.clip(addr, pages);
+            if r.is_empty() || self.addr_of(r.start).0 != addr {
+                return (vec![], bad(Errno::ENOMEM));
+            }
+            let (v, _) = self.mprotect_range(r, prot);
+            return (v, bad(Errno::ENOMEM));
+        }
+        let r = self.clip(addr, pages);
+        self.mprotect_range(r, prot)
+    }
+
+    fn mprotect_range(&mut self, r: PageRange, prot: i32) -> (Vec<PageRange>, Result<(), Errno>) {
+        let segs = self.regions.overlapping(r);
+        let mut applied = Vec::new();
+        let mut at = r.start;
+        for reg in segs {
+            if reg.range.start > at {
+                break;
+            }
+            let seg = reg.range.intersect(&r);
+            if prot & PROT_WRITE != 0 && !reg.may_write {
+                // Linux: PROT_WRITE on a shared mapping of a descriptor not
+                // open for writing (the parts before were changed).
+                self.regions.merge_around(r);
+                return (applied, bad(Errno::EACCES));
+            }
+            if reg.prot != prot {
+                // Split, change and merge first, then check the count: a
+                // change that merges into a neighbour only moves a boundary
+                // (Linux succeeds at the limit then). Undo if over.
+                self.regions.split_at(seg.start);
+                self.regions.split_at(seg.end);
+                self.regions.find_mut(seg.start).expect("split").prot = prot;
+                if prot & PROT_WRITE != 0 {
+                    for (p, m) in self.pages.live_in(seg) {
+                        if m.state.holds_frame() {
+                            self.pages.update(p, |m| m.flags |= pf::MAYBE_DIRTY);
+                        }
+                    }
+                }
+                self.regions.merge_around(seg);
+                if self.regions.len() > self.cfg.max_regions {
+                    self.regions.split_at(seg.start);
+                    self.regions.split_at(seg.end);
+                    self.regions.find_mut(seg.start).expect("split").prot = reg.prot;
+                    self.regions.merge_around(r);
+                    return (applied, bad(Errno::ENOMEM));
+                }
+                applied.push(seg);
+            }
+            at = seg.end;
+            if at >= r.end {
+                break;
+            }
+        }
+        self.regions.merge_around(r);
+        if at < r.end {
+            return (applied, bad(Errno::ENOMEM));
+        }
+        (applied, Ok(()))
+    }
+}

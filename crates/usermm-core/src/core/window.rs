@@ -1,0 +1,111 @@
+//! Fault-around window policy: how many pages a fault fills or swaps in
+//! around the touched one.
+//!
+//! `Core::fault_in` (`fault.rs`) asks these functions, per page state, and
+//! grows the run it claims with `grow_run`. The rules: a populate takes the
+//! largest window; a random or locked region, a shared anonymous one or
+//! `exact_faults` take the touched page alone; a sequential region takes the
+//! largest window; a normal one takes one page until three faults in a row
+//! land where the last run ended (a streak), then blocks of `BLOCK_PAGES`
+//! doubling up to `MAX_WINDOW_PAGES`, and a large one fills a whole block on
+//! a second fault in it (`dense_block`). A swap-in clusters up to
+//! `SWAP_CLUSTER_PAGES` consecutive slots. A read fault in a locked file
+//! region maps Linux's fault-around window (`file_fault_around_block`).
+//! Every window is bounded by the free frames, the region (or the populate
+//! range), and any chunk being zapped.
+
+use crate::page::{PageMeta, PageTable};
+use crate::region::{Advice, LockMode, Region};
+use crate::types::{PageIdx, PageRange};
+
+/// Largest fault-around window, in pages.
+pub const MAX_WINDOW_PAGES: u64 = 256;
+
+/// Swap-in cluster for `MADV_NORMAL` regions, in pages.
+pub const SWAP_CLUSTER_PAGES: u64 = 32;
+
+/// Fault-around block for dense access in large regions, in pages.
+pub const BLOCK_PAGES: u64 = 64;
+
+/// Linux's `fault_around_bytes` (default 64 KiB): the aligned window a read
+/// fault in a file mapping maps, and so locks in a lock-on-fault region.
+pub const FAULT_AROUND_BYTES: u64 = 64 << 10;
+
+/// Regions at least this large (pages) get block fault-around on dense access.
+pub const BLOCK_MIN_REGION_PAGES: u64 = 8192;
+
+/// Grows `run` backwards and forwards over untouched pages, within `block`
+/// and up to `max` pages.
+pub(super) fn grow_run(pages: &PageTable, run: &mut PageRange, block: PageRange, max: u64) {
+    while run.start > block.start && run.pages() < max && pages.get(PageIdx(run.start.0 - 1)) == PageMeta::default() {
+        run.start.0 -= 1;
+    }
+    while run.end < block.end && run.pages() < max && pages.get(run.end) == PageMeta::default() {
+        run.end.0 += 1;
+    }
+}
+
+/// How many consecutive swap slots a fault on a swapped page of `reg` reads
+/// (a populate takes the largest window).
+pub(super) fn swap_in_window(reg: &Region, populate: bool) -> u64 {
+    if populate {
+        MAX_WINDOW_PAGES
+    } else if reg.advice == Advice::Random || reg.lock != LockMode::None {
+        1
+    } else if reg.advice == Advice::Sequential {
+        MAX_WINDOW_PAGES
+    } else {
+        SWAP_CLUSTER_PAGES
+    }
+}
+
+/// How many untouched pages from `p` a fault in `reg` fills (a populate
+/// takes the largest window; `exact` takes the page alone). Under normal
+/// advice it advances the region's sequential streak: a fault where the
+/// last run ended extends it, any other resets it.
+pub(super) fn fault_around_window(reg: &mut Region, p: PageIdx, populate: bool, exact: bool) -> u64 {
+    if populate {
+        MAX_WINDOW_PAGES
+    } else if exact || reg.lock != LockMode::None {
+        1
+    } else {
+        match reg.advice {
+            Advice::Random => 1,
+            Advice::Sequential => MAX_WINDOW_PAGES,
+            Advice::Normal => {
+                if p.0 == reg.next_fault {
+                    reg.streak = reg.streak.saturating_add(1);
+                } else {
+                    reg.streak = 0;
+                }
+                if reg.streak >= 3 {
+                    (BLOCK_PAGES << (reg.streak - 3).min(4)).min(MAX_WINDOW_PAGES)
+                } else {
+                    1
+                }
+            }
+        }
+    }
+}
+
+/// Dense access in a large region: a second fault in an aligned block of
+/// `BLOCK_PAGES` fills the block (like a 64 KiB mTHP). Returns the block
+/// around `p`, within `region`, if a page of it is already live.
+pub(super) fn dense_block(pages: &PageTable, p: PageIdx, region: PageRange) -> Option<PageRange> {
+    let b0 = (p.0 / BLOCK_PAGES) * BLOCK_PAGES;
+    let block = PageRange::new(b0, b0 + BLOCK_PAGES).intersect(&region);
+    let mut seen = false;
+    pages.for_each_live(block, |_, _| seen = true);
+    seen.then_some(block)
+}
+
+/// The window Linux maps around a read fault at `p` in a file mapping
+/// (`do_fault_around()`): it starts at the `FAULT_AROUND_BYTES`-aligned
+/// block or the region's start, whichever is later, and keeps its length up
+/// to the region's end or the page table's (512 entries).
+pub(super) fn file_fault_around_block(p: PageIdx, region: PageRange, page_shift: u32) -> PageRange {
+    let n = (FAULT_AROUND_BYTES >> page_shift).max(1);
+    let from = ((p.0 / n) * n).max(region.start.0);
+    let table_end = (p.0 / 512 + 1) * 512;
+    PageRange::new(from, (from + n).min(table_end).min(region.end.0))
+}

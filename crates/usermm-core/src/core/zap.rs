@@ -1,0 +1,79 @@
+//! Zap: dropping the pages of a range (munmap's second phase, a `MAP_FIXED`
+//! replacement, `MADV_DONTNEED` and friends).
+//!
+//! `zap_begin` claims every page of the range (`Zapping`) and records the
+//! chunk in `zapping`, so that a fault in it waits instead of filling a page
+//! the host is about to drop; it refuses (`Err(())`) while a page is busy.
+//! The executor drops the frames, then `zap_end` forgets the pages, releases
+//! their slots and uncharges them. Invariant: every page of a chunk in
+//! `zapping` is settled or `Zapping`. A zap cannot fail by construction: it
+//! only drops.
+
+use super::{Core, ZapClaim};
+use crate::page::{pf, PState, PageMeta};
+use crate::types::PageRange;
+
+impl Core {
+    /// Claims the pages of `r` for dropping. `Err(())` means a page is busy:
+    /// wait and call again.
+    #[allow(clippy::result_unit_err)]
+    pub fn zap_begin(&mut self, r: PageRange) -> Result<ZapClaim, ()> {
+        let live = self.pages.live_in(r);
+        if live.iter().any(|(_, m)| m.state.busy()) {
+            return Err(());
+        }
+        self.zapping.push(r);
+        let mut claim = ZapClaim { range: r, staging: Vec::new(), mapped: false };
+        for (p, m) in live {
+            if m.has(pf::POISONED) || m.has(pf::PURGED) {
+                // The poison marker must go with the page.
+                claim.mapped = true;
+            }
+            match m.state {
+                PState::Resident => {
+                    claim.mapped = true;
+                    self.pages.update(p, |m| m.state = PState::Zapping);
+                }
+                PState::Inactive => {
+                    claim.staging.push(m.slot);
+                    self.pages.update(p, |m| m.state = PState::Zapping);
+                }
+                _ => {}
+            }
+        }
+        Ok(claim)
+    }
+
+    /// Drops the pages of a claim: the executor has dropped the frames.
+    pub fn zap_end(&mut self, c: &ZapClaim) {
+        if let Some(i) = self.zapping.iter().position(|z| *z == c.range) {
+            self.zapping.swap_remove(i);
+        }
+        for (p, m) in self.pages.live_in(c.range) {
+            if m.has(pf::LOCKED) {
+                self.locked_pages -= 1;
+            }
+            if m.has(pf::VOLATILE) {
+                self.volatile_pages -= 1;
+            }
+            if m.has(pf::LAZYFREE) {
+                self.lazyfree_pages -= 1;
+            }
+            match m.state {
+                PState::Zapping => self.resident -= 1,
+                PState::Swapped => {
+                    self.swap.release(m.slot);
+                    self.swapped -= 1;
+                }
+                PState::Absent => {}
+                s => panic!("zap_end: page {p:?} in state {s:?}"),
+            }
+            self.pages.set(p, PageMeta::default());
+        }
+        self.maybe_compact(2 * c.range.pages().div_ceil(512) as usize);
+        for &s in &c.staging {
+            self.staging.release(s);
+            self.inactive -= 1;
+        }
+    }
+}
