@@ -47,6 +47,7 @@ mod introspect;
 mod madvise;
 mod mlock;
 mod plan;
+mod range;
 mod reclaim;
 mod validate;
 mod vma;
@@ -289,8 +290,7 @@ impl Core {
     }
     fn in_reservation(&self, addr: u64, pages: u64) -> bool {
         let top = self.cfg.base + (self.cfg.reserve_pages << self.cfg.page_shift);
-        addr >= self.cfg.base
-            && pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b)).is_some_and(|e| e <= top)
+        addr >= self.cfg.base && self.range_end(addr, pages).is_some_and(|e| e <= top)
     }
 }
 

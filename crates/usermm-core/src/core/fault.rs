@@ -50,7 +50,7 @@ impl Core {
         if len != 0 && pages == 0 {
             return (vec![], bad(Errno::EINVAL));
         }
-        if pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b)).is_none() {
+        if self.range_end(addr, pages).is_none() {
             return (vec![], bad(Errno::EINVAL));
         }
         if pages == 0 {
@@ -59,22 +59,19 @@ impl Core {
         if !self.in_reservation(addr, pages) && self.page_of(Addr(addr)).is_none() {
             return (vec![], bad(Errno::ENOMEM));
         }
-        let r = self.clip(addr, pages);
+        let w = self.walk(addr, pages);
+        let need = if write { PROT_WRITE } else { PROT_READ };
         let mut segs = Vec::new();
-        let mut at = r.start;
-        for reg in self.regions.overlapping(r) {
-            if reg.range.start > at {
+        for p in &w.pieces {
+            if p.hole_before {
                 return (segs, bad(Errno::ENOMEM));
             }
-            let need = if write { PROT_WRITE } else { PROT_READ };
-            if reg.prot & need == 0 {
+            if p.reg.prot & need == 0 {
                 return (segs, bad(Errno::EINVAL));
             }
-            let seg = reg.range.intersect(&r);
-            segs.push(seg);
-            at = seg.end;
+            segs.push(p.seg);
         }
-        if at < r.end || !self.in_reservation(addr, pages) {
+        if w.hole_after || w.outside {
             return (segs, bad(Errno::ENOMEM));
         }
         (segs, Ok(()))

@@ -137,31 +137,20 @@ impl Core {
             return (vec![], Ok(()));
         }
         let pages = bytes >> self.cfg.page_shift;
-        let r = self.clip(addr, pages);
-        let mut hole = !self.in_reservation(addr, pages);
-        let mut segs = Vec::new();
-        let mut at = r.start;
-        let regs = self.regions.overlapping(r);
-        if regs.is_empty() {
+        let w = self.walk(addr, pages);
+        if w.pieces.is_empty() {
             return (vec![], bad(Errno::ENOMEM));
         }
-        for reg in regs {
-            if reg.range.start > at {
-                hole = true;
-            }
-            if flags & MS_INVALIDATE != 0 && reg.lock != LockMode::None {
+        let mut segs = Vec::new();
+        for p in &w.pieces {
+            if flags & MS_INVALIDATE != 0 && p.reg.lock != LockMode::None {
                 return (segs, bad(Errno::EBUSY));
             }
-            let seg = reg.range.intersect(&r);
-            if reg.kind == Kind::FileShared {
-                segs.push(seg);
+            if p.reg.kind == Kind::FileShared {
+                segs.push(p.seg);
             }
-            at = seg.end;
         }
-        if at < r.end {
-            hole = true;
-        }
-        (segs, if hole { bad(Errno::ENOMEM) } else { Ok(()) })
+        (segs, if w.has_hole() { bad(Errno::ENOMEM) } else { Ok(()) })
     }
 
     /// The file ids still mapped by a live region.

@@ -28,7 +28,7 @@ impl Core {
         if !self.aligned(addr) {
             return bad(Errno::EINVAL);
         }
-        if pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b)).is_none_or(|e| e > TASK_SIZE) {
+        if self.range_end(addr, pages).is_none_or(|e| e > TASK_SIZE) {
             return bad(Errno::ENOMEM);
         }
         Ok(self.clip(addr, pages))
@@ -58,17 +58,14 @@ impl Core {
             return bad(Errno::ENOMEM);
         }
         let mut i = 0usize;
-        let mut at = r.start;
-        for reg in self.regions.overlapping(r) {
-            if reg.range.start > at {
+        for p in self.walk_range(r).pieces {
+            if p.hole_before {
                 return bad(Errno::ENOMEM);
             }
-            let seg = reg.range.intersect(&r);
-            for q in seg.start.0..seg.end.0 {
+            for q in p.seg.start.0..p.seg.end.0 {
                 f(i, self.pages.get(PageIdx(q)));
                 i += 1;
             }
-            at = seg.end;
         }
         if (i as u64) < pages {
             return bad(Errno::ENOMEM);

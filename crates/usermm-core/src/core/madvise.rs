@@ -8,6 +8,7 @@
 //! On an error the ops planned before the failing region still apply, as on
 //! Linux. `MADV_FREE`'s page work is in `volatile.rs` (`lazyfree`).
 
+use super::range::Piece;
 use super::window::MAX_WINDOW_PAGES;
 use super::{bad, AdviceOp, Core};
 use crate::consts::*;
@@ -44,26 +45,20 @@ impl Core {
         if len != 0 && pages == 0 {
             return (vec![], bad(Errno::EINVAL));
         }
-        let Some(end) = pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b)) else {
+        let Some(end) = self.range_end(addr, pages) else {
             return (vec![], bad(Errno::EINVAL));
         };
         if end == addr {
             return (vec![], Ok(()));
         }
         let r = self.clip(addr, pages);
-        let mut hole = !self.in_reservation(addr, pages);
-        let segs = self.regions.overlapping(r);
-        if segs.is_empty() {
+        let w = self.walk(addr, pages);
+        if w.pieces.is_empty() {
             return (vec![], bad(Errno::ENOMEM));
         }
+        let hole = w.has_hole();
         let mut ops = Vec::new();
-        let mut at = r.start;
-        for reg in segs {
-            if reg.range.start > at {
-                hole = true;
-            }
-            let seg = reg.range.intersect(&r);
-            at = seg.end;
+        for Piece { reg, seg, .. } in w.pieces {
             let locked = reg.lock != LockMode::None;
             match advice {
                 MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL => {
@@ -157,9 +152,6 @@ impl Core {
         }
         if matches!(advice, MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL) {
             self.regions.merge_around(r);
-        }
-        if at < r.end {
-            hole = true;
         }
         (ops, if hole { bad(Errno::ENOMEM) } else { Ok(()) })
     }

@@ -8,6 +8,7 @@
 //! Invariants kept: `locked_charged` is the page count of all locked
 //! regions, and `locked_pages` the count of pages flagged `LOCKED`.
 
+use super::range::Piece;
 use super::{bad, Core, LockPlan};
 use crate::consts::*;
 use crate::errno::Errno;
@@ -63,15 +64,14 @@ impl Core {
             plan.result = bad(Errno::EINVAL);
             return plan;
         }
-        let mut at = r.start;
-        let mut hole = !self.in_reservation(start, pages);
-        for reg in self.regions.overlapping(r) {
-            if reg.range.start > at {
+        let w = self.walk(start, pages);
+        // Linux stops at the first hole (or at a split it cannot make).
+        let mut hole = w.outside || w.hole_after;
+        for Piece { reg, seg, hole_before } in w.pieces {
+            if hole_before {
                 hole = true;
                 break;
             }
-            let seg = reg.range.intersect(&r);
-            at = seg.end;
             if reg.lock == mode {
                 continue;
             }
@@ -82,9 +82,6 @@ impl Core {
             }
             self.set_lock(seg, mode, &mut plan);
             plan.changed.push((seg, reg.lock));
-        }
-        if at < r.end {
-            hole = true;
         }
         self.regions.merge_around(r);
         if hole {

@@ -10,6 +10,7 @@
 //! Linux would. Invariant kept: the region count never exceeds
 //! `CoreConfig::max_regions` once a call returns.
 
+use super::range::Piece;
 use super::{bad, Core, Detached, FileMap, FileRange, MmapPlan, MmapReply, TASK_SIZE};
 use crate::consts::*;
 use crate::errno::Errno;
@@ -308,7 +309,7 @@ impl Core {
         let Some(pages) = self.len_pages(len).filter(|p| *p > 0) else {
             return (vec![], bad(Errno::ENOMEM));
         };
-        if pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b)).is_none() {
+        if self.range_end(addr, pages).is_none() {
             return (vec![], bad(Errno::ENOMEM));
         }
         if prot & !(PROT_MASK | PROT_SEM | PROT_GROWSDOWN | PROT_GROWSUP) != 0
@@ -339,14 +340,15 @@ impl Core {
     }
 
     fn mprotect_range(&mut self, r: PageRange, prot: i32) -> (Vec<PageRange>, Result<(), Errno>) {
-        let segs = self.regions.overlapping(r);
+        let w = self.walk_range(r);
         let mut applied = Vec::new();
-        let mut at = r.start;
-        for reg in segs {
-            if reg.range.start > at {
+        // Linux stops at the first hole: ENOMEM, the pieces before changed.
+        let mut hole = w.hole_after;
+        for Piece { reg, seg, hole_before } in w.pieces {
+            if hole_before {
+                hole = true;
                 break;
             }
-            let seg = reg.range.intersect(&r);
             if prot & PROT_WRITE != 0 && !reg.may_write {
                 // Linux: PROT_WRITE on a shared mapping of a descriptor not
                 // open for writing (the parts before were changed).
@@ -377,13 +379,9 @@ impl Core {
                 }
                 applied.push(seg);
             }
-            at = seg.end;
-            if at >= r.end {
-                break;
-            }
         }
         self.regions.merge_around(r);
-        if at < r.end {
+        if hole {
             return (applied, bad(Errno::ENOMEM));
         }
         (applied, Ok(()))

@@ -50,32 +50,18 @@ impl Core {
         let Some(pages) = self.len_pages(len) else {
             return (vec![], bad(Errno::EINVAL));
         };
-        if pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b)).is_none() {
+        if self.range_end(addr, pages).is_none() {
             return (vec![], bad(Errno::EINVAL));
         }
         if pages == 0 {
             return (vec![], Ok(()));
         }
-        let r = self.clip(addr, pages);
-        let regs = self.regions.overlapping(r);
-        if refuse_locked && regs.iter().any(|g| g.lock != LockMode::None) {
+        let w = self.walk(addr, pages);
+        if refuse_locked && w.pieces.iter().any(|p| p.reg.lock != LockMode::None) {
             return (vec![], bad(Errno::EINVAL));
         }
-        let mut segs = Vec::new();
-        let mut at = r.start;
-        let mut hole = !self.in_reservation(addr, pages) || regs.is_empty();
-        for reg in regs {
-            if reg.range.start > at {
-                hole = true;
-            }
-            let seg = reg.range.intersect(&r);
-            segs.push(seg);
-            at = seg.end;
-        }
-        if at < r.end {
-            hole = true;
-        }
-        (segs, if hole { bad(Errno::ENOMEM) } else { Ok(()) })
+        let segs = w.pieces.iter().map(|p| p.seg).collect();
+        (segs, if w.has_hole() { bad(Errno::ENOMEM) } else { Ok(()) })
     }
 
     /// Decides `mnovolatile`: `Err(None)` means a page of the range is busy
