@@ -41,18 +41,10 @@ impl Core {
     /// (Linux populates up to the failing region: a hole is `ENOMEM`, a
     /// region without the needed protection `EINVAL`).
     pub fn populate_check(&self, addr: u64, len: u64, write: bool) -> (Vec<PageRange>, Result<(), Errno>) {
-        if !self.aligned(addr) {
-            return (vec![], bad(Errno::EINVAL));
-        }
-        let Some(pages) = self.len_pages(len) else {
-            return (vec![], bad(Errno::EINVAL));
+        let pages = match self.advice_pages(addr, len) {
+            Ok(p) => p,
+            Err(e) => return (vec![], Err(e)),
         };
-        if len != 0 && pages == 0 {
-            return (vec![], bad(Errno::EINVAL));
-        }
-        if self.range_end(addr, pages).is_none() {
-            return (vec![], bad(Errno::EINVAL));
-        }
         if pages == 0 {
             return (vec![], Ok(()));
         }

@@ -36,19 +36,11 @@ impl Core {
             MADV_DONTDUMP | MADV_DODUMP | MADV_REMOVE | MADV_GUARD_INSTALL | MADV_GUARD_REMOVE => {}
             _ => return (vec![], bad(Errno::EINVAL)),
         }
-        if !self.aligned(addr) {
-            return (vec![], bad(Errno::EINVAL));
-        }
-        let Some(pages) = self.len_pages(len) else {
-            return (vec![], bad(Errno::EINVAL));
+        let pages = match self.advice_pages(addr, len) {
+            Ok(p) => p,
+            Err(e) => return (vec![], Err(e)),
         };
-        if len != 0 && pages == 0 {
-            return (vec![], bad(Errno::EINVAL));
-        }
-        let Some(end) = self.range_end(addr, pages) else {
-            return (vec![], bad(Errno::EINVAL));
-        };
-        if end == addr {
+        if pages == 0 {
             return (vec![], Ok(()));
         }
         let r = self.clip(addr, pages);

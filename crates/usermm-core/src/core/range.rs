@@ -46,6 +46,22 @@ impl Core {
         pages.checked_shl(self.cfg.page_shift).and_then(|b| addr.checked_add(b))
     }
 
+    /// The page count of an advice's range (`madvise`, and populate, which
+    /// is an advice): `EINVAL` for an unaligned start, a length that
+    /// rounds past the top, or a range that overflows, as Linux's
+    /// `madvise` checks them before looking at any mapping.
+    pub(super) fn advice_pages(&self, addr: u64, len: u64) -> Result<u64, Errno> {
+        if !self.aligned(addr) {
+            return bad(Errno::EINVAL);
+        }
+        let pages = self.len_pages(len).ok_or(Errno::EINVAL)?;
+        if len != 0 && pages == 0 {
+            return bad(Errno::EINVAL);
+        }
+        self.range_end(addr, pages).ok_or(Errno::EINVAL)?;
+        Ok(pages)
+    }
+
     /// The mapped pieces of `pages` pages from `addr` (clipped to the
     /// reservation; the part outside is a hole).
     pub(super) fn walk(&self, addr: u64, pages: u64) -> Walk {
