@@ -139,6 +139,11 @@ pub struct Core {
     /// Invariant: the number of pages whose state holds a frame.
     resident: u64,
     resident_max: u64,
+    /// Where a page whose metadata starts afresh (generation 0: new, or
+    /// reset by a zap) starts its LRU generations, so that an old entry of
+    /// the page still in a list does not become valid again (advanced by an
+    /// odd stride at each use).
+    fresh_gen: u16,
     /// Invariant: the number of `Inactive` pages.
     inactive: u64,
     /// Invariant: the number of `Swapped` pages.
@@ -191,6 +196,7 @@ impl Core {
             lru: Lru::default(),
             resident: 0,
             resident_max: 0,
+            fresh_gen: 1,
             inactive: 0,
             swapped: 0,
             locked_charged: 0,

@@ -87,6 +87,11 @@ impl<T: Copy> Fifo<T> {
         self.len == 0
     }
 
+    /// The entries, oldest first (for `validate`).
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.chunks.iter().flatten()
+    }
+
     pub fn push_back(&mut self, x: T) {
         match self.chunks.back_mut() {
             Some(c) if c.len() < CHUNK => c.push_back(x),

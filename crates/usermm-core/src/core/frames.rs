@@ -42,9 +42,18 @@ impl Core {
         }
     }
 
+    /// The next generation of page `p`'s LRU entry.
+    fn next_gen(&mut self, gen: u16) -> u16 {
+        if gen != 0 {
+            return gen.wrapping_add(1).max(1);
+        }
+        self.fresh_gen = self.fresh_gen.wrapping_add(40_503).max(1);
+        self.fresh_gen
+    }
+
     pub(super) fn push_active(&mut self, p: PageIdx) {
         let mut m = self.pages.get(p);
-        m.gen = m.gen.wrapping_add(1);
+        m.gen = self.next_gen(m.gen);
         self.pages.set(p, m);
         self.lru.active.push_back((p, m.gen));
         // Zaps compact the lists (they make entries stale in bulk); a fault
@@ -57,7 +66,7 @@ impl Core {
 
     pub(super) fn push_inactive(&mut self, p: PageIdx) {
         let mut m = self.pages.get(p);
-        m.gen = m.gen.wrapping_add(1);
+        m.gen = self.next_gen(m.gen);
         self.pages.set(p, m);
         self.lru.inactive.push_back((p, m.gen));
     }

@@ -107,9 +107,14 @@ impl Core {
                 if m.has(pf::LOCKED) {
                     self.pages.update(p, |m| m.flags &= !pf::LOCKED);
                     self.locked_pages -= 1;
-                    if m.state == PState::Resident {
-                        self.push_active(p);
-                    }
+                }
+                // Every resident page goes back on the LRU, flagged or not
+                // (a lock-on-fault read maps the zero page unflagged, and
+                // reclaim drops locked regions' entries): otherwise it
+                // would stay resident, never reclaimed, after the unlock.
+                // (A new entry makes any old one stale.)
+                if m.state == PState::Resident {
+                    self.push_active(p);
                 }
             } else if m.state == PState::Resident && !m.has(pf::LOCKED) {
                 self.pages.update(p, |m| m.flags |= pf::LOCKED);

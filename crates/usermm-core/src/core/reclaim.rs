@@ -176,7 +176,13 @@ impl Core {
                 self.lru.active.push_back((p, g));
                 continue;
             }
-            let Some(slot) = self.staging.alloc() else { break };
+            let Some(slot) = self.staging.alloc() else {
+                // No staging slot: the page stays where it was, oldest
+                // first (dropping its entry here would leave it resident
+                // and never reclaimed).
+                self.lru.active.push_front((p, g));
+                break;
+            };
             let how = transfer_for(reg.prot);
             self.pages.update(p, |m| {
                 m.state = PState::Deactivating;

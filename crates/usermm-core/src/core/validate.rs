@@ -11,7 +11,7 @@
 use super::Core;
 use crate::page::{pf, PState};
 use crate::region::LockMode;
-use crate::types::PageRange;
+use crate::types::{PageIdx, PageRange};
 
 impl Core {
     /// Walks the whole state and asserts every invariant.
@@ -102,5 +102,45 @@ impl Core {
         });
         assert_eq!(vp, self.volatile_pages, "volatile pages count");
         assert_eq!(lz, self.lazyfree_pages, "lazyfree pages count");
+        self.validate_lru();
+    }
+
+    /// Every resident unlocked page is on the active list, every parked
+    /// page on the inactive list, each exactly once (by a valid entry: its
+    /// generation matches the page's); a locked page at most once (until
+    /// reclaim drops its entry); no valid entry names any other page.
+    /// A page missing from its list would never be reclaimed; one on it
+    /// twice would be aged twice as fast.
+    fn validate_lru(&self) {
+        let mut on = std::collections::HashMap::<PageIdx, (u32, u32)>::new();
+        for &(p, gen) in self.lru.active.iter() {
+            let m = self.pages.get(p);
+            if m.gen == gen && m.state == PState::Resident {
+                on.entry(p).or_default().0 += 1;
+            }
+        }
+        for &(p, gen) in self.lru.inactive.iter() {
+            let m = self.pages.get(p);
+            if m.gen == gen && m.state == PState::Inactive {
+                on.entry(p).or_default().1 += 1;
+            }
+        }
+        let all = PageRange::new(0, self.cfg.reserve_pages);
+        self.pages.for_each_live(all, |p, m| {
+            let (a, i) = on.remove(&p).unwrap_or_default();
+            match m.state {
+                PState::Resident if !m.has(pf::LOCKED) => {
+                    assert!(a == 1 && i == 0, "resident unlocked page {p:?} ({m:?}): on the active list {a}x")
+                }
+                // A page locked since it was queued keeps its entry until
+                // reclaim pops it and drops it (off the LRU until unlocked).
+                PState::Resident => assert!(a <= 1 && i == 0, "locked page {p:?} ({m:?}): on the active list {a}x"),
+                PState::Inactive => {
+                    assert!(a == 0 && i == 1, "parked page {p:?} ({m:?}): on the inactive list {i}x")
+                }
+                _ => assert_eq!((a, i), (0, 0), "page {p:?} ({m:?}) on an LRU list"),
+            }
+        });
+        assert!(on.is_empty(), "LRU entries of pages the page table does not hold: {on:?}");
     }
 }
