@@ -144,6 +144,9 @@ pub struct Core {
     /// the page still in a list does not become valid again (advanced by an
     /// odd stride at each use).
     fresh_gen: u16,
+    /// Whether the budget ran out under a fault since it was last less than
+    /// half full (see `reclaim_ahead`).
+    pressure: bool,
     /// Invariant: the number of `Inactive` pages.
     inactive: u64,
     /// Invariant: the number of `Swapped` pages.
@@ -197,6 +200,7 @@ impl Core {
             resident: 0,
             resident_max: 0,
             fresh_gen: 1,
+            pressure: false,
             inactive: 0,
             swapped: 0,
             locked_charged: 0,

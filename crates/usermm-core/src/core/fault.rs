@@ -129,6 +129,7 @@ impl Core {
             }
             PState::Swapped => {
                 if free == 0 {
+                    self.pressure = true;
                     return FaultPlan::Reclaim { want: 1 };
                 }
                 let window = swap_in_window(reg, populate.is_some());
@@ -152,6 +153,7 @@ impl Core {
                     return FaultPlan::Sigbus;
                 }
                 if free == 0 {
+                    self.pressure = true;
                     return FaultPlan::Reclaim { want: 1 };
                 }
                 // Fault-around: how many pages past (and around) `p`.

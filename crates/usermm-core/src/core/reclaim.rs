@@ -194,6 +194,21 @@ impl Core {
         plan
     }
 
+    /// Whether reclaim should work ahead of the program (keep free frames
+    /// above the executor's watermarks, age pages): only once the budget has
+    /// run out under a fault, since it was last less than half full. A
+    /// working set that fits the budget never runs it out, and then nothing
+    /// is evicted or aged ahead of need — as Linux's memory cgroup, which
+    /// reclaims only at its limit. (Keeping 3–6% of the budget free ahead
+    /// of need turned a working set equal to the budget into a stream of
+    /// evictions and re-faults.)
+    pub fn reclaim_ahead(&mut self) -> bool {
+        if self.resident * 2 < self.cfg.budget_pages {
+            self.pressure = false;
+        }
+        self.pressure
+    }
+
     /// The inactive list's target length: a quarter of the budget.
     pub fn inactive_target(&self) -> u64 {
         (self.cfg.budget_pages / 4).max(1)
@@ -206,8 +221,11 @@ impl Core {
     pub fn needs_aging(&self) -> bool {
         // Only with swap: without it nothing aged could be evicted but
         // volatile pages, which are purged when pressure comes anyway, and
-        // parking them early only costs the program minor faults.
-        self.swap.capacity() > 0
+        // parking them early only costs the program minor faults. Only under
+        // pressure: a working set that fits is never aged (each aged page
+        // costs a minor fault when touched, for no eviction to come).
+        self.pressure
+            && self.swap.capacity() > 0
             && self.resident * 2 >= self.cfg.budget_pages
             && self.inactive < self.inactive_target()
             && !self.lru.active.is_empty()

@@ -128,6 +128,12 @@ impl Core {
         let all = PageRange::new(0, self.cfg.reserve_pages);
         self.pages.for_each_live(all, |p, m| {
             let (a, i) = on.remove(&p).unwrap_or_default();
+            if self.regions.find(p).is_none() {
+                // Detached, being unmapped: reclaim drops its entries as it
+                // meets them (the zap frees the page).
+                assert!(a <= 1 && i <= 1, "detached page {p:?} ({m:?}) on the LRU lists {a}x and {i}x");
+                return;
+            }
             match m.state {
                 PState::Resident if !m.has(pf::LOCKED) => {
                     assert!(a == 1 && i == 0, "resident unlocked page {p:?} ({m:?}): on the active list {a}x")

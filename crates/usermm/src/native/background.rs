@@ -18,7 +18,8 @@ impl Inner {
                         c = lock(&self.core);
                         continue;
                     }
-                    let need = reclaim && (c.free_frames() < self.low_watermark || c.needs_aging());
+                    let need =
+                        reclaim && c.reclaim_ahead() && (c.free_frames() < self.low_watermark || c.needs_aging());
                     if need || !lock(&self.willneed).is_empty() {
                         break;
                     }
@@ -74,8 +75,9 @@ impl Inner {
             }
             let mm = self.read_mm();
             let (want, aging) = {
-                let c = lock(&self.core);
-                (self.high_watermark.saturating_sub(c.free_frames()), c.needs_aging())
+                let mut c = lock(&self.core);
+                let want = if c.reclaim_ahead() { self.high_watermark.saturating_sub(c.free_frames()) } else { 0 };
+                (want, c.needs_aging())
             };
             if want > 0 {
                 let freed = self.reclaim_rounds(&mm, want.min(RECLAIM_BATCH), false);
