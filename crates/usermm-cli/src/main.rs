@@ -18,6 +18,7 @@ mod common;
 mod fault;
 mod lockonfault;
 mod madvfree;
+mod memcg;
 mod munmap;
 mod outofcore;
 mod params;
@@ -245,6 +246,27 @@ fn write_out(dir: &Path, exps: &[Experiment], mode: &str, header: &[(String, Str
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // The kernel-memcg child (re-executed by the benchmark, see memcg.rs).
+    if args.first().map(String::as_str) == Some(memcg::CHILD_CMD) {
+        let r = match args.get(1).map(String::as_str) {
+            Some("reclaim") => reclaim::kernel_memcg_child(&args[2..]),
+            other => Err(format!("unknown child experiment {other:?}")),
+        };
+        return match r {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(m) => {
+                eprintln!("usermm {}: {m}", memcg::CHILD_CMD);
+                ExitCode::from(1)
+            }
+        };
+    }
+    // Before any other thread exists: SIGINT/SIGTERM go to the teardown
+    // thread, which removes what kernel-memcg set up and ends the process.
+    if let Err(e) = usermm_sys::process::block_termination_signals() {
+        eprintln!("usermm: cannot block SIGINT/SIGTERM: {e:?}");
+        return ExitCode::from(1);
+    }
+    memcg::install_signal_teardown();
     let cmd = match parse(&args) {
         Ok(Some(c)) => c,
         Ok(None) => {
