@@ -81,7 +81,7 @@ const EXPERIMENTS: [ExpDef; 8] = [
     },
     ExpDef {
         name: "outofcore",
-        about: "a file 4× the budget mapped MAP_SHARED: random, hot/cold, sequential reads vs kernel mmap and a pread cache",
+        about: "a file 4× the budget mapped MAP_SHARED: random, hot/cold, sequential reads vs the kernel in a memory cgroup of the budget, kernel mmap with no limit, a pread cache",
         params: outofcore::params,
         run: outofcore::run,
     },
@@ -250,6 +250,7 @@ fn main() -> ExitCode {
     if args.first().map(String::as_str) == Some(memcg::CHILD_CMD) {
         let r = match args.get(1).map(String::as_str) {
             Some("reclaim") => reclaim::kernel_memcg_child(&args[2..]),
+            Some("outofcore") => outofcore::kernel_memcg_child(&args[2..]),
             other => Err(format!("unknown child experiment {other:?}")),
         };
         return match r {

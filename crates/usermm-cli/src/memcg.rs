@@ -165,12 +165,12 @@ fn run(cmd: &str, args: &[&std::ffi::OsStr]) -> Result<(), String> {
 }
 
 /// The swap file and the limit, set up for one experiment: children run
-/// under it one by one ([`KernelLimit::run_child`]). Dropping it turns the
-/// swap file off and deletes it.
+/// under it one by one ([`KernelLimit::run_child`]), each in a fresh memory
+/// group. Dropping it turns the swap file off and deletes it.
 pub struct KernelLimit {
-    swap_path: PathBuf,
+    swap_path: Option<PathBuf>,
     limit_bytes: usize,
-    _swap: Guard,
+    _swap: Option<Guard>,
 }
 
 /// What one child run gave: its stdout, and its group's counters.
@@ -184,13 +184,18 @@ pub struct ChildRun {
 
 impl KernelLimit {
     /// Checks that the kernel can be limited here, and makes and turns on a
-    /// swap file of `swap_bytes` in `swap_dir`. `Err` says why it cannot be.
+    /// swap file of `swap_bytes` in `swap_dir` (none when `swap_bytes` is 0:
+    /// the space compared with has no swap either). `Err` says why it cannot
+    /// be.
     pub fn setup(limit_bytes: usize, swap_bytes: usize, swap_dir: &str) -> Result<KernelLimit, String> {
         if euid() != 0 {
             return Err("not root: a memory cgroup and swapon need root".into());
         }
         if !Path::new(CGROUP_ROOT).join("memory.limit_in_bytes").exists() {
             return Err(format!("no cgroup v1 memory controller at {CGROUP_ROOT}"));
+        }
+        if swap_bytes == 0 {
+            return Ok(KernelLimit { swap_path: None, limit_bytes, _swap: None });
         }
         let swap_path = Path::new(swap_dir).join(format!("{SWAP_PREFIX}{}", std::process::id()));
         let guard = Guard::new(Piece::Swap(swap_path.clone()));
@@ -207,11 +212,12 @@ impl KernelLimit {
         run("fallocate", &["-l".as_ref(), swap_bytes.to_string().as_ref(), p])?;
         run("mkswap", &[p])?;
         run("swapon", &[p]).map_err(|e| format!("swapon refused: {e}"))?;
-        Ok(KernelLimit { swap_path, limit_bytes, _swap: guard })
+        Ok(KernelLimit { swap_path: Some(swap_path), limit_bytes, _swap: Some(guard) })
     }
 
-    pub fn swap_path(&self) -> &Path {
-        &self.swap_path
+    /// The swap file, if there is one.
+    pub fn swap_path(&self) -> Option<&Path> {
+        self.swap_path.as_deref()
     }
 
     /// Runs `usermm CHILD_CMD args…` in a fresh memory group limited to the

@@ -351,7 +351,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
             memcg::CGROUP_PREFIX,
             budget / MIB,
             swap_bytes / MIB,
-            l.swap_path().display(),
+            l.swap_path().map_or("?".into(), |p| p.display().to_string()),
             peaks.iter().map(|(b, _)| fmt_num(*b as f64 / MIB as f64)).collect::<Vec<_>>().join(", "),
             peaks.iter().map(|(_, f)| f.to_string()).collect::<Vec<_>>().join(", "),
         ),

@@ -447,8 +447,22 @@ fn bench_volatile_writes_results() {
 
 #[test]
 fn bench_outofcore_writes_results() {
-    let rows = bench_rows("outofcore", &["outofcore", "--file-mib=32", "--budget-mib=8", "--reads=2000", "--runs=1"]);
-    for sys in ["usermm", "kernel-mmap", "pread-cache"] {
+    let (pid, rows) =
+        bench_rows_pid("outofcore", &["outofcore", "--file-mib=32", "--budget-mib=8", "--reads=2000", "--runs=1"]);
+    let mut systems = vec!["usermm", "kernel-mmap", "pread-cache"];
+    if am_root() {
+        systems.push("kernel-memcg");
+        // The page cache charged to its group stays within the limit.
+        for w in ["random", "hotcold", "seq-scan"] {
+            assert!(value(&rows, "kernel-memcg", w, "resident_peak") <= 8.0, "kernel-memcg {w}");
+            assert!(value(&rows, "kernel-memcg", w, "pages_read") > 0.0, "kernel-memcg {w}");
+        }
+        let left = memcg_leftovers(pid, &swap_dir());
+        assert!(left.is_empty(), "the benchmark left behind: {left:?}");
+    } else {
+        assert!(!rows.iter().any(|r| r.0 == "kernel-memcg"), "not root, yet kernel-memcg rows: {rows:?}");
+    }
+    for sys in systems {
         for w in ["random", "hotcold", "seq-scan"] {
             assert!(value(&rows, sys, w, "throughput") > 0.0, "{sys} {w}");
             assert!(value(&rows, sys, w, "p50") > 0.0, "{sys} {w}");
