@@ -248,6 +248,12 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // The kernel-memcg child (re-executed by the benchmark, see memcg.rs).
     if args.first().map(String::as_str) == Some(memcg::CHILD_CMD) {
+        // The parent blocked SIGINT/SIGTERM, and exec keeps the mask: get
+        // their default action back (a Ctrl-C ends the child too).
+        if let Err(e) = usermm_sys::process::unblock_termination_signals() {
+            eprintln!("usermm {}: cannot unblock SIGINT/SIGTERM: {e:?}", memcg::CHILD_CMD);
+            return ExitCode::from(1);
+        }
         let r = match args.get(1).map(String::as_str) {
             Some("reclaim") => reclaim::kernel_memcg_child(&args[2..]),
             Some("outofcore") => outofcore::kernel_memcg_child(&args[2..]),

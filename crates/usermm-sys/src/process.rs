@@ -4,7 +4,8 @@
 //!
 //! The scheme: the main thread blocks SIGINT and SIGTERM before any other
 //! thread exists ([`block_termination_signals`]; every thread it starts
-//! inherits the mask, and `std::process::Command` clears it in children),
+//! inherits the mask; so do children started with `std::process::Command`,
+//! which must unblock them, [`unblock_termination_signals`]),
 //! and one thread waits for them with `sigwait` ([`wait_termination_signal`]),
 //! cleans up in ordinary (not async-signal) context, and ends the process
 //! with the same signal ([`die_by_signal`]).
@@ -30,6 +31,20 @@ pub fn block_termination_signals() -> Result<(), Errno> {
     let set = term_set();
     // SAFETY: `set` is a valid sigset_t; the old mask is not wanted.
     let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if r != 0 {
+        return Err(Errno(r));
+    }
+    Ok(())
+}
+
+/// Unblocks SIGINT and SIGTERM in the calling thread: a child started by a
+/// process that blocked them inherits the mask through `exec`
+/// (`std::process::Command` does not reset it), and calls this to get their
+/// default behaviour back.
+pub fn unblock_termination_signals() -> Result<(), Errno> {
+    let set = term_set();
+    // SAFETY: `set` is a valid sigset_t; the old mask is not wanted.
+    let r = unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
     if r != 0 {
         return Err(Errno(r));
     }
