@@ -299,3 +299,46 @@ pub fn vmstat_swap() -> (u64, u64) {
     };
     (field("pswpout"), field("pswpin"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("usermm-memcg-unit-{tag}-{}", std::process::id()))
+    }
+
+    /// A guard undoes its piece when dropped (on an error path as well): a
+    /// "group" (here a plain empty directory) is removed, a "swap file" that
+    /// is not active is deleted, and the registry is empty afterwards.
+    #[test]
+    fn guards_undo_their_pieces_when_dropped() {
+        let dir = scratch("group");
+        let file = scratch("swap");
+        let run = || -> Result<(), String> {
+            let _g = Guard::new(Piece::Cgroup(dir.clone()));
+            std::fs::create_dir(&dir).map_err(|e| e.to_string())?;
+            let _s = Guard::new(Piece::Swap(file.clone()));
+            std::fs::write(&file, b"x").map_err(|e| e.to_string())?;
+            Err("setup failed half-way".into())
+        };
+        assert!(run().is_err());
+        assert!(!dir.exists() && !file.exists());
+        assert!(registry().iter().all(|(_, p)| !matches!(p, Piece::Cgroup(d) if *d == dir)));
+        // Undoing what was never made is no error (a signal may come between
+        // registering a piece and making it).
+        drop(Guard::new(Piece::Cgroup(dir.clone())));
+        assert!(undo(&Piece::Swap(file.clone())).is_ok());
+    }
+
+    /// `finish` takes the piece out of the registry without undoing it.
+    #[test]
+    fn finish_hands_over_the_piece() {
+        let dir = scratch("finish");
+        std::fs::create_dir(&dir).unwrap();
+        let g = Guard::new(Piece::Cgroup(dir.clone()));
+        let kept = g.finish(|p| matches!(p, Piece::Cgroup(d) if *d == dir));
+        assert!(kept && dir.exists());
+        std::fs::remove_dir(&dir).unwrap();
+    }
+}

@@ -291,7 +291,11 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     // The kernel under the same limit: set up once (the swap file), a fresh
     // memory group per run; torn down when `limit` drops (or on a signal).
     let swap_bytes = set + budget;
-    prog.say(&format!("{MEMCG}: {} MiB swap file in {dir}, {} MiB memory group", swap_bytes / MIB, budget / MIB));
+    prog.say(&format!(
+        "{MEMCG}: setting up a {} MiB swap file in {dir}, {} MiB memory groups",
+        swap_bytes / MIB,
+        budget / MIB
+    ));
     let mut limit = match KernelLimit::setup(budget, swap_bytes, &dir) {
         Ok(l) => Ok(l),
         Err(why) => {
