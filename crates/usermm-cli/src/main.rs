@@ -18,6 +18,7 @@ mod common;
 mod fault;
 mod lockonfault;
 mod madvfree;
+mod memcg;
 mod munmap;
 mod outofcore;
 mod params;
@@ -80,7 +81,7 @@ const EXPERIMENTS: [ExpDef; 8] = [
     },
     ExpDef {
         name: "outofcore",
-        about: "a file 4× the budget mapped MAP_SHARED: random, hot/cold, sequential reads vs kernel mmap and a pread cache",
+        about: "a file 4× the budget mapped MAP_SHARED: random, hot/cold, sequential reads vs the kernel in a memory cgroup of the budget, kernel mmap with no limit, a pread cache",
         params: outofcore::params,
         run: outofcore::run,
     },
@@ -245,6 +246,34 @@ fn write_out(dir: &Path, exps: &[Experiment], mode: &str, header: &[(String, Str
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // The kernel-memcg child (re-executed by the benchmark, see memcg.rs).
+    if args.first().map(String::as_str) == Some(memcg::CHILD_CMD) {
+        // The parent blocked SIGINT/SIGTERM, and exec keeps the mask: get
+        // their default action back (a Ctrl-C ends the child too).
+        if let Err(e) = usermm_sys::process::unblock_termination_signals() {
+            eprintln!("usermm {}: cannot unblock SIGINT/SIGTERM: {e:?}", memcg::CHILD_CMD);
+            return ExitCode::from(1);
+        }
+        let r = match args.get(1).map(String::as_str) {
+            Some("reclaim") => reclaim::kernel_memcg_child(&args[2..]),
+            Some("outofcore") => outofcore::kernel_memcg_child(&args[2..]),
+            other => Err(format!("unknown child experiment {other:?}")),
+        };
+        return match r {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(m) => {
+                eprintln!("usermm {}: {m}", memcg::CHILD_CMD);
+                ExitCode::from(1)
+            }
+        };
+    }
+    // Before any other thread exists: SIGINT/SIGTERM go to the teardown
+    // thread, which removes what kernel-memcg set up and ends the process.
+    if let Err(e) = usermm_sys::process::block_termination_signals() {
+        eprintln!("usermm: cannot block SIGINT/SIGTERM: {e:?}");
+        return ExitCode::from(1);
+    }
+    memcg::install_signal_teardown();
     let cmd = match parse(&args) {
         Ok(Some(c)) => c,
         Ok(None) => {

@@ -10,13 +10,20 @@
 //!    the file (the hot part), the rest uniform over the remainder;
 //! 3. `seq-scan`: one sequential scan reading 8 bytes of every page.
 //!
-//! Systems, in an order rotated run by run, each workload starting cold (the
+//! Systems, usermm and kernel-memcg swapping places run by run, each
+//! workload starting cold (the
 //! file's host page cache dropped before it):
 //! - `usermm`: a fresh space with a `budget_mib` budget and no swap, the file
 //!   mapped `MAP_SHARED` `PROT_READ`, `MADV_RANDOM` (random, hotcold) or
 //!   `MADV_SEQUENTIAL` (seq-scan) on the region (usermm reads through its
 //!   own open file descriptions of the file, so `posix_fadvise` on the
 //!   program's descriptor would not reach its reads);
+//! - `kernel-memcg`: the kernel under the same limit (`BENCHMARKS.md`, "Same
+//!   limit"; `memcg.rs`): a child process (`usermm __kernel-memcg-child
+//!   outofcore …`) in a memory cgroup limited to the budget maps the file
+//!   as `kernel-mmap` does and runs the same reads; the page cache it fills
+//!   is charged to its group. usermm's space here has no swap, so neither
+//!   has the kernel: no swap file. The throughput goals compare with it;
 //! - `kernel-mmap`: the host's own `mmap` of the file, no limit (an upper
 //!   bound: the page cache takes what it wants), with the same advice as
 //!   `madvise` and `posix_fadvise`;
@@ -40,8 +47,9 @@ use usermm_sys::host::{
 use usermm_sys::now_ns;
 
 use crate::common::{config, default_swap_dir, p50_p99_max, Progress, Rng, MIB, PAGE};
+use crate::memcg::{self, KernelLimit};
 use crate::params::{Kind, Params};
-use crate::report::{Experiment, Goal};
+use crate::report::{fmt_num, Experiment, Goal};
 
 pub fn params(full: bool) -> Params {
     Params::default()
@@ -64,7 +72,17 @@ pub fn params(full: bool) -> Params {
 }
 
 const WORKLOADS: [&str; 3] = ["random", "hotcold", "seq-scan"];
-const SYSTEMS: [&str; 3] = ["usermm", "kernel-mmap", "pread-cache"];
+const MEMCG: &str = "kernel-memcg";
+
+/// The systems of run `r`: usermm and kernel-memcg swap places every run
+/// (A B, B A, …), and so do the two others.
+fn order(r: usize) -> [&'static str; 4] {
+    if r.is_multiple_of(2) {
+        ["usermm", MEMCG, "kernel-mmap", "pread-cache"]
+    } else {
+        [MEMCG, "usermm", "pread-cache", "kernel-mmap"]
+    }
+}
 
 /// The file's 8-byte word number `w` (splitmix64's finalizer of `w ^ seed`).
 fn word(w: u64, seed: u64) -> u64 {
@@ -297,6 +315,12 @@ struct Measured {
     /// pread-cache: misses (preads).
     misses: u64,
     writebacks: u64,
+    /// kernel-memcg: (p50, p99) of the timed reads, worked out by the child
+    /// (its `out.lat` is empty).
+    pct: Option<(f64, f64)>,
+    /// kernel-memcg: pages read from the disk (`read_bytes` of the child's
+    /// `/proc/self/io` / 4 KiB).
+    pages_read: Option<u64>,
 }
 
 struct Setup<'a> {
@@ -328,6 +352,8 @@ fn run_usermm(s: &Setup, workload: &str, offs: &[usize]) -> Result<Measured, Str
         peak: st1.resident_pages_max as f64 * page,
         misses: st1.faults - st0.faults,
         writebacks: st2.writebacks - st0.writebacks,
+        pct: None,
+        pages_read: None,
     })
 }
 
@@ -349,7 +375,14 @@ fn run_kernel(s: &Setup, workload: &str, offs: &[usize]) -> Result<Measured, Str
     let (_, hwm) = rss_kib().map_err(|e| format!("rss: {e:?}"))?;
     m.unmap().map_err(|e| format!("kernel munmap: {e:?}"))?;
     let _ = fadvise(&f, 0, 0, POSIX_FADV_DONTNEED);
-    Ok(Measured { out, peak: hwm.saturating_sub(rss0) as f64 * 1024.0, misses: maj1 - maj0, writebacks: 0 })
+    Ok(Measured {
+        out,
+        peak: hwm.saturating_sub(rss0) as f64 * 1024.0,
+        misses: maj1 - maj0,
+        writebacks: 0,
+        pct: None,
+        pages_read: None,
+    })
 }
 
 fn run_pread(s: &Setup, workload: &str, offs: &[usize]) -> Result<Measured, String> {
@@ -365,7 +398,96 @@ fn run_pread(s: &Setup, workload: &str, offs: &[usize]) -> Result<Measured, Stri
     let misses = c.misses;
     drop(c);
     let _ = fadvise(&f, 0, 0, POSIX_FADV_DONTNEED);
-    Ok(Measured { out, peak, misses, writebacks: 0 })
+    Ok(Measured { out, peak, misses, writebacks: 0, pct: None, pages_read: None })
+}
+
+/// The workload's shape, passed to the kernel-memcg child, which works out
+/// the same offsets.
+struct Work<'a> {
+    workload: &'a str,
+    pages: usize,
+    reads: usize,
+    hot_pages: usize,
+    hot_touch: u64,
+    seed: u64,
+}
+
+fn run_memcg(s: &Setup, limit: &KernelLimit, w: &Work) -> Result<Measured, String> {
+    // The file's page cache dropped: the child starts cold, as the others.
+    drop(s.file.open_cold(false)?);
+    let mut args = vec!["outofcore".to_string(), s.file.path.clone(), w.workload.to_string()];
+    args.extend(
+        [s.len as u64, w.pages as u64, w.reads as u64, w.hot_pages as u64, w.hot_touch, w.seed, s.every as u64]
+            .map(|v| v.to_string()),
+    );
+    let c = limit.run_child(&args)?;
+    let bad = || format!("unexpected output of the kernel-memcg child:\n{}", c.stdout);
+    let line = c.stdout.lines().find_map(|l| l.strip_prefix("result ")).ok_or_else(bad)?;
+    let v: Vec<&str> = line.split_whitespace().collect();
+    if v.len() != 6 {
+        return Err(bad());
+    }
+    let int = |i: usize| v[i].parse::<u64>().map_err(|_| bad());
+    let float = |i: usize| v[i].parse::<f64>().map_err(|_| bad());
+    Ok(Measured {
+        out: Outcome { ns: int(0)?, sum: int(1)?, lat: Vec::new() },
+        peak: c.peak_charge_bytes as f64,
+        misses: int(4)?,
+        writebacks: 0,
+        pct: Some((float(2)?, float(3)?)),
+        pages_read: Some(int(5)? / PAGE as u64),
+    })
+}
+
+/// `read_bytes` of `/proc/self/io`: bytes this process caused to be read
+/// from storage (its faults' reads and read-ahead).
+fn io_read_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("read_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// `usermm __kernel-memcg-child outofcore PATH WORKLOAD LEN PAGES READS
+/// HOT_PAGES HOT_TOUCH SEED EVERY`: works out the workload's offsets (before
+/// it joins its memory group: the other systems' offset lists live outside
+/// their budgets too), waits for the go byte, then maps the file and reads
+/// as `kernel-mmap` does. Prints `result NS SUM P50 P99 MAJFLT READ_BYTES`.
+pub fn kernel_memcg_child(a: &[String]) -> Result<(), String> {
+    let n = |i: usize| -> Result<u64, String> {
+        a.get(i).and_then(|s| s.parse().ok()).ok_or_else(|| format!("argument {i} of {a:?} is no number"))
+    };
+    let (path, workload) = match a {
+        [p, w, ..] => (p, w.as_str()),
+        _ => return Err(format!("bad arguments {a:?}")),
+    };
+    let (len, pages, reads, hot_pages, hot_touch, seed, every) =
+        (n(2)? as usize, n(3)? as usize, n(4)? as usize, n(5)? as usize, n(6)?, n(7)?, n(8)?.max(1) as usize);
+    let offs = offsets(workload, pages, reads, hot_pages, hot_touch, seed);
+    if !memcg::child_wait_for_go() {
+        return Err("the parent never said go".into());
+    }
+    let f = File::open(path).map_err(|e| format!("open {path}: {e}"))?;
+    let (madv, fadv) = if workload == "seq-scan" {
+        (MADV_SEQUENTIAL, POSIX_FADV_SEQUENTIAL)
+    } else {
+        (MADV_RANDOM, POSIX_FADV_RANDOM)
+    };
+    fadvise(&f, 0, 0, fadv).map_err(|e| format!("fadvise: {e:?}"))?;
+    let m = HostFileMap::open(&f, len).map_err(|e| format!("mmap: {e:?}"))?;
+    m.madvise(madv).map_err(|e| format!("madvise: {e:?}"))?;
+    let (_, maj0) = process_faults().map_err(|e| format!("getrusage: {e:?}"))?;
+    let io0 = io_read_bytes();
+    let out = drive(&offs, every, |off| m.read_u64(off));
+    let (_, maj1) = process_faults().map_err(|e| format!("getrusage: {e:?}"))?;
+    let io1 = io_read_bytes();
+    m.unmap().map_err(|e| format!("munmap: {e:?}"))?;
+    let mut lat = out.lat;
+    let (p50, p99, _) = p50_p99_max(&mut lat);
+    println!("result {} {} {p50} {p99} {} {}", out.ns, out.sum, maj1 - maj0, io1 - io0);
+    Ok(())
 }
 
 pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
@@ -407,14 +529,37 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     let mut errors = Vec::new();
     let mut usermm_peak_max = 0f64;
     let mut writebacks = 0u64;
+    // The kernel under the same limit: a fresh memory group per child (one
+    // child per workload and run); no swap file (usermm's space has none).
+    let mut limit = KernelLimit::setup(budget, 0, &dir);
+    if let Err(why) = &limit {
+        prog.say(&format!("{MEMCG}: not measured: {why}"));
+    }
+    let mut memcg_peak_max = 0f64;
     for r in 0..runs {
-        for i in 0..SYSTEMS.len() {
-            let sys = SYSTEMS[(i + r) % SYSTEMS.len()];
+        for sys in order(r) {
+            if sys == MEMCG && limit.is_err() {
+                continue;
+            }
             prog.say(&format!("{sys} run {}/{runs}", r + 1));
             for (w, offs, want) in &work {
                 let m = match sys {
                     "usermm" => run_usermm(&setup, w, offs)?,
                     "kernel-mmap" => run_kernel(&setup, w, offs)?,
+                    MEMCG => {
+                        let Ok(l) = &limit else { break };
+                        let shape = Work { workload: w, pages, reads, hot_pages, hot_touch, seed };
+                        match run_memcg(&setup, l, &shape) {
+                            Ok(m) => m,
+                            Err(why) => {
+                                let msg = format!("{MEMCG} {w} run {}: {why}", r + 1);
+                                prog.say(&format!("ERROR: {msg}"));
+                                errors.push(msg.clone());
+                                limit = Err(msg);
+                                break;
+                            }
+                        }
+                    }
                     _ => run_pread(&setup, w, offs)?,
                 };
                 if m.out.sum != *want {
@@ -423,17 +568,28 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
                     errors.push(msg);
                 }
                 let mut lat = m.out.lat;
-                let (p50, p99, _) = p50_p99_max(&mut lat);
+                let (p50, p99) = m.pct.unwrap_or_else(|| {
+                    let (p50, p99, _) = p50_p99_max(&mut lat);
+                    (p50, p99)
+                });
                 e.add(sys, w, "throughput", "reads/s", offs.len() as f64 / (m.out.ns as f64 / 1e9));
                 e.add(sys, w, "p50", "ns", p50);
                 e.add(sys, w, "p99", "ns", p99);
                 e.add(sys, w, "resident_peak", "MiB", m.peak / MIB as f64);
                 let miss = match sys {
                     "usermm" => "faults",
-                    "kernel-mmap" => "major_faults",
+                    "kernel-mmap" | MEMCG => "major_faults",
                     _ => "misses",
                 };
                 e.add(sys, w, miss, "count", m.misses as f64);
+                e.add(sys, w, &format!("{miss}_per_1k_reads"), "count", m.misses as f64 * 1000.0 / offs.len() as f64);
+                if let Some(pr) = m.pages_read {
+                    e.add(sys, w, "pages_read", "pages", pr as f64);
+                    e.add(sys, w, "pages_read_per_1k_reads", "pages", pr as f64 * 1000.0 / offs.len() as f64);
+                }
+                if sys == MEMCG {
+                    memcg_peak_max = memcg_peak_max.max(m.peak);
+                }
                 if sys == "usermm" {
                     e.add(sys, w, "writebacks", "pages", m.writebacks as f64);
                     usermm_peak_max = usermm_peak_max.max(m.peak);
@@ -443,6 +599,27 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
         }
     }
     drop(file);
+    let memcg_note = match &limit {
+        Ok(_) => format!(
+            "**`{MEMCG}`**: the kernel under the same limit. For each workload and run, a child process (`usermm {} \
+             outofcore …`) is put into a fresh cgroup v1 memory group `{}<pid>-<n>` with `memory.limit_in_bytes` = \
+             the budget ({} MiB) before it maps anything, then maps the file (`MAP_SHARED`, `PROT_READ`, the same \
+             `madvise`/`posix_fadvise` as `kernel-mmap`) and makes the same reads, from a cold page cache. The page \
+             cache it fills is charged to its group and reclaimed (MGLRU) at the limit; no swap file (usermm's space \
+             here has no swap). Its offsets are worked out before it joins the group (the other systems' offset \
+             lists are outside their budgets too). `resident_peak` = the group's `memory.max_usage_in_bytes` \
+             (everything charged to it: page cache and the child's own memory; largest seen: {} MiB); \
+             `major_faults` its `ru_majflt`; `pages_read` = `read_bytes` of its `/proc/self/io` / 4 KiB (read-ahead \
+             included). The group is made and removed by the benchmark (also on error, SIGINT and SIGTERM).",
+            memcg::CHILD_CMD,
+            memcg::CGROUP_PREFIX,
+            budget / MIB,
+            fmt_num(memcg_peak_max / MIB as f64),
+        ),
+        Err(why) => format!("**`{MEMCG}` not measured**: {why}. The goals against it read \"not measured\"."),
+    };
+    let base = if limit.is_ok() { MEMCG } else { "(kernel-memcg not measured)" };
+    drop(limit);
     let ratio = |what: &str, variant: &str, base: &str, threshold: f64, goal: f64| Goal {
         what: what.into(),
         how: format!("usermm/{base}, {variant} throughput"),
@@ -453,8 +630,14 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
         goal,
     };
     let g1 = ratio("hot/cold reads vs a hand-written pread cache", "hotcold", "pread-cache", 1.0, 1.5);
-    let g2 = ratio("sequential scan vs the kernel's mmap", "seq-scan", "kernel-mmap", 0.8, 1.0);
+    let g2 = ratio("sequential scan vs the kernel under the same limit", "seq-scan", base, 1.0, 1.0);
+    let g3 = ratio("random reads vs the kernel under the same limit", "random", base, 0.8, 1.0);
+    let g4 = ratio("hot/cold reads vs the kernel under the same limit", "hotcold", base, 0.8, 1.0);
+    if wanted.contains(&"random") {
+        e.goals.push(g3);
+    }
     if wanted.contains(&"hotcold") {
+        e.goals.push(g4);
         e.goals.push(g1);
     }
     if wanted.contains(&"seq-scan") {
@@ -502,8 +685,9 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
          of `Stats::writebacks` over the workload and its `munmap`."
             .into(),
     );
+    e.notes.push(memcg_note);
     e.notes.push(
-        "**`kernel-mmap` is an upper bound: the page cache takes what it wants** (no budget). Plain host `mmap` \
+        "**`kernel-mmap` is an upper bound and no goal's yardstick: the page cache takes what it wants** (no budget). Plain host `mmap` \
          (`MAP_SHARED`, `PROT_READ`) with `madvise` + `posix_fadvise` `RANDOM` (`random`, `hotcold`) or \
          `SEQUENTIAL` (`seq-scan`). Its `resident_peak` is **approximate**: `VmHWM` at the end − `VmRSS` before \
          (peak reset through `/proc/self/clear_refs`), i.e. the file pages mapped into this process; pages the \

@@ -73,18 +73,20 @@ impl Goal {
         }
         Some(if self.at_least { self.value >= bound } else { self.value <= bound })
     }
+    /// PASS or FAIL against the threshold; "not measured" when the value is
+    /// not a number (a row it needs is missing, or a ratio of zeros).
     pub fn verdict(&self) -> &'static str {
         match self.ok(self.threshold) {
             Some(true) => "PASS",
             Some(false) => "FAIL",
-            None => "n/a",
+            None => "not measured",
         }
     }
     pub fn goal_met(&self) -> &'static str {
         match self.ok(self.goal) {
             Some(true) => "yes",
             Some(false) => "no",
-            None => "n/a",
+            None => "not measured",
         }
     }
     fn bound(&self, b: f64) -> String {
@@ -160,10 +162,26 @@ impl Experiment {
 
     /// Adds a goal on `usermm/kernel` of the medians of one variant and metric.
     pub fn ratio_goal(&mut self, what: &str, variant: &str, metric: &str, at_least: bool, threshold: f64, goal: f64) {
-        let v = self.med("usermm", variant, metric) / self.med("kernel", variant, metric);
+        self.ratio_goal_vs("kernel", what, variant, metric, at_least, threshold, goal);
+    }
+
+    /// Adds a goal on `usermm/base` of the medians of one variant and metric
+    /// (not measured when either row is missing).
+    #[allow(clippy::too_many_arguments)]
+    pub fn ratio_goal_vs(
+        &mut self,
+        base: &str,
+        what: &str,
+        variant: &str,
+        metric: &str,
+        at_least: bool,
+        threshold: f64,
+        goal: f64,
+    ) {
+        let v = self.med("usermm", variant, metric) / self.med(base, variant, metric);
         self.goals.push(Goal {
             what: what.into(),
-            how: format!("usermm/kernel, {variant} {metric}"),
+            how: format!("usermm/{base}, {variant} {metric}"),
             value: v,
             unit: "×".into(),
             at_least,

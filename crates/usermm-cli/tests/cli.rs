@@ -1,12 +1,14 @@
 //! Runs the built `usermm` binary: a small `bench fault` (and one small run
 //! of each of `populate`, `madvfree`, `volatile`) must write a
 //! `results.json` of the documented shape with kernel and usermm rows (and
-//! so must one tiny run of `outofcore` and `lockonfault`), and
+//! so must one tiny run of `outofcore` and `lockonfault`, and of `reclaim`,
+//! whose kernel-memcg row leaves no memory group and no active swap file
+//! behind, also when interrupted by SIGINT/SIGTERM), and
 //! usage errors must exit with status 2.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_usermm");
 
@@ -327,8 +329,23 @@ fn help_lists_every_experiment_and_parameter() {
 /// `(system, variant, metric, value)`, after checking the shape and that
 /// every row's median lies within its [min, max].
 fn bench_rows(tag: &str, args: &[&str]) -> Vec<(String, String, String, f64)> {
+    bench_rows_pid(tag, args).1
+}
+
+/// [`bench_rows`], and the process id the benchmark ran as.
+fn bench_rows_pid(tag: &str, args: &[&str]) -> (u32, Vec<(String, String, String, f64)>) {
     let out = tmpdir(tag);
-    let r = Command::new(BIN).arg("bench").args(args).arg("--out").arg(&out).output().expect("run usermm");
+    let child = Command::new(BIN)
+        .arg("bench")
+        .args(args)
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run usermm");
+    let pid = child.id();
+    let r = child.wait_with_output().expect("wait for usermm");
     let stderr = String::from_utf8_lossy(&r.stderr);
     assert!(r.status.success(), "usermm bench {args:?} failed: {:?}\n{stderr}", r.status);
     let json = std::fs::read_to_string(out.join("results.json")).expect("results.json");
@@ -348,7 +365,7 @@ fn bench_rows(tag: &str, args: &[&str]) -> Vec<(String, String, String, f64)> {
         })
         .collect();
     let _ = std::fs::remove_dir_all(&out);
-    rows
+    (pid, rows)
 }
 
 fn value(rows: &[(String, String, String, f64)], sys: &str, variant: &str, metric: &str) -> f64 {
@@ -430,8 +447,22 @@ fn bench_volatile_writes_results() {
 
 #[test]
 fn bench_outofcore_writes_results() {
-    let rows = bench_rows("outofcore", &["outofcore", "--file-mib=32", "--budget-mib=8", "--reads=2000", "--runs=1"]);
-    for sys in ["usermm", "kernel-mmap", "pread-cache"] {
+    let (pid, rows) =
+        bench_rows_pid("outofcore", &["outofcore", "--file-mib=32", "--budget-mib=8", "--reads=2000", "--runs=1"]);
+    let mut systems = vec!["usermm", "kernel-mmap", "pread-cache"];
+    if am_root() {
+        systems.push("kernel-memcg");
+        // The page cache charged to its group stays within the limit.
+        for w in ["random", "hotcold", "seq-scan"] {
+            assert!(value(&rows, "kernel-memcg", w, "resident_peak") <= 8.0, "kernel-memcg {w}");
+            assert!(value(&rows, "kernel-memcg", w, "pages_read") > 0.0, "kernel-memcg {w}");
+        }
+        let left = memcg_leftovers(pid, &swap_dir());
+        assert!(left.is_empty(), "the benchmark left behind: {left:?}");
+    } else {
+        assert!(!rows.iter().any(|r| r.0 == "kernel-memcg"), "not root, yet kernel-memcg rows: {rows:?}");
+    }
+    for sys in systems {
         for w in ["random", "hotcold", "seq-scan"] {
             assert!(value(&rows, sys, w, "throughput") > 0.0, "{sys} {w}");
             assert!(value(&rows, sys, w, "p50") > 0.0, "{sys} {w}");
@@ -488,4 +519,125 @@ fn bench_lockonfault_writes_results() {
     assert!(value(&rows, "kernel", "sigsegv-batch1", "sigsegv") > 0.0);
     // The seed's reference rows are there, under their own system name.
     assert!(value(&rows, "seed000-other-hw", "onfault", "processing_avg") > 0.0);
+}
+
+/// Whether this test runs as root (effective uid 0): only root can set up
+/// the kernel under the same limit (a memory cgroup and a swap file).
+fn am_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1).map(|e| e == "0"))
+        .unwrap_or(false)
+}
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup/memory";
+
+/// What a `usermm bench` of process `pid` left behind: its memory groups
+/// (`usermm-memcg-<pid>-<n>`, see memcg.rs), its swap file
+/// (`usermm-memcg-swap-<pid>`) still active in /proc/swaps or still on disk.
+fn memcg_leftovers(pid: u32, swap_dir: &str) -> Vec<String> {
+    let mut left = Vec::new();
+    let group = format!("usermm-memcg-{pid}-");
+    for e in std::fs::read_dir(CGROUP_ROOT).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.starts_with(&group) {
+            left.push(format!("memory group {name}"));
+        }
+    }
+    let swap = format!("usermm-memcg-swap-{pid}");
+    for l in std::fs::read_to_string("/proc/swaps").unwrap_or_default().lines() {
+        if l.contains(&swap) {
+            left.push(format!("active swap: {l}"));
+        }
+    }
+    let file = std::path::Path::new(swap_dir).join(&swap);
+    if file.exists() {
+        left.push(format!("swap file {}", file.display()));
+    }
+    left
+}
+
+fn swap_dir() -> String {
+    std::env::var("TMPDIR").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "/tmp".into())
+}
+
+#[test]
+fn bench_reclaim_kernel_memcg_rows_and_nothing_left() {
+    let (pid, rows) = bench_rows_pid(
+        "reclaim",
+        &["reclaim", "--set-mib=16", "--budget-mib=4", "--runs=1", "--disk-mib=4", "--mix-touches-per-page=1"],
+    );
+    for ph in ["seq-write", "seq-read", "hotcold"] {
+        assert!(value(&rows, "usermm", ph, "throughput") > 0.0, "usermm {ph}");
+        assert!(value(&rows, "kernel (no limit, upper bound)", ph, "throughput") > 0.0, "unlimited kernel {ph}");
+    }
+    if !am_root() {
+        eprintln!("not root: kernel-memcg cannot be set up; checking that it has no rows");
+        assert!(!rows.iter().any(|r| r.0 == "kernel-memcg"), "{rows:?}");
+        return;
+    }
+    for ph in ["seq-write", "seq-read", "hotcold"] {
+        assert!(value(&rows, "kernel-memcg", ph, "throughput") > 0.0, "kernel-memcg {ph}");
+        for m in ["pswpout", "pswpin", "major_faults", "page_reads_per_1k_touches", "page_writes_per_1k_touches"] {
+            assert!(value(&rows, "kernel-memcg", ph, m) >= 0.0, "kernel-memcg {ph} {m}");
+        }
+    }
+    // 16 MiB written under a 4 MiB limit: the kernel must have swapped out,
+    // and read back on the sequential read.
+    assert!(value(&rows, "kernel-memcg", "seq-write", "pswpout") > 0.0);
+    assert!(value(&rows, "kernel-memcg", "seq-read", "pswpin") > 0.0);
+    let left = memcg_leftovers(pid, &swap_dir());
+    assert!(left.is_empty(), "the benchmark left behind: {left:?}");
+}
+
+#[test]
+fn bench_reclaim_interrupted_leaves_nothing() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::time::{Duration, Instant};
+    if !am_root() {
+        eprintln!("not root: kernel-memcg cannot be set up, nothing to tear down");
+        return;
+    }
+    for (sig, signo) in [("INT", 2), ("TERM", 15)] {
+        let out = tmpdir(&format!("reclaim-sig{sig}"));
+        let mut child = Command::new(BIN)
+            .args(["bench", "reclaim", "--set-mib=64", "--budget-mib=8", "--runs=3", "--disk-mib=4"])
+            .arg("--out")
+            .arg(&out)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("run usermm");
+        let pid = child.id();
+        // Wait until the setup is done and a child runs in its memory group.
+        let swap = format!("usermm-memcg-swap-{pid}");
+        let group = format!("usermm-memcg-{pid}-");
+        let t0 = Instant::now();
+        let in_group = || {
+            std::fs::read_dir(CGROUP_ROOT).into_iter().flatten().flatten().any(|e| {
+                e.file_name().to_string_lossy().starts_with(&group)
+                    && !std::fs::read_to_string(e.path().join("cgroup.procs")).unwrap_or_default().trim().is_empty()
+            })
+        };
+        loop {
+            let active = std::fs::read_to_string("/proc/swaps").unwrap_or_default().contains(&swap);
+            if active && in_group() {
+                break;
+            }
+            if let Some(st) = child.try_wait().expect("try_wait") {
+                panic!("SIG{sig}: the benchmark ended ({st:?}) before its kernel-memcg child was seen in its group");
+            }
+            assert!(t0.elapsed() < Duration::from_secs(300), "SIG{sig}: no kernel-memcg child within 300 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let k = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().expect("run kill");
+        assert!(k.success());
+        let st = child.wait().expect("wait for usermm");
+        assert_eq!(st.signal(), Some(signo), "SIG{sig}: the benchmark should end by the signal: {st:?}");
+        let left = memcg_leftovers(pid, &swap_dir());
+        assert!(left.is_empty(), "SIG{sig}: the interrupted benchmark left behind: {left:?}");
+        let _ = std::fs::remove_dir_all(&out);
+    }
 }

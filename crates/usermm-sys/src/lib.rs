@@ -27,6 +27,7 @@ pub mod file;
 pub mod host;
 pub mod kernel;
 pub mod mem;
+pub mod process;
 pub mod testing;
 pub mod thread;
 pub mod uffd;

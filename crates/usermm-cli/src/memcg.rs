@@ -1,0 +1,344 @@
+//! `kernel-memcg`: the host kernel under the same limit as a usermm space
+//! (`BENCHMARKS.md`, "Same limit"): a child process in a cgroup v1 memory
+//! group whose limit is usermm's budget, with a swap file of usermm's swap
+//! size in usermm's swap directory.
+//!
+//! # Nothing left behind
+//! Every piece of system state the benchmark makes — the swap file (created,
+//! `mkswap`ed, `swapon`ed), each memory group, each child in a group — is
+//! put in a registry *before* it is made, by a [`Guard`]. A guard undoes its
+//! piece when dropped (success, error, panic unwinding), under the registry's
+//! lock. On SIGINT/SIGTERM the thread started by [`install_signal_teardown`]
+//! takes the same lock, undoes every registered piece, newest first (kill
+//! and reap the child, `rmdir` the group, `swapoff` and delete the file),
+//! and ends the process with the signal. Undoing is idempotent, so a piece
+//! registered but not yet (fully) made is undone without harm.
+//!
+//! Names: the swap file is `SWAP_PREFIX<pid>` in the swap directory, the
+//! groups `CGROUP_PREFIX<pid>-<n>` under [`CGROUP_ROOT`], `<pid>` being the
+//! benchmark's process id (the tests look for exactly these).
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use usermm_sys::process::{die_by_signal, euid, kill_and_reap, wait_child, wait_termination_signal};
+use usermm_sys::thread::ChildExit;
+
+/// The cgroup v1 memory controller's mount point.
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup/memory";
+/// Memory groups are named `CGROUP_PREFIX<benchmark pid>-<n>`.
+pub const CGROUP_PREFIX: &str = "usermm-memcg-";
+/// The swap file is `SWAP_PREFIX<benchmark pid>` in the swap directory.
+pub const SWAP_PREFIX: &str = "usermm-memcg-swap-";
+/// The hidden subcommand the child runs (`usermm __kernel-memcg-child …`).
+pub const CHILD_CMD: &str = "__kernel-memcg-child";
+
+/// A piece of system state to undo.
+enum Piece {
+    Child(i32),
+    Cgroup(PathBuf),
+    Swap(PathBuf),
+}
+
+static REGISTRY: Mutex<Vec<(u64, Piece)>> = Mutex::new(Vec::new());
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static NEXT_GROUP: AtomicU64 = AtomicU64::new(0);
+
+fn registry() -> std::sync::MutexGuard<'static, Vec<(u64, Piece)>> {
+    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Undoes one piece; best effort, idempotent. Returns what went wrong.
+fn undo(p: &Piece) -> Result<(), String> {
+    match p {
+        Piece::Child(pid) => kill_and_reap(*pid).map_err(|e| format!("kill child {pid}: {e:?}")),
+        Piece::Cgroup(path) => {
+            // The group empties as soon as its last task is reaped; give
+            // the kernel a moment in case it is still uncharging.
+            let t0 = Instant::now();
+            loop {
+                match std::fs::remove_dir(path) {
+                    Ok(()) => return Ok(()),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                    Err(e) if t0.elapsed() > Duration::from_secs(10) => {
+                        return Err(format!("rmdir {}: {e}", path.display()))
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        }
+        Piece::Swap(path) => {
+            let mut err = None;
+            if swap_active(path) {
+                if let Err(e) = run("swapoff", &[path.as_os_str()]) {
+                    err = Some(e);
+                }
+            }
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => err = Some(format!("remove {}: {e}", path.display())),
+            }
+            err.map_or(Ok(()), Err)
+        }
+    }
+}
+
+/// Whether `path` is an active swap area (listed in `/proc/swaps`).
+pub fn swap_active(path: &Path) -> bool {
+    let want = path.to_string_lossy();
+    std::fs::read_to_string("/proc/swaps")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .any(|l| l.split_whitespace().next() == Some(&want))
+}
+
+/// A registered piece of state, undone when dropped.
+struct Guard(u64);
+
+impl Guard {
+    fn new(p: Piece) -> Guard {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        registry().push((id, p));
+        Guard(id)
+    }
+
+    /// Takes the piece out of the registry (under its lock) and hands it to
+    /// `f`; `f` runs with the lock held, so that the signal thread never sees
+    /// a piece half undone.
+    fn finish<T>(self, f: impl FnOnce(&Piece) -> T) -> T {
+        let mut reg = registry();
+        let i = reg.iter().position(|(id, _)| *id == self.0).expect("a live guard is registered");
+        let (_, p) = reg.remove(i);
+        std::mem::forget(self);
+        f(&p)
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let mut reg = registry();
+        if let Some(i) = reg.iter().position(|(id, _)| *id == self.0) {
+            let (_, p) = reg.remove(i);
+            if let Err(e) = undo(&p) {
+                eprintln!("usermm: kernel-memcg teardown: {e}");
+            }
+        }
+    }
+}
+
+/// Starts the thread that tears everything down on SIGINT/SIGTERM. The
+/// caller must have blocked both signals in the main thread before any other
+/// thread was started (`usermm_sys::process::block_termination_signals`).
+pub fn install_signal_teardown() {
+    std::thread::Builder::new()
+        .name("teardown".into())
+        .spawn(|| {
+            let sig = wait_termination_signal();
+            // Held until the process ends: nothing new gets registered.
+            let mut reg = registry();
+            if !reg.is_empty() {
+                eprintln!("usermm: signal {sig}: tearing down {} kernel-memcg piece(s)", reg.len());
+            }
+            while let Some((_, p)) = reg.pop() {
+                if let Err(e) = undo(&p) {
+                    eprintln!("usermm: kernel-memcg teardown: {e}");
+                }
+            }
+            die_by_signal(sig)
+        })
+        .expect("spawn the teardown thread");
+}
+
+fn run(cmd: &str, args: &[&std::ffi::OsStr]) -> Result<(), String> {
+    let out = Command::new(cmd).args(args).stdin(Stdio::null()).output().map_err(|e| format!("{cmd}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd} {:?}: {}: {}", args, out.status, String::from_utf8_lossy(&out.stderr).trim()))
+    }
+}
+
+/// The swap file and the limit, set up for one experiment: children run
+/// under it one by one ([`KernelLimit::run_child`]), each in a fresh memory
+/// group. Dropping it turns the swap file off and deletes it.
+pub struct KernelLimit {
+    swap_path: Option<PathBuf>,
+    limit_bytes: usize,
+    _swap: Option<Guard>,
+}
+
+/// What one child run gave: its stdout, and its group's counters.
+pub struct ChildRun {
+    pub stdout: String,
+    /// `memory.max_usage_in_bytes` of the group when the child ended.
+    pub peak_charge_bytes: u64,
+    /// `memory.failcnt`: how often the group hit its limit.
+    pub failcnt: u64,
+}
+
+impl KernelLimit {
+    /// Checks that the kernel can be limited here, and makes and turns on a
+    /// swap file of `swap_bytes` in `swap_dir` (none when `swap_bytes` is 0:
+    /// the space compared with has no swap either). `Err` says why it cannot
+    /// be.
+    pub fn setup(limit_bytes: usize, swap_bytes: usize, swap_dir: &str) -> Result<KernelLimit, String> {
+        if euid() != 0 {
+            return Err("not root: a memory cgroup and swapon need root".into());
+        }
+        if !Path::new(CGROUP_ROOT).join("memory.limit_in_bytes").exists() {
+            return Err(format!("no cgroup v1 memory controller at {CGROUP_ROOT}"));
+        }
+        if swap_bytes == 0 {
+            return Ok(KernelLimit { swap_path: None, limit_bytes, _swap: None });
+        }
+        let swap_path = Path::new(swap_dir).join(format!("{SWAP_PREFIX}{}", std::process::id()));
+        let guard = Guard::new(Piece::Swap(swap_path.clone()));
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&swap_path)
+                .map_err(|e| format!("create {}: {e}", swap_path.display()))?;
+        }
+        let p = swap_path.as_os_str();
+        run("fallocate", &["-l".as_ref(), swap_bytes.to_string().as_ref(), p])?;
+        run("mkswap", &[p])?;
+        run("swapon", &[p]).map_err(|e| format!("swapon refused: {e}"))?;
+        Ok(KernelLimit { swap_path: Some(swap_path), limit_bytes, _swap: Some(guard) })
+    }
+
+    /// The swap file, if there is one.
+    pub fn swap_path(&self) -> Option<&Path> {
+        self.swap_path.as_deref()
+    }
+
+    /// Runs `usermm CHILD_CMD args…` in a fresh memory group limited to the
+    /// budget: the child waits for one byte on stdin, which is sent only
+    /// after its pid is in the group's `cgroup.procs`, so that everything it
+    /// allocates is charged to the group. Returns its stdout once it ended
+    /// with status 0; the group is removed afterwards (also on error).
+    pub fn run_child(&self, args: &[String]) -> Result<ChildRun, String> {
+        let name = format!("{CGROUP_PREFIX}{}-{}", std::process::id(), NEXT_GROUP.fetch_add(1, Ordering::Relaxed));
+        let cg = Path::new(CGROUP_ROOT).join(&name);
+        let cg_guard = Guard::new(Piece::Cgroup(cg.clone()));
+        std::fs::create_dir(&cg).map_err(|e| format!("mkdir {}: {e}", cg.display()))?;
+        std::fs::write(cg.join("memory.limit_in_bytes"), self.limit_bytes.to_string())
+            .map_err(|e| format!("{name}/memory.limit_in_bytes: {e}"))?;
+        let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+        let mut child = Command::new(exe)
+            .arg(CHILD_CMD)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("spawn the child: {e}"))?;
+        let pid = child.id() as i32;
+        let child_guard = Guard::new(Piece::Child(pid));
+        std::fs::write(cg.join("cgroup.procs"), pid.to_string()).map_err(|e| format!("{name}/cgroup.procs: {e}"))?;
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        stdin.write_all(b"g").map_err(|e| format!("release the child: {e}"))?;
+        drop(stdin);
+        let mut stdout = String::new();
+        child
+            .stdout
+            .take()
+            .expect("piped stdout")
+            .read_to_string(&mut stdout)
+            .map_err(|e| format!("child stdout: {e}"))?;
+        // The child closed its stdout: it is ending. Reap it under the lock.
+        let exit = child_guard.finish(|p| match p {
+            Piece::Child(pid) => wait_child(*pid).map_err(|e| format!("wait for the child: {e:?}")),
+            _ => unreachable!(),
+        })?;
+        let counter = |f: &str| -> u64 {
+            std::fs::read_to_string(cg.join(f)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+        };
+        let (peak_charge_bytes, failcnt) = (counter("memory.max_usage_in_bytes"), counter("memory.failcnt"));
+        drop(cg_guard);
+        if exit != ChildExit::Exited(0) {
+            return Err(format!("the child (pid {pid}) ended with {exit:?} (killed by the OOM killer?)"));
+        }
+        if !stdout.lines().any(|l| l.starts_with("cgroup ") && l.contains(&format!("/{name}"))) {
+            return Err(format!("the child was not in memory group {name}: {stdout}"));
+        }
+        Ok(ChildRun { stdout, peak_charge_bytes, failcnt })
+    }
+}
+
+/// In the child: waits for the parent's go byte on stdin (EOF: the parent
+/// went away before releasing it) and prints its memory cgroup line.
+pub fn child_wait_for_go() -> bool {
+    let mut b = [0u8; 1];
+    if !matches!(std::io::stdin().read(&mut b), Ok(1)) {
+        return false;
+    }
+    let cg = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let line = cg.lines().find(|l| l.split(':').nth(1).is_some_and(|c| c.split(',').any(|c| c == "memory")));
+    println!("cgroup {}", line.unwrap_or("?"));
+    true
+}
+
+/// `(pswpout, pswpin)` of `/proc/vmstat`: pages written to and read from
+/// swap, machine-wide.
+pub fn vmstat_swap() -> (u64, u64) {
+    let s = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
+    let field = |name: &str| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("pswpout"), field("pswpin"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("usermm-memcg-unit-{tag}-{}", std::process::id()))
+    }
+
+    /// A guard undoes its piece when dropped (on an error path as well): a
+    /// "group" (here a plain empty directory) is removed, a "swap file" that
+    /// is not active is deleted, and the registry is empty afterwards.
+    #[test]
+    fn guards_undo_their_pieces_when_dropped() {
+        let dir = scratch("group");
+        let file = scratch("swap");
+        let run = || -> Result<(), String> {
+            let _g = Guard::new(Piece::Cgroup(dir.clone()));
+            std::fs::create_dir(&dir).map_err(|e| e.to_string())?;
+            let _s = Guard::new(Piece::Swap(file.clone()));
+            std::fs::write(&file, b"x").map_err(|e| e.to_string())?;
+            Err("setup failed half-way".into())
+        };
+        assert!(run().is_err());
+        assert!(!dir.exists() && !file.exists());
+        assert!(registry().iter().all(|(_, p)| !matches!(p, Piece::Cgroup(d) if *d == dir)));
+        // Undoing what was never made is no error (a signal may come between
+        // registering a piece and making it).
+        drop(Guard::new(Piece::Cgroup(dir.clone())));
+        assert!(undo(&Piece::Swap(file.clone())).is_ok());
+    }
+
+    /// `finish` takes the piece out of the registry without undoing it.
+    #[test]
+    fn finish_hands_over_the_piece() {
+        let dir = scratch("finish");
+        std::fs::create_dir(&dir).unwrap();
+        let g = Guard::new(Piece::Cgroup(dir.clone()));
+        let kept = g.finish(|p| matches!(p, Piece::Cgroup(d) if *d == dir));
+        assert!(kept && dir.exists());
+        std::fs::remove_dir(&dir).unwrap();
+    }
+}
