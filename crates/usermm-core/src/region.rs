@@ -64,6 +64,11 @@ pub struct Region {
     pub next_fault: u64,
     /// Streaming detection: consecutive faults that hit `next_fault`.
     pub streak: u32,
+    /// Swap-in read-around: where the last swap-in run of the region ended,
+    /// and how many swap-in faults in a row landed there (see
+    /// `window::swap_in_window`).
+    pub swap_next: u64,
+    pub swap_streak: u32,
     /// Whether `PROT_WRITE` may be set (false for a shared mapping of a
     /// descriptor not open for writing: mprotect says EACCES).
     pub may_write: bool,

@@ -132,7 +132,7 @@ impl Core {
                     self.pressure = true;
                     return FaultPlan::Reclaim { want: 1 };
                 }
-                let window = swap_in_window(reg, populate.is_some());
+                let window = swap_in_window(reg, p, populate.is_some());
                 let limit = free.min(window);
                 let mut run = PageRange::new(p.0, p.0 + 1);
                 while run.pages() < limit && run.end < region.end {
@@ -141,6 +141,9 @@ impl Core {
                         break;
                     }
                     run.end.0 += 1;
+                }
+                if let Some(reg) = self.regions.find_mut(p) {
+                    reg.swap_next = run.end.0;
                 }
                 self.claim_frames(run.pages());
                 for q in run.start.0..run.end.0 {

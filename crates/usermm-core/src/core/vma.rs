@@ -181,6 +181,8 @@ impl Core {
             pgoff: file.as_ref().map_or(0, |f| f.off_pages),
             next_fault: u64::MAX,
             streak: 0,
+            swap_next: u64::MAX,
+            swap_streak: 0,
             may_write: file.as_ref().is_none_or(|f| f.writable || !shared),
         });
         self.regions.merge_around(range);
@@ -206,6 +208,8 @@ impl Core {
             pgoff: 0,
             next_fault: 0,
             streak: 0,
+            swap_next: u64::MAX,
+            swap_streak: 0,
             may_write: true,
         };
         let mut n = 0;
