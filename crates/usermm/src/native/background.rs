@@ -89,7 +89,15 @@ impl Inner {
                     std::thread::sleep(std::time::Duration::from_millis(2));
                 }
             } else if aging {
+                let before = lock(&self.core).stats().counters.deactivations;
                 self.reclaim_rounds(&mm, 0, false);
+                drop(mm);
+                if lock(&self.core).stats().counters.deactivations == before {
+                    // Nothing could be aged (the active list holds only
+                    // pages that cannot leave, e.g. writable non-RW ones):
+                    // wait for the program instead of spinning on a CPU.
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
             }
         }
     }
