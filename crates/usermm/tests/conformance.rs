@@ -38,6 +38,22 @@ fn mmap_argument_errors() {
     });
 }
 
+/// Found by the fuzzer (seed 0x1): a length past TASK_SIZE is `ENOMEM`
+/// (`__get_unmapped_area`), checked before the address's alignment, its
+/// place in the reservation, or `MAP_FIXED_NOREPLACE`'s overlap.
+#[test]
+fn mmap_length_past_task_size_is_enomem_first() {
+    conform("mmap_length_past_task_size_is_enomem_first", |mm, t| {
+        let b = mm.base();
+        let huge = usize::MAX - 0x1f07;
+        let shared_nr = MAP_SHARED | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE;
+        t.addr("noreplace, huge len", mm.mmap(b + 0x84000, huge, PROT_NONE, shared_nr, 0));
+        t.addr("fixed, huge len", mm.mmap(b, huge, RW, FIXED_PRIVATE, 0));
+        t.addr("fixed unaligned, huge len", mm.mmap(b + 100, huge, RW, FIXED_PRIVATE, 0));
+        t.layout("layout", mm);
+    });
+}
+
 #[test]
 fn mmap_fixed_noreplace_over_existing() {
     conform("mmap_fixed_noreplace_over_existing", |mm, t| {
