@@ -1087,6 +1087,36 @@ fn small_folio_file(path: &std::path::Path, pages: usize) -> std::fs::File {
     f
 }
 
+/// Found by the fuzzer (seed 0x1): a dirty shared file page reaches its
+/// file whatever its region's protection has become (`PROT_NONE`,
+/// write-only, exec-only), through `msync` and through `munmap`.
+#[test]
+fn shared_file_writeback_whatever_the_protection() {
+    let path = std::env::temp_dir().join(format!("usermm-conform-wbprot-{}", std::process::id()));
+    conform("shared_file_writeback_whatever_the_protection", |mm, t| {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::FileExt;
+        let f = small_folio_file(&path, 8);
+        let b = mm.base();
+        let shared = MAP_SHARED | MAP_FIXED;
+        for (i, (first, later)) in
+            [(RW, PROT_NONE), (PROT_WRITE, PROT_WRITE), (RW, PROT_EXEC), (RW, PROT_NONE)].into_iter().enumerate()
+        {
+            let a = b + 2 * i * PAGE;
+            t.addr("map", mm.mmap_fd(a, PAGE, first, shared, f.as_raw_fd(), (i * PAGE) as i64));
+            mm.write_byte(a + 5, 0x40 + i as u8);
+            t.unit("mprotect", mm.mprotect(a, PAGE, later));
+            if i < 3 {
+                t.unit("msync", mm.msync(a, PAGE, MS_SYNC));
+            }
+            t.unit("munmap", mm.munmap(a, PAGE));
+            let mut v = [0u8; 1];
+            f.read_exact_at(&mut v, (i * PAGE + 5) as u64).unwrap();
+            t.note(format!("file page {i} byte 5 = {:#x}", v[0]));
+        }
+    });
+}
+
 #[test]
 fn mlock_onfault_file_locks_the_fault_around_window() {
     let path = std::env::temp_dir().join(format!("usermm-conform-lof-{}", std::process::id()));
