@@ -1197,6 +1197,26 @@ fn linux_errno_lock_lengths_and_grows_flags() {
     });
 }
 
+/// Found by the fuzzer (seed 0x1): `mlock2(.., 0)` populates the whole
+/// range, already locked regions included (`__mm_populate`), so a locked
+/// region made `PROT_NONE` fails it with `ENOMEM`; the populate stops there,
+/// and what follows is locked but not populated.
+#[test]
+fn mlock_again_over_a_locked_region_made_prot_none() {
+    conform("mlock_again_over_a_locked_region_made_prot_none", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map 8", mm.mmap(b, 8 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.unit("mlock 0..4", mm.mlock2(b, 4 * PAGE, 0));
+        t.unit("mprotect 2..4 none", mm.mprotect(b + 2 * PAGE, 2 * PAGE, PROT_NONE));
+        t.unit("mlock 3..4 again", mm.mlock2(b + 3 * PAGE, PAGE, 0));
+        t.unit("mlock 1..8", mm.mlock2(b + PAGE, 7 * PAGE, 0));
+        t.mincore("resident", mm.mincore(b, 8 * PAGE));
+        t.note(format!("lock 6 {}", mm.lock_info(b + 6 * PAGE)));
+        t.unit("munlock all", mm.munlock(b, 8 * PAGE));
+        t.layout("layout", mm);
+    });
+}
+
 /// Linux's `mmap` order (do_mmap): length, address (alignment,
 /// `MAP_FIXED_NOREPLACE` overlap), lock limit, then the mapping type. The
 /// host cannot be given a lock limit here (root has `CAP_IPC_LOCK`), so the
