@@ -15,6 +15,12 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use crate::{check, Errno};
 
 const UFFDIO: u64 = 0xAA;
+/// The smallest page: a fill whose range crosses from one host mapping to
+/// another (`ENOENT`: a `UFFDIO_COPY` or `ZEROPAGE` must lie inside one VMA)
+/// goes on a base page at a time. Neighbouring host mappings of one region
+/// stay apart when each has its own anon_vma (both were faulted before a
+/// `MAP_FIXED` put one region over them).
+const BASE_PAGE: usize = 4096;
 const fn iowr(nr: u64, size: u64) -> u64 {
     (3 << 30) | (size << 16) | (UFFDIO << 8) | nr
 }
@@ -221,12 +227,14 @@ impl Uffd {
     /// `src..src+len` must be readable memory of this process.
     pub unsafe fn copy(&self, dst: usize, src: *const u8, len: usize, wake: bool) -> Result<usize, Errno> {
         let mut done = 0usize;
+        let mut step = len;
         while done < len {
+            let n = (len - done).min(step);
             let mut c = UffdioCopy {
                 dst: (dst + done) as u64,
                 // SAFETY: done < len, so the pointer stays inside the caller's buffer.
                 src: unsafe { src.add(done) } as u64,
-                len: (len - done) as u64,
+                len: n as u64,
                 mode: if wake { 0 } else { UFFDIO_COPY_MODE_DONTWAKE },
                 copy: 0,
             };
@@ -235,8 +243,13 @@ impl Uffd {
                 done += c.copy as usize;
             }
             match r {
-                Ok(()) => return Ok(len),
+                Ok(()) => {
+                    if c.copy <= 0 {
+                        done += n;
+                    }
+                }
                 Err(Errno(libc::EAGAIN)) => continue,
+                Err(Errno(libc::ENOENT)) if n > BASE_PAGE => step = BASE_PAGE,
                 Err(Errno(libc::EEXIST)) => return Ok(done),
                 Err(e) => {
                     if done > 0 {
@@ -287,9 +300,11 @@ impl Uffd {
     /// `[dst, dst+len)`, waking waiters. Returns the bytes mapped (a prefix).
     pub fn zeropage(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
         let mut done = 0usize;
+        let mut step = len;
         while done < len {
+            let n = (len - done).min(step);
             let mut z = UffdioZeropage {
-                range: UffdioRange { start: (dst + done) as u64, len: (len - done) as u64 },
+                range: UffdioRange { start: (dst + done) as u64, len: n as u64 },
                 mode: if wake {
                     0
                 } else {
@@ -302,8 +317,13 @@ impl Uffd {
                 done += z.zeropage as usize;
             }
             match r {
-                Ok(()) => return Ok(len),
+                Ok(()) => {
+                    if z.zeropage <= 0 {
+                        done += n;
+                    }
+                }
                 Err(Errno(libc::EAGAIN)) => continue,
+                Err(Errno(libc::ENOENT)) if n > BASE_PAGE => step = BASE_PAGE,
                 Err(e) => return if done > 0 { Ok(done) } else { Err(e) },
             }
         }

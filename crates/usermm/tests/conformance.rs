@@ -1117,6 +1117,30 @@ fn shared_file_writeback_whatever_the_protection() {
     });
 }
 
+/// Found by the fuzzer (seed 0x1): a region mapped over two old ones that
+/// were both faulted (a shared file region and an exec private one) sits
+/// on two host mappings that cannot merge (each has its own anon_vma); a
+/// fill that crosses from one to the other must still succeed.
+#[test]
+fn populate_across_the_host_mappings_of_replaced_regions() {
+    let path = std::env::temp_dir().join(format!("usermm-conform-across-{}", std::process::id()));
+    conform("populate_across_the_host_mappings_of_replaced_regions", |mm, t| {
+        use std::os::fd::AsRawFd;
+        let f = small_folio_file(&path, 16);
+        let b = mm.base();
+        t.addr("file", mm.mmap_fd(b, 8 * PAGE, RW, MAP_SHARED | MAP_FIXED, f.as_raw_fd(), 0));
+        t.note(format!("file contents {:?}", dump(mm, b, 8)));
+        t.addr("anon rwx", mm.mmap(b + 16 * PAGE, 6 * PAGE, RW | PROT_EXEC, FIXED_PRIVATE, 0));
+        t.note(format!("anon contents {:?}", dump(mm, b + 16 * PAGE, 6)));
+        t.addr("shared over both", mm.mmap(b, 22 * PAGE, RW, FIXED_SHARED, 0));
+        t.unit("populate write across", mm.madvise(b + 4 * PAGE, 16 * PAGE, MADV_POPULATE_WRITE));
+        t.unit("populate write all", mm.madvise(b, 22 * PAGE, MADV_POPULATE_WRITE));
+        t.mincore("resident", mm.mincore(b, 22 * PAGE));
+        t.note(format!("contents {:?}", dump(mm, b, 22)));
+        t.layout("layout", mm);
+    });
+}
+
 #[test]
 fn mlock_onfault_file_locks_the_fault_around_window() {
     let path = std::env::temp_dir().join(format!("usermm-conform-lof-{}", std::process::id()));
