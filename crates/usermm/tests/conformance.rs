@@ -1141,6 +1141,26 @@ fn populate_across_the_host_mappings_of_replaced_regions() {
     });
 }
 
+/// Found by the fuzzer (seed 0x4): `MADV_WILLNEED`'s file read-ahead
+/// stays inside the file region: the anonymous region right after it gets
+/// no page (its read populate mapped zero pages there).
+#[test]
+fn willneed_file_readahead_stays_in_its_region() {
+    let path = std::env::temp_dir().join(format!("usermm-conform-willneed-{}", std::process::id()));
+    conform("willneed_file_readahead_stays_in_its_region", |mm, t| {
+        use std::os::fd::AsRawFd;
+        let f = small_folio_file(&path, 16);
+        let b = mm.base();
+        t.addr("file", mm.mmap_fd(b, 4 * PAGE, PROT_READ, MAP_SHARED | MAP_FIXED, f.as_raw_fd(), 0));
+        t.addr("anon after", mm.mmap(b + 4 * PAGE, 8 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.unit("willneed", mm.madvise(b, 4 * PAGE, MADV_WILLNEED));
+        // The read-in is asynchronous on both sides.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        t.mincore("anon resident", mm.mincore(b + 4 * PAGE, 8 * PAGE));
+        t.layout("layout", mm);
+    });
+}
+
 #[test]
 fn mlock_onfault_file_locks_the_fault_around_window() {
     let path = std::env::temp_dir().join(format!("usermm-conform-lof-{}", std::process::id()));
