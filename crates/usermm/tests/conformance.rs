@@ -1161,6 +1161,37 @@ fn willneed_file_readahead_stays_in_its_region() {
     });
 }
 
+/// Found by the fuzzer (seed 0x4): a shared file page read, then written,
+/// then paged out and unmapped reaches its file.
+#[test]
+fn shared_file_page_read_written_paged_out_reaches_the_file() {
+    let path = std::env::temp_dir().join(format!("usermm-conform-rwpo-{}", std::process::id()));
+    conform("shared_file_page_read_written_paged_out_reaches_the_file", |mm, t| {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::FileExt;
+        let f = small_folio_file(&path, 64);
+        let b = mm.base();
+        for (i, over_hole) in [false, true, false, true].into_iter().enumerate() {
+            let a = b + 16 * i * PAGE;
+            let off = 16 * i * PAGE;
+            t.addr(
+                "file",
+                mm.mmap_fd(a + 4 * PAGE, 8 * PAGE, RW, MAP_SHARED | MAP_FIXED, f.as_raw_fd(), (off + 4 * PAGE) as i64),
+            );
+            if i >= 2 {
+                t.note(format!("read {}", mm.read_byte(a + 5 * PAGE + 799)));
+            }
+            mm.write_byte(a + 5 * PAGE + 799, 0xa0 + i as u8);
+            let (s, l) = if over_hole { (a, 16 * PAGE) } else { (a + 4 * PAGE, 8 * PAGE) };
+            t.unit("pageout", mm.madvise(s, l, MADV_PAGEOUT));
+            t.unit("munmap", mm.munmap(a, 16 * PAGE));
+            let mut v = [0u8; 1];
+            f.read_exact_at(&mut v, (off + 5 * PAGE + 799) as u64).unwrap();
+            t.note(format!("file byte {:#x}", v[0]));
+        }
+    });
+}
+
 #[test]
 fn mlock_onfault_file_locks_the_fault_around_window() {
     let path = std::env::temp_dir().join(format!("usermm-conform-lof-{}", std::process::id()));
