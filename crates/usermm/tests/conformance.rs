@@ -1192,6 +1192,26 @@ fn shared_file_page_read_written_paged_out_reaches_the_file() {
     });
 }
 
+/// Found by the fuzzer (seed 0x1): a file mapping with no valid type is
+/// `EINVAL` only after the address checks (`MAP_FIXED_NOREPLACE` over a
+/// mapping is `EEXIST`), as for an anonymous one.
+#[test]
+fn file_mmap_type_is_checked_after_the_address() {
+    let path = std::env::temp_dir().join(format!("usermm-conform-ftype-{}", std::process::id()));
+    conform("file_mmap_type_is_checked_after_the_address", |mm, t| {
+        use std::os::fd::AsRawFd;
+        let f = small_folio_file(&path, 8);
+        let b = mm.base();
+        let fd = f.as_raw_fd();
+        t.addr("anon", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.addr("noreplace over, no type", mm.mmap_fd(b, PAGE, PROT_NONE, MAP_FIXED_NOREPLACE, fd, 0));
+        t.addr("noreplace free, no type", mm.mmap_fd(b + 8 * PAGE, PAGE, PROT_NONE, MAP_FIXED_NOREPLACE, fd, 0));
+        t.addr("fixed unaligned, no type", mm.mmap_fd(b + 8 * PAGE + 1, PAGE, PROT_READ, MAP_FIXED, fd, 0));
+        t.addr("len 0, no type", mm.mmap_fd(b + 8 * PAGE, 0, PROT_READ, MAP_FIXED, fd, 0));
+        t.layout("layout", mm);
+    });
+}
+
 #[test]
 fn mlock_onfault_file_locks_the_fault_around_window() {
     let path = std::env::temp_dir().join(format!("usermm-conform-lof-{}", std::process::id()));
