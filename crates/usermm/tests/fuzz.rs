@@ -132,8 +132,9 @@ const DEVIATIONS: &[(&str, &str)] = &[
     (
         "zero-shmem-page-kept",
         "A shared page (anonymous, or of file A) that was only read, or punched, holds zeros: \
-         the kernel's MADV_PAGEOUT drops its clean page-cache page (mincore 0); usermm keeps \
-         the zero page mapped (mincore 1). No byte differs; residency of such pages is \
+         the kernel's MADV_PAGEOUT drops its clean page-cache page, and its MADV_WILLNEED \
+         leaves a hole a hole (mincore 0); usermm keeps the zero page mapped, and its \
+         WILLNEED read-ahead maps the file's zeros (mincore 1). No byte differs; residency of such pages is \
          exempt from the one-way rule.",
     ),
     (
@@ -142,7 +143,8 @@ const DEVIATIONS: &[(&str, &str)] = &[
          without swap (observed: populated, never written, paged out: mincore 0), where \
          usermm swaps them out and reads them back with their swapped neighbours (its swap \
          read-around, like Linux's with swap): a page of zeros on both sides is exempt from \
-         the one-way residency rule. (Contents are still compared.)",
+         the one-way residency rule, as is a lazily freed one (either side may have \
+         discarded it, or not). (Contents are still compared.)",
     ),
     (
         "lazyfree-discard",
@@ -1039,27 +1041,30 @@ impl Run {
         }
     }
 
-    /// Page `p` is shared memory (anonymous or file A) whose contents are
-    /// zeros on both sides: the kernel may drop its clean page-cache page
-    /// (MADV_PAGEOUT) where usermm keeps the zero page mapped.
+    /// Page `p` is shared memory (anonymous or file A) whose contents may be
+    /// zeros on both sides (a hole): the kernel may drop its clean
+    /// page-cache page (MADV_PAGEOUT) or have none (a hole MADV_REMOVE
+    /// punched, which MADV_WILLNEED does not fill) where usermm keeps or
+    /// maps a page of zeros.
     fn zero_shmem(&self, p: usize) -> bool {
         let Some(s) = self.model.pages.get(p).and_then(|s| s.as_ref()) else {
             return false;
         };
         let zero = |side: usize| {
             let a = if s.kind == Kind::FileA { &self.model.file_a[side][p] } else { &s.data[side] };
-            a.0.len() == 1 && a.0[0].data.is_none()
+            a.0.iter().any(|x| x.data.is_none())
         };
         matches!(s.kind, Kind::Shared | Kind::FileA) && zero(0) && zero(1)
     }
 
-    /// Page `p` is private anonymous memory holding zeros on both sides
-    /// (see DEVIATIONS, "zero-anon-page-residency").
+    /// Page `p` is private anonymous memory that may hold zeros on both
+    /// sides: zeros, or lazily freed (see DEVIATIONS,
+    /// "zero-anon-page-residency" and "lazyfree-discard").
     fn zero_anon(&self, p: usize) -> bool {
         let Some(s) = self.model.pages.get(p).and_then(|s| s.as_ref()) else {
             return false;
         };
-        let zero = |side: usize| s.data[side].0.len() == 1 && s.data[side].0[0].data.is_none();
+        let zero = |side: usize| s.data[side].0.iter().any(|a| a.data.is_none() || a.lazy);
         s.kind == Kind::Anon && zero(0) && zero(1)
     }
 
