@@ -1285,6 +1285,13 @@ impl Run {
                 let (lo, hi) = page_span(off, len);
                 let mut maybe = Vec::new();
                 for p in lo..hi {
+                    // Only pages whose two models agree before the call can
+                    // be compared across sides after it (a lazily freed
+                    // page may already differ: one side discarded it).
+                    let agreed = self.model.pages[p].as_ref().is_some_and(|s| match s.kind {
+                        Kind::FileA => self.model.file_a[0][p] == self.model.file_a[1][p],
+                        _ => s.data[0] == s.data[1] && s.data[0].0.iter().all(|a| !a.lazy) && s.data[0].0.len() == 1,
+                    });
                     for side in 0..2 {
                         let Some(new) = self.model.advised(side, p, advice) else {
                             continue;
@@ -1296,7 +1303,9 @@ impl Run {
                             // Failed part-way (a hole, or a region that
                             // refuses the advice): maybe applied.
                             self.model.alts(side, p).union(new);
-                            maybe.push(p);
+                            if agreed {
+                                maybe.push(p);
+                            }
                         }
                     }
                 }
