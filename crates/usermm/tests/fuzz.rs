@@ -53,7 +53,15 @@
 //!   tests run (removed at the end, on panic, and by a watcher process if
 //!   this one dies).
 //! - `USERMM_FUZZ_TRACE=1`: print every call before it is made (a crash by
-//!   a signal leaves no other report).
+//!   a signal leaves no other report), with usermm's stats and every page
+//!   check.
+//! - `USERMM_FUZZ_WATCH=N`: print both sides' residency of area page `N`
+//!   after every call (to find the call that made them part).
+//!
+//! `fuzz_lockstep` runs usermm with direct reclaim only, so that a sequence
+//! replays the same way (the shrinker needs that); `fuzz_two_fault_threads`
+//! adds the background reclaim thread and a second fault thread, whose
+//! timing makes a divergence there harder to replay.
 //!
 //! On a divergence the test shrinks the sequence (delta debugging over the
 //! call list, each candidate replayed on fresh backends) and panics with the
