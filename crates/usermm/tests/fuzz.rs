@@ -48,7 +48,7 @@
 //!   sequence is rerun alone with its own seed as the base seed.
 //! - `USERMM_FUZZ_CALLS`: the total calls of `fuzz_lockstep` (default
 //!   200,000), split into sequences of [`SEQ_CALLS`] on fresh backends; the
-//!   two-fault-thread variant runs a tenth of it.
+//!   two-fault-thread variant runs a quarter of it.
 //! - `USERMM_FUZZ_HOST_SWAP=1`: a 256 MiB host swap file is active while the
 //!   tests run (removed at the end, on panic, and by a watcher process if
 //!   this one dies).
@@ -2011,7 +2011,7 @@ fn fuzz_lockstep() {
 /// handlers and reclaim).
 #[test]
 fn fuzz_two_fault_threads() {
-    fuzz(Variant { name: "two-fault-threads", fault_threads: 2, background_reclaim: true }, total_calls().div_ceil(10));
+    fuzz(Variant { name: "two-fault-threads", fault_threads: 2, background_reclaim: true }, total_calls().div_ceil(4));
 }
 
 /// The deviation table names what it accepts, each with a reason.
