@@ -447,7 +447,7 @@ impl Arena {
         PAGE.with(|b| {
             let mut b = b.borrow_mut();
             b.resize(len, 0);
-            crate::ffi::copy_from_own_memory(&mut b[..len], addr)?;
+            crate::ffi::read_own_memory_forced(&mut b[..len], addr)?;
             // SAFETY: `b` is our own buffer, readable for `len` bytes.
             unsafe { pwrite_all(file.raw(), b.as_ptr() as usize, len, off) }
         })

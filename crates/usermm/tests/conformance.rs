@@ -38,6 +38,22 @@ fn mmap_argument_errors() {
     });
 }
 
+/// Found by the fuzzer (seed 0x1): a length past TASK_SIZE is `ENOMEM`
+/// (`__get_unmapped_area`), checked before the address's alignment, its
+/// place in the reservation, or `MAP_FIXED_NOREPLACE`'s overlap.
+#[test]
+fn mmap_length_past_task_size_is_enomem_first() {
+    conform("mmap_length_past_task_size_is_enomem_first", |mm, t| {
+        let b = mm.base();
+        let huge = usize::MAX - 0x1f07;
+        let shared_nr = MAP_SHARED | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE;
+        t.addr("noreplace, huge len", mm.mmap(b + 0x84000, huge, PROT_NONE, shared_nr, 0));
+        t.addr("fixed, huge len", mm.mmap(b, huge, RW, FIXED_PRIVATE, 0));
+        t.addr("fixed unaligned, huge len", mm.mmap(b + 100, huge, RW, FIXED_PRIVATE, 0));
+        t.layout("layout", mm);
+    });
+}
+
 #[test]
 fn mmap_fixed_noreplace_over_existing() {
     conform("mmap_fixed_noreplace_over_existing", |mm, t| {
@@ -1071,6 +1087,131 @@ fn small_folio_file(path: &std::path::Path, pages: usize) -> std::fs::File {
     f
 }
 
+/// Found by the fuzzer (seed 0x1): a dirty shared file page reaches its
+/// file whatever its region's protection has become (`PROT_NONE`,
+/// write-only, exec-only), through `msync` and through `munmap`.
+#[test]
+fn shared_file_writeback_whatever_the_protection() {
+    let path = std::env::temp_dir().join(format!("usermm-conform-wbprot-{}", std::process::id()));
+    conform("shared_file_writeback_whatever_the_protection", |mm, t| {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::FileExt;
+        let f = small_folio_file(&path, 8);
+        let b = mm.base();
+        let shared = MAP_SHARED | MAP_FIXED;
+        for (i, (first, later)) in
+            [(RW, PROT_NONE), (PROT_WRITE, PROT_WRITE), (RW, PROT_EXEC), (RW, PROT_NONE)].into_iter().enumerate()
+        {
+            let a = b + 2 * i * PAGE;
+            t.addr("map", mm.mmap_fd(a, PAGE, first, shared, f.as_raw_fd(), (i * PAGE) as i64));
+            mm.write_byte(a + 5, 0x40 + i as u8);
+            t.unit("mprotect", mm.mprotect(a, PAGE, later));
+            if i < 3 {
+                t.unit("msync", mm.msync(a, PAGE, MS_SYNC));
+            }
+            t.unit("munmap", mm.munmap(a, PAGE));
+            let mut v = [0u8; 1];
+            f.read_exact_at(&mut v, (i * PAGE + 5) as u64).unwrap();
+            t.note(format!("file page {i} byte 5 = {:#x}", v[0]));
+        }
+    });
+}
+
+/// Found by the fuzzer (seed 0x1): a region mapped over two old ones that
+/// were both faulted (a shared file region and an exec private one) sits
+/// on two host mappings that cannot merge (each has its own anon_vma); a
+/// fill that crosses from one to the other must still succeed.
+#[test]
+fn populate_across_the_host_mappings_of_replaced_regions() {
+    let path = std::env::temp_dir().join(format!("usermm-conform-across-{}", std::process::id()));
+    conform("populate_across_the_host_mappings_of_replaced_regions", |mm, t| {
+        use std::os::fd::AsRawFd;
+        let f = small_folio_file(&path, 16);
+        let b = mm.base();
+        t.addr("file", mm.mmap_fd(b, 8 * PAGE, RW, MAP_SHARED | MAP_FIXED, f.as_raw_fd(), 0));
+        t.note(format!("file contents {:?}", dump(mm, b, 8)));
+        t.addr("anon rwx", mm.mmap(b + 16 * PAGE, 6 * PAGE, RW | PROT_EXEC, FIXED_PRIVATE, 0));
+        t.note(format!("anon contents {:?}", dump(mm, b + 16 * PAGE, 6)));
+        t.addr("shared over both", mm.mmap(b, 22 * PAGE, RW, FIXED_SHARED, 0));
+        t.unit("populate write across", mm.madvise(b + 4 * PAGE, 16 * PAGE, MADV_POPULATE_WRITE));
+        t.unit("populate write all", mm.madvise(b, 22 * PAGE, MADV_POPULATE_WRITE));
+        t.mincore("resident", mm.mincore(b, 22 * PAGE));
+        t.note(format!("contents {:?}", dump(mm, b, 22)));
+        t.layout("layout", mm);
+    });
+}
+
+/// Found by the fuzzer (seed 0x4): `MADV_WILLNEED`'s file read-ahead
+/// stays inside the file region: the anonymous region right after it gets
+/// no page (its read populate mapped zero pages there).
+#[test]
+fn willneed_file_readahead_stays_in_its_region() {
+    let path = std::env::temp_dir().join(format!("usermm-conform-willneed-{}", std::process::id()));
+    conform("willneed_file_readahead_stays_in_its_region", |mm, t| {
+        use std::os::fd::AsRawFd;
+        let f = small_folio_file(&path, 16);
+        let b = mm.base();
+        t.addr("file", mm.mmap_fd(b, 4 * PAGE, PROT_READ, MAP_SHARED | MAP_FIXED, f.as_raw_fd(), 0));
+        t.addr("anon after", mm.mmap(b + 4 * PAGE, 8 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.unit("willneed", mm.madvise(b, 4 * PAGE, MADV_WILLNEED));
+        // The read-in is asynchronous on both sides.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        t.mincore("anon resident", mm.mincore(b + 4 * PAGE, 8 * PAGE));
+        t.layout("layout", mm);
+    });
+}
+
+/// Found by the fuzzer (seed 0x4): a shared file page read, then written,
+/// then paged out and unmapped reaches its file.
+#[test]
+fn shared_file_page_read_written_paged_out_reaches_the_file() {
+    let path = std::env::temp_dir().join(format!("usermm-conform-rwpo-{}", std::process::id()));
+    conform("shared_file_page_read_written_paged_out_reaches_the_file", |mm, t| {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::FileExt;
+        let f = small_folio_file(&path, 64);
+        let b = mm.base();
+        for (i, over_hole) in [false, true, false, true].into_iter().enumerate() {
+            let a = b + 16 * i * PAGE;
+            let off = 16 * i * PAGE;
+            t.addr(
+                "file",
+                mm.mmap_fd(a + 4 * PAGE, 8 * PAGE, RW, MAP_SHARED | MAP_FIXED, f.as_raw_fd(), (off + 4 * PAGE) as i64),
+            );
+            if i >= 2 {
+                t.note(format!("read {}", mm.read_byte(a + 5 * PAGE + 799)));
+            }
+            mm.write_byte(a + 5 * PAGE + 799, 0xa0 + i as u8);
+            let (s, l) = if over_hole { (a, 16 * PAGE) } else { (a + 4 * PAGE, 8 * PAGE) };
+            t.unit("pageout", mm.madvise(s, l, MADV_PAGEOUT));
+            t.unit("munmap", mm.munmap(a, 16 * PAGE));
+            let mut v = [0u8; 1];
+            f.read_exact_at(&mut v, (off + 5 * PAGE + 799) as u64).unwrap();
+            t.note(format!("file byte {:#x}", v[0]));
+        }
+    });
+}
+
+/// Found by the fuzzer (seed 0x1): a file mapping with no valid type is
+/// `EINVAL` only after the address checks (`MAP_FIXED_NOREPLACE` over a
+/// mapping is `EEXIST`), as for an anonymous one.
+#[test]
+fn file_mmap_type_is_checked_after_the_address() {
+    let path = std::env::temp_dir().join(format!("usermm-conform-ftype-{}", std::process::id()));
+    conform("file_mmap_type_is_checked_after_the_address", |mm, t| {
+        use std::os::fd::AsRawFd;
+        let f = small_folio_file(&path, 8);
+        let b = mm.base();
+        let fd = f.as_raw_fd();
+        t.addr("anon", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.addr("noreplace over, no type", mm.mmap_fd(b, PAGE, PROT_NONE, MAP_FIXED_NOREPLACE, fd, 0));
+        t.addr("noreplace free, no type", mm.mmap_fd(b + 8 * PAGE, PAGE, PROT_NONE, MAP_FIXED_NOREPLACE, fd, 0));
+        t.addr("fixed unaligned, no type", mm.mmap_fd(b + 8 * PAGE + 1, PAGE, PROT_READ, MAP_FIXED, fd, 0));
+        t.addr("len 0, no type", mm.mmap_fd(b + 8 * PAGE, 0, PROT_READ, MAP_FIXED, fd, 0));
+        t.layout("layout", mm);
+    });
+}
+
 #[test]
 fn mlock_onfault_file_locks_the_fault_around_window() {
     let path = std::env::temp_dir().join(format!("usermm-conform-lof-{}", std::process::id()));
@@ -1151,6 +1292,26 @@ fn linux_errno_lock_lengths_and_grows_flags() {
         t.unit("mlock exec-only", mm.mlock2(b + 12 * PAGE, 2 * PAGE, 0));
         t.note(format!("lock X {}", mm.lock_info(b + 12 * PAGE)));
         t.unit("munlock all", mm.munlock(b, 16 * PAGE));
+        t.layout("layout", mm);
+    });
+}
+
+/// Found by the fuzzer (seed 0x1): `mlock2(.., 0)` populates the whole
+/// range, already locked regions included (`__mm_populate`), so a locked
+/// region made `PROT_NONE` fails it with `ENOMEM`; the populate stops there,
+/// and what follows is locked but not populated.
+#[test]
+fn mlock_again_over_a_locked_region_made_prot_none() {
+    conform("mlock_again_over_a_locked_region_made_prot_none", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("map 8", mm.mmap(b, 8 * PAGE, RW, FIXED_PRIVATE, 0));
+        t.unit("mlock 0..4", mm.mlock2(b, 4 * PAGE, 0));
+        t.unit("mprotect 2..4 none", mm.mprotect(b + 2 * PAGE, 2 * PAGE, PROT_NONE));
+        t.unit("mlock 3..4 again", mm.mlock2(b + 3 * PAGE, PAGE, 0));
+        t.unit("mlock 1..8", mm.mlock2(b + PAGE, 7 * PAGE, 0));
+        t.mincore("resident", mm.mincore(b, 8 * PAGE));
+        t.note(format!("lock 6 {}", mm.lock_info(b + 6 * PAGE)));
+        t.unit("munlock all", mm.munlock(b, 8 * PAGE));
         t.layout("layout", mm);
     });
 }

@@ -72,6 +72,9 @@ impl Core {
                 hole = true;
                 break;
             }
+            if mode == LockMode::Locked {
+                plan.populate.push(seg);
+            }
             if reg.lock == mode {
                 continue;
             }

@@ -221,11 +221,22 @@ pub struct LockPlan {
     /// Linux's `__mm_populate(.., ignore_errors)`); otherwise they fail the
     /// call with `ENOMEM` and leave the range locked, as `mlock` does.
     pub populate_best_effort: bool,
+    /// `mlock2(.., 0)`: every segment of the range (in address order) to
+    /// populate, whether its lock changed or not: Linux's `__mm_populate`
+    /// walks the whole range, so an already locked `PROT_NONE` region fails
+    /// the call too. Empty: populate the changed segments.
+    pub populate: Vec<PageRange>,
 }
 
 impl Default for LockPlan {
     fn default() -> LockPlan {
-        LockPlan { changed: Vec::new(), reactivate: Vec::new(), result: Ok(()), populate_best_effort: false }
+        LockPlan {
+            changed: Vec::new(),
+            reactivate: Vec::new(),
+            result: Ok(()),
+            populate_best_effort: false,
+            populate: Vec::new(),
+        }
     }
 }
 

@@ -404,20 +404,32 @@ impl Core {
 
     /// Plans the eviction of every inactive page of `r` (MADV_PAGEOUT, after
     /// `deactivate_range`), at most `max`.
-    pub fn evict_range(&mut self, r: PageRange, max: usize) -> Vec<Evict> {
+    ///
+    /// Parked pages of shared file regions go back to their files, never to
+    /// swap (the second list, as reclaim plans them): a page of a file
+    /// swapped here was lost to the file (munmap, msync and close write back
+    /// only resident and parked pages).
+    pub fn evict_range(&mut self, r: PageRange, max: usize) -> (Vec<Evict>, Vec<Writeback>) {
         let mut v = Vec::new();
+        let mut wb = Vec::new();
         for (p, m) in self.pages.live_in(r) {
-            if v.len() >= max {
+            if v.len() + wb.len() >= max {
                 break;
             }
             if m.state != PState::Inactive || m.has(pf::VOLATILE) {
+                continue;
+            }
+            if let Some(reg) = self.regions.find(p).filter(|g| g.kind == Kind::FileShared) {
+                let (file, file_page) = (reg.file().expect("file region"), reg.file_page(p));
+                self.pages.update(p, |m| m.state = PState::Evicting);
+                wb.push(Writeback { page: p, staging: Some(m.slot), file, file_page, clean: !m.has(pf::MAYBE_DIRTY) });
                 continue;
             }
             let Some(swap) = self.swap.alloc() else { break };
             self.pages.update(p, |m| m.state = PState::Evicting);
             v.push(Evict { page: p, staging: m.slot, swap });
         }
-        v
+        (v, wb)
     }
 
     pub fn deactivate_done(&mut self, d: &Deactivate, ok: bool) {

@@ -59,6 +59,13 @@ impl Core {
             }
         }
         let fixed = flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0;
+        // Linux (`__get_unmapped_area`): a length past TASK_SIZE, or with
+        // MAP_FIXED a range ending past it, is ENOMEM, before the address's
+        // alignment is looked at.
+        let bytes = pages << self.cfg.page_shift;
+        if bytes > TASK_SIZE || fixed && addr > TASK_SIZE - bytes {
+            return bad(Errno::ENOMEM);
+        }
         let fixed_range = if fixed {
             if !self.aligned(addr) {
                 return bad(Errno::EINVAL);

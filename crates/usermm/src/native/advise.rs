@@ -38,8 +38,11 @@ impl Inner {
                 let ds = lock(&self.core).deactivate_range(r);
                 self.deactivate_all(&ds);
                 loop {
-                    let evs = lock(&self.core).evict_range(r, 1024);
-                    if evs.is_empty() || self.evict_all(&evs) == 0 {
+                    let (evs, wbs) = lock(&self.core).evict_range(r, 1024);
+                    if evs.is_empty() && wbs.is_empty() {
+                        break;
+                    }
+                    if self.evict_all(&evs) + self.writeback_all(&wbs) == 0 {
                         break;
                     }
                 }

@@ -45,7 +45,15 @@ impl Inner {
                 } else if file {
                     // File read-ahead: a window from `a` (up to a hole or the
                     // end of the file; best effort, errors ignored).
-                    let window = usermm_core::MAX_WINDOW_PAGES as usize * self.page_size;
+                    // Never past the end of the region: the next one may be
+                    // anonymous (a read populate would map its pages), or
+                    // another file's (the chain below decides).
+                    let region_end = {
+                        let c = lock(&self.core);
+                        c.page_of(Addr(a as u64)).and_then(|p| c.region_at(p)).map(|r| self.addr(r.range.end))
+                    };
+                    let full = usermm_core::MAX_WINDOW_PAGES as usize * self.page_size;
+                    let window = region_end.map_or(full, |e| full.min(e.saturating_sub(a)));
                     let (n, _) = self.populate(a, window, false);
                     // A streaming read-in chains: the next window follows,
                     // up to READAHEAD_DEPTH windows past the program's last

@@ -23,7 +23,12 @@ impl Inner {
         let file = if flags & MAP_ANONYMOUS == 0 {
             let t = flags & MAP_TYPE;
             if len == 0 || !(t == MAP_SHARED || t == MAP_PRIVATE || t == MAP_SHARED_VALIDATE) {
-                return Err(Errno::EINVAL);
+                // Linux checks a file mapping's type after the address
+                // (MAP_FIXED_NOREPLACE's EEXIST) and the lock limit: the
+                // core's order, which ends in EINVAL for this type (it never
+                // maps with an invalid type).
+                let r = lock(&self.core).mmap(addr as u64, len as u64, prot, flags | MAP_ANONYMOUS);
+                return Err(r.err().unwrap_or(Errno::EINVAL));
             }
             let f = MappedFile::from_fd(fd, self.keep_file_cache)?;
             // One entry (and one descriptor) per open file, however many

@@ -60,7 +60,8 @@ impl Inner {
         }
         if plan.result.is_ok() {
             let mut failed = None;
-            for seg in &full {
+            let populate = if plan.populate.is_empty() { &full } else { &plan.populate };
+            for seg in populate {
                 let prot = lock(&self.core).region_at(seg.start).map(|r| r.prot).unwrap_or(PROT_NONE);
                 // Linux populates what it can reach (FOLL_FORCE): not
                 // PROT_NONE, and here not exec-only either (measured on
@@ -88,8 +89,11 @@ impl Inner {
                     // __mlock_posix_error_return does (EFAULT, and an
                     // unreadable range, is ENOMEM) and stays locked.
                     Err(_) if plan.populate_best_effort => {}
+                    // The first failure ends the populate, as in Linux's
+                    // __mm_populate: what follows stays unpopulated.
                     Err(e) => {
-                        failed.get_or_insert(if e == Errno::EFAULT || e == Errno::EINVAL { Errno::ENOMEM } else { e });
+                        failed = Some(if e == Errno::EFAULT || e == Errno::EINVAL { Errno::ENOMEM } else { e });
+                        break;
                     }
                 }
             }

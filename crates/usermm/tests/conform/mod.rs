@@ -39,6 +39,18 @@ pub trait Mm {
     fn madvise(&self, addr: usize, len: usize, advice: i32) -> Result<(), Errno>;
     /// `mincore`: on error only the errno is compared.
     fn mincore(&self, addr: usize, len: usize) -> Result<Vec<u8>, Errno>;
+    /// `msync(addr, len, flags)`.
+    fn msync(&self, addr: usize, len: usize, flags: i32) -> Result<(), Errno>;
+    /// User-mode loads of `out.len()` bytes from `addr` (the range must be
+    /// mapped readable).
+    fn read_bytes(&self, addr: usize, out: &mut [u8]) {
+        read_bytes(addr, out)
+    }
+    /// User-mode stores of `data` at `addr` (the range must be mapped
+    /// writable).
+    fn write_bytes(&self, addr: usize, data: &[u8]) {
+        write_bytes(addr, data)
+    }
     /// A user-mode load (the address must be mapped readable).
     fn read_byte(&self, addr: usize) -> u8 {
         kernel::peek(addr)
@@ -171,6 +183,18 @@ impl Mm for KernelMm {
     fn mincore(&self, addr: usize, len: usize) -> Result<Vec<u8>, Errno> {
         kernel::mincore(addr, len)
     }
+    fn msync(&self, addr: usize, len: usize, flags: i32) -> Result<(), Errno> {
+        // msync only writes pages back; it changes no memory. The range is
+        // still kept inside the arena (or overflowing: rejected unseen).
+        assert!(no_effect(addr, len) || self.arena.contains(addr & !(PAGE - 1), len), "kernel msync outside the arena");
+        // SAFETY: msync reads page tables and writes file pages back; it
+        // neither maps nor unmaps anything.
+        let r = unsafe { libc::syscall(libc::SYS_msync, addr, len, flags) };
+        if r < 0 {
+            return Err(Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(0)));
+        }
+        Ok(())
+    }
     fn regions(&self) -> Vec<(usize, usize, String)> {
         let text = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
         parse_maps(&text, self.arena.base(), self.arena.base() + self.arena.len())
@@ -244,6 +268,9 @@ impl Mm for UserMm {
     fn mincore(&self, addr: usize, len: usize) -> Result<Vec<u8>, Errno> {
         let mut v = vec![0u8; len.div_ceil(self.space.page_size())];
         self.space.mincore(addr, len, &mut v).map(|_| v)
+    }
+    fn msync(&self, addr: usize, len: usize, flags: i32) -> Result<(), Errno> {
+        self.space.msync(addr, len, flags)
     }
     fn regions(&self) -> Vec<(usize, usize, String)> {
         let (b, l) = self.space.reservation();
@@ -349,6 +376,44 @@ impl Transcript {
             .map(|(s, e, p)| format!("[{:#x}-{:#x} {p}]", s - self.base, e - self.base))
             .collect();
         self.lines.push(format!("{what}: {}", regs.join(" ")));
+    }
+}
+
+/// Volatile user-mode loads of `out.len()` bytes from `addr`, a word at a
+/// time where aligned (each load takes the page faults a program's would).
+pub fn read_bytes(addr: usize, out: &mut [u8]) {
+    let mut i = 0;
+    while i < out.len() {
+        let a = addr + i;
+        if a & 7 == 0 && out.len() - i >= 8 {
+            // SAFETY: the caller names memory mapped readable that no Rust
+            // reference points at (a space's or an arena's), as for `peek`.
+            let w = unsafe { std::ptr::read_volatile(a as *const u64) };
+            out[i..i + 8].copy_from_slice(&w.to_ne_bytes());
+            i += 8;
+        } else {
+            out[i] = kernel::peek(a);
+            i += 1;
+        }
+    }
+}
+
+/// Volatile user-mode stores of `data` at `addr`, a word at a time where
+/// aligned.
+pub fn write_bytes(addr: usize, data: &[u8]) {
+    let mut i = 0;
+    while i < data.len() {
+        let a = addr + i;
+        if a & 7 == 0 && data.len() - i >= 8 {
+            let w = u64::from_ne_bytes(data[i..i + 8].try_into().unwrap());
+            // SAFETY: the caller names memory mapped writable that no Rust
+            // reference points at, as for `poke`.
+            unsafe { std::ptr::write_volatile(a as *mut u64, w) };
+            i += 8;
+        } else {
+            kernel::poke(a, data[i]);
+            i += 1;
+        }
     }
 }
 
