@@ -447,7 +447,15 @@ impl Arena {
         PAGE.with(|b| {
             let mut b = b.borrow_mut();
             b.resize(len, 0);
-            crate::ffi::read_own_memory_forced(&mut b[..len], addr)?;
+            // `process_vm_readv` first: a page evicted since the snapshot
+            // is faulted back in through the handlers (a `/proc/self/mem`
+            // read cannot wait for a userfault: its GUP may not retry, and
+            // the read fails with EIO — seen as a spurious munmap EIO by
+            // the fuzzer with a host swap file). `/proc/self/mem` where the
+            // region is not readable (PROT_NONE, write-only: FOLL_FORCE).
+            if crate::ffi::copy_from_own_memory(&mut b[..len], addr).is_err() {
+                crate::ffi::read_own_memory_forced(&mut b[..len], addr)?;
+            }
             // SAFETY: `b` is our own buffer, readable for `len` bytes.
             unsafe { pwrite_all(file.raw(), b.as_ptr() as usize, len, off) }
         })

@@ -455,3 +455,22 @@ fn background_reclaim_does_not_spin_when_nothing_can_be_aged() {
     assert!(used * 100 < 20 * hz, "background reclaim used {used} ticks of {hz} in an idle second: {:?}", s.stats());
     s.validate();
 }
+
+/// Why write-back copies a space page with `process_vm_readv` first: a
+/// `/proc/self/mem` read of a page that is not there cannot wait for the
+/// userfault (it fails with EIO), while `process_vm_readv` is served by the
+/// handlers. (The fuzzer with a host swap file saw munmap return EIO when a
+/// page was evicted between write-back's snapshot and its copy.)
+#[test]
+fn a_missing_page_is_served_to_process_vm_readv_not_to_proc_mem() {
+    let s = space(256, 1024, 0);
+    let a = s.mmap(0, 4 * PS, RW, ANON, -1, 0).unwrap();
+    let mut buf = vec![1u8; PS];
+    let forced = usermm_sys::ffi::read_own_memory_forced(&mut buf, a);
+    assert!(forced.is_err(), "/proc/self/mem served a missing page: {forced:?}");
+    usermm_sys::ffi::copy_from_own_memory(&mut buf, a + PS).expect("process_vm_readv of a missing page");
+    assert!(buf.iter().all(|&b| b == 0));
+    poke(a + 2 * PS, 5);
+    usermm_sys::ffi::read_own_memory_forced(&mut buf, a + 2 * PS).expect("a present page");
+    assert_eq!(buf[0], 5);
+}
