@@ -413,6 +413,7 @@ impl Arena {
         &self,
         file: &MappedFile,
         src: Option<usize>,
+        procmem: Option<&ProcMem>,
         slot: Option<u32>,
         off: u64,
     ) -> Result<(), Errno> {
@@ -454,7 +455,9 @@ impl Arena {
             // the fuzzer with a host swap file). `/proc/self/mem` where the
             // region is not readable (PROT_NONE, write-only: FOLL_FORCE).
             if crate::ffi::copy_from_own_memory(&mut b[..len], addr).is_err() {
-                crate::ffi::read_own_memory_forced(&mut b[..len], addr)?;
+                let pm = procmem.ok_or(Errno::EFAULT)?;
+                // SAFETY: `b` is our own buffer, writable for `len` bytes.
+                unsafe { pm.read(b.as_mut_ptr() as usize, addr, len) }?;
             }
             // SAFETY: `b` is our own buffer, readable for `len` bytes.
             unsafe { pwrite_all(file.raw(), b.as_ptr() as usize, len, off) }

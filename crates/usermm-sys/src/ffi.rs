@@ -165,35 +165,3 @@ fn process_vm(remote: usize, local: *mut u8, len: usize, write: bool) -> Result<
     }
     Ok(())
 }
-
-/// Copies `dst.len()` bytes from `src`, an address of this process, the way
-/// a debugger reads it: `pread` of `/proc/self/mem`, so an unmapped `src` is
-/// `EIO`/`EFAULT`, never a signal, and a missing page of a space is a
-/// kernel-mode fault its handlers serve. No lock of the caller's may be one
-/// the handlers take.
-///
-/// For usermm's own pages only, never a caller's pointer (that is
-/// [`copy_from_own_memory`], which fails where the caller could not read):
-/// a space page must reach its file whatever the region's protection is now
-/// (a shared file page written, then made `PROT_NONE` or left
-/// `PROT_WRITE`-only, is still dirty: Linux writes it back).
-/// `process_vm_readv` checks `VM_READ` and fails with `EFAULT` there;
-/// `/proc/self/mem` reads with `FOLL_FORCE`, which needs only `VM_MAYREAD`.
-/// `process_vm_readv` stays the fallback if `/proc` is not mounted.
-pub fn read_own_memory_forced(dst: &mut [u8], src: usize) -> Result<(), crate::Errno> {
-    static MEM: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
-    let Some(mem) = MEM.get_or_init(|| std::fs::File::open("/proc/self/mem").ok()) else {
-        return process_vm(src, dst.as_mut_ptr(), dst.len(), false);
-    };
-    use std::os::unix::fs::FileExt;
-    let mut done = 0;
-    while done < dst.len() {
-        match mem.read_at(&mut dst[done..], (src + done) as u64) {
-            Ok(0) => return Err(crate::Errno::EFAULT),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(crate::Errno(e.raw_os_error().unwrap_or(crate::Errno::EFAULT.0))),
-        }
-    }
-    Ok(())
-}

@@ -188,9 +188,12 @@ impl ProcMem {
 
     /// Copies `len` bytes at address `src` into `dst`.
     ///
+    /// A missing page of a userfaultfd range is `EIO`: this read's GUP
+    /// cannot wait for a userfault (`process_vm_readv` can: use it where the
+    /// region is readable).
+    ///
     /// # Safety
-    /// `[dst, dst+len)` must be writable; `src` must be resident (a missing
-    /// page would fault into our own handler).
+    /// `[dst, dst+len)` must be writable.
     pub unsafe fn read(&self, dst: usize, src: usize, len: usize) -> Result<(), Errno> {
         // SAFETY: the caller guarantees dst is writable.
         let r = unsafe { libc::pread(self.0.as_raw_fd(), dst as *mut libc::c_void, len, src as libc::off_t) };

@@ -466,11 +466,14 @@ fn a_missing_page_is_served_to_process_vm_readv_not_to_proc_mem() {
     let s = space(256, 1024, 0);
     let a = s.mmap(0, 4 * PS, RW, ANON, -1, 0).unwrap();
     let mut buf = vec![1u8; PS];
-    let forced = usermm_sys::ffi::read_own_memory_forced(&mut buf, a);
+    let pm = usermm_sys::file::ProcMem::open().expect("/proc/self/mem");
+    // SAFETY: `buf` is ours and writable for a page.
+    let forced = unsafe { pm.read(buf.as_mut_ptr() as usize, a, PS) };
     assert!(forced.is_err(), "/proc/self/mem served a missing page: {forced:?}");
     usermm_sys::ffi::copy_from_own_memory(&mut buf, a + PS).expect("process_vm_readv of a missing page");
     assert!(buf.iter().all(|&b| b == 0));
     poke(a + 2 * PS, 5);
-    usermm_sys::ffi::read_own_memory_forced(&mut buf, a + 2 * PS).expect("a present page");
+    // SAFETY: as above.
+    unsafe { pm.read(buf.as_mut_ptr() as usize, a + 2 * PS, PS) }.expect("a present page");
     assert_eq!(buf[0], 5);
 }

@@ -18,7 +18,7 @@ impl Inner {
                 if take_one(&self.inject_write_errors) {
                     return Err(Errno::EIO);
                 }
-                let r = self.arena.page_out_to_file(f, src, w.staging, w.file_page * ps);
+                let r = self.arena.page_out_to_file(f, src, self.procmem.as_ref(), w.staging, w.file_page * ps);
                 if r.is_ok() && !touched.contains(&w.file) {
                     touched.push(w.file);
                 }
