@@ -309,6 +309,18 @@ static void test_errno(umm_space *s) {
     p[0] = 1;
     CHECK_ERR(umm_mincore(s, p, 16 * PAGE, vec), ENOMEM);
     CHECK((vec[0] & 1) == 1); /* filled up to the hole, as Linux does */
+    /* A NULL vec over mapped pages and then a hole: Linux fails copying out
+     * the mapped part's bytes (EFAULT) before it reaches the hole. Checked
+     * on the host kernel too. */
+    CHECK_ERR(umm_mincore(s, p, 16 * PAGE, NULL), EFAULT);
+    {
+        char *h = mmap(NULL, 3 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(h != MAP_FAILED);
+        CHECK(munmap(h + 2 * PAGE, PAGE) == 0);
+        errno = 0;
+        CHECK(mincore(h, 3 * PAGE, NULL) == -1 && errno == EFAULT);
+        munmap(h, 2 * PAGE);
+    }
     CHECK_ERR(umm_mincore(s, (void *)((uintptr_t)vec & ~(PAGE - 1)), PAGE, vec), ENOMEM);
     CHECK_ERR(umm_mincore(s, p, SIZE_MAX - 2 * PAGE, vec), ENOMEM);
     CHECK(umm_mincore(s, p, 0, NULL) == 0);
