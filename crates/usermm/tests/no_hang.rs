@@ -417,45 +417,6 @@ fn raw_dontneed_behind_usermms_back_reads_zeros() {
     });
 }
 
-/// CPU time (user + system, in clock ticks) of this process's thread named
-/// `name`.
-fn thread_cpu_ticks(name: &str) -> u64 {
-    let mut total = 0;
-    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if comm.trim() != name {
-            continue;
-        }
-        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        // Fields after the command's closing parenthesis: utime is the 12th,
-        // stime the 13th.
-        let rest = &stat[stat.rfind(')').unwrap() + 2..];
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        total += f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
-    }
-    total
-}
-
-/// Background reclaim that cannot age anything (the active list holds only
-/// pages that cannot leave: writable non-RW ones) must not spin: it spun on
-/// a whole CPU (seen by the differential fuzzer, 65% of its run).
-#[test]
-fn background_reclaim_does_not_spin_when_nothing_can_be_aged() {
-    let s = space(256, 4096, 0);
-    let rwx = s.mmap(0, 220 * PS, RW | PROT_EXEC, ANON, -1, 0).unwrap();
-    fill(rwx, 0..220, 1);
-    let rw = s.mmap(0, 512 * PS, RW, ANON, -1, 0).unwrap();
-    fill(rw, 0..512, 2);
-    // Let reclaim settle, then measure an idle second.
-    std::thread::sleep(Duration::from_millis(300));
-    let t0 = thread_cpu_ticks("usermm-reclaim");
-    std::thread::sleep(Duration::from_secs(1));
-    let used = thread_cpu_ticks("usermm-reclaim") - t0;
-    let hz = 100; // USER_HZ on Linux
-    assert!(used * 100 < 20 * hz, "background reclaim used {used} ticks of {hz} in an idle second: {:?}", s.stats());
-    s.validate();
-}
-
 /// Why write-back copies a space page with `process_vm_readv` first: a
 /// `/proc/self/mem` read of a page that is not there cannot wait for the
 /// userfault (it fails with EIO), while `process_vm_readv` is served by the
