@@ -17,10 +17,17 @@ impl Inner {
             AdviceOp::PunchZap { range, file, file_page } => {
                 let f = lock(&self.files).get(&file).cloned().ok_or(Errno::EIO)?;
                 let ps = self.page_size as u64;
+                // The first punch answers whether the file system can
+                // (EOPNOTSUPP leaves everything as it was, as on Linux).
                 f.punch_hole(file_page * ps, range.pages() * ps)?;
-                // The file reads zeros there now: drop our copies, dirty or
-                // not, with no write-back.
-                self.zap_range(range);
+                // Then drop our copies, dirty or not, with no write-back —
+                // and punch each chunk again while it is claimed: a
+                // write-back in flight at the first punch (reclaim's, in
+                // another thread) has landed by then, and none can start.
+                self.zap_range_and(range, &mut |chunk| {
+                    let at = file_page + (chunk.start.0 - range.start.0);
+                    let _ = f.punch_hole(at * ps, chunk.pages() * ps);
+                });
             }
             AdviceOp::Zap(r) => self.zap_range(r),
             AdviceOp::WritebackZap(r) => {

@@ -196,7 +196,7 @@ impl Inner {
             let mut s = r.start.0;
             while s < r.end.0 {
                 let e = (s + chunk_pages).min(r.end.0);
-                self.zap_chunk(PageRange::new(s, e), Some(self.read_mm()));
+                self.zap_chunk(PageRange::new(s, e), Some(self.read_mm()), &mut |_| {});
                 // Let the handler threads and a waiting writer run: on a
                 // machine with few CPUs the zap would otherwise keep one busy
                 // for the whole unmap.
