@@ -575,6 +575,13 @@ impl Space {
         Ok(Mapping { space: self, addr, len })
     }
 
+    /// Test hook: a handler that decides a transient SIGBUS (a failed swap
+    /// read) waits `ms` milliseconds before queuing it, as a preempted
+    /// handler thread would.
+    pub fn inject_signal_stall(&self, ms: u32) {
+        self.inner.inject_signal_stall_ms.store(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Test hook: the next `reads` swap reads and `writes` swap writes fail
     /// with `EIO`.
     pub fn inject_swap_errors(&self, reads: u32, writes: u32) {

@@ -138,6 +138,10 @@ pub(crate) struct Inner {
     pub low_watermark: u64,
     pub high_watermark: u64,
     pub inject_read_errors: AtomicU32,
+    /// Test hook: milliseconds a handler waits between deciding a
+    /// transient SIGBUS and queuing it (widens the window in which a late
+    /// signal could arise).
+    pub inject_signal_stall_ms: AtomicU32,
     /// Test hook: the page index at which a populate is interrupted (EINTR),
     /// once; `u64::MAX`: none (see `Space::interrupt_populate_at`).
     pub populate_interrupt: AtomicU64,
@@ -251,6 +255,7 @@ impl Inner {
             low_watermark: low,
             high_watermark: high,
             inject_read_errors: AtomicU32::new(0),
+            inject_signal_stall_ms: AtomicU32::new(0),
             populate_interrupt: AtomicU64::new(u64::MAX),
             inject_write_errors: AtomicU32::new(0),
             willneed: Mutex::new(Vec::new()),
