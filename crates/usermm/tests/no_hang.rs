@@ -486,3 +486,52 @@ fn remove_punches_after_write_backs_in_flight() {
         eprintln!("{rounds} rounds: {:?}", s.stats());
     });
 }
+
+/// `MADV_DONTNEED` on a shared file mapping while another thread writes
+/// the pages: on Linux the page cache keeps every write (DONTNEED only
+/// unmaps), so a thread always reads back what it wrote last.
+#[test]
+fn dontneed_on_a_shared_file_never_loses_a_concurrent_write() {
+    within(60, "dontneed vs writes", || {
+        const PAGES: usize = 8;
+        let path = std::env::temp_dir().join(format!("usermm-test-{}-dontneed-race", std::process::id()));
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        f.set_len((PAGES * PS) as u64).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        use std::os::fd::AsRawFd;
+        let s = space(256, 1024, 0);
+        let a = s.mmap(0, PAGES * PS, RW, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    s.madvise(a, PAGES * PS, MADV_DONTNEED).unwrap();
+                }
+            });
+            let t0 = Instant::now();
+            let mut v: u64 = 0;
+            while t0.elapsed() < Duration::from_secs(3) {
+                v += 1;
+                let p = (v as usize) % PAGES;
+                let at = (a + p * PS) as *mut u64;
+                // SAFETY: `at` is in a mapped read-write page of the space.
+                let before = unsafe { at.read_volatile() };
+                let last = v.saturating_sub(PAGES as u64);
+                if before != last {
+                    stop.store(true, Ordering::Relaxed);
+                    panic!("write {last} to page {p} lost: read {before}");
+                }
+                // SAFETY: as above.
+                unsafe { at.write_volatile(v) };
+                // SAFETY: as above.
+                let got = unsafe { at.read_volatile() };
+                if got != v {
+                    stop.store(true, Ordering::Relaxed);
+                    panic!("write {v} to page {p} lost: read {got}");
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        s.validate();
+    });
+}

@@ -364,7 +364,8 @@ impl Core {
     pub fn deactivate_range(&mut self, r: PageRange) -> Vec<Deactivate> {
         let mut v = Vec::new();
         let Some(reg) = self.regions.find(r.start).cloned() else { return v };
-        if reg.lock != LockMode::None || self.swap.capacity() == 0 {
+        // (Shared file pages go to their file: they need no swap.)
+        if reg.lock != LockMode::None || self.swap.capacity() == 0 && reg.kind != Kind::FileShared {
             return v;
         }
         if reg.writable() && reg.prot != PROT_READ | PROT_WRITE {

@@ -31,29 +31,23 @@ impl Inner {
             }
             AdviceOp::Zap(r) => self.zap_range(r),
             AdviceOp::WritebackZap(r) => {
-                if self.writeback_range(r, &[]).is_ok() {
-                    self.zap_range(r);
-                }
+                // Linux's MADV_DONTNEED on a shared file only unmaps: the
+                // page cache keeps every write, also one made by another
+                // thread during the call. So the pages are not written back
+                // and then zapped (a write between the two was lost): they
+                // are parked first — out of the program's reach, so that a
+                // concurrent write faults and waits — then the dirty ones
+                // are written to the file from their parked copies and all
+                // are dropped, as MADV_PAGEOUT does. A page that cannot be
+                // parked is written back and stays mapped (reads the same).
+                self.pageout_range(r);
+                let _ = self.writeback_range(r, &[]);
             }
             AdviceOp::Cold(r) => {
                 let ds = lock(&self.core).deactivate_range(r);
                 self.deactivate_all(&ds);
             }
-            AdviceOp::Pageout(r) => {
-                // Deactivate the mapped pages, then evict every parked page of
-                // the range (also those parked before this call).
-                let ds = lock(&self.core).deactivate_range(r);
-                self.deactivate_all(&ds);
-                loop {
-                    let (evs, wbs) = lock(&self.core).evict_range(r, 1024);
-                    if evs.is_empty() && wbs.is_empty() {
-                        break;
-                    }
-                    if self.evict_all(&evs) + self.writeback_all(&wbs) == 0 {
-                        break;
-                    }
-                }
-            }
+            AdviceOp::Pageout(r) => self.pageout_range(r),
             AdviceOp::Free(r) => {
                 let parked = lock(&self.core).lazyfree(r);
                 if self.host_lazyfree {
@@ -102,5 +96,22 @@ impl Inner {
             }
         }
         Ok(())
+    }
+
+    /// Deactivates the mapped pages of `r`, then evicts every parked page of
+    /// the range (also those parked before): shared file pages go to their
+    /// file, the others to swap.
+    fn pageout_range(&self, r: PageRange) {
+        let ds = lock(&self.core).deactivate_range(r);
+        self.deactivate_all(&ds);
+        loop {
+            let (evs, wbs) = lock(&self.core).evict_range(r, 1024);
+            if evs.is_empty() && wbs.is_empty() {
+                break;
+            }
+            if self.evict_all(&evs) + self.writeback_all(&wbs) == 0 {
+                break;
+            }
+        }
     }
 }
