@@ -12,6 +12,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --release -- -D warnings
+echo "== cargo clippy -D warnings: the libraries a program links (no test hooks, no bench helpers)"
+cargo clippy -p usermm -p usermm-sys -p usermm-core --lib --release -- -D warnings
 echo "== cargo build --release"
 cargo build --release --workspace
 echo "== cargo test -p usermm-core (debug build: every debug_assert! checked)"

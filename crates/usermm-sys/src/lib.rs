@@ -24,10 +24,14 @@
 pub mod arena;
 pub mod ffi;
 pub mod file;
+#[cfg(feature = "bench-helpers")]
 pub mod host;
+#[cfg(feature = "bench-helpers")]
 pub mod kernel;
 pub mod mem;
+#[cfg(feature = "bench-helpers")]
 pub mod process;
+#[cfg(feature = "bench-helpers")]
 pub mod testing;
 pub mod thread;
 pub mod uffd;

@@ -575,6 +575,7 @@ impl Space {
         Ok(Mapping { space: self, addr, len })
     }
 
+    #[cfg(feature = "test-hooks")]
     /// Test hook: a handler that decides a transient SIGBUS (a failed swap
     /// read) waits `ms` milliseconds before queuing it, as a preempted
     /// handler thread would.
@@ -582,13 +583,15 @@ impl Space {
         self.inner.inject_signal_stall_ms.store(ms, std::sync::atomic::Ordering::SeqCst);
     }
 
-    /// Test hook: the next `reads` swap reads and `writes` swap writes fail
-    /// with `EIO`.
+    /// Debugging hook (also in the C ABI, `umm_debug_inject_swap_errors`,
+    /// for programs testing their SIGBUS handling): the next `reads` swap
+    /// reads and `writes` swap writes fail with `EIO`.
     pub fn inject_swap_errors(&self, reads: u32, writes: u32) {
         self.inner.inject_read_errors.store(reads, std::sync::atomic::Ordering::SeqCst);
         self.inner.inject_write_errors.store(writes, std::sync::atomic::Ordering::SeqCst);
     }
 
+    #[cfg(feature = "test-hooks")]
     /// Test hook: the host kernel reclaims the space's staging area now, as
     /// its own memory pressure would: parked volatile pages (and lazily
     /// freed ones) that are clean are discarded by the host. Returns whether
@@ -600,6 +603,7 @@ impl Space {
         self.inner.host_lazyfree
     }
 
+    #[cfg(feature = "test-hooks")]
     /// Test hook: the next populate (`MADV_POPULATE_*`, `umm_populate`) that
     /// reaches the page at `addr` is interrupted there with `EINTR`, as a
     /// populate is when the space closes under it; the hook then clears.
@@ -608,6 +612,7 @@ impl Space {
         self.inner.populate_interrupt.store(p, std::sync::atomic::Ordering::SeqCst);
     }
 
+    #[cfg(feature = "test-hooks")]
     /// Test hook: the whole swap file's contents (to check what reached disk).
     pub fn swap_contents(&self) -> Result<Vec<u8>, Errno> {
         self.check_owner()?;

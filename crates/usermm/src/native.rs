@@ -141,6 +141,7 @@ pub(crate) struct Inner {
     /// Test hook: milliseconds a handler waits between deciding a
     /// transient SIGBUS and queuing it (widens the window in which a late
     /// signal could arise).
+    #[cfg(feature = "test-hooks")]
     pub inject_signal_stall_ms: AtomicU32,
     /// Test hook: the page index at which a populate is interrupted (EINTR),
     /// once; `u64::MAX`: none (see `Space::interrupt_populate_at`).
@@ -155,6 +156,7 @@ pub(crate) struct Inner {
     /// discarded through it (see `Arena::host_lazyfree`).
     pub host_lazyfree: bool,
     pub fallback_reason: Option<String>,
+    #[cfg(feature = "test-hooks")]
     pub swap_bytes: u64,
     /// `UMM_F_KEEP_FILE_CACHE`: file pages stay in the host page cache.
     keep_file_cache: bool,
@@ -255,6 +257,7 @@ impl Inner {
             low_watermark: low,
             high_watermark: high,
             inject_read_errors: AtomicU32::new(0),
+            #[cfg(feature = "test-hooks")]
             inject_signal_stall_ms: AtomicU32::new(0),
             populate_interrupt: AtomicU64::new(u64::MAX),
             inject_write_errors: AtomicU32::new(0),
@@ -263,6 +266,7 @@ impl Inner {
             next_file: AtomicU32::new(1),
             user_mode_only,
             host_lazyfree,
+            #[cfg(feature = "test-hooks")]
             swap_bytes: swap_slots as u64 * ps as u64,
             keep_file_cache: cfg.flags & UMM_F_KEEP_FILE_CACHE != 0,
             pagemap: usermm_sys::file::Pagemap::open().ok(),

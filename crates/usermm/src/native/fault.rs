@@ -239,9 +239,12 @@ impl Inner {
                         // before its SIGBUS is queued would retry the fault
                         // instead, and the page cannot be filled meanwhile.
                         if let Some(t) = tid {
-                            let stall = self.inject_signal_stall_ms.load(Ordering::Relaxed);
-                            if stall > 0 {
-                                std::thread::sleep(std::time::Duration::from_millis(stall.into()));
+                            #[cfg(feature = "test-hooks")]
+                            {
+                                let stall = self.inject_signal_stall_ms.load(Ordering::Relaxed);
+                                if stall > 0 {
+                                    std::thread::sleep(std::time::Duration::from_millis(stall.into()));
+                                }
                             }
                             let _ = usermm_sys::thread::sigbus_thread(t, addr);
                         }

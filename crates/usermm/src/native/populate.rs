@@ -116,7 +116,11 @@ impl Inner {
             let mut skipped = false;
             while p < seg.end {
                 // Interrupted: the space is closing (or the test hook).
-                let stop = self.populate_interrupt.load(Ordering::Relaxed);
+                let stop = if cfg!(feature = "test-hooks") {
+                    self.populate_interrupt.load(Ordering::Relaxed)
+                } else {
+                    u64::MAX
+                };
                 if self.shutdown.load(Ordering::Relaxed) || p.0 == stop {
                     self.populate_interrupt.store(u64::MAX, Ordering::Relaxed);
                     return (populated, Err(Errno::EINTR));

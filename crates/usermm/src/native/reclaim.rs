@@ -200,6 +200,7 @@ impl Inner {
         purges.len() as u64
     }
 
+    #[cfg(feature = "test-hooks")]
     /// Test hook: the host kernel reclaims the staging area as its memory
     /// pressure would (clean lazily freed slots are discarded).
     pub fn host_reclaim_staging(&self) {
