@@ -117,13 +117,7 @@ impl Inner {
                     }
                 }
                 FaultPlan::Refill { page } => {
-                    // A lazily freed page the host dropped: zeros (or, if the
-                    // fault raced with nothing gone, the copy finds the page
-                    // there and installs nothing).
-                    let a = self.addr(page);
-                    let n = self.arena.zero_fill_wake(&self.uffd, a, self.page_size, true).unwrap_or(0);
-                    c.fill_done(&plan, u64::from(n == self.page_size));
-                    self.after_fill(&mut c);
+                    self.refill(&mut c, &plan, page);
                     drop(c);
                     let _ = self.arena.wake(&self.uffd, page_addr, self.page_size);
                     return;
@@ -346,6 +340,16 @@ impl Inner {
             c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner());
         }
         c
+    }
+
+    /// Carries out a `Refill` plan under the core lock: a lazily freed page
+    /// the host dropped reads zeros (or, if the fault raced with nothing
+    /// gone, the copy finds the page there and installs nothing).
+    pub(super) fn refill(&self, c: &mut MutexGuard<'_, Core>, plan: &FaultPlan, page: PageIdx) {
+        let a = self.addr(page);
+        let n = self.arena.zero_fill_wake(&self.uffd, a, self.page_size, true).unwrap_or(0);
+        c.fill_done(plan, u64::from(n == self.page_size));
+        self.after_fill(c);
     }
 
     pub(super) fn after_fill(&self, c: &mut MutexGuard<'_, Core>) {

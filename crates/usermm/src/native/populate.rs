@@ -158,13 +158,11 @@ impl Inner {
                         }
                     }
                     FaultPlan::Sigbus => return (populated, Err(Errno::EHWPOISON)),
+                    // (A populate step plans none today: a lazily freed
+                    // resident page is skipped like any resident one.)
                     FaultPlan::Refill { page } => {
-                        // (A populate step plans none: a lazily freed
-                        // resident page is skipped like any resident one.)
-                        let a = self.addr(page);
-                        let n = self.arena.zero_fill_wake(&self.uffd, a, self.page_size, true).unwrap_or(0);
-                        c.fill_done(&plan, u64::from(n == self.page_size));
-                        self.after_fill(&mut c);
+                        self.refill(&mut c, &plan, page);
+                        // (Let go before the budget check below locks again.)
                         drop(c);
                     }
                     FaultPlan::Wake | FaultPlan::Segv { .. } => {
