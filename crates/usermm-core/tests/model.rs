@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use common::{validate_planned, BASE, PS};
 use usermm_core::consts::*;
 use usermm_core::page::PState;
+use usermm_core::region::LockMode;
 use usermm_core::{Addr, AdviceOp, Core, CoreConfig, Errno, FaultPlan, MmapReply, PageIdx, PageRange};
 
 const RES: u64 = 96;
@@ -59,6 +60,11 @@ struct PageModel {
     /// 0 for private memory; the mapping's identity for shared memory.
     object: u64,
     advice: i32,
+    /// Locked on fault (`mlock2(MLOCK_ONFAULT)`).
+    locked: bool,
+    /// Locked and touched since (or present when locked): pinned, never to
+    /// leave memory until unlocked.
+    pinned: bool,
     /// What a read returns: the last stamp written, 0 after a drop.
     stamp: u64,
 }
@@ -74,9 +80,40 @@ struct Sim {
     /// Data written to swap slots: (page, stamp).
     swap: HashMap<u32, (u64, u64)>,
     inject: bool,
+    /// Reclaim work in flight: planned (pages busy) but not yet done, as on
+    /// a background or handler thread that was preempted. Completed later,
+    /// in random order, while the program goes on.
+    pending: Vec<Pending>,
+    /// Whether reclaim work may stay in flight across operations.
+    interleave: bool,
+    /// A deliberately wrong executor, to show that the simulation catches
+    /// one (see `the_simulation_catches_an_injected_executor_bug`).
+    bug: Option<Bug>,
+    /// How often a fault or a zap waited for work in flight, and how much
+    /// work finished late (a guard against a vacuous interleaving).
+    waits: u64,
+    late: u64,
     next_stamp: u64,
     next_object: u64,
     log: Vec<String>,
+}
+
+/// Executor work in flight.
+enum Pending {
+    /// A deactivation and whether it will succeed; `snapshot` is the data
+    /// the buggy executor copied when it was planned.
+    Deactivate(usermm_core::Deactivate, bool, Option<u64>),
+    Evict(usermm_core::Evict, bool),
+}
+
+/// Bugs the simulation must catch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bug {
+    /// Deactivation copies the page when it is planned and unmaps it when
+    /// it is done (not one atomic move): a write in between is lost. (The
+    /// shape of the MADV_DONTNEED-on-a-shared-file bug found in the real
+    /// executor: write back, then zap.)
+    CopyThenUnmap,
 }
 
 fn addr(p: i64) -> u64 {
@@ -92,7 +129,17 @@ impl Sim {
     // The executor
 
     fn zap(&mut self, r: PageRange) {
-        let claim = self.c.zap_begin(r).expect("no busy page between operations");
+        let claim = loop {
+            match self.c.zap_begin(r) {
+                Ok(claim) => break claim,
+                // A page of the range is in flight: the zapping thread
+                // waits for it.
+                Err(()) => {
+                    self.waits += 1;
+                    assert!(self.settle_one(), "zap of {r:?} refused with nothing in flight");
+                }
+            }
+        };
         if claim.mapped {
             for q in r.start.0..r.end.0 {
                 self.prog.remove(&q);
@@ -101,27 +148,75 @@ impl Sim {
         self.c.zap_end(&claim);
     }
 
+    /// Deactivations: done now, or (interleaving) left in flight.
     fn deactivate(&mut self, ds: &[usermm_core::Deactivate]) {
         for d in ds {
             let ok = !self.fail();
-            if ok {
-                let st = self.prog.remove(&d.page.0).expect("deactivated page not in the program's range");
-                self.staging.insert(d.slot, (d.page.0, st));
+            let snapshot = match self.bug {
+                Some(Bug::CopyThenUnmap) => self.prog.get(&d.page.0).copied(),
+                None => None,
+            };
+            if self.interleave && self.rng.chance(2) {
+                self.log.push(format!("  deactivation of p{} in flight", d.page.0));
+                self.pending.push(Pending::Deactivate(d.clone(), ok, snapshot));
+            } else {
+                self.deactivate_done(d, ok, snapshot);
             }
-            self.c.deactivate_done(d, ok);
         }
     }
 
+    fn deactivate_done(&mut self, d: &usermm_core::Deactivate, ok: bool, snapshot: Option<u64>) {
+        if ok {
+            let st = self.prog.remove(&d.page.0).expect("deactivated page not in the program's range");
+            self.staging.insert(d.slot, (d.page.0, snapshot.unwrap_or(st)));
+        }
+        self.c.deactivate_done(d, ok);
+    }
+
+    /// Evictions: done now, or (interleaving) left in flight.
     fn evict(&mut self, es: &[usermm_core::Evict]) {
         for e in es {
             let ok = !self.fail();
-            if ok {
-                let v = *self.staging.get(&e.staging).expect("evicted staging slot holds nothing");
-                assert_eq!(v.0, e.page.0, "staging slot {} holds page {} not {:?}", e.staging, v.0, e.page);
-                self.swap.insert(e.swap, v);
+            if self.interleave && self.rng.chance(2) {
+                self.log.push(format!("  eviction of p{} in flight", e.page.0));
+                self.pending.push(Pending::Evict(e.clone(), ok));
+            } else {
+                self.evict_done(e, ok);
             }
-            self.c.evict_done(e, ok);
         }
+    }
+
+    fn evict_done(&mut self, e: &usermm_core::Evict, ok: bool) {
+        if ok {
+            let v = *self.staging.get(&e.staging).expect("evicted staging slot holds nothing");
+            assert_eq!(v.0, e.page.0, "staging slot {} holds page {} not {:?}", e.staging, v.0, e.page);
+            self.swap.insert(e.swap, v);
+        }
+        self.c.evict_done(e, ok);
+    }
+
+    /// Completes one piece of work in flight (chosen by the seed); false if
+    /// there is none.
+    fn settle_one(&mut self) -> bool {
+        if self.pending.is_empty() {
+            return false;
+        }
+        self.late += 1;
+        let i = self.rng.below(self.pending.len() as u64) as usize;
+        match self.pending.swap_remove(i) {
+            Pending::Deactivate(d, ok, snap) => {
+                self.log.push(format!("  deactivation of p{} done (ok {ok})", d.page.0));
+                self.deactivate_done(&d, ok, snap);
+            }
+            Pending::Evict(e, ok) => {
+                self.log.push(format!("  eviction of p{} done (ok {ok})", e.page.0));
+                self.evict_done(&e, ok);
+            }
+        }
+        // (No validate here: a zap waiting in a MAP_FIXED replacement holds
+        // a range the new region already covers, which validate rejects;
+        // every caller's loop validates where the state is whole.)
+        true
     }
 
     /// One reclaim plan; returns whether it did anything.
@@ -149,9 +244,16 @@ impl Sim {
                     self.c.fill_done(&plan, 0);
                     return true;
                 }
+                // The page is in flight: the faulting thread waits for it.
+                FaultPlan::Wait => {
+                    self.waits += 1;
+                    assert!(self.settle_one(), "fault at p{p} waits with nothing in flight");
+                }
                 FaultPlan::Reclaim { want } => {
                     if self.reclaim(want) {
                         idle = 0;
+                    } else if self.settle_one() {
+                        // Reclaim in flight elsewhere: wait for it.
                     } else {
                         idle += 1;
                         if idle > 3 {
@@ -220,17 +322,23 @@ impl Sim {
                         }
                     }
                 }
-                FaultPlan::Wake if m.is_some() => {}
+                FaultPlan::Wake | FaultPlan::Wait if m.is_some() => {}
                 FaultPlan::Refill { .. } if m.is_some() => self.c.fill_done(&plan, 0),
                 _ => panic!("fault on p{p} without access: {plan:?}"),
             }
             return;
         }
-        if self.c.page(PageIdx(p)).state != PState::Resident && !self.serve(p, write) {
+        // A page in the program's range is accessed with no fault (one
+        // being deactivated too: its move has not happened yet).
+        if !self.prog.contains_key(&p) && !self.serve(p, write) {
             self.log.push("  SIGBUS (no frame)".into());
             return;
         }
-        assert_eq!(self.c.page(PageIdx(p)).state, PState::Resident);
+        let st = self.c.page(PageIdx(p)).state;
+        assert!(matches!(st, PState::Resident | PState::Deactivating), "p{p} accessed in state {st:?}");
+        if m.is_some_and(|m| m.locked) {
+            self.oracle[p as usize].as_mut().unwrap().pinned = true;
+        }
         let got = *self.prog.get(&p).expect("resident page not in the program's range");
         let want = m.unwrap().stamp;
         assert_eq!(got, want, "read of p{p}: got stamp {got}, expected {want}");
@@ -323,7 +431,8 @@ impl Sim {
                     0
                 };
                 for q in r.start.0..r.end.0 {
-                    self.oracle[q as usize] = Some(PageModel { prot, object, advice: MADV_NORMAL, stamp: 0 });
+                    self.oracle[q as usize] =
+                        Some(PageModel { prot, object, advice: MADV_NORMAL, locked: false, pinned: false, stamp: 0 });
                 }
             }
         }
@@ -424,15 +533,55 @@ impl Sim {
             self.c.validate();
         }
         let (_, all, hole) = self.walk(start, len);
+        let mut want = if hole { Err(Errno::ENOMEM) } else { Ok(()) };
         for q in all {
             let m = self.oracle[q as usize].as_mut().unwrap();
             match advice {
+                // Linux: MADV_DONTNEED, MADV_COLD and MADV_PAGEOUT stop
+                // at a locked mapping with EINVAL (what came before it is
+                // done).
+                MADV_DONTNEED | MADV_COLD | MADV_PAGEOUT if m.locked => {
+                    want = Err(Errno::EINVAL);
+                    break;
+                }
                 MADV_DONTNEED if m.object == 0 => m.stamp = 0,
                 MADV_RANDOM | MADV_SEQUENTIAL | MADV_NORMAL => m.advice = advice,
                 _ => {}
             }
         }
-        assert_eq!(got, if hole { Err(Errno::ENOMEM) } else { Ok(()) }, "madvise");
+        assert_eq!(got, want, "madvise");
+    }
+
+    /// `mlock2(MLOCK_ONFAULT)` or `munlock`: pages are pinned once touched
+    /// (parked ones are mapped back), never evicted while locked.
+    fn op_lock(&mut self) {
+        let (start, len) = self.random_range();
+        let lock = self.rng.chance(2);
+        let mode = if lock { LockMode::OnFault } else { LockMode::None };
+        self.log.push(format!("{} p{start} +{len}", if lock { "mlock2(ONFAULT)" } else { "munlock" }));
+        let plan = self.c.lock_range(addr(start), len * PS, mode);
+        self.c.validate();
+        if self.rng.chance(2) {
+            // The executor lets the region lock go before it maps the
+            // parked pages back: reclaim may run in between.
+            let want = 1 + self.rng.below(8);
+            self.log.push(format!("  reclaim {want} before the parked pages are mapped back"));
+            self.reclaim(want);
+        }
+        for &p in &plan.reactivate {
+            if !self.prog.contains_key(&p.0) {
+                let _ = self.serve(p.0, false);
+            }
+        }
+        let (prefix, _, hole) = self.walk(start, len);
+        for q in prefix {
+            // (A parked page counts as present: usermm reports it resident.)
+            let present = self.c.page(PageIdx(q)).state.holds_frame();
+            let m = self.oracle[q as usize].as_mut().unwrap();
+            m.locked = lock;
+            m.pinned = lock && (present || m.pinned);
+        }
+        assert_eq!(plan.result, if hole { Err(Errno::ENOMEM) } else { Ok(()) }, "mlock2/munlock");
     }
 
     fn op_reclaim(&mut self) {
@@ -454,7 +603,8 @@ impl Sim {
         for m in &self.oracle {
             match (prev, m) {
                 (_, None) => {}
-                (Some(a), Some(b)) if (a.prot, a.object, a.advice) == (b.prot, b.object, b.advice) => {}
+                (Some(a), Some(b))
+                    if (a.prot, a.object, a.advice, a.locked) == (b.prot, b.object, b.advice, b.locked) => {}
                 _ => runs += 1,
             }
             prev = *m;
@@ -475,15 +625,15 @@ impl Sim {
             let reg = reg.unwrap();
             assert_eq!(reg.prot, o.prot, "prot of p{p}");
             assert_eq!(
-                m.state == PState::Resident,
+                matches!(m.state, PState::Resident | PState::Deactivating),
                 in_prog.is_some(),
                 "p{p} in state {:?}, program range {in_prog:?}",
                 m.state
             );
             let data = match m.state {
                 PState::Absent => 0,
-                PState::Resident => in_prog.unwrap(),
-                PState::Inactive => {
+                PState::Resident | PState::Deactivating => in_prog.unwrap(),
+                PState::Inactive | PState::Evicting => {
                     let (pg, st) = self.staging[&m.slot];
                     assert_eq!(pg, p, "staging slot {} of p{p} holds p{pg}", m.slot);
                     st
@@ -493,8 +643,14 @@ impl Sim {
                     assert_eq!(pg, p, "swap slot {} of p{p} holds p{pg}", m.slot);
                     st
                 }
-                s => panic!("p{p} busy ({s:?}) between operations"),
+                s => panic!("p{p} {s:?} between operations (only reclaim stays in flight)"),
             };
+            if o.locked && reg.lock == LockMode::None {
+                panic!("p{p}: locked in the oracle, not in the core");
+            }
+            if o.pinned && matches!(m.state, PState::Evicting | PState::Swapped) {
+                panic!("p{p}: locked and touched, but {:?}", m.state);
+            }
             assert_eq!(data, o.stamp, "data of p{p} ({:?}): got stamp {data}, expected {}", m.state, o.stamp);
             if m.state.holds_frame() {
                 frames += 1;
@@ -516,7 +672,19 @@ impl Sim {
     }
 }
 
-fn run(seed: u64, ops: usize) -> usermm_core::Counters {
+/// What a run did: the core's counters, and how often something waited for
+/// work in flight and how much work finished late.
+struct Ran {
+    counters: usermm_core::Counters,
+    waits: u64,
+    late: u64,
+}
+
+fn run(seed: u64, ops: usize) -> Ran {
+    run_with(seed, ops, None)
+}
+
+fn run_with(seed: u64, ops: usize, bug: Option<Bug>) -> Ran {
     let mut rng = Rng::new(seed);
     let swap_slots = [0, 8, 64][rng.below(3) as usize];
     let c = Core::new(CoreConfig {
@@ -534,6 +702,11 @@ fn run(seed: u64, ops: usize) -> usermm_core::Counters {
     let mut sim = Sim {
         c,
         inject: !rng.chance(3),
+        pending: Vec::new(),
+        interleave: !rng.chance(4),
+        bug,
+        waits: 0,
+        late: 0,
         rng,
         oracle: vec![None; RES as usize],
         prog: HashMap::new(),
@@ -545,13 +718,27 @@ fn run(seed: u64, ops: usize) -> usermm_core::Counters {
     };
     for i in 0..ops {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            match sim.rng.below(20) {
+            let op = sim.rng.below(20);
+            if matches!(op, 0..=4 | 8) {
+                // These take the region lock exclusively in the executor,
+                // and reclaim holds it shared from plan to done: whatever
+                // is in flight finishes first.
+                while sim.settle_one() {}
+            }
+            match op {
                 0..=2 => sim.op_mmap(),
                 3 => sim.op_munmap(),
                 4 => sim.op_mprotect(),
                 5..=6 => sim.op_madvise(),
                 7 => sim.op_reclaim(),
+                8 => sim.op_lock(),
                 _ => sim.op_touch(),
+            }
+            // Work in flight finishes now and then (all of it at the end).
+            while sim.rng.chance(3) || i + 1 == ops {
+                if !sim.settle_one() {
+                    break;
+                }
             }
             sim.check();
         }));
@@ -561,17 +748,22 @@ fn run(seed: u64, ops: usize) -> usermm_core::Counters {
                 .cloned()
                 .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
-            let tail = sim.log.len().saturating_sub(25);
+            let tail = if std::env::var("MODEL_LOG_ALL").is_ok() { 0 } else { sim.log.len().saturating_sub(25) };
             panic!(
-                "seed {seed}: op {i} failed: {msg}\n(swap_slots {swap_slots}, inject {})\nlast ops:\n  {}",
+                "seed {seed}: op {i} failed: {msg}\n(swap_slots {swap_slots}, inject {}, interleave {}, bug {:?})\nlast ops:\n  {}",
                 sim.inject,
+                sim.interleave,
+                sim.bug,
                 sim.log[tail..].join("\n  ")
             );
         }
     }
-    sim.c.stats().counters
+    Ran { counters: sim.c.stats().counters, waits: sim.waits, late: sim.late }
 }
 
+/// The seeded simulation: `MODEL_SEEDS` sequences (10,000 by default) of
+/// 300 operations, reclaim work left in flight across operations in most of
+/// them.
 #[test]
 fn operation_sequences_match_the_oracle() {
     if let Ok(s) = std::env::var("MODEL_SEED") {
@@ -579,9 +771,13 @@ fn operation_sequences_match_the_oracle() {
         return;
     }
     let mut sum = usermm_core::Counters::default();
-    let seeds: u64 = std::env::var("MODEL_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+    let (mut waits, mut late) = (0, 0);
+    let seeds: u64 = std::env::var("MODEL_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(10_000);
     for seed in 0..seeds {
-        let k = run(seed, 300);
+        let r = run(seed, 300);
+        let k = r.counters;
+        waits += r.waits;
+        late += r.late;
         sum.swapins += k.swapins;
         sum.swapouts += k.swapouts;
         sum.minor_faults += k.minor_faults;
@@ -591,7 +787,24 @@ fn operation_sequences_match_the_oracle() {
         sum.swap_write_errors += k.swap_write_errors;
     }
     // The sequences reach every path (a guard against a vacuous model).
-    eprintln!("{sum:?}");
+    eprintln!("{seeds} seeds: {sum:?}; {waits} waits for work in flight, {late} pieces of work finished late");
     assert!(sum.zero_fills > 1000 && sum.swapins > 100 && sum.swapouts > 100 && sum.minor_faults > 100, "{sum:?}");
     assert!(sum.oom_sigbus > 0 && sum.swap_read_errors > 0 && sum.swap_write_errors > 0, "{sum:?}");
+    assert!(waits > seeds / 10 && late > seeds, "interleaving too rare: {waits} waits, {late} late");
+}
+
+/// The simulation catches an executor that is wrong only when work is in
+/// flight: a deactivation that copies the page when planned and unmaps it
+/// when done loses a write made in between (`Bug::CopyThenUnmap`). Its
+/// first failing seed is printed; it must come within 200 seeds.
+#[test]
+fn the_simulation_catches_an_injected_executor_bug() {
+    let caught = (0..200u64).find(|&seed| {
+        std::panic::catch_unwind(|| {
+            run_with(seed, 300, Some(Bug::CopyThenUnmap));
+        })
+        .is_err()
+    });
+    let seed = caught.expect("Bug::CopyThenUnmap survived 200 seeds");
+    eprintln!("Bug::CopyThenUnmap caught at seed {seed}");
 }

@@ -75,6 +75,7 @@ impl Core {
         // (no swap slot) is kept at the head and the scan goes on, so that
         // volatile pages behind it can still be purged.
         let mut kept = Vec::new();
+        let mut locked = Vec::new();
         let mut scanned = 0;
         let scan_max = self.lru.inactive.len();
         while ((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64) < want && scanned < scan_max {
@@ -84,8 +85,15 @@ impl Core {
             if m.gen != g || m.state != PState::Inactive {
                 continue;
             }
-            if self.regions.find(p).is_none() {
+            let Some(reg) = self.regions.find(p) else {
                 continue; // being unmapped: the zap frees it
+            };
+            if reg.lock != LockMode::None || m.has(pf::LOCKED) {
+                // Parked, then locked (the lock call maps it back, after
+                // letting the region lock go): it stays in memory. Kept
+                // on the list, at its tail, for when it is unlocked.
+                locked.push((p, g));
+                continue;
             }
             if m.has(pf::VOLATILE) {
                 // Volatile: purged instead of swapped, no I/O.
@@ -121,6 +129,9 @@ impl Core {
         }
         for e in kept.into_iter().rev() {
             self.lru.inactive.push_front(e);
+        }
+        for e in locked {
+            self.lru.inactive.push_back(e);
         }
         // Refill the inactive list from the head of the active list.
         let target = self.inactive_target();
