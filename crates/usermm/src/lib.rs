@@ -28,6 +28,7 @@
 
 pub mod boundary;
 mod native;
+mod platform;
 pub mod purgeable;
 
 pub use boundary::capi;
@@ -533,7 +534,7 @@ impl Space {
             swap_write_errors: c.swap_write_errors,
             regions: s.regions,
             user_mode_only: self.inner.user_mode_only as u64,
-            swap_direct_io: self.inner.swap.as_ref().is_some_and(|s| s.direct) as u64,
+            swap_direct_io: self.inner.plat.swap_direct_io() as u64,
             host_refusals: self.inner.host_refusals.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
@@ -616,10 +617,7 @@ impl Space {
     /// Test hook: the whole swap file's contents (to check what reached disk).
     pub fn swap_contents(&self) -> Result<Vec<u8>, Errno> {
         self.check_owner()?;
-        match &self.inner.swap {
-            Some(s) => s.read_all(self.inner.swap_bytes),
-            None => Ok(Vec::new()),
-        }
+        self.inner.plat.swap_contents(self.inner.swap_bytes)
     }
 
     /// Checks every invariant of the core (for tests). Takes the region

@@ -61,12 +61,14 @@ use usermm_core::{
     Addr, AdviceOp, Core, CoreConfig, Deactivate, Detached, Discard, Errno, Evict, FaultPlan, FileMap, FileRange,
     LockPlan, MmapReply, PageIdx, PageRange, Transfer, Writeback,
 };
-use usermm_sys::arena::{Arena, Bounce};
+use usermm_sys::arena::Arena;
+
+use crate::platform::{Native, Platform};
 use usermm_sys::file::MappedFile;
 use usermm_sys::file::{ProcMem, SwapFile};
 use usermm_sys::now_ns;
 use usermm_sys::thread::EventFd;
-use usermm_sys::uffd::{Uffd, UffdMode, UffdMsg, UFFD_EVENT_PAGEFAULT, UFFD_FEATURE_MOVE, UFFD_PAGEFAULT_FLAG_WRITE};
+use usermm_sys::uffd::{Uffd, UffdMode, UffdMsg, UFFD_EVENT_PAGEFAULT, UFFD_PAGEFAULT_FLAG_WRITE};
 
 use crate::Config;
 
@@ -80,15 +82,12 @@ mod reclaim;
 mod volatile;
 mod writeback;
 mod zap;
-
 /// Zap and unmap work is done in chunks of this many bytes, so that neither
 /// usermm's region lock nor the kernel's mmap lock is held for long.
 pub const ZAP_CHUNK_BYTES: usize = 4 << 20;
 /// A chunk's pages are dropped this many bytes at a time, with a yield of
 /// the CPU between two slices.
 const ZAP_SLICE_BYTES: usize = 512 << 10;
-/// Size of each handler thread's swap-in buffer.
-const SWAP_BOUNCE_BYTES: usize = 1 << 20;
 /// Empty reclaim rounds (5 ms apart) before a fault is out of memory.
 const OOM_ROUNDS: u32 = 50;
 /// Rounds of no progress (5 ms each) after which a fault or populate gives
@@ -109,16 +108,14 @@ pub(crate) struct Inner {
     pub base: usize,
     pub reserve_len: usize,
     pub page_size: usize,
-    pub arena: Arena,
-    pub uffd: Uffd,
+    /// The host: every operation on pages, files, signals and events.
+    pub plat: Box<dyn Platform>,
     pub mm: RwLock<()>,
     pub core: Mutex<Core>,
     /// Signalled whenever a busy page settles or a held range is released.
     pub settled: Condvar,
     /// Signalled when free frames fall below the low watermark.
     pub reclaim_wanted: Condvar,
-    pub swap: Option<SwapFile>,
-    pub procmem: Option<ProcMem>,
     pub shutdown: AtomicBool,
     /// Whether a handler thread is spinning for the next message.
     spinning: AtomicBool,
@@ -160,8 +157,6 @@ pub(crate) struct Inner {
     pub swap_bytes: u64,
     /// `UMM_F_KEEP_FILE_CACHE`: file pages stay in the host page cache.
     keep_file_cache: bool,
-    /// `/proc/self/pagemap`, for the zero-page scans of the lock reports.
-    pagemap: Option<usermm_sys::file::Pagemap>,
 }
 
 pub(crate) struct Threads {
@@ -198,6 +193,7 @@ impl Inner {
         let uffd = Uffd::open(cfg.flags & UMM_F_REQUIRE_FULL_UFFD != 0, cfg.flags & UMM_F_FORCE_USER_MODE != 0)
             .map_err(|e| if e == Errno::ENOSYS || e == Errno::EOPNOTSUPP { Errno::ENOSYS } else { e })?;
         let user_mode_only = uffd.mode == UffdMode::UserModeOnly;
+        let fallback_reason = uffd.fallback_reason.clone();
         let swap = if swap_slots > 0 {
             let dir = cfg
                 .swap_dir
@@ -210,7 +206,15 @@ impl Inner {
         };
         let staging_slots = budget_pages as u32;
         let arena = Arena::new(&uffd, reserve, staging_slots as usize, ps)?;
-        let base = arena.base;
+        let plat: Box<dyn Platform> = Box::new(Native {
+            arena,
+            uffd,
+            swap,
+            procmem: ProcMem::open().ok(),
+            pagemap: usermm_sys::file::Pagemap::open().ok(),
+            page_size: ps,
+        });
+        let base = plat.base();
         let core = Core::new(CoreConfig {
             base: base as u64,
             reserve_pages: (reserve / ps) as u64,
@@ -223,7 +227,7 @@ impl Inner {
             mlock_allowed: cfg.memlock_bytes != 0,
             exact_faults: cfg.flags & UMM_F_EXACT_FAULTS != 0,
         });
-        let host_lazyfree = arena.host_lazyfree() && ps == 4096 && !user_mode_only;
+        let host_lazyfree = plat.host_lazyfree() && ps == 4096 && !user_mode_only;
         let mut core = core;
         core.set_host_lazyfree(host_lazyfree);
         core.set_purge_volatile_first(cfg.flags & UMM_F_PURGE_VOLATILE_FIRST != 0);
@@ -236,15 +240,12 @@ impl Inner {
             base,
             reserve_len: reserve,
             page_size: ps,
-            arena,
-            fallback_reason: uffd.fallback_reason.clone(),
-            uffd,
+            plat,
+            fallback_reason,
             mm: RwLock::new(()),
             core: Mutex::new(core),
             settled: Condvar::new(),
             reclaim_wanted: Condvar::new(),
-            swap,
-            procmem: ProcMem::open().ok(),
             shutdown: AtomicBool::new(false),
             spinning: AtomicBool::new(false),
             wake_fd: EventFd::new()?,
@@ -269,7 +270,6 @@ impl Inner {
             #[cfg(feature = "test-hooks")]
             swap_bytes: swap_slots as u64 * ps as u64,
             keep_file_cache: cfg.flags & UMM_F_KEEP_FILE_CACHE != 0,
-            pagemap: usermm_sys::file::Pagemap::open().ok(),
         });
         let nthreads =
             if cfg.fault_threads == 0 { default_fault_threads() } else { cfg.fault_threads.min(64) as usize };
@@ -329,27 +329,12 @@ impl Inner {
     /// The page ranges of `[addr, addr+len)` that map the shared zero page
     /// (none where the host has no `PAGEMAP_SCAN`).
     pub fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Vec<(usize, usize)> {
-        self.pagemap.as_ref().and_then(|p| p.zero_pfn_ranges(addr, len).ok()).unwrap_or_default()
+        self.plat.zero_pfn_ranges(addr, len)
     }
 
     pub fn read_mm(&self) -> RwLockReadGuard<'_, ()> {
         self.mm.read()
     }
-}
-
-/// Runs `f` with this thread's bounce buffer of at least `len` bytes.
-fn with_bounce<R>(len: usize, f: impl FnOnce(&Bounce) -> R) -> Option<R> {
-    thread_local! {
-        static BOUNCE: std::cell::RefCell<Option<Bounce>> = const { std::cell::RefCell::new(None) };
-    }
-    BOUNCE.with(|b| {
-        let mut b = b.borrow_mut();
-        if b.as_ref().is_none_or(|b| b.len() < len) {
-            *b = None;
-            *b = Bounce::new(len.max(SWAP_BOUNCE_BYTES)).ok();
-        }
-        b.as_ref().map(f)
-    })
 }
 
 /// Whether page `p` is an untouched page of a region of `file`: where a

@@ -12,7 +12,7 @@ impl Inner {
                     MADV_DONTDUMP => self.dontdump_used.store(true, Ordering::Relaxed),
                     _ => {}
                 }
-                return self.arena.host_advise(self.addr(r.start), r.pages() as usize * self.page_size, advice);
+                return self.plat.host_advise(self.addr(r.start), r.pages() as usize * self.page_size, advice);
             }
             AdviceOp::PunchZap { range, file, file_page } => {
                 let f = lock(&self.files).get(&file).cloned().ok_or(Errno::EIO)?;
@@ -64,11 +64,11 @@ impl Inner {
                     // nothing).
                     let fills = self.fills.load(Ordering::Relaxed);
                     if self.fills_drained.swap(fills, Ordering::Relaxed) != fills {
-                        self.arena.drain_host_lru();
+                        self.plat.drain_host_lru();
                     }
-                    let _ = self.arena.host_free(self.addr(r.start), r.pages() as usize * self.page_size);
+                    let _ = self.plat.host_free(self.addr(r.start), r.pages() as usize * self.page_size);
                     for s in parked {
-                        let _ = self.arena.host_free_slot(s);
+                        let _ = self.plat.host_free_slot(s);
                     }
                     // Past the space's bound, discard the oldest at once.
                     for _ in 0..64 {
@@ -84,7 +84,7 @@ impl Inner {
             AdviceOp::Poison(r) => {
                 self.zap_range(r);
                 lock(&self.core).set_poison(r);
-                let _ = self.arena.poison(&self.uffd, self.addr(r.start), r.pages() as usize * self.page_size);
+                let _ = self.plat.poison(self.addr(r.start), r.pages() as usize * self.page_size);
             }
             AdviceOp::WillNeed(r) => {
                 let pages = lock(&self.core).swapped_in(r);

@@ -101,7 +101,7 @@ impl Inner {
                     }
                     let a = self.addr(plan.range.start);
                     let l = plan.range.pages() as usize * self.page_size;
-                    if let Err(e) = self.arena.protect(a, l, plan.prot) {
+                    if let Err(e) = self.plat.protect(a, l, plan.prot) {
                         // Undo: the kernel refused (out of its map count).
                         let d = lock(&self.core).munmap(a as u64, l as u64);
                         if let Ok(Some(d)) = d {
@@ -116,7 +116,7 @@ impl Inner {
                             if let Ok(Some(d)) = d {
                                 lock(&self.core).unhold(&d);
                             }
-                            let _ = self.arena.protect(a, l, PROT_NONE);
+                            let _ = self.plat.protect(a, l, PROT_NONE);
                             return Err(if e == Errno::ENOMEM || e == Errno::EPERM { Errno::EAGAIN } else { e });
                         }
                     }
@@ -148,10 +148,10 @@ impl Inner {
         for r in ranges {
             let (a, l) = (self.addr(r.start), r.pages() as usize * self.page_size);
             if guards {
-                let _ = self.arena.host_advise(a, l, MADV_GUARD_REMOVE);
+                let _ = self.plat.host_advise(a, l, MADV_GUARD_REMOVE);
             }
             if dump {
-                let _ = self.arena.host_advise(a, l, MADV_DODUMP);
+                let _ = self.plat.host_advise(a, l, MADV_DODUMP);
             }
         }
     }
@@ -299,7 +299,7 @@ impl Inner {
         };
         for s in &segs {
             let a = self.addr(s.start);
-            self.arena.protect(a, s.pages() as usize * self.page_size, prot & PROT_MASK)?;
+            self.plat.protect(a, s.pages() as usize * self.page_size, prot & PROT_MASK)?;
         }
         self.note_hold(t0);
         drop(mm);

@@ -7,7 +7,7 @@ impl Inner {
     pub(super) fn handler_loop(&self) {
         let mut msgs = [UffdMsg::default(); 32];
         while !self.shutdown.load(Ordering::Relaxed) {
-            match usermm_sys::uffd::poll2(self.uffd.raw(), self.wake_fd.raw(), 200) {
+            match self.plat.wait_events(&self.wake_fd, 200) {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(_) => continue,
@@ -20,7 +20,7 @@ impl Inner {
             // runnable thread queued on its CPU (the program) runs first.
             let mut spin_until = 0;
             loop {
-                let n = self.uffd.read_msgs(&mut msgs).unwrap_or(0);
+                let n = self.plat.read_events(&mut msgs).unwrap_or(0);
                 if n > 0 {
                     for m in &msgs[..n] {
                         if m.event == UFFD_EVENT_PAGEFAULT {
@@ -60,22 +60,22 @@ impl Inner {
             match plan {
                 FaultPlan::Wake => {
                     drop(c);
-                    let _ = self.arena.wake(&self.uffd, page_addr, self.page_size);
+                    let _ = self.plat.wake(page_addr, self.page_size);
                     return;
                 }
                 FaultPlan::Segv { gap } => {
                     drop(c);
                     let protected =
-                        self.arena.protect(self.addr(gap.start), gap.pages() as usize * self.page_size, PROT_NONE);
+                        self.plat.protect(self.addr(gap.start), gap.pages() as usize * self.page_size, PROT_NONE);
                     if protected.is_err() {
                         // The host refused (out of its map count): the
                         // signal itself, or the thread would fault forever.
                         if let Some(t) = tid {
-                            let _ = usermm_sys::thread::sigsegv_thread(t, addr);
+                            let _ = self.plat.sigsegv(t, addr);
                         }
                         return;
                     }
-                    let _ = self.arena.wake(&self.uffd, page_addr, self.page_size);
+                    let _ = self.plat.wake(page_addr, self.page_size);
                     return;
                 }
                 FaultPlan::Wait => {
@@ -94,7 +94,7 @@ impl Inner {
                         // and the signal cannot reach it anywhere else.
                         if let Some(t) = tid {
                             c.fault_oom();
-                            let _ = usermm_sys::thread::sigbus_thread(t, addr);
+                            let _ = self.plat.sigbus(t, addr);
                         }
                         return;
                     }
@@ -119,7 +119,7 @@ impl Inner {
                 FaultPlan::Refill { page } => {
                     self.refill(&mut c, &plan, page);
                     drop(c);
-                    let _ = self.arena.wake(&self.uffd, page_addr, self.page_size);
+                    let _ = self.plat.wake(page_addr, self.page_size);
                     return;
                 }
                 FaultPlan::Sigbus => {
@@ -128,7 +128,7 @@ impl Inner {
                         // the signal itself, under the core lock (see the
                         // out-of-memory case above).
                         if let Some(t) = tid {
-                            let _ = usermm_sys::thread::sigbus_thread(t, addr);
+                            let _ = self.plat.sigbus(t, addr);
                         }
                         return;
                     }
@@ -136,7 +136,7 @@ impl Inner {
                     // A poison marker makes the kernel raise the SIGBUS itself,
                     // in the touching thread, with the exact address (and for
                     // every later touch too); the marker also wakes the thread.
-                    if self.arena.poison(&self.uffd, page_addr, self.page_size).is_ok() {
+                    if self.plat.poison(page_addr, self.page_size).is_ok() {
                         return;
                     }
                     // The page may have been filled meanwhile (the thread
@@ -159,7 +159,7 @@ impl Inner {
                         // Under the core lock, before the wake: the thread
                         // is still in this fault.
                         if let Some(t) = tid {
-                            let _ = usermm_sys::thread::sigbus_thread(t, addr);
+                            let _ = self.plat.sigbus(t, addr);
                         }
                     }
                     drop(c);
@@ -194,18 +194,16 @@ impl Inner {
                     let a = self.addr(run.start);
                     let len = run.pages() as usize * self.page_size;
                     let done = if write {
-                        self.arena.zero_fill_wake(&self.uffd, a, len, true)
+                        self.plat.zero_fill_wake(a, len, true)
                     } else {
-                        self.arena
-                            .zero_map_wake(&self.uffd, a, len, true)
-                            .or_else(|_| self.arena.zero_fill_wake(&self.uffd, a, len, true))
+                        self.plat.zero_map_wake(a, len, true).or_else(|_| self.plat.zero_fill_wake(a, len, true))
                     };
                     let n = (done.unwrap_or(0) / self.page_size) as u64;
                     c.fill_done(&plan, n);
                     self.after_fill(&mut c);
                     drop(c);
                     if n < run.pages() {
-                        let _ = self.arena.wake(&self.uffd, page_addr, self.page_size);
+                        let _ = self.plat.wake(page_addr, self.page_size);
                     }
                     return;
                 }
@@ -240,7 +238,7 @@ impl Inner {
                                     std::thread::sleep(std::time::Duration::from_millis(stall.into()));
                                 }
                             }
-                            let _ = usermm_sys::thread::sigbus_thread(t, addr);
+                            let _ = self.plat.sigbus(t, addr);
                         }
                     }
                     drop(c);
@@ -256,7 +254,7 @@ impl Inner {
                         continue;
                     };
                     drop(self.commit_fill(&plan, n));
-                    let _ = self.arena.wake(&self.uffd, page_addr, self.page_size);
+                    let _ = self.plat.wake(page_addr, self.page_size);
                     return;
                 }
             }
@@ -290,10 +288,10 @@ impl Inner {
             return Some(self.fill_io(plan, false));
         }
         let dst = self.addr(page);
-        let r = with_bounce(self.page_size, |b| self.arena.slot_to_page_checked(&self.uffd, slot, dst, b));
+        let r = self.plat.slot_to_page_checked(slot, dst);
         match r {
-            Some(Ok(true)) => Some(1),
-            Some(Ok(false)) => {
+            Ok(true) => Some(1),
+            Ok(false) => {
                 let mut c = lock(&self.core);
                 c.reactivate_lost(plan);
                 self.settled.notify_all();
@@ -317,9 +315,9 @@ impl Inner {
     pub(super) fn wake_run(&self, run: PageRange, fault_addr: usize) {
         let a = self.addr(run.start);
         let l = run.pages() as usize * self.page_size;
-        let _ = self.arena.wake(&self.uffd, a, l);
+        let _ = self.plat.wake(a, l);
         if fault_addr < a || fault_addr >= a + l {
-            let _ = self.arena.wake(&self.uffd, fault_addr, self.page_size);
+            let _ = self.plat.wake(fault_addr, self.page_size);
         }
     }
 
@@ -347,7 +345,7 @@ impl Inner {
     /// gone, the copy finds the page there and installs nothing).
     pub(super) fn refill(&self, c: &mut MutexGuard<'_, Core>, plan: &FaultPlan, page: PageIdx) {
         let a = self.addr(page);
-        let n = self.arena.zero_fill_wake(&self.uffd, a, self.page_size, true).unwrap_or(0);
+        let n = self.plat.zero_fill_wake(a, self.page_size, true).unwrap_or(0);
         c.fill_done(plan, u64::from(n == self.page_size));
         self.after_fill(c);
     }

@@ -18,7 +18,7 @@ impl Inner {
         while s < run.end.0 {
             let piece = PageRange::new(s, (s + SMALL_FILL_PAGES).min(run.end.0));
             let len = piece.pages() as usize * self.page_size;
-            let n = self.arena.zero_fill_wake(&self.uffd, self.addr(piece.start), len, true).unwrap_or(0);
+            let n = self.plat.zero_fill_wake(self.addr(piece.start), len, true).unwrap_or(0);
             done += (n / self.page_size) as u64;
             if n < len {
                 break;
@@ -35,7 +35,7 @@ impl Inner {
     /// Installs zero pages on `run`; returns how many (a prefix) went in.
     pub(super) fn zero_fill(&self, run: PageRange) -> u64 {
         let len = run.pages() as usize * self.page_size;
-        let done = self.arena.zero_fill(&self.uffd, self.addr(run.start), len).unwrap_or(0);
+        let done = self.plat.zero_fill(self.addr(run.start), len).unwrap_or(0);
         (done / self.page_size) as u64
     }
 
@@ -46,26 +46,19 @@ impl Inner {
     /// counts as resident from now on, so the budget stays hard.
     pub(super) fn zero_map(&self, run: PageRange) -> u64 {
         let len = run.pages() as usize * self.page_size;
-        match self.arena.zero_map(&self.uffd, self.addr(run.start), len) {
+        match self.plat.zero_map(self.addr(run.start), len) {
             Ok(done) => (done / self.page_size) as u64,
             Err(_) => self.zero_fill(run),
         }
     }
 
     pub(super) fn swap_in(&self, run: PageRange, slot: u32) -> u64 {
-        let Some(swap) = &self.swap else { return 0 };
-        if take_one(&self.inject_read_errors) {
+        if !self.plat.has_swap() || take_one(&self.inject_read_errors) {
             return 0;
         }
         let ps = self.page_size;
         let len = run.pages() as usize * ps;
-        with_bounce(len, |bounce| {
-            self.arena
-                .swap_in(&self.uffd, swap, self.swap_off(slot), self.addr(run.start), len, bounce)
-                .map(|n| (n / ps) as u64)
-                .unwrap_or(0)
-        })
-        .unwrap_or(0)
+        self.plat.swap_in(self.swap_off(slot), self.addr(run.start), len).map(|n| (n / ps) as u64).unwrap_or(0)
     }
 
     /// Reads file pages into `run` (its first page is file page
@@ -92,9 +85,7 @@ impl Inner {
         let ps = self.page_size;
         let len = run.pages() as usize * ps;
         let off = file_page * ps as u64;
-        let r = with_bounce(len, |bounce| self.arena.file_in(&self.uffd, &f, off, self.addr(run.start), len, bounce))
-            .ok_or(Errno::ENOMEM)?;
-        let (n, cached) = r?;
+        let (n, cached) = self.plat.file_in(&f, off, self.addr(run.start), len)?;
         if !cached || n == 0 {
             return Ok(((n / ps) as u64, None));
         }
@@ -106,7 +97,7 @@ impl Inner {
     }
 
     pub(super) fn reactivate(&self, page: PageIdx, slot: u32, how: Transfer) -> bool {
-        let mv = how == Transfer::Move && self.uffd.has(UFFD_FEATURE_MOVE);
-        self.arena.slot_to_page(&self.uffd, slot, self.addr(page), mv).is_ok()
+        let mv = how == Transfer::Move && self.plat.can_move();
+        self.plat.slot_to_page(slot, self.addr(page), mv).is_ok()
     }
 }

@@ -11,10 +11,7 @@ impl Inner {
     pub(super) fn host_lock(&self, r: PageRange, mode: LockMode) -> Result<(), Errno> {
         let a = self.addr(r.start);
         let l = r.pages() as usize * self.page_size;
-        match mode {
-            LockMode::None => usermm_sys::mem::munlock(a, l),
-            _ => usermm_sys::mem::mlock2(a, l, MLOCK_ONFAULT),
-        }
+        self.plat.host_lock(a, l, mode != LockMode::None)
     }
 
     /// Carries out a lock decision made by `decide` under the exclusive
@@ -175,7 +172,7 @@ impl Inner {
                         // plans again and finds it purged.
                         if let Some(n) = self.reactivate_io(&plan) {
                             drop(self.commit_fill(&plan, n));
-                            let _ = self.arena.wake(&self.uffd, self.addr(page), self.page_size);
+                            let _ = self.plat.wake(self.addr(page), self.page_size);
                             if n == 0 {
                                 return (populated, Err(Errno::EFAULT));
                             }
@@ -233,7 +230,7 @@ impl Inner {
                     // handlers, which changes no byte.
                     drop(mm);
                     for (z, e) in ranges {
-                        let _ = self.arena.host_populate_write(z, e - z);
+                        let _ = self.plat.host_populate_write(z, e - z);
                     }
                     mm = self.read_mm();
                 }

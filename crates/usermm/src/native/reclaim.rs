@@ -42,7 +42,7 @@ impl Inner {
     /// to have discarded (a move finds no page: `deactivate_lost`).
     pub(super) fn deactivate_all(&self, ds: &[Deactivate]) -> u64 {
         let mut oks = vec![false; ds.len()];
-        let can_move = self.uffd.has(UFFD_FEATURE_MOVE);
+        let can_move = self.plat.can_move();
         let mut i = 0;
         while i < ds.len() {
             // A run of neighbouring pages going to neighbouring slots moves
@@ -56,8 +56,7 @@ impl Inner {
                 {
                     j += 1;
                 }
-                let moved =
-                    self.arena.pages_to_slots_move(&self.uffd, self.addr(ds[i].page), ds[i].slot, j - i).unwrap_or(0);
+                let moved = self.plat.pages_to_slots_move(self.addr(ds[i].page), ds[i].slot, j - i).unwrap_or(0);
                 for ok in &mut oks[i..i + moved] {
                     *ok = true;
                 }
@@ -72,11 +71,11 @@ impl Inner {
         // pages on its LRU lists: a page still in a CPU's batch would stay
         // unpurgeable, so flush the batches first.)
         if ds.iter().zip(&oks).any(|(d, ok)| *ok && d.host_free) {
-            self.arena.drain_host_lru();
+            self.plat.drain_host_lru();
         }
         for (d, ok) in ds.iter().zip(&oks) {
             if *ok && d.host_free {
-                let _ = self.arena.host_free_slot(d.slot);
+                let _ = self.plat.host_free_slot(d.slot);
             }
         }
         // A page that would not move may be a lazily freed page the host
@@ -84,7 +83,7 @@ impl Inner {
         let gone: Vec<bool> = ds
             .iter()
             .zip(&oks)
-            .map(|(d, ok)| !ok && self.host_lazyfree && self.arena.page_gone(self.addr(d.page)))
+            .map(|(d, ok)| !ok && self.host_lazyfree && self.plat.page_gone(self.addr(d.page)))
             .collect();
         let mut c = lock(&self.core);
         let mut freed = 0;
@@ -112,12 +111,9 @@ impl Inner {
                     // with the program's writes, so the page stays.
                     return false;
                 }
-                self.arena.page_to_slot_copy(&self.uffd, src, d.slot, None).is_ok()
+                self.plat.page_to_slot_copy(src, d.slot, false).is_ok()
             }
-            Transfer::Copy { readable: false } => match &self.procmem {
-                Some(pm) => self.arena.page_to_slot_copy(&self.uffd, src, d.slot, Some(pm)).is_ok(),
-                None => false,
-            },
+            Transfer::Copy { readable: false } => self.plat.page_to_slot_copy(src, d.slot, true).is_ok(),
         }
     }
 
@@ -128,16 +124,16 @@ impl Inner {
             return 0;
         }
         let mut outcome = Vec::with_capacity(ds.len());
-        self.arena.drain_host_lru();
+        self.plat.drain_host_lru();
         for d in ds {
-            if self.arena.discard_slot(d.staging) {
+            if self.plat.discard_slot(d.staging) {
                 outcome.push((true, false));
                 continue;
             }
-            let written = match (&self.swap, d.swap) {
-                (Some(swap), Some(slot)) if !take_one(&self.inject_write_errors) => {
-                    self.arena.write_slots(swap, &[d.staging], self.swap_off(slot)).is_ok()
-                        && self.arena.drop_slot(d.staging).is_ok()
+            let written = match d.swap {
+                Some(slot) if self.plat.has_swap() && !take_one(&self.inject_write_errors) => {
+                    self.plat.swap_write(&[d.staging], self.swap_off(slot)).is_ok()
+                        && self.plat.drop_slots(d.staging, 1).is_ok()
                 }
                 _ => false,
             };
@@ -168,7 +164,7 @@ impl Inner {
             while j < sorted.len() && sorted[j].0 == sorted[j - 1].0 + 1 {
                 j += 1;
             }
-            let r = self.arena.dontneed(self.addr(sorted[i]), (j - i) * self.page_size).is_ok();
+            let r = self.plat.dontneed(self.addr(sorted[i]), (j - i) * self.page_size).is_ok();
             ok.extend(std::iter::repeat_n(r, j - i));
             i = j;
         }
@@ -189,8 +185,8 @@ impl Inner {
             return 0;
         }
         for &(p, slot) in purges {
-            let _ = self.arena.drop_slot(slot);
-            let _ = self.arena.poison(&self.uffd, self.addr(p), self.page_size);
+            let _ = self.plat.drop_slots(slot, 1);
+            let _ = self.plat.poison(self.addr(p), self.page_size);
         }
         let mut c = lock(&self.core);
         for &(p, slot) in purges {
@@ -204,7 +200,7 @@ impl Inner {
     /// Test hook: the host kernel reclaims the staging area as its memory
     /// pressure would (clean lazily freed slots are discarded).
     pub fn host_reclaim_staging(&self) {
-        self.arena.host_reclaim_staging();
+        self.plat.host_reclaim_staging();
     }
 
     /// Writes the evictions to swap (runs of consecutive slots in one call),
@@ -223,12 +219,9 @@ impl Inner {
                 j += 1;
             }
             let slots: Vec<u32> = order[i..j].iter().map(|&k| evs[k].staging).collect();
-            let written = match &self.swap {
-                Some(swap) if !take_one(&self.inject_write_errors) => {
-                    self.arena.write_slots(swap, &slots, self.swap_off(evs[order[i]].swap)).is_ok()
-                }
-                _ => false,
-            };
+            let written = self.plat.has_swap()
+                && !take_one(&self.inject_write_errors)
+                && self.plat.swap_write(&slots, self.swap_off(evs[order[i]].swap)).is_ok();
             if written {
                 let mut a = i;
                 while a < j {
@@ -236,7 +229,7 @@ impl Inner {
                     while b < j && evs[order[b]].staging == evs[order[b - 1]].staging + 1 {
                         b += 1;
                     }
-                    let dropped = self.arena.drop_slots(evs[order[a]].staging, b - a).is_ok();
+                    let dropped = self.plat.drop_slots(evs[order[a]].staging, b - a).is_ok();
                     for &k in &order[a..b] {
                         ok[k] = dropped;
                     }

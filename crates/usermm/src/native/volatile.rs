@@ -11,10 +11,10 @@ impl Inner {
         // Under the core lock: no parked page can be mapped back (and its
         // slot reused) meanwhile.
         if !parked.is_empty() {
-            self.arena.drain_host_lru();
+            self.plat.drain_host_lru();
         }
         for slot in parked {
-            let _ = self.arena.host_free_slot(slot);
+            let _ = self.plat.host_free_slot(slot);
         }
         res
     }
@@ -50,7 +50,7 @@ impl Inner {
             while j < nv.purged.len() && nv.purged[j].0 == nv.purged[j - 1].0 + 1 {
                 j += 1;
             }
-            let _ = self.arena.dontneed(self.addr(nv.purged[i]), (j - i) * self.page_size);
+            let _ = self.plat.dontneed(self.addr(nv.purged[i]), (j - i) * self.page_size);
             i = j;
         }
         Ok((nv.purged.iter().map(|&p| self.addr(p)).collect(), res))

@@ -18,7 +18,7 @@ impl Inner {
                 if take_one(&self.inject_write_errors) {
                     return Err(Errno::EIO);
                 }
-                let r = self.arena.page_out_to_file(f, src, self.procmem.as_ref(), w.staging, w.file_page * ps);
+                let r = self.plat.page_out_to_file(f, src, w.staging, w.file_page * ps);
                 if r.is_ok() && !touched.contains(&w.file) {
                     touched.push(w.file);
                 }
@@ -47,7 +47,7 @@ impl Inner {
         for (w, r) in ws.iter().zip(&results) {
             if r.is_ok() {
                 if let Some(s) = w.staging {
-                    let _ = self.arena.drop_slot(s);
+                    let _ = self.plat.drop_slots(s, 1);
                     ok_slots.push(s);
                 }
             }

@@ -67,7 +67,7 @@ impl Inner {
                 // Whatever the host says, the pages go (a range locked
                 // behind our back is unlocked, or replaced): a new region
                 // here must never show them.
-                if !matches!(self.arena.zap(&self.uffd, start + off, n, prot), Ok(false)) {
+                if !matches!(self.plat.zap(start + off, n, prot), Ok(false)) {
                     self.host_refusals.fetch_add(1, Ordering::Relaxed);
                 }
                 off += n;
@@ -84,7 +84,7 @@ impl Inner {
             }
         }
         for &s in &claim.staging {
-            let _ = self.arena.drop_slot(s);
+            let _ = self.plat.drop_slots(s, 1);
         }
         also(r);
         let mut c = lock(&self.core);

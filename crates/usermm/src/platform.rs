@@ -1,0 +1,294 @@
+//! The executor's platform: every host operation the executor asks for, as
+//! one trait, so that the executor can run against the host kernel
+//! ([`Native`]) or against a simulated one (memory as byte arrays,
+//! userfaultfd as a queue: see issue 18's seeded simulation).
+//!
+//! The methods are the executor's vocabulary, not the kernel's: "install
+//! zeros at these pages and wake the waiters", "move these pages to those
+//! staging slots", "read this run from swap into the program's range". Each
+//! says what it guarantees when it returns `Ok`, and what a partial result
+//! means (a prefix, in bytes). Addresses are in the space's reservation
+//! (program range) or name a staging slot; the implementation checks them.
+//!
+//! [`Native`] delegates to `usermm_sys` (`Arena`, `Uffd`, the swap file,
+//! `/proc/self/mem`, `/proc/self/pagemap`, signals, host locks); it keeps
+//! the per-thread bounce buffers the swap and file reads need.
+
+use usermm_core::Errno;
+use usermm_sys::arena::{Arena, Bounce};
+use usermm_sys::file::{MappedFile, Pagemap, ProcMem, SwapFile};
+use usermm_sys::thread::EventFd;
+use usermm_sys::uffd::{Uffd, UffdMsg, UFFD_FEATURE_MOVE};
+
+/// What the executor asks of the host. `Send + Sync`: handler threads, the
+/// background thread and callers share one.
+pub(crate) trait Platform: Send + Sync {
+    /// First address of the reservation (the program range).
+    fn base(&self) -> usize;
+    /// Whether lazily freed and parked volatile pages are handed to the
+    /// host's own reclaim (`MADV_FREE` passed down, discards found by
+    /// `page_gone`).
+    fn host_lazyfree(&self) -> bool;
+    /// Whether pages can move (not copy) between the program range and
+    /// staging (`UFFDIO_MOVE`).
+    fn can_move(&self) -> bool;
+
+    // ---- userfaultfd events
+    /// Waits up to `timeout_ms` for a fault event or a poke of `wake`;
+    /// `Ok(true)` when an event may be ready.
+    fn wait_events(&self, wake: &EventFd, timeout_ms: i32) -> Result<bool, Errno>;
+    /// Reads pending fault events into `buf`; returns how many.
+    fn read_events(&self, buf: &mut [UffdMsg]) -> Result<usize, Errno>;
+
+    // ---- the program range: fills (bytes installed, a prefix)
+    /// Installs zero pages (private frames) at `[dst, dst+len)`.
+    fn zero_fill(&self, dst: usize, len: usize) -> Result<usize, Errno>;
+    /// As `zero_fill`, waking the waiters on the installed pages if `wake`.
+    fn zero_fill_wake(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
+    /// Maps the shared zero page at `[dst, dst+len)` (a read fault).
+    fn zero_map(&self, dst: usize, len: usize) -> Result<usize, Errno>;
+    /// As `zero_map`, waking the waiters if `wake`.
+    fn zero_map_wake(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
+    /// Reads `len` bytes of swap at `off` into the program range at `dst`.
+    fn swap_in(&self, off: u64, dst: usize, len: usize) -> Result<usize, Errno>;
+    /// Reads a file run into the program range (the tail past the end of
+    /// the file reads zeros); also whether the page cache was used.
+    fn file_in(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno>;
+    /// Wakes the threads waiting on `[a, a+l)`.
+    fn wake(&self, a: usize, l: usize) -> Result<(), Errno>;
+    /// Places poison markers: a touch raises SIGBUS.
+    fn poison(&self, a: usize, l: usize) -> Result<(), Errno>;
+
+    // ---- the program range: other
+    fn protect(&self, a: usize, l: usize, prot: i32) -> Result<(), Errno>;
+    /// Drops every page of the range whatever the host says (see
+    /// `Arena::zap`); `Ok(false)` when the host refused at first.
+    fn zap(&self, a: usize, l: usize, prot: i32) -> Result<bool, Errno>;
+    /// Drops the pages of the range (`MADV_DONTNEED`).
+    fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno>;
+    /// Passes an advice down to the host as it is.
+    fn host_advise(&self, a: usize, l: usize, advice: i32) -> Result<(), Errno>;
+    /// Hands the range's pages to the host's lazy free.
+    fn host_free(&self, a: usize, l: usize) -> Result<(), Errno>;
+    /// The host's own write populate of the range (faults into our
+    /// handlers where a page is missing).
+    fn host_populate_write(&self, a: usize, l: usize) -> Result<(), Errno>;
+    /// Locks (`MLOCK_ONFAULT`) or unlocks the range in the host.
+    fn host_lock(&self, a: usize, l: usize, locked: bool) -> Result<(), Errno>;
+    /// Whether the host dropped the (lazily freed) page at `a`.
+    fn page_gone(&self, a: usize) -> bool;
+    /// The runs of `[addr, addr+len)` mapped to the shared zero page.
+    fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Vec<(usize, usize)>;
+
+    // ---- staging
+    /// Maps a parked page back (`try_move`: move, else copy).
+    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool) -> Result<(), Errno>;
+    /// Maps a parked page back, checking whether the host discarded it
+    /// (`Ok(false)`: it did, nothing installed).
+    fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno>;
+    /// Moves `n` neighbouring pages to `n` neighbouring slots; returns how
+    /// many moved (a prefix).
+    fn pages_to_slots_move(&self, src: usize, slot: u32, n: usize) -> Result<usize, Errno>;
+    /// Copies a page to a slot, then drops it from the program range
+    /// (`unreadable`: the region cannot be read by an ordinary copy).
+    fn page_to_slot_copy(&self, src: usize, slot: u32, unreadable: bool) -> Result<(), Errno>;
+    fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno>;
+    /// Whether the host discarded the parked (lazily freed) page.
+    fn discard_slot(&self, slot: u32) -> bool;
+    fn host_free_slot(&self, slot: u32) -> Result<(), Errno>;
+    /// Flushes the host's per-CPU LRU batches.
+    fn drain_host_lru(&self);
+    #[cfg(feature = "test-hooks")]
+    /// The host's own reclaim of the whole staging area (a test hook).
+    fn host_reclaim_staging(&self);
+
+    // ---- swap
+    fn has_swap(&self) -> bool;
+    /// Whether swap I/O bypasses the host's page cache (`O_DIRECT`).
+    fn swap_direct_io(&self) -> bool;
+    /// Writes the pages of `slots`, in order, to swap at `off`.
+    fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno>;
+    #[cfg(feature = "test-hooks")]
+    /// The whole swap file (a test hook).
+    fn swap_contents(&self, len: u64) -> Result<Vec<u8>, Errno>;
+
+    // ---- files
+    /// Writes a page (from the program range at `src`, or from `slot`) to
+    /// the file at `off` (never past its end).
+    fn page_out_to_file(&self, file: &MappedFile, src: Option<usize>, slot: Option<u32>, off: u64)
+        -> Result<(), Errno>;
+
+    // ---- threads
+    /// Queues a transient SIGBUS for thread `tid` at `addr`.
+    fn sigbus(&self, tid: u32, addr: usize) -> Result<(), Errno>;
+    /// Queues a SIGSEGV for thread `tid` at `addr`.
+    fn sigsegv(&self, tid: u32, addr: usize) -> Result<(), Errno>;
+}
+
+/// The host kernel.
+pub(crate) struct Native {
+    pub arena: Arena,
+    pub uffd: Uffd,
+    pub swap: Option<SwapFile>,
+    pub procmem: Option<ProcMem>,
+    pub pagemap: Option<Pagemap>,
+    pub page_size: usize,
+}
+
+/// Bounce buffers are per thread, grown to the largest request seen.
+const BOUNCE_MIN_BYTES: usize = 1 << 20;
+
+fn with_bounce<R>(len: usize, f: impl FnOnce(&Bounce) -> R) -> Option<R> {
+    thread_local! {
+        static BOUNCE: std::cell::RefCell<Option<Bounce>> = const { std::cell::RefCell::new(None) };
+    }
+    BOUNCE.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.as_ref().is_none_or(|x| x.len() < len) {
+            // (The old buffer goes first: never two at once.)
+            *b = None;
+            *b = Bounce::new(len.max(BOUNCE_MIN_BYTES)).ok();
+        }
+        b.as_ref().map(f)
+    })
+}
+
+impl Platform for Native {
+    fn base(&self) -> usize {
+        self.arena.base
+    }
+    fn host_lazyfree(&self) -> bool {
+        self.arena.host_lazyfree()
+    }
+    fn can_move(&self) -> bool {
+        self.uffd.has(UFFD_FEATURE_MOVE)
+    }
+    fn wait_events(&self, wake: &EventFd, timeout_ms: i32) -> Result<bool, Errno> {
+        usermm_sys::uffd::poll2(self.uffd.raw(), wake.raw(), timeout_ms)
+    }
+    fn read_events(&self, buf: &mut [UffdMsg]) -> Result<usize, Errno> {
+        self.uffd.read_msgs(buf)
+    }
+    fn zero_fill(&self, dst: usize, len: usize) -> Result<usize, Errno> {
+        self.arena.zero_fill(&self.uffd, dst, len)
+    }
+    fn zero_fill_wake(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
+        self.arena.zero_fill_wake(&self.uffd, dst, len, wake)
+    }
+    fn zero_map(&self, dst: usize, len: usize) -> Result<usize, Errno> {
+        self.arena.zero_map(&self.uffd, dst, len)
+    }
+    fn zero_map_wake(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
+        self.arena.zero_map_wake(&self.uffd, dst, len, wake)
+    }
+    fn swap_in(&self, off: u64, dst: usize, len: usize) -> Result<usize, Errno> {
+        let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
+        with_bounce(len, |b| self.arena.swap_in(&self.uffd, swap, off, dst, len, b)).unwrap_or(Err(Errno::ENOMEM))
+    }
+    fn file_in(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno> {
+        with_bounce(len, |b| self.arena.file_in(&self.uffd, file, off, dst, len, b)).unwrap_or(Err(Errno::ENOMEM))
+    }
+    fn wake(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.arena.wake(&self.uffd, a, l)
+    }
+    fn poison(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.arena.poison(&self.uffd, a, l)
+    }
+    fn protect(&self, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
+        self.arena.protect(a, l, prot)
+    }
+    fn zap(&self, a: usize, l: usize, prot: i32) -> Result<bool, Errno> {
+        self.arena.zap(&self.uffd, a, l, prot)
+    }
+    fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.arena.dontneed(a, l)
+    }
+    fn host_advise(&self, a: usize, l: usize, advice: i32) -> Result<(), Errno> {
+        self.arena.host_advise(a, l, advice)
+    }
+    fn host_free(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.arena.host_free(a, l)
+    }
+    fn host_populate_write(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.arena.host_populate_write(a, l)
+    }
+    fn host_lock(&self, a: usize, l: usize, locked: bool) -> Result<(), Errno> {
+        if locked {
+            usermm_sys::mem::mlock2(a, l, usermm_core::consts::MLOCK_ONFAULT)
+        } else {
+            usermm_sys::mem::munlock(a, l)
+        }
+    }
+    fn page_gone(&self, a: usize) -> bool {
+        self.arena.page_gone(a)
+    }
+    fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Vec<(usize, usize)> {
+        self.pagemap.as_ref().and_then(|p| p.zero_pfn_ranges(addr, len).ok()).unwrap_or_default()
+    }
+    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool) -> Result<(), Errno> {
+        self.arena.slot_to_page(&self.uffd, slot, dst, try_move)
+    }
+    fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno> {
+        with_bounce(self.page_size, |b| self.arena.slot_to_page_checked(&self.uffd, slot, dst, b))
+            .unwrap_or(Err(Errno::ENOMEM))
+    }
+    fn pages_to_slots_move(&self, src: usize, slot: u32, n: usize) -> Result<usize, Errno> {
+        self.arena.pages_to_slots_move(&self.uffd, src, slot, n)
+    }
+    fn page_to_slot_copy(&self, src: usize, slot: u32, unreadable: bool) -> Result<(), Errno> {
+        if unreadable {
+            let pm = self.procmem.as_ref().ok_or(Errno::EFAULT)?;
+            self.arena.page_to_slot_copy(&self.uffd, src, slot, Some(pm))
+        } else {
+            self.arena.page_to_slot_copy(&self.uffd, src, slot, None)
+        }
+    }
+    fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno> {
+        self.arena.drop_slots(slot, n)
+    }
+    fn discard_slot(&self, slot: u32) -> bool {
+        self.arena.discard_slot(slot)
+    }
+    fn host_free_slot(&self, slot: u32) -> Result<(), Errno> {
+        self.arena.host_free_slot(slot)
+    }
+    fn drain_host_lru(&self) {
+        self.arena.drain_host_lru()
+    }
+    #[cfg(feature = "test-hooks")]
+    fn host_reclaim_staging(&self) {
+        self.arena.host_reclaim_staging()
+    }
+    fn has_swap(&self) -> bool {
+        self.swap.is_some()
+    }
+    fn swap_direct_io(&self) -> bool {
+        self.swap.as_ref().is_some_and(|s| s.direct)
+    }
+    fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno> {
+        let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
+        self.arena.write_slots(swap, slots, off)
+    }
+    #[cfg(feature = "test-hooks")]
+    fn swap_contents(&self, len: u64) -> Result<Vec<u8>, Errno> {
+        match &self.swap {
+            Some(s) => s.read_all(len),
+            None => Ok(Vec::new()),
+        }
+    }
+    fn page_out_to_file(
+        &self,
+        file: &MappedFile,
+        src: Option<usize>,
+        slot: Option<u32>,
+        off: u64,
+    ) -> Result<(), Errno> {
+        self.arena.page_out_to_file(file, src, self.procmem.as_ref(), slot, off)
+    }
+    fn sigbus(&self, tid: u32, addr: usize) -> Result<(), Errno> {
+        usermm_sys::thread::sigbus_thread(tid, addr)
+    }
+    fn sigsegv(&self, tid: u32, addr: usize) -> Result<(), Errno> {
+        usermm_sys::thread::sigsegv_thread(tid, addr)
+    }
+}
