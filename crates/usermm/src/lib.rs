@@ -30,6 +30,8 @@ pub mod boundary;
 mod native;
 mod platform;
 pub mod purgeable;
+#[cfg(feature = "test-hooks")]
+pub mod sim;
 
 pub use boundary::capi;
 pub use purgeable::{Contents, Purgeable, PurgeableGuard};

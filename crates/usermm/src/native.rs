@@ -88,6 +88,10 @@ pub const ZAP_CHUNK_BYTES: usize = 4 << 20;
 /// A chunk's pages are dropped this many bytes at a time, with a yield of
 /// the CPU between two slices.
 const ZAP_SLICE_BYTES: usize = 512 << 10;
+/// An injected executor bug (`Inner::sim_bug`): an eviction whose swap
+/// write failed is taken as done.
+#[cfg(feature = "test-hooks")]
+pub(crate) const SIM_BUG_LOST_SWAP_WRITE: u32 = 1;
 /// Empty reclaim rounds (5 ms apart) before a fault is out of memory.
 const OOM_ROUNDS: u32 = 50;
 /// Rounds of no progress (5 ms each) after which a fault or populate gives
@@ -135,6 +139,14 @@ pub(crate) struct Inner {
     pub low_watermark: u64,
     pub high_watermark: u64,
     pub inject_read_errors: AtomicU32,
+    /// How long a fault or populate that found no frame waits for reclaim
+    /// elsewhere before it tries again (µs; 5 ms, 0 in the simulation,
+    /// where nothing runs meanwhile).
+    oom_wait_us: AtomicU64,
+    /// Test hook: a bug to inject, so that the simulation shows it catches
+    /// one (`SIM_BUG_*`; 0: none).
+    #[cfg(feature = "test-hooks")]
+    pub sim_bug: AtomicU32,
     /// Test hook: milliseconds a handler waits between deciding a
     /// transient SIGBUS and queuing it (widens the window in which a late
     /// signal could arise).
@@ -214,6 +226,48 @@ impl Inner {
             pagemap: usermm_sys::file::Pagemap::open().ok(),
             page_size: ps,
         });
+        let inner = Inner::build(cfg, plat, user_mode_only, fallback_reason)?;
+        let nthreads =
+            if cfg.fault_threads == 0 { default_fault_threads() } else { cfg.fault_threads.min(64) as usize };
+        let mut handles = Vec::new();
+        for i in 0..nthreads {
+            let me = inner.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("usermm-fault-{i}"))
+                .spawn(move || me.handler_loop())
+                .map_err(|_| Errno::EAGAIN)?;
+            handles.push(h);
+        }
+        {
+            // The background thread also serves MADV_WILLNEED; with
+            // UMM_F_NO_BACKGROUND_RECLAIM it only does that.
+            let me = inner.clone();
+            let bg = cfg.flags & UMM_F_NO_BACKGROUND_RECLAIM == 0;
+            let h = std::thread::Builder::new()
+                .name("usermm-reclaim".into())
+                .spawn(move || me.background_loop(bg))
+                .map_err(|_| Errno::EAGAIN)?;
+            handles.push(h);
+        }
+        Ok((inner, Threads { handles }))
+    }
+
+    /// The space's state over a platform (no threads started). The
+    /// configuration has been checked by `open`.
+    pub(crate) fn build(
+        cfg: &Config,
+        plat: Box<dyn Platform>,
+        user_mode_only: bool,
+        fallback_reason: Option<String>,
+    ) -> Result<Arc<Inner>, Errno> {
+        let shift = if cfg.page_shift == 0 { 12 } else { cfg.page_shift };
+        let ps = 1usize << shift;
+        let budget_bytes = if cfg.budget_bytes == 0 { crate::default_budget_bytes() } else { cfg.budget_bytes };
+        let budget_pages = (budget_bytes / ps).max(1) as u64;
+        let reserve = if cfg.reserve_bytes == 0 { crate::DEFAULT_RESERVE_BYTES } else { cfg.reserve_bytes };
+        let reserve = reserve.checked_add(ps - 1).ok_or(Errno::EINVAL)? & !(ps - 1);
+        let swap_slots = (cfg.swap_bytes / ps).min(u32::MAX as usize - 1) as u32;
+        let staging_slots = budget_pages as u32;
         let base = plat.base();
         let core = Core::new(CoreConfig {
             base: base as u64,
@@ -258,6 +312,9 @@ impl Inner {
             low_watermark: low,
             high_watermark: high,
             inject_read_errors: AtomicU32::new(0),
+            oom_wait_us: AtomicU64::new(5_000),
+            #[cfg(feature = "test-hooks")]
+            sim_bug: AtomicU32::new(0),
             #[cfg(feature = "test-hooks")]
             inject_signal_stall_ms: AtomicU32::new(0),
             populate_interrupt: AtomicU64::new(u64::MAX),
@@ -271,29 +328,7 @@ impl Inner {
             swap_bytes: swap_slots as u64 * ps as u64,
             keep_file_cache: cfg.flags & UMM_F_KEEP_FILE_CACHE != 0,
         });
-        let nthreads =
-            if cfg.fault_threads == 0 { default_fault_threads() } else { cfg.fault_threads.min(64) as usize };
-        let mut handles = Vec::new();
-        for i in 0..nthreads {
-            let me = inner.clone();
-            let h = std::thread::Builder::new()
-                .name(format!("usermm-fault-{i}"))
-                .spawn(move || me.handler_loop())
-                .map_err(|_| Errno::EAGAIN)?;
-            handles.push(h);
-        }
-        {
-            // The background thread also serves MADV_WILLNEED; with
-            // UMM_F_NO_BACKGROUND_RECLAIM it only does that.
-            let me = inner.clone();
-            let bg = cfg.flags & UMM_F_NO_BACKGROUND_RECLAIM == 0;
-            let h = std::thread::Builder::new()
-                .name("usermm-reclaim".into())
-                .spawn(move || me.background_loop(bg))
-                .map_err(|_| Errno::EAGAIN)?;
-            handles.push(h);
-        }
-        Ok((inner, Threads { handles }))
+        Ok(inner)
     }
 
     pub fn close(&self, threads: Threads) {
@@ -330,6 +365,34 @@ impl Inner {
     /// (none where the host has no `PAGEMAP_SCAN`).
     pub fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Vec<(usize, usize)> {
         self.plat.zero_pfn_ranges(addr, len)
+    }
+
+    /// A fault or populate short of frames waits for reclaim in flight
+    /// elsewhere to settle (at most `oom_wait_us`).
+    fn wait_settled<'a>(&self, c: MutexGuard<'a, Core>) -> MutexGuard<'a, Core> {
+        match self.oom_wait_us.load(Ordering::Relaxed) {
+            0 => c,
+            us => {
+                self.settled.wait_timeout(c, std::time::Duration::from_micros(us)).unwrap_or_else(|e| e.into_inner()).0
+            }
+        }
+    }
+
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn set_oom_wait_us(&self, us: u64) {
+        self.oom_wait_us.store(us, Ordering::Relaxed);
+    }
+
+    /// `Core::validate` under the region lock (shared) and the core lock.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn validate_core(&self) {
+        let _mm = self.read_mm();
+        lock(&self.core).validate();
+    }
+
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn core_counters(&self) -> usermm_core::Counters {
+        lock(&self.core).stats().counters
     }
 
     pub fn read_mm(&self) -> RwLockReadGuard<'_, ()> {

@@ -3,6 +3,16 @@
 
 use super::*;
 
+/// What a background reclaim round did.
+pub(super) enum Round {
+    /// The core wanted no reclaim ahead and no aging.
+    Idle,
+    Evicted,
+    NothingEvicted,
+    Aged,
+    NothingAged,
+}
+
 impl Inner {
     pub(super) fn background_loop(&self, reclaim: bool) {
         loop {
@@ -30,83 +40,119 @@ impl Inner {
                         .0;
                 }
             }
-            let pending: Vec<usize> = std::mem::take(&mut *lock(&self.willneed));
-            for a in pending {
-                let (swapped, file) = {
-                    let c = lock(&self.core);
-                    let p = c.page_of(Addr(a as u64));
-                    (
-                        p.is_some_and(|p| c.page(p).state == usermm_core::page::PState::Swapped),
-                        p.and_then(|p| c.region_at(p)).is_some_and(|r| r.file().is_some()),
-                    )
-                };
-                if swapped {
-                    self.resolve(a, false, None);
-                } else if file {
-                    // File read-ahead: a window from `a` (up to a hole or the
-                    // end of the file; best effort, errors ignored).
-                    // Never past the end of the region: the next one may be
-                    // anonymous (a read populate would map its pages), or
-                    // another file's (the chain below decides).
-                    let region_end = {
-                        let c = lock(&self.core);
-                        c.page_of(Addr(a as u64)).and_then(|p| c.region_at(p)).map(|r| self.addr(r.range.end))
-                    };
-                    let full = usermm_core::MAX_WINDOW_PAGES as usize * self.page_size;
-                    let window = region_end.map_or(full, |e| full.min(e.saturating_sub(a)));
-                    let (n, _) = self.populate(a, window, false);
-                    // A streaming read-in chains: the next window follows,
-                    // up to READAHEAD_DEPTH windows past the program's last
-                    // fault in the region (it does not fault on the windows
-                    // read ahead, so that is as far as it is known to be).
-                    let next = a + window;
-                    let chain = n == window && {
-                        let c = lock(&self.core);
-                        let here = c.page_of(Addr(a as u64));
-                        let there = c.page_of(Addr(next as u64));
-                        match (here.and_then(|p| c.region_at(p)), there) {
-                            (Some(r), Some(q)) => r.file().is_some_and(|f| {
-                                file_continues(&c, q, f)
-                                    && q.0.saturating_sub(r.next_fault)
-                                        < READAHEAD_DEPTH * usermm_core::MAX_WINDOW_PAGES
-                            }),
-                            _ => false,
-                        }
-                    };
-                    if chain {
-                        lock(&self.willneed).push(next);
-                    }
-                }
-            }
+            self.serve_willneed();
             if !reclaim {
                 continue;
             }
-            let mm = self.read_mm();
-            let (want, aging) = {
-                let mut c = lock(&self.core);
-                let want = if c.reclaim_ahead() { self.high_watermark.saturating_sub(c.free_frames()) } else { 0 };
-                (want, c.needs_aging())
+            match self.reclaim_ahead_round() {
+                Round::Idle | Round::Evicted | Round::Aged => {}
+                // Nothing evicted this time (the round only aged pages, or
+                // nothing is evictable): give the program a moment to touch
+                // what was just deactivated, instead of spinning.
+                Round::NothingEvicted => std::thread::sleep(std::time::Duration::from_millis(2)),
+                // Nothing could be aged (the active list holds only pages
+                // that cannot leave, e.g. writable non-RW ones): wait for
+                // the program instead of spinning on a CPU.
+                Round::NothingAged => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        }
+    }
+
+    /// Serves the queued `MADV_WILLNEED` pages and file read-ahead windows.
+    pub(super) fn serve_willneed(&self) {
+        let pending: Vec<usize> = std::mem::take(&mut *lock(&self.willneed));
+        for a in pending {
+            let (swapped, file) = {
+                let c = lock(&self.core);
+                let p = c.page_of(Addr(a as u64));
+                (
+                    p.is_some_and(|p| c.page(p).state == usermm_core::page::PState::Swapped),
+                    p.and_then(|p| c.region_at(p)).is_some_and(|r| r.file().is_some()),
+                )
             };
-            if want > 0 {
-                let freed = self.reclaim_rounds(&mm, want.min(RECLAIM_BATCH), false);
-                drop(mm);
-                if freed == 0 {
-                    // Nothing evicted this time (the round only aged pages,
-                    // or nothing is evictable): give the program a moment to
-                    // touch what was just deactivated, instead of spinning.
-                    std::thread::sleep(std::time::Duration::from_millis(2));
-                }
-            } else if aging {
-                let before = lock(&self.core).stats().counters.deactivations;
-                self.reclaim_rounds(&mm, 0, false);
-                drop(mm);
-                if lock(&self.core).stats().counters.deactivations == before {
-                    // Nothing could be aged (the active list holds only
-                    // pages that cannot leave, e.g. writable non-RW ones):
-                    // wait for the program instead of spinning on a CPU.
-                    std::thread::sleep(std::time::Duration::from_millis(10));
+            if swapped {
+                self.resolve(a, false, None);
+            } else if file {
+                // File read-ahead: a window from `a` (up to a hole or the
+                // end of the file; best effort, errors ignored).
+                // Never past the end of the region: the next one may be
+                // anonymous (a read populate would map its pages), or
+                // another file's (the chain below decides).
+                let region_end = {
+                    let c = lock(&self.core);
+                    c.page_of(Addr(a as u64)).and_then(|p| c.region_at(p)).map(|r| self.addr(r.range.end))
+                };
+                let full = usermm_core::MAX_WINDOW_PAGES as usize * self.page_size;
+                let window = region_end.map_or(full, |e| full.min(e.saturating_sub(a)));
+                let (n, _) = self.populate(a, window, false);
+                // A streaming read-in chains: the next window follows,
+                // up to READAHEAD_DEPTH windows past the program's last
+                // fault in the region (it does not fault on the windows
+                // read ahead, so that is as far as it is known to be).
+                let next = a + window;
+                let chain = n == window && {
+                    let c = lock(&self.core);
+                    let here = c.page_of(Addr(a as u64));
+                    let there = c.page_of(Addr(next as u64));
+                    match (here.and_then(|p| c.region_at(p)), there) {
+                        (Some(r), Some(q)) => r.file().is_some_and(|f| {
+                            file_continues(&c, q, f)
+                                && q.0.saturating_sub(r.next_fault) < READAHEAD_DEPTH * usermm_core::MAX_WINDOW_PAGES
+                        }),
+                        _ => false,
+                    }
+                };
+                if chain {
+                    lock(&self.willneed).push(next);
                 }
             }
+        }
+    }
+
+    /// One background reclaim round when the core wants reclaim ahead or
+    /// aging.
+    pub(super) fn reclaim_ahead_round(&self) -> Round {
+        let mm = self.read_mm();
+        let (want, aging) = {
+            let mut c = lock(&self.core);
+            let want = if c.reclaim_ahead() { self.high_watermark.saturating_sub(c.free_frames()) } else { 0 };
+            (want, c.needs_aging())
+        };
+        if want > 0 {
+            let freed = self.reclaim_rounds(&mm, want.min(RECLAIM_BATCH), false);
+            if freed > 0 {
+                Round::Evicted
+            } else {
+                Round::NothingEvicted
+            }
+        } else if aging {
+            let before = lock(&self.core).stats().counters.deactivations;
+            self.reclaim_rounds(&mm, 0, false);
+            if lock(&self.core).stats().counters.deactivations != before {
+                Round::Aged
+            } else {
+                Round::NothingAged
+            }
+        } else {
+            Round::Idle
+        }
+    }
+
+    /// The background thread's work once, without waiting: spare metadata,
+    /// `MADV_WILLNEED`, and a reclaim round if the core wants one (the
+    /// simulation's background step).
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn background_step(&self) {
+        if lock(&self.core).spares_low() {
+            self.refill_spares();
+        }
+        self.serve_willneed();
+        let need = {
+            let mut c = lock(&self.core);
+            c.reclaim_ahead() && (c.free_frames() < self.low_watermark || c.needs_aging())
+        };
+        if need {
+            self.reclaim_ahead_round();
         }
     }
 }

@@ -109,11 +109,7 @@ impl Inner {
                         // before trying again. Only no progress for a while
                         // is out of memory.
                         reclaim_rounds += 1;
-                        c = self
-                            .settled
-                            .wait_timeout(c, std::time::Duration::from_millis(5))
-                            .unwrap_or_else(|e| e.into_inner())
-                            .0;
+                        c = self.wait_settled(c);
                     }
                 }
                 FaultPlan::Refill { page } => {

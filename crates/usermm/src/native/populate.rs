@@ -150,7 +150,7 @@ impl Inner {
                                     return (populated, Err(Errno::ENOMEM));
                                 }
                                 // Reclaim in flight elsewhere: let it settle.
-                                let _ = self.settled.wait_timeout(c, std::time::Duration::from_millis(5));
+                                drop(self.wait_settled(c));
                             }
                         }
                     }

@@ -222,6 +222,10 @@ impl Inner {
             let written = self.plat.has_swap()
                 && !take_one(&self.inject_write_errors)
                 && self.plat.swap_write(&slots, self.swap_off(evs[order[i]].swap)).is_ok();
+            // The simulation's injected bug: a failed swap write taken for
+            // a successful one (the page's data is lost).
+            #[cfg(feature = "test-hooks")]
+            let written = written || self.sim_bug.load(Ordering::Relaxed) == SIM_BUG_LOST_SWAP_WRITE;
             if written {
                 let mut a = i;
                 while a < j {
