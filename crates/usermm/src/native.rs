@@ -390,6 +390,28 @@ impl Inner {
         lock(&self.core).validate();
     }
 
+    /// Another thread's background reclaim round, run now if nothing this
+    /// thread holds would block it (the core lock, the region lock held
+    /// exclusively); for the simulation's preemption points. Returns
+    /// whether it ran.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn reclaim_if_unblocked(&self, want: u64) -> bool {
+        match self.core.try_lock() {
+            Ok(c) => drop(c),
+            Err(_) => return false,
+        }
+        let Some(mm) = self.mm.try_read() else { return false };
+        self.reclaim_rounds(&mm, want, false);
+        true
+    }
+
+    /// A page's state in the core (for the simulation's checks).
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn page_state(&self, a: usize) -> usermm_core::page::PState {
+        let c = lock(&self.core);
+        c.page_of(Addr(a as u64)).map_or(usermm_core::page::PState::Absent, |p| c.page(p).state)
+    }
+
     #[cfg(feature = "test-hooks")]
     pub(crate) fn core_counters(&self) -> usermm_core::Counters {
         lock(&self.core).stats().counters

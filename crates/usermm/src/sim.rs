@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use usermm_core::consts::*;
+use usermm_core::page::PState;
 use usermm_core::region::LockMode;
 use usermm_core::Errno;
 use usermm_sys::file::MappedFile;
@@ -92,6 +93,14 @@ struct Host {
 /// The simulated host.
 pub(crate) struct SimPlatform {
     host: Mutex<Host>,
+    /// The space, for preemption: another thread's reclaim round run at a
+    /// platform call of this one (set once the space is built).
+    inner: std::sync::OnceLock<std::sync::Weak<Inner>>,
+    /// One in how many platform calls is a preemption point (0: none).
+    preempt_one_in: u64,
+    /// A preempting round is running (no preemption inside it).
+    preempting: std::sync::atomic::AtomicBool,
+    preemptions: std::sync::atomic::AtomicU64,
 }
 
 fn page_of(a: usize) -> usize {
@@ -105,6 +114,29 @@ fn zeros() -> Box<[u8]> {
 impl SimPlatform {
     fn host(&self) -> std::sync::MutexGuard<'_, Host> {
         self.host.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// A preemption point: now and then (from the seed), another thread —
+    /// the background reclaim — runs a round here, as it may on the host
+    /// whenever this thread holds neither the core lock nor the region lock
+    /// exclusively.
+    fn preempt(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.preempt_one_in == 0 || self.preempting.load(Relaxed) {
+            return;
+        }
+        let want = {
+            let mut h = self.host();
+            if !h.rng.chance(self.preempt_one_in) {
+                return;
+            }
+            1 + h.rng.below(8)
+        };
+        let Some(inner) = self.inner.get().and_then(|w| w.upgrade()) else { return };
+        self.preempting.store(true, Relaxed);
+        if inner.reclaim_if_unblocked(want) {
+            self.preemptions.fetch_add(1, Relaxed);
+        }
+        self.preempting.store(false, Relaxed);
     }
     /// Checks a range of the program range (`EFAULT` outside, as `Arena`).
     fn check(a: usize, l: usize) -> Result<(), Errno> {
@@ -171,6 +203,7 @@ impl Platform for SimPlatform {
         self.zero_fill_wake(dst, len, false)
     }
     fn zero_fill_wake(&self, dst: usize, len: usize, _wake: bool) -> Result<usize, Errno> {
+        self.preempt();
         Self::check(dst, len)?;
         Ok(self.host().install(dst, vec![Pg::Data(zeros()); len / PS]))
     }
@@ -178,10 +211,12 @@ impl Platform for SimPlatform {
         self.zero_map_wake(dst, len, false)
     }
     fn zero_map_wake(&self, dst: usize, len: usize, _wake: bool) -> Result<usize, Errno> {
+        self.preempt();
         Self::check(dst, len)?;
         Ok(self.host().install(dst, vec![Pg::Zero; len / PS]))
     }
     fn swap_in(&self, off: u64, dst: usize, len: usize) -> Result<usize, Errno> {
+        self.preempt();
         Self::check(dst, len)?;
         let mut h = self.host();
         if h.fail() {
@@ -196,6 +231,7 @@ impl Platform for SimPlatform {
         Err(Errno::ENOSYS)
     }
     fn wake(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.preempt();
         Self::check(a, l)
     }
     fn poison(&self, a: usize, l: usize) -> Result<(), Errno> {
@@ -207,6 +243,7 @@ impl Platform for SimPlatform {
         Ok(())
     }
     fn protect(&self, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
+        self.preempt();
         Self::check(a, l)?;
         let mut h = self.host();
         for p in page_of(a)..page_of(a) + l / PS {
@@ -219,6 +256,7 @@ impl Platform for SimPlatform {
         Ok(false)
     }
     fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.preempt();
         Self::check(a, l)?;
         let mut h = self.host();
         for p in page_of(a)..page_of(a) + l / PS {
@@ -246,6 +284,7 @@ impl Platform for SimPlatform {
         Ok(())
     }
     fn host_lock(&self, a: usize, l: usize, _locked: bool) -> Result<(), Errno> {
+        self.preempt();
         Self::check(a, l)
     }
     fn page_gone(&self, _a: usize) -> bool {
@@ -266,6 +305,7 @@ impl Platform for SimPlatform {
         out
     }
     fn slot_to_page(&self, slot: u32, dst: usize, _try_move: bool) -> Result<(), Errno> {
+        self.preempt();
         Self::check(dst, PS)?;
         let mut h = self.host();
         let p = page_of(dst);
@@ -283,6 +323,7 @@ impl Platform for SimPlatform {
         self.slot_to_page(slot, dst, false).map(|()| true)
     }
     fn pages_to_slots_move(&self, src: usize, slot: u32, n: usize) -> Result<usize, Errno> {
+        self.preempt();
         Self::check(src, n * PS)?;
         let mut h = self.host();
         if !h.can_move {
@@ -305,6 +346,7 @@ impl Platform for SimPlatform {
         Ok(n)
     }
     fn page_to_slot_copy(&self, src: usize, slot: u32, _unreadable: bool) -> Result<(), Errno> {
+        self.preempt();
         Self::check(src, PS)?;
         let mut h = self.host();
         if h.fail() {
@@ -342,6 +384,7 @@ impl Platform for SimPlatform {
         false
     }
     fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno> {
+        self.preempt();
         let mut h = self.host();
         if h.fail() {
             return Err(Errno::EIO);
@@ -398,11 +441,14 @@ struct Model {
     volatile: bool,
     /// Seen purged (a touch raised SIGBUS) since it became volatile.
     purged: bool,
+    /// Locked and touched since (or present when locked): it must stay in
+    /// memory until unlocked.
+    pinned: bool,
 }
 
 impl Model {
     fn new(prot: i32, object: u64) -> Model {
-        Model { prot, object, locked: false, stamp: 0, lazy: false, volatile: false, purged: false }
+        Model { prot, object, locked: false, stamp: 0, lazy: false, volatile: false, purged: false, pinned: false }
     }
 }
 
@@ -418,6 +464,8 @@ pub struct SimSummary {
     pub swapouts: u64,
     pub sigbus: u64,
     pub injected: u64,
+    /// Background rounds run at a preemption point inside another step.
+    pub preemptions: u64,
 }
 
 struct Sim {
@@ -665,11 +713,19 @@ impl Sim {
                 self.log.push(format!("{} p{s}+{l}", if lock { "mlock2(ONFAULT)" } else { "munlock" }));
                 let mode = if lock { LockMode::OnFault } else { LockMode::None };
                 let (a, n) = (Self::addr(s) as u64, (l * PS) as u64);
+                // (Whether each page is in memory when the call is made: a
+                // lock pins it.)
+                let present: Vec<bool> =
+                    (s..s + l).map(|q| self.inner.page_state(Self::addr(q)).holds_frame()).collect();
                 let r = self.inner.lock_call(|c| c.lock_range(a, n, mode));
                 let mut hole = false;
                 for q in s..s + l {
+                    let present = present[q - s];
                     match &mut self.model[q] {
-                        Some(m) if !hole => m.locked = lock,
+                        Some(m) if !hole => {
+                            m.locked = lock;
+                            m.pinned = lock && (m.pinned || present);
+                        }
                         Some(_) => {}
                         None => hole = true,
                     }
@@ -691,6 +747,13 @@ impl Sim {
             }
         }
         self.inner.validate_core();
+        // Locked pages that were touched never leave memory.
+        for (q, m) in self.model.iter().enumerate() {
+            if m.is_some_and(|m| m.pinned) {
+                let st = self.inner.page_state(Self::addr(q));
+                assert!(matches!(st, PState::Resident | PState::Inactive), "p{q}: locked and touched, but {st:?}");
+            }
+        }
     }
 
     /// `mvolatile` over a run of mapped private pages (its errors are the
@@ -773,6 +836,9 @@ impl Sim {
                     mm.stamp = s;
                     mm.lazy = false;
                 }
+                if mm.locked {
+                    mm.pinned = true;
+                }
             }
             Touch::Segv => assert!(!allowed, "p{p}: SIGSEGV on an allowed touch"),
             // A purged volatile page: its data is gone.
@@ -824,7 +890,12 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
         flags: if exact { UMM_F_EXACT_FAULTS } else { 0 },
         ..Config::default()
     };
+    let preempt_one_in = [0u64, 4, 16][rng.below(3) as usize];
     let plat = Arc::new(SimPlatform {
+        inner: std::sync::OnceLock::new(),
+        preempt_one_in,
+        preempting: std::sync::atomic::AtomicBool::new(false),
+        preemptions: std::sync::atomic::AtomicU64::new(0),
         host: Mutex::new(Host {
             prog: HashMap::new(),
             prot: HashMap::new(),
@@ -839,10 +910,11 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
         }),
     });
     let what = format!(
-        "seed {seed:#x} (budget {budget_pages}, swap {swap_pages}, fail 1/{fail_one_in}, move {can_move}, exact {exact})"
+        "seed {seed:#x} (budget {budget_pages}, swap {swap_pages}, fail 1/{fail_one_in}, move {can_move}, exact {exact}, preempt 1/{preempt_one_in})"
     );
     let inner = Inner::build(&cfg, Box::new(Shared(plat.clone())), false, None).map_err(|e| format!("{what}: {e}"))?;
     inner.set_oom_wait_us(0);
+    let _ = plat.inner.set(Arc::downgrade(&inner));
     if bug == Some(Bug::LostSwapWrite) {
         inner.sim_bug.store(crate::native::SIM_BUG_LOST_SWAP_WRITE, std::sync::atomic::Ordering::Relaxed);
     }
@@ -869,6 +941,7 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
     sim.sum.swapins = c.swapins;
     sim.sum.swapouts = c.swapouts;
     sim.sum.injected = sim.plat.host().injected;
+    sim.sum.preemptions = sim.plat.preemptions.load(std::sync::atomic::Ordering::Relaxed);
     sim.sum.what = what.clone();
     match r {
         Ok(()) => Ok(sim.sum),

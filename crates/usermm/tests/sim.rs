@@ -31,6 +31,7 @@ fn seeded_simulation_of_core_and_executor() {
                 total.swapouts += s.swapouts;
                 total.sigbus += s.sigbus;
                 total.injected += s.injected;
+                total.preemptions += s.preemptions;
             }
             Err(e) => panic!("{e}"),
         }
@@ -38,7 +39,7 @@ fn seeded_simulation_of_core_and_executor() {
     eprintln!("{seeds} seeds: {total:?}");
     // Every path is reached (a guard against a vacuous simulation).
     assert!(total.faults > seeds * 10 && total.swapins > seeds && total.swapouts > seeds, "{total:?}");
-    assert!(total.sigbus > 0 && total.injected > seeds, "{total:?}");
+    assert!(total.sigbus > 0 && total.injected > seeds && total.preemptions > seeds, "{total:?}");
 }
 
 /// The simulation catches an executor bug: an eviction whose swap write
