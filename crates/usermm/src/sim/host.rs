@@ -1,0 +1,431 @@
+//! The simulated host: the program range, staging and swap as byte
+//! arrays, signals recorded, failures and preemption points injected from
+//! the seed; and `Shared`, the handle the executor holds on it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use usermm_core::Errno;
+use usermm_sys::file::MappedFile;
+use usermm_sys::thread::EventFd;
+use usermm_sys::uffd::UffdMsg;
+
+use super::{Rng, BASE, PAGES, PS};
+use crate::native::Inner;
+use crate::platform::Platform;
+
+/// A page of the simulated program range.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(super) enum Pg {
+    /// The shared zero page (a read fault's mapping; a write copies it).
+    Zero,
+    Data(Box<[u8]>),
+    /// A poison marker: a touch raises SIGBUS.
+    Poison,
+}
+
+/// What the simulated host holds.
+pub(super) struct Host {
+    /// Program range, by page index.
+    pub(super) prog: HashMap<usize, Pg>,
+    /// Host protection by page index (the reservation starts `PROT_NONE`).
+    pub(super) prot: HashMap<usize, i32>,
+    pub(super) staging: HashMap<u32, Box<[u8]>>,
+    /// Swap, by page offset.
+    pub(super) swap: HashMap<u64, Box<[u8]>>,
+    /// Signals queued: (thread, signal, address).
+    pub(super) signals: Vec<(u32, i32, usize)>,
+    pub(super) rng: Rng,
+    /// One in how many operations fail (0: none).
+    pub(super) fail_one_in: u64,
+    pub(super) can_move: bool,
+    pub(super) has_swap: bool,
+    pub(super) injected: u64,
+}
+
+/// The simulated host.
+pub(crate) struct SimPlatform {
+    pub(super) host: Mutex<Host>,
+    /// The space, for preemption: another thread's reclaim round run at a
+    /// platform call of this one (set once the space is built).
+    pub(super) inner: std::sync::OnceLock<std::sync::Weak<Inner>>,
+    /// One in how many platform calls is a preemption point (0: none).
+    pub(super) preempt_one_in: u64,
+    /// A preempting round is running (no preemption inside it).
+    pub(super) preempting: std::sync::atomic::AtomicBool,
+    pub(super) preemptions: std::sync::atomic::AtomicU64,
+}
+
+pub(super) fn page_of(a: usize) -> usize {
+    (a - BASE) / PS
+}
+
+pub(super) fn zeros() -> Box<[u8]> {
+    vec![0u8; PS].into_boxed_slice()
+}
+
+impl SimPlatform {
+    pub(super) fn host(&self) -> std::sync::MutexGuard<'_, Host> {
+        self.host.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// A preemption point: now and then (from the seed), another thread —
+    /// the background reclaim — runs a round here, as it may on the host
+    /// whenever this thread holds neither the core lock nor the region lock
+    /// exclusively.
+    fn preempt(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.preempt_one_in == 0 || self.preempting.load(Relaxed) {
+            return;
+        }
+        let want = {
+            let mut h = self.host();
+            if !h.rng.chance(self.preempt_one_in) {
+                return;
+            }
+            1 + h.rng.below(8)
+        };
+        let Some(inner) = self.inner.get().and_then(|w| w.upgrade()) else { return };
+        self.preempting.store(true, Relaxed);
+        if inner.reclaim_if_unblocked(want) {
+            self.preemptions.fetch_add(1, Relaxed);
+        }
+        self.preempting.store(false, Relaxed);
+    }
+    /// Checks a range of the program range (`EFAULT` outside, as `Arena`).
+    fn check(a: usize, l: usize) -> Result<(), Errno> {
+        if a >= BASE && a.is_multiple_of(PS) && l.is_multiple_of(PS) && a + l <= BASE + PAGES * PS {
+            Ok(())
+        } else {
+            Err(Errno::EFAULT)
+        }
+    }
+}
+
+impl Host {
+    fn fail(&mut self) -> bool {
+        if self.fail_one_in != 0 && self.rng.chance(self.fail_one_in) {
+            self.injected += 1;
+            true
+        } else {
+            false
+        }
+    }
+    /// How many of `n` pages an operation gets through (all, or a shorter
+    /// prefix when a failure is injected).
+    fn prefix(&mut self, n: usize) -> usize {
+        if n > 0 && self.fail() {
+            self.rng.below(n as u64) as usize
+        } else {
+            n
+        }
+    }
+    /// Installs `pages` at the missing pages from `dst`, stopping at the
+    /// first present one (`EEXIST`: a prefix). Returns bytes installed.
+    fn install(&mut self, dst: usize, pages: Vec<Pg>) -> usize {
+        let first = page_of(dst);
+        let n = self.prefix(pages.len());
+        let mut done = 0;
+        for (k, pg) in pages.into_iter().take(n).enumerate() {
+            if self.prog.contains_key(&(first + k)) {
+                break;
+            }
+            self.prog.insert(first + k, pg);
+            done += 1;
+        }
+        done * PS
+    }
+}
+
+impl Platform for SimPlatform {
+    fn base(&self) -> usize {
+        BASE
+    }
+    fn host_lazyfree(&self) -> bool {
+        false
+    }
+    fn can_move(&self) -> bool {
+        self.host().can_move
+    }
+    fn wait_events(&self, _wake: &EventFd, _timeout_ms: i32) -> Result<bool, Errno> {
+        Ok(false)
+    }
+    fn read_events(&self, _buf: &mut [UffdMsg]) -> Result<usize, Errno> {
+        Ok(0)
+    }
+    fn zero_fill(&self, dst: usize, len: usize) -> Result<usize, Errno> {
+        self.zero_fill_wake(dst, len, false)
+    }
+    fn zero_fill_wake(&self, dst: usize, len: usize, _wake: bool) -> Result<usize, Errno> {
+        self.preempt();
+        Self::check(dst, len)?;
+        Ok(self.host().install(dst, vec![Pg::Data(zeros()); len / PS]))
+    }
+    fn zero_map(&self, dst: usize, len: usize) -> Result<usize, Errno> {
+        self.zero_map_wake(dst, len, false)
+    }
+    fn zero_map_wake(&self, dst: usize, len: usize, _wake: bool) -> Result<usize, Errno> {
+        self.preempt();
+        Self::check(dst, len)?;
+        Ok(self.host().install(dst, vec![Pg::Zero; len / PS]))
+    }
+    fn swap_in(&self, off: u64, dst: usize, len: usize) -> Result<usize, Errno> {
+        self.preempt();
+        Self::check(dst, len)?;
+        let mut h = self.host();
+        if h.fail() {
+            return Err(Errno::EIO);
+        }
+        let first = off / PS as u64;
+        let pages =
+            (0..(len / PS) as u64).map(|k| Pg::Data(h.swap.get(&(first + k)).cloned().unwrap_or_else(zeros))).collect();
+        Ok(h.install(dst, pages))
+    }
+    fn file_in(&self, _file: &MappedFile, _off: u64, _dst: usize, _len: usize) -> Result<(usize, bool), Errno> {
+        Err(Errno::ENOSYS)
+    }
+    fn wake(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.preempt();
+        Self::check(a, l)
+    }
+    fn poison(&self, a: usize, l: usize) -> Result<(), Errno> {
+        Self::check(a, l)?;
+        let mut h = self.host();
+        for p in page_of(a)..page_of(a) + l / PS {
+            h.prog.entry(p).or_insert(Pg::Poison);
+        }
+        Ok(())
+    }
+    fn protect(&self, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
+        self.preempt();
+        Self::check(a, l)?;
+        let mut h = self.host();
+        for p in page_of(a)..page_of(a) + l / PS {
+            h.prot.insert(p, prot);
+        }
+        Ok(())
+    }
+    fn zap(&self, a: usize, l: usize, _prot: i32) -> Result<bool, Errno> {
+        self.dontneed(a, l)?;
+        Ok(false)
+    }
+    fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.preempt();
+        Self::check(a, l)?;
+        let mut h = self.host();
+        for p in page_of(a)..page_of(a) + l / PS {
+            h.prog.remove(&p);
+        }
+        Ok(())
+    }
+    fn host_advise(&self, a: usize, l: usize, _advice: i32) -> Result<(), Errno> {
+        Self::check(a, l)
+    }
+    fn host_free(&self, a: usize, l: usize) -> Result<(), Errno> {
+        Self::check(a, l)
+    }
+    fn host_populate_write(&self, a: usize, l: usize) -> Result<(), Errno> {
+        // Breaks the copy-on-write of zero pages (the executor asks for
+        // those); a missing page would fault into the handlers, which the
+        // simulation does not do from inside the platform: it is left.
+        Self::check(a, l)?;
+        let mut h = self.host();
+        for p in page_of(a)..page_of(a) + l / PS {
+            if h.prog.get(&p) == Some(&Pg::Zero) {
+                h.prog.insert(p, Pg::Data(zeros()));
+            }
+        }
+        Ok(())
+    }
+    fn host_lock(&self, a: usize, l: usize, _locked: bool) -> Result<(), Errno> {
+        self.preempt();
+        Self::check(a, l)
+    }
+    fn page_gone(&self, _a: usize) -> bool {
+        false
+    }
+    fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Vec<(usize, usize)> {
+        let h = self.host();
+        let mut out: Vec<(usize, usize)> = Vec::new();
+        for p in page_of(addr)..page_of(addr) + len / PS {
+            if h.prog.get(&p) == Some(&Pg::Zero) {
+                let a = BASE + p * PS;
+                match out.last_mut() {
+                    Some(r) if r.1 == a => r.1 = a + PS,
+                    _ => out.push((a, a + PS)),
+                }
+            }
+        }
+        out
+    }
+    fn slot_to_page(&self, slot: u32, dst: usize, _try_move: bool) -> Result<(), Errno> {
+        self.preempt();
+        Self::check(dst, PS)?;
+        let mut h = self.host();
+        let p = page_of(dst);
+        if h.prog.contains_key(&p) {
+            return Err(Errno::EEXIST);
+        }
+        if h.fail() {
+            return Err(Errno::ENOMEM);
+        }
+        let data = h.staging.remove(&slot).expect("slot_to_page: an empty staging slot");
+        h.prog.insert(p, Pg::Data(data));
+        Ok(())
+    }
+    fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno> {
+        self.slot_to_page(slot, dst, false).map(|()| true)
+    }
+    fn pages_to_slots_move(&self, src: usize, slot: u32, n: usize) -> Result<usize, Errno> {
+        self.preempt();
+        Self::check(src, n * PS)?;
+        let mut h = self.host();
+        if !h.can_move {
+            return Err(Errno::EINVAL);
+        }
+        let n = h.prefix(n);
+        let first = page_of(src);
+        for k in 0..n {
+            let s = slot + k as u32;
+            assert!(!h.staging.contains_key(&s), "move into the occupied staging slot {s}");
+            let data = match h.prog.get(&(first + k)) {
+                Some(Pg::Data(d)) => d.clone(),
+                Some(Pg::Zero) => zeros(),
+                // UFFDIO_MOVE: ENOENT at a missing page.
+                _ => return if k > 0 { Ok(k) } else { Err(Errno::ENOENT) },
+            };
+            h.prog.remove(&(first + k));
+            h.staging.insert(s, data);
+        }
+        Ok(n)
+    }
+    fn page_to_slot_copy(&self, src: usize, slot: u32, _unreadable: bool) -> Result<(), Errno> {
+        self.preempt();
+        Self::check(src, PS)?;
+        let mut h = self.host();
+        if h.fail() {
+            return Err(Errno::EAGAIN);
+        }
+        let data = match h.prog.get(&page_of(src)) {
+            Some(Pg::Data(d)) => d.clone(),
+            Some(Pg::Zero) => zeros(),
+            _ => return Err(Errno::EFAULT),
+        };
+        assert!(!h.staging.contains_key(&slot), "copy into the occupied staging slot {slot}");
+        h.staging.insert(slot, data);
+        h.prog.remove(&page_of(src));
+        Ok(())
+    }
+    fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno> {
+        let mut h = self.host();
+        for s in slot..slot + n as u32 {
+            h.staging.remove(&s);
+        }
+        Ok(())
+    }
+    fn discard_slot(&self, _slot: u32) -> bool {
+        false
+    }
+    fn host_free_slot(&self, _slot: u32) -> Result<(), Errno> {
+        Ok(())
+    }
+    fn drain_host_lru(&self) {}
+    fn host_reclaim_staging(&self) {}
+    fn has_swap(&self) -> bool {
+        self.host().has_swap
+    }
+    fn swap_direct_io(&self) -> bool {
+        false
+    }
+    fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno> {
+        self.preempt();
+        let mut h = self.host();
+        if h.fail() {
+            return Err(Errno::EIO);
+        }
+        let first = off / PS as u64;
+        for (k, s) in slots.iter().enumerate() {
+            let data = h.staging.get(s).cloned().expect("swap write of an empty staging slot");
+            h.swap.insert(first + k as u64, data);
+        }
+        Ok(())
+    }
+    fn swap_contents(&self, _len: u64) -> Result<Vec<u8>, Errno> {
+        Ok(Vec::new())
+    }
+    fn page_out_to_file(
+        &self,
+        _file: &MappedFile,
+        _src: Option<usize>,
+        _slot: Option<u32>,
+        _off: u64,
+    ) -> Result<(), Errno> {
+        Err(Errno::ENOSYS)
+    }
+    fn sigbus(&self, tid: u32, addr: usize) -> Result<(), Errno> {
+        self.host().signals.push((tid, libc_sig::SIGBUS, addr));
+        Ok(())
+    }
+    fn sigsegv(&self, tid: u32, addr: usize) -> Result<(), Errno> {
+        self.host().signals.push((tid, libc_sig::SIGSEGV, addr));
+        Ok(())
+    }
+}
+
+/// Signal numbers (x86-64).
+pub(super) mod libc_sig {
+    pub const SIGBUS: i32 = 7;
+    pub const SIGSEGV: i32 = 11;
+}
+
+/// The platform as the executor holds it (a `Box<dyn Platform>`) while the
+/// simulation keeps a handle on the same host.
+pub(super) struct Shared(pub Arc<SimPlatform>);
+
+macro_rules! forward {
+    ($($name:ident($($a:ident: $t:ty),*) -> $r:ty;)*) => {
+        $(fn $name(&self, $($a: $t),*) -> $r { self.0.$name($($a),*) })*
+    };
+}
+
+impl Platform for Shared {
+    forward! {
+        base() -> usize;
+        host_lazyfree() -> bool;
+        can_move() -> bool;
+        wait_events(wake: &EventFd, timeout_ms: i32) -> Result<bool, Errno>;
+        read_events(buf: &mut [UffdMsg]) -> Result<usize, Errno>;
+        zero_fill(dst: usize, len: usize) -> Result<usize, Errno>;
+        zero_fill_wake(dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
+        zero_map(dst: usize, len: usize) -> Result<usize, Errno>;
+        zero_map_wake(dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
+        swap_in(off: u64, dst: usize, len: usize) -> Result<usize, Errno>;
+        file_in(file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno>;
+        wake(a: usize, l: usize) -> Result<(), Errno>;
+        poison(a: usize, l: usize) -> Result<(), Errno>;
+        protect(a: usize, l: usize, prot: i32) -> Result<(), Errno>;
+        zap(a: usize, l: usize, prot: i32) -> Result<bool, Errno>;
+        dontneed(a: usize, l: usize) -> Result<(), Errno>;
+        host_advise(a: usize, l: usize, advice: i32) -> Result<(), Errno>;
+        host_free(a: usize, l: usize) -> Result<(), Errno>;
+        host_populate_write(a: usize, l: usize) -> Result<(), Errno>;
+        host_lock(a: usize, l: usize, locked: bool) -> Result<(), Errno>;
+        page_gone(a: usize) -> bool;
+        zero_pfn_ranges(addr: usize, len: usize) -> Vec<(usize, usize)>;
+        slot_to_page(slot: u32, dst: usize, try_move: bool) -> Result<(), Errno>;
+        slot_to_page_checked(slot: u32, dst: usize) -> Result<bool, Errno>;
+        pages_to_slots_move(src: usize, slot: u32, n: usize) -> Result<usize, Errno>;
+        page_to_slot_copy(src: usize, slot: u32, unreadable: bool) -> Result<(), Errno>;
+        drop_slots(slot: u32, n: usize) -> Result<(), Errno>;
+        discard_slot(slot: u32) -> bool;
+        host_free_slot(slot: u32) -> Result<(), Errno>;
+        drain_host_lru() -> ();
+        host_reclaim_staging() -> ();
+        has_swap() -> bool;
+        swap_direct_io() -> bool;
+        swap_write(slots: &[u32], off: u64) -> Result<(), Errno>;
+        swap_contents(len: u64) -> Result<Vec<u8>, Errno>;
+        page_out_to_file(file: &MappedFile, src: Option<usize>, slot: Option<u32>, off: u64) -> Result<(), Errno>;
+        sigbus(tid: u32, addr: usize) -> Result<(), Errno>;
+        sigsegv(tid: u32, addr: usize) -> Result<(), Errno>;
+    }
+}
