@@ -132,74 +132,8 @@ impl Inner {
                     populated += self.page_size;
                     continue;
                 };
-                match plan {
-                    FaultPlan::Wait => {
-                        let _c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner());
-                    }
-                    FaultPlan::Reclaim { want } => {
-                        let obtainable = c.frames_obtainable();
-                        drop(c);
-                        if obtainable == 0 || self.reclaim_locked(&mm, want.max(64)) == 0 {
-                            let c = lock(&self.core);
-                            if c.free_frames() == 0 {
-                                empty_rounds += 1;
-                                if obtainable == 0
-                                    || (empty_rounds > OOM_ROUNDS
-                                        && (c.reclaim_hopeless() || empty_rounds > OOM_ROUNDS_BUSY))
-                                {
-                                    return (populated, Err(Errno::ENOMEM));
-                                }
-                                // Reclaim in flight elsewhere: let it settle.
-                                drop(self.wait_settled(c));
-                            }
-                        }
-                    }
-                    FaultPlan::Sigbus => return (populated, Err(Errno::EHWPOISON)),
-                    // (A populate step plans none today: a lazily freed
-                    // resident page is skipped like any resident one.)
-                    FaultPlan::Refill { page } => {
-                        self.refill(&mut c, &plan, page);
-                        // (Let go before the budget check below locks again.)
-                        drop(c);
-                    }
-                    FaultPlan::Wake | FaultPlan::Segv { .. } => {
-                        // The region went away under us (a concurrent munmap).
-                        return (populated, Err(Errno::ENOMEM));
-                    }
-                    FaultPlan::Reactivate { checked: true, page, .. } => {
-                        drop(c);
-                        // `None`: the host purged the parked page; the loop
-                        // plans again and finds it purged.
-                        if let Some(n) = self.reactivate_io(&plan) {
-                            drop(self.commit_fill(&plan, n));
-                            let _ = self.plat.wake(self.addr(page), self.page_size);
-                            if n == 0 {
-                                return (populated, Err(Errno::EFAULT));
-                            }
-                        }
-                    }
-                    FaultPlan::ZeroFill { .. }
-                    | FaultPlan::FileRead { .. }
-                    | FaultPlan::SwapIn { .. }
-                    | FaultPlan::Reactivate { .. } => {
-                        drop(c);
-                        let n = self.fill_io(&plan, write);
-                        drop(self.commit_fill(&plan, n));
-                        let run = match plan {
-                            FaultPlan::ZeroFill { run }
-                            | FaultPlan::FileRead { run, .. }
-                            | FaultPlan::SwapIn { run, .. } => run,
-                            FaultPlan::Reactivate { page, .. } => PageRange::new(page.0, page.0 + 1),
-                            _ => unreachable!(),
-                        };
-                        self.wake_run(run, self.addr(run.start));
-                        if n == 0 {
-                            // Backing that cannot be read: past the end of a
-                            // file, or an I/O error.
-                            return (populated, Err(Errno::EFAULT));
-                        }
-                        // The loop re-checks the page; a filled page is skipped.
-                    }
+                if let Err(e) = self.populate_plan(c, &plan, &mm, write, &mut empty_rounds) {
+                    return (populated, Err(e));
                 }
                 // A range larger than the budget cannot be resident at once.
                 let c = lock(&self.core);
@@ -210,33 +144,118 @@ impl Inner {
                 }
             }
             if write && skipped {
-                // Resident pages a read mapped to the zero page: a WRITE
-                // populate allocates them (never leaves the zero page). And
-                // lazily freed pages: the host's write populate dirties
-                // them, so that they are kept, as Linux's populate does
-                // (`FOLL_WRITE`); one the host already dropped faults into
-                // our handlers and is refilled.
-                let a = self.addr(seg.start);
-                let mut ranges = self.zero_pfn_ranges(a, seg.pages() as usize * self.page_size);
-                let lazy = lock(&self.core).lazyfree_runs(seg);
-                ranges.extend(lazy.iter().map(|r| (self.addr(r.start), self.addr(r.end))));
-                if !ranges.is_empty() {
-                    // The host call can fault into our own handlers, which
-                    // take the region lock: never hold it across one (a
-                    // writer waiting for it would block the handler, and
-                    // the handler this call). Without the lock the range
-                    // may be unmapped meanwhile: the host populate then
-                    // fails or populates the new region's pages through our
-                    // handlers, which changes no byte.
-                    drop(mm);
-                    for (z, e) in ranges {
-                        let _ = self.plat.host_populate_write(z, e - z);
-                    }
-                    mm = self.read_mm();
-                }
+                mm = self.populate_write_skipped(seg, mm);
             }
         }
         drop(mm);
         (populated, check)
+    }
+
+    /// Carries out one populate step's plan; `Err` ends the populate with
+    /// that errno.
+    fn populate_plan(
+        &self,
+        mut c: MutexGuard<'_, Core>,
+        plan: &FaultPlan,
+        mm: &RwLockReadGuard<'_, ()>,
+        write: bool,
+        empty_rounds: &mut u32,
+    ) -> Result<(), Errno> {
+        match *plan {
+            FaultPlan::Wait => {
+                let _c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner());
+            }
+            FaultPlan::Reclaim { want } => {
+                let obtainable = c.frames_obtainable();
+                drop(c);
+                if obtainable == 0 || self.reclaim_locked(mm, want.max(64)) == 0 {
+                    let c = lock(&self.core);
+                    if c.free_frames() == 0 {
+                        *empty_rounds += 1;
+                        if obtainable == 0
+                            || (*empty_rounds > OOM_ROUNDS && (c.reclaim_hopeless() || *empty_rounds > OOM_ROUNDS_BUSY))
+                        {
+                            return Err(Errno::ENOMEM);
+                        }
+                        // Reclaim in flight elsewhere: let it settle.
+                        drop(self.wait_settled(c));
+                    }
+                }
+            }
+            FaultPlan::Sigbus => return Err(Errno::EHWPOISON),
+            // (A populate step plans none today: a lazily freed
+            // resident page is skipped like any resident one.)
+            FaultPlan::Refill { page } => {
+                self.refill(&mut c, plan, page);
+                // (Let go before the budget check below locks again.)
+                drop(c);
+            }
+            FaultPlan::Wake | FaultPlan::Segv { .. } => {
+                // The region went away under us (a concurrent munmap).
+                return Err(Errno::ENOMEM);
+            }
+            FaultPlan::Reactivate { checked: true, page, .. } => {
+                drop(c);
+                // `None`: the host purged the parked page; the loop
+                // plans again and finds it purged.
+                if let Some(n) = self.reactivate_io(plan) {
+                    drop(self.commit_fill(plan, n));
+                    let _ = self.plat.wake(self.addr(page), self.page_size);
+                    if n == 0 {
+                        return Err(Errno::EFAULT);
+                    }
+                }
+            }
+            FaultPlan::ZeroFill { .. }
+            | FaultPlan::FileRead { .. }
+            | FaultPlan::SwapIn { .. }
+            | FaultPlan::Reactivate { .. } => {
+                drop(c);
+                let n = self.fill_io(plan, write);
+                drop(self.commit_fill(plan, n));
+                let run = match *plan {
+                    FaultPlan::ZeroFill { run } | FaultPlan::FileRead { run, .. } | FaultPlan::SwapIn { run, .. } => {
+                        run
+                    }
+                    FaultPlan::Reactivate { page, .. } => PageRange::new(page.0, page.0 + 1),
+                    _ => unreachable!(),
+                };
+                self.wake_run(run, self.addr(run.start));
+                if n == 0 {
+                    // Backing that cannot be read: past the end of a
+                    // file, or an I/O error.
+                    return Err(Errno::EFAULT);
+                }
+                // The loop re-checks the page; a filled page is skipped.
+            }
+        }
+        Ok(())
+    }
+
+    /// After a write populate's segment: resident pages a read mapped to
+    /// the zero page are allocated (a WRITE populate never leaves the zero
+    /// page), and lazily freed pages are dirtied by the host's write
+    /// populate, so that they are kept, as Linux's populate does
+    /// (`FOLL_WRITE`); one the host already dropped faults into our
+    /// handlers and is refilled. Returns the region lock, taken again.
+    fn populate_write_skipped<'a>(&'a self, seg: PageRange, mm: RwLockReadGuard<'a, ()>) -> RwLockReadGuard<'a, ()> {
+        let a = self.addr(seg.start);
+        let mut ranges = self.zero_pfn_ranges(a, seg.pages() as usize * self.page_size);
+        let lazy = lock(&self.core).lazyfree_runs(seg);
+        ranges.extend(lazy.iter().map(|r| (self.addr(r.start), self.addr(r.end))));
+        if ranges.is_empty() {
+            return mm;
+        }
+        // The host call can fault into our own handlers, which take the
+        // region lock: never hold it across one (a writer waiting for it
+        // would block the handler, and the handler this call). Without the
+        // lock the range may be unmapped meanwhile: the host populate then
+        // fails or populates the new region's pages through our handlers,
+        // which changes no byte.
+        drop(mm);
+        for (z, e) in ranges {
+            let _ = self.plat.host_populate_write(z, e - z);
+        }
+        self.read_mm()
     }
 }
