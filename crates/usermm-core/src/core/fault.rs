@@ -127,79 +127,102 @@ impl Core {
                 let checked = self.host_lazyfree && m.has(pf::VOLATILE);
                 FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked }
             }
-            PState::Swapped => {
-                if free == 0 {
-                    self.pressure = true;
-                    return FaultPlan::Reclaim { want: 1 };
-                }
-                let window = swap_in_window(reg, p, populate.is_some());
-                let limit = free.min(window);
-                let mut run = PageRange::new(p.0, p.0 + 1);
-                while run.pages() < limit && run.end < region.end {
-                    let n = self.pages.get(run.end);
-                    if n.state != PState::Swapped || n.slot != m.slot + run.pages() as u32 {
-                        break;
-                    }
-                    run.end.0 += 1;
-                }
-                if let Some(reg) = self.regions.find_mut(p) {
-                    reg.swap_next = run.end.0;
-                }
-                self.claim_frames(run.pages());
-                for q in run.start.0..run.end.0 {
-                    self.pages.update(PageIdx(q), |m| m.state = PState::Filling);
-                }
-                FaultPlan::SwapIn { run, slot: m.slot }
-            }
-            PState::Absent => {
-                if m.has(pf::POISONED) || (m.has(pf::PURGED) && m.has(pf::VOLATILE)) {
-                    return FaultPlan::Sigbus;
-                }
-                if free == 0 {
-                    self.pressure = true;
-                    return FaultPlan::Reclaim { want: 1 };
-                }
-                // Fault-around: how many pages past (and around) `p`.
-                let window = fault_around_window(reg, p, populate.is_some(), exact);
-                let mut run = PageRange::new(p.0, p.0 + 1);
-                let limit = free.min(window);
-                while run.pages() < limit && run.end < region.end && self.pages.get(run.end) == PageMeta::default() {
-                    run.end.0 += 1;
-                }
-                if window == 1
-                    && populate.is_none()
-                    && !exact
-                    && reg.advice == Advice::Normal
-                    && reg.lock == LockMode::None
-                    && region.pages() >= BLOCK_MIN_REGION_PAGES
-                {
-                    if let Some(block) = dense_block(&self.pages, p, region) {
-                        grow_run(&self.pages, &mut run, block, free);
-                    }
-                }
-                let reg = self.regions.find_mut(p).expect("region");
-                if populate.is_none() && !write && reg.lock != LockMode::None && reg.file().is_some() {
-                    // Linux maps (and so locks, in a VM_LOCKONFAULT vma) the
-                    // whole fault-around window of a file read fault (64 KiB
-                    // around the page, within the vma). That is
-                    // Linux's residency, so UMM_F_EXACT_FAULTS keeps it too.
-                    let block = file_fault_around_block(p, region, self.cfg.page_shift);
-                    grow_run(&self.pages, &mut run, block, free);
-                }
-                if populate.is_none() {
-                    reg.next_fault = run.end.0;
-                }
-                let file = reg.file().map(|f| (f, reg.file_page(run.start)));
-                self.claim_frames(run.pages());
-                for q in run.start.0..run.end.0 {
-                    self.pages.update(PageIdx(q), |m| m.state = PState::Filling);
-                }
-                match file {
-                    Some((file, file_page)) => FaultPlan::FileRead { run, file, file_page },
-                    None => FaultPlan::ZeroFill { run },
-                }
-            }
+            PState::Swapped => self.plan_swap_in(p, m, region, free, populate.is_some()),
+            PState::Absent => self.plan_absent(p, m, region, free, populate.is_some(), write, exact),
             _ => unreachable!("busy handled above"),
+        }
+    }
+
+    /// A fault on a swapped page: a swap-in of it and the swapped
+    /// neighbours that follow it in swap (up to the read-around window and
+    /// the free frames), or reclaim first.
+    fn plan_swap_in(&mut self, p: PageIdx, m: PageMeta, region: PageRange, free: u64, populate: bool) -> FaultPlan {
+        let reg = self.regions.find_mut(p).expect("region");
+        if free == 0 {
+            self.pressure = true;
+            return FaultPlan::Reclaim { want: 1 };
+        }
+        let window = swap_in_window(reg, p, populate);
+        let limit = free.min(window);
+        let mut run = PageRange::new(p.0, p.0 + 1);
+        while run.pages() < limit && run.end < region.end {
+            let n = self.pages.get(run.end);
+            if n.state != PState::Swapped || n.slot != m.slot + run.pages() as u32 {
+                break;
+            }
+            run.end.0 += 1;
+        }
+        if let Some(reg) = self.regions.find_mut(p) {
+            reg.swap_next = run.end.0;
+        }
+        self.claim_frames(run.pages());
+        for q in run.start.0..run.end.0 {
+            self.pages.update(PageIdx(q), |m| m.state = PState::Filling);
+        }
+        FaultPlan::SwapIn { run, slot: m.slot }
+    }
+
+    /// A fault on a page never filled (or dropped): SIGBUS if poisoned or
+    /// purged, else a zero fill or file read of a run around it (the
+    /// fault-around window, a dense block, a file's fault-around block),
+    /// or reclaim first.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_absent(
+        &mut self,
+        p: PageIdx,
+        m: PageMeta,
+        region: PageRange,
+        free: u64,
+        populate: bool,
+        write: bool,
+        exact: bool,
+    ) -> FaultPlan {
+        let reg = self.regions.find_mut(p).expect("region");
+        if m.has(pf::POISONED) || (m.has(pf::PURGED) && m.has(pf::VOLATILE)) {
+            return FaultPlan::Sigbus;
+        }
+        if free == 0 {
+            self.pressure = true;
+            return FaultPlan::Reclaim { want: 1 };
+        }
+        // Fault-around: how many pages past (and around) `p`.
+        let window = fault_around_window(reg, p, populate, exact);
+        let mut run = PageRange::new(p.0, p.0 + 1);
+        let limit = free.min(window);
+        while run.pages() < limit && run.end < region.end && self.pages.get(run.end) == PageMeta::default() {
+            run.end.0 += 1;
+        }
+        if window == 1
+            && !populate
+            && !exact
+            && reg.advice == Advice::Normal
+            && reg.lock == LockMode::None
+            && region.pages() >= BLOCK_MIN_REGION_PAGES
+        {
+            if let Some(block) = dense_block(&self.pages, p, region) {
+                grow_run(&self.pages, &mut run, block, free);
+            }
+        }
+        let reg = self.regions.find_mut(p).expect("region");
+        if !populate && !write && reg.lock != LockMode::None && reg.file().is_some() {
+            // Linux maps (and so locks, in a VM_LOCKONFAULT vma) the
+            // whole fault-around window of a file read fault (64 KiB
+            // around the page, within the vma). That is
+            // Linux's residency, so UMM_F_EXACT_FAULTS keeps it too.
+            let block = file_fault_around_block(p, region, self.cfg.page_shift);
+            grow_run(&self.pages, &mut run, block, free);
+        }
+        if !populate {
+            reg.next_fault = run.end.0;
+        }
+        let file = reg.file().map(|f| (f, reg.file_page(run.start)));
+        self.claim_frames(run.pages());
+        for q in run.start.0..run.end.0 {
+            self.pages.update(PageIdx(q), |m| m.state = PState::Filling);
+        }
+        match file {
+            Some((file, file_page)) => FaultPlan::FileRead { run, file, file_page },
+            None => FaultPlan::ZeroFill { run },
         }
     }
 

@@ -14,7 +14,7 @@ use super::{bad, AdviceOp, Core};
 use crate::consts::*;
 use crate::errno::Errno;
 use crate::page::{pf, PState, PageMeta};
-use crate::region::{Advice, Kind, LockMode};
+use crate::region::{Advice, Kind, LockMode, Region};
 use crate::types::{PageIdx, PageRange};
 
 impl Core {
@@ -51,101 +51,123 @@ impl Core {
         let hole = w.has_hole();
         let mut ops = Vec::new();
         for Piece { reg, seg, .. } in w.pieces {
-            let locked = reg.lock != LockMode::None;
-            match advice {
-                MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL => {
-                    let want = match advice {
-                        MADV_RANDOM => Advice::Random,
-                        MADV_SEQUENTIAL => Advice::Sequential,
-                        _ => Advice::Normal,
-                    };
-                    if reg.advice != want {
-                        let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
-                        if self.regions.len() + cost > self.cfg.max_regions {
-                            // Linux: a split beyond vm.max_map_count in madvise is EAGAIN.
-                            self.regions.merge_around(r);
-                            return (ops, bad(Errno::EAGAIN));
-                        }
-                        self.regions.split_at(seg.start);
-                        self.regions.split_at(seg.end);
-                        let reg = self.regions.find_mut(seg.start).expect("split");
-                        reg.advice = want;
-                        reg.streak = 0;
-                    }
-                }
-                MADV_DONTNEED => {
-                    if locked {
-                        return (ops, bad(Errno::EINVAL));
-                    }
-                    match reg.kind {
-                        Kind::AnonPrivate | Kind::FilePrivate => ops.push(AdviceOp::Zap(seg)),
-                        Kind::FileShared => ops.push(AdviceOp::WritebackZap(seg)),
-                        Kind::AnonShared => {}
-                    }
-                    // Shared anonymous memory keeps its data (shmem): the
-                    // pages are only unmapped on Linux, and stay resident.
-                }
-                MADV_COLD => {
-                    if locked {
-                        return (ops, bad(Errno::EINVAL));
-                    }
-                    ops.push(AdviceOp::Cold(seg));
-                }
-                MADV_PAGEOUT => {
-                    if locked {
-                        return (ops, bad(Errno::EINVAL));
-                    }
-                    ops.push(AdviceOp::Pageout(seg));
-                }
-                MADV_WILLNEED => ops.push(AdviceOp::WillNeed(seg)),
-                MADV_HWPOISON => ops.push(AdviceOp::Poison(seg)),
-                MADV_FREE => {
-                    // Linux: only anonymous private memory, never locked.
-                    if reg.kind != Kind::AnonPrivate || locked {
-                        return (ops, bad(Errno::EINVAL));
-                    }
-                    ops.push(AdviceOp::Free(seg));
-                }
-                MADV_WIPEONFORK if reg.kind != Kind::AnonPrivate => return (ops, bad(Errno::EINVAL)),
-                MADV_DONTDUMP | MADV_DODUMP => ops.push(AdviceOp::Host(seg, advice)),
-                MADV_REMOVE => {
-                    // Linux (madvise_remove): locked EINVAL, no backing
-                    // object EINVAL, not shared and writable EACCES.
-                    if locked || reg.kind == Kind::AnonPrivate {
-                        return (ops, bad(Errno::EINVAL));
-                    }
-                    if !matches!(reg.kind, Kind::AnonShared | Kind::FileShared) || !reg.may_write {
-                        return (ops, bad(Errno::EACCES));
-                    }
-                    match reg.file() {
-                        Some(file) => {
-                            ops.push(AdviceOp::PunchZap { range: seg, file, file_page: reg.file_page(seg.start) })
-                        }
-                        // Shared anonymous memory is shmem: its pages and
-                        // their data go.
-                        None => ops.push(AdviceOp::Zap(seg)),
-                    }
-                }
-                MADV_GUARD_INSTALL => {
-                    // Guard pages on private memory (Linux 6.13; shared
-                    // regions are refused here, see docs/design.md), never
-                    // locked: the pages are dropped, then the host installs
-                    // its markers (a touch raises SIGSEGV without reaching
-                    // usermm; MADV_DONTNEED keeps them; munmap removes them).
-                    if locked || !matches!(reg.kind, Kind::AnonPrivate | Kind::FilePrivate) {
-                        return (ops, bad(Errno::EINVAL));
-                    }
-                    ops.push(AdviceOp::Zap(seg));
-                    ops.push(AdviceOp::Host(seg, advice));
-                }
-                MADV_GUARD_REMOVE => ops.push(AdviceOp::Host(seg, advice)),
-                _ => {}
+            if let Err(e) = self.advise_piece(advice, &reg, seg, r, &mut ops) {
+                return (ops, Err(e));
             }
         }
         if matches!(advice, MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL) {
             self.regions.merge_around(r);
         }
         (ops, if hole { bad(Errno::ENOMEM) } else { Ok(()) })
+    }
+
+    /// One region's part `seg` of a `madvise` over `r`: an attribute
+    /// change, or page ops appended to `ops`; `Err` stops the call there
+    /// (Linux's order).
+    fn advise_piece(
+        &mut self,
+        advice: i32,
+        reg: &Region,
+        seg: PageRange,
+        r: PageRange,
+        ops: &mut Vec<AdviceOp>,
+    ) -> Result<(), Errno> {
+        let locked = reg.lock != LockMode::None;
+        match advice {
+            MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL => self.set_advice(advice, reg, seg, r)?,
+            MADV_DONTNEED => {
+                if locked {
+                    return bad(Errno::EINVAL);
+                }
+                match reg.kind {
+                    Kind::AnonPrivate | Kind::FilePrivate => ops.push(AdviceOp::Zap(seg)),
+                    Kind::FileShared => ops.push(AdviceOp::WritebackZap(seg)),
+                    Kind::AnonShared => {}
+                }
+                // Shared anonymous memory keeps its data (shmem): the
+                // pages are only unmapped on Linux, and stay resident.
+            }
+            MADV_COLD => {
+                if locked {
+                    return bad(Errno::EINVAL);
+                }
+                ops.push(AdviceOp::Cold(seg));
+            }
+            MADV_PAGEOUT => {
+                if locked {
+                    return bad(Errno::EINVAL);
+                }
+                ops.push(AdviceOp::Pageout(seg));
+            }
+            MADV_WILLNEED => ops.push(AdviceOp::WillNeed(seg)),
+            MADV_HWPOISON => ops.push(AdviceOp::Poison(seg)),
+            MADV_FREE => {
+                // Linux: only anonymous private memory, never locked.
+                if reg.kind != Kind::AnonPrivate || locked {
+                    return bad(Errno::EINVAL);
+                }
+                ops.push(AdviceOp::Free(seg));
+            }
+            MADV_WIPEONFORK if reg.kind != Kind::AnonPrivate => return bad(Errno::EINVAL),
+            MADV_DONTDUMP | MADV_DODUMP => ops.push(AdviceOp::Host(seg, advice)),
+            MADV_REMOVE => {
+                // Linux (madvise_remove): locked EINVAL, no backing
+                // object EINVAL, not shared and writable EACCES.
+                if locked || reg.kind == Kind::AnonPrivate {
+                    return bad(Errno::EINVAL);
+                }
+                if !matches!(reg.kind, Kind::AnonShared | Kind::FileShared) || !reg.may_write {
+                    return bad(Errno::EACCES);
+                }
+                match reg.file() {
+                    Some(file) => {
+                        ops.push(AdviceOp::PunchZap { range: seg, file, file_page: reg.file_page(seg.start) })
+                    }
+                    // Shared anonymous memory is shmem: its pages and
+                    // their data go.
+                    None => ops.push(AdviceOp::Zap(seg)),
+                }
+            }
+            MADV_GUARD_INSTALL => {
+                // Guard pages on private memory (Linux 6.13; shared
+                // regions are refused here, see docs/design.md), never
+                // locked: the pages are dropped, then the host installs
+                // its markers (a touch raises SIGSEGV without reaching
+                // usermm; MADV_DONTNEED keeps them; munmap removes them).
+                if locked || !matches!(reg.kind, Kind::AnonPrivate | Kind::FilePrivate) {
+                    return bad(Errno::EINVAL);
+                }
+                ops.push(AdviceOp::Zap(seg));
+                ops.push(AdviceOp::Host(seg, advice));
+            }
+            MADV_GUARD_REMOVE => ops.push(AdviceOp::Host(seg, advice)),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// `MADV_NORMAL/RANDOM/SEQUENTIAL` on a region's part `seg`: split
+    /// off and flagged (Linux: a split beyond `vm.max_map_count` is
+    /// `EAGAIN`).
+    fn set_advice(&mut self, advice: i32, reg: &Region, seg: PageRange, r: PageRange) -> Result<(), Errno> {
+        let want = match advice {
+            MADV_RANDOM => Advice::Random,
+            MADV_SEQUENTIAL => Advice::Sequential,
+            _ => Advice::Normal,
+        };
+        if reg.advice != want {
+            let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
+            if self.regions.len() + cost > self.cfg.max_regions {
+                self.regions.merge_around(r);
+                return bad(Errno::EAGAIN);
+            }
+            self.regions.split_at(seg.start);
+            self.regions.split_at(seg.end);
+            let reg = self.regions.find_mut(seg.start).expect("split");
+            reg.advice = want;
+            reg.streak = 0;
+        }
+        Ok(())
     }
 
     /// Marks every page of `r` poisoned (after the executor zapped them).

@@ -71,9 +71,16 @@ impl Core {
             // freed pages that cannot be parked never stop reclaim.
             return plan;
         }
-        // Evict the oldest inactive pages. A page that cannot go anywhere
-        // (no swap slot) is kept at the head and the scan goes on, so that
-        // volatile pages behind it can still be purged.
+        self.plan_evict_inactive(&mut plan, want);
+        self.plan_refill_inactive(&mut plan, want);
+        plan
+    }
+
+    /// Evicts the oldest inactive pages into `plan` (up to `want` frames
+    /// with what is there already). A page that cannot go anywhere (no swap
+    /// slot) is kept at the head and the scan goes on, so that volatile
+    /// pages behind it can still be purged.
+    fn plan_evict_inactive(&mut self, plan: &mut ReclaimPlan, want: u64) {
         let mut kept = Vec::new();
         let mut locked = Vec::new();
         let mut scanned = 0;
@@ -133,7 +140,12 @@ impl Core {
         for e in locked {
             self.lru.inactive.push_back(e);
         }
-        // Refill the inactive list from the head of the active list.
+    }
+
+    /// Refills the inactive list from the head of the active list (second
+    /// chance for referenced pages), to its target and to what the round
+    /// still wants.
+    fn plan_refill_inactive(&mut self, plan: &mut ReclaimPlan, want: u64) {
         let target = self.inactive_target();
         let short = want.saturating_sub((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64);
         let mut scanned = 0;
@@ -202,7 +214,6 @@ impl Core {
             let host_free = self.host_lazyfree && m.has(pf::VOLATILE);
             plan.deactivate.push(Deactivate { page: p, slot, how, host_free });
         }
-        plan
     }
 
     /// Whether reclaim should work ahead of the program (keep free frames

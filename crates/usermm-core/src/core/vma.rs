@@ -82,20 +82,7 @@ impl Core {
         } else {
             None
         };
-        let lock = if flags & UMM_MAP_LOCKONFAULT != 0 {
-            LockMode::OnFault
-        } else if flags & MAP_LOCKED != 0 {
-            // Under mlockall(MCL_FUTURE | MCL_ONFAULT), MAP_LOCKED adds
-            // VM_LOCKED to the default VM_LOCKED | VM_LOCKONFAULT: still
-            // lock-on-fault (Linux).
-            if self.lock_future == Some(LockMode::OnFault) {
-                LockMode::OnFault
-            } else {
-                LockMode::Locked
-            }
-        } else {
-            self.lock_future.unwrap_or(LockMode::None)
-        };
+        let lock = self.mmap_lock_mode(flags);
         if lock != LockMode::None {
             if !self.cfg.mlock_allowed {
                 return bad(Errno::EPERM);
@@ -104,22 +91,7 @@ impl Core {
                 return bad(Errno::EAGAIN);
             }
         }
-        let shared = match flags & MAP_TYPE {
-            MAP_SHARED => true,
-            MAP_PRIVATE => false,
-            MAP_SHARED_VALIDATE => {
-                // Linux validates flags only for file mappings; an anonymous
-                // MAP_SHARED_VALIDATE is EINVAL whatever the flags.
-                if flags & MAP_ANONYMOUS != 0 {
-                    return bad(Errno::EINVAL);
-                }
-                if flags & !(LEGACY_MAP_MASK | MAP_FIXED_NOREPLACE | UMM_MAP_LOCKONFAULT | MAP_SHARED_VALIDATE) != 0 {
-                    return bad(Errno::EOPNOTSUPP);
-                }
-                true
-            }
-            _ => return bad(Errno::EINVAL),
-        };
+        let shared = mmap_shared(flags)?;
         if flags & MAP_ANONYMOUS == 0 && file.is_none() {
             // The executor maps files through `mmap_file`.
             return bad(Errno::ENODEV);
@@ -131,20 +103,8 @@ impl Core {
                 return bad(Errno::EACCES);
             }
         }
-        let start = if let Some(r) = fixed_range {
-            if self.held.iter().any(|h| h.overlaps(&r)) {
-                return Ok(MmapReply::WaitUnmapping);
-            }
-            r.start.0
-        } else {
-            let ps = self.page_size();
-            // x86-64 Linux rounds an unaligned hint down.
-            let hint = addr & !(ps - 1);
-            let hinted = (hint != 0 && self.in_reservation(hint, pages)).then(|| self.clip(hint, pages));
-            match hinted {
-                Some(r) if !self.regions.any_in(r) && !self.held.iter().any(|h| h.overlaps(&r)) => r.start.0,
-                _ => self.regions.find_gap(pages, 0, self.cfg.reserve_pages, &self.held).ok_or(Errno::ENOMEM)?,
-            }
+        let Some(start) = self.mmap_place(addr, pages, fixed_range)? else {
+            return Ok(MmapReply::WaitUnmapping);
         };
         let range = PageRange::new(start, start + pages);
         // Region count: the new region, plus splits of regions it cuts.
@@ -157,7 +117,64 @@ impl Core {
             return bad(Errno::ENOMEM);
         }
         let replaced = if cut.is_empty() { None } else { Some(self.detach(range)) };
-        let object = match &file {
+        self.mmap_insert(range, prot, flags, file.as_ref(), shared, lock);
+        // A MAP_FIXED replacement's pages must be gone before the new region
+        // is seen; the executor zaps `replaced` under the exclusive lock. The
+        // range is held until then so that faults in it wait.
+        Ok(MmapReply::Done(MmapPlan { range, prot: prot & PROT_MASK, replaced }))
+    }
+
+    /// The lock a new mapping gets: its flags', or `mlockall`'s future one.
+    fn mmap_lock_mode(&self, flags: i32) -> LockMode {
+        if flags & UMM_MAP_LOCKONFAULT != 0 {
+            LockMode::OnFault
+        } else if flags & MAP_LOCKED != 0 {
+            // Under mlockall(MCL_FUTURE | MCL_ONFAULT), MAP_LOCKED adds
+            // VM_LOCKED to the default VM_LOCKED | VM_LOCKONFAULT: still
+            // lock-on-fault (Linux).
+            if self.lock_future == Some(LockMode::OnFault) {
+                LockMode::OnFault
+            } else {
+                LockMode::Locked
+            }
+        } else {
+            self.lock_future.unwrap_or(LockMode::None)
+        }
+    }
+
+    /// Where a new mapping of `pages` goes: the fixed range, the hint if it
+    /// is free, else the first gap. `None`: the fixed range is being
+    /// unmapped (wait).
+    fn mmap_place(&self, addr: u64, pages: u64, fixed_range: Option<PageRange>) -> Result<Option<u64>, Errno> {
+        if let Some(r) = fixed_range {
+            if self.held.iter().any(|h| h.overlaps(&r)) {
+                return Ok(None);
+            }
+            return Ok(Some(r.start.0));
+        }
+        let ps = self.page_size();
+        // x86-64 Linux rounds an unaligned hint down.
+        let hint = addr & !(ps - 1);
+        let hinted = (hint != 0 && self.in_reservation(hint, pages)).then(|| self.clip(hint, pages));
+        Ok(Some(match hinted {
+            Some(r) if !self.regions.any_in(r) && !self.held.iter().any(|h| h.overlaps(&r)) => r.start.0,
+            _ => self.regions.find_gap(pages, 0, self.cfg.reserve_pages, &self.held).ok_or(Errno::ENOMEM)?,
+        }))
+    }
+
+    /// Inserts the new region (merged with its neighbours where it can be)
+    /// and charges its lock and file.
+    fn mmap_insert(
+        &mut self,
+        range: PageRange,
+        prot: i32,
+        flags: i32,
+        file: Option<&FileMap>,
+        shared: bool,
+        lock: LockMode,
+    ) {
+        let pages = range.pages();
+        let object = match file {
             Some(f) => FILE_OBJECT | f.id as u64,
             None if shared => {
                 let o = self.next_object;
@@ -169,13 +186,13 @@ impl Core {
         if lock != LockMode::None {
             self.locked_charged += pages;
         }
-        if let Some(f) = &file {
+        if let Some(f) = file {
             *self.file_pages.entry(f.id).or_insert(0) += pages;
         }
         self.regions.insert(Region {
             range,
             prot: prot & PROT_MASK,
-            kind: match (&file, shared) {
+            kind: match (file, shared) {
                 (Some(_), true) => Kind::FileShared,
                 (Some(_), false) => Kind::FilePrivate,
                 (None, true) => Kind::AnonShared,
@@ -185,18 +202,14 @@ impl Core {
             noreserve: flags & MAP_NORESERVE != 0,
             lock,
             object,
-            pgoff: file.as_ref().map_or(0, |f| f.off_pages),
+            pgoff: file.map_or(0, |f| f.off_pages),
             next_fault: u64::MAX,
             streak: 0,
             swap_next: u64::MAX,
             swap_streak: 0,
-            may_write: file.as_ref().is_none_or(|f| f.writable || !shared),
+            may_write: file.is_none_or(|f| f.writable || !shared),
         });
         self.regions.merge_around(range);
-        // A MAP_FIXED replacement's pages must be gone before the new region
-        // is seen; the executor zaps `replaced` under the exclusive lock. The
-        // range is held until then so that faults in it wait.
-        Ok(MmapReply::Done(MmapPlan { range, prot: prot & PROT_MASK, replaced }))
     }
 
     /// How many neighbours (0..=2) a new region would merge with.
@@ -396,5 +409,26 @@ impl Core {
             return (applied, bad(Errno::ENOMEM));
         }
         (applied, Ok(()))
+    }
+}
+
+/// Whether a mapping's type is shared (`MAP_SHARED`, or a valid
+/// `MAP_SHARED_VALIDATE`); Linux's errors for the others.
+fn mmap_shared(flags: i32) -> Result<bool, Errno> {
+    match flags & MAP_TYPE {
+        MAP_SHARED => Ok(true),
+        MAP_PRIVATE => Ok(false),
+        MAP_SHARED_VALIDATE => {
+            // Linux validates flags only for file mappings; an anonymous
+            // MAP_SHARED_VALIDATE is EINVAL whatever the flags.
+            if flags & MAP_ANONYMOUS != 0 {
+                return bad(Errno::EINVAL);
+            }
+            if flags & !(LEGACY_MAP_MASK | MAP_FIXED_NOREPLACE | UMM_MAP_LOCKONFAULT | MAP_SHARED_VALIDATE) != 0 {
+                return bad(Errno::EOPNOTSUPP);
+            }
+            Ok(true)
+        }
+        _ => bad(Errno::EINVAL),
     }
 }

@@ -196,127 +196,11 @@ impl Sim {
     fn step(&mut self) {
         self.sum.steps += 1;
         match self.rng.below(24) {
-            0..=2 => {
-                let (s, l) = self.random_range();
-                let prot =
-                    [PROT_NONE, PROT_READ, PROT_READ | PROT_WRITE, PROT_READ | PROT_WRITE][self.rng.below(4) as usize];
-                let shared = self.rng.chance(4);
-                let flags = MAP_FIXED | MAP_ANONYMOUS | if shared { MAP_SHARED } else { MAP_PRIVATE };
-                self.log.push(format!("mmap p{s}+{l} prot {prot} shared {shared}"));
-                let r = self.inner.mmap(Self::addr(s), l * PS, prot, flags, -1, 0);
-                assert_eq!(r, Ok(Self::addr(s)), "mmap");
-                let object = if shared {
-                    self.next_object += 1;
-                    self.next_object
-                } else {
-                    0
-                };
-                for q in s..s + l {
-                    self.model[q] = Some(Model::new(prot, object));
-                }
-            }
-            3 => {
-                let (s, l) = self.random_range();
-                self.log.push(format!("munmap p{s}+{l}"));
-                assert_eq!(self.inner.munmap(Self::addr(s), l * PS), Ok(()), "munmap");
-                for q in s..s + l {
-                    self.model[q] = None;
-                }
-            }
-            4 => {
-                let (s, l) = self.random_range();
-                let prot = [PROT_NONE, PROT_READ, PROT_READ | PROT_WRITE][self.rng.below(3) as usize];
-                self.log.push(format!("mprotect p{s}+{l} prot {prot}"));
-                let r = self.inner.mprotect(Self::addr(s), l * PS, prot);
-                let mut hole = false;
-                for q in s..s + l {
-                    match &mut self.model[q] {
-                        Some(m) if !hole => m.prot = prot,
-                        Some(_) => {}
-                        None => hole = true,
-                    }
-                }
-                assert_eq!(r, if hole { Err(Errno::ENOMEM) } else { Ok(()) }, "mprotect");
-            }
-            5..=7 => {
-                let (s, l) = self.random_range();
-                let advice = [
-                    MADV_DONTNEED,
-                    MADV_COLD,
-                    MADV_PAGEOUT,
-                    MADV_WILLNEED,
-                    MADV_POPULATE_READ,
-                    MADV_POPULATE_WRITE,
-                    MADV_NORMAL,
-                    MADV_FREE,
-                ][self.rng.below(8) as usize];
-                self.log.push(format!("madvise p{s}+{l} advice {advice}"));
-                let r = self.inner.madvise(Self::addr(s), l * PS, advice);
-                // Errors follow Linux's rules, which the core's own
-                // simulation checks; here: the bytes.
-                if advice == MADV_DONTNEED {
-                    let mut stop = false;
-                    for q in s..s + l {
-                        if let Some(m) = &mut self.model[q] {
-                            if m.locked {
-                                stop = true;
-                            }
-                            if !stop && m.object == 0 {
-                                m.stamp = 0;
-                                m.lazy = false;
-                                m.volatile = false;
-                                m.purged = false;
-                            }
-                        }
-                    }
-                    if !stop && (s..s + l).all(|q| self.model[q].is_some()) {
-                        assert_eq!(r, Ok(()), "madvise(DONTNEED)");
-                    }
-                }
-                if advice == MADV_FREE {
-                    // Linux: only private anonymous memory, never locked;
-                    // the walk stops with EINVAL at any other mapping.
-                    for q in s..s + l {
-                        if let Some(m) = &mut self.model[q] {
-                            if m.locked || m.object != 0 {
-                                break;
-                            }
-                            m.lazy = true;
-                        }
-                    }
-                }
-            }
-            8 => {
-                let (s, l) = self.random_range();
-                let lock = self.rng.chance(2);
-                if lock && (s..s + l).any(|q| self.model[q].is_some_and(|m| m.volatile)) {
-                    // EINVAL (SPEC): the core's tests check that.
-                    return;
-                }
-                self.log.push(format!("{} p{s}+{l}", if lock { "mlock2(ONFAULT)" } else { "munlock" }));
-                let mode = if lock { LockMode::OnFault } else { LockMode::None };
-                let (a, n) = (Self::addr(s) as u64, (l * PS) as u64);
-                // (Whether each page is in memory when the call is made: a
-                // lock pins it.)
-                let present: Vec<bool> =
-                    (s..s + l).map(|q| self.inner.page_state(Self::addr(q)).holds_frame()).collect();
-                let r = self.inner.lock_call(|c| c.lock_range(a, n, mode));
-                let mut hole = false;
-                for q in s..s + l {
-                    let present = present[q - s];
-                    match &mut self.model[q] {
-                        Some(m) if !hole => {
-                            m.locked = lock;
-                            m.pinned = lock && (m.pinned || present);
-                        }
-                        Some(_) => {}
-                        None => hole = true,
-                    }
-                }
-                if !hole {
-                    assert_eq!(r, Ok(()), "mlock2/munlock");
-                }
-            }
+            0..=2 => self.op_mmap(),
+            3 => self.op_munmap(),
+            4 => self.op_mprotect(),
+            5..=7 => self.op_madvise(),
+            8 => self.op_lock(),
             9..=10 => {
                 self.log.push("background step".into());
                 self.inner.background_step();
@@ -336,6 +220,135 @@ impl Sim {
                 let st = self.inner.page_state(Self::addr(q));
                 assert!(matches!(st, PState::Resident | PState::Inactive), "p{q}: locked and touched, but {st:?}");
             }
+        }
+    }
+
+    /// `mmap` with `MAP_FIXED` of a random range: private or shared anonymous.
+    fn op_mmap(&mut self) {
+        let (s, l) = self.random_range();
+        let prot = [PROT_NONE, PROT_READ, PROT_READ | PROT_WRITE, PROT_READ | PROT_WRITE][self.rng.below(4) as usize];
+        let shared = self.rng.chance(4);
+        let flags = MAP_FIXED | MAP_ANONYMOUS | if shared { MAP_SHARED } else { MAP_PRIVATE };
+        self.log.push(format!("mmap p{s}+{l} prot {prot} shared {shared}"));
+        let r = self.inner.mmap(Self::addr(s), l * PS, prot, flags, -1, 0);
+        assert_eq!(r, Ok(Self::addr(s)), "mmap");
+        let object = if shared {
+            self.next_object += 1;
+            self.next_object
+        } else {
+            0
+        };
+        for q in s..s + l {
+            self.model[q] = Some(Model::new(prot, object));
+        }
+    }
+
+    /// `munmap` of a random range.
+    fn op_munmap(&mut self) {
+        let (s, l) = self.random_range();
+        self.log.push(format!("munmap p{s}+{l}"));
+        assert_eq!(self.inner.munmap(Self::addr(s), l * PS), Ok(()), "munmap");
+        for q in s..s + l {
+            self.model[q] = None;
+        }
+    }
+
+    /// `mprotect` of a random range: the mapped prefix changes (Linux), a hole is `ENOMEM`.
+    fn op_mprotect(&mut self) {
+        let (s, l) = self.random_range();
+        let prot = [PROT_NONE, PROT_READ, PROT_READ | PROT_WRITE][self.rng.below(3) as usize];
+        self.log.push(format!("mprotect p{s}+{l} prot {prot}"));
+        let r = self.inner.mprotect(Self::addr(s), l * PS, prot);
+        let mut hole = false;
+        for q in s..s + l {
+            match &mut self.model[q] {
+                Some(m) if !hole => m.prot = prot,
+                Some(_) => {}
+                None => hole = true,
+            }
+        }
+        assert_eq!(r, if hole { Err(Errno::ENOMEM) } else { Ok(()) }, "mprotect");
+    }
+
+    /// `madvise` with a random advice; the model follows DONTNEED and FREE.
+    fn op_madvise(&mut self) {
+        let (s, l) = self.random_range();
+        let advice = [
+            MADV_DONTNEED,
+            MADV_COLD,
+            MADV_PAGEOUT,
+            MADV_WILLNEED,
+            MADV_POPULATE_READ,
+            MADV_POPULATE_WRITE,
+            MADV_NORMAL,
+            MADV_FREE,
+        ][self.rng.below(8) as usize];
+        self.log.push(format!("madvise p{s}+{l} advice {advice}"));
+        let r = self.inner.madvise(Self::addr(s), l * PS, advice);
+        // Errors follow Linux's rules, which the core's own
+        // simulation checks; here: the bytes.
+        if advice == MADV_DONTNEED {
+            let mut stop = false;
+            for q in s..s + l {
+                if let Some(m) = &mut self.model[q] {
+                    if m.locked {
+                        stop = true;
+                    }
+                    if !stop && m.object == 0 {
+                        m.stamp = 0;
+                        m.lazy = false;
+                        m.volatile = false;
+                        m.purged = false;
+                    }
+                }
+            }
+            if !stop && (s..s + l).all(|q| self.model[q].is_some()) {
+                assert_eq!(r, Ok(()), "madvise(DONTNEED)");
+            }
+        }
+        if advice == MADV_FREE {
+            // Linux: only private anonymous memory, never locked;
+            // the walk stops with EINVAL at any other mapping.
+            for q in s..s + l {
+                if let Some(m) = &mut self.model[q] {
+                    if m.locked || m.object != 0 {
+                        break;
+                    }
+                    m.lazy = true;
+                }
+            }
+        }
+    }
+
+    /// `mlock2(MLOCK_ONFAULT)` or `munlock` of a random range.
+    fn op_lock(&mut self) {
+        let (s, l) = self.random_range();
+        let lock = self.rng.chance(2);
+        if lock && (s..s + l).any(|q| self.model[q].is_some_and(|m| m.volatile)) {
+            // EINVAL (SPEC): the core's tests check that.
+            return;
+        }
+        self.log.push(format!("{} p{s}+{l}", if lock { "mlock2(ONFAULT)" } else { "munlock" }));
+        let mode = if lock { LockMode::OnFault } else { LockMode::None };
+        let (a, n) = (Self::addr(s) as u64, (l * PS) as u64);
+        // (Whether each page is in memory when the call is made: a
+        // lock pins it.)
+        let present: Vec<bool> = (s..s + l).map(|q| self.inner.page_state(Self::addr(q)).holds_frame()).collect();
+        let r = self.inner.lock_call(|c| c.lock_range(a, n, mode));
+        let mut hole = false;
+        for q in s..s + l {
+            let present = present[q - s];
+            match &mut self.model[q] {
+                Some(m) if !hole => {
+                    m.locked = lock;
+                    m.pinned = lock && (m.pinned || present);
+                }
+                Some(_) => {}
+                None => hole = true,
+            }
+        }
+        if !hole {
+            assert_eq!(r, Ok(()), "mlock2/munlock");
         }
     }
 
