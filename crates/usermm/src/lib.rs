@@ -555,11 +555,19 @@ impl Space {
                 (maj, min, f.ino, f.path.clone())
             })
         };
+        // The zero-page counts of the locked regions first, with no core
+        // lock held (a PAGEMAP_SCAN each); then the text under it. (A
+        // region changed in between reads 0 there.)
+        let locked = self.inner.core.lock().unwrap_or_else(|e| e.into_inner()).locked_extents();
+        let zeros: std::collections::HashMap<(u64, u64), u64> = locked
+            .iter()
+            .map(|&(a, l)| {
+                let r = self.inner.zero_pfn_ranges(a as usize, l as usize);
+                ((a, l), r.iter().map(|(a, e)| ((e - a) / self.inner.page_size) as u64).sum())
+            })
+            .collect();
+        let zero = |a: u64, l: u64| zeros.get(&(a, l)).copied().unwrap_or(0);
         let c = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
-        let zero = |a: u64, l: u64| {
-            let r = self.inner.zero_pfn_ranges(a as usize, l as usize);
-            r.iter().map(|(a, e)| ((e - a) / self.inner.page_size) as u64).sum()
-        };
         usermm_core::smaps::format_with_files(&c, extra, &info, &zero)
     }
 

@@ -22,34 +22,42 @@ impl Inner {
     pub fn lock_call(&self, decide: impl FnOnce(&mut Core) -> LockPlan) -> Result<(), Errno> {
         let mm = self.mm.write();
         let t0 = now_ns();
-        let mut c = lock(&self.core);
-        let plan = decide(&mut c);
+        let (plan, modes) = {
+            let mut c = lock(&self.core);
+            let plan = decide(&mut c);
+            let modes: Vec<LockMode> = plan
+                .changed
+                .iter()
+                .map(|&(seg, _)| c.region_at(seg.start).map(|r| r.lock).unwrap_or(LockMode::None))
+                .collect();
+            (plan, modes)
+        };
+        // The host locks, with no core lock held: the region lock, held
+        // exclusively, keeps every other call, fault and reclaim out.
         let mut full = Vec::new();
         let mut done = Vec::new();
-        for &(seg, old) in &plan.changed {
-            let new = c.region_at(seg.start).map(|r| r.lock).unwrap_or(LockMode::None);
+        let mut failed = None;
+        for (&(seg, old), &new) in plan.changed.iter().zip(&modes) {
             if let Err(e) = self.host_lock(seg, new) {
-                for &(seg, old) in done.iter().rev() {
-                    let _ = self.host_lock(seg, old);
-                }
-                c.lock_revert(&plan);
-                self.note_hold(t0);
-                return Err(e);
+                failed = Some(e);
+                break;
             }
             done.push((seg, old));
             if new == LockMode::Locked {
                 full.push(seg);
             }
         }
-        if !full.is_empty() && !c.lock_fits(&full) {
+        if failed.is_none() && !full.is_empty() && !lock(&self.core).lock_fits(&full) {
+            failed = Some(Errno::EAGAIN);
+        }
+        if let Some(e) = failed {
             for &(seg, old) in done.iter().rev() {
                 let _ = self.host_lock(seg, old);
             }
-            c.lock_revert(&plan);
+            lock(&self.core).lock_revert(&plan);
             self.note_hold(t0);
-            return Err(Errno::EAGAIN);
+            return Err(e);
         }
-        drop(c);
         self.note_hold(t0);
         drop(mm);
         for &p in &plan.reactivate {
