@@ -56,8 +56,12 @@ mod window;
 mod zap;
 
 pub use introspect::state_bits;
+pub use mlock::lock_populate_errno;
 pub use plan::*;
-pub use window::{BLOCK_MIN_REGION_PAGES, BLOCK_PAGES, FAULT_AROUND_BYTES, MAX_WINDOW_PAGES, SWAP_CLUSTER_PAGES};
+pub use reclaim::{OOM_ROUNDS, OOM_ROUNDS_BUSY};
+pub use window::{
+    BLOCK_MIN_REGION_PAGES, BLOCK_PAGES, FAULT_AROUND_BYTES, MAX_WINDOW_PAGES, READAHEAD_DEPTH, SWAP_CLUSTER_PAGES,
+};
 
 /// The highest user address on x86-64 with 4-level paging (Linux TASK_SIZE).
 pub const TASK_SIZE: u64 = 0x7fff_ffff_f000;

@@ -100,19 +100,10 @@ const ZAP_SLICE_BYTES: usize = 512 << 10;
 /// write failed is taken as done.
 #[cfg(feature = "test-hooks")]
 pub(crate) const SIM_BUG_LOST_SWAP_WRITE: u32 = 1;
-/// Empty reclaim rounds (5 ms apart) before a fault is out of memory.
-const OOM_ROUNDS: u32 = 50;
-/// Rounds of no progress (5 ms each) after which a fault or populate gives
-/// up even though resident pages are not all locked (they stayed in flight
-/// for 5 s: something is wrong, and a SIGBUS beats a hang).
-const OOM_ROUNDS_BUSY: u32 = 1000;
 /// Fills up to this many pages are installed under the core lock.
 const SMALL_FILL_PAGES: u64 = 16;
 /// How long a handler spins for the next fault after serving one.
 const SPIN_NS: u64 = 100_000;
-/// How many windows a streaming file region's read-in runs ahead of the
-/// program's last fault.
-const READAHEAD_DEPTH: u64 = 4;
 /// Pages reclaimed per background round.
 const RECLAIM_BATCH: u64 = 256;
 
@@ -428,12 +419,6 @@ impl Inner {
     pub fn read_mm(&self) -> RwLockReadGuard<'_, ()> {
         self.mm.read()
     }
-}
-
-/// Whether page `p` is an untouched page of a region of `file`: where a
-/// streaming read of that file goes on.
-fn file_continues(c: &Core, p: PageIdx, file: u32) -> bool {
-    c.region_at(p).is_some_and(|r| r.file() == Some(file)) && c.page(p) == usermm_core::page::PageMeta::default()
 }
 
 /// Handler threads when the configuration says 0. One spinning handler

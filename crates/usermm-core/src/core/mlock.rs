@@ -213,3 +213,14 @@ impl Core {
         self.regions.find(p)
     }
 }
+
+/// The errno a lock call reports when populating its range fails: Linux's
+/// `__mlock_posix_error_return` (`EFAULT`, and an unreadable range's
+/// `EINVAL`, become `ENOMEM`).
+pub fn lock_populate_errno(e: Errno) -> Errno {
+    if e == Errno::EFAULT || e == Errno::EINVAL {
+        Errno::ENOMEM
+    } else {
+        e
+    }
+}

@@ -20,6 +20,14 @@ use crate::page::{pf, PState, PageMeta};
 use crate::region::{Advice, Kind, LockMode};
 use crate::types::{PageIdx, PageRange};
 
+/// Empty reclaim rounds before a fault is out of memory when reclaim is
+/// hopeless (see `Core::out_of_memory`).
+pub const OOM_ROUNDS: u32 = 50;
+/// Rounds of no progress after which a fault or populate gives up even
+/// though resident pages are not all locked (5 s with the host's 5 ms
+/// waits).
+pub const OOM_ROUNDS_BUSY: u32 = 1000;
+
 impl Core {
     /// Whether reclaim can free nothing however long it is waited for:
     /// every resident page is locked, or there is no swap or it is full
@@ -30,6 +38,16 @@ impl Core {
     /// was raised with most of the budget evictable).
     pub fn reclaim_hopeless(&self) -> bool {
         self.resident <= self.locked_pages || self.swap.free() == 0
+    }
+
+    /// Whether a fault or populate that has found no frame after `rounds`
+    /// empty reclaim rounds (each followed by a short wait for reclaim in
+    /// flight elsewhere, 5 ms on the host) is out of memory: after
+    /// `OOM_ROUNDS` when reclaim is hopeless, else only after
+    /// `OOM_ROUNDS_BUSY` (pages stayed in flight for seconds: something is
+    /// wrong, and a SIGBUS beats a hang).
+    pub fn out_of_memory(&self, rounds: u32) -> bool {
+        rounds > OOM_ROUNDS && (self.reclaim_hopeless() || rounds > OOM_ROUNDS_BUSY)
     }
 
     /// The frames that could ever be had: the free frames plus as many

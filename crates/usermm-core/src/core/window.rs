@@ -14,6 +14,7 @@
 //! Every window is bounded by the free frames, the region (or the populate
 //! range), and any chunk being zapped.
 
+use super::Core;
 use crate::page::{PageMeta, PageTable};
 use crate::region::{Advice, LockMode, Region};
 use crate::types::{PageIdx, PageRange};
@@ -119,4 +120,45 @@ pub(super) fn file_fault_around_block(p: PageIdx, region: PageRange, page_shift:
     let from = ((p.0 / n) * n).max(region.start.0);
     let table_end = (p.0 / 512 + 1) * 512;
     PageRange::new(from, (from + n).min(table_end).min(region.end.0))
+}
+
+/// How many windows a streaming file region's read-in runs ahead of the
+/// program's last fault (it takes no fault on windows read ahead, so that
+/// is as far as its position is known).
+pub const READAHEAD_DEPTH: u64 = 4;
+
+impl Core {
+    /// Whether page `p` is an untouched page of a region of `file`: where a
+    /// streaming read of that file goes on.
+    pub fn file_continues(&self, p: PageIdx, file: u32) -> bool {
+        self.region_at(p).is_some_and(|r| r.file() == Some(file)) && self.page(p) == crate::page::PageMeta::default()
+    }
+
+    /// After a fault's file read of `run` (`installed` pages): where the
+    /// background thread reads the next window, when a full window of a
+    /// stream was read and the file goes on past it (the read-ahead
+    /// pipeline: the next window is read while the program consumes this
+    /// one).
+    pub fn readahead_after_fault(&self, run: PageRange, installed: u64, file: u32) -> Option<PageIdx> {
+        (installed == run.pages() && installed >= BLOCK_PAGES && self.file_continues(run.end, file)).then_some(run.end)
+    }
+
+    /// The pages of a background read-in window from `p`: up to
+    /// `MAX_WINDOW_PAGES`, never past its region (the next one may be
+    /// anonymous, or another file's).
+    pub fn readahead_window(&self, p: PageIdx) -> u64 {
+        self.region_at(p).map_or(MAX_WINDOW_PAGES, |r| MAX_WINDOW_PAGES.min(r.range.end.0 - p.0))
+    }
+
+    /// After a background read-in window `[here, next)` read in full:
+    /// whether the next window follows (the same file goes on, untouched,
+    /// and no more than `READAHEAD_DEPTH` windows past the program's last
+    /// fault in the region).
+    pub fn readahead_chains(&self, here: PageIdx, next: PageIdx) -> bool {
+        self.region_at(here).is_some_and(|r| {
+            r.file().is_some_and(|f| {
+                self.file_continues(next, f) && next.0.saturating_sub(r.next_fault) < READAHEAD_DEPTH * MAX_WINDOW_PAGES
+            })
+        })
+    }
 }

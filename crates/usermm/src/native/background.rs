@@ -74,33 +74,18 @@ impl Inner {
                 self.resolve(a, false, None);
             } else if file {
                 // File read-ahead: a window from `a` (up to a hole or the
-                // end of the file; best effort, errors ignored).
-                // Never past the end of the region: the next one may be
-                // anonymous (a read populate would map its pages), or
-                // another file's (the chain below decides).
-                let region_end = {
+                // end of the file; best effort, errors ignored), chained to
+                // the next while the stream goes on (the core decides both).
+                let (here, window) = {
                     let c = lock(&self.core);
-                    c.page_of(Addr(a as u64)).and_then(|p| c.region_at(p)).map(|r| self.addr(r.range.end))
+                    let Some(here) = c.page_of(Addr(a as u64)) else { continue };
+                    (here, c.readahead_window(here) as usize * self.page_size)
                 };
-                let full = usermm_core::MAX_WINDOW_PAGES as usize * self.page_size;
-                let window = region_end.map_or(full, |e| full.min(e.saturating_sub(a)));
                 let (n, _) = self.populate(a, window, false);
-                // A streaming read-in chains: the next window follows,
-                // up to READAHEAD_DEPTH windows past the program's last
-                // fault in the region (it does not fault on the windows
-                // read ahead, so that is as far as it is known to be).
                 let next = a + window;
                 let chain = n == window && {
                     let c = lock(&self.core);
-                    let here = c.page_of(Addr(a as u64));
-                    let there = c.page_of(Addr(next as u64));
-                    match (here.and_then(|p| c.region_at(p)), there) {
-                        (Some(r), Some(q)) => r.file().is_some_and(|f| {
-                            file_continues(&c, q, f)
-                                && q.0.saturating_sub(r.next_fault) < READAHEAD_DEPTH * usermm_core::MAX_WINDOW_PAGES
-                        }),
-                        _ => false,
-                    }
+                    c.page_of(Addr(next as u64)).is_some_and(|q| c.readahead_chains(here, q))
                 };
                 if chain {
                     lock(&self.willneed).push(next);

@@ -163,7 +163,7 @@ impl Inner {
         rounds: &mut u32,
         f: &Fault,
     ) -> Next<'a> {
-        if *rounds > OOM_ROUNDS && (c.reclaim_hopeless() || *rounds > OOM_ROUNDS_BUSY) {
+        if c.out_of_memory(*rounds) {
             // Everything resident is unevictable (or swap is full): the
             // kernel would OOM-kill; we raise SIGBUS. (Pages merely in
             // flight settle: only a much longer wait with no progress
@@ -221,10 +221,9 @@ impl Inner {
     fn serve_file_read(&self, plan: &FaultPlan, run: PageRange, file: u32, file_page: u64, f: &Fault) -> Next<'_> {
         let (n, drop_due) = self.file_in(run, file, file_page, true).unwrap_or((0, None));
         let c = self.commit_fill(plan, n);
-        // Read-ahead pipeline: a full window in a sequential or streaming
-        // region has the next window read by the background thread while
-        // the program consumes this one.
-        let ahead = n == run.pages() && n >= usermm_core::BLOCK_PAGES && file_continues(&c, run.end, file);
+        // Read-ahead pipeline (the core decides): the next window read by
+        // the background thread while the program consumes this one.
+        let ahead = c.readahead_after_fault(run, n, file);
         if n == 0 {
             // Past the end of the file (or the read failed): SIGBUS, as
             // Linux raises for a mapping past EOF. Under the core lock,
@@ -247,8 +246,8 @@ impl Inner {
             let ps = self.page_size as u64;
             fl.drop_cache(file_page * ps, (n * ps) as usize);
         }
-        if ahead {
-            lock(&self.willneed).push(self.addr(run.end));
+        if let Some(next) = ahead {
+            lock(&self.willneed).push(self.addr(next));
             let _c = lock(&self.core);
             self.reclaim_wanted.notify_all();
         }

@@ -97,7 +97,7 @@ impl Inner {
                     // The first failure ends the populate, as in Linux's
                     // __mm_populate: what follows stays unpopulated.
                     Err(e) => {
-                        failed = Some(if e == Errno::EFAULT || e == Errno::EINVAL { Errno::ENOMEM } else { e });
+                        failed = Some(usermm_core::lock_populate_errno(e));
                         break;
                     }
                 }
@@ -180,9 +180,7 @@ impl Inner {
                     let c = lock(&self.core);
                     if c.free_frames() == 0 {
                         *empty_rounds += 1;
-                        if obtainable == 0
-                            || (*empty_rounds > OOM_ROUNDS && (c.reclaim_hopeless() || *empty_rounds > OOM_ROUNDS_BUSY))
-                        {
+                        if obtainable == 0 || c.out_of_memory(*empty_rounds) {
                             return Err(Errno::ENOMEM);
                         }
                         // Reclaim in flight elsewhere: let it settle.
