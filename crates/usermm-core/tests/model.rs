@@ -134,7 +134,7 @@ impl Sim {
                 Ok(claim) => break claim,
                 // A page of the range is in flight: the zapping thread
                 // waits for it.
-                Err(()) => {
+                Err(usermm_core::Busy) => {
                     self.waits += 1;
                     assert!(self.settle_one(), "zap of {r:?} refused with nothing in flight");
                 }
@@ -245,7 +245,7 @@ impl Sim {
                     return true;
                 }
                 // The page is in flight: the faulting thread waits for it.
-                FaultPlan::Wait => {
+                FaultPlan::Busy => {
                     self.waits += 1;
                     assert!(self.settle_one(), "fault at p{p} waits with nothing in flight");
                 }
@@ -322,7 +322,7 @@ impl Sim {
                         }
                     }
                 }
-                FaultPlan::Wake | FaultPlan::Wait if m.is_some() => {}
+                FaultPlan::Wake | FaultPlan::Busy if m.is_some() => {}
                 FaultPlan::Refill { .. } if m.is_some() => self.c.fill_done(&plan, 0),
                 _ => panic!("fault on p{p} without access: {plan:?}"),
             }
@@ -390,7 +390,7 @@ impl Sim {
                 }
                 Ok(plan.range)
             }
-            Ok(MmapReply::WaitUnmapping) => panic!("nothing is being unmapped"),
+            Ok(MmapReply::Busy) => panic!("nothing is being unmapped"),
             Err(e) => Err(e),
         };
         let mapped_in = |o: &Vec<Option<PageModel>>, s: i64, l: u64| {

@@ -295,17 +295,17 @@ fn a_fault_on_a_busy_page_waits() {
     map_at(&mut c, 4, 1);
     // Filling.
     let fill = c.fault(Addr(at(4)), true);
-    assert_eq!(c.fault(Addr(at(4)), false), FaultPlan::Wait);
+    assert_eq!(c.fault(Addr(at(4)), false), FaultPlan::Busy);
     // Deactivating.
     let ds = c.deactivate_range(PageRange::new(0, 1));
-    assert_eq!(c.fault(Addr(at(0)), false), FaultPlan::Wait);
+    assert_eq!(c.fault(Addr(at(0)), false), FaultPlan::Busy);
     c.deactivate_done(&ds[0], true);
     // Evicting.
     let evs = c.evict_pages(&[PageIdx(0)]);
-    assert_eq!(c.fault(Addr(at(0)), false), FaultPlan::Wait);
+    assert_eq!(c.fault(Addr(at(0)), false), FaultPlan::Busy);
     // Zapping.
     let claim = c.zap_begin(PageRange::new(1, 2)).unwrap();
-    assert_eq!(c.fault(Addr(at(1)), false), FaultPlan::Wait);
+    assert_eq!(c.fault(Addr(at(1)), false), FaultPlan::Busy);
     // A zap over a busy page must wait too.
     assert!(c.zap_begin(PageRange::new(0, 1)).is_err());
     assert!(c.zap_begin(PageRange::new(4, 5)).is_err());
@@ -330,7 +330,7 @@ fn a_fault_in_a_range_being_unmapped_is_segv() {
     assert_eq!(fault(&mut c, 2, true), FaultPlan::Segv { gap: PageRange::new(1, 3) });
     assert_eq!(state(&c, 1), PState::Resident);
     // MAP_FIXED over the held range waits for the zap.
-    assert!(matches!(c.mmap(at(2), PS, RW, ANON | MAP_FIXED), Ok(MmapReply::WaitUnmapping)));
+    assert!(matches!(c.mmap(at(2), PS, RW, ANON | MAP_FIXED), Ok(MmapReply::Busy)));
     for r in &d.ranges {
         zap(&mut c, *r);
     }

@@ -66,7 +66,7 @@ use std::thread::JoinHandle;
 use usermm_core::consts::*;
 use usermm_core::region::{Kind, LockMode};
 use usermm_core::{
-    Addr, AdviceOp, Core, CoreConfig, Deactivate, Detached, Discard, Errno, Evict, FaultPlan, FileMap, FileRange,
+    Addr, AdviceOp, Busy, Core, CoreConfig, Deactivate, Detached, Discard, Errno, Evict, FaultPlan, FileMap, FileRange,
     LockPlan, MmapReply, PageIdx, PageRange, Transfer, Writeback,
 };
 use usermm_sys::arena::Arena;

@@ -105,7 +105,7 @@ impl Core {
         let prot = reg.prot;
         let m = self.pages.get(p);
         if m.state.busy() || self.zapping.iter().any(|z| z.contains(p)) {
-            return FaultPlan::Wait;
+            return FaultPlan::Busy;
         }
         match m.state {
             // A fault on a page we hold as resident: either a race (it is

@@ -55,8 +55,9 @@ pub enum FaultPlan {
     /// one host VMA, not one per page) and wake the thread, which then
     /// takes SIGSEGV (never a zero page).
     Segv { gap: PageRange },
-    /// A busy page: wait for the core to change, then plan again.
-    Wait,
+    /// A busy page (see [`Busy`]): wait for the core to change, then plan
+    /// again.
+    Busy,
     /// No free frame: reclaim at least `want` frames, then plan again.
     Reclaim { want: u64 },
     /// Install zero pages on `run` (claimed, frames charged).
@@ -197,6 +198,14 @@ pub struct FileRange {
     pub file_page: u64,
 }
 
+/// The core's one "busy, come back later" reply: a page (or range) the
+/// call needs is being worked on by an executor (filled, parked, evicted,
+/// zapped, unmapped). The caller waits for the executor's `settled` signal
+/// and calls again. Plans say it as `FaultPlan::Busy` and
+/// `MmapReply::Busy`; calls that return a `Result` say `Err(Busy)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Busy;
+
 /// Pages claimed for dropping.
 #[derive(Clone, Debug, Default)]
 pub struct ZapClaim {
@@ -280,6 +289,7 @@ pub enum AdviceOp {
 #[derive(Clone, Debug)]
 pub enum MmapReply {
     Done(MmapPlan),
-    /// `MAP_FIXED` over a range still being unmapped: wait and call again.
-    WaitUnmapping,
+    /// `MAP_FIXED` over a range still being unmapped (see [`Busy`]): wait
+    /// and call again.
+    Busy,
 }

@@ -104,7 +104,7 @@ impl Core {
             }
         }
         let Some(start) = self.mmap_place(addr, pages, fixed_range)? else {
-            return Ok(MmapReply::WaitUnmapping);
+            return Ok(MmapReply::Busy);
         };
         let range = PageRange::new(start, start + pages);
         // Region count: the new region, plus splits of regions it cuts.

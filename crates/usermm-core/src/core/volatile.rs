@@ -8,7 +8,7 @@
 //! finds it clean and reads back as zeros. Reclaim's side of both is in
 //! `reclaim.rs` (`plan_volatile`, `plan_lazy`).
 
-use super::{bad, Core, NoVolatile};
+use super::{bad, Busy, Core, NoVolatile};
 use crate::errno::Errno;
 use crate::page::{pf, PState, PageMeta};
 use crate::region::LockMode;
@@ -64,21 +64,21 @@ impl Core {
         (segs, if w.has_hole() { bad(Errno::ENOMEM) } else { Ok(()) })
     }
 
-    /// Decides `mnovolatile`: `Err(None)` means a page of the range is busy
-    /// (a purge may be in flight): wait and call again. Otherwise the range is
-    /// no longer volatile when this returns (no purge can start: purges are
-    /// planned under the same lock), and the purged pages are reported; the
-    /// executor removes their markers so that they read back as zeros.
-    pub fn mnovolatile(&mut self, addr: u64, len: u64) -> Result<(NoVolatile, Result<(), Errno>), Option<Errno>> {
+    /// Decides `mnovolatile`: `Err(e)` refuses the call; `Ok(Err(Busy))`
+    /// means a page of the range is busy (a purge may be in flight): wait
+    /// and call again. Otherwise the range is no longer volatile when this
+    /// returns (no purge can start: purges are planned under the same lock),
+    /// and the purged pages are reported; the executor removes their markers
+    /// so that they read back as zeros.
+    #[allow(clippy::type_complexity)]
+    pub fn mnovolatile(&mut self, addr: u64, len: u64) -> Result<Result<(NoVolatile, Result<(), Errno>), Busy>, Errno> {
         let (segs, res) = self.volatile_segments(addr, len, false);
         if segs.is_empty() {
-            if let Err(e) = res {
-                return Err(Some(e));
-            }
+            res?;
         }
         for seg in &segs {
             if self.pages.live_in(*seg).iter().any(|(_, m)| m.state.busy()) {
-                return Err(None);
+                return Ok(Err(Busy));
             }
         }
         let mut out = NoVolatile::default();
@@ -95,7 +95,7 @@ impl Core {
                 }
             }
             if !out.reactivate.is_empty() {
-                return Ok((out, res));
+                return Ok(Ok((out, res)));
             }
         }
         for seg in segs {
@@ -109,7 +109,7 @@ impl Core {
                 self.pages.update(p, |m| m.flags &= !(pf::VOLATILE | pf::PURGED));
             }
         }
-        Ok((out, res))
+        Ok(Ok((out, res)))
     }
 
     /// How many pages of `r` are marked volatile (purged ones included).

@@ -3,24 +3,23 @@
 //!
 //! `zap_begin` claims every page of the range (`Zapping`) and records the
 //! chunk in `zapping`, so that a fault in it waits instead of filling a page
-//! the host is about to drop; it refuses (`Err(())`) while a page is busy.
+//! the host is about to drop; it refuses (`Err(Busy)`) while a page is busy.
 //! The executor drops the frames, then `zap_end` forgets the pages, releases
 //! their slots and uncharges them. Invariant: every page of a chunk in
 //! `zapping` is settled or `Zapping`. A zap cannot fail by construction: it
 //! only drops.
 
-use super::{Core, ZapClaim};
+use super::{Busy, Core, ZapClaim};
 use crate::page::{pf, PState, PageMeta};
 use crate::types::PageRange;
 
 impl Core {
-    /// Claims the pages of `r` for dropping. `Err(())` means a page is busy:
-    /// wait and call again.
-    #[allow(clippy::result_unit_err)]
-    pub fn zap_begin(&mut self, r: PageRange) -> Result<ZapClaim, ()> {
+    /// Claims the pages of `r` for dropping, or `Err(Busy)`: a page is
+    /// busy, wait and call again.
+    pub fn zap_begin(&mut self, r: PageRange) -> Result<ZapClaim, Busy> {
         let live = self.pages.live_in(r);
         if live.iter().any(|(_, m)| m.state.busy()) {
-            return Err(());
+            return Err(Busy);
         }
         self.zapping.push(r);
         let mut claim = ZapClaim { range: r, staging: Vec::new(), mapped: false };

@@ -100,7 +100,7 @@ pub fn mmap(c: &mut Core, addr: u64, len: u64, prot: i32, flags: i32) -> Result<
             c.validate();
             Ok(c.addr_of(plan.range.start).0)
         }
-        MmapReply::WaitUnmapping => panic!("mmap: nothing is being unmapped in a synchronous test"),
+        MmapReply::Busy => panic!("mmap: nothing is being unmapped in a synchronous test"),
     }
 }
 
@@ -231,7 +231,7 @@ pub fn touch(c: &mut Core, p: u64, write: bool) -> Touch {
                 return if c.page(PageIdx(p)).state == PState::Resident { Touch::Served(plans) } else { Touch::Woken };
             }
             FaultPlan::Segv { .. } => return Touch::Segv,
-            FaultPlan::Wait => panic!("page {p} busy in a synchronous test"),
+            FaultPlan::Busy => panic!("page {p} busy in a synchronous test"),
             FaultPlan::Sigbus => return Touch::Oom,
             FaultPlan::Refill { page } => {
                 // A lazily freed page the host discarded gets zeros; a page

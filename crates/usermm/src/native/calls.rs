@@ -79,7 +79,7 @@ impl Inner {
                 None => lock(&self.core).mmap(addr as u64, len as u64, prot, flags),
             }?;
             match reply {
-                MmapReply::WaitUnmapping => {
+                MmapReply::Busy => {
                     drop(mm);
                     let c = lock(&self.core);
                     let _ = self.settled.wait_timeout(c, std::time::Duration::from_millis(10));

@@ -82,7 +82,7 @@ impl Inner {
                     Next::Served
                 }
                 FaultPlan::Segv { gap } => self.serve_segv(c, gap, &f),
-                FaultPlan::Wait => Next::Again(self.settled.wait(c).unwrap_or_else(|e| e.into_inner())),
+                FaultPlan::Busy => Next::Again(self.settled.wait(c).unwrap_or_else(|e| e.into_inner())),
                 FaultPlan::Reclaim { want } => self.serve_reclaim(c, &mm, want, &mut reclaim_rounds, &f),
                 FaultPlan::Refill { page } => {
                     self.refill(&mut c, &plan, page);

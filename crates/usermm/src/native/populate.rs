@@ -170,7 +170,7 @@ impl Inner {
         empty_rounds: &mut u32,
     ) -> Result<(), Errno> {
         match *plan {
-            FaultPlan::Wait => {
+            FaultPlan::Busy => {
                 let _c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner());
             }
             FaultPlan::Reclaim { want } => {

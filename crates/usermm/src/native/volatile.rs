@@ -25,7 +25,7 @@ impl Inner {
         let mut mm = self.read_mm();
         let mut c = lock(&self.core);
         let (nv, res) = loop {
-            match c.mnovolatile(addr as u64, len as u64) {
+            match c.mnovolatile(addr as u64, len as u64)? {
                 Ok((nv, _)) if !nv.reactivate.is_empty() => {
                     // Parked pages the host may have purged: map them back
                     // (which finds out), then decide again.
@@ -38,8 +38,7 @@ impl Inner {
                     c = lock(&self.core);
                 }
                 Ok(r) => break r,
-                Err(Some(e)) => return Err(e),
-                Err(None) => c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner()),
+                Err(Busy) => c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner()),
             }
         };
         drop(c);
