@@ -5,7 +5,14 @@
 //! 2. `seq-read`: read-verify every page in order (usermm must swap in);
 //! 3. `hotcold`: random touches (read-verify), `hot_touch_pct`% on a hot set
 //!    of `hot_pct_of_budget`% of the budget, the rest on the cold remainder;
-//!    afterwards, the fraction of the hot set still resident (`mincore`).
+//!    afterwards, the fraction of the hot set still resident (`mincore`);
+//! 4. `uniform`: as many random touches, uniform over the working set;
+//! 5. `zipfian`: as many touches drawn from a zipfian distribution
+//!    (θ = 0.99, as YCSB), scrambled over the working set;
+//! 6. `scan`: one pass over the whole working set (4× the budget) with a
+//!    touch of the hot set after every page scanned (scan resistance);
+//! 7. `fits`: 90% of the budget touched at random (4 touches a page) after
+//!    one untimed warm-up pass: nothing should be evicted (its swap-outs).
 //!
 //! Systems, alternated run by run:
 //! - `usermm`: a space with the budget and a swap file of `set + budget`
@@ -24,7 +31,7 @@
 //! compared with it.
 
 use usermm::Space;
-use usermm_sys::host::{disk_write_bandwidth, process_faults, HostMap};
+use usermm_sys::host::{disk_write_bandwidth, process_faults, resident_pages, HostMap};
 use usermm_sys::now_ns;
 
 use crate::common::{config, default_swap_dir, read8, tag, write8, Progress, Rng, MIB, PAGE};
@@ -45,7 +52,7 @@ pub fn params(full: bool) -> Params {
         .def("seed", Kind::Int, 7, "PRNG seed of the hot/cold touch sequence")
 }
 
-const PHASES: [&str; 3] = ["seq-write", "seq-read", "hotcold"];
+const PHASES: [&str; 7] = ["seq-write", "seq-read", "hotcold", "uniform", "zipfian", "scan", "fits"];
 const MEMCG: &str = "kernel-memcg";
 const NOLIMIT: &str = "kernel (no limit, upper bound)";
 
@@ -58,41 +65,84 @@ struct Phase {
     major_faults: u64,
 }
 
-/// Runs the three phases on `buf`; `stats` gives (swapouts, swapins, major
-/// faults) so far.
+/// YCSB's zipfian generator (Gray et al., "Quickly generating
+/// billion-record synthetic databases"), θ < 1, over `0..n`, scrambled by a
+/// multiplicative permutation so that the popular items are spread over the
+/// range instead of packed at its start (YCSB's "scrambled zipfian").
+struct Zipf {
+    n: u64,
+    theta: f64,
+    alpha: f64,
+    zetan: f64,
+    eta: f64,
+    mult: u64,
+}
+
+impl Zipf {
+    fn new(n: u64, theta: f64) -> Zipf {
+        let zeta = |k: u64| (1..=k).map(|i| 1.0 / (i as f64).powf(theta)).sum::<f64>();
+        let zetan = zeta(n);
+        let zeta2 = zeta(2.min(n));
+        let alpha = 1.0 / (1.0 - theta);
+        let eta = (1.0 - (2.0 / n as f64).powf(1.0 - theta)) / (1.0 - zeta2 / zetan);
+        // An odd multiplier coprime with n permutes 0..n.
+        let gcd = |mut a: u64, mut b: u64| {
+            while b != 0 {
+                (a, b) = (b, a % b);
+            }
+            a
+        };
+        let mut mult = (0x9E37_79B9 % n.max(2)) | 1;
+        while gcd(mult, n) != 1 {
+            mult += 2;
+        }
+        Zipf { n, theta, alpha, zetan, eta, mult }
+    }
+    fn next(&self, rng: &mut Rng) -> u64 {
+        let u = rng.next() as f64 / u64::MAX as f64;
+        let uz = u * self.zetan;
+        let rank = if uz < 1.0 {
+            0
+        } else if uz < 1.0 + 0.5f64.powf(self.theta) {
+            1
+        } else {
+            ((self.n as f64) * (self.eta * u - self.eta + 1.0).powf(self.alpha)) as u64
+        };
+        (rank.min(self.n - 1) as u128 * self.mult as u128 % self.n as u128) as u64
+    }
+}
+
+/// Runs the phases on `buf` (in [`PHASES`] order); `stats` gives
+/// (swapouts, swapins, major faults) so far; `after_hotcold` runs right
+/// after the hot/cold phase (the hot set's probes).
 fn phases(
     buf: &mut [u8],
     stats: &dyn Fn() -> (u64, u64, u64),
-    hot_pages: usize,
-    hot_pct: u64,
-    mix: usize,
-    seed: u64,
-) -> [Phase; 3] {
+    sh: Shape,
+    after_hotcold: &mut dyn FnMut(&mut [u8]),
+) -> Vec<Phase> {
     let pages = buf.len() / PAGE;
-    let phase = |f: &mut dyn FnMut() -> (usize, usize)| {
+    let (hot_pages, hot_pct, mix) = (sh.hot_pages, sh.hot_pct, sh.mix);
+    let phase = |buf: &mut [u8], f: &mut dyn FnMut(&mut [u8]) -> (usize, usize)| {
         let (o0, i0, f0) = stats();
         let t0 = now_ns();
-        let (touches, errors) = f();
+        let (touches, errors) = f(buf);
         let ns = now_ns() - t0;
         let (o1, i1, f1) = stats();
         Phase { ns, touches, errors, swapouts: o1 - o0, swapins: i1 - i0, major_faults: f1 - f0 }
     };
-    let w = phase(&mut || {
+    let read = |buf: &[u8], p: usize| (read8(buf, p * PAGE) != tag(p)) as usize;
+    let mut out = Vec::new();
+    out.push(phase(buf, &mut |buf| {
         for p in 0..pages {
             write8(buf, p * PAGE, tag(p));
         }
         (pages, 0)
-    });
-    let r = phase(&mut || {
-        let mut bad = 0;
-        for p in 0..pages {
-            bad += (read8(buf, p * PAGE) != tag(p)) as usize;
-        }
-        (pages, bad)
-    });
-    let mut rng = Rng::new(seed);
+    }));
+    out.push(phase(buf, &mut |buf| ((pages), (0..pages).map(|p| read(buf, p)).sum())));
+    let mut rng = Rng::new(sh.seed);
     let cold = (pages - hot_pages).max(1) as u64;
-    let h = phase(&mut || {
+    out.push(phase(buf, &mut |buf| {
         let mut bad = 0;
         for _ in 0..mix {
             let p = if rng.below(100) < hot_pct {
@@ -100,11 +150,38 @@ fn phases(
             } else {
                 hot_pages + rng.below(cold) as usize
             };
-            bad += (read8(buf, p * PAGE) != tag(p)) as usize;
+            bad += read(buf, p);
         }
         (mix, bad)
-    });
-    [w, r, h]
+    }));
+    after_hotcold(buf);
+    // Uniform random touches over the whole working set.
+    out.push(phase(buf, &mut |buf| ((mix), (0..mix).map(|_| read(buf, rng.below(pages as u64) as usize)).sum())));
+    // Zipfian (θ = 0.99, as YCSB), scrambled over the working set.
+    let z = Zipf::new(pages as u64, 0.99);
+    out.push(phase(buf, &mut |buf| ((mix), (0..mix).map(|_| read(buf, z.next(&mut rng) as usize)).sum())));
+    // Scan resistance: one pass over the whole working set (4× the budget)
+    // while the hot set keeps being touched, one hot touch per page
+    // scanned.
+    out.push(phase(buf, &mut |buf| {
+        let mut bad = 0;
+        for p in 0..pages {
+            bad += read(buf, p);
+            bad += read(buf, rng.below(hot_pages as u64) as usize);
+        }
+        (2 * pages, bad)
+    }));
+    // Fits: 90% of the budget touched at random, after one warm-up pass
+    // (untimed): nothing should be evicted.
+    let fits = (sh.budget_pages * 9 / 10).clamp(1, pages);
+    for p in 0..fits {
+        read(buf, p);
+    }
+    out.push(phase(buf, &mut |buf| {
+        let n = 4 * fits;
+        ((n), (0..n).map(|_| read(buf, rng.below(fits as u64) as usize)).sum())
+    }));
+    out
 }
 
 /// The hot set's hit rate: another `mix` hot/cold touches (continuing the
@@ -139,7 +216,7 @@ fn hot_hit_rate(
 
 /// What one run of one system measured.
 struct Measured {
-    phases: [Phase; 3],
+    phases: Vec<Phase>,
     /// (hot hit rate, wrong reads in the probe).
     hit: (f64, usize),
     hot_resident: usize,
@@ -149,6 +226,7 @@ struct Measured {
 #[derive(Clone, Copy)]
 struct Shape {
     set: usize,
+    budget_pages: usize,
     hot_pages: usize,
     hot_pct: u64,
     mix: usize,
@@ -157,7 +235,7 @@ struct Shape {
 
 impl Shape {
     fn args(&self) -> Vec<String> {
-        [self.set as u64, self.hot_pages as u64, self.hot_pct, self.mix as u64, self.seed]
+        [self.set as u64, self.budget_pages as u64, self.hot_pages as u64, self.hot_pct, self.mix as u64, self.seed]
             .iter()
             .map(u64::to_string)
             .collect()
@@ -166,7 +244,14 @@ impl Shape {
         let n = |i: usize| -> Result<u64, String> {
             a.get(i).and_then(|s| s.parse().ok()).ok_or_else(|| format!("argument {i} of {a:?} is no number"))
         };
-        Ok(Shape { set: n(0)? as usize, hot_pages: n(1)? as usize, hot_pct: n(2)?, mix: n(3)? as usize, seed: n(4)? })
+        Ok(Shape {
+            set: n(0)? as usize,
+            budget_pages: n(1)? as usize,
+            hot_pages: n(2)? as usize,
+            hot_pct: n(3)?,
+            mix: n(4)? as usize,
+            seed: n(5)?,
+        })
     }
 }
 
@@ -174,10 +259,12 @@ impl Shape {
 /// [`phases`], `majflt` the process's major faults so far.
 fn kernel_phases(sh: Shape, stats: &dyn Fn() -> (u64, u64, u64), majflt: &dyn Fn() -> u64) -> Result<Measured, String> {
     let mut m = HostMap::anon(sh.set, 0).map_err(|e| format!("kernel mmap: {e:?}"))?;
-    let phases = phases(&mut m, stats, sh.hot_pages, sh.hot_pct, sh.mix, sh.seed);
-    let hit = hot_hit_rate(&m, majflt, sh.hot_pages, sh.hot_pct, sh.mix, sh.seed);
-    let inc = m.mincore().map_err(|e| format!("kernel mincore: {e:?}"))?;
-    let hot_resident = inc[..sh.hot_pages].iter().filter(|b| *b & 1 == 1).count();
+    let (mut hit, mut hot_resident) = ((0.0, 0), 0);
+    let mut probe = |buf: &mut [u8]| {
+        hit = hot_hit_rate(buf, majflt, sh.hot_pages, sh.hot_pct, sh.mix, sh.seed);
+        hot_resident = resident_pages(buf.as_ptr() as usize, sh.hot_pages * PAGE).unwrap_or(0);
+    };
+    let phases = phases(&mut m, stats, sh, &mut probe);
     m.unmap().map_err(|e| format!("kernel munmap: {e:?}"))?;
     Ok(Measured { phases, hit, hot_resident })
 }
@@ -219,7 +306,7 @@ fn parse_child(out: &str) -> Result<Measured, String> {
     for l in out.lines() {
         let w: Vec<&str> = l.split_whitespace().collect();
         match w.first().copied() {
-            Some("phase") if w.len() == 8 && w[1] == PHASES[phases.len().min(2)] => {
+            Some("phase") if w.len() == 8 && w[1] == PHASES[phases.len().min(PHASES.len() - 1)] => {
                 let n: Vec<u64> = w[2..].iter().map(|x| x.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
                 phases.push(Phase {
                     ns: n[0],
@@ -237,7 +324,9 @@ fn parse_child(out: &str) -> Result<Measured, String> {
             _ => {}
         }
     }
-    let phases: [Phase; 3] = phases.try_into().map_err(|_| bad())?;
+    if phases.len() != PHASES.len() {
+        return Err(bad());
+    }
     Ok(Measured { phases, hit: hit.ok_or_else(bad)?, hot_resident: hot_resident.ok_or_else(bad)? })
 }
 
@@ -250,11 +339,19 @@ fn usermm_run(sh: Shape, budget: usize, dir: &str, direct_io: &mut Option<bool>)
         let s = space.stats();
         (s.swapouts, s.swapins, s.major_faults)
     };
-    let phases = phases(&mut m, &st, sh.hot_pages, sh.hot_pct, sh.mix, sh.seed);
-    let hit = hot_hit_rate(&m, &|| space.stats().swapins, sh.hot_pages, sh.hot_pct, sh.mix, sh.seed);
-    let mut inc = vec![0u8; sh.hot_pages];
-    space.mincore(m.addr(), sh.hot_pages * PAGE, &mut inc).map_err(|e| format!("usermm mincore: {e:?}"))?;
-    let hot_resident = inc.iter().filter(|b| *b & 1 == 1).count();
+    let (mut hit, mut hot_resident, mut probe_err) = ((0.0, 0), 0, None);
+    let mut probe = |buf: &mut [u8]| {
+        hit = hot_hit_rate(buf, &|| space.stats().swapins, sh.hot_pages, sh.hot_pct, sh.mix, sh.seed);
+        let mut inc = vec![0u8; sh.hot_pages];
+        match space.mincore(buf.as_ptr() as usize, sh.hot_pages * PAGE, &mut inc) {
+            Ok(()) => hot_resident = inc.iter().filter(|b| *b & 1 == 1).count(),
+            Err(e) => probe_err = Some(format!("usermm mincore: {e:?}")),
+        }
+    };
+    let phases = phases(&mut m, &st, sh, &mut probe);
+    if let Some(e) = probe_err {
+        return Err(e);
+    }
     m.unmap().map_err(|e| format!("usermm munmap: {e:?}"))?;
     space.close().map_err(|e| format!("usermm close: {e:?}"))?;
     Ok(Measured { phases, hit, hot_resident })
@@ -284,7 +381,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     if budget < PAGE || pages <= hot_pages {
         return Err("reclaim: need budget_mib ≥ 1 and a working set larger than the hot set".into());
     }
-    let sh = Shape { set, hot_pages, hot_pct, mix, seed };
+    let sh = Shape { set, budget_pages: budget / PAGE, hot_pages, hot_pct, mix, seed };
     let mut e = Experiment::new("reclaim", "working set 4× the budget: LRU reclaim and swap", p.pairs());
     let mut errors = Vec::new();
     let mut direct_io = None;
@@ -405,7 +502,7 @@ fn add_rows(e: &mut Experiment, sys: &str, m: &Measured, hot_pages: usize, error
             prog.say(&format!("ERROR: {msg}"));
             errors.push(msg);
         }
-        let unit = if *name == "hotcold" { "touches/s" } else { "pages/s" };
+        let unit = if matches!(*name, "seq-write" | "seq-read") { "pages/s" } else { "touches/s" };
         e.add(sys, name, "throughput", unit, ph.touches as f64 / (ph.ns as f64 / 1e9));
         let per_1k = |n: u64| n as f64 * 1000.0 / ph.touches.max(1) as f64;
         let (outs, ins) = match sys {
@@ -521,4 +618,49 @@ fn goals(e: &mut Experiment, measured: bool) {
         1.1,
         1.1,
     );
+    e.ratio_goal_vs(
+        base,
+        "uniform random throughput vs the kernel under the same limit",
+        "uniform",
+        "throughput",
+        true,
+        0.8,
+        1.0,
+    );
+    e.ratio_goal_vs(
+        base,
+        "uniform random page reads per 1,000 touches vs the kernel under the same limit",
+        "uniform",
+        "page_reads_per_1k_touches",
+        false,
+        1.1,
+        1.1,
+    );
+    e.ratio_goal_vs(
+        base,
+        "zipfian throughput vs the kernel under the same limit",
+        "zipfian",
+        "throughput",
+        true,
+        1.2,
+        1.5,
+    );
+    e.ratio_goal_vs(
+        base,
+        "scan resistance (a scan of 4× the budget beside a hot set) throughput vs the kernel under the same limit",
+        "scan",
+        "throughput",
+        true,
+        1.2,
+        1.5,
+    );
+    e.goals.push(Goal {
+        what: "fits: page writes while a working set of 90% of the budget is touched (after warm-up)".into(),
+        how: "usermm fits swapouts (median)".into(),
+        value: e.med("usermm", "fits", "swapouts"),
+        unit: "pages".into(),
+        at_least: false,
+        threshold: 0.0,
+        goal: 0.0,
+    });
 }

@@ -761,3 +761,14 @@ pub fn page_cache_layout(file: &std::fs::File, len: usize, every_pages: usize) -
     unsafe { libc::munmap(p, len) };
     res
 }
+
+/// How many pages of `[addr, addr+len)` of this process are resident
+/// (`mincore`; an unmapped page in the range is `ENOMEM`). Safe for any
+/// range: `mincore` reads no memory of it.
+pub fn resident_pages(addr: usize, len: usize) -> Result<usize, Errno> {
+    let mut v = vec![0u8; len.div_ceil(4096)];
+    // SAFETY: mincore only writes `v`, one byte per page of the range; the
+    // kernel checks the range itself.
+    check(unsafe { libc::mincore(addr as *mut libc::c_void, len, v.as_mut_ptr()) })?;
+    Ok(v.iter().filter(|b| *b & 1 == 1).count())
+}
