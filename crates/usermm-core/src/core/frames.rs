@@ -56,12 +56,20 @@ impl Core {
         m.gen = self.next_gen(m.gen);
         self.pages.set(p, m);
         self.lru.active.push_back((p, m.gen));
-        // Zaps compact the lists (they make entries stale in bulk); a fault
-        // sweeps only as a safety net, should stale entries pile up another
-        // way, since a fault's commit must stay short.
-        if self.lru.len() > 8 * self.resident as usize + (1 << 20) {
-            self.maybe_compact(1);
-        }
+        self.sweep_stale();
+    }
+
+    /// Stale entries pile up when pages cycle between the lists without
+    /// reclaim popping them and without a zap compacting them (a shared
+    /// file page parked, written back and faulted in again in a loop): a
+    /// chunk is swept per push once the lists are more than twice the
+    /// resident pages plus 4096 (one chunk: a fault's commit stays short).
+    /// Without it, a page came back to a generation one of its stale entries
+    /// still had (16 bits; a page made absent restarts from the shared
+    /// `fresh_gen`): a page on the active list twice, seen by `validate`
+    /// after a loop of `MADV_DONTNEED` on a shared file beside a writer.
+    fn sweep_stale(&mut self) {
+        self.maybe_compact(1);
     }
 
     pub(super) fn push_inactive(&mut self, p: PageIdx) {
@@ -69,6 +77,7 @@ impl Core {
         m.gen = self.next_gen(m.gen);
         self.pages.set(p, m);
         self.lru.inactive.push_back((p, m.gen));
+        self.sweep_stale();
     }
 
     /// The spare metadata buffers the core would take (see [`Spares`]).
