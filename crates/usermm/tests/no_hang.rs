@@ -12,18 +12,11 @@ use usermm_sys::kernel::{peek, poke};
 use usermm_sys::testing::SigbusRecorder;
 
 mod common;
-use common::{space_pages as space, within};
+use common::{fill, shared_temp_file, space_pages as space, within};
 
 const PS: usize = 4096;
 const RW: i32 = PROT_READ | PROT_WRITE;
 const ANON: i32 = MAP_PRIVATE | MAP_ANONYMOUS;
-
-fn fill(a: usize, pages: std::ops::Range<usize>, tag: u8) {
-    for p in pages {
-        poke(a + p * PS, tag.wrapping_add(p as u8));
-        poke(a + p * PS + PS - 1, tag.wrapping_add(p as u8));
-    }
-}
 
 /// Item 1: a populate (or a lock, which populates) over a resident page
 /// that was `MADV_FREE`d deadlocked on the core mutex it still held.
@@ -448,10 +441,7 @@ fn a_missing_page_is_served_to_process_vm_readv_not_to_proc_mem() {
 fn remove_punches_after_write_backs_in_flight() {
     within(120, "remove vs write-back", || {
         const PAGES: usize = 256;
-        let path = std::env::temp_dir().join(format!("usermm-test-{}-remove-race", std::process::id()));
-        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
-        f.set_len((PAGES * PS) as u64).unwrap();
-        std::fs::remove_file(&path).unwrap();
+        let f = shared_temp_file("remove-race", PAGES);
         use std::os::fd::AsRawFd;
         // A budget of a quarter of the mapping: reclaim writes pages back
         // all the time, in the background and in faults.
@@ -494,10 +484,7 @@ fn remove_punches_after_write_backs_in_flight() {
 fn dontneed_on_a_shared_file_never_loses_a_concurrent_write() {
     within(60, "dontneed vs writes", || {
         const PAGES: usize = 8;
-        let path = std::env::temp_dir().join(format!("usermm-test-{}-dontneed-race", std::process::id()));
-        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
-        f.set_len((PAGES * PS) as u64).unwrap();
-        std::fs::remove_file(&path).unwrap();
+        let f = shared_temp_file("dontneed-race", PAGES);
         use std::os::fd::AsRawFd;
         let s = space(256, 1024, 0);
         let a = s.mmap(0, PAGES * PS, RW, MAP_SHARED, f.as_raw_fd(), 0).unwrap();

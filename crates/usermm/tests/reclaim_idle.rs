@@ -7,21 +7,13 @@
 use std::time::Duration;
 
 use usermm::consts::*;
-use usermm_sys::kernel::poke;
 
 mod common;
-use common::space_pages as space;
+use common::{fill, space_pages as space};
 
 const PS: usize = 4096;
 const RW: i32 = PROT_READ | PROT_WRITE;
 const ANON: i32 = MAP_PRIVATE | MAP_ANONYMOUS;
-
-fn fill(a: usize, pages: std::ops::Range<usize>, tag: u8) {
-    for p in pages {
-        poke(a + p * PS, tag.wrapping_add(p as u8));
-        poke(a + p * PS + PS - 1, tag.wrapping_add(p as u8));
-    }
-}
 
 /// How many of this process's threads are named `name`, and their CPU time
 /// (user + system, in clock ticks).

@@ -40,3 +40,22 @@ pub fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + 
         Err(_) => panic!("hang: {what} did not return within {secs} s"),
     }
 }
+
+/// Marks pages `pages` of the region at `a` (4 KiB pages): their first and
+/// last bytes get `tag + page`.
+pub fn fill(a: usize, pages: std::ops::Range<usize>, tag: u8) {
+    const PS: usize = 4096;
+    for p in pages {
+        usermm_sys::kernel::poke(a + p * PS, tag.wrapping_add(p as u8));
+        usermm_sys::kernel::poke(a + p * PS + PS - 1, tag.wrapping_add(p as u8));
+    }
+}
+
+/// A read-write temporary file of `pages` zero pages, unlinked at once.
+pub fn shared_temp_file(name: &str, pages: usize) -> std::fs::File {
+    let path = std::env::temp_dir().join(format!("usermm-test-{}-{name}", std::process::id()));
+    let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    f.set_len((pages * 4096) as u64).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    f
+}
