@@ -594,6 +594,14 @@ impl Space {
         self.inner.inject_signal_stall_ms.store(ms, std::sync::atomic::Ordering::SeqCst);
     }
 
+    #[cfg(feature = "test-hooks")]
+    /// Test hook: a range write-back (msync, munmap, close) waits `ms`
+    /// milliseconds between listing the dirty pages and writing them, as a
+    /// preempted caller would.
+    pub fn inject_writeback_stall(&self, ms: u32) {
+        self.inner.inject_writeback_stall_ms.store(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Debugging hook (also in the C ABI, `umm_debug_inject_swap_errors`,
     /// for programs testing their SIGBUS handling): the next `reads` swap
     /// reads and `writes` swap writes fail with `EIO`.

@@ -151,6 +151,11 @@ pub(crate) struct Inner {
     /// signal could arise).
     #[cfg(feature = "test-hooks")]
     pub inject_signal_stall_ms: AtomicU32,
+    /// Test hook: milliseconds a range write-back (msync, munmap, close)
+    /// waits between listing the pages and writing them (widens the window
+    /// in which reclaim could evict a listed page).
+    #[cfg(feature = "test-hooks")]
+    pub inject_writeback_stall_ms: AtomicU32,
     /// Test hook: the page index at which a populate is interrupted (EINTR),
     /// once; `u64::MAX`: none (see `Space::interrupt_populate_at`).
     pub populate_interrupt: AtomicU64,
@@ -316,6 +321,8 @@ impl Inner {
             sim_bug: AtomicU32::new(0),
             #[cfg(feature = "test-hooks")]
             inject_signal_stall_ms: AtomicU32::new(0),
+            #[cfg(feature = "test-hooks")]
+            inject_writeback_stall_ms: AtomicU32::new(0),
             populate_interrupt: AtomicU64::new(u64::MAX),
             inject_write_errors: AtomicU32::new(0),
             willneed: Mutex::new(Vec::new()),

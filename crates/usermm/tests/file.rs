@@ -209,6 +209,52 @@ fn eviction_writes_shared_pages_back_and_close_too() {
     let _ = std::fs::remove_file(p);
 }
 
+/// A range write-back (msync here; munmap and close alike) lists the dirty
+/// pages, then writes them — a parked page from its staging slot. Reclaim
+/// must not evict a listed parked page meanwhile: it would write it, free
+/// the slot and hand it to another page, and the msync then wrote zeros or
+/// another page's bytes over reclaim's good copy (close lost pages of
+/// `eviction_writes_shared_pages_back_and_close_too` one run in twenty).
+/// The hook stalls the msync between listing and writing, while a second
+/// thread's faults keep reclaim evicting.
+#[test]
+fn a_range_write_back_never_writes_a_slot_reclaim_freed() {
+    const PAGES: usize = 2048;
+    let (p, f) = temp_file("wb-stall", &vec![0u8; PAGES * PS]);
+    let (_q, g) = temp_file("wb-stall-other", &vec![0u8; PAGES * PS]);
+    let s = space(2);
+    let a = s.mmap(0, PAGES * PS, PROT_READ | PROT_WRITE, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
+    let b = s.mmap(0, PAGES * PS, PROT_READ | PROT_WRITE, MAP_SHARED, g.as_raw_fd(), 0).unwrap();
+    for round in 1..=4u8 {
+        for pg in 0..PAGES {
+            poke(a + pg * PS, (pg % 251) as u8 ^ round);
+            poke(a + pg * PS + PS - 1, round);
+        }
+        s.inject_writeback_stall(30);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    poke(b + (i % PAGES) * PS, i as u8);
+                    i += 1;
+                }
+            });
+            s.msync(a, PAGES * PS, MS_ASYNC).unwrap();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        s.inject_writeback_stall(0);
+        let c = contents(&p);
+        for pg in 0..PAGES {
+            let want = (pg % 251) as u8 ^ round;
+            assert_eq!((c[pg * PS], c[pg * PS + PS - 1]), (want, round), "round {round}: page {pg} in the file");
+        }
+    }
+    s.validate();
+    let _ = std::fs::remove_file(p);
+    let _ = std::fs::remove_file(_q);
+}
+
 /// A streaming read of a file 4× the budget (`MADV_SEQUENTIAL`, read-only
 /// shared mapping): reclaim drops the clean pages where they are — nothing
 /// goes through the staging area, nothing is written — and every page reads

@@ -79,8 +79,18 @@ impl Core {
 
     /// The pages of `r` that belong to shared file regions (live or being
     /// unmapped, described by `files`) and hold data: what a write-back of
-    /// `r` must write. Busy pages are skipped (the caller settles first).
-    pub fn writeback_snapshot(&self, r: PageRange, detached: &[FileRange]) -> Vec<Writeback> {
+    /// `r` (msync, munmap, DONTNEED, close) must write. Busy pages are
+    /// skipped (the caller settles first).
+    ///
+    /// Parked pages are claimed (`Evicting`) until `writeback_release`: the
+    /// write reads their staging slot, which reclaim would otherwise evict
+    /// under it — write the page, free the slot, hand it to another page —
+    /// so that the range write put zeros or another page's bytes in the
+    /// file after reclaim's good copy (lost data, seen at close in
+    /// `file.rs eviction_writes_shared_pages_back_and_close_too`, 1 run in
+    /// 20). Resident pages are copied out through the space (a page
+    /// evicted in between faults back in from the file reclaim wrote).
+    pub fn writeback_claim(&mut self, r: PageRange, detached: &[FileRange]) -> Vec<Writeback> {
         let mut v = Vec::new();
         let mut push = |seg: PageRange, file: u32, file_page_of_start: u64| {
             self.pages.for_each_live(seg, |p, m| {
@@ -113,7 +123,31 @@ impl Core {
                 push(seg, f.file, f.file_page + (seg.start.0 - f.range.start.0));
             }
         }
+        for w in v.iter().filter(|w| w.staging.is_some()) {
+            self.pages.update(w.page, |m| m.state = PState::Evicting);
+        }
         v
+    }
+
+    /// Ends a range write-back of one page (`writeback_claim`): counts it
+    /// or keeps its error for the next `msync`/`munmap`, and gives a parked
+    /// page back to reclaim — clean if its write succeeded (a parked page
+    /// cannot be written by the program).
+    pub fn writeback_release(&mut self, w: &Writeback, result: Result<(), Errno>) {
+        match result {
+            Ok(()) => self.count_writeback(w.page),
+            Err(e) => self.note_file_error(w.file, e),
+        }
+        if w.staging.is_some() {
+            debug_assert_eq!(self.pages.get(w.page).state, PState::Evicting);
+            self.pages.update(w.page, |m| {
+                m.state = PState::Inactive;
+                if result.is_ok() {
+                    m.flags &= !pf::MAYBE_DIRTY;
+                }
+            });
+            self.push_inactive(w.page);
+        }
     }
 
     /// Decides `msync`: returns the shared file segments to write back (in

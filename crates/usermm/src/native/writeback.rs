@@ -66,23 +66,30 @@ impl Inner {
     /// msync, munmap, DONTNEED, close). `detached` describes shared file
     /// ranges already removed from the region tree. Returns the first error.
     pub(super) fn writeback_range(&self, r: PageRange, detached: &[FileRange]) -> Result<Vec<u32>, Errno> {
-        let snapshot = {
+        let claimed = {
             let bytes = r.pages() as usize * self.page_size;
-            let c = self.settled_core_all(self.addr(r.start), bytes, true);
-            c.writeback_snapshot(r, detached)
+            let mut c = self.settled_core_all(self.addr(r.start), bytes, true);
+            c.writeback_claim(r, detached)
         };
-        let mut files: Vec<u32> = snapshot.iter().map(|w| w.file).collect();
+        let mut files: Vec<u32> = claimed.iter().map(|w| w.file).collect();
         files.sort_unstable();
         files.dedup();
-        let mut first = None;
-        for (w, res) in snapshot.iter().zip(self.write_pages(&snapshot)) {
-            if let Err(e) = res {
-                first.get_or_insert(e);
-                lock(&self.core).note_file_error(w.file, e);
-            } else {
-                lock(&self.core).count_writeback(w.page);
+        #[cfg(feature = "test-hooks")]
+        {
+            let stall = self.inject_writeback_stall_ms.load(Ordering::Relaxed);
+            if stall > 0 && !claimed.is_empty() {
+                std::thread::sleep(std::time::Duration::from_millis(stall.into()));
             }
         }
+        let results = self.write_pages(&claimed);
+        let first = results.iter().find_map(|r| r.err());
+        {
+            let mut c = lock(&self.core);
+            for (w, res) in claimed.iter().zip(results) {
+                c.writeback_release(w, res);
+            }
+        }
+        self.settled.notify_all();
         match first {
             Some(e) => Err(e),
             None => Ok(files),
