@@ -677,7 +677,9 @@ struct Page {
     /// written since applied). A page freed again before a read settled it
     /// keeps every earlier alternative too: it may have been discarded
     /// before the writes in between, so zeros-plus-those-writes is as right
-    /// as the expected bytes.
+    /// as the expected bytes. A read settles which contents it is, but a
+    /// page not written since its last MADV_FREE keeps zeros as an
+    /// alternative (it can still be discarded).
     alt: Vec<Vec<u8>>,
     /// Written since MADV_FREE (the lazy free is cancelled: no later
     /// discard; a read settles which contents it is).
@@ -798,16 +800,50 @@ impl Worker<'_> {
         mem_read(addr, &mut buf);
         let pg = &mut self.pages[p];
         let ok_data = buf == pg.data;
+        // A page lazily freed and not written since its last MADV_FREE can
+        // still be discarded: its zeros stay an alternative whatever a read
+        // shows now (only a write cancels a lazy free).
+        let discardable = !pg.alt.is_empty() && !pg.written_since_free;
+        let still = |data: &[u8]| {
+            if discardable && data.iter().any(|&b| b != 0) {
+                vec![vec![0u8; PS]]
+            } else {
+                Vec::new()
+            }
+        };
         if ok_data {
-            if pg.written_since_free {
+            // Not discarded before any write in between: the alternatives
+            // that assumed so are gone.
+            pg.alt = still(&pg.data);
+            pg.written_since_free = false;
+        } else if let Some(i) = pg.alt.iter().position(|a| *a == buf) {
+            // Discarded before the writes since (or now): those contents
+            // it is, and zeros if still lazily freed (freed again after
+            // the writes: seen as a corruption by a 10-minute soak, which
+            // adopted the zeros-plus-writes contents and dropped the zeros).
+            pg.data = pg.alt.swap_remove(i);
+            pg.alt = still(&pg.data);
+            pg.written_since_free = false;
+        } else if discardable && torn_by_discard(&buf, &pg.data, &pg.alt) {
+            // Discarded while it was being copied: some bytes old, the
+            // others the discarded page's zeros — a reader on Linux can see
+            // that too (its discard clears the page table entry under a
+            // reader's copy). Seen in soaks (a page read as its 32 first
+            // bytes, then zeros). The page must read discarded now.
+            let mut again = vec![0u8; PS];
+            mem_read(addr, &mut again);
+            if again.iter().all(|&b| b == 0) {
+                pg.data = again;
                 pg.alt.clear();
                 pg.written_since_free = false;
+            } else {
+                let msg = format!(
+                    "CORRUPTION at {addr:#x} (page {p}): a lazily freed page read as a mix of its contents and \
+                     zeros, but read again it is not discarded; page state: {}",
+                    pg.describe()
+                );
+                self.fail_at(msg, Some(addr));
             }
-        } else if let Some(i) = pg.alt.iter().position(|a| *a == buf) {
-            // Discarded: it stays so until written.
-            pg.data = pg.alt.swap_remove(i);
-            pg.alt.clear();
-            pg.written_since_free = false;
         } else {
             // The first byte that is neither allowed value.
             let alt_ok = |i: usize| pg.alt.iter().any(|a| buf[i] == a[i]);
@@ -1483,4 +1519,14 @@ fn soak() {
     assert_eq!(st.resident_pages, 0, "resident pages leaked");
     assert_eq!(st.swapped_pages, 0, "swap slots leaked");
     assert_eq!(st.locked_charged_pages, 0, "lock charge leaked");
+}
+
+/// Whether every byte of `read` is either zero (what a discard leaves) or
+/// the byte of one possible contents (`data`, or one of `alts`): a discard
+/// that happened while the page was being copied (a copy need not go in
+/// address order).
+fn torn_by_discard(read: &[u8], data: &[u8], alts: &[Vec<u8>]) -> bool {
+    std::iter::once(data)
+        .chain(alts.iter().map(|a| a.as_slice()))
+        .any(|c| read.iter().zip(c).all(|(r, c)| *r == 0 || r == c))
 }
