@@ -101,6 +101,12 @@
 #ifndef MADV_HWPOISON
 #define MADV_HWPOISON 100
 #endif
+#ifndef MADV_GUARD_INSTALL /* Linux 6.13 */
+#define MADV_GUARD_INSTALL 102
+#endif
+#ifndef MADV_GUARD_REMOVE
+#define MADV_GUARD_REMOVE 103
+#endif
 #ifndef MLOCK_ONFAULT
 #define MLOCK_ONFAULT 1
 #endif
@@ -288,10 +294,16 @@ int umm_mlockall(umm_space *s, int flags);
 int umm_munlockall(umm_space *s);
 
 /*
- * madvise(2) (SPEC 3): MADV_DONTNEED, MADV_FREE (seed 001), MADV_WILLNEED,
+ * madvise(2) (SPEC 3): MADV_NORMAL/RANDOM/SEQUENTIAL, MADV_WILLNEED,
+ * MADV_DONTNEED, MADV_FREE (seed 001), MADV_REMOVE (shared regions),
  * MADV_COLD, MADV_PAGEOUT, MADV_POPULATE_READ/WRITE (seed 004),
- * MADV_HWPOISON, MADV_NORMAL/RANDOM/SEQUENTIAL. EINVAL unknown advice or
- * unaligned; ENOMEM holes (the mapped parts are still advised).
+ * MADV_DONTDUMP/DODUMP (passed to the host: the pages stay out of core
+ * dumps), MADV_GUARD_INSTALL/REMOVE (private regions: a touch raises
+ * SIGSEGV), MADV_HWPOISON; fork, KSM and THP advice are accepted with no
+ * effect; MADV_COLLAPSE and MADV_DONTNEED_LOCKED are EINVAL. The table of
+ * what each does on a space: docs/design.md, "Advice on a space". EINVAL
+ * unknown advice or unaligned; ENOMEM holes (the mapped parts are still
+ * advised).
  */
 int umm_madvise(umm_space *s, void *addr, size_t len, int advice);
 

@@ -191,6 +191,12 @@ pub struct Space {
     /// change or remove their bytes refuse them (`EBUSY`); the handle's own
     /// methods, which hold it by `&mut` or by value, do it instead.
     owned: std::sync::Mutex<Vec<(usize, usize)>>,
+    /// Makes a range check and the call it guards one step: the
+    /// address-based calls hold it shared from their check to their end,
+    /// and a new handle holds it exclusively from its `mmap` to its
+    /// registration in `owned` (otherwise a `munmap` that found a hole
+    /// could unmap the handle `map_anon` had just placed there).
+    own_gate: std::sync::RwLock<()>,
 }
 
 /// Advice that changes a range's bytes now or later, or removes access to
@@ -206,7 +212,13 @@ impl Space {
     pub fn open(cfg: &Config) -> Result<Space, Errno> {
         let fork_generation = usermm_sys::thread::watch_forks()?;
         let (inner, threads) = Inner::open(cfg)?;
-        Ok(Space { inner, threads: Some(threads), fork_generation, owned: std::sync::Mutex::new(Vec::new()) })
+        Ok(Space {
+            inner,
+            threads: Some(threads),
+            fork_generation,
+            owned: std::sync::Mutex::new(Vec::new()),
+            own_gate: std::sync::RwLock::new(()),
+        })
     }
 
     /// `Err(ESTALE)` in a process forked after the space was opened (see
@@ -276,14 +288,16 @@ impl Space {
     }
 
     /// `EBUSY` if `[addr, addr+len)` overlaps a live [`Mapping`] (safe
-    /// code may be borrowing its bytes).
-    fn not_owned(&self, addr: usize, len: usize) -> Result<(), Errno> {
+    /// code may be borrowing its bytes); otherwise a guard that keeps new
+    /// handles out until the caller's call is done.
+    fn not_owned(&self, addr: usize, len: usize) -> Result<std::sync::RwLockReadGuard<'_, ()>, Errno> {
+        let gate = self.own_gate.read().unwrap_or_else(|e| e.into_inner());
         let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
         let end = addr.saturating_add(len);
         if owned.iter().any(|&(a, l)| a < end && addr < a + l) {
             return Err(Errno::EBUSY);
         }
-        Ok(())
+        Ok(gate)
     }
 
     fn own(&self, addr: usize, len: usize) {
@@ -302,9 +316,7 @@ impl Space {
     /// may be borrowing).
     pub fn mmap(&self, addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Result<usize, Errno> {
         self.check_owner()?;
-        if flags & consts::MAP_FIXED != 0 {
-            self.not_owned(addr, len)?;
-        }
+        let _gate = if flags & consts::MAP_FIXED != 0 { Some(self.not_owned(addr, len)?) } else { None };
         self.inner.mmap(addr, len, prot, flags, fd, off)
     }
 
@@ -312,7 +324,7 @@ impl Space {
     /// [`Mapping`] is `EBUSY`: use [`Mapping::unmap`] (or drop it).
     pub fn munmap(&self, addr: usize, len: usize) -> Result<(), Errno> {
         self.check_owner()?;
-        self.not_owned(addr, len)?;
+        let _gate = self.not_owned(addr, len)?;
         self.inner.munmap(addr, len)
     }
 
@@ -328,7 +340,7 @@ impl Space {
     /// `Deref` promises readable, writable bytes).
     pub fn mprotect(&self, addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
         self.check_owner()?;
-        self.not_owned(addr, len)?;
+        let _gate = self.not_owned(addr, len)?;
         self.inner.mprotect(addr, len, prot)
     }
 
@@ -337,9 +349,7 @@ impl Space {
     /// over a live [`Mapping`] is `EBUSY`: use [`Mapping::advise`].
     pub fn madvise(&self, addr: usize, len: usize, advice: i32) -> Result<(), Errno> {
         self.check_owner()?;
-        if advice_changes_bytes(advice) {
-            self.not_owned(addr, len)?;
-        }
+        let _gate = if advice_changes_bytes(advice) { Some(self.not_owned(addr, len)?) } else { None };
         self.inner.madvise(addr, len, advice)
     }
 
@@ -393,7 +403,7 @@ impl Space {
     /// handle for volatile memory.
     pub fn mvolatile(&self, addr: usize, len: usize) -> Result<(), Errno> {
         self.check_owner()?;
-        self.not_owned(addr, len)?;
+        let _gate = self.not_owned(addr, len)?;
         self.inner.mvolatile(addr, len)
     }
 
@@ -574,6 +584,9 @@ impl Space {
     /// Maps `len` bytes of private anonymous read-write memory as a handle
     /// that derefs to a byte slice and unmaps on drop (like `memmap2::MmapMut`).
     pub fn map_anon(&self, len: usize) -> Result<Mapping<'_>, Errno> {
+        // No address-based call between the placement and the registration
+        // (see `own_gate`).
+        let _gate = self.own_gate.write().unwrap_or_else(|e| e.into_inner());
         let addr = self.mmap(
             0,
             len,

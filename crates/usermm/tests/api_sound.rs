@@ -56,3 +56,48 @@ fn address_based_calls_refuse_a_live_mapping_and_the_handle_does_them() {
     }
     s.validate();
 }
+
+/// The check that refuses a live mapping's range and the call it guards are
+/// one step: a `munmap` over a hole, racing with `map_anon` placing a
+/// mapping there, never unmaps the new mapping (it checked the hole, then
+/// unmapped what `map_anon` had just handed to safe code: the next read of
+/// the mapping's bytes was a SIGSEGV).
+#[test]
+fn a_munmap_racing_with_map_anon_never_unmaps_the_new_mapping() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let s = Space::open(&Config { budget_bytes: 64 << 20, swap_bytes: 0, ..Config::default() }).unwrap();
+    // Where map_anon places a mapping of this size (first fit): note it,
+    // and give it back.
+    let spot = s.map_anon(4 * PS).unwrap();
+    let a = spot.addr();
+    drop(spot);
+    let stop = AtomicBool::new(false);
+    let (mut made, mut unmapped) = (0u64, 0u64);
+    std::thread::scope(|sc| {
+        let un = sc.spawn(|| {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // Ok over the hole, EBUSY over a live mapping.
+                match s.munmap(a, 4 * PS) {
+                    Ok(()) => n += 1,
+                    Err(e) => assert_eq!(e, Errno::EBUSY),
+                }
+            }
+            n
+        });
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < std::time::Duration::from_secs(2) {
+            let mut m = s.map_anon(4 * PS).unwrap();
+            m[0] = 9;
+            std::thread::yield_now();
+            // A mapping the other thread unmapped would fault here (a
+            // touch of unmapped space memory is a SIGSEGV).
+            assert_eq!(m[0], 9);
+            assert!(m[PS..].iter().all(|&b| b == 0));
+            made += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        unmapped = un.join().unwrap();
+    });
+    assert!(made > 1000 && unmapped > 0, "{made} mappings made, {unmapped} munmaps over the hole");
+}
