@@ -300,11 +300,37 @@ pub fn conform<F>(name: &str, scenario: F)
 where
     F: Fn(&dyn Mm, &mut Transcript),
 {
+    conform_on(name, UserMm::new, scenario)
+}
+
+/// [`conform`] with usermm's default fault-around (no
+/// `UMM_F_EXACT_FAULTS`): for scenarios whose residency must be Linux's
+/// whatever the space's flags.
+pub fn conform_fault_around<F>(name: &str, scenario: F)
+where
+    F: Fn(&dyn Mm, &mut Transcript),
+{
+    let open = || {
+        UserMm::with(Config {
+            budget_bytes: 256 << 20,
+            reserve_bytes: 2 << 30,
+            swap_bytes: 256 << 20,
+            flags: 0,
+            ..Config::default()
+        })
+    };
+    conform_on(name, open, scenario)
+}
+
+fn conform_on<F>(name: &str, open: impl FnOnce() -> UserMm, scenario: F)
+where
+    F: Fn(&dyn Mm, &mut Transcript),
+{
     let k = KernelMm::new();
     let mut tk = Transcript::new(k.base());
     scenario(&k, &mut tk);
     drop(k);
-    let u = UserMm::new();
+    let u = open();
     let mut tu = Transcript::new(u.base());
     scenario(&u, &mut tu);
     u.space.validate();
