@@ -50,6 +50,11 @@ impl Arena {
             // SAFETY: this arena's memory (checked range or own slot): no reference into it.
             unsafe { mem::advise(s, l, libc::MADV_NOHUGEPAGE) }?;
         }
+        // Parked copies of the program's pages stay out of core dumps: a
+        // page the program marked `MADV_DONTDUMP` (a secret) would
+        // otherwise be dumped from its staging slot while parked.
+        // SAFETY: this arena's own staging memory: no reference into it.
+        unsafe { mem::advise(a.staging_base, a.staging_len, libc::MADV_DONTDUMP) }?;
         uffd.register(a.base, a.reserve_len)?;
         // The staging area must be registered with the same userfaultfd (it
         // is a UFFDIO_MOVE destination), but in write-protect mode only, so
@@ -460,7 +465,11 @@ impl Arena {
                 unsafe { pm.read(b.as_mut_ptr() as usize, addr, len) }?;
             }
             // SAFETY: `b` is our own buffer, readable for `len` bytes.
-            unsafe { pwrite_all(file.raw(), b.as_ptr() as usize, len, off) }
+            let r = unsafe { pwrite_all(file.raw(), b.as_ptr() as usize, len, off) };
+            // No copy of the page stays behind (a core dump would show it,
+            // though its region is `MADV_DONTDUMP`).
+            b.fill(0);
+            r
         })
     }
 
@@ -556,7 +565,12 @@ pub struct Bounce {
 
 impl Bounce {
     pub fn new(len: usize) -> Result<Bounce, Errno> {
-        Ok(Bounce { addr: mem::map_rw(len)?, len })
+        let b = Bounce { addr: mem::map_rw(len)?, len };
+        // Copies of the program's pages (swap and file I/O) stay out of
+        // core dumps, as the staging area does.
+        // SAFETY: the buffer is ours, just mapped: no reference into it.
+        unsafe { mem::advise(b.addr, b.len, libc::MADV_DONTDUMP) }?;
+        Ok(b)
     }
     pub fn len(&self) -> usize {
         self.len
