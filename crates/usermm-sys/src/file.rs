@@ -423,6 +423,42 @@ impl MappedFile {
         self.fd.as_raw_fd()
     }
 
+    /// Reads up to `buf.len()` bytes at `off` into `buf` (short at the end
+    /// of the file); returns the count.
+    pub fn read_at(&self, buf: &mut [u8], off: u64) -> Result<usize, Errno> {
+        let mut done = 0;
+        while done < buf.len() {
+            let rest = &mut buf[done..];
+            // SAFETY: `rest` is a live, writable slice of `rest.len()` bytes.
+            let n =
+                unsafe { libc::pread(self.raw(), rest.as_mut_ptr().cast(), rest.len(), (off + done as u64) as i64) };
+            match n {
+                0 => break,
+                n if n > 0 => done += n as usize,
+                _ if last_errno() == Errno::EINTR => {}
+                _ => return Err(last_errno()),
+            }
+        }
+        Ok(done)
+    }
+
+    /// Writes all of `buf` at `off`.
+    pub fn write_at(&self, buf: &[u8], off: u64) -> Result<(), Errno> {
+        let mut done = 0;
+        while done < buf.len() {
+            let rest = &buf[done..];
+            // SAFETY: `rest` is a live, readable slice of `rest.len()` bytes.
+            let n = unsafe { libc::pwrite(self.raw(), rest.as_ptr().cast(), rest.len(), (off + done as u64) as i64) };
+            match n {
+                n if n > 0 => done += n as usize,
+                _ if last_errno() == Errno::EINTR => {}
+                0 => return Err(Errno::EIO),
+                _ => return Err(last_errno()),
+            }
+        }
+        Ok(())
+    }
+
     /// The descriptor the calling thread reads through: its own open file
     /// description of the file (opened once through `/proc/self/fd`), so
     /// that each reader has its own read-ahead state. Through one shared

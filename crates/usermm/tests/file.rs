@@ -209,6 +209,36 @@ fn eviction_writes_shared_pages_back_and_close_too() {
     let _ = std::fs::remove_file(p);
 }
 
+/// `MAP_FIXED` of one shared file mapping over another: the replaced
+/// mapping's dirty pages go to their own file, and the new file is left as
+/// it was (the replaced pages were written to the new region's file too —
+/// its bytes overwritten with the old mapping's; found by the simulation).
+#[test]
+fn a_replaced_shared_file_page_goes_to_its_own_file_only() {
+    let (pa, fa) = temp_file("replace-a", &vec![0u8; 4 * PS]);
+    let (pb, fb) = temp_file("replace-b", &pattern(4));
+    let s = space(64);
+    let a = s.mmap(0, 4 * PS, PROT_READ | PROT_WRITE, MAP_SHARED, fa.as_raw_fd(), 0).unwrap();
+    for pg in 0..4 {
+        poke(a + pg * PS, 0xA0 + pg as u8);
+    }
+    let b = s.mmap(a, 4 * PS, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fb.as_raw_fd(), 0).unwrap();
+    assert_eq!(b, a);
+    let (ca, cb) = (contents(&pa), contents(&pb));
+    for pg in 0..4 {
+        assert_eq!(ca[pg * PS], 0xA0 + pg as u8, "page {pg} of the replaced mapping reached its file");
+        assert_eq!(
+            cb[pg * PS..(pg + 1) * PS],
+            pattern(4)[pg * PS..(pg + 1) * PS],
+            "page {pg} of the new file unchanged"
+        );
+        assert_eq!(peek(b + pg * PS), pattern(4)[pg * PS], "the new mapping reads its file");
+    }
+    s.validate();
+    let _ = std::fs::remove_file(pa);
+    let _ = std::fs::remove_file(pb);
+}
+
 /// A range write-back (msync here; munmap and close alike) lists the dirty
 /// pages, then writes them — a parked page from its staging slot. Reclaim
 /// must not evict a listed parked page meanwhile: it would write it, free

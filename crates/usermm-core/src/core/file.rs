@@ -111,10 +111,17 @@ impl Core {
                 });
             });
         };
-        for reg in self.regions.overlapping(r) {
-            if reg.kind == Kind::FileShared {
-                let seg = reg.range.intersect(&r);
-                push(seg, reg.file().expect("file"), reg.file_page(seg.start));
+        // Either the live regions (msync, DONTNEED, close) or the detached
+        // ones (munmap, a MAP_FIXED replacement): a replacement's new region
+        // is already live over the range, but the pages there are still the
+        // old region's until they are zapped — written to the new file they
+        // put the old bytes in it (found by the simulation).
+        if detached.is_empty() {
+            for reg in self.regions.overlapping(r) {
+                if reg.kind == Kind::FileShared {
+                    let seg = reg.range.intersect(&r);
+                    push(seg, reg.file().expect("file"), reg.file_page(seg.start));
+                }
             }
         }
         for f in detached {

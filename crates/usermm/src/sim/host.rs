@@ -91,6 +91,26 @@ impl SimPlatform {
         }
         self.preempting.store(false, Relaxed);
     }
+    /// A copy of the program page at `a`, as `process_vm_readv` makes it:
+    /// a missing page faults in through the executor's handler first (the
+    /// copy runs with no lock of the executor held).
+    fn copy_out(&self, a: usize) -> Result<Box<[u8]>, Errno> {
+        Self::check(a, PS)?;
+        for _ in 0..64 {
+            {
+                let h = self.host();
+                match h.prog.get(&page_of(a)) {
+                    Some(Pg::Data(d)) => return Ok(d.clone()),
+                    Some(Pg::Zero) => return Ok(zeros()),
+                    Some(Pg::Poison) => return Err(Errno::EFAULT),
+                    None => {}
+                }
+            }
+            let inner = self.inner.get().and_then(|w| w.upgrade()).ok_or(Errno::EFAULT)?;
+            inner.resolve(a, false, None);
+        }
+        Err(Errno::EFAULT)
+    }
     /// Checks a range of the program range (`EFAULT` outside, as `Arena`).
     fn check(a: usize, l: usize) -> Result<(), Errno> {
         if a >= BASE && a.is_multiple_of(PS) && l.is_multiple_of(PS) && a + l <= BASE + PAGES * PS {
@@ -180,8 +200,24 @@ impl Platform for SimPlatform {
             (0..(len / PS) as u64).map(|k| Pg::Data(h.swap.get(&(first + k)).cloned().unwrap_or_else(zeros))).collect();
         Ok(h.install(dst, pages))
     }
-    fn file_in(&self, _file: &MappedFile, _off: u64, _dst: usize, _len: usize) -> Result<(usize, bool), Errno> {
-        Err(Errno::ENOSYS)
+    fn file_in(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno> {
+        // The file is a real memfd (the executor's file table holds it):
+        // its bytes are read for real, installed as the host would.
+        self.preempt();
+        Self::check(dst, len)?;
+        let size = file.size()?;
+        if off >= size {
+            return Ok((0, true));
+        }
+        if self.host().fail() {
+            return Err(Errno::EIO);
+        }
+        let want = len.min((size - off) as usize);
+        let mut buf = vec![0u8; want.div_ceil(PS) * PS];
+        let done = file.read_at(&mut buf[..want], off)?;
+        let pages = done.div_ceil(PS);
+        let pgs = (0..pages).map(|k| Pg::Data(buf[k * PS..(k + 1) * PS].to_vec().into_boxed_slice())).collect();
+        Ok((self.host().install(dst, pgs), true))
     }
     fn wake(&self, a: usize, l: usize) -> Result<(), Errno> {
         self.preempt();
@@ -354,12 +390,25 @@ impl Platform for SimPlatform {
     }
     fn page_out_to_file(
         &self,
-        _file: &MappedFile,
-        _src: Option<usize>,
-        _slot: Option<u32>,
-        _off: u64,
+        file: &MappedFile,
+        src: Option<usize>,
+        slot: Option<u32>,
+        off: u64,
     ) -> Result<(), Errno> {
-        Err(Errno::ENOSYS)
+        self.preempt();
+        let size = file.size()?;
+        if off >= size {
+            return Ok(());
+        }
+        let data = match (slot, src) {
+            // (No failure injected: a failed write-back at munmap loses the
+            // page, reported as EIO — a documented deviation, not checked.)
+            (Some(s), _) => self.host().staging.get(&s).cloned().expect("write-back of an empty staging slot"),
+            (None, Some(a)) => self.copy_out(a)?,
+            (None, None) => return Err(Errno::EINVAL),
+        };
+        let len = PS.min((size - off) as usize);
+        file.write_at(&data[..len], off)
     }
     fn sigbus(&self, tid: u32, addr: usize) -> Result<(), Errno> {
         self.host().signals.push((tid, libc_sig::SIGBUS, addr));

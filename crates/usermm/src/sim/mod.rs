@@ -9,9 +9,12 @@
 //! The platform injects what the host can do to the executor, from the
 //! seed: swap reads and writes that fail (`EIO`), fills and moves that stop
 //! short (a prefix installed), moves that are refused (the executor falls
-//! back to copies). It does not model the host's own reclaim (no lazy free
-//! handed to the host), file regions, or threads running at once: the
-//! scheduler interleaves whole steps (a call, a touch, a background round).
+//! back to copies). Shared file regions map real (unlinked) temporary
+//! files, read and written by the simulated host: after `msync`, `munmap`
+//! or a `MAP_FIXED` replacement each file holds the last bytes written to
+//! its pages. It does not model the host's own reclaim (no lazy free handed
+//! to the host) or threads running at once: the scheduler interleaves whole
+//! steps (a call, a touch, a background round), plus preemption points.
 //!
 //! Built with the `test-hooks` feature (usermm's own tests).
 
@@ -80,11 +83,24 @@ struct Model {
     /// Locked and touched since (or present when locked): it must stay in
     /// memory until unlocked.
     pinned: bool,
+    /// A shared file region's page: the file's id and the page's index in
+    /// it.
+    file: Option<(u64, u64)>,
 }
 
 impl Model {
     fn new(prot: i32, object: u64) -> Model {
-        Model { prot, object, locked: false, stamp: 0, lazy: false, volatile: false, purged: false, pinned: false }
+        Model {
+            prot,
+            object,
+            locked: false,
+            stamp: 0,
+            lazy: false,
+            volatile: false,
+            purged: false,
+            pinned: false,
+            file: None,
+        }
     }
 }
 
@@ -102,6 +118,8 @@ pub struct SimSummary {
     pub injected: u64,
     /// Background rounds run at a preemption point inside another step.
     pub preemptions: u64,
+    /// File pages checked in their files (after msync, munmap, replacement).
+    pub file_checks: u64,
 }
 
 struct Sim {
@@ -111,6 +129,8 @@ struct Sim {
     model: Vec<Option<Model>>,
     next_stamp: u64,
     next_object: u64,
+    /// The files of shared file regions, by id (one file per `mmap`).
+    files: HashMap<u64, std::fs::File>,
     log: Vec<String>,
     sum: SimSummary,
 }
@@ -195,7 +215,7 @@ impl Sim {
 
     fn step(&mut self) {
         self.sum.steps += 1;
-        match self.rng.below(24) {
+        match self.rng.below(25) {
             0..=2 => self.op_mmap(),
             3 => self.op_munmap(),
             4 => self.op_mprotect(),
@@ -207,6 +227,7 @@ impl Sim {
             }
             11 => self.op_mvolatile(),
             12 => self.op_mnovolatile(),
+            13 => self.op_msync(),
             _ => {
                 let p = self.rng.below(PAGES as u64) as usize;
                 let write = self.rng.chance(2);
@@ -223,31 +244,87 @@ impl Sim {
         }
     }
 
-    /// `mmap` with `MAP_FIXED` of a random range: private or shared anonymous.
+    /// `mmap` with `MAP_FIXED` of a random range: private or shared
+    /// anonymous, or shared of a new file of the range's size. The file
+    /// pages it replaces must be in their files once it returns.
     fn op_mmap(&mut self) {
         let (s, l) = self.random_range();
         let prot = [PROT_NONE, PROT_READ, PROT_READ | PROT_WRITE, PROT_READ | PROT_WRITE][self.rng.below(4) as usize];
-        let shared = self.rng.chance(4);
-        let flags = MAP_FIXED | MAP_ANONYMOUS | if shared { MAP_SHARED } else { MAP_PRIVATE };
-        self.log.push(format!("mmap p{s}+{l} prot {prot} shared {shared}"));
-        let r = self.inner.mmap(Self::addr(s), l * PS, prot, flags, -1, 0);
-        assert_eq!(r, Ok(Self::addr(s)), "mmap");
-        let object = if shared {
+        let kind = self.rng.below(8);
+        let (shared, file) = (kind < 2, kind == 2);
+        let replaced = self.file_pages(s, l);
+        let r = if file {
             self.next_object += 1;
+            let f = temp_file(self.next_object, l);
+            use std::os::fd::AsRawFd;
+            self.log.push(format!("mmap p{s}+{l} prot {prot} shared file {}", self.next_object));
+            let r = self.inner.mmap(Self::addr(s), l * PS, prot, MAP_FIXED | MAP_SHARED, f.as_raw_fd(), 0);
+            self.files.insert(self.next_object, f);
+            r
+        } else {
+            let flags = MAP_FIXED | MAP_ANONYMOUS | if shared { MAP_SHARED } else { MAP_PRIVATE };
+            self.log.push(format!("mmap p{s}+{l} prot {prot} shared {shared}"));
+            self.inner.mmap(Self::addr(s), l * PS, prot, flags, -1, 0)
+        };
+        assert_eq!(r, Ok(Self::addr(s)), "mmap");
+        self.check_files(&replaced, "replaced by mmap");
+        let object = if shared || file {
+            if shared {
+                self.next_object += 1;
+            }
             self.next_object
         } else {
             0
         };
         for q in s..s + l {
-            self.model[q] = Some(Model::new(prot, object));
+            let mut m = Model::new(prot, object);
+            if file {
+                m.file = Some((object, (q - s) as u64));
+            }
+            self.model[q] = Some(m);
         }
+    }
+
+    /// The shared file pages of `[s, s+l)`: (page, file, page in file, the
+    /// bytes it must hold).
+    fn file_pages(&self, s: usize, l: usize) -> Vec<(usize, u64, u64, u64)> {
+        (s..s + l).filter_map(|q| self.model[q].and_then(|m| m.file.map(|(f, fp)| (q, f, fp, m.stamp)))).collect()
+    }
+
+    /// Each listed file page holds its bytes in its file.
+    fn check_files(&mut self, pages: &[(usize, u64, u64, u64)], when: &str) {
+        use std::os::unix::fs::FileExt;
+        for &(q, f, fp, stamp) in pages {
+            let file = &self.files[&f];
+            let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
+            file.read_exact_at(&mut a, fp * PS as u64).expect("file read");
+            file.read_exact_at(&mut b, fp * PS as u64 + PS as u64 - 8).expect("file read");
+            let got = (u64::from_le_bytes(a), u64::from_le_bytes(b));
+            assert_eq!(got, (stamp, stamp), "p{q} ({when}): file {f} page {fp} holds {got:?}, not the last write");
+            self.sum.file_checks += 1;
+        }
+    }
+
+    /// `msync` (`MS_SYNC` or `MS_ASYNC`) of a random range: the mapped file
+    /// pages reach their files (a hole is `ENOMEM`, after the mapped parts).
+    fn op_msync(&mut self) {
+        let (s, l) = self.random_range();
+        let flags = if self.rng.chance(2) { MS_SYNC } else { MS_ASYNC };
+        self.log.push(format!("msync p{s}+{l} flags {flags}"));
+        let r = self.inner.msync(Self::addr(s), l * PS, flags);
+        let hole = (s..s + l).any(|q| self.model[q].is_none());
+        assert_eq!(r, if hole { Err(Errno::ENOMEM) } else { Ok(()) }, "msync");
+        let pages = self.file_pages(s, l);
+        self.check_files(&pages, "after msync");
     }
 
     /// `munmap` of a random range.
     fn op_munmap(&mut self) {
         let (s, l) = self.random_range();
         self.log.push(format!("munmap p{s}+{l}"));
+        let leaving = self.file_pages(s, l);
         assert_eq!(self.inner.munmap(Self::addr(s), l * PS), Ok(()), "munmap");
+        self.check_files(&leaving, "unmapped");
         for q in s..s + l {
             self.model[q] = None;
         }
@@ -521,6 +598,7 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
         model: vec![None; PAGES],
         next_stamp: 0,
         next_object: 0,
+        files: HashMap::new(),
         log: Vec::new(),
         sum: SimSummary::default(),
     };
@@ -528,10 +606,14 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
         for _ in 0..steps {
             sim.step();
         }
-        // Every page, read back at the end.
+        // Every page, read back at the end, and every file page in its
+        // file after an msync of the whole range.
         for p in 0..PAGES {
             sim.touch_checked(p, false);
         }
+        let _ = sim.inner.msync(BASE, PAGES * PS, MS_SYNC);
+        let all = sim.file_pages(0, PAGES);
+        sim.check_files(&all, "final msync");
     }));
     let c = sim.inner.core_counters();
     sim.sum.swapins = c.swapins;
@@ -555,4 +637,14 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
             ))
         }
     }
+}
+
+/// A read-write file of `pages` zero pages, unlinked at once.
+fn temp_file(id: u64, pages: usize) -> std::fs::File {
+    let path = std::env::temp_dir().join(format!("usermm-sim-{}-{id}", std::process::id()));
+    let f =
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("temp file");
+    f.set_len((pages * PS) as u64).expect("set_len");
+    let _ = std::fs::remove_file(&path);
+    f
 }
