@@ -487,24 +487,7 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
         ..Config::default()
     };
     let preempt_one_in = [0u64, 4, 16][rng.below(3) as usize];
-    let plat = Arc::new(SimPlatform {
-        inner: std::sync::OnceLock::new(),
-        preempt_one_in,
-        preempting: std::sync::atomic::AtomicBool::new(false),
-        preemptions: std::sync::atomic::AtomicU64::new(0),
-        host: Mutex::new(Host {
-            prog: HashMap::new(),
-            prot: HashMap::new(),
-            staging: HashMap::new(),
-            swap: HashMap::new(),
-            signals: Vec::new(),
-            rng: Rng::new(seed ^ 0x5151),
-            fail_one_in,
-            can_move,
-            has_swap: swap_pages > 0,
-            injected: 0,
-        }),
-    });
+    let plat = sim_platform(seed, preempt_one_in, fail_one_in, can_move, swap_pages > 0);
     let what = format!(
         "seed {seed:#x} (budget {budget_pages}, swap {swap_pages}, fail 1/{fail_one_in}, move {can_move}, exact {exact}, preempt 1/{preempt_one_in})"
     );
@@ -541,18 +524,45 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
     sim.sum.what = what.clone();
     match r {
         Ok(()) => Ok(sim.sum),
-        Err(e) => {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            let tail = sim.log.len().saturating_sub(30);
-            Err(format!(
-                "{what}: step {}: {msg}\nreproduce with USERMM_SIM_SEED={seed:#x}\nlast steps:\n  {}",
-                sim.log.len(),
-                sim.log[tail..].join("\n  ")
-            ))
-        }
+        Err(e) => Err(failure_report(&what, seed, &sim.log, e.as_ref())),
     }
+}
+
+/// The simulated host of one run, its random choices made: preemption
+/// and failure rates, whether frames can move, whether there is swap.
+fn sim_platform(seed: u64, preempt_one_in: u64, fail_one_in: u64, can_move: bool, has_swap: bool) -> Arc<SimPlatform> {
+    Arc::new(SimPlatform {
+        inner: std::sync::OnceLock::new(),
+        preempt_one_in,
+        preempting: std::sync::atomic::AtomicBool::new(false),
+        preemptions: std::sync::atomic::AtomicU64::new(0),
+        host: Mutex::new(Host {
+            prog: HashMap::new(),
+            prot: HashMap::new(),
+            staging: HashMap::new(),
+            swap: HashMap::new(),
+            signals: Vec::new(),
+            rng: Rng::new(seed ^ 0x5151),
+            fail_one_in,
+            can_move,
+            has_swap,
+            injected: 0,
+        }),
+    })
+}
+
+/// What a failed run reports: the panic's message, the step, how to
+/// reproduce it, and the last steps of `log`.
+fn failure_report(what: &str, seed: u64, log: &[String], e: &(dyn std::any::Any + Send)) -> String {
+    let msg = e
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    let tail = log.len().saturating_sub(30);
+    format!(
+        "{what}: step {}: {msg}\nreproduce with USERMM_SIM_SEED={seed:#x}\nlast steps:\n  {}",
+        log.len(),
+        log[tail..].join("\n  ")
+    )
 }
