@@ -25,7 +25,8 @@
 //! | `core/fault.rs`      | fault and populate plans, `fill_done`                                  |
 //! | `core/window.rs`     | fault-around and swap-in window policy, `grow_run`                     |
 //! | `core/frames.rs`     | frame charge, LRU pushes and compaction, spare buffers                 |
-//! | `core/reclaim.rs`    | reclaim policy: deactivate, evict, purge, discard, and their `*_done`  |
+//! | `core/reclaim.rs`    | reclaim policy: what to deactivate, evict, purge, discard, and when    |
+//! | `core/evict.rs`      | `MADV_COLD`/`PAGEOUT` range plans, every reclaim step's `*_done`       |
 //! | `core/file.rs`       | shared file regions: write-back, `msync`, write-back errors            |
 //! | `core/volatile.rs`   | `mvolatile`/`mnovolatile`, lazy free (`MADV_FREE`)                     |
 //! | `core/zap.rs`        | `zap_begin`/`zap_end`: dropping a range's pages                        |
@@ -40,6 +41,7 @@ use crate::region::{LockMode, RegionTree};
 use crate::slots::SlotAllocator;
 use crate::types::{Addr, PageIdx, PageRange};
 
+mod evict;
 mod fault;
 mod file;
 mod frames;

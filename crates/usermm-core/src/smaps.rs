@@ -6,10 +6,12 @@ use crate::consts::*;
 use crate::core::Core;
 use crate::region::{Kind, LockMode, Region};
 
-/// One region's smaps entry.
 /// What smaps shows of a mapped file: `(major, minor, inode, path)`.
 pub type FileInfo = (u32, u32, u64, String);
 
+/// One region's smaps entry: [`header_line`], the usage lines
+/// ([`write_usage`]), then the `VmFlags` line ([`vm_flags`]).
+///
 /// `zero_pages(addr, len)`: how many pages of the range map the shared zero
 /// page (the executor asks the host); Linux counts none of them in `Locked:`.
 pub fn format_region(
@@ -20,12 +22,22 @@ pub fn format_region(
     file_info: &dyn Fn(u32) -> Option<FileInfo>,
     zero_pages: &dyn Fn(u64, u64) -> u64,
 ) {
-    let start = core.addr_of(reg.range.start).0;
-    let end = core.addr_of(reg.range.end).0;
-    let kb = core.page_size() / 1024;
-    let (res, swap, lazy, locked_pages) = core.region_usage(reg.range);
     let shared = matches!(reg.kind, Kind::AnonShared | Kind::FileShared);
     let file = reg.file().and_then(file_info);
+    let header = header_line(core, reg, shared, file.as_ref());
+    let _ = writeln!(out, "{header}");
+    let volatile = write_usage(out, core, reg, shared, zero_pages);
+    let _ = writeln!(out, "THPeligible:    0");
+    let _ = writeln!(out, "ProtectionKey:   0");
+    let flags = vm_flags(reg, shared, volatile, extra_flags);
+    let _ = writeln!(out, "VmFlags: {flags}");
+}
+
+/// The entry's first line: range, permissions, offset, device, inode and
+/// name, as Linux lays them out.
+fn header_line(core: &Core, reg: &Region, shared: bool, file: Option<&FileInfo>) -> String {
+    let start = core.addr_of(reg.range.start).0;
+    let end = core.addr_of(reg.range.end).0;
     let perms = format!(
         "{}{}{}{}",
         if reg.prot & PROT_READ != 0 { 'r' } else { '-' },
@@ -33,7 +45,7 @@ pub fn format_region(
         if reg.prot & PROT_EXEC != 0 { 'x' } else { '-' },
         if shared { 's' } else { 'p' }
     );
-    let header = if let Some((maj, min, ino, path)) = &file {
+    if let Some((maj, min, ino, path)) = file {
         let h =
             format!("{start:08x}-{end:08x} {perms} {:08x} {maj:02x}:{min:02x} {ino} ", reg.pgoff * core.page_size());
         // Linux pads the name to column 73.
@@ -43,13 +55,21 @@ pub fn format_region(
         format!("{h:<73}/dev/zero (deleted)")
     } else {
         format!("{start:08x}-{end:08x} {perms} 00000000 00:00 0 ")
-    };
+    }
+}
+
+/// The `Size:` to `Locked:` lines (and usermm's `Volatile:`); returns the
+/// region's volatile pages.
+fn write_usage(out: &mut String, core: &Core, reg: &Region, shared: bool, zero_pages: &dyn Fn(u64, u64) -> u64) -> u64 {
+    let start = core.addr_of(reg.range.start).0;
+    let end = core.addr_of(reg.range.end).0;
+    let kb = core.page_size() / 1024;
+    let (res, swap, lazy, locked_pages) = core.region_usage(reg.range);
     let size = reg.range.pages() * kb;
     let rss = res * kb;
     let locked_pages = if locked_pages > 0 { locked_pages.saturating_sub(zero_pages(start, end - start)) } else { 0 };
     let locked = locked_pages * kb;
     let anon = if shared || reg.kind == Kind::FilePrivate { 0 } else { rss };
-    let _ = writeln!(out, "{header}");
     let mut kv = |k: &str, v: u64| {
         let _ = writeln!(out, "{:<16}{:>8} kB", format!("{k}:"), v);
     };
@@ -83,8 +103,12 @@ pub fn format_region(
     if volatile > 0 {
         kv("Volatile", volatile * kb);
     }
-    let _ = writeln!(out, "THPeligible:    0");
-    let _ = writeln!(out, "ProtectionKey:   0");
+    volatile
+}
+
+/// The `VmFlags` line's flags, Linux's order, then usermm's `vo` (volatile
+/// pages) and `extra_flags`.
+fn vm_flags(reg: &Region, shared: bool, volatile: u64, extra_flags: &str) -> String {
     let mut flags = String::new();
     for (on, f) in [
         (reg.prot & PROT_READ != 0, "rd"),
@@ -114,7 +138,7 @@ pub fn format_region(
         flags.push_str("vo ");
     }
     flags.push_str(extra_flags);
-    let _ = writeln!(out, "VmFlags: {flags}");
+    flags
 }
 
 /// The whole space's smaps text. `extra_flags` are appended to every

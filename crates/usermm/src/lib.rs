@@ -18,6 +18,20 @@
 //! errno values exactly (see `SPEC.md`); [`Mapping`] is the `memmap2`-style
 //! handle that derefs to a byte slice and unmaps on drop.
 //!
+//! # Where each concern lives
+//!
+//! | file                   | what                                                          |
+//! |------------------------|---------------------------------------------------------------|
+//! | `lib.rs` (this)        | [`Space`]: open/close, the address-based calls, introspection |
+//! | `config.rs`            | [`Config`], [`DEFAULT_RESERVE_BYTES`], [`DEFAULT_SWAP_BYTES`] |
+//! | `stats.rs`             | [`Stats`], [`PopulateReport`], [`PurgeReport`]                |
+//! | `mapping.rs`           | [`Mapping`]: the owned handle [`Space::map_anon`] returns     |
+//! | `purgeable.rs`         | [`Purgeable`]: the safe handle of volatile memory             |
+//! | `boundary/`            | the C ABI ([`capi`]) and `Mapping`'s slice view (`unsafe`)    |
+//! | `native.rs`, `native/` | the native executor: memory, fault service, the calls         |
+//! | `platform.rs`          | the executor's platform: host operations as one trait         |
+//! | `sim/`                 | a seeded simulation of a space (test hooks only)              |
+//!
 //! # Unsafe code
 //! This crate has no `unsafe` of its own except the `boundary` module: the C
 //! ABI, whose exported functions necessarily trust the pointers C callers
@@ -27,16 +41,21 @@
 #![deny(unsafe_code)]
 
 pub mod boundary;
+mod config;
+mod mapping;
 mod native;
 mod platform;
 pub mod purgeable;
 #[cfg(feature = "test-hooks")]
 pub mod sim;
+mod stats;
 
 pub use boundary::capi;
+pub use config::{default_budget_bytes, Config, DEFAULT_RESERVE_BYTES, DEFAULT_SWAP_BYTES};
+pub use mapping::Mapping;
 pub use purgeable::{Contents, Purgeable, PurgeableGuard};
+pub use stats::{PopulateReport, PurgeReport, Stats};
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use usermm_core::consts;
@@ -44,130 +63,6 @@ pub use usermm_core::Errno;
 pub use usermm_sys::uffd::UffdMode;
 
 use native::{Inner, Threads};
-
-/// The default virtual range a space reserves: 64 GiB of address space (no
-/// memory is used until pages are touched).
-pub const DEFAULT_RESERVE_BYTES: usize = 64 << 30;
-/// The default swap file size limit: 8 GiB (the file is sparse and grows as
-/// pages are written).
-pub const DEFAULT_SWAP_BYTES: usize = 8 << 30;
-
-/// The default budget: a quarter of physical memory.
-pub fn default_budget_bytes() -> usize {
-    (usermm_sys::phys_mem_bytes() / 4).max(16 << 20) as usize
-}
-
-/// A space's configuration (`struct umm_config`). `Config::default()` gives
-/// the same values as `umm_config_init`.
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// Resident budget in bytes; 0: a quarter of physical memory.
-    pub budget_bytes: usize,
-    /// Virtual range reserved for the space; 0: [`DEFAULT_RESERVE_BYTES`].
-    pub reserve_bytes: usize,
-    /// Lock limit in bytes (the RLIMIT_MEMLOCK analogue); `usize::MAX`:
-    /// unlimited; 0: every lock request fails with `EPERM`.
-    pub memlock_bytes: usize,
-    /// Largest swap file; 0: no swap (anonymous pages are then unevictable).
-    pub swap_bytes: usize,
-    /// Directory of the swap file; `None`: `$TMPDIR` or `/tmp`.
-    pub swap_dir: Option<PathBuf>,
-    /// Region limit; 0: 65530, as `vm.max_map_count`.
-    pub max_regions: usize,
-    /// log2 of the page size; 0: 12 (4 KiB); up to 21.
-    pub page_shift: u32,
-    /// Fault handler threads; 0: 2.
-    pub fault_threads: u32,
-    /// `UMM_F_*` flags.
-    pub flags: u32,
-    /// Most lazily freed (`MADV_FREE`) bytes the space keeps; past it the
-    /// oldest are discarded at once (through the host: clean ones are
-    /// dropped, written ones kept). 0: no bound.
-    pub lazyfree_max_bytes: usize,
-}
-
-impl Default for Config {
-    fn default() -> Config {
-        Config {
-            budget_bytes: 0,
-            reserve_bytes: 0,
-            memlock_bytes: usize::MAX,
-            swap_bytes: DEFAULT_SWAP_BYTES,
-            swap_dir: None,
-            max_regions: 0,
-            page_shift: 0,
-            fault_threads: 0,
-            flags: 0,
-            lazyfree_max_bytes: 0,
-        }
-    }
-}
-
-/// Statistics of a space (`struct umm_stats`, plus usermm's own fields).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Stats {
-    pub budget_pages: u64,
-    pub resident_pages: u64,
-    pub resident_pages_max: u64,
-    pub locked_pages: u64,
-    pub locked_charged_pages: u64,
-    pub swapped_pages: u64,
-    pub lazyfree_pages: u64,
-    pub volatile_pages: u64,
-    pub faults: u64,
-    pub major_faults: u64,
-    pub zero_fills: u64,
-    pub swapins: u64,
-    pub swapouts: u64,
-    pub writebacks: u64,
-    pub lazyfree_discards: u64,
-    pub volatile_purges: u64,
-    /// Of `volatile_purges`, the pages the host kernel purged (Rust API
-    /// only; not in `struct umm_stats`).
-    pub host_purges: u64,
-    pub evictions: u64,
-    pub oom_sigbus: u64,
-    pub write_lock_hold_ns_max: u64,
-    // usermm's own:
-    /// Resident pages parked on the inactive list (counted in `resident_pages`).
-    pub inactive_pages: u64,
-    /// Faults that mapped an inactive page back (no I/O).
-    pub minor_faults: u64,
-    pub deactivations: u64,
-    pub swap_read_errors: u64,
-    pub swap_write_errors: u64,
-    pub regions: u64,
-    /// 1 when the space runs on the user-mode-only userfaultfd fallback.
-    pub user_mode_only: u64,
-    /// 1 when swap I/O bypasses the host page cache (O_DIRECT).
-    pub swap_direct_io: u64,
-    /// Zaps (munmap, `MADV_DONTNEED`, `MAP_FIXED`) the host refused at
-    /// first because the pages were locked behind usermm's back (a raw
-    /// `mlock` syscall): the range was unlocked, or replaced by a fresh
-    /// mapping, so that no old byte is ever seen again.
-    pub host_refusals: u64,
-}
-
-/// What `umm_populate` reports (`struct umm_populate_report`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PopulateReport {
-    /// Bytes populated from the start of the range (a prefix).
-    pub populated_bytes: usize,
-    /// The first address that could not be populated (0 on success).
-    pub fail_addr: usize,
-}
-
-/// What `mnovolatile` reports (`struct umm_purge_report`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PurgeReport {
-    /// Pages of the range purged since it was marked volatile.
-    pub purged_pages: usize,
-    /// The first purged address (0 when none was).
-    pub first_purged: usize,
-    /// One bit per page of the range (bit `i % 64` of word `i / 64`): set
-    /// when page `i` was purged.
-    pub bitmap: Vec<u64>,
-}
 
 /// A space: a reserved virtual range whose pages usermm serves.
 ///
@@ -666,115 +561,5 @@ impl Space {
 impl Drop for Space {
     fn drop(&mut self) {
         self.close_inner();
-    }
-}
-
-/// A mapped region that derefs to a byte slice and unmaps on drop.
-pub struct Mapping<'a> {
-    space: &'a Space,
-    addr: usize,
-    len: usize,
-}
-
-impl Mapping<'_> {
-    pub fn addr(&self) -> usize {
-        self.addr
-    }
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    pub fn as_ptr(&self) -> *const u8 {
-        self.addr as *const u8
-    }
-    pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.addr as *mut u8
-    }
-    /// Unmaps now and reports the result (dropping a `Mapping` also unmaps,
-    /// ignoring errors).
-    pub fn unmap(self) -> Result<(), Errno> {
-        self.space.disown(self.addr);
-        let r = self.space.check_owner().and_then(|()| self.space.inner.munmap(self.addr, self.len));
-        std::mem::forget(self);
-        r
-    }
-
-    /// `madvise` on the whole mapping: [`Mapping::advise_range`].
-    pub fn advise(&mut self, advice: i32) -> Result<(), Errno> {
-        self.advise_range(0, self.len, advice)
-    }
-
-    /// `madvise` on `[offset, offset+len)` of the mapping (`EINVAL` past its
-    /// end). It takes the mapping by `&mut`: no borrow of its bytes lives
-    /// across the call, so advice that changes them now (`MADV_DONTNEED`:
-    /// zeros after) is safe. Advice that may change them *later*, under a
-    /// borrow taken after the call (`MADV_FREE`: a page reads as its data or
-    /// as zeros until written), or that removes access
-    /// (`MADV_GUARD_INSTALL`, `MADV_HWPOISON`), is `EINVAL` here:
-    /// [`Mapping::advise_unchecked`].
-    pub fn advise_range(&mut self, offset: usize, len: usize, advice: i32) -> Result<(), Errno> {
-        use consts::*;
-        if matches!(advice, MADV_FREE | MADV_GUARD_INSTALL | MADV_HWPOISON) {
-            return Err(Errno::EINVAL);
-        }
-        self.advise_inner(offset, len, advice)
-    }
-
-    /// `madvise` with any advice on `[offset, offset+len)` of the mapping.
-    ///
-    /// # Safety
-    /// After `MADV_FREE`, each page must be written (or advised with
-    /// `MADV_DONTNEED`) before its bytes are borrowed: until then a discard
-    /// may change them under a borrow. After `MADV_GUARD_INSTALL` or
-    /// `MADV_HWPOISON`, the pages must not be borrowed at all until
-    /// `MADV_GUARD_REMOVE` (poison: never).
-    // An unsafe contract, not unsafe code: the body is a safe call.
-    #[allow(unsafe_code)]
-    pub unsafe fn advise_unchecked(&mut self, offset: usize, len: usize, advice: i32) -> Result<(), Errno> {
-        self.advise_inner(offset, len, advice)
-    }
-
-    /// `mvolatile` on `[offset, offset+len)` of the mapping.
-    ///
-    /// # Safety
-    /// Until `mnovolatile` on it, the range must not be borrowed: a purge
-    /// may change it at any time (and a touch of a purged page raises
-    /// SIGBUS). [`Purgeable`] is the safe handle for volatile memory.
-    #[allow(unsafe_code)]
-    pub unsafe fn mvolatile(&mut self, offset: usize, len: usize) -> Result<(), Errno> {
-        self.check_range(offset, len)?;
-        self.space.check_owner()?;
-        self.space.inner.mvolatile(self.addr + offset, len)
-    }
-
-    /// `mnovolatile` on `[offset, offset+len)` of the mapping: see
-    /// [`Space::mnovolatile`].
-    pub fn mnovolatile(&mut self, offset: usize, len: usize) -> Result<(bool, PurgeReport), Errno> {
-        self.check_range(offset, len)?;
-        self.space.mnovolatile(self.addr + offset, len)
-    }
-
-    fn check_range(&self, offset: usize, len: usize) -> Result<(), Errno> {
-        if offset.checked_add(len).is_none_or(|e| e > self.len) {
-            return Err(Errno::EINVAL);
-        }
-        Ok(())
-    }
-
-    fn advise_inner(&mut self, offset: usize, len: usize, advice: i32) -> Result<(), Errno> {
-        self.check_range(offset, len)?;
-        self.space.check_owner()?;
-        self.space.inner.madvise(self.addr + offset, len, advice)
-    }
-}
-
-impl Drop for Mapping<'_> {
-    fn drop(&mut self) {
-        self.space.disown(self.addr);
-        if self.space.check_owner().is_ok() {
-            let _ = self.space.inner.munmap(self.addr, self.len);
-        }
     }
 }

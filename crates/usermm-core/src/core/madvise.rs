@@ -17,6 +17,35 @@ use crate::page::{pf, PState, PageMeta};
 use crate::region::{Advice, Kind, LockMode, Region};
 use crate::types::{PageIdx, PageRange};
 
+/// `MADV_REMOVE`'s checks and op on a region's part `seg`. Linux
+/// (madvise_remove): locked EINVAL, no backing object EINVAL, not shared
+/// and writable EACCES.
+fn remove_op(reg: &Region, seg: PageRange) -> Result<AdviceOp, Errno> {
+    if reg.lock != LockMode::None || reg.kind == Kind::AnonPrivate {
+        return bad(Errno::EINVAL);
+    }
+    if !matches!(reg.kind, Kind::AnonShared | Kind::FileShared) || !reg.may_write {
+        return bad(Errno::EACCES);
+    }
+    Ok(match reg.file() {
+        Some(file) => AdviceOp::PunchZap { range: seg, file, file_page: reg.file_page(seg.start) },
+        // Shared anonymous memory is shmem: its pages and their data go.
+        None => AdviceOp::Zap(seg),
+    })
+}
+
+/// `MADV_GUARD_INSTALL`'s checks: guard pages on private memory (Linux
+/// 6.13; shared regions are refused here, see docs/design.md), never
+/// locked. The pages are then dropped, and the host installs its markers
+/// (a touch raises SIGSEGV without reaching usermm; MADV_DONTNEED keeps
+/// them; munmap removes them).
+fn guard_install_checks(reg: &Region) -> Result<(), Errno> {
+    if reg.lock != LockMode::None || !matches!(reg.kind, Kind::AnonPrivate | Kind::FilePrivate) {
+        return bad(Errno::EINVAL);
+    }
+    Ok(())
+}
+
 impl Core {
     /// Decides `madvise`. Attribute advice (NORMAL/RANDOM/SEQUENTIAL) is
     /// applied to the regions here (the executor holds the exclusive lock for
@@ -110,33 +139,9 @@ impl Core {
             }
             MADV_WIPEONFORK if reg.kind != Kind::AnonPrivate => return bad(Errno::EINVAL),
             MADV_DONTDUMP | MADV_DODUMP => ops.push(AdviceOp::Host(seg, advice)),
-            MADV_REMOVE => {
-                // Linux (madvise_remove): locked EINVAL, no backing
-                // object EINVAL, not shared and writable EACCES.
-                if locked || reg.kind == Kind::AnonPrivate {
-                    return bad(Errno::EINVAL);
-                }
-                if !matches!(reg.kind, Kind::AnonShared | Kind::FileShared) || !reg.may_write {
-                    return bad(Errno::EACCES);
-                }
-                match reg.file() {
-                    Some(file) => {
-                        ops.push(AdviceOp::PunchZap { range: seg, file, file_page: reg.file_page(seg.start) })
-                    }
-                    // Shared anonymous memory is shmem: its pages and
-                    // their data go.
-                    None => ops.push(AdviceOp::Zap(seg)),
-                }
-            }
+            MADV_REMOVE => ops.push(remove_op(reg, seg)?),
             MADV_GUARD_INSTALL => {
-                // Guard pages on private memory (Linux 6.13; shared
-                // regions are refused here, see docs/design.md), never
-                // locked: the pages are dropped, then the host installs
-                // its markers (a touch raises SIGSEGV without reaching
-                // usermm; MADV_DONTNEED keeps them; munmap removes them).
-                if locked || !matches!(reg.kind, Kind::AnonPrivate | Kind::FilePrivate) {
-                    return bad(Errno::EINVAL);
-                }
+                guard_install_checks(reg)?;
                 ops.push(AdviceOp::Zap(seg));
                 ops.push(AdviceOp::Host(seg, advice));
             }

@@ -24,6 +24,17 @@ impl Core {
         self.pages.validate();
         self.swap.validate();
         self.staging.validate();
+        self.validate_page_states();
+        self.validate_locks();
+        self.validate_file_pages();
+        self.validate_flag_counts();
+        self.validate_lru();
+    }
+
+    /// Every page's state against its region and slots, and the resident,
+    /// swapped, inactive and slot counts against a recount (allowing for
+    /// pages in flight).
+    fn validate_page_states(&self) {
         let all = PageRange::new(0, self.cfg.reserve_pages);
         let (mut res, mut ina, mut sw, mut staged, mut evicting, mut zapping, mut filling) =
             (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
@@ -74,6 +85,12 @@ impl Core {
         let used = self.staging.used() as u64;
         assert!(used >= staged && used <= staged + zapping + filling, "staging slots in use");
         assert!(self.inactive >= ina && self.inactive <= ina + evicting + zapping + filling, "inactive count");
+    }
+
+    /// The lock charge against the locked regions, and every locked page
+    /// inside one (or in a held range).
+    fn validate_locks(&self) {
+        let all = PageRange::new(0, self.cfg.reserve_pages);
         let locked: u64 = self.regions.iter().filter(|r| r.lock != LockMode::None).map(|r| r.range.pages()).sum();
         assert_eq!(locked, self.locked_charged, "lock charge");
         let mut lp = 0;
@@ -88,6 +105,10 @@ impl Core {
             }
         });
         assert_eq!(lp, self.locked_pages, "locked pages count");
+    }
+
+    /// The pages each file's regions span.
+    fn validate_file_pages(&self) {
         let mut fp: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
         for r in self.regions.iter() {
             if let Some(f) = r.file() {
@@ -95,6 +116,11 @@ impl Core {
             }
         }
         assert_eq!(fp, self.file_pages, "pages per file");
+    }
+
+    /// The volatile and lazily freed page counts against a recount.
+    fn validate_flag_counts(&self) {
+        let all = PageRange::new(0, self.cfg.reserve_pages);
         let (mut vp, mut lz) = (0, 0);
         self.pages.for_each_live(all, |_, m| {
             vp += u64::from(m.has(pf::VOLATILE));
@@ -102,7 +128,6 @@ impl Core {
         });
         assert_eq!(vp, self.volatile_pages, "volatile pages count");
         assert_eq!(lz, self.lazyfree_pages, "lazyfree pages count");
-        self.validate_lru();
     }
 
     /// Every resident unlocked page is on the active list, every parked

@@ -18,6 +18,25 @@ use crate::page::pf;
 use crate::region::{Advice, Kind, LockMode, Region, FILE_OBJECT};
 use crate::types::{PageIdx, PageRange};
 
+/// `mmap`'s mapping-type checks: `MAP_SHARED` or `MAP_PRIVATE`, a file
+/// mapping only through `mmap_file`, and a shared writable file mapping
+/// only of a descriptor open for writing. Whether the mapping is shared.
+fn mmap_type_checked(prot: i32, flags: i32, file: Option<&FileMap>) -> Result<bool, Errno> {
+    let shared = mmap_shared(flags)?;
+    if flags & MAP_ANONYMOUS == 0 && file.is_none() {
+        // The executor maps files through `mmap_file`.
+        return bad(Errno::ENODEV);
+    }
+    if let Some(f) = file {
+        // Linux: a shared writable mapping needs a descriptor open for
+        // writing.
+        if shared && prot & PROT_WRITE != 0 && !f.writable {
+            return bad(Errno::EACCES);
+        }
+    }
+    Ok(shared)
+}
+
 impl Core {
     /// Decides an anonymous `mmap`. `anon` is false for a file mapping, which
     /// the executor has validated (the descriptor) before calling.
@@ -43,6 +62,26 @@ impl Core {
         // Linux's order (do_mmap): the length, the offset, the address
         // (alignment, MAP_FIXED_NOREPLACE overlap), the lock limit, and only
         // then the mapping type and the file's checks.
+        let pages = self.mmap_pages(len, flags, file.as_ref())?;
+        let fixed_range = self.mmap_fixed_range(addr, pages, flags)?;
+        let lock = self.mmap_lock_checked(flags, pages)?;
+        let shared = mmap_type_checked(prot, flags, file.as_ref())?;
+        let Some(start) = self.mmap_place(addr, pages, fixed_range)? else {
+            return Ok(MmapReply::Busy);
+        };
+        let range = PageRange::new(start, start + pages);
+        let cuts = self.mmap_region_count_checked(range, prot, shared || file.is_some(), lock, flags)?;
+        let replaced = if cuts { Some(self.detach(range)) } else { None };
+        self.mmap_insert(range, prot, flags, file.as_ref(), shared, lock);
+        // A MAP_FIXED replacement's pages must be gone before the new region
+        // is seen; the executor zaps `replaced` under the exclusive lock. The
+        // range is held until then so that faults in it wait.
+        Ok(MmapReply::Done(MmapPlan { range, prot: prot & PROT_MASK, replaced }))
+    }
+
+    /// `mmap`'s length checks (and a file offset's overflow): the length in
+    /// pages.
+    fn mmap_pages(&self, len: u64, flags: i32, file: Option<&FileMap>) -> Result<u64, Errno> {
         if len == 0 {
             return bad(Errno::EINVAL);
         }
@@ -53,11 +92,17 @@ impl Core {
         if pages == 0 {
             return bad(Errno::ENOMEM);
         }
-        if let Some(f) = &file {
+        if let Some(f) = file {
             if f.off_pages.checked_add(pages).is_none() {
                 return bad(Errno::EOVERFLOW);
             }
         }
+        Ok(pages)
+    }
+
+    /// `mmap`'s address checks: the range a `MAP_FIXED` (or
+    /// `MAP_FIXED_NOREPLACE`) mapping must take, `None` for a hint.
+    fn mmap_fixed_range(&self, addr: u64, pages: u64, flags: i32) -> Result<Option<PageRange>, Errno> {
         let fixed = flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0;
         // Linux (`__get_unmapped_area`): a length past TASK_SIZE, or with
         // MAP_FIXED a range ending past it, is ENOMEM, before the address's
@@ -66,22 +111,24 @@ impl Core {
         if bytes > TASK_SIZE || fixed && addr > TASK_SIZE - bytes {
             return bad(Errno::ENOMEM);
         }
-        let fixed_range = if fixed {
-            if !self.aligned(addr) {
-                return bad(Errno::EINVAL);
-            }
-            if !self.in_reservation(addr, pages) {
-                return bad(Errno::EINVAL);
-            }
-            let r = self.clip(addr, pages);
-            if flags & MAP_FIXED_NOREPLACE != 0 && (self.regions.any_in(r) || self.held.iter().any(|h| h.overlaps(&r)))
-            {
-                return bad(Errno::EEXIST);
-            }
-            Some(r)
-        } else {
-            None
-        };
+        if !fixed {
+            return Ok(None);
+        }
+        if !self.aligned(addr) {
+            return bad(Errno::EINVAL);
+        }
+        if !self.in_reservation(addr, pages) {
+            return bad(Errno::EINVAL);
+        }
+        let r = self.clip(addr, pages);
+        if flags & MAP_FIXED_NOREPLACE != 0 && (self.regions.any_in(r) || self.held.iter().any(|h| h.overlaps(&r))) {
+            return bad(Errno::EEXIST);
+        }
+        Ok(Some(r))
+    }
+
+    /// The new mapping's lock mode, checked against the lock limit.
+    fn mmap_lock_checked(&self, flags: i32, pages: u64) -> Result<LockMode, Errno> {
         let lock = self.mmap_lock_mode(flags);
         if lock != LockMode::None {
             if !self.cfg.mlock_allowed {
@@ -91,37 +138,30 @@ impl Core {
                 return bad(Errno::EAGAIN);
             }
         }
-        let shared = mmap_shared(flags)?;
-        if flags & MAP_ANONYMOUS == 0 && file.is_none() {
-            // The executor maps files through `mmap_file`.
-            return bad(Errno::ENODEV);
-        }
-        if let Some(f) = &file {
-            // Linux: a shared writable mapping needs a descriptor open for
-            // writing.
-            if shared && prot & PROT_WRITE != 0 && !f.writable {
-                return bad(Errno::EACCES);
-            }
-        }
-        let Some(start) = self.mmap_place(addr, pages, fixed_range)? else {
-            return Ok(MmapReply::Busy);
-        };
-        let range = PageRange::new(start, start + pages);
-        // Region count: the new region, plus splits of regions it cuts.
+        Ok(lock)
+    }
+
+    /// Whether placing a mapping at `range` keeps the region count within
+    /// the limit (the new region, plus splits of regions it cuts, less the
+    /// neighbours it merges with): `ENOMEM` if not; `Ok(true)` if it cuts
+    /// existing regions (a `MAP_FIXED` replacement).
+    fn mmap_region_count_checked(
+        &self,
+        range: PageRange,
+        prot: i32,
+        shared_or_file: bool,
+        lock: LockMode,
+        flags: i32,
+    ) -> Result<bool, Errno> {
         let mut new_count = self.regions.len() + 1;
         let cut = self.regions.overlapping(range);
         new_count -= cut.len();
         new_count += self.regions.split_cost(range.start) + self.regions.split_cost(range.end);
-        let would_merge = self.merge_neighbours(range, prot, shared || file.is_some(), lock, flags);
+        let would_merge = self.merge_neighbours(range, prot, shared_or_file, lock, flags);
         if new_count - would_merge > self.cfg.max_regions {
             return bad(Errno::ENOMEM);
         }
-        let replaced = if cut.is_empty() { None } else { Some(self.detach(range)) };
-        self.mmap_insert(range, prot, flags, file.as_ref(), shared, lock);
-        // A MAP_FIXED replacement's pages must be gone before the new region
-        // is seen; the executor zaps `replaced` under the exclusive lock. The
-        // range is held until then so that faults in it wait.
-        Ok(MmapReply::Done(MmapPlan { range, prot: prot & PROT_MASK, replaced }))
+        Ok(!cut.is_empty())
     }
 
     /// The lock a new mapping gets: its flags', or `mlockall`'s future one.

@@ -6,29 +6,8 @@ impl Inner {
     /// Carries out one page advice; the caller holds `mm` shared.
     pub(super) fn advice_op(&self, _mm: &RwLockReadGuard<'_, ()>, op: &AdviceOp) -> Result<(), Errno> {
         match *op {
-            AdviceOp::Host(r, advice) => {
-                match advice {
-                    MADV_GUARD_INSTALL => self.guards_used.store(true, Ordering::Relaxed),
-                    MADV_DONTDUMP => self.dontdump_used.store(true, Ordering::Relaxed),
-                    _ => {}
-                }
-                return self.plat.host_advise(self.addr(r.start), r.pages() as usize * self.page_size, advice);
-            }
-            AdviceOp::PunchZap { range, file, file_page } => {
-                let f = lock(&self.files).get(&file).cloned().ok_or(Errno::EIO)?;
-                let ps = self.page_size as u64;
-                // The first punch answers whether the file system can
-                // (EOPNOTSUPP leaves everything as it was, as on Linux).
-                f.punch_hole(file_page * ps, range.pages() * ps)?;
-                // Then drop our copies, dirty or not, with no write-back —
-                // and punch each chunk again while it is claimed: a
-                // write-back in flight at the first punch (reclaim's, in
-                // another thread) has landed by then, and none can start.
-                self.zap_range_and(range, &mut |chunk| {
-                    let at = file_page + (chunk.start.0 - range.start.0);
-                    let _ = f.punch_hole(at * ps, chunk.pages() * ps);
-                });
-            }
+            AdviceOp::Host(r, advice) => return self.host_advice(r, advice),
+            AdviceOp::PunchZap { range, file, file_page } => self.punch_zap(range, file, file_page)?,
             AdviceOp::Zap(r) => self.zap_range(r),
             AdviceOp::WritebackZap(r) => {
                 // Linux's MADV_DONTNEED on a shared file only unmaps: the
@@ -48,54 +27,94 @@ impl Inner {
                 self.deactivate_all(&ds);
             }
             AdviceOp::Pageout(r) => self.pageout_range(r),
-            AdviceOp::Free(r) => {
-                let parked = lock(&self.core).lazyfree(r);
-                if self.host_lazyfree {
-                    // Reuse costs nothing: the pages stay mapped, a write
-                    // cancels the host's lazy free, and only under pressure
-                    // (ours or the host's) is a clean page dropped.
-                    //
-                    // The host's MADV_FREE skips a page still waiting in a
-                    // CPU's LRU batch (it drains only the calling CPU's, and
-                    // our handlers install pages on the others): such a page
-                    // would never be discarded. Drain every CPU's batches
-                    // first, when pages were installed since the last drain
-                    // (a free-and-reuse loop installs none, and pays
-                    // nothing).
-                    let fills = self.fills.load(Ordering::Relaxed);
-                    if self.fills_drained.swap(fills, Ordering::Relaxed) != fills {
-                        self.plat.drain_host_lru();
-                    }
-                    let _ = self.plat.host_free(self.addr(r.start), r.pages() as usize * self.page_size);
-                    for s in parked {
-                        let _ = self.plat.host_free_slot(s);
-                    }
-                    // Past the space's bound, discard the oldest at once.
-                    for _ in 0..64 {
-                        let plan = lock(&self.core).lazyfree_trim_plan();
-                        if plan.is_empty() {
-                            break;
-                        }
-                        self.deactivate_all(&plan.deactivate);
-                        self.discard_all(&plan.discard);
-                    }
-                }
-            }
+            AdviceOp::Free(r) => self.lazy_free(r),
             AdviceOp::Poison(r) => {
                 self.zap_range(r);
                 lock(&self.core).set_poison(r);
                 let _ = self.plat.poison(self.addr(r.start), r.pages() as usize * self.page_size);
             }
-            AdviceOp::WillNeed(r) => {
-                let pages = lock(&self.core).swapped_in(r);
-                if !pages.is_empty() {
-                    lock(&self.willneed).extend(pages.into_iter().map(|p| self.addr(p)));
-                    let _c = lock(&self.core);
-                    self.reclaim_wanted.notify_all();
-                }
-            }
+            AdviceOp::WillNeed(r) => self.will_need(r),
         }
         Ok(())
+    }
+
+    /// `AdviceOp::Host`: passes the advice down to the host kernel on `r`
+    /// (noting the first guard and `MADV_DONTDUMP`).
+    fn host_advice(&self, r: PageRange, advice: i32) -> Result<(), Errno> {
+        match advice {
+            MADV_GUARD_INSTALL => self.guards_used.store(true, Ordering::Relaxed),
+            MADV_DONTDUMP => self.dontdump_used.store(true, Ordering::Relaxed),
+            _ => {}
+        }
+        self.plat.host_advise(self.addr(r.start), r.pages() as usize * self.page_size, advice)
+    }
+
+    /// `AdviceOp::PunchZap` (`MADV_REMOVE` on a shared file): frees the
+    /// file's blocks under `range`, then drops the pages without write-back.
+    fn punch_zap(&self, range: PageRange, file: u32, file_page: u64) -> Result<(), Errno> {
+        let f = lock(&self.files).get(&file).cloned().ok_or(Errno::EIO)?;
+        let ps = self.page_size as u64;
+        // The first punch answers whether the file system can
+        // (EOPNOTSUPP leaves everything as it was, as on Linux).
+        f.punch_hole(file_page * ps, range.pages() * ps)?;
+        // Then drop our copies, dirty or not, with no write-back —
+        // and punch each chunk again while it is claimed: a
+        // write-back in flight at the first punch (reclaim's, in
+        // another thread) has landed by then, and none can start.
+        self.zap_range_and(range, &mut |chunk| {
+            let at = file_page + (chunk.start.0 - range.start.0);
+            let _ = f.punch_hole(at * ps, chunk.pages() * ps);
+        });
+        Ok(())
+    }
+
+    /// `AdviceOp::Free` (`MADV_FREE`): the core marks the pages lazily
+    /// freed; with the host's lazy free, the host is told too, and the pages
+    /// past the space's bound are discarded at once.
+    fn lazy_free(&self, r: PageRange) {
+        let parked = lock(&self.core).lazyfree(r);
+        if !self.host_lazyfree {
+            return;
+        }
+        // Reuse costs nothing: the pages stay mapped, a write
+        // cancels the host's lazy free, and only under pressure
+        // (ours or the host's) is a clean page dropped.
+        //
+        // The host's MADV_FREE skips a page still waiting in a
+        // CPU's LRU batch (it drains only the calling CPU's, and
+        // our handlers install pages on the others): such a page
+        // would never be discarded. Drain every CPU's batches
+        // first, when pages were installed since the last drain
+        // (a free-and-reuse loop installs none, and pays
+        // nothing).
+        let fills = self.fills.load(Ordering::Relaxed);
+        if self.fills_drained.swap(fills, Ordering::Relaxed) != fills {
+            self.plat.drain_host_lru();
+        }
+        let _ = self.plat.host_free(self.addr(r.start), r.pages() as usize * self.page_size);
+        for s in parked {
+            let _ = self.plat.host_free_slot(s);
+        }
+        // Past the space's bound, discard the oldest at once.
+        for _ in 0..64 {
+            let plan = lock(&self.core).lazyfree_trim_plan();
+            if plan.is_empty() {
+                break;
+            }
+            self.deactivate_all(&plan.deactivate);
+            self.discard_all(&plan.discard);
+        }
+    }
+
+    /// `AdviceOp::WillNeed`: queues the swapped-out pages of `r` for the
+    /// reclaim thread to read in.
+    fn will_need(&self, r: PageRange) {
+        let pages = lock(&self.core).swapped_in(r);
+        if !pages.is_empty() {
+            lock(&self.willneed).extend(pages.into_iter().map(|p| self.addr(p)));
+            let _c = lock(&self.core);
+            self.reclaim_wanted.notify_all();
+        }
     }
 
     /// Deactivates the mapped pages of `r`, then evicts every parked page of

@@ -2,6 +2,7 @@
 //! entry.
 
 use super::*;
+use usermm_core::MmapPlan;
 
 impl Inner {
     pub fn mmap(&self, addr: usize, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Result<usize, Errno> {
@@ -87,39 +88,10 @@ impl Inner {
                 }
                 MmapReply::Done(plan) => {
                     if let Some(d) = &plan.replaced {
-                        for f in &d.files {
-                            let _ = self.writeback_range(f.range, &d.files);
-                        }
-                        for r in &d.locked {
-                            let _ = self.host_lock(*r, LockMode::None);
-                        }
-                        self.clear_host_advice(&d.ranges);
-                        for r in &d.ranges {
-                            self.zap_range(*r);
-                        }
-                        lock(&self.core).unhold(d);
+                        self.zap_replaced(d);
                     }
-                    let a = self.addr(plan.range.start);
-                    let l = plan.range.pages() as usize * self.page_size;
-                    if let Err(e) = self.plat.protect(a, l, plan.prot) {
-                        // Undo: the kernel refused (out of its map count).
-                        let d = lock(&self.core).munmap(a as u64, l as u64);
-                        if let Ok(Some(d)) = d {
-                            lock(&self.core).unhold(&d);
-                        }
-                        return Err(e);
-                    }
-                    let mode = lock(&self.core).region_at(plan.range.start).map(|r| r.lock).unwrap_or(LockMode::None);
-                    if mode != LockMode::None {
-                        if let Err(e) = self.host_lock(plan.range, mode) {
-                            let d = lock(&self.core).munmap(a as u64, l as u64);
-                            if let Ok(Some(d)) = d {
-                                lock(&self.core).unhold(&d);
-                            }
-                            let _ = self.plat.protect(a, l, PROT_NONE);
-                            return Err(if e == Errno::ENOMEM || e == Errno::EPERM { Errno::EAGAIN } else { e });
-                        }
-                    }
+                    let (a, l) = (self.addr(plan.range.start), plan.range.pages() as usize * self.page_size);
+                    let mode = self.mmap_host_setup(&plan)?;
                     self.note_hold(t0);
                     drop(mm);
                     // Best effort: never fails the mmap (Linux). A
@@ -136,6 +108,51 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// A `MAP_FIXED` replacement's old pages (`MmapPlan::replaced`): shared
+    /// file pages written back, host locks dropped, host advice cleared, the
+    /// pages zapped, and the range released to the new region.
+    fn zap_replaced(&self, d: &Detached) {
+        for f in &d.files {
+            let _ = self.writeback_range(f.range, &d.files);
+        }
+        for r in &d.locked {
+            let _ = self.host_lock(*r, LockMode::None);
+        }
+        self.clear_host_advice(&d.ranges);
+        for r in &d.ranges {
+            self.zap_range(*r);
+        }
+        lock(&self.core).unhold(d);
+    }
+
+    /// A new mapping's host side: its protection, then its host lock (if
+    /// its region is locked). On failure the mapping is undone in the core
+    /// (and its protection reset if the lock failed). Its lock mode.
+    fn mmap_host_setup(&self, plan: &MmapPlan) -> Result<LockMode, Errno> {
+        let a = self.addr(plan.range.start);
+        let l = plan.range.pages() as usize * self.page_size;
+        if let Err(e) = self.plat.protect(a, l, plan.prot) {
+            // Undo: the kernel refused (out of its map count).
+            let d = lock(&self.core).munmap(a as u64, l as u64);
+            if let Ok(Some(d)) = d {
+                lock(&self.core).unhold(&d);
+            }
+            return Err(e);
+        }
+        let mode = lock(&self.core).region_at(plan.range.start).map(|r| r.lock).unwrap_or(LockMode::None);
+        if mode != LockMode::None {
+            if let Err(e) = self.host_lock(plan.range, mode) {
+                let d = lock(&self.core).munmap(a as u64, l as u64);
+                if let Ok(Some(d)) = d {
+                    lock(&self.core).unhold(&d);
+                }
+                let _ = self.plat.protect(a, l, PROT_NONE);
+                return Err(if e == Errno::ENOMEM || e == Errno::EPERM { Errno::EAGAIN } else { e });
+            }
+        }
+        Ok(mode)
     }
 
     /// Removes what advice passed down to the host left on ranges that are

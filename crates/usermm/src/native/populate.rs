@@ -32,12 +32,30 @@ impl Inner {
                 .collect();
             (plan, modes)
         };
+        let full = self.lock_host_apply(&plan, &modes);
+        self.note_hold(t0);
+        let full = full?;
+        drop(mm);
+        for &p in &plan.reactivate {
+            self.resolve(self.addr(p), false, None);
+        }
+        if plan.result.is_ok() {
+            self.lock_populate(&plan, &full)?;
+        }
+        plan.result
+    }
+
+    /// `lock_call`'s host locks (the new `modes` of `plan.changed`) and the
+    /// budget check of its full locks, under the exclusive region lock: the
+    /// fully locked segments, or the error after every host lock and the
+    /// core's plan were undone.
+    fn lock_host_apply(&self, plan: &LockPlan, modes: &[LockMode]) -> Result<Vec<PageRange>, Errno> {
         // The host locks, with no core lock held: the region lock, held
         // exclusively, keeps every other call, fault and reclaim out.
         let mut full = Vec::new();
         let mut done = Vec::new();
         let mut failed = None;
-        for (&(seg, old), &new) in plan.changed.iter().zip(&modes) {
+        for (&(seg, old), &new) in plan.changed.iter().zip(modes) {
             if let Err(e) = self.host_lock(seg, new) {
                 failed = Some(e);
                 break;
@@ -54,59 +72,50 @@ impl Inner {
             for &(seg, old) in done.iter().rev() {
                 let _ = self.host_lock(seg, old);
             }
-            lock(&self.core).lock_revert(&plan);
-            self.note_hold(t0);
+            lock(&self.core).lock_revert(plan);
             return Err(e);
         }
-        self.note_hold(t0);
-        drop(mm);
-        for &p in &plan.reactivate {
-            self.resolve(self.addr(p), false, None);
-        }
-        if plan.result.is_ok() {
-            let mut failed = None;
-            let populate = if plan.populate.is_empty() { &full } else { &plan.populate };
-            for seg in populate {
-                let prot = lock(&self.core).region_at(seg.start).map(|r| r.prot).unwrap_or(PROT_NONE);
-                // Linux populates what it can reach (FOLL_FORCE): not
-                // PROT_NONE, and here not exec-only either (measured on
-                // this kernel: mlock of both says ENOMEM).
-                let r = if prot & (PROT_READ | PROT_WRITE) == 0 {
-                    Err(Errno::EFAULT)
-                } else {
-                    self.populate(self.addr(seg.start), seg.pages() as usize * self.page_size, prot & PROT_WRITE != 0).1
-                };
-                match r {
-                    Ok(()) => {}
-                    Err(Errno::ENOMEM) => {
-                        // The budget cannot hold the pages: EAGAIN, and
-                        // nothing new stays locked (usermm's improvement on
-                        // Linux, which leaves the range locked).
-                        let _mm = self.mm.write();
-                        for &(seg, old) in plan.changed.iter().rev() {
-                            let _ = self.host_lock(seg, old);
-                        }
-                        lock(&self.core).lock_revert(&plan);
-                        return Err(Errno::EAGAIN);
+        Ok(full)
+    }
+
+    /// `lock_call`'s populate (under the shared region lock) of
+    /// `plan.populate`, or else of the fully locked segments `full`.
+    fn lock_populate(&self, plan: &LockPlan, full: &[PageRange]) -> Result<(), Errno> {
+        let populate = if plan.populate.is_empty() { full } else { &plan.populate[..] };
+        for seg in populate {
+            let prot = lock(&self.core).region_at(seg.start).map(|r| r.prot).unwrap_or(PROT_NONE);
+            // Linux populates what it can reach (FOLL_FORCE): not
+            // PROT_NONE, and here not exec-only either (measured on
+            // this kernel: mlock of both says ENOMEM).
+            let r = if prot & (PROT_READ | PROT_WRITE) == 0 {
+                Err(Errno::EFAULT)
+            } else {
+                self.populate(self.addr(seg.start), seg.pages() as usize * self.page_size, prot & PROT_WRITE != 0).1
+            };
+            match r {
+                Ok(()) => {}
+                Err(Errno::ENOMEM) => {
+                    // The budget cannot hold the pages: EAGAIN, and
+                    // nothing new stays locked (usermm's improvement on
+                    // Linux, which leaves the range locked).
+                    let _mm = self.mm.write();
+                    for &(seg, old) in plan.changed.iter().rev() {
+                        let _ = self.host_lock(seg, old);
                     }
-                    // mlockall ignores the others (Linux's ignore_errors);
-                    // mlock reports them as Linux's
-                    // __mlock_posix_error_return does (EFAULT, and an
-                    // unreadable range, is ENOMEM) and stays locked.
-                    Err(_) if plan.populate_best_effort => {}
-                    // The first failure ends the populate, as in Linux's
-                    // __mm_populate: what follows stays unpopulated.
-                    Err(e) => {
-                        failed = Some(usermm_core::lock_populate_errno(e));
-                        break;
-                    }
+                    lock(&self.core).lock_revert(plan);
+                    return Err(Errno::EAGAIN);
                 }
-            }
-            if let Some(e) = failed {
-                return Err(e);
+                // mlockall ignores the others (Linux's ignore_errors);
+                // mlock reports them as Linux's
+                // __mlock_posix_error_return does (EFAULT, and an
+                // unreadable range, is ENOMEM) and stays locked.
+                Err(_) if plan.populate_best_effort => {}
+                // The first failure ends the populate, as in Linux's
+                // __mm_populate: what follows stays unpopulated.
+                Err(e) => return Err(usermm_core::lock_populate_errno(e)),
             }
         }
-        plan.result
+        Ok(())
     }
 
     /// `MADV_POPULATE_READ/WRITE` and `umm_populate`: returns the bytes

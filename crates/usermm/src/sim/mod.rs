@@ -18,6 +18,7 @@
 //!
 //! Built with the `test-hooks` feature (usermm's own tests).
 
+mod files;
 mod host;
 
 use std::collections::HashMap;
@@ -255,7 +256,7 @@ impl Sim {
         let replaced = self.file_pages(s, l);
         let r = if file {
             self.next_object += 1;
-            let f = temp_file(self.next_object, l);
+            let f = files::temp_file(self.next_object, l);
             use std::os::fd::AsRawFd;
             self.log.push(format!("mmap p{s}+{l} prot {prot} shared file {}", self.next_object));
             let r = self.inner.mmap(Self::addr(s), l * PS, prot, MAP_FIXED | MAP_SHARED, f.as_raw_fd(), 0);
@@ -283,39 +284,6 @@ impl Sim {
             }
             self.model[q] = Some(m);
         }
-    }
-
-    /// The shared file pages of `[s, s+l)`: (page, file, page in file, the
-    /// bytes it must hold).
-    fn file_pages(&self, s: usize, l: usize) -> Vec<(usize, u64, u64, u64)> {
-        (s..s + l).filter_map(|q| self.model[q].and_then(|m| m.file.map(|(f, fp)| (q, f, fp, m.stamp)))).collect()
-    }
-
-    /// Each listed file page holds its bytes in its file.
-    fn check_files(&mut self, pages: &[(usize, u64, u64, u64)], when: &str) {
-        use std::os::unix::fs::FileExt;
-        for &(q, f, fp, stamp) in pages {
-            let file = &self.files[&f];
-            let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
-            file.read_exact_at(&mut a, fp * PS as u64).expect("file read");
-            file.read_exact_at(&mut b, fp * PS as u64 + PS as u64 - 8).expect("file read");
-            let got = (u64::from_le_bytes(a), u64::from_le_bytes(b));
-            assert_eq!(got, (stamp, stamp), "p{q} ({when}): file {f} page {fp} holds {got:?}, not the last write");
-            self.sum.file_checks += 1;
-        }
-    }
-
-    /// `msync` (`MS_SYNC` or `MS_ASYNC`) of a random range: the mapped file
-    /// pages reach their files (a hole is `ENOMEM`, after the mapped parts).
-    fn op_msync(&mut self) {
-        let (s, l) = self.random_range();
-        let flags = if self.rng.chance(2) { MS_SYNC } else { MS_ASYNC };
-        self.log.push(format!("msync p{s}+{l} flags {flags}"));
-        let r = self.inner.msync(Self::addr(s), l * PS, flags);
-        let hole = (s..s + l).any(|q| self.model[q].is_none());
-        assert_eq!(r, if hole { Err(Errno::ENOMEM) } else { Ok(()) }, "msync");
-        let pages = self.file_pages(s, l);
-        self.check_files(&pages, "after msync");
     }
 
     /// `munmap` of a random range.
@@ -564,24 +532,7 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
         ..Config::default()
     };
     let preempt_one_in = [0u64, 4, 16][rng.below(3) as usize];
-    let plat = Arc::new(SimPlatform {
-        inner: std::sync::OnceLock::new(),
-        preempt_one_in,
-        preempting: std::sync::atomic::AtomicBool::new(false),
-        preemptions: std::sync::atomic::AtomicU64::new(0),
-        host: Mutex::new(Host {
-            prog: HashMap::new(),
-            prot: HashMap::new(),
-            staging: HashMap::new(),
-            swap: HashMap::new(),
-            signals: Vec::new(),
-            rng: Rng::new(seed ^ 0x5151),
-            fail_one_in,
-            can_move,
-            has_swap: swap_pages > 0,
-            injected: 0,
-        }),
-    });
+    let plat = sim_platform(seed, preempt_one_in, fail_one_in, can_move, swap_pages > 0);
     let what = format!(
         "seed {seed:#x} (budget {budget_pages}, swap {swap_pages}, fail 1/{fail_one_in}, move {can_move}, exact {exact}, preempt 1/{preempt_one_in})"
     );
@@ -623,28 +574,45 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
     sim.sum.what = what.clone();
     match r {
         Ok(()) => Ok(sim.sum),
-        Err(e) => {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            let tail = sim.log.len().saturating_sub(30);
-            Err(format!(
-                "{what}: step {}: {msg}\nreproduce with USERMM_SIM_SEED={seed:#x}\nlast steps:\n  {}",
-                sim.log.len(),
-                sim.log[tail..].join("\n  ")
-            ))
-        }
+        Err(e) => Err(failure_report(&what, seed, &sim.log, e.as_ref())),
     }
 }
 
-/// A read-write file of `pages` zero pages, unlinked at once.
-fn temp_file(id: u64, pages: usize) -> std::fs::File {
-    let path = std::env::temp_dir().join(format!("usermm-sim-{}-{id}", std::process::id()));
-    let f =
-        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("temp file");
-    f.set_len((pages * PS) as u64).expect("set_len");
-    let _ = std::fs::remove_file(&path);
-    f
+/// The simulated host of one run, its random choices made: preemption
+/// and failure rates, whether frames can move, whether there is swap.
+fn sim_platform(seed: u64, preempt_one_in: u64, fail_one_in: u64, can_move: bool, has_swap: bool) -> Arc<SimPlatform> {
+    Arc::new(SimPlatform {
+        inner: std::sync::OnceLock::new(),
+        preempt_one_in,
+        preempting: std::sync::atomic::AtomicBool::new(false),
+        preemptions: std::sync::atomic::AtomicU64::new(0),
+        host: Mutex::new(Host {
+            prog: HashMap::new(),
+            prot: HashMap::new(),
+            staging: HashMap::new(),
+            swap: HashMap::new(),
+            signals: Vec::new(),
+            rng: Rng::new(seed ^ 0x5151),
+            fail_one_in,
+            can_move,
+            has_swap,
+            injected: 0,
+        }),
+    })
+}
+
+/// What a failed run reports: the panic's message, the step, how to
+/// reproduce it, and the last steps of `log`.
+fn failure_report(what: &str, seed: u64, log: &[String], e: &(dyn std::any::Any + Send)) -> String {
+    let msg = e
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    let tail = log.len().saturating_sub(30);
+    format!(
+        "{what}: step {}: {msg}\nreproduce with USERMM_SIM_SEED={seed:#x}\nlast steps:\n  {}",
+        log.len(),
+        log[tail..].join("\n  ")
+    )
 }

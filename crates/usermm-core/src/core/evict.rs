@@ -1,0 +1,268 @@
+//! Reclaim's steps page by page: the explicit range plans of `MADV_COLD`
+//! and `MADV_PAGEOUT` (`deactivate_range`, `evict_pages`, `evict_range`)
+//! and the commits of every reclaim step (`deactivate_done`,
+//! `deactivate_lost`, `drop_done`, `evict_done`, `purge_done`,
+//! `reactivate_lost`, `discard_done`). Each commit leaves the state
+//! consistent on failure: the page stays resident (parked or mapped). The
+//! policy that chooses the pages is in `reclaim.rs`.
+
+use super::{transfer_for, Core, Deactivate, Discard, Evict, FaultPlan, Writeback};
+use crate::consts::*;
+use crate::page::{pf, PState, PageMeta};
+use crate::region::{Kind, LockMode};
+use crate::types::{PageIdx, PageRange};
+
+impl Core {
+    /// Plans the deactivation (MADV_COLD) or deactivation-then-eviction
+    /// (MADV_PAGEOUT) of the resident pages of `r`.
+    pub fn deactivate_range(&mut self, r: PageRange) -> Vec<Deactivate> {
+        let mut v = Vec::new();
+        let Some(reg) = self.regions.find(r.start).cloned() else { return v };
+        // (Shared file pages go to their file: they need no swap.)
+        if reg.lock != LockMode::None || self.swap.capacity() == 0 && reg.kind != Kind::FileShared {
+            return v;
+        }
+        if reg.writable() && reg.prot != PROT_READ | PROT_WRITE {
+            return v;
+        }
+        let how = transfer_for(reg.prot);
+        for (p, m) in self.pages.live_in(r) {
+            if m.state != PState::Resident || m.has(pf::LOCKED) {
+                continue;
+            }
+            let Some(slot) = self.staging.alloc() else { break };
+            self.pages.update(p, |m| {
+                m.state = PState::Deactivating;
+                m.slot = slot;
+                m.flags &= !pf::REFERENCED;
+            });
+            let host_free = self.host_lazyfree && m.has(pf::VOLATILE);
+            v.push(Deactivate { page: p, slot, how, host_free });
+        }
+        v
+    }
+
+    /// Plans the eviction of the given inactive pages (skipping the others).
+    pub fn evict_pages(&mut self, pages: &[PageIdx]) -> Vec<Evict> {
+        let mut v = Vec::new();
+        for &p in pages {
+            let m = self.pages.get(p);
+            if m.state != PState::Inactive || m.has(pf::VOLATILE) {
+                continue;
+            }
+            let Some(swap) = self.swap.alloc() else { break };
+            self.pages.update(p, |m| m.state = PState::Evicting);
+            v.push(Evict { page: p, staging: m.slot, swap });
+        }
+        v
+    }
+
+    /// Plans the eviction of every inactive page of `r` (MADV_PAGEOUT, after
+    /// `deactivate_range`), at most `max`.
+    ///
+    /// Parked pages of shared file regions go back to their files, never to
+    /// swap (the second list, as reclaim plans them): a page of a file
+    /// swapped here was lost to the file (munmap, msync and close write back
+    /// only resident and parked pages).
+    pub fn evict_range(&mut self, r: PageRange, max: usize) -> (Vec<Evict>, Vec<Writeback>) {
+        let mut v = Vec::new();
+        let mut wb = Vec::new();
+        for (p, m) in self.pages.live_in(r) {
+            if v.len() + wb.len() >= max {
+                break;
+            }
+            if m.state != PState::Inactive || m.has(pf::VOLATILE) {
+                continue;
+            }
+            if let Some(reg) = self.regions.find(p).filter(|g| g.kind == Kind::FileShared) {
+                let (file, file_page) = (reg.file().expect("file region"), reg.file_page(p));
+                self.pages.update(p, |m| m.state = PState::Evicting);
+                wb.push(Writeback { page: p, staging: Some(m.slot), file, file_page, clean: !m.has(pf::MAYBE_DIRTY) });
+                continue;
+            }
+            let Some(swap) = self.swap.alloc() else { break };
+            self.pages.update(p, |m| m.state = PState::Evicting);
+            v.push(Evict { page: p, staging: m.slot, swap });
+        }
+        (v, wb)
+    }
+
+    pub fn deactivate_done(&mut self, d: &Deactivate, ok: bool) {
+        debug_assert_eq!(self.pages.get(d.page).state, PState::Deactivating);
+        if ok {
+            self.pages.update(d.page, |m| m.state = PState::Inactive);
+            self.inactive += 1;
+            self.push_inactive(d.page);
+            self.counters.deactivations += 1;
+        } else {
+            self.staging.release(d.slot);
+            self.pages.update(d.page, |m| {
+                m.state = PState::Resident;
+                m.slot = 0;
+            });
+            // The region may have been locked while the page was in flight.
+            self.note_resident(d.page);
+        }
+    }
+
+    /// Commits a deactivation that found the page gone from the host: a
+    /// lazily freed page the host discarded under its own pressure (its
+    /// `MADV_FREE` was passed down). The page is discarded exactly as a
+    /// discard by reclaim would leave it (reads back as zeros) and its frame
+    /// is free; returns true. Any other page cannot be gone: the
+    /// deactivation just failed (returns false).
+    pub fn deactivate_lost(&mut self, d: &Deactivate) -> bool {
+        let m = self.pages.get(d.page);
+        if !m.has(pf::LAZYFREE) || m.has(pf::VOLATILE) {
+            self.deactivate_done(d, false);
+            return false;
+        }
+        debug_assert_eq!(m.state, PState::Deactivating);
+        self.staging.release(d.slot);
+        self.resident -= 1;
+        self.lazyfree_pages -= 1;
+        self.pages.update(d.page, |m| {
+            m.state = PState::Absent;
+            m.slot = 0;
+            m.flags &= !(pf::LAZYFREE | pf::REFERENCED | pf::MAYBE_DIRTY);
+        });
+        self.counters.lazyfree_discards += 1;
+        self.counters.evictions += 1;
+        true
+    }
+
+    /// Commits the drop of a clean page of a streaming file region (see
+    /// `ReclaimPlan::drop`): on success the page is gone (the next touch
+    /// reads the file); otherwise it stays resident.
+    pub fn drop_done(&mut self, p: PageIdx, ok: bool) {
+        debug_assert_eq!(self.pages.get(p).state, PState::Zapping);
+        if ok {
+            self.pages.set(p, PageMeta::default());
+            self.resident -= 1;
+        } else {
+            self.pages.update(p, |m| m.state = PState::Resident);
+            self.note_resident(p);
+        }
+    }
+
+    /// Commits an eviction. On success the executor has written the data to
+    /// swap and dropped the staging frame.
+    pub fn evict_done(&mut self, e: &Evict, ok: bool) {
+        debug_assert_eq!(self.pages.get(e.page).state, PState::Evicting);
+        if ok {
+            self.staging.release(e.staging);
+            self.inactive -= 1;
+            self.swapped += 1;
+            self.resident -= 1;
+            let was_lazy = self.pages.get(e.page).has(pf::LAZYFREE);
+            if was_lazy {
+                self.lazyfree_pages -= 1;
+            }
+            self.pages.update(e.page, |m| {
+                m.state = PState::Swapped;
+                m.slot = e.swap;
+                m.flags &= !pf::LAZYFREE;
+            });
+            self.counters.swapouts += 1;
+            self.counters.evictions += 1;
+        } else {
+            // The page stays resident (parked); the slot is not reused blindly.
+            self.swap.release(e.swap);
+            self.pages.update(e.page, |m| m.state = PState::Inactive);
+            self.push_inactive(e.page);
+            self.counters.swap_write_errors += 1;
+        }
+    }
+
+    /// Commits a purge: the executor dropped the staging frame and put a
+    /// poison marker at the page's address.
+    pub fn purge_done(&mut self, p: PageIdx, staging: u32) {
+        debug_assert_eq!(self.pages.get(p).state, PState::Evicting);
+        self.staging.release(staging);
+        self.inactive -= 1;
+        self.resident -= 1;
+        if self.pages.get(p).has(pf::LAZYFREE) {
+            self.lazyfree_pages -= 1;
+        }
+        self.pages.update(p, |m| {
+            m.state = PState::Absent;
+            m.slot = 0;
+            m.flags = (m.flags | pf::PURGED) & !pf::LAZYFREE;
+        });
+        self.counters.volatile_purges += 1;
+        self.counters.evictions += 1;
+    }
+
+    /// Commits a checked reactivation that found the staging slot empty: the
+    /// host discarded the parked volatile page (`Reactivate { checked }`).
+    /// The page is purged exactly as a purge by reclaim would leave it; the
+    /// executor has dropped the slot and installed nothing.
+    pub fn reactivate_lost(&mut self, plan: &FaultPlan) {
+        let FaultPlan::Reactivate { page, slot, .. } = *plan else { return };
+        debug_assert_eq!(self.pages.get(page).state, PState::Filling);
+        self.staging.release(slot);
+        self.inactive -= 1;
+        self.resident -= 1;
+        let m = self.pages.get(page);
+        if m.has(pf::LAZYFREE) {
+            self.lazyfree_pages -= 1;
+        }
+        let purged = if m.has(pf::VOLATILE) { pf::PURGED } else { 0 };
+        self.pages.update(page, |m| {
+            m.state = PState::Absent;
+            m.slot = 0;
+            m.flags = (m.flags | purged) & !(pf::LAZYFREE | pf::REFERENCED);
+        });
+        if purged != 0 {
+            self.counters.volatile_purges += 1;
+            self.counters.host_purges += 1;
+        }
+    }
+
+    /// Commits a discard attempt. `dropped`: the host dropped the clean
+    /// page (no I/O); otherwise the program wrote it since `MADV_FREE`, and
+    /// `written` says whether the executor wrote it to `d.swap`.
+    pub fn discard_done(&mut self, d: &Discard, dropped: bool, written: bool) {
+        debug_assert_eq!(self.pages.get(d.page).state, PState::Evicting);
+        self.lazyfree_pages -= 1;
+        if dropped {
+            if let Some(s) = d.swap {
+                self.swap.release(s);
+            }
+            self.staging.release(d.staging);
+            self.inactive -= 1;
+            self.resident -= 1;
+            self.pages.update(d.page, |m| {
+                m.state = PState::Absent;
+                m.slot = 0;
+                m.flags &= !pf::LAZYFREE;
+            });
+            self.counters.lazyfree_discards += 1;
+            self.counters.evictions += 1;
+            return;
+        }
+        // Written since: an ordinary dirty page now.
+        self.pages.update(d.page, |m| m.flags &= !pf::LAZYFREE);
+        match (d.swap, written) {
+            (Some(swap), true) => {
+                self.staging.release(d.staging);
+                self.inactive -= 1;
+                self.swapped += 1;
+                self.resident -= 1;
+                self.pages.update(d.page, |m| {
+                    m.state = PState::Swapped;
+                    m.slot = swap;
+                });
+                self.counters.swapouts += 1;
+                self.counters.evictions += 1;
+            }
+            (swap, _) => {
+                if let Some(s) = swap {
+                    self.swap.release(s);
+                }
+                self.pages.update(d.page, |m| m.state = PState::Inactive);
+                self.push_inactive(d.page);
+            }
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! The simulation's shared file regions: each `mmap` of a file maps a new
+//! unlinked temporary file, and these steps check that each file holds its
+//! pages' last bytes (after `msync`, `munmap`, a replacement, at the end).
+
+use usermm_core::consts::*;
+use usermm_core::Errno;
+
+use super::{Sim, PS};
+
+impl Sim {
+    /// The shared file pages of `[s, s+l)`: (page, file, page in file, the
+    /// bytes it must hold).
+    pub(super) fn file_pages(&self, s: usize, l: usize) -> Vec<(usize, u64, u64, u64)> {
+        (s..s + l).filter_map(|q| self.model[q].and_then(|m| m.file.map(|(f, fp)| (q, f, fp, m.stamp)))).collect()
+    }
+
+    /// Each listed file page holds its bytes in its file.
+    pub(super) fn check_files(&mut self, pages: &[(usize, u64, u64, u64)], when: &str) {
+        use std::os::unix::fs::FileExt;
+        for &(q, f, fp, stamp) in pages {
+            let file = &self.files[&f];
+            let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
+            file.read_exact_at(&mut a, fp * PS as u64).expect("file read");
+            file.read_exact_at(&mut b, fp * PS as u64 + PS as u64 - 8).expect("file read");
+            let got = (u64::from_le_bytes(a), u64::from_le_bytes(b));
+            assert_eq!(got, (stamp, stamp), "p{q} ({when}): file {f} page {fp} holds {got:?}, not the last write");
+            self.sum.file_checks += 1;
+        }
+    }
+
+    /// `msync` (`MS_SYNC` or `MS_ASYNC`) of a random range: the mapped file
+    /// pages reach their files (a hole is `ENOMEM`, after the mapped parts).
+    pub(super) fn op_msync(&mut self) {
+        let (s, l) = self.random_range();
+        let flags = if self.rng.chance(2) { MS_SYNC } else { MS_ASYNC };
+        self.log.push(format!("msync p{s}+{l} flags {flags}"));
+        let r = self.inner.msync(Self::addr(s), l * PS, flags);
+        let hole = (s..s + l).any(|q| self.model[q].is_none());
+        assert_eq!(r, if hole { Err(Errno::ENOMEM) } else { Ok(()) }, "msync");
+        let pages = self.file_pages(s, l);
+        self.check_files(&pages, "after msync");
+    }
+}
+
+/// A read-write file of `pages` zero pages, unlinked at once.
+pub(super) fn temp_file(id: u64, pages: usize) -> std::fs::File {
+    let path = std::env::temp_dir().join(format!("usermm-sim-{}-{id}", std::process::id()));
+    let f =
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("temp file");
+    f.set_len((pages * PS) as u64).expect("set_len");
+    let _ = std::fs::remove_file(&path);
+    f
+}
