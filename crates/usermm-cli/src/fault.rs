@@ -16,7 +16,7 @@ use usermm::Space;
 use usermm_sys::host::HostMap;
 use usermm_sys::now_ns;
 
-use crate::common::{config, p50_p99_max, read8, systems, tag, write8, Progress, Rng, MIB, PAGE};
+use crate::common::{config, p50_p99_max, read8, run_label, systems, tag, write8, Progress, Rng, MIB, PAGE};
 use crate::params::{Kind, Params};
 use crate::report::Experiment;
 use crate::svg;
@@ -196,14 +196,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
                 };
                 let sparse_v = v == "sparse";
                 for sys in systems(r) {
-                    prog.say(&format!(
-                        "{variant} {sys} {}",
-                        if measured {
-                            format!("run {}/{runs}", r - warmup + 1)
-                        } else {
-                            format!("warm-up {}/{warmup}", r + 1)
-                        }
-                    ));
+                    prog.say(&format!("{variant} {sys} {}", run_label(r, warmup, runs)));
                     let pass = one_pass(sys, region, order, stride, write, sparse_v, threads)?;
                     if pass.errors > 0 {
                         let msg = format!("{sys} {variant}: {} pages read back wrong", pass.errors);

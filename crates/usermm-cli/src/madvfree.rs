@@ -21,7 +21,7 @@ use usermm::{Space, Stats};
 use usermm_sys::host::{process_faults, HostMap};
 use usermm_sys::now_ns;
 
-use crate::common::{config, default_swap_dir, systems, Progress, Rng, MIB, PAGE};
+use crate::common::{config, default_swap_dir, run_label, systems, Progress, Rng, MIB, PAGE};
 use crate::params::{Kind, Params};
 use crate::report::{Experiment, Goal};
 
@@ -312,8 +312,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     let mut e = Experiment::new("madvfree", "seed 001: ebizzy-style memset + free loop (operations/s)", p.pairs());
     for r in 0..warmup + runs {
         let measured = r >= warmup;
-        let which =
-            if measured { format!("run {}/{runs}", r - warmup + 1) } else { format!("warm-up {}/{warmup}", r + 1) };
+        let which = run_label(r, warmup, runs);
         for &t in &threads {
             for sys in systems(r) {
                 let modes: &[&str] =

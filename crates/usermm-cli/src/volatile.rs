@@ -20,7 +20,7 @@ use usermm::{Mapping, Space};
 use usermm_sys::host::{process_faults, reset_peak_rss, rss_kib, HostMap};
 use usermm_sys::now_ns;
 
-use crate::common::{config, default_swap_dir, systems, Progress, MIB, PAGE};
+use crate::common::{config, default_swap_dir, run_label, systems, Progress, MIB, PAGE};
 use crate::params::{Kind, Params};
 use crate::report::{Experiment, Goal};
 
@@ -440,8 +440,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     let round_count = |t: u64| (t as usize * sh.rounds.saturating_sub(1)).max(1) as f64;
     for r in 0..warmup + runs {
         let measured = r >= warmup;
-        let which =
-            if measured { format!("run {}/{runs}", r - warmup + 1) } else { format!("warm-up {}/{warmup}", r + 1) };
+        let which = run_label(r, warmup, runs);
         for &t in &threads {
             for sys in systems(r) {
                 let modes: &[&str] = if sys == "kernel" { &["dontneed"] } else { &["dontneed", "volatile"] };

@@ -33,7 +33,7 @@ mod touch;
 mod usermm;
 
 use self::file::TestFile;
-use crate::common::{default_swap_dir, systems, Progress, MIB, PAGE};
+use crate::common::{default_swap_dir, run_label, systems, Progress, MIB, PAGE};
 use crate::params::{Kind, Params};
 use crate::report::Experiment;
 
@@ -247,8 +247,7 @@ fn measure(o: &Opts, files: &[TestFile], e: &mut Experiment, prog: &Progress) ->
     let mut errors = Vec::new();
     for r in 0..warmup + runs {
         let measured = r >= warmup;
-        let which =
-            if measured { format!("run {}/{runs}", r - warmup + 1) } else { format!("warm-up {}/{warmup}", r + 1) };
+        let which = run_label(r, warmup, runs);
         for (si, &size) in o.sizes.iter().enumerate() {
             prog.say(&format!("{size} MiB, {which}"));
             for kind_name in &o.kinds {
