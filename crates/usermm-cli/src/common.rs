@@ -88,6 +88,16 @@ pub fn systems(run: usize) -> [&'static str; 2] {
     }
 }
 
+/// The progress label of round `r` of `warmup` unmeasured rounds followed
+/// by `runs` measured ones: `warm-up 1/1`, then `run 1/5`, …
+pub fn run_label(r: usize, warmup: usize, runs: usize) -> String {
+    if r >= warmup {
+        format!("run {}/{runs}", r - warmup + 1)
+    } else {
+        format!("warm-up {}/{warmup}", r + 1)
+    }
+}
+
 /// A usermm space configuration: `budget_bytes` of budget, `swap_bytes` of
 /// swap (0: none) in `swap_dir`, otherwise the defaults.
 pub fn config(budget_bytes: usize, swap_bytes: usize, swap_dir: Option<&str>) -> Config {

@@ -16,7 +16,7 @@ use usermm::Space;
 use usermm_sys::host::HostMap;
 use usermm_sys::now_ns;
 
-use crate::common::{config, p50_p99_max, read8, systems, tag, write8, Progress, Rng, MIB, PAGE};
+use crate::common::{config, p50_p99_max, read8, run_label, systems, tag, write8, Progress, Rng, MIB, PAGE};
 use crate::params::{Kind, Params};
 use crate::report::Experiment;
 use crate::svg;
@@ -86,6 +86,86 @@ fn touch(buf: &mut [u8], order: &[u32], stride: usize, write: bool, time_each: b
     Pass { ns, touches: order.len(), lat_us, errors }
 }
 
+/// One pass of `sys` over a fresh region of `region` bytes: the touches of
+/// `order` (page numbers × `stride`); a sparse pass advises `MADV_RANDOM`
+/// and times every touch.
+fn one_pass(
+    sys: &str,
+    region: usize,
+    order: &[u32],
+    stride: usize,
+    write: bool,
+    sparse_v: bool,
+    threads: u32,
+) -> Result<Pass, String> {
+    Ok(if sys == "kernel" {
+        let mut m = HostMap::anon(region, 0).map_err(|e| format!("kernel mmap: {e:?}"))?;
+        if sparse_v {
+            m.madvise(MADV_RANDOM).map_err(|e| format!("kernel madvise: {e:?}"))?;
+        }
+        let pass = touch(&mut m, order, stride, write, sparse_v);
+        m.unmap().map_err(|e| format!("kernel munmap: {e:?}"))?;
+        pass
+    } else {
+        let mut cfg = config(region + 64 * MIB, 0, None);
+        cfg.fault_threads = threads;
+        let space = Space::open(&cfg).map_err(|e| format!("usermm open: {e:?}"))?;
+        let mut m = space.map_anon(region).map_err(|e| format!("usermm mmap: {e:?}"))?;
+        if sparse_v {
+            m.advise(MADV_RANDOM).map_err(|e| format!("usermm madvise: {e:?}"))?;
+        }
+        let pass = touch(&mut m, order, stride, write, sparse_v);
+        m.unmap().map_err(|e| format!("usermm munmap: {e:?}"))?;
+        space.close().map_err(|e| format!("usermm close: {e:?}"))?;
+        pass
+    })
+}
+
+/// Adds a measured pass to the experiment; a sparse pass's latencies also
+/// go to `lat_pool` (per system and variant, for the CDF plot).
+fn record(
+    e: &mut Experiment,
+    lat_pool: &mut Vec<(String, Vec<f64>)>,
+    sys: &str,
+    variant: &str,
+    pass: Pass,
+    sparse_v: bool,
+) {
+    e.add(sys, variant, "throughput", "pages/s", pass.touches as f64 / (pass.ns as f64 / 1e9));
+    if sparse_v {
+        let mut l = pass.lat_us;
+        let (p50, p99, max) = p50_p99_max(&mut l);
+        e.add(sys, variant, "p50", "µs", p50);
+        e.add(sys, variant, "p99", "µs", p99);
+        e.add(sys, variant, "max", "µs", max);
+        let key = format!("{sys} {variant}");
+        match lat_pool.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.extend(l),
+            None => lat_pool.push((key, l)),
+        }
+    }
+}
+
+/// The CDF plot of the sparse touches' latencies, all runs pooled.
+fn latency_plot(lat_pool: &mut [(String, Vec<f64>)]) -> String {
+    let series: Vec<svg::Series> = lat_pool
+        .iter_mut()
+        .map(|(k, v)| {
+            v.sort_by(f64::total_cmp);
+            svg::Series { name: k.clone(), points: svg::cdf(v, 400) }
+        })
+        .collect();
+    let plot = svg::Plot {
+        title: "fault: sparse first-touch latency (CDF, all runs)",
+        x_label: "latency per touch (µs)",
+        y_label: "fraction of touches ≤ x",
+        log_x: true,
+        log_y: false,
+        markers: false,
+    };
+    svg::render(&plot, &series)
+}
+
 pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     let size = p.int("size_mib") as usize * MIB;
     let sparse_size = p.int("sparse_size_mib") as usize * MIB;
@@ -116,35 +196,8 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
                 };
                 let sparse_v = v == "sparse";
                 for sys in systems(r) {
-                    prog.say(&format!(
-                        "{variant} {sys} {}",
-                        if measured {
-                            format!("run {}/{runs}", r - warmup + 1)
-                        } else {
-                            format!("warm-up {}/{warmup}", r + 1)
-                        }
-                    ));
-                    let pass = if sys == "kernel" {
-                        let mut m = HostMap::anon(region, 0).map_err(|e| format!("kernel mmap: {e:?}"))?;
-                        if sparse_v {
-                            m.madvise(MADV_RANDOM).map_err(|e| format!("kernel madvise: {e:?}"))?;
-                        }
-                        let pass = touch(&mut m, order, stride, write, sparse_v);
-                        m.unmap().map_err(|e| format!("kernel munmap: {e:?}"))?;
-                        pass
-                    } else {
-                        let mut cfg = config(region + 64 * MIB, 0, None);
-                        cfg.fault_threads = threads;
-                        let space = Space::open(&cfg).map_err(|e| format!("usermm open: {e:?}"))?;
-                        let mut m = space.map_anon(region).map_err(|e| format!("usermm mmap: {e:?}"))?;
-                        if sparse_v {
-                            m.advise(MADV_RANDOM).map_err(|e| format!("usermm madvise: {e:?}"))?;
-                        }
-                        let pass = touch(&mut m, order, stride, write, sparse_v);
-                        m.unmap().map_err(|e| format!("usermm munmap: {e:?}"))?;
-                        space.close().map_err(|e| format!("usermm close: {e:?}"))?;
-                        pass
-                    };
+                    prog.say(&format!("{variant} {sys} {}", run_label(r, warmup, runs)));
+                    let pass = one_pass(sys, region, order, stride, write, sparse_v, threads)?;
                     if pass.errors > 0 {
                         let msg = format!("{sys} {variant}: {} pages read back wrong", pass.errors);
                         prog.say(&format!("ERROR: {msg}"));
@@ -153,19 +206,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
                     if !measured {
                         continue;
                     }
-                    e.add(sys, &variant, "throughput", "pages/s", pass.touches as f64 / (pass.ns as f64 / 1e9));
-                    if sparse_v {
-                        let mut l = pass.lat_us;
-                        let (p50, p99, max) = p50_p99_max(&mut l);
-                        e.add(sys, &variant, "p50", "µs", p50);
-                        e.add(sys, &variant, "p99", "µs", p99);
-                        e.add(sys, &variant, "max", "µs", max);
-                        let key = format!("{sys} {variant}");
-                        match lat_pool.iter_mut().find(|(k, _)| *k == key) {
-                            Some((_, v)) => v.extend(l),
-                            None => lat_pool.push((key, l)),
-                        }
-                    }
+                    record(&mut e, &mut lat_pool, sys, &variant, pass, sparse_v);
                 }
             }
         }
@@ -195,22 +236,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     for m in errors {
         e.notes.push(format!("**ERROR**: {m}"));
     }
-    let series: Vec<svg::Series> = lat_pool
-        .iter_mut()
-        .map(|(k, v)| {
-            v.sort_by(f64::total_cmp);
-            svg::Series { name: k.clone(), points: svg::cdf(v, 400) }
-        })
-        .collect();
-    let plot = svg::Plot {
-        title: "fault: sparse first-touch latency (CDF, all runs)",
-        x_label: "latency per touch (µs)",
-        y_label: "fraction of touches ≤ x",
-        log_x: true,
-        log_y: false,
-        markers: false,
-    };
-    e.plots.push(("fault-sparse-latency.svg".into(), svg::render(&plot, &series)));
+    e.plots.push(("fault-sparse-latency.svg".into(), latency_plot(&mut lat_pool)));
     Ok(e)
 }
 

@@ -21,7 +21,7 @@ use usermm::{Space, Stats};
 use usermm_sys::host::{process_faults, HostMap};
 use usermm_sys::now_ns;
 
-use crate::common::{config, default_swap_dir, systems, Progress, Rng, MIB, PAGE};
+use crate::common::{config, default_swap_dir, run_label, systems, Progress, Rng, MIB, PAGE};
 use crate::params::{Kind, Params};
 use crate::report::{Experiment, Goal};
 
@@ -209,6 +209,86 @@ fn usermm_run(threads: usize, mode: &str, sh: Shape, seed: u64, pressure: Option
     Ok(Out { ops_per_s: rate, faults: s1.faults - s0.faults, ops, stats: Some((s0, s1)) })
 }
 
+/// The variant name of `t` threads in `mode`.
+fn v(t: u64, mode: &str) -> String {
+    format!("{t}t-{mode}")
+}
+
+/// Adds a measured pressure row (usermm `free` with a budget of half the
+/// chunks and swap) to the experiment.
+fn record_pressure(e: &mut Experiment, pv: &str, out: &Out, s0: &Stats, s1: &Stats) {
+    e.add("usermm", pv, "ops_per_s", "ops/s", out.ops_per_s);
+    e.add("usermm", pv, "faults_per_op", "faults/op", out.faults as f64 / out.ops.max(1) as f64);
+    e.add("usermm", pv, "swapouts", "pages", (s1.swapouts - s0.swapouts) as f64);
+    e.add("usermm", pv, "swapins", "pages", (s1.swapins - s0.swapins) as f64);
+    e.add("usermm", pv, "lazyfree_discards", "pages", (s1.lazyfree_discards - s0.lazyfree_discards) as f64);
+}
+
+/// The goals, per thread count: usermm's MADV_FREE against the kernel's and
+/// its own MADV_DONTNEED, and its faults per op.
+fn goals(e: &mut Experiment, threads: &[u64]) {
+    for &t in threads {
+        e.ratio_goal(&format!("MADV_FREE ops/s vs kernel, {t} thread(s)"), &v(t, "free"), "ops_per_s", true, 0.8, 1.0);
+    }
+    for &t in threads {
+        e.goals.push(Goal {
+            what: format!("usermm MADV_FREE vs its own MADV_DONTNEED, {t} thread(s)"),
+            how: format!("usermm ops/s, {} / {}", v(t, "free"), v(t, "dontneed")),
+            value: e.med("usermm", &v(t, "free"), "ops_per_s") / e.med("usermm", &v(t, "dontneed"), "ops_per_s"),
+            unit: "×".into(),
+            at_least: true,
+            threshold: 3.0,
+            goal: 3.0,
+        });
+    }
+    for &t in threads {
+        e.goals.push(Goal {
+            what: format!("usermm MADV_FREE faults per op, no pressure, {t} thread(s)"),
+            how: format!("usermm faults_per_op, {}", v(t, "free")),
+            value: e.med("usermm", &v(t, "free"), "faults_per_op"),
+            unit: "".into(),
+            at_least: false,
+            threshold: 0.01,
+            goal: 0.0,
+        });
+    }
+}
+
+/// The notes: the loop, the counters, pressure, the seed's numbers.
+fn notes(e: &mut Experiment, sh: Shape, run_ms: u64, swap_dir: &str) {
+    e.notes.push(format!(
+        "Per thread: {} chunks of {} MiB in one region, written once before the clock starts. One operation picks a \
+         chunk at random, memsets a random {}..{} KiB prefix (whole pages) and frees that prefix with the row's advice \
+         (`none`: no madvise, the ceiling). Each measurement runs {} ms, threads start together; ops/s is the sum over \
+         threads. Faults per op: usermm `Stats::faults` delta; kernel: the process's minor faults (`getrusage` \
+         `ru_minflt`) over the timed part. One usermm fault may map several pages at once (it counts userfaultfd \
+         faults served, not pages), so usermm rows also give `zero_fills_per_op`: pages zero-filled per operation, \
+         the page-level cost comparable with the kernel's per-page minor faults. usermm: a fresh space per measurement, budget = chunks + 64 MiB, no swap. \
+         Pressure rows: budget = half the threads' chunks, swap = 4× the chunks in `{}`; swap-outs, swap-ins and \
+         lazy-free discards are per measurement.",
+        sh.chunks,
+        sh.chunk / MIB,
+        sh.min / 1024,
+        sh.max / 1024,
+        run_ms,
+        swap_dir
+    ));
+    e.notes.push(
+        "usermm passes `MADV_FREE` down to the host kernel, so reusing a lazily freed page costs no fault at all; \
+         under usermm's own budget pressure, reclaim parks lazily freed pages first and asks the host to drop them \
+         (`MADV_PAGEOUT` on the parked copy): a clean one is discarded with no I/O (`lazyfree_discards`), one written \
+         since the free is swapped like any dirty page. The pressure rows show how many went each way."
+            .into(),
+    );
+    e.notes.push(
+        "Seed 001's ebizzy numbers (jemalloc, `ebizzy -S 10 -n 512`, 12-CPU KVM guest — other hardware and a \
+         different workload; for reference only, never in a ratio), records/s avg: 1 thread 2961.90 (MADV_DONTNEED) \
+         vs 12069.70 (MADV_FREE); 2 threads 5020.00 vs 17827.00. KERNEL-FACTS records this host kernel with this \
+         loop (5 s): 1 thread 14.7k FREE vs 1.5k DONTNEED ops/s (no madvise 38.7k); 2 threads 20.6k vs 2.8k."
+            .into(),
+    );
+}
+
 pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     let threads = p.list("threads");
     let runs = p.int("runs").max(1) as usize;
@@ -230,11 +310,9 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     let swap_dir = p.text("swap_dir");
     let seed = p.int("seed");
     let mut e = Experiment::new("madvfree", "seed 001: ebizzy-style memset + free loop (operations/s)", p.pairs());
-    let v = |t: u64, mode: &str| format!("{t}t-{mode}");
     for r in 0..warmup + runs {
         let measured = r >= warmup;
-        let which =
-            if measured { format!("run {}/{runs}", r - warmup + 1) } else { format!("warm-up {}/{warmup}", r + 1) };
+        let which = run_label(r, warmup, runs);
         for &t in &threads {
             for sys in systems(r) {
                 let modes: &[&str] =
@@ -261,80 +339,15 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
             if pressure {
                 prog.say(&format!("{t} thread(s), usermm free under pressure, {which}"));
                 let out = usermm_run(t as usize, "free", sh, seed + (r as u64) * 1000, Some(&swap_dir))?;
-                let (s0, s1) = out.stats.expect("usermm");
+                let (s0, s1) = out.stats.as_ref().expect("usermm");
                 if !measured {
                     continue;
                 }
-                let pv = v(t, "free-pressure");
-                e.add("usermm", &pv, "ops_per_s", "ops/s", out.ops_per_s);
-                e.add("usermm", &pv, "faults_per_op", "faults/op", out.faults as f64 / out.ops.max(1) as f64);
-                e.add("usermm", &pv, "swapouts", "pages", (s1.swapouts - s0.swapouts) as f64);
-                e.add("usermm", &pv, "swapins", "pages", (s1.swapins - s0.swapins) as f64);
-                e.add(
-                    "usermm",
-                    &pv,
-                    "lazyfree_discards",
-                    "pages",
-                    (s1.lazyfree_discards - s0.lazyfree_discards) as f64,
-                );
+                record_pressure(&mut e, &v(t, "free-pressure"), &out, s0, s1);
             }
         }
     }
-    for &t in &threads {
-        e.ratio_goal(&format!("MADV_FREE ops/s vs kernel, {t} thread(s)"), &v(t, "free"), "ops_per_s", true, 0.8, 1.0);
-    }
-    for &t in &threads {
-        e.goals.push(Goal {
-            what: format!("usermm MADV_FREE vs its own MADV_DONTNEED, {t} thread(s)"),
-            how: format!("usermm ops/s, {} / {}", v(t, "free"), v(t, "dontneed")),
-            value: e.med("usermm", &v(t, "free"), "ops_per_s") / e.med("usermm", &v(t, "dontneed"), "ops_per_s"),
-            unit: "×".into(),
-            at_least: true,
-            threshold: 3.0,
-            goal: 3.0,
-        });
-    }
-    for &t in &threads {
-        e.goals.push(Goal {
-            what: format!("usermm MADV_FREE faults per op, no pressure, {t} thread(s)"),
-            how: format!("usermm faults_per_op, {}", v(t, "free")),
-            value: e.med("usermm", &v(t, "free"), "faults_per_op"),
-            unit: "".into(),
-            at_least: false,
-            threshold: 0.01,
-            goal: 0.0,
-        });
-    }
-    e.notes.push(format!(
-        "Per thread: {} chunks of {} MiB in one region, written once before the clock starts. One operation picks a \
-         chunk at random, memsets a random {}..{} KiB prefix (whole pages) and frees that prefix with the row's advice \
-         (`none`: no madvise, the ceiling). Each measurement runs {} ms, threads start together; ops/s is the sum over \
-         threads. Faults per op: usermm `Stats::faults` delta; kernel: the process's minor faults (`getrusage` \
-         `ru_minflt`) over the timed part. One usermm fault may map several pages at once (it counts userfaultfd \
-         faults served, not pages), so usermm rows also give `zero_fills_per_op`: pages zero-filled per operation, \
-         the page-level cost comparable with the kernel's per-page minor faults. usermm: a fresh space per measurement, budget = chunks + 64 MiB, no swap. \
-         Pressure rows: budget = half the threads' chunks, swap = 4× the chunks in `{}`; swap-outs, swap-ins and \
-         lazy-free discards are per measurement.",
-        sh.chunks,
-        sh.chunk / MIB,
-        sh.min / 1024,
-        sh.max / 1024,
-        p.int("run_ms"),
-        swap_dir
-    ));
-    e.notes.push(
-        "usermm passes `MADV_FREE` down to the host kernel, so reusing a lazily freed page costs no fault at all; \
-         under usermm's own budget pressure, reclaim parks lazily freed pages first and asks the host to drop them \
-         (`MADV_PAGEOUT` on the parked copy): a clean one is discarded with no I/O (`lazyfree_discards`), one written \
-         since the free is swapped like any dirty page. The pressure rows show how many went each way."
-            .into(),
-    );
-    e.notes.push(
-        "Seed 001's ebizzy numbers (jemalloc, `ebizzy -S 10 -n 512`, 12-CPU KVM guest — other hardware and a \
-         different workload; for reference only, never in a ratio), records/s avg: 1 thread 2961.90 (MADV_DONTNEED) \
-         vs 12069.70 (MADV_FREE); 2 threads 5020.00 vs 17827.00. KERNEL-FACTS records this host kernel with this \
-         loop (5 s): 1 thread 14.7k FREE vs 1.5k DONTNEED ops/s (no madvise 38.7k); 2 threads 20.6k vs 2.8k."
-            .into(),
-    );
+    goals(&mut e, &threads);
+    notes(&mut e, sh, p.int("run_ms"), &swap_dir);
     Ok(e)
 }

@@ -244,28 +244,52 @@ fn write_out(dir: &Path, exps: &[Experiment], mode: &str, header: &[(String, Str
     Ok(())
 }
 
+/// `usermm __kernel-memcg-child EXPERIMENT ARGS…`: the kernel-memcg child's
+/// side of an experiment.
+fn memcg_child_main(args: &[String]) -> ExitCode {
+    // The parent blocked SIGINT/SIGTERM, and exec keeps the mask: get
+    // their default action back (a Ctrl-C ends the child too).
+    if let Err(e) = usermm_sys::process::unblock_termination_signals() {
+        eprintln!("usermm {}: cannot unblock SIGINT/SIGTERM: {e:?}", memcg::CHILD_CMD);
+        return ExitCode::from(1);
+    }
+    let r = match args.get(1).map(String::as_str) {
+        Some("reclaim") => reclaim::kernel_memcg_child(&args[2..]),
+        Some("outofcore") => outofcore::kernel_memcg_child(&args[2..]),
+        other => Err(format!("unknown child experiment {other:?}")),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(m) => {
+            eprintln!("usermm {}: {m}", memcg::CHILD_CMD);
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The chosen experiments with their parameters resolved (`Err`: a bad
+/// value, a usage error).
+fn plan(cmd: &Cmd) -> Result<Vec<(usize, Params)>, String> {
+    let chosen: Vec<usize> = match cmd.only {
+        Some(i) => vec![i],
+        None => (0..EXPERIMENTS.len()).collect(),
+    };
+    let mut plan = Vec::new();
+    for &i in &chosen {
+        let mut p = (EXPERIMENTS[i].params)(cmd.full);
+        for (n, v) in &cmd.sets {
+            p.set(n, v)?;
+        }
+        plan.push((i, p));
+    }
+    Ok(plan)
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // The kernel-memcg child (re-executed by the benchmark, see memcg.rs).
     if args.first().map(String::as_str) == Some(memcg::CHILD_CMD) {
-        // The parent blocked SIGINT/SIGTERM, and exec keeps the mask: get
-        // their default action back (a Ctrl-C ends the child too).
-        if let Err(e) = usermm_sys::process::unblock_termination_signals() {
-            eprintln!("usermm {}: cannot unblock SIGINT/SIGTERM: {e:?}", memcg::CHILD_CMD);
-            return ExitCode::from(1);
-        }
-        let r = match args.get(1).map(String::as_str) {
-            Some("reclaim") => reclaim::kernel_memcg_child(&args[2..]),
-            Some("outofcore") => outofcore::kernel_memcg_child(&args[2..]),
-            other => Err(format!("unknown child experiment {other:?}")),
-        };
-        return match r {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(m) => {
-                eprintln!("usermm {}: {m}", memcg::CHILD_CMD);
-                ExitCode::from(1)
-            }
-        };
+        return memcg_child_main(&args);
     }
     // Before any other thread exists: SIGINT/SIGTERM go to the teardown
     // thread, which removes what kernel-memcg set up and ends the process.
@@ -284,20 +308,10 @@ fn main() -> ExitCode {
     };
     // Resolve every experiment's parameters before running anything, so that
     // a bad value is a usage error and not a failure minutes later.
-    let chosen: Vec<usize> = match cmd.only {
-        Some(i) => vec![i],
-        None => (0..EXPERIMENTS.len()).collect(),
+    let plan = match plan(&cmd) {
+        Ok(plan) => plan,
+        Err(m) => return usage_error(&m),
     };
-    let mut plan = Vec::new();
-    for &i in &chosen {
-        let mut p = (EXPERIMENTS[i].params)(cmd.full);
-        for (n, v) in &cmd.sets {
-            if let Err(m) = p.set(n, v) {
-                return usage_error(&m);
-            }
-        }
-        plan.push((i, p));
-    }
     let mode = if cmd.full { "full (seed scale)" } else { "quick" };
     let t0 = Progress::new("usermm");
     let header = machine_info();

@@ -205,45 +205,32 @@ fn usermm_run(size: usize, mode: &str, p: &Params) -> Result<Out, String> {
     Ok(Out { unmap_ns, hold_ns: Some(hold), stalls })
 }
 
-pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
-    let sizes = p.list("sizes_mib");
-    let runs = p.int("runs").max(1) as usize;
-    let modes: Vec<String> = p.text("modes").split(',').map(|s| s.trim().to_string()).collect();
-    if let Some(m) = modes.iter().find(|m| *m != "fault" && *m != "mapunmap") {
-        return Err(format!("munmap: unknown mode '{m}' (fault, mapunmap)"));
+/// The variant name of a `size` MiB region with the second thread in `mode`.
+fn variant(size: u64, mode: &str) -> String {
+    format!("{size}MiB-{mode}")
+}
+
+/// Adds one run's numbers to the experiment.
+fn record(e: &mut Experiment, sys: &str, v: &str, out: Out) {
+    e.add(sys, v, "unmap_time", "ms", out.unmap_ns as f64 / 1e6);
+    if let Some(h) = out.hold_ns {
+        e.add(sys, v, "hold_max", "µs", h as f64 / 1e3);
     }
-    if sizes.contains(&0) {
-        return Err("munmap: sizes must be ≥ 1 MiB".into());
-    }
-    let mut e =
-        Experiment::new("munmap", "seed 003: unmap a large populated region beside a busy second thread", p.pairs());
-    let variant = |size: u64, mode: &str| format!("{size}MiB-{mode}");
-    for &size in &sizes {
-        for mode in &modes {
-            for r in 0..runs {
-                for sys in systems(r) {
-                    prog.say(&format!("{size} MiB, second thread {mode}, {sys} run {}/{runs}", r + 1));
-                    let bytes = size as usize * MIB;
-                    let out = if sys == "kernel" { kernel_run(bytes, mode, p)? } else { usermm_run(bytes, mode, p)? };
-                    let v = variant(size, mode);
-                    e.add(sys, &v, "unmap_time", "ms", out.unmap_ns as f64 / 1e6);
-                    if let Some(h) = out.hold_ns {
-                        e.add(sys, &v, "hold_max", "µs", h as f64 / 1e3);
-                    }
-                    let mut st: Vec<f64> = out.stalls.iter().map(|&d| d as f64 / 1e3).collect();
-                    let n = st.len();
-                    let (_, p99, max) = p50_p99_max(&mut st);
-                    e.add(sys, &v, "stall_max", "µs", max);
-                    e.add(sys, &v, "stall_p99", "µs", p99);
-                    e.add(sys, &v, "ops_during_unmap", "ops", n as f64);
-                }
-            }
-        }
-    }
+    let mut st: Vec<f64> = out.stalls.iter().map(|&d| d as f64 / 1e3).collect();
+    let n = st.len();
+    let (_, p99, max) = p50_p99_max(&mut st);
+    e.add(sys, v, "stall_max", "µs", max);
+    e.add(sys, v, "stall_p99", "µs", p99);
+    e.add(sys, v, "ops_during_unmap", "ops", n as f64);
+}
+
+/// The goals: usermm's exclusive hold per size and mode, its growth with
+/// size, fault stalls against the kernel's, the map/unmap loop's worst stall.
+fn goals(e: &mut Experiment, sizes: &[u64], modes: &[String]) {
     let (small, large) = (sizes.iter().min().copied().unwrap_or(0), sizes.iter().max().copied().unwrap_or(0));
     let hold_mode = if modes.iter().any(|m| m == "fault") { "fault" } else { modes[0].as_str() };
-    for mode in &modes {
-        for &size in &sizes {
+    for mode in modes {
+        for &size in sizes {
             let v = variant(size, mode);
             let why = if mode == "mapunmap" { " (incl. the second thread's mmaps)" } else { "" };
             e.goals.push(Goal {
@@ -270,7 +257,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
         });
     }
     if modes.iter().any(|m| m == "fault") {
-        for &size in &sizes {
+        for &size in sizes {
             e.ratio_goal(
                 &format!("fault stall ≤ kernel's, {size} MiB"),
                 &variant(size, "fault"),
@@ -293,6 +280,10 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
             goal: 1.0,
         });
     }
+}
+
+/// The notes: the setup, the counters, the seed's numbers.
+fn notes(e: &mut Experiment, sizes: &[u64], mapunmap_kib: u64) {
     e.notes.push(format!(
         "Sizes {} MiB{}. Every page of the region is written before the unmap (untimed). usermm: a fresh space per run, \
          budget = size + 64 MiB, no swap; the second thread works in the same space. kernel: plain mmap/munmap, the \
@@ -305,7 +296,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
          scheduling delays and vary widely run to run: read them with their [min..max].",
         sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "),
         if sizes.iter().all(|&s| s < 4096) { " (quick scale: 4 GiB left out, pass --sizes-mib to add it)" } else { "" },
-        p.int("mapunmap_kib"),
+        mapunmap_kib,
     ));
     e.notes.push(
         "Seed 003's published numbers (measured on other hardware — 32 cores of E5-2680 @ 2.70GHz, unmapping 80 GB — \
@@ -313,10 +304,14 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
          35,148.923 µs with them; `SyS_munmap` total 2,165,369 µs without, 2,166,535 µs with."
             .into(),
     );
+}
+
+/// The two plots over region size: worst stalls; unmap time and hold.
+fn plots(e: &mut Experiment, sizes: &[u64], modes: &[String]) {
     let gib = |s: u64| s as f64 / 1024.0;
     let mut stall_series = Vec::new();
     let mut time_series = Vec::new();
-    for mode in &modes {
+    for mode in modes {
         for sys in ["kernel", "usermm"] {
             let pts = |m: &str| sizes.iter().map(|&s| (gib(s), e.med(sys, &variant(s, mode), m))).collect::<Vec<_>>();
             stall_series.push(svg::Series { name: format!("{sys} {mode} worst"), points: pts("stall_max") });
@@ -350,5 +345,34 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
             &time_series,
         ),
     ));
+}
+
+pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
+    let sizes = p.list("sizes_mib");
+    let runs = p.int("runs").max(1) as usize;
+    let modes: Vec<String> = p.text("modes").split(',').map(|s| s.trim().to_string()).collect();
+    if let Some(m) = modes.iter().find(|m| *m != "fault" && *m != "mapunmap") {
+        return Err(format!("munmap: unknown mode '{m}' (fault, mapunmap)"));
+    }
+    if sizes.contains(&0) {
+        return Err("munmap: sizes must be ≥ 1 MiB".into());
+    }
+    let mut e =
+        Experiment::new("munmap", "seed 003: unmap a large populated region beside a busy second thread", p.pairs());
+    for &size in &sizes {
+        for mode in &modes {
+            for r in 0..runs {
+                for sys in systems(r) {
+                    prog.say(&format!("{size} MiB, second thread {mode}, {sys} run {}/{runs}", r + 1));
+                    let bytes = size as usize * MIB;
+                    let out = if sys == "kernel" { kernel_run(bytes, mode, p)? } else { usermm_run(bytes, mode, p)? };
+                    record(&mut e, sys, &variant(size, mode), out);
+                }
+            }
+        }
+    }
+    goals(&mut e, &sizes, &modes);
+    notes(&mut e, &sizes, p.int("mapunmap_kib"));
+    plots(&mut e, &sizes, &modes);
     Ok(e)
 }

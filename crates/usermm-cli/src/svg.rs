@@ -61,6 +61,58 @@ fn ticks(lo: f64, hi: f64, log: bool) -> Vec<(f64, String)> {
     }
 }
 
+/// The plot area's width and height in pixels.
+const PW: f64 = W - L - R;
+const PH: f64 = H - T - B;
+
+/// The data bounds of the plot area (on the axes' scales: log10 on a log
+/// axis).
+struct Frame {
+    x0: f64,
+    x1: f64,
+    y0: f64,
+    y1: f64,
+}
+
+impl Frame {
+    /// The bounds of `all` (already on the axes' scales): whole decades on a
+    /// log axis, from 0 on a linear y axis, never empty.
+    fn of(p: &Plot, all: &[(f64, f64)]) -> Frame {
+        let (mut x0, mut x1, mut y0, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, f64::INFINITY, f64::NEG_INFINITY);
+        for &(x, y) in all {
+            x0 = x0.min(x);
+            x1 = x1.max(x);
+            y0 = y0.min(y);
+            y1 = y1.max(y);
+        }
+        if all.is_empty() {
+            (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+        }
+        if !p.log_y && y0 > 0.0 {
+            y0 = 0.0;
+        }
+        if p.log_x {
+            (x0, x1) = (x0.floor(), x1.ceil());
+        }
+        if p.log_y {
+            (y0, y1) = (y0.floor(), y1.ceil());
+        }
+        if x1 - x0 < 1e-12 {
+            x1 = x0 + 1.0;
+        }
+        if y1 - y0 < 1e-12 {
+            y1 = y0 + 1.0;
+        }
+        Frame { x0, x1, y0, y1 }
+    }
+    fn sx(&self, x: f64) -> f64 {
+        L + (x - self.x0) / (self.x1 - self.x0) * PW
+    }
+    fn sy(&self, y: f64) -> f64 {
+        T + PH - (y - self.y0) / (self.y1 - self.y0) * PH
+    }
+}
+
 /// Renders the plot; points with a non-positive coordinate on a log axis
 /// are left out.
 pub fn render(p: &Plot, series: &[Series]) -> String {
@@ -70,62 +122,42 @@ pub fn render(p: &Plot, series: &[Series]) -> String {
     let pts: Vec<Vec<(f64, f64)>> =
         series.iter().map(|s| s.points.iter().filter(|q| keep(q)).map(|&(x, y)| (tx(x), ty(y))).collect()).collect();
     let all: Vec<(f64, f64)> = pts.iter().flatten().copied().collect();
-    let (mut x0, mut x1, mut y0, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, f64::INFINITY, f64::NEG_INFINITY);
-    for &(x, y) in &all {
-        x0 = x0.min(x);
-        x1 = x1.max(x);
-        y0 = y0.min(y);
-        y1 = y1.max(y);
-    }
-    if all.is_empty() {
-        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
-    }
-    if !p.log_y && y0 > 0.0 {
-        y0 = 0.0;
-    }
-    if p.log_x {
-        (x0, x1) = (x0.floor(), x1.ceil());
-    }
-    if p.log_y {
-        (y0, y1) = (y0.floor(), y1.ceil());
-    }
-    if x1 - x0 < 1e-12 {
-        x1 = x0 + 1.0;
-    }
-    if y1 - y0 < 1e-12 {
-        y1 = y0 + 1.0;
-    }
-    let pw = W - L - R;
-    let ph = H - T - B;
-    let sx = |x: f64| L + (x - x0) / (x1 - x0) * pw;
-    let sy = |y: f64| T + ph - (y - y0) / (y1 - y0) * ph;
+    let f = Frame::of(p, &all);
     let mut o = String::new();
     let _ = writeln!(
         o,
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" font-family=\"sans-serif\" font-size=\"12\">"
     );
     let _ = writeln!(o, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>");
+    axes(&mut o, p, &f);
+    lines(&mut o, p, &f, series, &pts);
+    o.push_str("</svg>\n");
+    o
+}
+
+/// The title, the grid with its tick labels, the frame and the axis labels.
+fn axes(o: &mut String, p: &Plot, f: &Frame) {
     let _ = writeln!(
         o,
         "<text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">{}</text>",
-        L + pw / 2.0,
+        L + PW / 2.0,
         esc(p.title)
     );
-    for (v, label) in ticks(x0, x1, p.log_x) {
-        let x = sx(v);
-        let _ = writeln!(o, "<line x1=\"{x:.1}\" y1=\"{T}\" x2=\"{x:.1}\" y2=\"{}\" stroke=\"#ddd\"/>", T + ph);
-        let _ = writeln!(o, "<text x=\"{x:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>", T + ph + 16.0, esc(&label));
+    for (v, label) in ticks(f.x0, f.x1, p.log_x) {
+        let x = f.sx(v);
+        let _ = writeln!(o, "<line x1=\"{x:.1}\" y1=\"{T}\" x2=\"{x:.1}\" y2=\"{}\" stroke=\"#ddd\"/>", T + PH);
+        let _ = writeln!(o, "<text x=\"{x:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>", T + PH + 16.0, esc(&label));
     }
-    for (v, label) in ticks(y0, y1, p.log_y) {
-        let y = sy(v);
-        let _ = writeln!(o, "<line x1=\"{L}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>", L + pw);
+    for (v, label) in ticks(f.y0, f.y1, p.log_y) {
+        let y = f.sy(v);
+        let _ = writeln!(o, "<line x1=\"{L}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>", L + PW);
         let _ = writeln!(o, "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>", L - 6.0, y + 4.0, esc(&label));
     }
-    let _ = writeln!(o, "<rect x=\"{L}\" y=\"{T}\" width=\"{pw}\" height=\"{ph}\" fill=\"none\" stroke=\"black\"/>");
+    let _ = writeln!(o, "<rect x=\"{L}\" y=\"{T}\" width=\"{PW}\" height=\"{PH}\" fill=\"none\" stroke=\"black\"/>");
     let _ = writeln!(
         o,
         "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}{}</text>",
-        L + pw / 2.0,
+        L + PW / 2.0,
         H - 18.0,
         esc(p.x_label),
         if p.log_x { " (log)" } else { "" }
@@ -133,15 +165,19 @@ pub fn render(p: &Plot, series: &[Series]) -> String {
     let _ = writeln!(
         o,
         "<text x=\"18\" y=\"{}\" text-anchor=\"middle\" transform=\"rotate(-90 18 {})\">{}{}</text>",
-        T + ph / 2.0,
-        T + ph / 2.0,
+        T + PH / 2.0,
+        T + PH / 2.0,
         esc(p.y_label),
         if p.log_y { " (log)" } else { "" }
     );
-    for (i, (s, pts)) in series.iter().zip(&pts).enumerate() {
+}
+
+/// Every series' polyline (and markers), and its legend entry.
+fn lines(o: &mut String, p: &Plot, f: &Frame, series: &[Series], pts: &[Vec<(f64, f64)>]) {
+    for (i, (s, pts)) in series.iter().zip(pts).enumerate() {
         let c = COLORS[i % COLORS.len()];
         if !pts.is_empty() {
-            let path: Vec<String> = pts.iter().map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y))).collect();
+            let path: Vec<String> = pts.iter().map(|&(x, y)| format!("{:.1},{:.1}", f.sx(x), f.sy(y))).collect();
             let _ = writeln!(
                 o,
                 "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"1.8\" points=\"{}\"/>",
@@ -149,12 +185,12 @@ pub fn render(p: &Plot, series: &[Series]) -> String {
             );
             if p.markers {
                 for &(x, y) in pts {
-                    let _ = writeln!(o, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{c}\"/>", sx(x), sy(y));
+                    let _ = writeln!(o, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{c}\"/>", f.sx(x), f.sy(y));
                 }
             }
         }
         let ly = T + 10.0 + i as f64 * 20.0;
-        let lx = L + pw + 12.0;
+        let lx = L + PW + 12.0;
         let _ = writeln!(
             o,
             "<line x1=\"{lx}\" y1=\"{ly}\" x2=\"{}\" y2=\"{ly}\" stroke=\"{c}\" stroke-width=\"3\"/>",
@@ -162,8 +198,6 @@ pub fn render(p: &Plot, series: &[Series]) -> String {
         );
         let _ = writeln!(o, "<text x=\"{}\" y=\"{}\">{}</text>", lx + 26.0, ly + 4.0, esc(&s.name));
     }
-    o.push_str("</svg>\n");
-    o
 }
 
 /// The empirical CDF of `sorted` as at most `max_points` points.

@@ -20,7 +20,7 @@ use usermm::{Mapping, Space};
 use usermm_sys::host::{process_faults, reset_peak_rss, rss_kib, HostMap};
 use usermm_sys::now_ns;
 
-use crate::common::{config, default_swap_dir, systems, Progress, MIB, PAGE};
+use crate::common::{config, default_swap_dir, run_label, systems, Progress, MIB, PAGE};
 use crate::params::{Kind, Params};
 use crate::report::{Experiment, Goal};
 
@@ -216,8 +216,53 @@ struct Demo {
 
 const DEMO_CHUNK: usize = 16 << 10;
 
-fn purge_demo(budget: usize, swap_dir: &str) -> Result<Demo, String> {
+/// Checks demo chunk `i` against what `mnovolatile` reports (even chunks)
+/// or its letter (odd ones), and adds its line to `d.table`.
+fn check_chunk(m: &mut Mapping<'_>, i: usize, d: &mut Demo) -> Result<(), String> {
     let pages_per = DEMO_CHUNK / PAGE;
+    let base = i * DEMO_CHUNK;
+    let letter = b'A' + i as u8;
+    let chunk_ok = |m: &[u8], purged_bit: &dyn Fn(usize) -> bool| -> u64 {
+        (0..pages_per)
+            .filter(|&p| {
+                let pg = &m[base + p * PAGE..base + (p + 1) * PAGE];
+                let want = if purged_bit(p) { 0 } else { letter };
+                pg.iter().any(|&b| b != want)
+            })
+            .count() as u64
+    };
+    if i.is_multiple_of(2) {
+        let (purged, rep) = m.mnovolatile(base, DEMO_CHUNK).map_err(|e| format!("usermm mnovolatile: {e:?}"))?;
+        let word = rep.bitmap.first().copied().unwrap_or(0);
+        let bad = chunk_ok(m, &|p| word >> p & 1 == 1) + u64::from(purged != (rep.purged_pages > 0));
+        d.mismatches += bad;
+        d.purged_total += rep.purged_pages as u64;
+        let bits: String = (0..pages_per).map(|p| if word >> p & 1 == 1 { '1' } else { '0' }).collect();
+        d.table.push(vec![
+            i.to_string(),
+            (letter as char).to_string(),
+            "yes".into(),
+            format!("{}/{pages_per}", rep.purged_pages),
+            format!("`{bits}`"),
+            if bad == 0 { "matches the report".into() } else { format!("**{bad} pages differ**") },
+        ]);
+    } else {
+        let bad = chunk_ok(m, &|_| false);
+        d.mismatches += bad;
+        d.odd_intact += u64::from(bad == 0);
+        d.table.push(vec![
+            i.to_string(),
+            (letter as char).to_string(),
+            "no".into(),
+            "—".into(),
+            "—".into(),
+            if bad == 0 { "intact".into() } else { format!("**{bad} pages differ**") },
+        ]);
+    }
+    Ok(())
+}
+
+fn purge_demo(budget: usize, swap_dir: &str) -> Result<Demo, String> {
     let space = Space::open(&config(budget, 64 * budget.max(MIB), Some(swap_dir)))
         .map_err(|e| format!("usermm open: {e:?}"))?;
     let mut m = space.map_anon(26 * DEMO_CHUNK).map_err(|e| format!("usermm mmap: {e:?}"))?;
@@ -251,45 +296,7 @@ fn purge_demo(budget: usize, swap_dir: &str) -> Result<Demo, String> {
         odd_intact: 0,
     };
     for i in 0..26 {
-        let base = i * DEMO_CHUNK;
-        let letter = b'A' + i as u8;
-        let chunk_ok = |m: &[u8], purged_bit: &dyn Fn(usize) -> bool| -> u64 {
-            (0..pages_per)
-                .filter(|&p| {
-                    let pg = &m[base + p * PAGE..base + (p + 1) * PAGE];
-                    let want = if purged_bit(p) { 0 } else { letter };
-                    pg.iter().any(|&b| b != want)
-                })
-                .count() as u64
-        };
-        if i % 2 == 0 {
-            let (purged, rep) = m.mnovolatile(base, DEMO_CHUNK).map_err(|e| format!("usermm mnovolatile: {e:?}"))?;
-            let word = rep.bitmap.first().copied().unwrap_or(0);
-            let bad = chunk_ok(&m, &|p| word >> p & 1 == 1) + u64::from(purged != (rep.purged_pages > 0));
-            d.mismatches += bad;
-            d.purged_total += rep.purged_pages as u64;
-            let bits: String = (0..pages_per).map(|p| if word >> p & 1 == 1 { '1' } else { '0' }).collect();
-            d.table.push(vec![
-                i.to_string(),
-                (letter as char).to_string(),
-                "yes".into(),
-                format!("{}/{pages_per}", rep.purged_pages),
-                format!("`{bits}`"),
-                if bad == 0 { "matches the report".into() } else { format!("**{bad} pages differ**") },
-            ]);
-        } else {
-            let bad = chunk_ok(&m, &|_| false);
-            d.mismatches += bad;
-            d.odd_intact += u64::from(bad == 0);
-            d.table.push(vec![
-                i.to_string(),
-                (letter as char).to_string(),
-                "no".into(),
-                "—".into(),
-                "—".into(),
-                if bad == 0 { "intact".into() } else { format!("**{bad} pages differ**") },
-            ]);
-        }
+        check_chunk(&mut m, i, &mut d)?;
     }
     if d.purged_total != d.volatile_purges {
         d.mismatches += 1;
@@ -299,69 +306,39 @@ fn purge_demo(budget: usize, swap_dir: &str) -> Result<Demo, String> {
     Ok(d)
 }
 
-pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
-    let threads = p.list("threads");
-    let runs = p.int("runs").max(1) as usize;
-    let warmup = p.int("warmup") as usize;
-    let sh = Shape {
-        chunks: p.int("chunks").max(1) as usize,
-        chunk: (p.int("chunk_mib") as usize * MIB).max(PAGE),
-        rounds: p.int("rounds").max(1) as usize,
-    };
-    if threads.contains(&0) {
-        return Err("volatile: thread counts must be ≥ 1".into());
+/// The variant name of `t` threads in `mode`.
+fn v(t: u64, mode: &str) -> String {
+    format!("{t}t-{mode}")
+}
+
+/// Adds one measured run of variant `var` to the experiment; `rounds` is
+/// the number of rounds after the first (over all threads).
+fn record(e: &mut Experiment, sys: &str, var: &str, out: &Out, rounds: f64) {
+    e.add(sys, var, "elapsed", "ms", out.elapsed_ns as f64 / 1e6);
+    e.add(sys, var, "faults", "faults", out.faults as f64);
+    e.add(sys, var, "faults_per_round_after_first", "faults/round", out.faults_steady as f64 / rounds);
+    if let Some(pk) = out.peak {
+        let unit = if sys == "kernel" { "MiB (process VmHWM growth)" } else { "MiB (space peak)" };
+        e.add(sys, var, "peak_resident", unit, pk as f64 / MIB as f64);
     }
-    let demo_budget = (p.int("demo_budget_kib") as usize * 1024).max(64 * PAGE) / PAGE * PAGE;
-    let swap_dir = p.text("swap_dir");
-    let mut e = Experiment::new("volatile", "seed 002: fill-and-drop loop, mvolatile vs MADV_DONTNEED", p.pairs());
-    let v = |t: u64, mode: &str| format!("{t}t-{mode}");
-    let round_count = |t: u64| (t as usize * sh.rounds.saturating_sub(1)).max(1) as f64;
-    for r in 0..warmup + runs {
-        let measured = r >= warmup;
-        let which =
-            if measured { format!("run {}/{runs}", r - warmup + 1) } else { format!("warm-up {}/{warmup}", r + 1) };
-        for &t in &threads {
-            for sys in systems(r) {
-                let modes: &[&str] = if sys == "kernel" { &["dontneed"] } else { &["dontneed", "volatile"] };
-                for mode in modes {
-                    prog.say(&format!("{t} thread(s), {sys} {mode}, {which}"));
-                    let out = if sys == "kernel" {
-                        kernel_run(t as usize, sh)?
-                    } else {
-                        usermm_run(t as usize, sh, *mode == "volatile", p.int("budget_mib") as usize * MIB)?
-                    };
-                    if !measured {
-                        continue;
-                    }
-                    let var = v(t, mode);
-                    e.add(sys, &var, "elapsed", "ms", out.elapsed_ns as f64 / 1e6);
-                    e.add(sys, &var, "faults", "faults", out.faults as f64);
-                    e.add(
-                        sys,
-                        &var,
-                        "faults_per_round_after_first",
-                        "faults/round",
-                        out.faults_steady as f64 / round_count(t),
-                    );
-                    if let Some(pk) = out.peak {
-                        let unit = if sys == "kernel" { "MiB (process VmHWM growth)" } else { "MiB (space peak)" };
-                        e.add(sys, &var, "peak_resident", unit, pk as f64 / MIB as f64);
-                    }
-                    if *mode == "volatile" {
-                        e.add(sys, &var, "purged_pages", "pages", out.purged as f64);
-                    }
-                }
-            }
-        }
+    if var.ends_with("-volatile") {
+        e.add(sys, var, "purged_pages", "pages", out.purged as f64);
     }
-    prog.say("purge demonstration");
-    let d = purge_demo(demo_budget, &swap_dir)?;
+}
+
+/// Adds the purge demonstration's counts to the experiment.
+fn record_demo(e: &mut Experiment, d: &Demo) {
     e.add("usermm", "purge-demo", "purged_pages_reported", "pages", d.purged_total as f64);
     e.add("usermm", "purge-demo", "volatile_purges", "pages", d.volatile_purges as f64);
     e.add("usermm", "purge-demo", "swapouts", "pages", d.swapouts as f64);
     e.add("usermm", "purge-demo", "odd_chunks_intact", "chunks", d.odd_intact as f64);
     e.add("usermm", "purge-demo", "mismatches", "pages", d.mismatches as f64);
-    for &t in &threads {
+}
+
+/// The goals: the volatile loop against the kernel's MADV_DONTNEED loop and
+/// its faults per round, per thread count; the purge demo's exactness.
+fn goals(e: &mut Experiment, threads: &[u64], d: &Demo) {
+    for &t in threads {
         e.goals.push(Goal {
             what: format!("volatile loop vs kernel MADV_DONTNEED loop, {t} thread(s)"),
             how: format!("kernel {} elapsed / usermm {} elapsed", v(t, "dontneed"), v(t, "volatile")),
@@ -372,7 +349,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
             goal: 5.0,
         });
     }
-    for &t in &threads {
+    for &t in threads {
         e.goals.push(Goal {
             what: format!("volatile loop faults per round (after the first), {t} thread(s)"),
             how: format!("usermm {} faults_per_round_after_first", v(t, "volatile")),
@@ -392,6 +369,11 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
         threshold: 0.0,
         goal: 0.0,
     });
+}
+
+/// The notes: the loop and its counters, the default budget, the seed's
+/// numbers, the purge demonstration's table.
+fn notes(e: &mut Experiment, sh: Shape, demo_budget: usize, d: &Demo) {
     let region_mib = sh.chunks * sh.chunk / MIB;
     e.notes.push(format!(
         "Per thread: a region of {} chunks of {} MiB ({region_mib} MiB), {} rounds per measurement, threads start \
@@ -438,5 +420,49 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     if d.mismatches > 0 {
         e.notes.push(format!("**ERROR**: the purge demonstration found {} mismatches", d.mismatches));
     }
+}
+
+pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
+    let threads = p.list("threads");
+    let runs = p.int("runs").max(1) as usize;
+    let warmup = p.int("warmup") as usize;
+    let sh = Shape {
+        chunks: p.int("chunks").max(1) as usize,
+        chunk: (p.int("chunk_mib") as usize * MIB).max(PAGE),
+        rounds: p.int("rounds").max(1) as usize,
+    };
+    if threads.contains(&0) {
+        return Err("volatile: thread counts must be ≥ 1".into());
+    }
+    let demo_budget = (p.int("demo_budget_kib") as usize * 1024).max(64 * PAGE) / PAGE * PAGE;
+    let swap_dir = p.text("swap_dir");
+    let mut e = Experiment::new("volatile", "seed 002: fill-and-drop loop, mvolatile vs MADV_DONTNEED", p.pairs());
+    let round_count = |t: u64| (t as usize * sh.rounds.saturating_sub(1)).max(1) as f64;
+    for r in 0..warmup + runs {
+        let measured = r >= warmup;
+        let which = run_label(r, warmup, runs);
+        for &t in &threads {
+            for sys in systems(r) {
+                let modes: &[&str] = if sys == "kernel" { &["dontneed"] } else { &["dontneed", "volatile"] };
+                for mode in modes {
+                    prog.say(&format!("{t} thread(s), {sys} {mode}, {which}"));
+                    let out = if sys == "kernel" {
+                        kernel_run(t as usize, sh)?
+                    } else {
+                        usermm_run(t as usize, sh, *mode == "volatile", p.int("budget_mib") as usize * MIB)?
+                    };
+                    if !measured {
+                        continue;
+                    }
+                    record(&mut e, sys, &v(t, mode), &out, round_count(t));
+                }
+            }
+        }
+    }
+    prog.say("purge demonstration");
+    let d = purge_demo(demo_budget, &swap_dir)?;
+    record_demo(&mut e, &d);
+    goals(&mut e, &threads, &d);
+    notes(&mut e, sh, demo_budget, &d);
     Ok(e)
 }
