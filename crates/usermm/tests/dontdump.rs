@@ -10,6 +10,8 @@
 use usermm::consts::*;
 use usermm::{Config, Space};
 
+mod common;
+
 const PAGE: usize = 4096;
 const PAGES: usize = 16;
 const DIR_ENV: &str = "USERMM_DONTDUMP_DIR";
@@ -72,12 +74,10 @@ fn a_dontdump_secret_stays_out_of_core_dumps() {
     let dir = std::env::temp_dir().join(format!("usermm-dontdump-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "dump_child", "--nocapture", "--test-threads=1"])
-        .env(DIR_ENV, &dir)
-        .env("USERMM_DONTDUMP_SEED", seed.to_string())
-        .output()
-        .unwrap();
+    let out = common::run_entry(
+        "dump_child",
+        &[(DIR_ENV, dir.clone().into()), ("USERMM_DONTDUMP_SEED", seed.to_string().into())],
+    );
     assert_eq!(out.status.signal(), Some(libc::SIGABRT), "child: {}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.core_dumped(), "no core dumped: {:?}", out.status);
     let core = std::fs::read_dir(&dir)

@@ -11,6 +11,8 @@ use usermm::consts::*;
 use usermm::{Config, Errno, Space};
 use usermm_sys::kernel::{peek, poke};
 
+mod common;
+
 const PS: usize = 4096;
 
 fn space(budget_mib: usize) -> Space {
@@ -415,11 +417,7 @@ fn one_hundred_thousand_file_regions() {
 /// with `env` set to the file `path` (a child-process entry point returns at
 /// once without it).
 fn run_child(name: &str, env: &str, path: &PathBuf) -> std::process::Output {
-    std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", name, "--ignored", "--nocapture", "--test-threads=1"])
-        .env(env, path)
-        .output()
-        .unwrap()
+    common::run_entry(name, &[(env, path.into())])
 }
 
 const CRASH_ENV: &str = "USERMM_FILE_CRASH_CHILD";

@@ -7,6 +7,8 @@
 use usermm::consts::*;
 use usermm::{Config, Space};
 
+mod common;
+
 const PAGE: usize = 4096;
 const CASE_ENV: &str = "USERMM_GUARD_TOUCH_CASE";
 
@@ -48,11 +50,7 @@ fn touch_child() {
 }
 
 fn run(case: &str) -> std::process::Output {
-    std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "touch_child", "--nocapture", "--test-threads=1"])
-        .env(CASE_ENV, case)
-        .output()
-        .unwrap()
+    common::run_entry("touch_child", &[(CASE_ENV, case.into())])
 }
 
 #[test]

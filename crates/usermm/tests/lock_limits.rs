@@ -11,6 +11,8 @@
 use usermm::consts::*;
 use usermm::{Config, Errno, Space};
 
+mod common;
+
 const PAGE: usize = 4096;
 const CASE_ENV: &str = "USERMM_LOCK_LIMITS_CASE";
 
@@ -234,13 +236,8 @@ fn host_child() {
 }
 
 fn compare(case: &str, drop_root: bool) {
-    let exe = std::env::current_exe().unwrap();
     let arg = if drop_root { format!("{case}:unprivileged") } else { case.to_string() };
-    let out = std::process::Command::new(exe)
-        .args(["--ignored", "--exact", "host_child", "--nocapture", "--test-threads=1"])
-        .env(CASE_ENV, arg)
-        .output()
-        .unwrap();
+    let out = common::run_entry("host_child", &[(CASE_ENV, arg.into())]);
     assert!(out.status.success(), "host child failed: {}", String::from_utf8_lossy(&out.stderr));
     let host: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()

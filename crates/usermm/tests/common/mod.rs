@@ -59,3 +59,15 @@ pub fn shared_temp_file(name: &str, pages: usize) -> std::fs::File {
     std::fs::remove_file(&path).unwrap();
     f
 }
+
+/// Runs this test binary's ignored test `entry` alone in a child process
+/// with `env` set, and returns its output: for tests that need a process of
+/// their own (a crash, a core dump, a dropped privilege, a fatal signal).
+pub fn run_entry(entry: &str, env: &[(&str, std::ffi::OsString)]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--ignored", "--exact", entry, "--nocapture", "--test-threads=1"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
