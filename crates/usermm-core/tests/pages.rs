@@ -88,7 +88,7 @@ fn a_full_budget_asks_for_reclaim() {
     full(&mut c, 16);
     map_at(&mut c, 16, 4);
     assert_eq!(c.stats().resident_pages, 16);
-    assert_eq!(fault(&mut c, 17, true), FaultPlan::Reclaim { want: 1 });
+    assert_eq!(fault(&mut c, 17, true), FaultPlan::Reclaim { want: c.direct_reclaim_batch(false) });
     assert_eq!(state(&c, 17), PState::Absent);
     assert_eq!(c.stats().resident_pages, 16);
 }
@@ -202,7 +202,7 @@ fn a_swapped_page_with_a_full_budget_asks_for_reclaim_first() {
     madvise(&mut c, at(0), PS, MADV_PAGEOUT).unwrap();
     map_at(&mut c, 16, 1);
     touch(&mut c, 16, true);
-    assert_eq!(fault(&mut c, 0, false), FaultPlan::Reclaim { want: 1 });
+    assert_eq!(fault(&mut c, 0, false), FaultPlan::Reclaim { want: c.direct_reclaim_batch(false) });
     assert_eq!(state(&c, 0), PState::Swapped);
     assert!(matches!(touch(&mut c, 0, false), Touch::Served(_)));
     assert_eq!(state(&c, 0), PState::Resident);
@@ -430,8 +430,7 @@ fn hot_cold(native_reclaim: bool) -> (u64, u64) {
             match plan {
                 FaultPlan::Wake => return,
                 FaultPlan::Reclaim { want } => {
-                    let (want, rounds) =
-                        if native_reclaim { (want.max(c.direct_reclaim_batch()), 4) } else { (want, 1) };
+                    let (want, rounds) = if native_reclaim { (want, 4) } else { (1, 1) };
                     let mut freed = 0;
                     for _ in 0..rounds {
                         let plan = c.reclaim_plan(want - freed);
@@ -503,12 +502,12 @@ fn the_hot_set_survives_a_cold_scan() {
     assert!(swapouts >= 100 - 16, "the cold pages were evicted ({swapouts} swap-outs)");
 }
 
-/// The native executor serves a `Reclaim` with `want.max(16)` and up to four
+/// The native executor serves a `Reclaim` with the core's `want` and up to four
 /// plans in a row, while the faulting program is blocked. With a budget of
 /// 16 the inactive target was once the whole budget, so one plan deactivated
 /// every unreferenced page and the next evicted them before the program could
 /// touch them. The target is now a quarter of the budget and the direct
-/// reclaim batch `direct_reclaim_batch()`.
+/// reclaim batch `direct_reclaim_batch(false)`.
 #[test]
 fn the_hot_set_survives_a_cold_scan_with_native_batch_reclaim() {
     let (hot_swapins, swapouts) = hot_cold(true);

@@ -5,7 +5,8 @@
 //! | file | what |
 //! |---|---|
 //! | `native.rs` | `Inner` (the executor's state), `open`, `close`, small helpers |
-//! | `native/fault.rs` | the handler threads' loop; `resolve`: one fault from plan to wake-up; commit and wake-up of a fill |
+//! | `native/fault.rs` | the handler threads' loop; `resolve`: one fault, planned and served; waits for pages in flight |
+//! | `native/serve.rs` | `serve`: the one plan dispatcher (faults, read-ins, populate, the locks' population), with each caller's failure report |
 //! | `native/fill.rs` | fill mechanics: zero fills and zero-page maps, swap-in, file reads, a parked page moved back |
 //! | `native/writeback.rs` | write-back of shared file pages (reclaim, msync, munmap, DONTNEED, close) |
 //! | `native/background.rs` | the background thread: reclaim ahead of the program, spares, WILLNEED and file read-ahead |
@@ -87,6 +88,7 @@ mod fault;
 mod fill;
 mod populate;
 mod reclaim;
+mod serve;
 mod volatile;
 mod writeback;
 mod zap;

@@ -76,6 +76,36 @@ fn budget_exhausted_is_enomem_with_exact_report() {
     s.validate();
 }
 
+/// A full budget with no swap is not out of memory while reclaim can still
+/// take pages: lazily freed pages are discarded and volatile pages purged
+/// for a populate as for a fault (Linux reclaims `MADV_FREE` pages without
+/// swap too). Populate once gave up at once with `ENOMEM` whenever no swap
+/// slot was free, without trying.
+#[test]
+fn populate_reclaims_lazily_freed_and_volatile_pages_without_swap() {
+    for advice in ["MADV_FREE", "mvolatile"] {
+        let s = space(4, 0);
+        let a = map(&s, 4 << 20, PROT_READ | PROT_WRITE);
+        s.madvise(a, 4 << 20, MADV_POPULATE_WRITE).unwrap();
+        assert_eq!(s.stats().resident_pages, 1024, "{advice}");
+        if advice == "MADV_FREE" {
+            s.madvise(a, 4 << 20, MADV_FREE).unwrap();
+        } else {
+            s.mvolatile(a, 4 << 20).unwrap();
+        }
+        let b = map(&s, 2 << 20, PROT_READ | PROT_WRITE);
+        assert_eq!(s.madvise(b, 2 << 20, MADV_POPULATE_WRITE), Ok(()), "{advice}");
+        assert!(resident(&s, b, 512).iter().all(|&r| r), "{advice}");
+        // Once nothing is left to reclaim (b's pages are unevictable
+        // without swap), a populate is out of memory.
+        let c = map(&s, 4 << 20, PROT_READ | PROT_WRITE);
+        let (rep, r) = s.populate(c, 4 << 20, MADV_POPULATE_WRITE);
+        assert_eq!(r, Err(Errno::ENOMEM), "{advice}");
+        assert!(rep.populated_bytes <= 2 << 20, "{advice}: {rep:?}");
+        s.validate();
+    }
+}
+
 #[test]
 fn poisoned_page_is_ehwpoison_with_its_address() {
     let s = space(64, 0);

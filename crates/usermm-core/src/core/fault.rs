@@ -140,7 +140,7 @@ impl Core {
         let reg = self.regions.find_mut(p).expect("region");
         if free == 0 {
             self.pressure = true;
-            return FaultPlan::Reclaim { want: 1 };
+            return FaultPlan::Reclaim { want: self.direct_reclaim_batch(populate) };
         }
         let window = swap_in_window(reg, p, populate);
         let limit = free.min(window);
@@ -183,7 +183,7 @@ impl Core {
         }
         if free == 0 {
             self.pressure = true;
-            return FaultPlan::Reclaim { want: 1 };
+            return FaultPlan::Reclaim { want: self.direct_reclaim_batch(populate) };
         }
         // Fault-around: how many pages past (and around) `p`.
         let window = fault_around_window(reg, p, populate, exact);

@@ -58,7 +58,10 @@ pub enum FaultPlan {
     /// A busy page (see [`Busy`]): wait for the core to change, then plan
     /// again.
     Busy,
-    /// No free frame: reclaim at least `want` frames, then plan again.
+    /// No free frame: reclaim at least `want` frames (the core's batch for
+    /// the caller: small for a fault, larger for a populate), then plan
+    /// again; [`Core::out_of_memory`](super::Core::out_of_memory) says when
+    /// to give up.
     Reclaim { want: u64 },
     /// Install zero pages on `run` (claimed, frames charged).
     ZeroFill { run: PageRange },
@@ -82,6 +85,53 @@ pub enum FaultPlan {
     /// reads back as zeros; if the page is there (the fault raced with its
     /// fill), the copy installs nothing.
     Refill { page: PageIdx },
+}
+
+impl FaultPlan {
+    /// What it means when this plan's fill did not install the page it was
+    /// made for: backing that cannot be read (swap, a file, past its end),
+    /// or a fill the host refused that a retry may get past.
+    pub fn unfilled(&self) -> Failure {
+        match self {
+            FaultPlan::SwapIn { .. } | FaultPlan::FileRead { .. } => Failure::Unreadable,
+            _ => Failure::NotFilled,
+        }
+    }
+}
+
+/// Why a plan could not serve the page it was made for. The executor's one
+/// dispatcher (`serve`) meets these the same way for every caller; only the
+/// report differs: a fault reports with a signal (or lets the thread retry),
+/// a populate with the errno [`Failure::populate_errno`] names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The address is in no region (unmapped meanwhile): SIGSEGV.
+    Gone,
+    /// No frame can be had ([`Core::out_of_memory`](super::Core::out_of_memory)):
+    /// SIGBUS (the kernel would OOM-kill).
+    OutOfMemory,
+    /// A poisoned or purged page: SIGBUS.
+    Poisoned,
+    /// Swap or the file could not be read (an I/O error, past the end of
+    /// the file): a SIGBUS.
+    Unreadable,
+    /// The host installed nothing (a transient refusal): the thread faults
+    /// again.
+    NotFilled,
+}
+
+impl Failure {
+    /// The errno a populate (`MADV_POPULATE_*`, `umm_populate`, a lock's
+    /// population) returns for it, as Linux's `faultin_page` maps a fault's
+    /// `VM_FAULT_*`: no VMA is `ENOMEM`, `VM_FAULT_OOM` is `ENOMEM`,
+    /// `VM_FAULT_HWPOISON` is `EHWPOISON`, `VM_FAULT_SIGBUS` is `EFAULT`.
+    pub fn populate_errno(self) -> Errno {
+        match self {
+            Failure::Gone | Failure::OutOfMemory => Errno::ENOMEM,
+            Failure::Poisoned => Errno::EHWPOISON,
+            Failure::Unreadable | Failure::NotFilled => Errno::EFAULT,
+        }
+    }
 }
 
 /// A file mapping's description, from the executor.

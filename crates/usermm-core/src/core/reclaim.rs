@@ -30,6 +30,8 @@ pub const OOM_ROUNDS: u32 = 50;
 /// though resident pages are not all locked (5 s with the host's 5 ms
 /// waits).
 pub const OOM_ROUNDS_BUSY: u32 = 1000;
+/// Frames a populate that finds none reclaims at once.
+const POPULATE_RECLAIM_BATCH: u64 = 64;
 
 impl Core {
     /// Whether reclaim can free nothing however long it is waited for:
@@ -45,33 +47,34 @@ impl Core {
 
     /// Whether a fault or populate that has found no frame after `rounds`
     /// empty reclaim rounds (each followed by a short wait for reclaim in
-    /// flight elsewhere, 5 ms on the host) is out of memory: after
-    /// `OOM_ROUNDS` when reclaim is hopeless, else only after
-    /// `OOM_ROUNDS_BUSY` (pages stayed in flight for seconds: something is
-    /// wrong, and a SIGBUS beats a hang).
+    /// flight elsewhere, 5 ms on the host) is out of memory: after one
+    /// round when nothing could ever be reclaimed (no swap, nothing to
+    /// purge, discard or drop, and no free frame); after `OOM_ROUNDS` when
+    /// reclaim is hopeless; else only after `OOM_ROUNDS_BUSY` (pages stayed
+    /// in flight for seconds: something is wrong, and a SIGBUS beats a
+    /// hang). The executor gives up with [`Failure::OutOfMemory`](super::Failure::OutOfMemory).
     pub fn out_of_memory(&self, rounds: u32) -> bool {
-        rounds > OOM_ROUNDS && (self.reclaim_hopeless() || rounds > OOM_ROUNDS_BUSY)
+        (rounds > 0 && self.free_frames() == 0 && self.nothing_reclaimable())
+            || (rounds > OOM_ROUNDS && (self.reclaim_hopeless() || rounds > OOM_ROUNDS_BUSY))
     }
 
-    /// The frames that could ever be had: the free frames plus as many
-    /// resident pages as swap has room for (none without swap).
-    pub fn frames_obtainable(&self) -> u64 {
-        let evictable = if self.swap.capacity() == 0 { 0 } else { self.resident.min(self.swap.free() as u64) };
-        self.free_frames() + evictable
+    /// Whether reclaim has nothing it could ever take: no swap (anonymous
+    /// pages are unevictable, as on a swapless Linux), no volatile page to
+    /// purge, no lazily freed page the host can discard, and no shared file
+    /// region whose pages could go to their file.
+    fn nothing_reclaimable(&self) -> bool {
+        self.swap.capacity() == 0
+            && self.volatile_pages == 0
+            && (self.lazyfree_pages == 0 || !self.host_lazyfree)
+            && !self.regions.iter().any(|r| r.kind == Kind::FileShared)
     }
 
     /// Plans reclaim of up to `want` frames: evictions from the inactive
     /// list, and deactivations that refill it.
     pub fn reclaim_plan(&mut self, want: u64) -> ReclaimPlan {
         let mut plan = ReclaimPlan::default();
-        if self.swap.capacity() == 0
-            && self.volatile_pages == 0
-            && (self.lazyfree_pages == 0 || !self.host_lazyfree)
-            && !self.regions.iter().any(|r| r.kind == Kind::FileShared)
-        {
-            // No swap: anonymous pages are unevictable (as on a swapless
-            // Linux), so there is nothing to age either; only volatile pages
-            // could be purged.
+        if self.nothing_reclaimable() {
+            // Nothing to age either.
             return plan;
         }
         if self.purge_volatile_first && !self.lru.volatile.is_empty() {
@@ -397,8 +400,14 @@ impl Core {
     }
 
     /// How many frames a fault that finds none reclaims at once: enough to
-    /// amortise the work, never so many that a small budget is flushed.
-    pub fn direct_reclaim_batch(&self) -> u64 {
-        (self.cfg.budget_pages / 8).clamp(1, 16)
+    /// amortise the work, never so many that a small budget is flushed. A
+    /// populate, which goes on to the next page at once and has no thread
+    /// waiting on one page, takes `POPULATE_RECLAIM_BATCH`.
+    pub fn direct_reclaim_batch(&self, populate: bool) -> u64 {
+        if populate {
+            POPULATE_RECLAIM_BATCH
+        } else {
+            (self.cfg.budget_pages / 8).clamp(1, 16)
+        }
     }
 }

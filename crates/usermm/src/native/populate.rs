@@ -1,6 +1,7 @@
 //! The lock calls (`mlock2`, `munlock`, `mlockall`) and populate
 //! (`MADV_POPULATE_*`, `umm_populate`, the population a lock does).
 
+use super::serve::{Caller, Next, Retries};
 use super::*;
 
 impl Inner {
@@ -124,7 +125,7 @@ impl Inner {
         let mut mm = self.read_mm();
         let (segs, check) = lock(&self.core).populate_check(addr as u64, len as u64, write);
         let mut populated = 0usize;
-        let mut empty_rounds = 0;
+        let mut retries = Retries::default();
         for seg in segs {
             let mut p = seg.start;
             let mut skipped = false;
@@ -149,8 +150,10 @@ impl Inner {
                     populated += self.page_size;
                     continue;
                 };
-                if let Err(e) = self.populate_plan(c, &plan, &mm, write, &mut empty_rounds) {
-                    return (populated, Err(e));
+                // The loop plans the page again: a filled page is skipped.
+                match self.serve(c, &plan, self.addr(p), write, Caller::Populate, &mm, &mut retries) {
+                    Next::Failed(e) => return (populated, Err(e)),
+                    Next::Served | Next::Again(_) => {}
                 }
                 // A range larger than the budget cannot be resident at once.
                 let c = lock(&self.core);
@@ -166,85 +169,6 @@ impl Inner {
         }
         drop(mm);
         (populated, check)
-    }
-
-    /// Carries out one populate step's plan; `Err` ends the populate with
-    /// that errno.
-    fn populate_plan(
-        &self,
-        mut c: MutexGuard<'_, Core>,
-        plan: &FaultPlan,
-        mm: &RwLockReadGuard<'_, ()>,
-        write: bool,
-        empty_rounds: &mut u32,
-    ) -> Result<(), Errno> {
-        match *plan {
-            FaultPlan::Busy => {
-                let _c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner());
-            }
-            FaultPlan::Reclaim { want } => {
-                let obtainable = c.frames_obtainable();
-                drop(c);
-                if obtainable == 0 || self.reclaim_locked(mm, want.max(64)) == 0 {
-                    let c = lock(&self.core);
-                    if c.free_frames() == 0 {
-                        *empty_rounds += 1;
-                        if obtainable == 0 || c.out_of_memory(*empty_rounds) {
-                            return Err(Errno::ENOMEM);
-                        }
-                        // Reclaim in flight elsewhere: let it settle.
-                        drop(self.wait_settled(c));
-                    }
-                }
-            }
-            FaultPlan::Sigbus => return Err(Errno::EHWPOISON),
-            // (A populate step plans none today: a lazily freed
-            // resident page is skipped like any resident one.)
-            FaultPlan::Refill { page } => {
-                self.refill(&mut c, plan, page);
-                // (Let go before the budget check below locks again.)
-                drop(c);
-            }
-            FaultPlan::Wake | FaultPlan::Segv { .. } => {
-                // The region went away under us (a concurrent munmap).
-                return Err(Errno::ENOMEM);
-            }
-            FaultPlan::Reactivate { checked: true, page, .. } => {
-                drop(c);
-                // `None`: the host purged the parked page; the loop
-                // plans again and finds it purged.
-                if let Some(n) = self.reactivate_io(plan) {
-                    drop(self.commit_fill(plan, n));
-                    let _ = self.plat.wake(self.addr(page), self.page_size);
-                    if n == 0 {
-                        return Err(Errno::EFAULT);
-                    }
-                }
-            }
-            FaultPlan::ZeroFill { .. }
-            | FaultPlan::FileRead { .. }
-            | FaultPlan::SwapIn { .. }
-            | FaultPlan::Reactivate { .. } => {
-                drop(c);
-                let n = self.fill_io(plan, write);
-                drop(self.commit_fill(plan, n));
-                let run = match *plan {
-                    FaultPlan::ZeroFill { run } | FaultPlan::FileRead { run, .. } | FaultPlan::SwapIn { run, .. } => {
-                        run
-                    }
-                    FaultPlan::Reactivate { page, .. } => PageRange::new(page.0, page.0 + 1),
-                    _ => unreachable!(),
-                };
-                self.wake_run(run, self.addr(run.start));
-                if n == 0 {
-                    // Backing that cannot be read: past the end of a
-                    // file, or an I/O error.
-                    return Err(Errno::EFAULT);
-                }
-                // The loop re-checks the page; a filled page is skipped.
-            }
-        }
-        Ok(())
     }
 
     /// After a write populate's segment: resident pages a read mapped to

@@ -1,0 +1,374 @@
+//! The one plan dispatcher: `serve` carries out a `FaultPlan` for a fault
+//! (a program thread's, or a read-in with nobody waiting) or a populate
+//! step, and the fill mechanics' commit and wake-up around it.
+//!
+//! Every caller meets a plan the same way; the caller decides only how a
+//! `Failure` is reported: a fault with a signal (or by letting the thread
+//! retry), a populate with the errno the core names
+//! (`Failure::populate_errno`).
+
+use super::*;
+use usermm_core::Failure;
+
+/// Who a plan is served for.
+#[derive(Clone, Copy)]
+pub(super) enum Caller {
+    /// A fault at `addr` by thread `tid` (None: a read-in — `MADV_WILLNEED`,
+    /// a lock's reactivation — with no thread waiting).
+    Fault { addr: usize, tid: Option<u32> },
+    /// A populate step (`MADV_POPULATE_*`, `umm_populate`, a lock's
+    /// population, a read-ahead window).
+    Populate,
+}
+
+/// What serving a plan left.
+pub(super) enum Next<'a> {
+    /// The page is served (or the failure reported to the faulting thread).
+    Served,
+    /// Plan again, with the core lock held.
+    Again(MutexGuard<'a, Core>),
+    /// A populate ends with this errno.
+    Failed(Errno),
+}
+
+/// What one fault or populate step carries from plan to plan.
+#[derive(Default)]
+pub(super) struct Retries {
+    /// Reclaim rounds that freed nothing (`Core::out_of_memory`).
+    reclaim_rounds: u32,
+    /// A poison marker could not be placed: raise SIGBUS directly.
+    poison_failed: bool,
+}
+
+impl Inner {
+    /// Carries out `plan`, made under `c` for the page at `page_addr`
+    /// (`write`: a write access) on behalf of `caller`, with the region lock
+    /// `mm` held shared.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn serve<'a>(
+        &'a self,
+        mut c: MutexGuard<'a, Core>,
+        plan: &FaultPlan,
+        page_addr: usize,
+        write: bool,
+        caller: Caller,
+        mm: &RwLockReadGuard<'_, ()>,
+        st: &mut Retries,
+    ) -> Next<'a> {
+        match *plan {
+            FaultPlan::Wake => {
+                drop(c);
+                let _ = self.plat.wake(page_addr, self.page_size);
+                Next::Served
+            }
+            FaultPlan::Segv { gap } => match caller {
+                Caller::Fault { addr, tid } => self.serve_segv(c, gap, page_addr, addr, tid),
+                Caller::Populate => Next::Failed(Failure::Gone.populate_errno()),
+            },
+            FaultPlan::Busy => Next::Again(self.settled.wait(c).unwrap_or_else(|e| e.into_inner())),
+            FaultPlan::Reclaim { want } => self.serve_reclaim(c, mm, want, caller, st),
+            FaultPlan::Refill { page } => {
+                self.refill(&mut c, plan, page);
+                drop(c);
+                let _ = self.plat.wake(page_addr, self.page_size);
+                Next::Served
+            }
+            FaultPlan::Sigbus => match caller {
+                Caller::Fault { addr, tid } => self.serve_sigbus(c, page_addr, addr, tid, st),
+                Caller::Populate => Next::Failed(Failure::Poisoned.populate_errno()),
+            },
+            FaultPlan::ZeroFill { run } if run.pages() <= SMALL_FILL_PAGES => {
+                self.serve_small_zero_fill(c, plan, run, page_addr, write, caller)
+            }
+            FaultPlan::ZeroFill { run } => {
+                drop(c);
+                // A large run is a fault-around window, which only unlocked
+                // regions get: its pieces wake their waiters as they go in
+                // (see zero_fill_pieces).
+                let n = if write { self.zero_fill_pieces(run) } else { self.zero_map(run) };
+                self.finish_fill(plan, run, n, page_addr, caller, None)
+            }
+            FaultPlan::FileRead { run, file, file_page } => {
+                drop(c);
+                let (n, drop_due) = self.file_in(run, file, file_page, true).unwrap_or((0, None));
+                let r = self.finish_fill(plan, run, n, page_addr, caller, Some(file));
+                // Then what the woken thread need not wait for: the deferred
+                // page-cache drop. (No POSIX_FADV_WILLNEED hint for the
+                // host's read-ahead: the kernel's own read-ahead on our
+                // sequential 1 MiB preads keeps ahead better; the hint blocks
+                // 0.23 ms a MiB in the caller and halved the streaming scan's
+                // throughput.)
+                if let Some(fl) = drop_due {
+                    let ps = self.page_size as u64;
+                    fl.drop_cache(file_page * ps, (n * ps) as usize);
+                }
+                r
+            }
+            FaultPlan::SwapIn { run, slot } => {
+                drop(c);
+                let n = self.swap_in(run, slot);
+                self.finish_fill(plan, run, n, page_addr, caller, None)
+            }
+            FaultPlan::Reactivate { page, .. } => {
+                drop(c);
+                match self.reactivate_io(plan) {
+                    Some(n) => self.finish_fill(plan, PageRange::new(page.0, page.0 + 1), n, page_addr, caller, None),
+                    // The host purged the parked volatile page: plan again
+                    // (a SIGBUS, as for any purged page).
+                    None => Next::Again(lock(&self.core)),
+                }
+            }
+        }
+    }
+
+    /// A fault in a hole: the gap becomes `PROT_NONE` in the host and the
+    /// thread retries into the kernel's SIGSEGV.
+    fn serve_segv(
+        &self,
+        c: MutexGuard<'_, Core>,
+        gap: PageRange,
+        page_addr: usize,
+        addr: usize,
+        tid: Option<u32>,
+    ) -> Next<'_> {
+        drop(c);
+        let protected = self.plat.protect(self.addr(gap.start), gap.pages() as usize * self.page_size, PROT_NONE);
+        if protected.is_err() {
+            // The host refused (out of its map count): the signal itself,
+            // or the thread would fault forever.
+            if let Some(t) = tid {
+                let _ = self.plat.sigsegv(t, addr);
+            }
+            return Next::Served;
+        }
+        let _ = self.plat.wake(page_addr, self.page_size);
+        Next::Served
+    }
+
+    /// No free frame: direct reclaim, or, when the core says the caller is
+    /// out of memory, `Failure::OutOfMemory`.
+    fn serve_reclaim<'a>(
+        &'a self,
+        mut c: MutexGuard<'a, Core>,
+        mm: &RwLockReadGuard<'_, ()>,
+        want: u64,
+        caller: Caller,
+        st: &mut Retries,
+    ) -> Next<'a> {
+        if c.out_of_memory(st.reclaim_rounds) {
+            // Decided on a plan made under this hold of the core lock, and
+            // reported before it is let go: the page is neither resident nor
+            // being filled, so a faulting thread is still in this fault (or
+            // will fault here again) and the signal cannot reach it anywhere
+            // else.
+            return self.report(&mut c, caller, Failure::OutOfMemory);
+        }
+        drop(c);
+        let freed = self.reclaim_locked(mm, want);
+        let mut c = lock(&self.core);
+        if freed == 0 && c.free_frames() == 0 {
+            // Nothing freed this time, but other reclaim may be in flight
+            // (the pages it holds are busy, so this plan could not take
+            // them): wait for it to settle before trying again. Only no
+            // progress for a while is out of memory.
+            st.reclaim_rounds += 1;
+            c = self.wait_settled(c);
+        }
+        Next::Again(c)
+    }
+
+    /// A page that must raise SIGBUS (purged, poisoned): a poison marker,
+    /// so that the kernel raises it in the touching thread with the exact
+    /// address (and for every later touch).
+    fn serve_sigbus<'a>(
+        &'a self,
+        mut c: MutexGuard<'a, Core>,
+        page_addr: usize,
+        addr: usize,
+        tid: Option<u32>,
+        st: &mut Retries,
+    ) -> Next<'a> {
+        if st.poison_failed {
+            // Still to be raised, and no marker can be placed: the signal
+            // itself, under the core lock (see `serve_reclaim`).
+            return self.report(&mut c, Caller::Fault { addr, tid }, Failure::Poisoned);
+        }
+        drop(c);
+        // The marker also wakes the thread.
+        if self.plat.poison(page_addr, self.page_size).is_ok() {
+            return Next::Served;
+        }
+        // The page may have been filled meanwhile (the thread then went on,
+        // and a signal now would reach it elsewhere): plan again.
+        st.poison_failed = true;
+        Next::Again(lock(&self.core))
+    }
+
+    /// A small zero fill: install, wake and commit under the core lock. The
+    /// woken thread can observe nothing before the commit (every observer
+    /// takes this lock), no zap can interleave, and its wake-up overlaps
+    /// our commit instead of waiting for a separate wake ioctl. The install
+    /// never waits on anything that needs this lock.
+    fn serve_small_zero_fill<'a>(
+        &'a self,
+        mut c: MutexGuard<'a, Core>,
+        plan: &FaultPlan,
+        run: PageRange,
+        page_addr: usize,
+        write: bool,
+        caller: Caller,
+    ) -> Next<'a> {
+        let a = self.addr(run.start);
+        let len = run.pages() as usize * self.page_size;
+        let done = if write {
+            self.plat.zero_fill_wake(a, len, true)
+        } else {
+            self.plat.zero_map_wake(a, len, true).or_else(|_| self.plat.zero_fill_wake(a, len, true))
+        };
+        let n = (done.unwrap_or(0) / self.page_size) as u64;
+        c.fill_done(plan, n);
+        self.after_fill(&mut c);
+        let r =
+            if self.covers(run, n, page_addr) { Next::Served } else { self.report(&mut c, caller, plan.unfilled()) };
+        drop(c);
+        if n < run.pages() {
+            let _ = self.plat.wake(page_addr, self.page_size);
+        }
+        r
+    }
+
+    /// After a fill's I/O installed `n` pages (a prefix) of `run`: the
+    /// commit; for a file read by a fault, the read-ahead the core decides
+    /// on (`file`); a failure reported while the core lock is held (before
+    /// the wake-up: a faulting thread is surely still in the fault); then
+    /// the wake-up of every waiter.
+    fn finish_fill(
+        &self,
+        plan: &FaultPlan,
+        run: PageRange,
+        n: u64,
+        page_addr: usize,
+        caller: Caller,
+        file: Option<u32>,
+    ) -> Next<'_> {
+        let mut c = self.commit_fill(plan, n);
+        // Read-ahead pipeline (the core decides): the next window read by
+        // the background thread while the program consumes this one. A
+        // populate (read-ahead windows are populates) chains its own.
+        let ahead = match (caller, file) {
+            (Caller::Fault { .. }, Some(f)) => c.readahead_after_fault(run, n, f),
+            _ => None,
+        };
+        let r =
+            if self.covers(run, n, page_addr) { Next::Served } else { self.report(&mut c, caller, plan.unfilled()) };
+        drop(c);
+        // Wake only after the commit (the pages were installed without
+        // waking): the woken thread must see them committed (e.g. locked),
+        // never a fill in flight.
+        self.wake_run(run, page_addr);
+        if let Some(next) = ahead {
+            lock(&self.willneed).push(self.addr(next));
+            let _c = lock(&self.core);
+            self.reclaim_wanted.notify_all();
+        }
+        r
+    }
+
+    /// Whether `n` pages installed from `run.start` cover the page at
+    /// `page_addr`.
+    fn covers(&self, run: PageRange, n: u64, page_addr: usize) -> bool {
+        let a = self.addr(run.start);
+        page_addr >= a && ((page_addr - a) / self.page_size) < n as usize
+    }
+
+    /// Reports `failure` for `caller`, with the core lock held: a fault's
+    /// signal (none for a read-in, which nobody waits on, nor for a fill
+    /// the thread may retry), a populate's errno.
+    fn report<'a>(&self, c: &mut MutexGuard<'a, Core>, caller: Caller, failure: Failure) -> Next<'a> {
+        let Caller::Fault { addr, tid } = caller else {
+            return Next::Failed(failure.populate_errno());
+        };
+        let Some(t) = tid else { return Next::Served };
+        match failure {
+            Failure::NotFilled => {}
+            Failure::Gone => {
+                let _ = self.plat.sigsegv(t, addr);
+            }
+            Failure::OutOfMemory | Failure::Poisoned | Failure::Unreadable => {
+                if failure == Failure::OutOfMemory {
+                    // The kernel would OOM-kill; we raise SIGBUS.
+                    c.fault_oom();
+                }
+                #[cfg(feature = "test-hooks")]
+                {
+                    let stall = self.inject_signal_stall_ms.load(Ordering::Relaxed);
+                    if stall > 0 && failure == Failure::Unreadable {
+                        std::thread::sleep(std::time::Duration::from_millis(stall.into()));
+                    }
+                }
+                let _ = self.plat.sigbus(t, addr);
+            }
+        }
+        Next::Served
+    }
+
+    /// A reactivation's I/O: `Some(pages installed)`, or `None` when a
+    /// checked reactivation found that the host discarded the parked page
+    /// (the loss is committed: the page is purged).
+    pub(super) fn reactivate_io(&self, plan: &FaultPlan) -> Option<u64> {
+        let FaultPlan::Reactivate { page, slot, how, checked } = *plan else { return Some(0) };
+        if !checked {
+            return Some(u64::from(self.reactivate(page, slot, how)));
+        }
+        let dst = self.addr(page);
+        let r = self.plat.slot_to_page_checked(slot, dst);
+        match r {
+            Ok(true) => Some(1),
+            Ok(false) => {
+                let mut c = lock(&self.core);
+                c.reactivate_lost(plan);
+                self.settled.notify_all();
+                None
+            }
+            _ => Some(0),
+        }
+    }
+
+    /// Commits a fill and tells the threads waiting on the core; returns the
+    /// core, still locked.
+    pub(super) fn commit_fill(&self, plan: &FaultPlan, installed: u64) -> MutexGuard<'_, Core> {
+        let mut c = lock(&self.core);
+        c.fill_done(plan, installed);
+        self.after_fill(&mut c);
+        c
+    }
+
+    /// Wakes the threads waiting on `run` (and on `fault_addr`'s page,
+    /// which a failed fill did not cover).
+    pub(super) fn wake_run(&self, run: PageRange, fault_addr: usize) {
+        let a = self.addr(run.start);
+        let l = run.pages() as usize * self.page_size;
+        let _ = self.plat.wake(a, l);
+        if fault_addr < a || fault_addr >= a + l {
+            let _ = self.plat.wake(fault_addr, self.page_size);
+        }
+    }
+
+    /// Carries out a `Refill` plan under the core lock: a lazily freed page
+    /// the host dropped reads zeros (or, if the fault raced with nothing
+    /// gone, the copy finds the page there and installs nothing).
+    pub(super) fn refill(&self, c: &mut MutexGuard<'_, Core>, plan: &FaultPlan, page: PageIdx) {
+        let a = self.addr(page);
+        let n = self.plat.zero_fill_wake(a, self.page_size, true).unwrap_or(0);
+        c.fill_done(plan, u64::from(n == self.page_size));
+        self.after_fill(c);
+    }
+
+    pub(super) fn after_fill(&self, c: &mut MutexGuard<'_, Core>) {
+        self.fills.fetch_add(1, Ordering::Relaxed);
+        self.settled.notify_all();
+        if c.free_frames() < self.low_watermark || c.spares_low() {
+            self.reclaim_wanted.notify_one();
+        }
+    }
+}
