@@ -252,7 +252,16 @@ fn free_and_reuse_loop_under_pressure_never_fails() {
         let len = ((256 << 10) + (x >> 8) as usize % ((2 << 20) - (256 << 10))) & !(PS - 1);
         let off = c * chunk;
         m[off..off + len].fill(op as u8);
-        assert!(m[off..off + len].iter().all(|&b| b == op as u8), "op {op}: data");
+        if let Some(i) = m[off..off + len].iter().position(|&b| b != op as u8) {
+            let wrong = m[off + i..off + len].iter().take_while(|&&b| b != op as u8).count();
+            panic!(
+                "op {op}: chunk {c} byte {i:#x} (page {}) reads {} for {wrong} bytes, not {}; {:?}",
+                (off + i) / PS,
+                m[off + i],
+                op as u8,
+                s.stats()
+            );
+        }
         // SAFETY: the range is written (filled) before it is read again.
         unsafe { m.advise_unchecked(off, len, MADV_FREE) }.unwrap();
     }

@@ -33,6 +33,7 @@ fn seeded_simulation_of_core_and_executor() {
                 total.injected += s.injected;
                 total.preemptions += s.preemptions;
                 total.file_checks += s.file_checks;
+                total.other_touches += s.other_touches;
             }
             Err(e) => panic!("{e}"),
         }
@@ -41,7 +42,7 @@ fn seeded_simulation_of_core_and_executor() {
     // Every path is reached (a guard against a vacuous simulation).
     assert!(total.faults > seeds * 10 && total.swapins > seeds && total.swapouts > seeds, "{total:?}");
     assert!(total.sigbus > 0 && total.injected > seeds && total.preemptions > seeds, "{total:?}");
-    assert!(total.file_checks > seeds, "{total:?}");
+    assert!(total.file_checks > seeds && total.other_touches > seeds, "{total:?}");
 }
 
 /// The simulation catches an executor bug: an eviction whose swap write

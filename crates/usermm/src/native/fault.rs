@@ -54,20 +54,51 @@ impl Inner {
     /// under the core lock, and serves the plan (`serve`) until one serves
     /// the fault.
     pub fn resolve(&self, addr: usize, write: bool, tid: Option<u32>) {
+        let mm = self.read_mm();
+        let c = lock(&self.core);
+        self.resolve_locked(&mm, c, addr, write, tid, true);
+    }
+
+    /// `resolve` with the locks taken; with `wait_busy` false, gives up
+    /// (returns false) at a busy page instead of waiting for it to settle.
+    fn resolve_locked<'a>(
+        &'a self,
+        mm: &RwLockReadGuard<'_, ()>,
+        mut c: MutexGuard<'a, Core>,
+        addr: usize,
+        write: bool,
+        tid: Option<u32>,
+        wait_busy: bool,
+    ) -> bool {
         let page_addr = addr & !(self.page_size - 1);
         let caller = Caller::Fault { addr, tid };
-        let mm = self.read_mm();
-        let mut c = lock(&self.core);
         let mut retries = Retries::default();
         loop {
             let plan = c.fault(Addr(page_addr as u64), write);
-            match self.serve(c, &plan, page_addr, write, caller, &mm, &mut retries) {
+            if !wait_busy && matches!(plan, FaultPlan::Busy) {
+                return false;
+            }
+            match self.serve(c, &plan, page_addr, write, caller, mm, &mut retries) {
                 Next::Again(g) => c = g,
                 // (A fault reports its failures itself: `Failed` is a
                 // populate's.)
-                Next::Served | Next::Failed(_) => return,
+                Next::Served | Next::Failed(_) => return true,
             }
         }
+    }
+
+    /// A fault of another program thread, for the simulation's preemption
+    /// points: served now if nothing the preempted thread holds would block
+    /// it (the core lock, the region lock held exclusively) and no page it
+    /// needs is busy (the thread holding it cannot run meanwhile); else
+    /// false, and the thread has not run yet.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn resolve_unblocked(&self, addr: usize, write: bool, tid: u32) -> bool {
+        let Ok(c) = self.core.try_lock() else { return false };
+        drop(c);
+        let Some(mm) = self.mm.try_read() else { return false };
+        let c = lock(&self.core);
+        self.resolve_locked(&mm, c, addr, write, Some(tid), false)
     }
 
     /// Waits until no page of `[addr, addr+len)` is being filled, and returns

@@ -5,12 +5,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use usermm_core::consts::{PROT_NONE, PROT_READ, PROT_WRITE};
 use usermm_core::Errno;
 use usermm_sys::file::MappedFile;
 use usermm_sys::thread::EventFd;
 use usermm_sys::uffd::UffdMsg;
 
-use super::{Rng, BASE, PAGES, PS};
+use super::{Rng, Touch, BASE, PAGES, PS};
 use crate::native::Inner;
 use crate::platform::Platform;
 
@@ -54,6 +55,32 @@ pub(crate) struct SimPlatform {
     /// A preempting round is running (no preemption inside it).
     pub(super) preempting: std::sync::atomic::AtomicBool,
     pub(super) preemptions: std::sync::atomic::AtomicU64,
+    /// The second program thread, which touches pages at preemption points.
+    pub(super) other: Mutex<OtherThread>,
+    /// Faults taken by either program thread.
+    pub(super) faults: std::sync::atomic::AtomicU64,
+}
+
+/// The faulting thread's id.
+pub(super) const TID: u32 = 7;
+/// The second program thread's id.
+pub(super) const OTHER_TID: u32 = 8;
+
+/// A second program thread: at a preemption point of the step in progress
+/// (a call, a touch, a background round), now and then, it touches a page
+/// outside the pages that step works on — whose expected bytes the step
+/// therefore cannot change — and the simulation checks what it saw after
+/// the step.
+pub(super) struct OtherThread {
+    pub(super) rng: Rng,
+    /// One in how many preemption points it touches a page (0: never).
+    pub(super) one_in: u64,
+    /// The pages the step in progress works on: `[start, end)`.
+    pub(super) busy: (usize, usize),
+    /// Its touches, to check: (page, stamp written, outcome).
+    pub(super) touches: Vec<(usize, Option<u64>, Touch)>,
+    /// Its stamps: `1 << 40` and up (the first thread's are small).
+    pub(super) next_stamp: u64,
 }
 
 pub(super) fn page_of(a: usize) -> usize {
@@ -71,26 +98,86 @@ impl SimPlatform {
     /// A preemption point: now and then (from the seed), another thread —
     /// the background reclaim — runs a round here, as it may on the host
     /// whenever this thread holds neither the core lock nor the region lock
-    /// exclusively.
+    /// exclusively; and now and then the second program thread touches a
+    /// page.
     fn preempt(&self) {
         use std::sync::atomic::Ordering::Relaxed;
-        if self.preempt_one_in == 0 || self.preempting.load(Relaxed) {
+        if self.preempting.load(Relaxed) {
             return;
         }
-        let want = {
-            let mut h = self.host();
-            if !h.rng.chance(self.preempt_one_in) {
-                return;
-            }
-            1 + h.rng.below(8)
-        };
         let Some(inner) = self.inner.get().and_then(|w| w.upgrade()) else { return };
         self.preempting.store(true, Relaxed);
-        if inner.reclaim_if_unblocked(want) {
+        let want = (self.preempt_one_in != 0)
+            .then(|| {
+                let mut h = self.host();
+                h.rng.chance(self.preempt_one_in).then(|| 1 + h.rng.below(8))
+            })
+            .flatten();
+        if want.is_some_and(|want| inner.reclaim_if_unblocked(want)) {
             self.preemptions.fetch_add(1, Relaxed);
         }
+        self.other_touch(&inner);
         self.preempting.store(false, Relaxed);
     }
+
+    /// The second program thread's touch, if it runs now.
+    fn other_touch(&self, inner: &Inner) {
+        let (p, stamp) = {
+            let mut o = self.other.lock().unwrap_or_else(|e| e.into_inner());
+            let one_in = o.one_in;
+            if one_in == 0 || !o.rng.chance(one_in) {
+                return;
+            }
+            let p = o.rng.below(PAGES as u64) as usize;
+            if (o.busy.0..o.busy.1).contains(&p) {
+                return;
+            }
+            let stamp = o.rng.chance(2).then(|| {
+                o.next_stamp += 1;
+                o.next_stamp
+            });
+            (p, stamp)
+        };
+        if let Some(t) = self.touch(inner, p, stamp, OTHER_TID, false) {
+            self.other.lock().unwrap_or_else(|e| e.into_inner()).touches.push((p, stamp, t));
+        }
+    }
+
+    /// Program thread `tid` touches page `p` (reads its two stamp words, or
+    /// writes `stamp` to them), faulting into the executor as the kernel
+    /// would. With `wait` false (a thread run at a preemption point) the
+    /// touch gives up — `None`, as if the thread had not run yet — where
+    /// its fault would wait for a page the preempted thread holds.
+    pub(super) fn touch(&self, inner: &Inner, p: usize, stamp: Option<u64>, tid: u32, wait: bool) -> Option<Touch> {
+        let a = BASE + p * PS;
+        for _ in 0..64 {
+            if let Some(t) = self.host().access(p, stamp) {
+                return Some(t);
+            }
+            // A missing page: the kernel queues a fault; a handler serves it.
+            self.faults.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if wait {
+                inner.resolve(a, stamp.is_some(), Some(tid));
+            } else if !inner.resolve_unblocked(a, stamp.is_some(), tid) {
+                return None;
+            }
+            let sig = {
+                let mut h = self.host();
+                let i = h.signals.iter().position(|s| s.0 == tid);
+                i.map(|i| h.signals.remove(i))
+            };
+            match sig {
+                Some((_, libc_sig::SIGBUS, at)) => {
+                    assert_eq!(at, a, "SIGBUS at another address");
+                    return Some(Touch::BusQueued);
+                }
+                Some((_, _, _)) => return Some(Touch::Segv),
+                None => {}
+            }
+        }
+        panic!("the fault at page {p} was never served");
+    }
+
     /// A copy of the program page at `a`, as `process_vm_readv` makes it:
     /// a missing page faults in through the executor's handler first (the
     /// copy runs with no lock of the executor held).
@@ -122,6 +209,34 @@ impl SimPlatform {
 }
 
 impl Host {
+    /// A touch of page `p` at the host level: what the access did, or
+    /// `None` when the page is missing (a fault).
+    fn access(&mut self, p: usize, stamp: Option<u64>) -> Option<Touch> {
+        let prot = self.prot.get(&p).copied().unwrap_or(PROT_NONE);
+        let allowed = if stamp.is_some() { prot & PROT_WRITE != 0 } else { prot & (PROT_READ | PROT_WRITE) != 0 };
+        if !allowed {
+            return Some(Touch::Segv);
+        }
+        let pg = self.prog.get_mut(&p)?;
+        if *pg == Pg::Poison {
+            return Some(Touch::Bus);
+        }
+        if stamp.is_some() && *pg == Pg::Zero {
+            *pg = Pg::Data(zeros());
+        }
+        let (a, b) = match pg {
+            Pg::Data(d) => {
+                (u64::from_le_bytes(d[..8].try_into().unwrap()), u64::from_le_bytes(d[PS - 8..].try_into().unwrap()))
+            }
+            _ => (0, 0),
+        };
+        if let (Some(s), Pg::Data(d)) = (stamp, pg) {
+            d[..8].copy_from_slice(&s.to_le_bytes());
+            d[PS - 8..].copy_from_slice(&s.to_le_bytes());
+        }
+        Some(Touch::Done(a, b))
+    }
+
     fn fail(&mut self) -> bool {
         if self.fail_one_in != 0 && self.rng.chance(self.fail_one_in) {
             self.injected += 1;

@@ -12,9 +12,11 @@
 //! back to copies). Shared file regions map real (unlinked) temporary
 //! files, read and written by the simulated host: after `msync`, `munmap`
 //! or a `MAP_FIXED` replacement each file holds the last bytes written to
-//! its pages. It does not model the host's own reclaim (no lazy free handed
-//! to the host) or threads running at once: the scheduler interleaves whole
-//! steps (a call, a touch, a background round), plus preemption points.
+//! its pages. The scheduler interleaves whole steps (a call, a touch, a
+//! background round) and, at preemption points inside a step (a platform
+//! call), a background reclaim round or a second program thread's touch
+//! (see `host::OtherThread`). It does not model the host's own reclaim (no
+//! lazy free handed to the host).
 //!
 //! Built with the `test-hooks` feature (usermm's own tests).
 
@@ -24,7 +26,7 @@ mod host;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use host::{libc_sig, page_of, zeros, Host, Pg, Shared, SimPlatform};
+use host::{page_of, Host, OtherThread, Shared, SimPlatform, OTHER_TID, TID};
 use usermm_core::consts::*;
 use usermm_core::page::PState;
 use usermm_core::region::LockMode;
@@ -38,8 +40,6 @@ const PS: usize = 4096;
 const BASE: usize = 0x6000_0000_0000;
 /// Pages of the reservation the program uses.
 const PAGES: usize = 96;
-/// The faulting thread's id.
-const TID: u32 = 7;
 
 /// xorshift64*: the simulation's only source of choices.
 struct Rng(u64);
@@ -121,6 +121,8 @@ pub struct SimSummary {
     pub preemptions: u64,
     /// File pages checked in their files (after msync, munmap, replacement).
     pub file_checks: u64,
+    /// Touches by the second program thread, at preemption points.
+    pub other_touches: u64,
 }
 
 struct Sim {
@@ -156,66 +158,47 @@ impl Sim {
     /// The program touches page `p` (reads its two stamp words, or writes
     /// `stamp` to them), faulting into the executor as the kernel would.
     fn touch(&mut self, p: usize, write: Option<u64>) -> Touch {
-        for _ in 0..64 {
-            {
-                let mut h = self.plat.host();
-                let prot = h.prot.get(&p).copied().unwrap_or(PROT_NONE);
-                let allowed =
-                    if write.is_some() { prot & PROT_WRITE != 0 } else { prot & (PROT_READ | PROT_WRITE) != 0 };
-                if !allowed {
-                    return Touch::Segv;
-                }
-                match h.prog.get_mut(&p) {
-                    Some(Pg::Poison) => return Touch::Bus,
-                    Some(pg) => {
-                        if write.is_some() && *pg == Pg::Zero {
-                            *pg = Pg::Data(zeros());
-                        }
-                        let (a, b) = match pg {
-                            Pg::Data(d) => (
-                                u64::from_le_bytes(d[..8].try_into().unwrap()),
-                                u64::from_le_bytes(d[PS - 8..].try_into().unwrap()),
-                            ),
-                            _ => (0, 0),
-                        };
-                        if let (Some(s), Pg::Data(d)) = (write, pg) {
-                            d[..8].copy_from_slice(&s.to_le_bytes());
-                            d[PS - 8..].copy_from_slice(&s.to_le_bytes());
-                        }
-                        return Touch::Done(a, b);
-                    }
-                    None => {}
-                }
-            }
-            // A missing page: the kernel queues a fault; a handler serves it.
-            self.sum.faults += 1;
-            self.inner.resolve(Self::addr(p), write.is_some(), Some(TID));
-            let sig = {
-                let mut h = self.plat.host();
-                let i = h.signals.iter().position(|s| s.0 == TID);
-                i.map(|i| h.signals.remove(i))
-            };
-            match sig {
-                Some((_, libc_sig::SIGBUS, a)) => {
-                    assert_eq!(a, Self::addr(p), "SIGBUS at another address");
-                    return Touch::BusQueued;
-                }
-                Some((_, _, _)) => return Touch::Segv,
-                None => {}
-            }
-        }
-        panic!("the fault at page {p} was never served");
+        self.set_busy(p, 1);
+        self.plat.touch(&self.inner, p, write, TID, true).expect("a waiting touch always ends")
     }
 
+    /// The pages the step in progress works on (the second thread keeps out).
+    fn set_busy(&self, start: usize, len: usize) {
+        self.plat.other.lock().unwrap_or_else(|e| e.into_inner()).busy = (start, start + len);
+    }
+
+    /// The pages the second thread wrote during the step so far.
+    fn other_writes(&self) -> Vec<usize> {
+        let o = self.plat.other.lock().unwrap_or_else(|e| e.into_inner());
+        o.touches.iter().filter(|t| t.1.is_some()).map(|t| t.0).collect()
+    }
+
+    /// Checks the second thread's touches made during the last step.
+    fn check_other_touches(&mut self) {
+        let touches = std::mem::take(&mut self.plat.other.lock().unwrap_or_else(|e| e.into_inner()).touches);
+        for (p, stamp, got) in touches {
+            self.sum.other_touches += 1;
+            self.log.push(format!("  (thread {OTHER_TID} touched p{p} write {})", stamp.is_some()));
+            self.check_touch(p, stamp, got);
+        }
+    }
+
+    /// A random range for a call, which the second thread keeps out of
+    /// until the step ends.
     fn random_range(&mut self) -> (usize, usize) {
         let start = self.rng.below(PAGES as u64) as usize;
         let long = self.rng.chance(4);
         let len = 1 + self.rng.below(if long { 32 } else { 8 }) as usize;
-        (start, len.min(PAGES - start))
+        let len = len.min(PAGES - start);
+        self.set_busy(start, len);
+        (start, len)
     }
 
     fn step(&mut self) {
         self.sum.steps += 1;
+        // (No page is the step's until it says which: a background round
+        // works on none.)
+        self.set_busy(0, 0);
         match self.rng.below(25) {
             0..=2 => self.op_mmap(),
             3 => self.op_munmap(),
@@ -235,6 +218,7 @@ impl Sim {
                 self.touch_checked(p, write);
             }
         }
+        self.check_other_touches();
         self.inner.validate_core();
         // Locked pages that were touched never leave memory.
         for (q, m) in self.model.iter().enumerate() {
@@ -328,6 +312,11 @@ impl Sim {
             MADV_NORMAL,
             MADV_FREE,
         ][self.rng.below(8) as usize];
+        if ![MADV_DONTNEED, MADV_FREE].contains(&advice) {
+            // Advice that changes no byte: the second thread may touch the
+            // range meanwhile.
+            self.set_busy(0, 0);
+        }
         self.log.push(format!("madvise p{s}+{l} advice {advice}"));
         let r = self.inner.madvise(Self::addr(s), l * PS, advice);
         // Errors follow Linux's rules, which the core's own
@@ -374,6 +363,10 @@ impl Sim {
             return;
         }
         self.log.push(format!("{} p{s}+{l}", if lock { "mlock2(ONFAULT)" } else { "munlock" }));
+        // The second thread may touch the range meanwhile: a page it
+        // touches is locked at the end either way (Linux sets the flag
+        // before it walks the present pages).
+        self.set_busy(0, 0);
         let mode = if lock { LockMode::OnFault } else { LockMode::None };
         let (a, n) = (Self::addr(s) as u64, (l * PS) as u64);
         // (Whether each page is in memory when the call is made: a
@@ -450,8 +443,15 @@ impl Sim {
             None
         };
         self.log.push(format!("touch p{p} write {write}"));
-        let m = self.model[p];
         let got = self.touch(p, stamp);
+        self.check_touch(p, stamp, got);
+    }
+
+    /// Checks what a touch of page `p` (writing `stamp`, if any) saw
+    /// against the model, and updates the model.
+    fn check_touch(&mut self, p: usize, stamp: Option<u64>, got: Touch) {
+        let write = stamp.is_some();
+        let m = self.model[p];
         let allowed =
             m.is_some_and(|m| if write { m.prot & PROT_WRITE != 0 } else { m.prot & (PROT_READ | PROT_WRITE) != 0 });
         match got {
@@ -561,7 +561,9 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
         // file after an msync of the whole range.
         for p in 0..PAGES {
             sim.touch_checked(p, false);
+            sim.check_other_touches();
         }
+        sim.set_busy(0, PAGES);
         let _ = sim.inner.msync(BASE, PAGES * PS, MS_SYNC);
         let all = sim.file_pages(0, PAGES);
         sim.check_files(&all, "final msync");
@@ -571,6 +573,7 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
     sim.sum.swapouts = c.swapouts;
     sim.sum.injected = sim.plat.host().injected;
     sim.sum.preemptions = sim.plat.preemptions.load(std::sync::atomic::Ordering::Relaxed);
+    sim.sum.faults = sim.plat.faults.load(std::sync::atomic::Ordering::Relaxed);
     sim.sum.what = what.clone();
     match r {
         Ok(()) => Ok(sim.sum),
@@ -586,6 +589,14 @@ fn sim_platform(seed: u64, preempt_one_in: u64, fail_one_in: u64, can_move: bool
         preempt_one_in,
         preempting: std::sync::atomic::AtomicBool::new(false),
         preemptions: std::sync::atomic::AtomicU64::new(0),
+        other: Mutex::new(OtherThread {
+            rng: Rng::new(seed ^ 0x0707),
+            one_in: [0u64, 4, 16][Rng::new(seed ^ 0x7070).below(3) as usize],
+            busy: (0, 0),
+            touches: Vec::new(),
+            next_stamp: 1 << 40,
+        }),
+        faults: std::sync::atomic::AtomicU64::new(0),
         host: Mutex::new(Host {
             prog: HashMap::new(),
             prot: HashMap::new(),
