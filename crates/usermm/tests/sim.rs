@@ -34,6 +34,7 @@ fn seeded_simulation_of_core_and_executor() {
                 total.preemptions += s.preemptions;
                 total.file_checks += s.file_checks;
                 total.other_touches += s.other_touches;
+                total.host_drops += s.host_drops;
             }
             Err(e) => panic!("{e}"),
         }
@@ -42,7 +43,7 @@ fn seeded_simulation_of_core_and_executor() {
     // Every path is reached (a guard against a vacuous simulation).
     assert!(total.faults > seeds * 10 && total.swapins > seeds && total.swapouts > seeds, "{total:?}");
     assert!(total.sigbus > 0 && total.injected > seeds && total.preemptions > seeds, "{total:?}");
-    assert!(total.file_checks > seeds && total.other_touches > seeds, "{total:?}");
+    assert!(total.file_checks > seeds && total.other_touches > seeds && total.host_drops > seeds / 2, "{total:?}");
 }
 
 /// The simulation catches an executor bug: an eviction whose swap write

@@ -139,8 +139,16 @@ impl Core {
     /// Ends a range write-back of one page (`writeback_claim`): counts it
     /// or keeps its error for the next `msync`/`munmap`, and gives a parked
     /// page back to reclaim — clean if its write succeeded (a parked page
-    /// cannot be written by the program).
-    pub fn writeback_release(&mut self, w: &Writeback, result: Result<(), Errno>) {
+    /// cannot be written by the program). Returns the write-back's result:
+    /// a failed copy of a page listed where it was (not parked, so not
+    /// claimed) that reclaim took meanwhile is no failure — its eviction
+    /// wrote it (an eviction whose write fails keeps the page), and the copy
+    /// could not fault it back in (a `PROT_NONE` page: `/proc/self/mem`
+    /// cannot wait for a userfault). Found by the executor simulation.
+    pub fn writeback_release(&mut self, w: &Writeback, result: Result<(), Errno>) -> Result<(), Errno> {
+        if result.is_err() && w.staging.is_none() && !self.pages.get(w.page).state.holds_frame() {
+            return Ok(());
+        }
         match result {
             Ok(()) => self.count_writeback(w.page),
             Err(e) => self.note_file_error(w.file, e),
@@ -155,6 +163,7 @@ impl Core {
             });
             self.push_inactive(w.page);
         }
+        result
     }
 
     /// Decides `msync`: returns the shared file segments to write back (in

@@ -82,13 +82,12 @@ impl Inner {
             }
         }
         let results = self.write_pages(&claimed);
-        let first = results.iter().find_map(|r| r.err());
-        {
+        let first = {
             let mut c = lock(&self.core);
-            for (w, res) in claimed.iter().zip(results) {
-                c.writeback_release(w, res);
-            }
-        }
+            let released: Vec<Result<(), Errno>> =
+                claimed.iter().zip(results).map(|(w, res)| c.writeback_release(w, res)).collect();
+            released.into_iter().find_map(|r| r.err())
+        };
         self.settled.notify_all();
         match first {
             Some(e) => Err(e),

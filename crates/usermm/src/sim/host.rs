@@ -2,7 +2,7 @@
 //! arrays, signals recorded, failures and preemption points injected from
 //! the seed; and `Shared`, the handle the executor holds on it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use usermm_core::consts::{PROT_NONE, PROT_READ, PROT_WRITE};
@@ -42,6 +42,28 @@ pub(super) struct Host {
     pub(super) can_move: bool,
     pub(super) has_swap: bool,
     pub(super) injected: u64,
+    /// The host's own lazy free: `MADV_FREE` passed down to it, and the
+    /// pages it may drop by itself under its own pressure.
+    pub(super) lazy: HostLazy,
+}
+
+/// What the host may drop by itself (its `MADV_FREE`): clean lazily freed
+/// pages of the program range, and staging slots holding one (moved there
+/// by `UFFDIO_MOVE`, which keeps a page clean) or handed to it
+/// (`host_free_slot`: a parked volatile page). A write to a program page
+/// makes it dirty (kept). Ordered sets: the seed decides which one goes.
+#[derive(Default)]
+pub(super) struct HostLazy {
+    /// Whether the platform says it frees lazily (else none of this runs).
+    pub(super) on: bool,
+    /// One in how many preemption points the host drops a page (0: never).
+    pub(super) drop_one_in: u64,
+    pub(super) pages: BTreeSet<usize>,
+    pub(super) slots: BTreeSet<u32>,
+    /// Slots the host dropped: they read as the zero page.
+    pub(super) dropped: BTreeSet<u32>,
+    /// Pages and slots the host dropped by itself.
+    pub(super) drops: u64,
 }
 
 /// The simulated host.
@@ -116,6 +138,7 @@ impl SimPlatform {
         if want.is_some_and(|want| inner.reclaim_if_unblocked(want)) {
             self.preemptions.fetch_add(1, Relaxed);
         }
+        self.host().host_drops_one();
         self.other_touch(&inner);
         self.preempting.store(false, Relaxed);
     }
@@ -209,6 +232,87 @@ impl SimPlatform {
 }
 
 impl Host {
+    /// The host's own reclaim, now and then: it drops one clean lazily
+    /// freed page or slot.
+    fn host_drops_one(&mut self) {
+        if !self.lazy.on || self.lazy.drop_one_in == 0 || !self.rng.chance(self.lazy.drop_one_in) {
+            return;
+        }
+        let n = self.lazy.pages.len() + self.lazy.slots.len();
+        if n == 0 {
+            return;
+        }
+        let k = self.rng.below(n as u64) as usize;
+        if k < self.lazy.pages.len() {
+            let p = *self.lazy.pages.iter().nth(k).expect("k < len");
+            self.lazy.pages.remove(&p);
+            self.prog.remove(&p);
+        } else {
+            let sl = *self.lazy.slots.iter().nth(k - self.lazy.pages.len()).expect("k < len");
+            self.drop_slot(sl);
+        }
+        self.lazy.drops += 1;
+    }
+
+    /// The host drops the clean page in slot `sl`: it reads as zeros now.
+    fn drop_slot(&mut self, sl: u32) {
+        self.lazy.slots.remove(&sl);
+        self.staging.remove(&sl);
+        self.lazy.dropped.insert(sl);
+    }
+
+    /// Takes the page out of slot `sl` (a move or copy back, a swap write's
+    /// read): its bytes, zeros if the host dropped it. Panics on a slot
+    /// that never held a page (an executor bug).
+    fn slot_data(&mut self, sl: u32, what: &str) -> Box<[u8]> {
+        match self.staging.get(&sl) {
+            Some(d) => d.clone(),
+            None if self.lazy.dropped.contains(&sl) => zeros(),
+            None => panic!("{what} of an empty staging slot"),
+        }
+    }
+
+    /// Slot `sl` gets a page: `clean` (a clean lazily freed page moved
+    /// there) or not.
+    fn fill_slot(&mut self, sl: u32, data: Box<[u8]>, clean: bool) {
+        self.staging.insert(sl, data);
+        self.lazy.dropped.remove(&sl);
+        if clean {
+            self.lazy.slots.insert(sl);
+        } else {
+            self.lazy.slots.remove(&sl);
+        }
+    }
+
+    /// Slot `sl` is emptied by the executor.
+    fn empty_slot(&mut self, sl: u32) {
+        self.staging.remove(&sl);
+        self.lazy.slots.remove(&sl);
+        self.lazy.dropped.remove(&sl);
+    }
+
+    /// Maps the page parked in `slot` back at the missing page `p`: moved
+    /// (`try_move`, where the host can), or copied.
+    fn slot_back(&mut self, slot: u32, p: usize, try_move: bool) -> Result<(), Errno> {
+        if self.prog.contains_key(&p) {
+            return Err(Errno::EEXIST);
+        }
+        if self.fail() {
+            return Err(Errno::ENOMEM);
+        }
+        // A move keeps a clean page clean; a copy makes a new page. (A
+        // slot the host dropped: the move finds nothing, the copy reads the
+        // zero page.)
+        let moved_clean = try_move && self.can_move && self.lazy.slots.contains(&slot);
+        let data = self.slot_data(slot, "slot_to_page");
+        self.empty_slot(slot);
+        self.prog.insert(p, Pg::Data(data));
+        if moved_clean {
+            self.lazy.pages.insert(p);
+        }
+        Ok(())
+    }
+
     /// A touch of page `p` at the host level: what the access did, or
     /// `None` when the page is missing (a fault).
     fn access(&mut self, p: usize, stamp: Option<u64>) -> Option<Touch> {
@@ -223,6 +327,9 @@ impl Host {
         }
         if stamp.is_some() && *pg == Pg::Zero {
             *pg = Pg::Data(zeros());
+        }
+        if stamp.is_some() {
+            self.lazy.pages.remove(&p);
         }
         let (a, b) = match pg {
             Pg::Data(d) => {
@@ -276,7 +383,7 @@ impl Platform for SimPlatform {
         BASE
     }
     fn host_lazyfree(&self) -> bool {
-        false
+        self.host().lazy.on
     }
     fn can_move(&self) -> bool {
         self.host().can_move
@@ -365,6 +472,7 @@ impl Platform for SimPlatform {
         let mut h = self.host();
         for p in page_of(a)..page_of(a) + l / PS {
             h.prog.remove(&p);
+            h.lazy.pages.remove(&p);
         }
         Ok(())
     }
@@ -372,7 +480,17 @@ impl Platform for SimPlatform {
         Self::check(a, l)
     }
     fn host_free(&self, a: usize, l: usize) -> Result<(), Errno> {
-        Self::check(a, l)
+        Self::check(a, l)?;
+        let mut h = self.host();
+        if h.lazy.on {
+            // (The zero page is nobody's to free.)
+            for p in page_of(a)..page_of(a) + l / PS {
+                if matches!(h.prog.get(&p), Some(Pg::Data(_))) {
+                    h.lazy.pages.insert(p);
+                }
+            }
+        }
+        Ok(())
     }
     fn host_populate_write(&self, a: usize, l: usize) -> Result<(), Errno> {
         // Breaks the copy-on-write of zero pages (the executor asks for
@@ -384,6 +502,8 @@ impl Platform for SimPlatform {
             if h.prog.get(&p) == Some(&Pg::Zero) {
                 h.prog.insert(p, Pg::Data(zeros()));
             }
+            // A write populate dirties a lazily freed page: kept.
+            h.lazy.pages.remove(&p);
         }
         Ok(())
     }
@@ -391,8 +511,9 @@ impl Platform for SimPlatform {
         self.preempt();
         Self::check(a, l)
     }
-    fn page_gone(&self, _a: usize) -> bool {
-        false
+    fn page_gone(&self, a: usize) -> bool {
+        let h = self.host();
+        h.lazy.on && !h.prog.contains_key(&page_of(a))
     }
     fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Vec<(usize, usize)> {
         let h = self.host();
@@ -408,23 +529,23 @@ impl Platform for SimPlatform {
         }
         out
     }
-    fn slot_to_page(&self, slot: u32, dst: usize, _try_move: bool) -> Result<(), Errno> {
+    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool) -> Result<(), Errno> {
+        self.preempt();
+        Self::check(dst, PS)?;
+        self.host().slot_back(slot, page_of(dst), try_move)
+    }
+    fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno> {
+        // (The check and the copy are one step: the native copy reads the
+        // slot first and checks it held its page after.)
         self.preempt();
         Self::check(dst, PS)?;
         let mut h = self.host();
-        let p = page_of(dst);
-        if h.prog.contains_key(&p) {
-            return Err(Errno::EEXIST);
+        if h.lazy.dropped.contains(&slot) {
+            // The host purged it: nothing installed, the slot emptied.
+            h.empty_slot(slot);
+            return Ok(false);
         }
-        if h.fail() {
-            return Err(Errno::ENOMEM);
-        }
-        let data = h.staging.remove(&slot).expect("slot_to_page: an empty staging slot");
-        h.prog.insert(p, Pg::Data(data));
-        Ok(())
-    }
-    fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno> {
-        self.slot_to_page(slot, dst, false).map(|()| true)
+        h.slot_back(slot, page_of(dst), false).map(|()| true)
     }
     fn pages_to_slots_move(&self, src: usize, slot: u32, n: usize) -> Result<usize, Errno> {
         self.preempt();
@@ -445,7 +566,8 @@ impl Platform for SimPlatform {
                 _ => return if k > 0 { Ok(k) } else { Err(Errno::ENOENT) },
             };
             h.prog.remove(&(first + k));
-            h.staging.insert(s, data);
+            let clean = h.lazy.pages.remove(&(first + k));
+            h.fill_slot(s, data, clean);
         }
         Ok(n)
     }
@@ -462,21 +584,36 @@ impl Platform for SimPlatform {
             _ => return Err(Errno::EFAULT),
         };
         assert!(!h.staging.contains_key(&slot), "copy into the occupied staging slot {slot}");
-        h.staging.insert(slot, data);
+        h.fill_slot(slot, data, false);
         h.prog.remove(&page_of(src));
+        h.lazy.pages.remove(&page_of(src));
         Ok(())
     }
     fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno> {
         let mut h = self.host();
         for s in slot..slot + n as u32 {
-            h.staging.remove(&s);
+            h.empty_slot(s);
         }
         Ok(())
     }
-    fn discard_slot(&self, _slot: u32) -> bool {
+    fn discard_slot(&self, slot: u32) -> bool {
+        // MADV_PAGEOUT of the slot: a clean lazily freed page goes at once;
+        // a dirty one stays (and is no longer lazily freed).
+        let mut h = self.host();
+        if !h.lazy.on {
+            return false;
+        }
+        if h.lazy.slots.contains(&slot) || h.lazy.dropped.contains(&slot) {
+            h.drop_slot(slot);
+            return true;
+        }
         false
     }
-    fn host_free_slot(&self, _slot: u32) -> Result<(), Errno> {
+    fn host_free_slot(&self, slot: u32) -> Result<(), Errno> {
+        let mut h = self.host();
+        if h.lazy.on && h.staging.contains_key(&slot) {
+            h.lazy.slots.insert(slot);
+        }
         Ok(())
     }
     fn drain_host_lru(&self) {}
@@ -495,7 +632,7 @@ impl Platform for SimPlatform {
         }
         let first = off / PS as u64;
         for (k, s) in slots.iter().enumerate() {
-            let data = h.staging.get(s).cloned().expect("swap write of an empty staging slot");
+            let data = h.slot_data(*s, "swap write");
             h.swap.insert(first + k as u64, data);
         }
         Ok(())

@@ -123,6 +123,8 @@ pub struct SimSummary {
     pub file_checks: u64,
     /// Touches by the second program thread, at preemption points.
     pub other_touches: u64,
+    /// Lazily freed pages and slots the host dropped by itself.
+    pub host_drops: u64,
 }
 
 struct Sim {
@@ -311,7 +313,8 @@ impl Sim {
             MADV_POPULATE_WRITE,
             MADV_NORMAL,
             MADV_FREE,
-        ][self.rng.below(8) as usize];
+            MADV_FREE,
+        ][self.rng.below(9) as usize];
         if ![MADV_DONTNEED, MADV_FREE].contains(&advice) {
             // Advice that changes no byte: the second thread may touch the
             // range meanwhile.
@@ -533,8 +536,10 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
     };
     let preempt_one_in = [0u64, 4, 16][rng.below(3) as usize];
     let plat = sim_platform(seed, preempt_one_in, fail_one_in, can_move, swap_pages > 0);
+    let lazy = host_lazy(seed);
     let what = format!(
-        "seed {seed:#x} (budget {budget_pages}, swap {swap_pages}, fail 1/{fail_one_in}, move {can_move}, exact {exact}, preempt 1/{preempt_one_in})"
+        "seed {seed:#x} (budget {budget_pages}, swap {swap_pages}, fail 1/{fail_one_in}, move {can_move}, exact {exact}, preempt 1/{preempt_one_in}, host lazy free {} 1/{})",
+        lazy.on, lazy.drop_one_in
     );
     let inner = Inner::build(&cfg, Box::new(Shared(plat.clone())), false, None).map_err(|e| format!("{what}: {e}"))?;
     inner.set_oom_wait_us(0);
@@ -572,6 +577,7 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
     sim.sum.swapins = c.swapins;
     sim.sum.swapouts = c.swapouts;
     sim.sum.injected = sim.plat.host().injected;
+    sim.sum.host_drops = sim.plat.host().lazy.drops;
     sim.sum.preemptions = sim.plat.preemptions.load(std::sync::atomic::Ordering::Relaxed);
     sim.sum.faults = sim.plat.faults.load(std::sync::atomic::Ordering::Relaxed);
     sim.sum.what = what.clone();
@@ -608,8 +614,16 @@ fn sim_platform(seed: u64, preempt_one_in: u64, fail_one_in: u64, can_move: bool
             can_move,
             has_swap,
             injected: 0,
+            lazy: host_lazy(seed),
         }),
     })
+}
+
+/// The host's own lazy free for a run: on for half the seeds, dropping a
+/// page or slot at every, 1 in 4 or 1 in 16 preemption points.
+fn host_lazy(seed: u64) -> host::HostLazy {
+    let mut r = Rng::new(seed ^ 0x1a2e);
+    host::HostLazy { on: r.chance(2), drop_one_in: [1u64, 4, 16][r.below(3) as usize], ..Default::default() }
 }
 
 /// What a failed run reports: the panic's message, the step, how to
