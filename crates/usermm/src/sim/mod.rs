@@ -15,8 +15,8 @@
 //! its pages. The scheduler interleaves whole steps (a call, a touch, a
 //! background round) and, at preemption points inside a step (a platform
 //! call), a background reclaim round or a second program thread's touch
-//! (see `host::OtherThread`). It does not model the host's own reclaim (no
-//! lazy free handed to the host).
+//! (see `host::OtherThread`). The host's own lazy free drops clean lazily
+//! freed pages and slots by itself (see `host::HostLazy`).
 //!
 //! Built with the `test-hooks` feature (usermm's own tests).
 
