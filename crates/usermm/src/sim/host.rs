@@ -2,16 +2,17 @@
 //! arrays, signals recorded, failures and preemption points injected from
 //! the seed; and `Shared`, the handle the executor holds on it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use usermm_core::consts::{PROT_NONE, PROT_READ, PROT_WRITE};
 use usermm_core::Errno;
 use usermm_sys::file::MappedFile;
 use usermm_sys::thread::EventFd;
 use usermm_sys::uffd::UffdMsg;
 
-use super::{Rng, Touch, BASE, PAGES, PS};
+use super::lazy::HostLazy;
+use super::threads::OtherThread;
+use super::{Rng, BASE, PAGES, PS};
 use crate::native::Inner;
 use crate::platform::Platform;
 
@@ -47,25 +48,6 @@ pub(super) struct Host {
     pub(super) lazy: HostLazy,
 }
 
-/// What the host may drop by itself (its `MADV_FREE`): clean lazily freed
-/// pages of the program range, and staging slots holding one (moved there
-/// by `UFFDIO_MOVE`, which keeps a page clean) or handed to it
-/// (`host_free_slot`: a parked volatile page). A write to a program page
-/// makes it dirty (kept). Ordered sets: the seed decides which one goes.
-#[derive(Default)]
-pub(super) struct HostLazy {
-    /// Whether the platform says it frees lazily (else none of this runs).
-    pub(super) on: bool,
-    /// One in how many preemption points the host drops a page (0: never).
-    pub(super) drop_one_in: u64,
-    pub(super) pages: BTreeSet<usize>,
-    pub(super) slots: BTreeSet<u32>,
-    /// Slots the host dropped: they read as the zero page.
-    pub(super) dropped: BTreeSet<u32>,
-    /// Pages and slots the host dropped by itself.
-    pub(super) drops: u64,
-}
-
 /// The simulated host.
 pub(crate) struct SimPlatform {
     pub(super) host: Mutex<Host>,
@@ -81,28 +63,6 @@ pub(crate) struct SimPlatform {
     pub(super) other: Mutex<OtherThread>,
     /// Faults taken by either program thread.
     pub(super) faults: std::sync::atomic::AtomicU64,
-}
-
-/// The faulting thread's id.
-pub(super) const TID: u32 = 7;
-/// The second program thread's id.
-pub(super) const OTHER_TID: u32 = 8;
-
-/// A second program thread: at a preemption point of the step in progress
-/// (a call, a touch, a background round), now and then, it touches a page
-/// outside the pages that step works on — whose expected bytes the step
-/// therefore cannot change — and the simulation checks what it saw after
-/// the step.
-pub(super) struct OtherThread {
-    pub(super) rng: Rng,
-    /// One in how many preemption points it touches a page (0: never).
-    pub(super) one_in: u64,
-    /// The pages the step in progress works on: `[start, end)`.
-    pub(super) busy: (usize, usize),
-    /// Its touches, to check: (page, stamp written, outcome).
-    pub(super) touches: Vec<(usize, Option<u64>, Touch)>,
-    /// Its stamps: `1 << 40` and up (the first thread's are small).
-    pub(super) next_stamp: u64,
 }
 
 pub(super) fn page_of(a: usize) -> usize {
@@ -143,64 +103,6 @@ impl SimPlatform {
         self.preempting.store(false, Relaxed);
     }
 
-    /// The second program thread's touch, if it runs now.
-    fn other_touch(&self, inner: &Inner) {
-        let (p, stamp) = {
-            let mut o = self.other.lock().unwrap_or_else(|e| e.into_inner());
-            let one_in = o.one_in;
-            if one_in == 0 || !o.rng.chance(one_in) {
-                return;
-            }
-            let p = o.rng.below(PAGES as u64) as usize;
-            if (o.busy.0..o.busy.1).contains(&p) {
-                return;
-            }
-            let stamp = o.rng.chance(2).then(|| {
-                o.next_stamp += 1;
-                o.next_stamp
-            });
-            (p, stamp)
-        };
-        if let Some(t) = self.touch(inner, p, stamp, OTHER_TID, false) {
-            self.other.lock().unwrap_or_else(|e| e.into_inner()).touches.push((p, stamp, t));
-        }
-    }
-
-    /// Program thread `tid` touches page `p` (reads its two stamp words, or
-    /// writes `stamp` to them), faulting into the executor as the kernel
-    /// would. With `wait` false (a thread run at a preemption point) the
-    /// touch gives up — `None`, as if the thread had not run yet — where
-    /// its fault would wait for a page the preempted thread holds.
-    pub(super) fn touch(&self, inner: &Inner, p: usize, stamp: Option<u64>, tid: u32, wait: bool) -> Option<Touch> {
-        let a = BASE + p * PS;
-        for _ in 0..64 {
-            if let Some(t) = self.host().access(p, stamp) {
-                return Some(t);
-            }
-            // A missing page: the kernel queues a fault; a handler serves it.
-            self.faults.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if wait {
-                inner.resolve(a, stamp.is_some(), Some(tid));
-            } else if !inner.resolve_unblocked(a, stamp.is_some(), tid) {
-                return None;
-            }
-            let sig = {
-                let mut h = self.host();
-                let i = h.signals.iter().position(|s| s.0 == tid);
-                i.map(|i| h.signals.remove(i))
-            };
-            match sig {
-                Some((_, libc_sig::SIGBUS, at)) => {
-                    assert_eq!(at, a, "SIGBUS at another address");
-                    return Some(Touch::BusQueued);
-                }
-                Some((_, _, _)) => return Some(Touch::Segv),
-                None => {}
-            }
-        }
-        panic!("the fault at page {p} was never served");
-    }
-
     /// A copy of the program page at `a`, as `process_vm_readv` makes it:
     /// a missing page faults in through the executor's handler first (the
     /// copy runs with no lock of the executor held).
@@ -232,119 +134,7 @@ impl SimPlatform {
 }
 
 impl Host {
-    /// The host's own reclaim, now and then: it drops one clean lazily
-    /// freed page or slot.
-    fn host_drops_one(&mut self) {
-        if !self.lazy.on || self.lazy.drop_one_in == 0 || !self.rng.chance(self.lazy.drop_one_in) {
-            return;
-        }
-        let n = self.lazy.pages.len() + self.lazy.slots.len();
-        if n == 0 {
-            return;
-        }
-        let k = self.rng.below(n as u64) as usize;
-        if k < self.lazy.pages.len() {
-            let p = *self.lazy.pages.iter().nth(k).expect("k < len");
-            self.lazy.pages.remove(&p);
-            self.prog.remove(&p);
-        } else {
-            let sl = *self.lazy.slots.iter().nth(k - self.lazy.pages.len()).expect("k < len");
-            self.drop_slot(sl);
-        }
-        self.lazy.drops += 1;
-    }
-
-    /// The host drops the clean page in slot `sl`: it reads as zeros now.
-    fn drop_slot(&mut self, sl: u32) {
-        self.lazy.slots.remove(&sl);
-        self.staging.remove(&sl);
-        self.lazy.dropped.insert(sl);
-    }
-
-    /// Takes the page out of slot `sl` (a move or copy back, a swap write's
-    /// read): its bytes, zeros if the host dropped it. Panics on a slot
-    /// that never held a page (an executor bug).
-    fn slot_data(&mut self, sl: u32, what: &str) -> Box<[u8]> {
-        match self.staging.get(&sl) {
-            Some(d) => d.clone(),
-            None if self.lazy.dropped.contains(&sl) => zeros(),
-            None => panic!("{what} of an empty staging slot"),
-        }
-    }
-
-    /// Slot `sl` gets a page: `clean` (a clean lazily freed page moved
-    /// there) or not.
-    fn fill_slot(&mut self, sl: u32, data: Box<[u8]>, clean: bool) {
-        self.staging.insert(sl, data);
-        self.lazy.dropped.remove(&sl);
-        if clean {
-            self.lazy.slots.insert(sl);
-        } else {
-            self.lazy.slots.remove(&sl);
-        }
-    }
-
-    /// Slot `sl` is emptied by the executor.
-    fn empty_slot(&mut self, sl: u32) {
-        self.staging.remove(&sl);
-        self.lazy.slots.remove(&sl);
-        self.lazy.dropped.remove(&sl);
-    }
-
-    /// Maps the page parked in `slot` back at the missing page `p`: moved
-    /// (`try_move`, where the host can), or copied.
-    fn slot_back(&mut self, slot: u32, p: usize, try_move: bool) -> Result<(), Errno> {
-        if self.prog.contains_key(&p) {
-            return Err(Errno::EEXIST);
-        }
-        if self.fail() {
-            return Err(Errno::ENOMEM);
-        }
-        // A move keeps a clean page clean; a copy makes a new page. (A
-        // slot the host dropped: the move finds nothing, the copy reads the
-        // zero page.)
-        let moved_clean = try_move && self.can_move && self.lazy.slots.contains(&slot);
-        let data = self.slot_data(slot, "slot_to_page");
-        self.empty_slot(slot);
-        self.prog.insert(p, Pg::Data(data));
-        if moved_clean {
-            self.lazy.pages.insert(p);
-        }
-        Ok(())
-    }
-
-    /// A touch of page `p` at the host level: what the access did, or
-    /// `None` when the page is missing (a fault).
-    fn access(&mut self, p: usize, stamp: Option<u64>) -> Option<Touch> {
-        let prot = self.prot.get(&p).copied().unwrap_or(PROT_NONE);
-        let allowed = if stamp.is_some() { prot & PROT_WRITE != 0 } else { prot & (PROT_READ | PROT_WRITE) != 0 };
-        if !allowed {
-            return Some(Touch::Segv);
-        }
-        let pg = self.prog.get_mut(&p)?;
-        if *pg == Pg::Poison {
-            return Some(Touch::Bus);
-        }
-        if stamp.is_some() && *pg == Pg::Zero {
-            *pg = Pg::Data(zeros());
-        }
-        if stamp.is_some() {
-            self.lazy.pages.remove(&p);
-        }
-        let (a, b) = match pg {
-            Pg::Data(d) => {
-                (u64::from_le_bytes(d[..8].try_into().unwrap()), u64::from_le_bytes(d[PS - 8..].try_into().unwrap()))
-            }
-            _ => (0, 0),
-        };
-        if let (Some(s), Pg::Data(d)) = (stamp, pg) {
-            d[..8].copy_from_slice(&s.to_le_bytes());
-            d[PS - 8..].copy_from_slice(&s.to_le_bytes());
-        }
-        Some(Touch::Done(a, b))
-    }
-
-    fn fail(&mut self) -> bool {
+    pub(super) fn fail(&mut self) -> bool {
         if self.fail_one_in != 0 && self.rng.chance(self.fail_one_in) {
             self.injected += 1;
             true

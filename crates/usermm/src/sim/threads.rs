@@ -1,0 +1,123 @@
+//! The program's threads in the simulation: the faulting thread's touches
+//! and the second thread's, which run at preemption points.
+
+use usermm_core::consts::{PROT_NONE, PROT_READ, PROT_WRITE};
+
+use super::host::{libc_sig, zeros, Host, Pg, SimPlatform};
+use super::{Rng, Touch, BASE, PAGES, PS};
+use crate::native::Inner;
+
+/// The faulting thread's id.
+pub(super) const TID: u32 = 7;
+/// The second program thread's id.
+pub(super) const OTHER_TID: u32 = 8;
+
+/// A second program thread: at a preemption point of the step in progress
+/// (a call, a touch, a background round), now and then, it touches a page
+/// outside the pages that step works on — whose expected bytes the step
+/// therefore cannot change — and the simulation checks what it saw after
+/// the step.
+pub(super) struct OtherThread {
+    pub(super) rng: Rng,
+    /// One in how many preemption points it touches a page (0: never).
+    pub(super) one_in: u64,
+    /// The pages the step in progress works on: `[start, end)`.
+    pub(super) busy: (usize, usize),
+    /// Its touches, to check: (page, stamp written, outcome).
+    pub(super) touches: Vec<(usize, Option<u64>, Touch)>,
+    /// Its stamps: `1 << 40` and up (the first thread's are small).
+    pub(super) next_stamp: u64,
+}
+
+impl SimPlatform {
+    /// The second program thread's touch, if it runs now.
+    pub(super) fn other_touch(&self, inner: &Inner) {
+        let (p, stamp) = {
+            let mut o = self.other.lock().unwrap_or_else(|e| e.into_inner());
+            let one_in = o.one_in;
+            if one_in == 0 || !o.rng.chance(one_in) {
+                return;
+            }
+            let p = o.rng.below(PAGES as u64) as usize;
+            if (o.busy.0..o.busy.1).contains(&p) {
+                return;
+            }
+            let stamp = o.rng.chance(2).then(|| {
+                o.next_stamp += 1;
+                o.next_stamp
+            });
+            (p, stamp)
+        };
+        if let Some(t) = self.touch(inner, p, stamp, OTHER_TID, false) {
+            self.other.lock().unwrap_or_else(|e| e.into_inner()).touches.push((p, stamp, t));
+        }
+    }
+
+    /// Program thread `tid` touches page `p` (reads its two stamp words, or
+    /// writes `stamp` to them), faulting into the executor as the kernel
+    /// would. With `wait` false (a thread run at a preemption point) the
+    /// touch gives up — `None`, as if the thread had not run yet — where
+    /// its fault would wait for a page the preempted thread holds.
+    pub(super) fn touch(&self, inner: &Inner, p: usize, stamp: Option<u64>, tid: u32, wait: bool) -> Option<Touch> {
+        let a = BASE + p * PS;
+        for _ in 0..64 {
+            if let Some(t) = self.host().access(p, stamp) {
+                return Some(t);
+            }
+            // A missing page: the kernel queues a fault; a handler serves it.
+            self.faults.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if wait {
+                inner.resolve(a, stamp.is_some(), Some(tid));
+            } else if !inner.resolve_unblocked(a, stamp.is_some(), tid) {
+                return None;
+            }
+            let sig = {
+                let mut h = self.host();
+                let i = h.signals.iter().position(|s| s.0 == tid);
+                i.map(|i| h.signals.remove(i))
+            };
+            match sig {
+                Some((_, libc_sig::SIGBUS, at)) => {
+                    assert_eq!(at, a, "SIGBUS at another address");
+                    return Some(Touch::BusQueued);
+                }
+                Some((_, _, _)) => return Some(Touch::Segv),
+                None => {}
+            }
+        }
+        panic!("the fault at page {p} was never served");
+    }
+}
+
+impl Host {
+    /// A touch of page `p` at the host level: what the access did, or
+    /// `None` when the page is missing (a fault).
+    pub(super) fn access(&mut self, p: usize, stamp: Option<u64>) -> Option<Touch> {
+        let prot = self.prot.get(&p).copied().unwrap_or(PROT_NONE);
+        let allowed = if stamp.is_some() { prot & PROT_WRITE != 0 } else { prot & (PROT_READ | PROT_WRITE) != 0 };
+        if !allowed {
+            return Some(Touch::Segv);
+        }
+        let pg = self.prog.get_mut(&p)?;
+        if *pg == Pg::Poison {
+            return Some(Touch::Bus);
+        }
+        if stamp.is_some() && *pg == Pg::Zero {
+            *pg = Pg::Data(zeros());
+        }
+        if stamp.is_some() {
+            self.lazy.pages.remove(&p);
+        }
+        let (a, b) = match pg {
+            Pg::Data(d) => {
+                (u64::from_le_bytes(d[..8].try_into().unwrap()), u64::from_le_bytes(d[PS - 8..].try_into().unwrap()))
+            }
+            _ => (0, 0),
+        };
+        if let (Some(s), Pg::Data(d)) = (stamp, pg) {
+            d[..8].copy_from_slice(&s.to_le_bytes());
+            d[PS - 8..].copy_from_slice(&s.to_le_bytes());
+        }
+        Some(Touch::Done(a, b))
+    }
+}
