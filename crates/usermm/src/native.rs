@@ -38,12 +38,13 @@
 //!   mprotect, attribute madvise); shared for everything that works on pages
 //!   (fault resolution, reclaim, zap chunks, page madvise).
 //! - `core`: a mutex around the pure core, held for decisions. Host calls
-//!   are made without it, except three, each on purpose and none able to
+//!   are made without it, except these, each on purpose and none able to
 //!   block for long: a small fill's install-and-wake (so that the woken
 //!   thread can observe nothing before the commit), a transient SIGBUS
 //!   (queued while the thread is surely still in the fault), and
-//!   `mvolatile`'s flush of the host's LRU batches before it hands parked
-//!   slots to the host (no slot may be mapped back and reused meanwhile).
+//!   `mvolatile`'s and `MADV_FREE`'s hand-over of parked pages' slots to
+//!   the host's lazy free (`mvolatile` flushes the host's LRU batches
+//!   first): no slot may be mapped back, freed and reused meanwhile.
 //!   The lock calls' host `mlock`/`munlock` run under the region lock
 //!   alone, held exclusively; `smaps`' `PAGEMAP_SCAN`s before the core
 //!   lock is taken.

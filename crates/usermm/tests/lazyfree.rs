@@ -252,13 +252,25 @@ fn free_and_reuse_loop_under_pressure_never_fails() {
         let len = ((256 << 10) + (x >> 8) as usize % ((2 << 20) - (256 << 10))) & !(PS - 1);
         let off = c * chunk;
         m[off..off + len].fill(op as u8);
+        // Diagnostics for a failure: the host's view of the pages before the
+        // check reads them, and the counters across the check.
+        let host_before = pagemap(m.as_ptr() as usize + off, len / PS);
+        let mut state_before = vec![0u32; len / PS];
+        let _ = s.page_state(m.as_ptr() as usize + off, len / PS, &mut state_before);
+        let before = s.stats();
         if let Some(i) = m[off..off + len].iter().position(|&b| b != op as u8) {
             let wrong = m[off + i..off + len].iter().take_while(|&&b| b != op as u8).count();
+            let mut st = [0u32; 1];
+            let _ = s.page_state(m.as_ptr() as usize + off + (i & !(PS - 1)), 1, &mut st);
             panic!(
-                "op {op}: chunk {c} byte {i:#x} (page {}) reads {} for {wrong} bytes, not {}; {:?}",
+                "op {op}: chunk {c} byte {i:#x} (page {}) reads {} for {wrong} bytes, not {}; host pagemap before \
+                 the check {:#x}, page state before {:#x} after {:#x}; before the check {before:?}; after {:?}",
                 (off + i) / PS,
                 m[off + i],
                 op as u8,
+                host_before[i / PS],
+                state_before[i / PS],
+                st[0],
                 s.stats()
             );
         }
@@ -269,6 +281,16 @@ fn free_and_reuse_loop_under_pressure_never_fails() {
     eprintln!("{st:?}");
     assert_eq!(st.oom_sigbus, 0);
     s.validate();
+}
+
+/// The host's pagemap entries of `n` pages from `a` (bit 63 present, 62
+/// swapped).
+fn pagemap(a: usize, n: usize) -> Vec<u64> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open("/proc/self/pagemap").unwrap();
+    let mut buf = vec![0u8; n * 8];
+    f.read_exact_at(&mut buf, (a / PS * 8) as u64).unwrap();
+    buf.chunks(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).collect()
 }
 
 #[test]

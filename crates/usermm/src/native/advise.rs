@@ -72,8 +72,8 @@ impl Inner {
     /// freed; with the host's lazy free, the host is told too, and the pages
     /// past the space's bound are discarded at once.
     fn lazy_free(&self, r: PageRange) {
-        let parked = lock(&self.core).lazyfree(r);
         if !self.host_lazyfree {
+            lock(&self.core).lazyfree(r);
             return;
         }
         // Reuse costs nothing: the pages stay mapped, a write
@@ -91,10 +91,19 @@ impl Inner {
         if self.fills_drained.swap(fills, Ordering::Relaxed) != fills {
             self.plat.drain_host_lru();
         }
-        let _ = self.plat.host_free(self.addr(r.start), r.pages() as usize * self.page_size);
-        for s in parked {
-            let _ = self.plat.host_free_slot(s);
+        {
+            // The parked pages' slots are passed down under the core
+            // lock, as `mvolatile` does: once it is let go, reclaim may
+            // evict such a page, free its slot and park another page
+            // there — a page written since, whose dirty bit a late
+            // MADV_FREE would clear, and which the host would then
+            // drop as clean.
+            let mut c = lock(&self.core);
+            for s in c.lazyfree(r) {
+                let _ = self.plat.host_free_slot(s);
+            }
         }
+        let _ = self.plat.host_free(self.addr(r.start), r.pages() as usize * self.page_size);
         // Past the space's bound, discard the oldest at once.
         for _ in 0..64 {
             let plan = lock(&self.core).lazyfree_trim_plan();
