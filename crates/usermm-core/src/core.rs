@@ -153,6 +153,12 @@ pub struct Core {
     /// Whether the budget ran out under a fault since it was last less than
     /// half full (see `reclaim_ahead`).
     pressure: bool,
+    /// Whether background reclaim is bringing free frames back up to the
+    /// high watermark (set below the low one; see `reclaim_ahead_want`).
+    refilling: bool,
+    /// Whether a fault or populate has claimed frames since reclaim last
+    /// refilled the inactive list (see `needs_aging`).
+    demand: bool,
     /// Invariant: the number of `Inactive` pages.
     inactive: u64,
     /// Invariant: the number of `Swapped` pages.
@@ -207,6 +213,8 @@ impl Core {
             resident_max: 0,
             fresh_gen: 1,
             pressure: false,
+            refilling: false,
+            demand: false,
             inactive: 0,
             swapped: 0,
             locked_charged: 0,

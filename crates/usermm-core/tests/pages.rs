@@ -552,3 +552,53 @@ fn validate_accepts_an_eviction_in_flight() {
     c.evict_done(&evs[0], true);
     c.validate();
 }
+
+#[test]
+fn aging_ahead_needs_demand_and_reclaim_ahead_keeps_to_its_watermarks() {
+    // A working set that fits after pressure (the reclaim experiment's
+    // `fits`): once nothing claims frames, nothing is aged — aging parks
+    // pages the program is touching, each a minor fault for no eviction.
+    let mut c = core();
+    map_at(&mut c, 0, 32);
+    for p in 0..20 {
+        assert!(matches!(touch(&mut c, p, true), Touch::Served(_)));
+    }
+    assert!(c.reclaim_ahead(), "the budget ran out under a fault: pressure");
+    // The last touch claimed a frame: aging may run, and refills the
+    // inactive list. Then the program maps pages back (minor faults),
+    // which claims no frame.
+    assert!(c.needs_aging() || c.stats().inactive_pages >= c.inactive_target());
+    reclaim(&mut c, 0);
+    while c.stats().inactive_pages > 0 {
+        let p = (0..20).find(|&p| c.page(PageIdx(p)).state == PState::Inactive).unwrap();
+        assert!(matches!(touch(&mut c, p, false), Touch::Served(_)));
+    }
+    assert!(!c.needs_aging(), "no frame claimed since the last refill: no aging");
+    // A fault that claims a frame (a swap-in) is demand again.
+    let p = (0..20).find(|&p| c.page(PageIdx(p)).state == PState::Swapped).unwrap();
+    let _ = touch(&mut c, p, false);
+    assert!(c.needs_aging(), "a frame was claimed: aging may refill the inactive list");
+    reclaim(&mut c, 0);
+    assert!(!c.needs_aging(), "the refill served that demand");
+
+    // Watermarks (low 2, high 4 frames): nothing is reclaimed ahead while
+    // free frames stay above low; once below, back up to high.
+    let free = c.free_frames();
+    assert!(free < 2, "the budget is full: {free} free");
+    assert_eq!(c.reclaim_ahead_want(2, 4), 4 - free);
+    reclaim(&mut c, 4 - free);
+    let free = c.free_frames();
+    if free < 4 {
+        assert_eq!(c.reclaim_ahead_want(2, 4), 4 - free, "refilling goes on up to high");
+    }
+    while c.free_frames() < 4 {
+        let want = c.reclaim_ahead_want(2, 4);
+        reclaim(&mut c, want);
+    }
+    assert_eq!(c.reclaim_ahead_want(2, 4), 0, "at high: done");
+    // Free frames taken down to between the two: nothing to reclaim yet.
+    let absent: Vec<u64> = (20..32).filter(|&p| c.page(PageIdx(p)).state == PState::Absent).collect();
+    assert!(matches!(touch(&mut c, absent[0], true), Touch::Served(_)));
+    assert!((2..4).contains(&c.free_frames()), "{} free", c.free_frames());
+    assert_eq!(c.reclaim_ahead_want(2, 4), 0, "between the watermarks, not refilling: nothing");
+}

@@ -87,16 +87,19 @@ impl Core {
         }
         // Lazily freed pages first: a clean one is discarded with no I/O.
         self.plan_lazy(&mut plan, want.max(32));
-        if ((plan.deactivate.len() + plan.discard.len()) as u64) >= want {
+        if want > 0 && ((plan.deactivate.len() + plan.discard.len()) as u64) >= want {
             // Enough lazily freed pages are on their way out (parked now,
             // discarded by the next round): nothing dirty is evicted before
             // them. With fewer, the rest of the round evicts as usual (every
             // lazily freed page is already in this plan), so that lazily
-            // freed pages that cannot be parked never stop reclaim.
+            // freed pages that cannot be parked never stop reclaim. (An
+            // aging round, which wants no frame, goes on to refill the
+            // inactive list.)
             return plan;
         }
         self.plan_evict_inactive(&mut plan, want);
         self.plan_refill_inactive(&mut plan, want);
+        self.demand = false;
         plan
     }
 
@@ -255,6 +258,32 @@ impl Core {
         self.pressure
     }
 
+    /// How many frames background reclaim should free now, with the
+    /// executor's watermarks: once free frames fall below `low`, back up to
+    /// `high`, and nothing while they stay between the two otherwise (as
+    /// kswapd's watermarks). Only when reclaim works ahead (`reclaim_ahead`).
+    /// (Evicting up to `high` whenever a round ran for aging kept 6% of the
+    /// budget free for good: a working set of 90% of the budget, the
+    /// `reclaim` experiment's `fits`, then had 3.75% left for anything else
+    /// and went on evicting.)
+    pub fn reclaim_ahead_want(&mut self, low: u64, high: u64) -> u64 {
+        if !self.reclaim_ahead() {
+            self.refilling = false;
+            return 0;
+        }
+        let free = self.free_frames();
+        if free < low {
+            self.refilling = true;
+        } else if free >= high {
+            self.refilling = false;
+        }
+        if self.refilling {
+            high.saturating_sub(free)
+        } else {
+            0
+        }
+    }
+
     /// The inactive list's target length: a quarter of the budget.
     pub fn inactive_target(&self) -> u64 {
         (self.cfg.budget_pages / 4).max(1)
@@ -269,8 +298,12 @@ impl Core {
         // volatile pages, which are purged when pressure comes anyway, and
         // parking them early only costs the program minor faults. Only under
         // pressure: a working set that fits is never aged (each aged page
-        // costs a minor fault when touched, for no eviction to come).
+        // costs a minor fault when touched, for no eviction to come). Only
+        // with demand: once frames are claimed again since the last refill
+        // (a working set that fits after pressure claims none, and aging
+        // it turned a fifth of its touches into minor faults: `fits`).
         self.pressure
+            && self.demand
             && self.swap.capacity() > 0
             && self.resident * 2 >= self.cfg.budget_pages
             && self.inactive < self.inactive_target()

@@ -28,8 +28,8 @@ impl Inner {
                         c = lock(&self.core);
                         continue;
                     }
-                    let need =
-                        reclaim && c.reclaim_ahead() && (c.free_frames() < self.low_watermark || c.needs_aging());
+                    let need = reclaim
+                        && (c.reclaim_ahead_want(self.low_watermark, self.high_watermark) > 0 || c.needs_aging());
                     if need || !lock(&self.willneed).is_empty() {
                         break;
                     }
@@ -100,7 +100,7 @@ impl Inner {
         let mm = self.read_mm();
         let (want, aging) = {
             let mut c = lock(&self.core);
-            let want = if c.reclaim_ahead() { self.high_watermark.saturating_sub(c.free_frames()) } else { 0 };
+            let want = c.reclaim_ahead_want(self.low_watermark, self.high_watermark);
             (want, c.needs_aging())
         };
         if want > 0 {
@@ -134,7 +134,7 @@ impl Inner {
         self.serve_willneed();
         let need = {
             let mut c = lock(&self.core);
-            c.reclaim_ahead() && (c.free_frames() < self.low_watermark || c.needs_aging())
+            c.reclaim_ahead_want(self.low_watermark, self.high_watermark) > 0 || c.needs_aging()
         };
         if need {
             self.reclaim_ahead_round();
