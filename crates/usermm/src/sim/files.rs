@@ -48,11 +48,16 @@ impl Sim {
     }
 }
 
-/// A read-write file of `pages` zero pages, unlinked at once.
+/// A read-write file of `pages` zero pages, unlinked at once. Its name is
+/// unique in the process (`create_new`, a process-wide counter): two
+/// simulations run by parallel test threads made the same names from the
+/// same seed, opened one file and truncated each other's pages (seed 0x24
+/// failed "file read: UnexpectedEof" in one CI run).
 pub(super) fn temp_file(id: u64, pages: usize) -> std::fs::File {
-    let path = std::env::temp_dir().join(format!("usermm-sim-{}-{id}", std::process::id()));
-    let f =
-        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("temp file");
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("usermm-sim-{}-{n}-{id}", std::process::id()));
+    let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).expect("temp file");
     f.set_len((pages * PS) as u64).expect("set_len");
     let _ = std::fs::remove_file(&path);
     f
