@@ -559,10 +559,8 @@ fn aging_ahead_needs_demand_and_reclaim_ahead_keeps_to_its_watermarks() {
     // `fits`): once nothing claims frames, nothing is aged — aging parks
     // pages the program is touching, each a minor fault for no eviction.
     let mut c = core();
-    map_at(&mut c, 0, 32);
-    for p in 0..20 {
-        assert!(matches!(touch(&mut c, p, true), Touch::Served(_)));
-    }
+    full(&mut c, 20);
+    map_at(&mut c, 20, 12);
     assert!(c.reclaim_ahead(), "the budget ran out under a fault: pressure");
     // The last touch claimed a frame: aging may run, and refills the
     // inactive list. Then the program maps pages back (minor faults),
