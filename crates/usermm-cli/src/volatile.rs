@@ -8,7 +8,7 @@
 //!   mark it volatile again.
 //!
 //! Rows: elapsed time, page faults (usermm: `Stats::faults`; kernel: the
-//! process's minor faults), faults per round after the first (the steady
+//! workers' own minor faults, `RUSAGE_THREAD`), faults per round after the first (the steady
 //! state), and the resident peak. Plus the purge demonstration: 26 chunks of
 //! 16 KiB filled with 'A'..'Z', the even ones volatile, pressure, then
 //! `mnovolatile` on each even chunk reports exactly which pages were purged.
@@ -17,7 +17,7 @@ use std::sync::Barrier;
 
 use usermm::consts::MADV_DONTNEED;
 use usermm::{Mapping, Space};
-use usermm_sys::host::{process_faults, reset_peak_rss, rss_kib, HostMap};
+use usermm_sys::host::{reset_peak_rss, rss_kib, thread_faults, HostMap};
 use usermm_sys::now_ns;
 
 use crate::common::{config, default_swap_dir, run_label, systems, Progress, MIB, PAGE};
@@ -65,14 +65,26 @@ struct Out {
     purged: u64,
 }
 
-/// Runs one worker per region; the main thread snapshots the fault counter
-/// before the first round, after the first round and at the end (barriers
-/// around each snapshot). `round(r, region)` runs round `r` and returns the
-/// pages it found purged. The regions are dropped (unmapped) at the end.
+/// Where the fault count comes from.
+enum Faults<'a> {
+    /// One counter for the whole run (usermm's `Stats::faults`), read by the
+    /// main thread between barriers.
+    Shared(&'a mut dyn FnMut() -> Result<u64, String>),
+    /// Each worker's own counter (the kernel's `RUSAGE_THREAD` minor
+    /// faults), read by the worker itself and summed: the process's count
+    /// would also take in whatever the other threads fault (a progress or
+    /// signal thread, a join's stack teardown: one extra fault was seen).
+    PerWorker(fn() -> Result<u64, String>),
+}
+
+/// Runs one worker per region; the fault counter is snapshot before the
+/// first round, after the first round and at the end (barriers around each
+/// snapshot). `round(r, region)` runs round `r` and returns the pages it
+/// found purged. The regions are dropped (unmapped) at the end.
 fn threaded<W: Send>(
     regions: Vec<W>,
     sh: Shape,
-    faults: &mut dyn FnMut() -> Result<u64, String>,
+    mut faults: Faults<'_>,
     round: impl Fn(usize, &mut W) -> Result<u64, String> + Sync,
 ) -> Result<(u64, [u64; 3], u64), String> {
     let n = regions.len();
@@ -82,12 +94,18 @@ fn threaded<W: Send>(
             .into_iter()
             .map(|mut w| {
                 let (bar, round) = (&bar, &round);
-                sc.spawn(move || -> Result<(u64, u64, W), String> {
+                let own = match faults {
+                    Faults::PerWorker(f) => Some(f),
+                    Faults::Shared(_) => None,
+                };
+                sc.spawn(move || -> Result<(u64, u64, [u64; 3], W), String> {
+                    let mut snaps = [0u64; 3];
+                    let snap = |s: &mut u64| own.map_or(Ok(()), |f| f().map(|v| *s = v));
                     bar.wait();
+                    let mut res = snap(&mut snaps[0]);
                     bar.wait();
                     let t0 = now_ns();
                     let mut purged = 0;
-                    let mut res = Ok(());
                     for r in 0..sh.rounds {
                         if res.is_ok() {
                             match round(r, &mut w) {
@@ -96,36 +114,51 @@ fn threaded<W: Send>(
                             }
                         }
                         if r == 0 {
+                            if res.is_ok() {
+                                res = snap(&mut snaps[1]);
+                            }
                             bar.wait();
                             bar.wait();
                         }
                     }
+                    let elapsed = now_ns() - t0;
                     res?;
-                    Ok((now_ns() - t0, purged, w))
+                    snap(&mut snaps[2])?;
+                    Ok((elapsed, purged, snaps, w))
                 })
             })
             .collect();
         let mut snaps = [0u64; 3];
+        let mut shared = |s: &mut u64| match &mut faults {
+            Faults::Shared(f) => f().map(|v| *s = v),
+            Faults::PerWorker(_) => Ok(()),
+        };
         bar.wait();
-        snaps[0] = faults()?;
+        let mut err = shared(&mut snaps[0]).err();
         bar.wait();
         bar.wait(); // first round done everywhere
-        snaps[1] = faults()?;
+        if let Err(m) = shared(&mut snaps[1]) {
+            err = Some(m);
+        }
         bar.wait();
         let mut elapsed = 0;
         let mut purged = 0;
-        let mut err = None;
         for h in hs {
             match h.join() {
-                Ok(Ok((ns, p, _w))) => {
+                Ok(Ok((ns, p, own, _w))) => {
                     elapsed = elapsed.max(ns);
                     purged += p;
+                    // Per-worker counts: summed as deltas from snaps[0] = 0.
+                    snaps[1] += own[1] - own[0];
+                    snaps[2] += own[2] - own[0];
                 }
                 Ok(Err(m)) => err = Some(m),
                 Err(_) => err = Some("worker panicked".to_string()),
             }
         }
-        snaps[2] = faults()?;
+        if let Err(m) = shared(&mut snaps[2]) {
+            err = Some(m);
+        }
         match err {
             Some(m) => Err(m),
             None => Ok((elapsed, snaps, purged)),
@@ -144,8 +177,8 @@ fn kernel_run(threads: usize, sh: Shape) -> Result<Out, String> {
         .collect::<Result<_, _>>()
         .map_err(|e| format!("kernel mmap: {e:?}"))?;
     let rss0 = reset_peak_rss().and_then(|_| rss_kib()).ok().map(|(rss, _)| rss);
-    let mut faults = || process_faults().map(|f| f.0).map_err(|e| format!("getrusage: {e:?}"));
-    let (elapsed_ns, s, _) = threaded(maps, sh, &mut faults, |r, m: &mut HostMap| {
+    let faults = Faults::PerWorker(|| thread_faults().map(|f| f.0).map_err(|e| format!("getrusage: {e:?}")));
+    let (elapsed_ns, s, _) = threaded(maps, sh, faults, |r, m: &mut HostMap| {
         for c in 0..sh.chunks {
             let off = c * sh.chunk;
             m[off..off + sh.chunk].fill(fill_value(r, c));
@@ -170,7 +203,7 @@ fn usermm_run(threads: usize, sh: Shape, volatile: bool, budget: usize) -> Resul
         .map_err(|e| format!("usermm mmap: {e:?}"))?;
     let sp = &space;
     let mut faults = || Ok(sp.stats().faults);
-    let (elapsed_ns, s, purged) = threaded(maps, sh, &mut faults, |r, m: &mut Mapping<'_>| {
+    let (elapsed_ns, s, purged) = threaded(maps, sh, Faults::Shared(&mut faults), |r, m: &mut Mapping<'_>| {
         let mut purged = 0u64;
         if volatile {
             // SAFETY: a chunk is borrowed only between its mnovolatile
@@ -380,8 +413,8 @@ fn notes(e: &mut Experiment, sh: Shape, demo_budget: usize, d: &Demo) {
          together; `elapsed` is the slowest thread's. The seed memsets each chunk with its byte offset cast to int \
          (always 0 for 8 MiB chunks); here the value is non-zero and changes per round and chunk. usermm: a fresh space \
          per measurement, budget = 2 × regions + 64 MiB unless `budget_mib` says otherwise, no swap (nothing is ever purged: `purged_pages` counts what \
-         `mnovolatile` reported). `faults`: usermm `Stats::faults` delta; kernel: the process's minor faults \
-         (`getrusage`). `faults_per_round_after_first` = faults in rounds 2.. / (threads × (rounds − 1)). \
+         `mnovolatile` reported). `faults`: usermm `Stats::faults` delta; kernel: the worker threads' own minor faults \
+         (`getrusage(RUSAGE_THREAD)`, summed). `faults_per_round_after_first` = faults in rounds 2.. / (threads × (rounds − 1)). \
          `peak_resident`: usermm `resident_pages_max` of the space; kernel: the growth of the whole process's \
          `VmHWM` over its `VmRSS` at the start (reset by `/proc/self/clear_refs` 5), so it includes anything else \
          the process touched meanwhile.",

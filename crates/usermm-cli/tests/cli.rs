@@ -332,8 +332,27 @@ fn bench_rows(tag: &str, args: &[&str]) -> Vec<(String, String, String, f64)> {
     bench_rows_pid(tag, args).1
 }
 
+/// Held by every test whose benchmark sets up `kernel-memcg`. Swap is the
+/// machine's: a child in one benchmark's memory group may have pages in the
+/// other benchmark's swap file, and that one's `swapoff` then reads them
+/// back into a group at its limit (seen once: the reclaim test's child
+/// failed while the interrupted-benchmark test tore its swap file down).
+/// One benchmark with swap files at a time, as a user would run them.
+static MEMCG_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn memcg_test_lock() -> std::sync::MutexGuard<'static, ()> {
+    MEMCG_TESTS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// [`bench_rows`], and the process id the benchmark ran as.
 fn bench_rows_pid(tag: &str, args: &[&str]) -> (u32, Vec<(String, String, String, f64)>) {
+    let (pid, rows, _) = bench_rows_pid_stderr(tag, args);
+    (pid, rows)
+}
+
+/// [`bench_rows_pid`], and what the benchmark printed on stderr (its
+/// progress: why a system was not measured).
+fn bench_rows_pid_stderr(tag: &str, args: &[&str]) -> (u32, Vec<(String, String, String, f64)>, String) {
     let out = tmpdir(tag);
     let child = Command::new(BIN)
         .arg("bench")
@@ -365,7 +384,7 @@ fn bench_rows_pid(tag: &str, args: &[&str]) -> (u32, Vec<(String, String, String
         })
         .collect();
     let _ = std::fs::remove_dir_all(&out);
-    (pid, rows)
+    (pid, rows, stderr.into_owned())
 }
 
 fn value(rows: &[(String, String, String, f64)], sys: &str, variant: &str, metric: &str) -> f64 {
@@ -447,6 +466,7 @@ fn bench_volatile_writes_results() {
 
 #[test]
 fn bench_outofcore_writes_results() {
+    let _memcg = memcg_test_lock();
     let (pid, rows) =
         bench_rows_pid("outofcore", &["outofcore", "--file-mib=32", "--budget-mib=8", "--reads=2000", "--runs=1"]);
     let mut systems = vec!["usermm", "kernel-mmap", "pread-cache"];
@@ -565,9 +585,10 @@ fn swap_dir() -> String {
 
 #[test]
 fn bench_reclaim_kernel_memcg_rows_and_nothing_left() {
-    let (pid, rows) = bench_rows_pid(
+    let _memcg = memcg_test_lock();
+    let (pid, rows, stderr) = bench_rows_pid_stderr(
         "reclaim",
-        &["reclaim", "--set-mib=16", "--budget-mib=4", "--runs=1", "--disk-mib=4", "--mix-touches-per-page=1"],
+        &["reclaim", "--set-mib=32", "--budget-mib=8", "--runs=1", "--disk-mib=4", "--mix-touches-per-page=1"],
     );
     for ph in ["seq-write", "seq-read", "hotcold"] {
         assert!(value(&rows, "usermm", ph, "throughput") > 0.0, "usermm {ph}");
@@ -578,13 +599,17 @@ fn bench_reclaim_kernel_memcg_rows_and_nothing_left() {
         assert!(!rows.iter().any(|r| r.0 == "kernel-memcg"), "{rows:?}");
         return;
     }
+    assert!(
+        rows.iter().any(|r| r.0 == "kernel-memcg"),
+        "root, and no kernel-memcg rows; the benchmark said:\n{stderr}"
+    );
     for ph in ["seq-write", "seq-read", "hotcold"] {
         assert!(value(&rows, "kernel-memcg", ph, "throughput") > 0.0, "kernel-memcg {ph}");
         for m in ["pswpout", "pswpin", "major_faults", "page_reads_per_1k_touches", "page_writes_per_1k_touches"] {
             assert!(value(&rows, "kernel-memcg", ph, m) >= 0.0, "kernel-memcg {ph} {m}");
         }
     }
-    // 16 MiB written under a 4 MiB limit: the kernel must have swapped out,
+    // 32 MiB written under an 8 MiB limit: the kernel must have swapped out,
     // and read back on the sequential read.
     assert!(value(&rows, "kernel-memcg", "seq-write", "pswpout") > 0.0);
     assert!(value(&rows, "kernel-memcg", "seq-read", "pswpin") > 0.0);
@@ -600,6 +625,7 @@ fn bench_reclaim_interrupted_leaves_nothing() {
         eprintln!("not root: kernel-memcg cannot be set up, nothing to tear down");
         return;
     }
+    let _memcg = memcg_test_lock();
     for (sig, signo) in [("INT", 2), ("TERM", 15)] {
         let out = tmpdir(&format!("reclaim-sig{sig}"));
         let mut child = Command::new(BIN)

@@ -42,6 +42,7 @@ pub(super) fn run_kernel(s: &Setup, workload: &str, offs: &[usize]) -> Result<Me
         writebacks: 0,
         pct: None,
         pages_read: None,
+        oom_kills: 0,
     })
 }
 
@@ -80,6 +81,7 @@ pub(super) fn run_memcg(s: &Setup, limit: &KernelLimit, w: &Work) -> Result<Meas
         writebacks: 0,
         pct: Some((float(2)?, float(3)?)),
         pages_read: Some(int(5)? / PAGE as u64),
+        oom_kills: c.oom_kills,
     })
 }
 

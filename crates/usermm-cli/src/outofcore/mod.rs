@@ -97,6 +97,8 @@ struct Measured {
     /// kernel-memcg: pages read from the disk (`read_bytes` of the child's
     /// `/proc/self/io` / 4 KiB).
     pages_read: Option<u64>,
+    /// kernel-memcg: children the OOM killer killed first (each run again).
+    oom_kills: u32,
 }
 
 struct Setup<'a> {
@@ -164,6 +166,7 @@ struct Totals {
     usermm_peak_max: f64,
     writebacks: u64,
     memcg_peak_max: f64,
+    memcg_oom_kills: u32,
 }
 
 /// All runs: every system (`order(r)`) runs every workload; a failing
@@ -246,6 +249,7 @@ fn record(e: &mut Experiment, t: &mut Totals, sys: &str, w: &str, reads: usize, 
     }
     if sys == MEMCG {
         t.memcg_peak_max = t.memcg_peak_max.max(m.peak);
+        t.memcg_oom_kills += m.oom_kills;
     }
     if sys == "usermm" {
         e.add(sys, w, "writebacks", "pages", m.writebacks as f64);
@@ -276,7 +280,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     }
     let totals = measure(&o, &setup, &work, &mut limit, &mut e, prog)?;
     drop(file);
-    let memcg_note = report::memcg_note(&limit, o.budget, totals.memcg_peak_max);
+    let memcg_note = report::memcg_note(&limit, o.budget, totals.memcg_peak_max, totals.memcg_oom_kills);
     let base = if limit.is_ok() { MEMCG } else { "(kernel-memcg not measured)" };
     drop(limit);
     report::goals(&mut e, &wanted, base, o.budget, totals.usermm_peak_max);

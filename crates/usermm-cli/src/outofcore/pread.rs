@@ -151,5 +151,5 @@ pub(super) fn run_pread(s: &Setup, workload: &str, offs: &[usize]) -> Result<Mea
     let misses = c.misses;
     drop(c);
     let _ = fadvise(&f, 0, 0, POSIX_FADV_DONTNEED);
-    Ok(Measured { out, peak, misses, writebacks: 0, pct: None, pages_read: None })
+    Ok(Measured { out, peak, misses, writebacks: 0, pct: None, pages_read: None, oom_kills: 0 })
 }

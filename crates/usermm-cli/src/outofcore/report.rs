@@ -8,23 +8,32 @@ use crate::memcg::{self, KernelLimit};
 use crate::report::{fmt_num, Experiment, Goal};
 
 /// The note on `kernel-memcg`: how it ran, or why it was not measured.
-pub(super) fn memcg_note(limit: &Result<KernelLimit, String>, budget: usize, memcg_peak_max: f64) -> String {
+pub(super) fn memcg_note(
+    limit: &Result<KernelLimit, String>,
+    budget: usize,
+    memcg_peak_max: f64,
+    oom_kills: u32,
+) -> String {
     match limit {
         Ok(_) => format!(
             "**`{MEMCG}`**: the kernel under the same limit. For each workload and run, a child process (`usermm {} \
              outofcore …`) is put into a fresh cgroup v1 memory group `{}<pid>-<n>` with `memory.limit_in_bytes` = \
              the budget ({} MiB) before it maps anything, then maps the file (`MAP_SHARED`, `PROT_READ`, the same \
              `madvise`/`posix_fadvise` as `kernel-mmap`) and makes the same reads, from a cold page cache. The page \
-             cache it fills is charged to its group and reclaimed (MGLRU) at the limit; no swap file (usermm's space \
+             cache it fills is charged to its group and reclaimed ({}) at the limit; no swap file (usermm's space \
              here has no swap). Its offsets are worked out before it joins the group (the other systems' offset \
              lists are outside their budgets too). `resident_peak` = the group's `memory.max_usage_in_bytes` \
              (everything charged to it: page cache and the child's own memory; largest seen: {} MiB); \
              `major_faults` its `ru_majflt`; `pages_read` = `read_bytes` of its `/proc/self/io` / 4 KiB (read-ahead \
-             included). The group is made and removed by the benchmark (also on error, SIGINT and SIGTERM).",
+             included). The group is made and removed by the benchmark (also on error, SIGINT and SIGTERM). \
+             Children the group's OOM killer killed (run again in a fresh group, up to {} tries): {}.",
             memcg::CHILD_CMD,
             memcg::CGROUP_PREFIX,
             budget / MIB,
+            memcg::kernel_lru(),
             fmt_num(memcg_peak_max / MIB as f64),
+            memcg::OOM_TRIES,
+            oom_kills,
         ),
         Err(why) => format!("**`{MEMCG}` not measured**: {why}. The goals against it read \"not measured\"."),
     }

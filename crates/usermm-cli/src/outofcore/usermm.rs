@@ -35,5 +35,6 @@ pub(super) fn run_usermm(s: &Setup, workload: &str, offs: &[usize]) -> Result<Me
         writebacks: st2.writebacks - st0.writebacks,
         pct: None,
         pages_read: None,
+        oom_kills: 0,
     })
 }

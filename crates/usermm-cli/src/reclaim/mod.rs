@@ -156,6 +156,8 @@ struct Totals {
     direct_io: Option<bool>,
     /// The kernel-memcg group's (peak charge, limit hits) per run.
     peaks: Vec<(u64, u64)>,
+    /// kernel-memcg children the OOM killer killed (each run again).
+    oom_kills: u32,
 }
 
 /// One run of `kernel-memcg`: `None` when the child failed (then `limit`
@@ -173,6 +175,10 @@ fn memcg_run(
     match l.run_child(&args).and_then(|c| parse_child(&c.stdout).map(|m| (m, c))) {
         Ok((m, c)) => {
             t.peaks.push((c.peak_charge_bytes, c.failcnt));
+            if c.oom_kills > 0 {
+                prog.say(&format!("{MEMCG} run {}: the OOM killer killed {} child(ren) first", r + 1, c.oom_kills));
+            }
+            t.oom_kills += c.oom_kills;
             Some(m)
         }
         Err(why) => {
@@ -237,7 +243,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
         }
     };
     let t = measure(&o, &mut limit, &mut e, prog)?;
-    let memcg_note = table::memcg_note(&limit, &o, &t.peaks);
+    let memcg_note = table::memcg_note(&limit, &o, &t.peaks, t.oom_kills);
     let measured = limit.is_ok();
     drop(limit);
     table::summary_table(&mut e);

@@ -107,7 +107,12 @@ pub(super) fn goals(e: &mut Experiment, measured: bool) {
 
 /// The note on `kernel-memcg`: how it ran (the group's peak charge and limit
 /// hits per run), or why it was not measured.
-pub(super) fn memcg_note(limit: &Result<KernelLimit, String>, o: &Opts, peaks: &[(u64, u64)]) -> String {
+pub(super) fn memcg_note(
+    limit: &Result<KernelLimit, String>,
+    o: &Opts,
+    peaks: &[(u64, u64)],
+    oom_kills: u32,
+) -> String {
     let (budget, swap_bytes) = (o.budget, o.swap_bytes);
     match limit {
         Ok(l) => format!(
@@ -120,7 +125,8 @@ pub(super) fn memcg_note(limit: &Result<KernelLimit, String>, o: &Opts, peaks: &
              other processes in the same moments would be counted too; the machine has no other swap), its major \
              faults the child's `ru_majflt` (a major fault may read up to 8 pages: `vm.page-cluster` = 3). Its \
              `hot_hit_rate` counts major faults during hot touches (usermm's counts swap-ins). \
-             The kernel reclaims with MGLRU here.",
+             The kernel reclaims with {}. Children the group's OOM killer killed (run again in a fresh group, \
+             up to {} tries a run): {}.",
             memcg::CHILD_CMD,
             memcg::CGROUP_PREFIX,
             budget / MIB,
@@ -128,6 +134,9 @@ pub(super) fn memcg_note(limit: &Result<KernelLimit, String>, o: &Opts, peaks: &
             l.swap_path().map_or("?".into(), |p| p.display().to_string()),
             peaks.iter().map(|(b, _)| fmt_num(*b as f64 / MIB as f64)).collect::<Vec<_>>().join(", "),
             peaks.iter().map(|(_, f)| f.to_string()).collect::<Vec<_>>().join(", "),
+            memcg::kernel_lru(),
+            memcg::OOM_TRIES,
+            oom_kills,
         ),
         Err(why) => format!("**{MEMCG} not measured**: {why}. Its goals read \"not measured\"."),
     }

@@ -9,7 +9,8 @@
 //!   `MAP_SHARED | MAP_ANONYMOUS` (shmem-backed; this process never forks it
 //!   away, so it stays ours alone).
 //! - [`process_faults`]: the process's minor and major page-fault counts
-//!   (`getrusage(RUSAGE_SELF)`), to count the kernel's faults in a run.
+//!   (`getrusage(RUSAGE_SELF)`), to count the kernel's faults in a run;
+//!   [`thread_faults`], the calling thread's (`RUSAGE_THREAD`).
 //! - [`reset_peak_rss`] / [`rss_kib`]: `/proc/self/clear_refs` "5" (resets
 //!   `VmHWM` to the current RSS) and the `VmRSS` / `VmHWM` lines of
 //!   `/proc/self/status`: the process-wide resident peak of a run.
@@ -38,7 +39,7 @@
 //! | file                 | what                                                       |
 //! |----------------------|------------------------------------------------------------|
 //! | `host/anon.rs`       | `HostMap`, `map_unmap_pair`                                |
-//! | `host/usage.rs`      | `process_faults`, `reset_peak_rss`, `rss_kib`              |
+//! | `host/usage.rs`      | `process_faults`, `thread_faults`, `reset_peak_rss`, `rss_kib` |
 //! | `host/disk.rs`       | `DiskWrite`, `disk_write_bandwidth`                        |
 //! | `host/file.rs`       | `HostFileMap` and its lock calls, `fadvise`, `peek_*`      |
 //! | `host/segv.rs`       | `SegvBatchLocker` and its SIGSEGV handler                  |
@@ -58,7 +59,7 @@ pub use disk::{disk_write_bandwidth, DiskWrite};
 pub use file::{fadvise, peek_u64, peek_u8, HostFileMap};
 pub use page_cache::{page_cache_layout, resident_pages, FolioSample, PageCacheLayout};
 pub use segv::SegvBatchLocker;
-pub use usage::{process_faults, reset_peak_rss, rss_kib};
+pub use usage::{process_faults, reset_peak_rss, rss_kib, thread_faults};
 
 /// The `posix_fadvise` advice values [`fadvise`] takes.
 pub use libc::{POSIX_FADV_DONTNEED, POSIX_FADV_NORMAL, POSIX_FADV_RANDOM, POSIX_FADV_SEQUENTIAL};

@@ -14,6 +14,18 @@ pub fn process_faults() -> Result<(u64, u64), Errno> {
     Ok((ru.ru_minflt.max(0) as u64, ru.ru_majflt.max(0) as u64))
 }
 
+/// The calling thread's `(minor, major)` page faults so far: `ru_minflt`
+/// and `ru_majflt` of `getrusage(RUSAGE_THREAD)`. A count that other threads
+/// (a progress reporter, a signal handler thread, stack growth elsewhere)
+/// cannot add to.
+pub fn thread_faults() -> Result<(u64, u64), Errno> {
+    // SAFETY: rusage is plain data; zeroed is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage.
+    check(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) })?;
+    Ok((ru.ru_minflt.max(0) as u64, ru.ru_majflt.max(0) as u64))
+}
+
 /// Resets the process's resident peak (`VmHWM`) to its current RSS by
 /// writing "5" to `/proc/self/clear_refs`.
 pub fn reset_peak_rss() -> Result<(), Errno> {
