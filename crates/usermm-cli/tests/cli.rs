@@ -328,7 +328,10 @@ fn help_lists_every_experiment_and_parameter() {
 /// Runs `usermm bench ARGS --out DIR` and returns its results.json rows as
 /// `(system, variant, metric, value)`, after checking the shape and that
 /// every row's median lies within its [min, max].
-fn bench_rows(tag: &str, args: &[&str]) -> Vec<(String, String, String, f64)> {
+/// A results.json row: `(system, variant, metric, value)`.
+type Row = (String, String, String, f64);
+
+fn bench_rows(tag: &str, args: &[&str]) -> Vec<Row> {
     bench_rows_pid(tag, args).1
 }
 
@@ -345,14 +348,14 @@ fn memcg_test_lock() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// [`bench_rows`], and the process id the benchmark ran as.
-fn bench_rows_pid(tag: &str, args: &[&str]) -> (u32, Vec<(String, String, String, f64)>) {
+fn bench_rows_pid(tag: &str, args: &[&str]) -> (u32, Vec<Row>) {
     let (pid, rows, _) = bench_rows_pid_stderr(tag, args);
     (pid, rows)
 }
 
 /// [`bench_rows_pid`], and what the benchmark printed on stderr (its
 /// progress: why a system was not measured).
-fn bench_rows_pid_stderr(tag: &str, args: &[&str]) -> (u32, Vec<(String, String, String, f64)>, String) {
+fn bench_rows_pid_stderr(tag: &str, args: &[&str]) -> (u32, Vec<Row>, String) {
     let out = tmpdir(tag);
     let child = Command::new(BIN)
         .arg("bench")
@@ -387,7 +390,7 @@ fn bench_rows_pid_stderr(tag: &str, args: &[&str]) -> (u32, Vec<(String, String,
     (pid, rows, stderr.into_owned())
 }
 
-fn value(rows: &[(String, String, String, f64)], sys: &str, variant: &str, metric: &str) -> f64 {
+fn value(rows: &[Row], sys: &str, variant: &str, metric: &str) -> f64 {
     rows.iter()
         .find(|r| r.0 == sys && r.1 == variant && r.2 == metric)
         .unwrap_or_else(|| panic!("no row {sys} {variant} {metric} in {rows:?}"))
