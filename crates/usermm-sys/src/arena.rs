@@ -135,6 +135,31 @@ impl Arena {
         self.in_reserve(a, self.page_size) && self.gone(a)
     }
 
+    /// After a move of the page at `src` to `slot` that did not report it
+    /// moved (an error, or a count short of it): whether it moved all the
+    /// same. The host's answer is not to be trusted there: this kernel
+    /// (6.18, batched `UFFDIO_MOVE`) was seen answering `EEXIST` for a run
+    /// whose pages sat in their slots, gone from the program's range. Read
+    /// from the host's page tables: gone from `src` and present in the slot.
+    /// When they cannot be read, the page is moved back if it is in the
+    /// slot, and the answer is no (a move back that moves nothing finds the
+    /// slot empty: the page never left).
+    pub fn moved_unreported(&self, uffd: &Uffd, src: usize, slot: u32) -> bool {
+        let parked = self.slot_addr(slot);
+        if !self.in_reserve(src, self.page_size) {
+            return false;
+        }
+        if let Some(pm) = &self.pagemap {
+            if let (Ok(src_gone), Ok(slot_gone)) = (pm.gone(src), pm.gone(parked)) {
+                return src_gone && !slot_gone;
+            }
+        }
+        // Back from the slot to `src`, if it is there.
+        // SAFETY: this arena's memory (checked range and own slot): no reference into it.
+        let _ = unsafe { uffd.mv(src, parked, self.page_size, false) };
+        false
+    }
+
     fn gone(&self, a: usize) -> bool {
         match &self.pagemap {
             Some(pm) => pm.gone(a).unwrap_or(false),
@@ -224,6 +249,15 @@ impl Arena {
         // SAFETY: this arena's memory (checked range or own slot): no reference into it.
         if try_move && matches!(unsafe { uffd.mv(dst, src, ps, false) }, Ok(n) if n == ps) {
             return Ok(());
+        }
+        // A move that failed may have moved the page all the same (see
+        // `moved_unreported`): then the slot is empty and `dst` holds it.
+        if try_move {
+            if let Some(pm) = &self.pagemap {
+                if let (Ok(true), Ok(false)) = (pm.gone(src), pm.gone(dst)) {
+                    return Ok(());
+                }
+            }
         }
         // SAFETY: the slot is ours and holds a page (the caller's claim), so
         // it is mapped and readable.

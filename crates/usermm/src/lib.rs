@@ -443,6 +443,7 @@ impl Space {
             user_mode_only: self.inner.user_mode_only as u64,
             swap_direct_io: self.inner.plat.swap_direct_io() as u64,
             host_refusals: self.inner.host_refusals.load(std::sync::atomic::Ordering::Relaxed),
+            host_unreported_moves: self.inner.host_unreported_moves.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 

@@ -129,6 +129,8 @@ pub(crate) struct Inner {
     pub write_hold_ns_max: AtomicU64,
     /// Zaps the host refused at first (see `Arena::zap`).
     pub host_refusals: AtomicU64,
+    /// Pages a host move moved without saying so (see `deactivate_all`).
+    pub host_unreported_moves: AtomicU64,
     /// Fills committed so far, and that count at the last drain of the
     /// host's LRU batches before a `MADV_FREE` (see `AdviceOp::Free`).
     fills: AtomicU64,
@@ -312,6 +314,7 @@ impl Inner {
             wake_fd: EventFd::new()?,
             write_hold_ns_max: AtomicU64::new(0),
             host_refusals: AtomicU64::new(0),
+            host_unreported_moves: AtomicU64::new(0),
             fills: AtomicU64::new(0),
             fills_drained: AtomicU64::new(0),
             guards_used: AtomicBool::new(false),

@@ -95,6 +95,10 @@ pub(crate) trait Platform: Send + Sync {
     fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno>;
     /// Whether the host discarded the parked (lazily freed) page.
     fn discard_slot(&self, slot: u32) -> bool;
+    /// After a move of the page at `src` to `slot` that did not report it:
+    /// whether it moved all the same (the host's count is not to be trusted
+    /// there; see `Arena::moved_unreported`).
+    fn moved_unreported(&self, src: usize, slot: u32) -> bool;
     fn host_free_slot(&self, slot: u32) -> Result<(), Errno>;
     /// Flushes the host's per-CPU LRU batches.
     fn drain_host_lru(&self);
@@ -248,6 +252,9 @@ impl Platform for Native {
     }
     fn discard_slot(&self, slot: u32) -> bool {
         self.arena.discard_slot(slot)
+    }
+    fn moved_unreported(&self, src: usize, slot: u32) -> bool {
+        self.arena.moved_unreported(&self.uffd, src, slot)
     }
     fn host_free_slot(&self, slot: u32) -> Result<(), Errno> {
         self.arena.host_free_slot(slot)

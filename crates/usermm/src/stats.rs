@@ -45,6 +45,10 @@ pub struct Stats {
     /// `mlock` syscall): the range was unlocked, or replaced by a fresh
     /// mapping, so that no old byte is ever seen again.
     pub host_refusals: u64,
+    /// Pages a host `UFFDIO_MOVE` moved without saying so (it answered an
+    /// error or a shorter count; found in the host's page tables and taken
+    /// as moved, see `Arena::moved_unreported`). Not in `struct umm_stats`.
+    pub host_unreported_moves: u64,
 }
 
 /// What `umm_populate` reports (`struct umm_populate_report`).

@@ -65,6 +65,17 @@ impl Inner {
             }
             i = j;
         }
+        // A page a move did not report may have moved all the same: the
+        // host's count is wrong now and then (an `EEXIST` for a run whose
+        // pages had gone to their slots; taken at its word, 1 to 47 pages
+        // of the free-and-reuse test read back as zeros in 1 run of 100-400).
+        // Looked up page by page; only ever after a failure.
+        for (d, ok) in ds.iter().zip(&mut oks) {
+            if !*ok && can_move && d.how == Transfer::Move && self.plat.moved_unreported(self.addr(d.page), d.slot) {
+                self.host_unreported_moves.fetch_add(1, Ordering::Relaxed);
+                *ok = true;
+            }
+        }
         // Parked volatile pages may be purged by the host under its own
         // pressure (found out when they are mapped back). Before the commit,
         // while the slots are surely still theirs. (The host only takes
