@@ -192,6 +192,11 @@ pub struct ChildRun {
 /// the 16 MiB set under a 4 MiB and an 8 MiB limit while other tests ran).
 pub const OOM_TRIES: u32 = 3;
 
+/// The notes' sentence on the children the OOM killer killed.
+pub fn oom_sentence(oom_kills: u32) -> String {
+    format!("Children the group's OOM killer killed (each run again in a fresh group, up to {OOM_TRIES} tries a run): {oom_kills}.")
+}
+
 /// The page reclaim the kernel uses: MGLRU when `lru_gen` is there and on,
 /// the active/inactive lists otherwise.
 pub fn kernel_lru() -> &'static str {

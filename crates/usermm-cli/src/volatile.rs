@@ -8,8 +8,8 @@
 //!   mark it volatile again.
 //!
 //! Rows: elapsed time, page faults (usermm: `Stats::faults`; kernel: the
-//! workers' own minor faults, `RUSAGE_THREAD`), faults per round after the first (the steady
-//! state), and the resident peak. Plus the purge demonstration: 26 chunks of
+//! workers' own minor faults, `RUSAGE_THREAD`), faults per round after the
+//! first (the steady state), and the resident peak. Plus the purge demonstration: 26 chunks of
 //! 16 KiB filled with 'A'..'Z', the even ones volatile, pressure, then
 //! `mnovolatile` on each even chunk reports exactly which pages were purged.
 

@@ -149,15 +149,20 @@ impl Arena {
         if !self.in_reserve(src, self.page_size) {
             return false;
         }
-        if let Some(pm) = &self.pagemap {
-            if let (Ok(src_gone), Ok(slot_gone)) = (pm.gone(src), pm.gone(parked)) {
-                return src_gone && !slot_gone;
-            }
+        if let Some(moved) = self.moved_per_pagemap(src, parked) {
+            return moved;
         }
         // Back from the slot to `src`, if it is there.
         // SAFETY: this arena's memory (checked range and own slot): no reference into it.
         let _ = unsafe { uffd.mv(src, parked, self.page_size, false) };
         false
+    }
+
+    /// Whether the host's page tables say the page at `from` went to `to`
+    /// (gone from `from`, present at `to`); `None` when they cannot be read.
+    fn moved_per_pagemap(&self, from: usize, to: usize) -> Option<bool> {
+        let pm = self.pagemap.as_ref()?;
+        Some(pm.gone(from).ok()? && !pm.gone(to).ok()?)
     }
 
     fn gone(&self, a: usize) -> bool {
@@ -252,12 +257,8 @@ impl Arena {
         }
         // A move that failed may have moved the page all the same (see
         // `moved_unreported`): then the slot is empty and `dst` holds it.
-        if try_move {
-            if let Some(pm) = &self.pagemap {
-                if let (Ok(true), Ok(false)) = (pm.gone(src), pm.gone(dst)) {
-                    return Ok(());
-                }
-            }
+        if try_move && self.moved_per_pagemap(src, dst) == Some(true) {
+            return Ok(());
         }
         // SAFETY: the slot is ours and holds a page (the caller's claim), so
         // it is mapped and readable.

@@ -25,15 +25,13 @@ pub(super) fn memcg_note(
              lists are outside their budgets too). `resident_peak` = the group's `memory.max_usage_in_bytes` \
              (everything charged to it: page cache and the child's own memory; largest seen: {} MiB); \
              `major_faults` its `ru_majflt`; `pages_read` = `read_bytes` of its `/proc/self/io` / 4 KiB (read-ahead \
-             included). The group is made and removed by the benchmark (also on error, SIGINT and SIGTERM). \
-             Children the group's OOM killer killed (run again in a fresh group, up to {} tries): {}.",
+             included). The group is made and removed by the benchmark (also on error, SIGINT and SIGTERM). {}",
             memcg::CHILD_CMD,
             memcg::CGROUP_PREFIX,
             budget / MIB,
             memcg::kernel_lru(),
             fmt_num(memcg_peak_max / MIB as f64),
-            memcg::OOM_TRIES,
-            oom_kills,
+            memcg::oom_sentence(oom_kills),
         ),
         Err(why) => format!("**`{MEMCG}` not measured**: {why}. The goals against it read \"not measured\"."),
     }

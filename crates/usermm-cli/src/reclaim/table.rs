@@ -125,8 +125,7 @@ pub(super) fn memcg_note(
              other processes in the same moments would be counted too; the machine has no other swap), its major \
              faults the child's `ru_majflt` (a major fault may read up to 8 pages: `vm.page-cluster` = 3). Its \
              `hot_hit_rate` counts major faults during hot touches (usermm's counts swap-ins). \
-             The kernel reclaims with {}. Children the group's OOM killer killed (run again in a fresh group, \
-             up to {} tries a run): {}.",
+             The kernel reclaims with {}. {}",
             memcg::CHILD_CMD,
             memcg::CGROUP_PREFIX,
             budget / MIB,
@@ -135,8 +134,7 @@ pub(super) fn memcg_note(
             peaks.iter().map(|(b, _)| fmt_num(*b as f64 / MIB as f64)).collect::<Vec<_>>().join(", "),
             peaks.iter().map(|(_, f)| f.to_string()).collect::<Vec<_>>().join(", "),
             memcg::kernel_lru(),
-            memcg::OOM_TRIES,
-            oom_kills,
+            memcg::oom_sentence(oom_kills),
         ),
         Err(why) => format!("**{MEMCG} not measured**: {why}. Its goals read \"not measured\"."),
     }

@@ -7,11 +7,7 @@ use crate::{check, Errno};
 /// The process's `(minor, major)` page faults so far: `ru_minflt` and
 /// `ru_majflt` of `getrusage(RUSAGE_SELF)` (every thread, live and exited).
 pub fn process_faults() -> Result<(u64, u64), Errno> {
-    // SAFETY: rusage is plain data; zeroed is a valid value.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a valid, writable rusage.
-    check(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) })?;
-    Ok((ru.ru_minflt.max(0) as u64, ru.ru_majflt.max(0) as u64))
+    faults_of(libc::RUSAGE_SELF)
 }
 
 /// The calling thread's `(minor, major)` page faults so far: `ru_minflt`
@@ -19,10 +15,15 @@ pub fn process_faults() -> Result<(u64, u64), Errno> {
 /// (a progress reporter, a signal handler thread, stack growth elsewhere)
 /// cannot add to.
 pub fn thread_faults() -> Result<(u64, u64), Errno> {
+    faults_of(libc::RUSAGE_THREAD)
+}
+
+/// `(ru_minflt, ru_majflt)` of `getrusage(who)`.
+fn faults_of(who: libc::c_int) -> Result<(u64, u64), Errno> {
     // SAFETY: rusage is plain data; zeroed is a valid value.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `ru` is a valid, writable rusage.
-    check(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) })?;
+    check(unsafe { libc::getrusage(who, &mut ru) })?;
     Ok((ru.ru_minflt.max(0) as u64, ru.ru_majflt.max(0) as u64))
 }
 
