@@ -51,6 +51,7 @@ mod mlock;
 mod plan;
 mod range;
 mod reclaim;
+mod swapcache;
 mod validate;
 mod vma;
 mod volatile;
@@ -98,6 +99,8 @@ pub struct Counters {
     pub zero_fills: u64,
     pub swapins: u64,
     pub swapouts: u64,
+    /// Evictions that wrote nothing: the page's swap copy was exact.
+    pub clean_evictions: u64,
     pub writebacks: u64,
     pub lazyfree_discards: u64,
     pub volatile_purges: u64,
@@ -123,6 +126,8 @@ pub struct Stats {
     pub swapped_pages: u64,
     pub lazyfree_pages: u64,
     pub volatile_pages: u64,
+    /// Resident pages whose swap slot still holds their data (`swapcache.rs`).
+    pub swap_cached_pages: u64,
     pub regions: u64,
     pub counters: Counters,
 }
@@ -175,6 +180,11 @@ pub struct Core {
     /// Whether the executor passes MADV_FREE down to the host and can have
     /// the host discard clean lazily freed pages (`set_host_lazyfree`).
     host_lazyfree: bool,
+    /// Whether swapped-in pages can be mapped write-protected, so that a
+    /// clean page keeps its swap copy (`set_tracks_writes`, `swapcache.rs`).
+    tracks_writes: bool,
+    /// Invariant: the number of pages whose `cache` names a swap slot.
+    swap_cached: u64,
     /// Reclaim purges volatile pages before anything else
     /// (`set_purge_volatile_first`).
     purge_volatile_first: bool,
@@ -222,6 +232,8 @@ impl Core {
             volatile_pages: 0,
             lazyfree_pages: 0,
             host_lazyfree: false,
+            tracks_writes: false,
+            swap_cached: 0,
             purge_volatile_first: false,
             lazyfree_max: u64::MAX,
             file_errors: Vec::new(),

@@ -67,7 +67,7 @@ pub mod pf {
     pub const MAYBE_DIRTY: u8 = 1 << 7;
 }
 
-/// The state of one page: 8 bytes.
+/// The state of one page: 12 bytes.
 #[derive(Copy, Clone, PartialEq, Eq, Debug, Default)]
 pub struct PageMeta {
     pub state: PState,
@@ -78,6 +78,10 @@ pub struct PageMeta {
     /// Swap slot (`Swapped`, `Evicting`: the target slot) or staging slot
     /// (`Inactive`, `Deactivating`, `Evicting`: see `PageTable` users).
     pub slot: u32,
+    /// The swap cache: 1 + the swap slot that still holds exactly this
+    /// page's data (a page swapped in and not written since, see
+    /// `core/swapcache.rs`), or 0. Only a page holding a frame has one.
+    pub cache: u32,
 }
 
 impl PageMeta {

@@ -270,7 +270,7 @@ impl Sim {
                     }
                     self.c.fill_done(&plan, n);
                 }
-                FaultPlan::SwapIn { run, slot } => {
+                FaultPlan::SwapIn { run, slot, .. } => {
                     let n = if self.fail() { self.rng.below(run.pages()) } else { run.pages() };
                     for k in 0..n {
                         let (pg, st) = *self.swap.get(&(slot + k as u32)).expect("swap slot holds nothing");

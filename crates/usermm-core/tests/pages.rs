@@ -186,7 +186,7 @@ fn a_fault_on_a_swapped_page_swaps_it_in() {
     assert_eq!(draw_pages(&c, 0, 4), "SSRR");
     let slot = c.page(PageIdx(1)).slot;
     let plan = fault(&mut c, 1, false);
-    assert_eq!(plan, FaultPlan::SwapIn { run: PageRange::new(1, 2), slot });
+    assert_eq!(plan, FaultPlan::SwapIn { run: PageRange::new(1, 2), slot, keep: false });
     assert_eq!(c.stats().resident_pages, 3, "the frame is charged while reading");
     c.fill_done(&plan, 1);
     c.validate();
@@ -216,7 +216,7 @@ fn a_failed_swap_in_leaves_the_page_swapped_with_its_slot() {
     madvise(&mut c, at(0), PS, MADV_PAGEOUT).unwrap();
     let slot = c.page(PageIdx(0)).slot;
     let plan = fault(&mut c, 0, true);
-    assert_eq!(plan, FaultPlan::SwapIn { run: PageRange::new(0, 1), slot });
+    assert_eq!(plan, FaultPlan::SwapIn { run: PageRange::new(0, 1), slot, keep: false });
     c.fill_done(&plan, 0);
     c.validate();
     assert_eq!(draw_pages(&c, 0, 2), "SR");
@@ -224,7 +224,7 @@ fn a_failed_swap_in_leaves_the_page_swapped_with_its_slot() {
     let s = c.stats();
     assert_eq!((s.resident_pages, s.swapped_pages, s.counters.swap_read_errors, s.counters.swapins), (1, 1, 1, 0));
     // The retry reads the same slot.
-    assert_eq!(fault(&mut c, 0, true), FaultPlan::SwapIn { run: PageRange::new(0, 1), slot });
+    assert_eq!(fault(&mut c, 0, true), FaultPlan::SwapIn { run: PageRange::new(0, 1), slot, keep: false });
 }
 
 #[test]

@@ -22,6 +22,9 @@ pub struct Arena {
     zero_buf: usize,
     zero_len: usize,
     staging_wp_only: bool,
+    /// The reservation is registered in MISSING and WP mode (see
+    /// [`Arena::tracks_writes`]).
+    program_wp: bool,
     pagemap: Option<crate::file::Pagemap>,
 }
 
@@ -40,6 +43,7 @@ impl Arena {
             zero_buf: 0,
             zero_len: ZERO_BUF_BYTES.max(page_size),
             staging_wp_only: false,
+            program_wp: false,
             pagemap: None,
         };
         a.staging_base = mem::map_rw(a.staging_len)?;
@@ -55,7 +59,18 @@ impl Arena {
         // otherwise be dumped from its staging slot while parked.
         // SAFETY: this arena's own staging memory: no reference into it.
         unsafe { mem::advise(a.staging_base, a.staging_len, libc::MADV_DONTDUMP) }?;
-        uffd.register(a.base, a.reserve_len)?;
+        // The program's range in WP mode too, so that a swapped-in page can
+        // be mapped write-protected and its first write seen (a clean page
+        // keeps its swap copy: `tracks_writes`). Only with kernel-mode
+        // faults handled: under UFFD_USER_MODE_ONLY a write by the kernel
+        // (`read(2)` into the page) would fail with EFAULT instead of
+        // faulting into usermm.
+        a.program_wp = uffd.mode == crate::uffd::UffdMode::Full
+            && uffd.has(crate::uffd::UFFD_FEATURE_PAGEFAULT_FLAG_WP)
+            && uffd.register_mode(a.base, a.reserve_len, Arena::program_mode(true)).is_ok();
+        if !a.program_wp {
+            uffd.register(a.base, a.reserve_len)?;
+        }
         // The staging area must be registered with the same userfaultfd (it
         // is a UFFDIO_MOVE destination), but in write-protect mode only, so
         // that a missing staging page (one the host discarded) reads as the
@@ -69,6 +84,19 @@ impl Arena {
         }
         a.pagemap = crate::file::Pagemap::open().ok();
         Ok(a)
+    }
+
+    /// Whether swapped-in pages can be mapped write-protected, their first
+    /// write reported as a WP fault (the reservation is registered in WP
+    /// mode as well as MISSING mode).
+    pub fn tracks_writes(&self) -> bool {
+        self.program_wp
+    }
+
+    /// The reservation's registration mode, with or without WP.
+    fn program_mode(wp: bool) -> u64 {
+        use crate::uffd::{UFFDIO_REGISTER_MODE_MISSING, UFFDIO_REGISTER_MODE_WP};
+        UFFDIO_REGISTER_MODE_MISSING | if wp { UFFDIO_REGISTER_MODE_WP } else { 0 }
     }
 
     /// Whether the host kernel may be handed lazily freed pages to discard
@@ -381,7 +409,9 @@ impl Arena {
     }
 
     /// Reads `len` bytes of `swap` at `off` and installs them at `dst`
-    /// (without waking). Returns the bytes installed (a prefix).
+    /// (without waking), write-protected if `wp` (see `tracks_writes`).
+    /// Returns the bytes installed (a prefix).
+    #[allow(clippy::too_many_arguments)]
     pub fn swap_in(
         &self,
         uffd: &Uffd,
@@ -389,6 +419,7 @@ impl Arena {
         off: u64,
         dst: usize,
         len: usize,
+        wp: bool,
         bounce: &Bounce,
     ) -> Result<usize, Errno> {
         self.check(dst, len)?;
@@ -397,7 +428,7 @@ impl Arena {
         // writable for `bounce.len >= len` bytes.
         unsafe { swap.pread(bounce.addr, len, off) }?;
         // SAFETY: as above, readable.
-        unsafe { uffd.copy(dst, bounce.addr as *const u8, len, false) }
+        unsafe { uffd.copy_wp(dst, bounce.addr as *const u8, len, false, wp && self.program_wp) }
     }
 
     /// Reads `len` bytes of `file` at `off` and installs them at `dst` (of
@@ -549,7 +580,7 @@ impl Arena {
         unsafe { mem::advise(a, l, libc::MADV_DONTFORK) }?;
         // SAFETY: this arena's memory (checked range or own slot): no reference into it.
         unsafe { mem::advise(a, l, libc::MADV_NOHUGEPAGE) }?;
-        uffd.register(a, l)?;
+        uffd.register_mode(a, l, Arena::program_mode(self.program_wp))?;
         Ok(true)
     }
 
@@ -563,6 +594,15 @@ impl Arena {
             libc::MADV_DONTDUMP | libc::MADV_DODUMP | 102 | 103 => unsafe { mem::advise(a, l, advice) },
             _ => Err(Errno::EINVAL),
         }
+    }
+
+    /// Lifts the write protection of `[a, a+l)` of the reservation and
+    /// wakes the threads waiting there (a WP fault resolved).
+    pub fn unprotect(&self, uffd: &Uffd, a: usize, l: usize) -> Result<(), Errno> {
+        self.check(a, l)?;
+        // SAFETY: this arena's memory (checked range); the caller's core
+        // has settled the page (the writer's retry goes through).
+        unsafe { uffd.unprotect(a, l) }
     }
 
     /// `MADV_DONTNEED` inside the reservation.

@@ -49,6 +49,7 @@ pub const UFFD_FEATURE_MOVE: u64 = 1 << 16;
 pub const UFFDIO_REGISTER_MODE_MISSING: u64 = 1;
 pub const UFFDIO_REGISTER_MODE_WP: u64 = 2;
 pub const UFFDIO_COPY_MODE_DONTWAKE: u64 = 1;
+pub const UFFDIO_COPY_MODE_WP: u64 = 2;
 pub const UFFDIO_MOVE_MODE_DONTWAKE: u64 = 1;
 pub const UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES: u64 = 2;
 
@@ -78,6 +79,11 @@ struct UffdioRegister {
 }
 #[repr(C)]
 #[derive(Default)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
+}
+#[repr(C)]
 struct UffdioCopy {
     dst: u64,
     src: u64,
@@ -220,6 +226,18 @@ impl Uffd {
     /// # Safety
     /// `src..src+len` must be readable memory of this process.
     pub unsafe fn copy(&self, dst: usize, src: *const u8, len: usize, wake: bool) -> Result<usize, Errno> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.copy_wp(dst, src, len, wake, false) }
+    }
+
+    /// `copy`, with the installed pages write-protected when `wp` (mode
+    /// `UFFDIO_COPY_MODE_WP`, in a range registered in WP mode): the first
+    /// write to one raises a WP fault, resolved by [`Uffd::unprotect`].
+    ///
+    /// # Safety
+    /// As `copy`.
+    pub unsafe fn copy_wp(&self, dst: usize, src: *const u8, len: usize, wake: bool, wp: bool) -> Result<usize, Errno> {
+        let mode = if wake { 0 } else { UFFDIO_COPY_MODE_DONTWAKE } | if wp { UFFDIO_COPY_MODE_WP } else { 0 };
         let mut done = 0usize;
         let mut piece = Piece::new(len);
         while done < len {
@@ -228,7 +246,7 @@ impl Uffd {
                 // SAFETY: done < len, so the pointer stays inside the caller's buffer.
                 src: unsafe { src.add(done) } as u64,
                 len: piece.len(len - done) as u64,
-                mode: if wake { 0 } else { UFFDIO_COPY_MODE_DONTWAKE },
+                mode,
                 copy: 0,
             };
             let r = self.ioctl(UFFDIO_COPY, &mut c as *mut _ as *mut libc::c_void);
@@ -335,6 +353,22 @@ impl Uffd {
     pub unsafe fn wake(&self, start: usize, len: usize) -> Result<(), Errno> {
         let mut r = UffdioRange { start: start as u64, len: len as u64 };
         self.ioctl(UFFDIO_WAKE, &mut r as *mut _ as *mut libc::c_void)
+    }
+
+    /// `UFFDIO_WRITEPROTECT` with mode 0: lifts the write protection of
+    /// `[start, start+len)` and wakes the threads waiting on it (their
+    /// writes go through on retry).
+    ///
+    /// # Safety
+    /// As `wake`: the pages are settled, as the caller's core says.
+    pub unsafe fn unprotect(&self, start: usize, len: usize) -> Result<(), Errno> {
+        let mut w = UffdioWriteprotect { range: UffdioRange { start: start as u64, len: len as u64 }, mode: 0 };
+        loop {
+            match self.ioctl(UFFDIO_WRITEPROTECT, &mut w as *mut _ as *mut libc::c_void) {
+                Err(Errno(libc::EAGAIN)) => continue,
+                r => return r,
+            }
+        }
     }
 
     /// `UFFDIO_POISON`: installs poison markers (touching raises SIGBUS).

@@ -444,6 +444,8 @@ impl Space {
             swap_direct_io: self.inner.plat.swap_direct_io() as u64,
             host_refusals: self.inner.host_refusals.load(std::sync::atomic::Ordering::Relaxed),
             host_unreported_moves: self.inner.host_unreported_moves.load(std::sync::atomic::Ordering::Relaxed),
+            swap_cached_pages: s.swap_cached_pages,
+            clean_evictions: c.clean_evictions,
         }
     }
 

@@ -78,7 +78,9 @@ use usermm_sys::file::MappedFile;
 use usermm_sys::file::{ProcMem, SwapFile};
 use usermm_sys::now_ns;
 use usermm_sys::thread::EventFd;
-use usermm_sys::uffd::{Uffd, UffdMode, UffdMsg, UFFD_EVENT_PAGEFAULT, UFFD_PAGEFAULT_FLAG_WRITE};
+use usermm_sys::uffd::{
+    Uffd, UffdMode, UffdMsg, UFFD_EVENT_PAGEFAULT, UFFD_PAGEFAULT_FLAG_WP, UFFD_PAGEFAULT_FLAG_WRITE,
+};
 
 use crate::Config;
 
@@ -293,6 +295,7 @@ impl Inner {
         let host_lazyfree = plat.host_lazyfree() && ps == 4096 && !user_mode_only;
         let mut core = core;
         core.set_host_lazyfree(host_lazyfree);
+        core.set_tracks_writes(plat.tracks_writes() && !user_mode_only);
         core.set_purge_volatile_first(cfg.flags & UMM_F_PURGE_VOLATILE_FIRST != 0);
         if cfg.lazyfree_max_bytes != 0 {
             core.set_lazyfree_max((cfg.lazyfree_max_bytes / ps) as u64);

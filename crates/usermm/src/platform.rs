@@ -32,6 +32,9 @@ pub(crate) trait Platform: Send + Sync {
     /// Whether pages can move (not copy) between the program range and
     /// staging (`UFFDIO_MOVE`).
     fn can_move(&self) -> bool;
+    /// Whether swapped-in pages can be installed write-protected, the first
+    /// write to each reported as a WP fault (`Core::set_tracks_writes`).
+    fn tracks_writes(&self) -> bool;
 
     // ---- userfaultfd events
     /// Waits up to `timeout_ms` for a fault event or a poke of `wake`;
@@ -49,8 +52,11 @@ pub(crate) trait Platform: Send + Sync {
     fn zero_map(&self, dst: usize, len: usize) -> Result<usize, Errno>;
     /// As `zero_map`, waking the waiters if `wake`.
     fn zero_map_wake(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
-    /// Reads `len` bytes of swap at `off` into the program range at `dst`.
-    fn swap_in(&self, off: u64, dst: usize, len: usize) -> Result<usize, Errno>;
+    /// Reads `len` bytes of swap at `off` into the program range at `dst`,
+    /// write-protected if `wp` (see `tracks_writes`).
+    fn swap_in(&self, off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno>;
+    /// Lifts the write protection of `[a, a+l)` and wakes its waiters.
+    fn unprotect(&self, a: usize, l: usize) -> Result<(), Errno>;
     /// Reads a file run into the program range (the tail past the end of
     /// the file reads zeros); also whether the page cache was used.
     fn file_in(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno>;
@@ -167,6 +173,9 @@ impl Platform for Native {
     fn can_move(&self) -> bool {
         self.uffd.has(UFFD_FEATURE_MOVE)
     }
+    fn tracks_writes(&self) -> bool {
+        self.arena.tracks_writes()
+    }
     fn wait_events(&self, wake: &EventFd, timeout_ms: i32) -> Result<bool, Errno> {
         usermm_sys::uffd::poll2(self.uffd.raw(), wake.raw(), timeout_ms)
     }
@@ -185,9 +194,12 @@ impl Platform for Native {
     fn zero_map_wake(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
         self.arena.zero_map_wake(&self.uffd, dst, len, wake)
     }
-    fn swap_in(&self, off: u64, dst: usize, len: usize) -> Result<usize, Errno> {
+    fn swap_in(&self, off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno> {
         let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
-        with_bounce(len, |b| self.arena.swap_in(&self.uffd, swap, off, dst, len, b)).unwrap_or(Err(Errno::ENOMEM))
+        with_bounce(len, |b| self.arena.swap_in(&self.uffd, swap, off, dst, len, wp, b)).unwrap_or(Err(Errno::ENOMEM))
+    }
+    fn unprotect(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.arena.unprotect(&self.uffd, a, l)
     }
     fn file_in(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno> {
         with_bounce(len, |b| self.arena.file_in(&self.uffd, file, off, dst, len, b)).unwrap_or(Err(Errno::ENOMEM))

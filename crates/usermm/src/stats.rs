@@ -49,6 +49,13 @@ pub struct Stats {
     /// error or a shorter count; found in the host's page tables and taken
     /// as moved, see `Arena::moved_unreported`). Not in `struct umm_stats`.
     pub host_unreported_moves: u64,
+    /// Resident pages whose swap slot still holds exactly their data (read
+    /// since their swap-in, never written): evicting one writes nothing.
+    /// Not in `struct umm_stats`.
+    pub swap_cached_pages: u64,
+    /// Evictions that wrote nothing, the page's swap copy being exact (not
+    /// counted in `swapouts`). Not in `struct umm_stats`.
+    pub clean_evictions: u64,
 }
 
 /// What `umm_populate` reports (`struct umm_populate_report`).

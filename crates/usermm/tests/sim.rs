@@ -29,6 +29,8 @@ fn seeded_simulation_of_core_and_executor() {
                 total.faults += s.faults;
                 total.swapins += s.swapins;
                 total.swapouts += s.swapouts;
+                total.clean_evictions += s.clean_evictions;
+                total.wp_faults += s.wp_faults;
                 total.sigbus += s.sigbus;
                 total.injected += s.injected;
                 total.preemptions += s.preemptions;
@@ -42,6 +44,9 @@ fn seeded_simulation_of_core_and_executor() {
     eprintln!("{seeds} seeds: {total:?}");
     // Every path is reached (a guard against a vacuous simulation).
     assert!(total.faults > seeds * 10 && total.swapins > seeds && total.swapouts > seeds, "{total:?}");
+    // The swap cache is exercised: clean evictions, and writes that end a
+    // swap copy.
+    assert!(total.clean_evictions > seeds && total.wp_faults > seeds / 50, "{total:?}");
     assert!(total.sigbus > 0 && total.injected > seeds && total.preemptions > seeds, "{total:?}");
     assert!(total.file_checks > seeds && total.other_touches > seeds && total.host_drops > seeds / 2, "{total:?}");
 }

@@ -50,9 +50,9 @@ impl Core {
             if m.state != PState::Inactive || m.has(pf::VOLATILE) {
                 continue;
             }
-            let Some(swap) = self.swap.alloc() else { break };
+            let Some((swap, clean)) = self.evict_target(p) else { break };
             self.pages.update(p, |m| m.state = PState::Evicting);
-            v.push(Evict { page: p, staging: m.slot, swap });
+            v.push(Evict { page: p, staging: m.slot, swap, clean });
         }
         v
     }
@@ -80,9 +80,9 @@ impl Core {
                 wb.push(Writeback { page: p, staging: Some(m.slot), file, file_page, clean: !m.has(pf::MAYBE_DIRTY) });
                 continue;
             }
-            let Some(swap) = self.swap.alloc() else { break };
+            let Some((swap, clean)) = self.evict_target(p) else { break };
             self.pages.update(p, |m| m.state = PState::Evicting);
-            v.push(Evict { page: p, staging: m.slot, swap });
+            v.push(Evict { page: p, staging: m.slot, swap, clean });
         }
         (v, wb)
     }
@@ -118,6 +118,7 @@ impl Core {
             return false;
         }
         debug_assert_eq!(m.state, PState::Deactivating);
+        self.uncache(d.page);
         self.staging.release(d.slot);
         self.resident -= 1;
         self.lazyfree_pages -= 1;
@@ -137,6 +138,7 @@ impl Core {
     pub fn drop_done(&mut self, p: PageIdx, ok: bool) {
         debug_assert_eq!(self.pages.get(p).state, PState::Zapping);
         if ok {
+            self.uncache(p);
             self.pages.set(p, PageMeta::default());
             self.resident -= 1;
         } else {
@@ -150,6 +152,12 @@ impl Core {
     pub fn evict_done(&mut self, e: &Evict, ok: bool) {
         debug_assert_eq!(self.pages.get(e.page).state, PState::Evicting);
         if ok {
+            if e.clean {
+                self.swap_cached -= 1;
+                self.counters.clean_evictions += 1;
+            } else {
+                self.counters.swapouts += 1;
+            }
             self.staging.release(e.staging);
             self.inactive -= 1;
             self.swapped += 1;
@@ -161,13 +169,16 @@ impl Core {
             self.pages.update(e.page, |m| {
                 m.state = PState::Swapped;
                 m.slot = e.swap;
+                m.cache = 0;
                 m.flags &= !pf::LAZYFREE;
             });
-            self.counters.swapouts += 1;
             self.counters.evictions += 1;
         } else {
-            // The page stays resident (parked); the slot is not reused blindly.
-            self.swap.release(e.swap);
+            // The page stays resident (parked); the slot is not reused
+            // blindly (a swap copy's slot stays the page's copy).
+            if !e.clean {
+                self.swap.release(e.swap);
+            }
             self.pages.update(e.page, |m| m.state = PState::Inactive);
             self.push_inactive(e.page);
             self.counters.swap_write_errors += 1;
@@ -178,6 +189,7 @@ impl Core {
     /// poison marker at the page's address.
     pub fn purge_done(&mut self, p: PageIdx, staging: u32) {
         debug_assert_eq!(self.pages.get(p).state, PState::Evicting);
+        self.uncache(p);
         self.staging.release(staging);
         self.inactive -= 1;
         self.resident -= 1;
@@ -200,6 +212,7 @@ impl Core {
     pub fn reactivate_lost(&mut self, plan: &FaultPlan) {
         let FaultPlan::Reactivate { page, slot, .. } = *plan else { return };
         debug_assert_eq!(self.pages.get(page).state, PState::Filling);
+        self.uncache(page);
         self.staging.release(slot);
         self.inactive -= 1;
         self.resident -= 1;
@@ -224,6 +237,7 @@ impl Core {
     /// `written` says whether the executor wrote it to `d.swap`.
     pub fn discard_done(&mut self, d: &Discard, dropped: bool, written: bool) {
         debug_assert_eq!(self.pages.get(d.page).state, PState::Evicting);
+        self.uncache(d.page);
         self.lazyfree_pages -= 1;
         if dropped {
             if let Some(s) = d.swap {

@@ -127,7 +127,7 @@ impl Core {
                 let checked = self.host_lazyfree && m.has(pf::VOLATILE);
                 FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked }
             }
-            PState::Swapped => self.plan_swap_in(p, m, region, free, populate.is_some()),
+            PState::Swapped => self.plan_swap_in(p, m, region, free, populate.is_some(), write),
             PState::Absent => self.plan_absent(p, m, region, free, populate.is_some(), write, exact),
             _ => unreachable!("busy handled above"),
         }
@@ -136,7 +136,15 @@ impl Core {
     /// A fault on a swapped page: a swap-in of it and the swapped
     /// neighbours that follow it in swap (up to the read-around window and
     /// the free frames), or reclaim first.
-    fn plan_swap_in(&mut self, p: PageIdx, m: PageMeta, region: PageRange, free: u64, populate: bool) -> FaultPlan {
+    fn plan_swap_in(
+        &mut self,
+        p: PageIdx,
+        m: PageMeta,
+        region: PageRange,
+        free: u64,
+        populate: bool,
+        write: bool,
+    ) -> FaultPlan {
         let reg = self.regions.find_mut(p).expect("region");
         if free == 0 {
             self.pressure = true;
@@ -155,11 +163,12 @@ impl Core {
         if let Some(reg) = self.regions.find_mut(p) {
             reg.swap_next = run.end.0;
         }
+        let keep = self.keeps_swap_copy(p, write);
         self.claim_frames(run.pages());
         for q in run.start.0..run.end.0 {
             self.pages.update(PageIdx(q), |m| m.state = PState::Filling);
         }
-        FaultPlan::SwapIn { run, slot: m.slot }
+        FaultPlan::SwapIn { run, slot: m.slot, keep }
     }
 
     /// A fault on a page never filled (or dropped): SIGBUS if poisoned or
@@ -248,16 +257,22 @@ impl Core {
                     self.counters.zero_fills += installed;
                 }
             }
-            FaultPlan::SwapIn { run, slot } => {
+            FaultPlan::SwapIn { run, slot, keep } => {
                 for q in run.start.0..run.end.0 {
                     let p = PageIdx(q);
                     let k = q - run.start.0;
                     if k < installed {
-                        self.swap.release(slot + k as u32);
+                        let s = slot + k as u32;
+                        if keep {
+                            self.swap_cached += 1;
+                        } else {
+                            self.swap.release(s);
+                        }
                         self.swapped -= 1;
                         self.pages.update(p, |m| {
                             m.state = PState::Resident;
                             m.slot = 0;
+                            m.cache = if keep { s + 1 } else { 0 };
                         });
                         self.note_resident(p);
                     } else {
@@ -277,6 +292,7 @@ impl Core {
                 // lazily freed (a discard reads back as zeros, and the
                 // program is about to use it).
                 let lazy = self.pages.get(page).has(pf::LAZYFREE);
+                self.uncache(page);
                 self.pages.update(page, |m| {
                     m.state = PState::Resident;
                     m.flags &= !pf::LAZYFREE;
@@ -290,6 +306,9 @@ impl Core {
             }
             FaultPlan::Reactivate { page, slot, .. } => {
                 if installed > 0 {
+                    // Mapped back writable: the protection that kept the
+                    // swap copy exact did not come along.
+                    self.uncache(page);
                     self.staging.release(slot);
                     self.inactive -= 1;
                     self.pages.update(page, |m| {
@@ -303,6 +322,13 @@ impl Core {
                     self.pages.update(page, |m| m.state = PState::Inactive);
                     self.push_inactive(page);
                 }
+            }
+            FaultPlan::Unprotect { page } => {
+                debug_assert_eq!(self.pages.get(page).state, PState::Filling);
+                // Back on the active list (reclaim dropped its entry while
+                // it was claimed): a page just written is in use.
+                self.pages.update(page, |m| m.state = PState::Resident);
+                self.note_resident(page);
             }
             _ => {}
         }

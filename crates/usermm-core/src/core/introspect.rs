@@ -84,6 +84,7 @@ impl Core {
             swapped_pages: self.swapped,
             lazyfree_pages: self.lazyfree_pages,
             volatile_pages: self.volatile_pages,
+            swap_cached_pages: self.swap_cached,
             regions: self.regions.len() as u64,
             counters: self.counters.clone(),
         }

@@ -68,7 +68,12 @@ pub enum FaultPlan {
     /// Read the consecutive swap slots `slot..` into the pages of `run`
     /// (claimed, frames charged). A run longer than one page is swap-in
     /// clustering: the evictor wrote neighbours to neighbouring slots.
-    SwapIn { run: PageRange, slot: u32 },
+    /// With `keep`, the pages are installed write-protected and keep their
+    /// slots as swap copies (`swapcache.rs`).
+    SwapIn { run: PageRange, slot: u32, keep: bool },
+    /// A write to a write-protected page (its swap copy already dropped):
+    /// lift the protection and wake the writer (page claimed).
+    Unprotect { page: PageIdx },
     /// Map the parked page back from staging slot `slot` (claimed). With
     /// `checked`, the slot was handed to the host to discard (a volatile
     /// page): copy it through a buffer and check that the slot still held
@@ -169,12 +174,15 @@ pub struct Deactivate {
     pub host_free: bool,
 }
 
-/// One eviction: write staging slot `staging` to swap slot `swap`.
+/// One eviction: write staging slot `staging` to swap slot `swap`; with
+/// `clean`, `swap` already holds the page's data (its swap copy): write
+/// nothing, drop the staging frame.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Evict {
     pub page: PageIdx,
     pub staging: u32,
     pub swap: u32,
+    pub clean: bool,
 }
 
 /// One lazily freed page to discard: ask the host to drop staging slot

@@ -154,12 +154,12 @@ impl Core {
                 plan.discard.push(Discard { page: p, staging: m.slot, swap });
                 continue;
             }
-            let Some(swap) = self.swap.alloc() else {
+            let Some((swap, clean)) = self.evict_target(p) else {
                 kept.push((p, g));
                 continue;
             };
             self.pages.update(p, |m| m.state = PState::Evicting);
-            plan.evict.push(Evict { page: p, staging: m.slot, swap });
+            plan.evict.push(Evict { page: p, staging: m.slot, swap, clean });
         }
         for e in kept.into_iter().rev() {
             self.lru.inactive.push_front(e);
@@ -220,6 +220,7 @@ impl Core {
             }
             if !m.has(pf::VOLATILE)
                 && reg.kind != Kind::FileShared
+                && m.cache == 0
                 && self.swap.free() as u64 <= plan.deactivate.len() as u64
             {
                 // No swap room: only volatile pages can leave.

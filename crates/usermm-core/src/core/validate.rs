@@ -40,7 +40,16 @@ impl Core {
             (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
         let mut swap_seen = std::collections::HashSet::new();
         let mut staging_seen = std::collections::HashSet::new();
+        let mut cached = 0u64;
         self.pages.for_each_live(all, |p, m| {
+            if m.cache != 0 {
+                // A swap copy: only beside a frame, in a slot of its own.
+                cached += 1;
+                assert!(m.state.holds_frame(), "swap copy of {p:?} in state {:?}", m.state);
+                assert!(!m.has(pf::LAZYFREE), "swap copy of lazily freed {p:?}");
+                assert!(self.swap.is_used(m.cache - 1), "swap copy slot of {p:?}");
+                assert!(swap_seen.insert(m.cache - 1), "swap copy slot shared");
+            }
             if m.state != PState::Absent {
                 assert!(
                     self.regions.find(p).is_some() || self.held.iter().any(|h| h.contains(p)),
@@ -79,7 +88,8 @@ impl Core {
         // A page being filled (swap-in, reactivation) still holds its old
         // slot and counts where it came from until `fill_done`.
         assert!(sw <= self.swapped && self.swapped <= sw + filling, "swapped count");
-        let su = self.swap.used() as u64;
+        assert_eq!(cached, self.swap_cached, "swap copies count");
+        let su = self.swap.used() as u64 - cached;
         // (A lazily freed page being discarded may hold no swap slot.)
         assert!(su >= sw && su <= sw + evicting + filling, "swap slots in use");
         let used = self.staging.used() as u64;

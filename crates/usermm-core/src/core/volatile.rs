@@ -28,6 +28,10 @@ impl Core {
                 let p = PageIdx(q);
                 let m = self.pages.get(p);
                 if !m.has(pf::VOLATILE) {
+                    if !m.state.busy() {
+                        // Purged, not swapped, from now on.
+                        self.uncache(p);
+                    }
                     self.pages.update(p, |m| m.flags |= pf::VOLATILE);
                     self.volatile_pages += 1;
                     if self.host_lazyfree && m.state == PState::Inactive {
@@ -156,6 +160,8 @@ impl Core {
                     self.pages.set(p, PageMeta::default());
                 }
                 PState::Resident | PState::Inactive if !m.has(pf::LAZYFREE) => {
+                    // Its data may be discarded (reads zeros) or written.
+                    self.uncache(p);
                     self.pages.update(p, |m| m.flags |= pf::LAZYFREE);
                     self.lazyfree_pages += 1;
                     self.lru.lazy.push_back(p);

@@ -58,6 +58,7 @@ impl Core {
             if m.has(pf::LAZYFREE) {
                 self.lazyfree_pages -= 1;
             }
+            self.uncache(p);
             match m.state {
                 PState::Zapping => self.resident -= 1,
                 PState::Swapped => {

@@ -233,6 +233,7 @@ pub fn touch(c: &mut Core, p: u64, write: bool) -> Touch {
             FaultPlan::Segv { .. } => return Touch::Segv,
             FaultPlan::Busy => panic!("page {p} busy in a synchronous test"),
             FaultPlan::Sigbus => return Touch::Oom,
+            FaultPlan::Unprotect { .. } => panic!("a WP fault without write tracking"),
             FaultPlan::Refill { page } => {
                 // A lazily freed page the host discarded gets zeros; a page
                 // that is there (a race) gets nothing installed.

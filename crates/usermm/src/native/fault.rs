@@ -25,7 +25,12 @@ impl Inner {
                 let n = self.plat.read_events(&mut msgs).unwrap_or(0);
                 if n > 0 {
                     for m in &msgs[..n] {
-                        if m.event == UFFD_EVENT_PAGEFAULT {
+                        if m.event != UFFD_EVENT_PAGEFAULT {
+                            continue;
+                        }
+                        if m.flags & UFFD_PAGEFAULT_FLAG_WP != 0 {
+                            self.resolve_wp(m.address as usize, Some(m.ptid));
+                        } else {
                             self.resolve(m.address as usize, m.flags & UFFD_PAGEFAULT_FLAG_WRITE != 0, Some(m.ptid));
                         }
                     }
@@ -56,17 +61,28 @@ impl Inner {
     pub fn resolve(&self, addr: usize, write: bool, tid: Option<u32>) {
         let mm = self.read_mm();
         let c = lock(&self.core);
-        self.resolve_locked(&mm, c, addr, write, tid, true);
+        self.resolve_locked(&mm, c, addr, write, false, tid, true);
     }
 
-    /// `resolve` with the locks taken; with `wait_busy` false, gives up
-    /// (returns false) at a busy page instead of waiting for it to settle.
+    /// Resolves a WP fault at `addr`: the first write to a page installed
+    /// write-protected (see `Core::wp_fault`).
+    pub fn resolve_wp(&self, addr: usize, tid: Option<u32>) {
+        let mm = self.read_mm();
+        let c = lock(&self.core);
+        self.resolve_locked(&mm, c, addr, true, true, tid, true);
+    }
+
+    /// `resolve` (`resolve_wp` with `wp`) with the locks taken; with
+    /// `wait_busy` false, gives up (returns false) at a busy page instead of
+    /// waiting for it to settle.
+    #[allow(clippy::too_many_arguments)]
     fn resolve_locked<'a>(
         &'a self,
         mm: &RwLockReadGuard<'_, ()>,
         mut c: MutexGuard<'a, Core>,
         addr: usize,
         write: bool,
+        wp: bool,
         tid: Option<u32>,
         wait_busy: bool,
     ) -> bool {
@@ -74,7 +90,7 @@ impl Inner {
         let caller = Caller::Fault { addr, tid };
         let mut retries = Retries::default();
         loop {
-            let plan = c.fault(Addr(page_addr as u64), write);
+            let plan = if wp { c.wp_fault(Addr(page_addr as u64)) } else { c.fault(Addr(page_addr as u64), write) };
             if !wait_busy && matches!(plan, FaultPlan::Busy) {
                 return false;
             }
@@ -93,12 +109,12 @@ impl Inner {
     /// needs is busy (the thread holding it cannot run meanwhile); else
     /// false, and the thread has not run yet.
     #[cfg(feature = "test-hooks")]
-    pub(crate) fn resolve_unblocked(&self, addr: usize, write: bool, tid: u32) -> bool {
+    pub(crate) fn resolve_unblocked(&self, addr: usize, write: bool, wp: bool, tid: u32) -> bool {
         let Ok(c) = self.core.try_lock() else { return false };
         drop(c);
         let Some(mm) = self.mm.try_read() else { return false };
         let c = lock(&self.core);
-        self.resolve_locked(&mm, c, addr, write, Some(tid), false)
+        self.resolve_locked(&mm, c, addr, write, wp, Some(tid), false)
     }
 
     /// Waits until no page of `[addr, addr+len)` is being filled, and returns

@@ -52,13 +52,15 @@ impl Inner {
         }
     }
 
-    pub(super) fn swap_in(&self, run: PageRange, slot: u32) -> u64 {
+    /// Reads `run` from swap at `slot`, write-protected if `wp` (the pages
+    /// keep their swap copies); returns how many pages were installed.
+    pub(super) fn swap_in(&self, run: PageRange, slot: u32, wp: bool) -> u64 {
         if !self.plat.has_swap() || take_one(&self.inject_read_errors) {
             return 0;
         }
         let ps = self.page_size;
         let len = run.pages() as usize * ps;
-        self.plat.swap_in(self.swap_off(slot), self.addr(run.start), len).map(|n| (n / ps) as u64).unwrap_or(0)
+        self.plat.swap_in(self.swap_off(slot), self.addr(run.start), len, wp).map(|n| (n / ps) as u64).unwrap_or(0)
     }
 
     /// Reads file pages into `run` (its first page is file page

@@ -214,15 +214,19 @@ impl Inner {
         self.plat.host_reclaim_staging();
     }
 
-    /// Writes the evictions to swap (runs of consecutive slots in one call),
-    /// drops their staging frames, and commits. Returns frames freed.
+    /// Writes the evictions to swap (runs of consecutive slots in one call;
+    /// a clean one, whose swap copy is exact, writes nothing), drops their
+    /// staging frames, and commits. Returns frames freed.
     pub(super) fn evict_all(&self, evs: &[Evict]) -> u64 {
         if evs.is_empty() {
             return 0;
         }
-        let mut order: Vec<usize> = (0..evs.len()).collect();
-        order.sort_by_key(|&i| evs[i].swap);
         let mut ok = vec![false; evs.len()];
+        let mut clean: Vec<usize> = (0..evs.len()).filter(|&i| evs[i].clean).collect();
+        clean.sort_by_key(|&i| evs[i].staging);
+        self.drop_staging(evs, &clean, &mut ok);
+        let mut order: Vec<usize> = (0..evs.len()).filter(|&i| !evs[i].clean).collect();
+        order.sort_by_key(|&i| evs[i].swap);
         let mut i = 0;
         while i < order.len() {
             let mut j = i + 1;
@@ -238,18 +242,7 @@ impl Inner {
             #[cfg(feature = "test-hooks")]
             let written = written || self.sim_bug.load(Ordering::Relaxed) == SIM_BUG_LOST_SWAP_WRITE;
             if written {
-                let mut a = i;
-                while a < j {
-                    let mut b = a + 1;
-                    while b < j && evs[order[b]].staging == evs[order[b - 1]].staging + 1 {
-                        b += 1;
-                    }
-                    let dropped = self.plat.drop_slots(evs[order[a]].staging, b - a).is_ok();
-                    for &k in &order[a..b] {
-                        ok[k] = dropped;
-                    }
-                    a = b;
-                }
+                self.drop_staging(evs, &order[i..j], &mut ok);
             }
             i = j;
         }
@@ -261,5 +254,22 @@ impl Inner {
         }
         self.settled.notify_all();
         freed
+    }
+
+    /// Drops the staging frames of the evictions `idx` (runs of consecutive
+    /// staging slots in one call); `ok[k]` says whether eviction `k`'s went.
+    fn drop_staging(&self, evs: &[Evict], idx: &[usize], ok: &mut [bool]) {
+        let mut a = 0;
+        while a < idx.len() {
+            let mut b = a + 1;
+            while b < idx.len() && evs[idx[b]].staging == evs[idx[b - 1]].staging + 1 {
+                b += 1;
+            }
+            let dropped = self.plat.drop_slots(evs[idx[a]].staging, b - a).is_ok();
+            for &k in &idx[a..b] {
+                ok[k] = dropped;
+            }
+            a = b;
+        }
     }
 }

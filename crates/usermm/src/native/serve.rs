@@ -104,10 +104,21 @@ impl Inner {
                 }
                 r
             }
-            FaultPlan::SwapIn { run, slot } => {
+            FaultPlan::SwapIn { run, slot, keep } => {
                 drop(c);
-                let n = self.swap_in(run, slot);
+                let n = self.swap_in(run, slot, keep);
                 self.finish_fill(plan, run, n, page_addr, caller, None)
+            }
+            FaultPlan::Unprotect { .. } => {
+                drop(c);
+                // (An error leaves the page protected: the writer faults
+                // again and is served again.)
+                let _ = self.plat.unprotect(page_addr, self.page_size);
+                let mut c = lock(&self.core);
+                c.fill_done(plan, 1);
+                drop(c);
+                self.settled.notify_all();
+                Next::Served
             }
             FaultPlan::Reactivate { page, .. } => {
                 drop(c);

@@ -41,6 +41,12 @@ pub(super) struct Host {
     /// One in how many operations fail (0: none).
     pub(super) fail_one_in: u64,
     pub(super) can_move: bool,
+    /// The program range is registered in WP mode too (`tracks_writes`).
+    pub(super) tracks_writes: bool,
+    /// Pages installed write-protected: a write to one is a WP fault. Any
+    /// page that leaves the program range or is installed anew loses it
+    /// (a move does not carry the bit).
+    pub(super) wp: std::collections::HashSet<usize>,
     pub(super) has_swap: bool,
     pub(super) injected: u64,
     /// The host's own lazy free: `MADV_FREE` passed down to it, and the
@@ -63,6 +69,8 @@ pub(crate) struct SimPlatform {
     pub(super) other: Mutex<OtherThread>,
     /// Faults taken by either program thread.
     pub(super) faults: std::sync::atomic::AtomicU64,
+    /// Of those, WP faults.
+    pub(super) wp_faults: std::sync::atomic::AtomicU64,
 }
 
 pub(super) fn page_of(a: usize) -> usize {
@@ -162,6 +170,7 @@ impl Host {
                 break;
             }
             self.prog.insert(first + k, pg);
+            self.wp.remove(&(first + k));
             done += 1;
         }
         done * PS
@@ -177,6 +186,9 @@ impl Platform for SimPlatform {
     }
     fn can_move(&self) -> bool {
         self.host().can_move
+    }
+    fn tracks_writes(&self) -> bool {
+        self.host().tracks_writes
     }
     fn wait_events(&self, _wake: &EventFd, _timeout_ms: i32) -> Result<bool, Errno> {
         Ok(false)
@@ -200,7 +212,7 @@ impl Platform for SimPlatform {
         Self::check(dst, len)?;
         Ok(self.host().install(dst, vec![Pg::Zero; len / PS]))
     }
-    fn swap_in(&self, off: u64, dst: usize, len: usize) -> Result<usize, Errno> {
+    fn swap_in(&self, off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno> {
         self.preempt();
         Self::check(dst, len)?;
         let mut h = self.host();
@@ -210,7 +222,21 @@ impl Platform for SimPlatform {
         let first = off / PS as u64;
         let pages =
             (0..(len / PS) as u64).map(|k| Pg::Data(h.swap.get(&(first + k)).cloned().unwrap_or_else(zeros))).collect();
-        Ok(h.install(dst, pages))
+        let done = h.install(dst, pages);
+        if wp && h.tracks_writes {
+            let p0 = page_of(dst);
+            h.wp.extend(p0..p0 + done / PS);
+        }
+        Ok(done)
+    }
+    fn unprotect(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.preempt();
+        Self::check(a, l)?;
+        let mut h = self.host();
+        for p in page_of(a)..page_of(a) + l / PS {
+            h.wp.remove(&p);
+        }
+        Ok(())
     }
     fn file_in(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno> {
         // The file is a real memfd (the executor's file table holds it):
@@ -262,6 +288,7 @@ impl Platform for SimPlatform {
         let mut h = self.host();
         for p in page_of(a)..page_of(a) + l / PS {
             h.prog.remove(&p);
+            h.wp.remove(&p);
             h.lazy.pages.remove(&p);
         }
         Ok(())
@@ -356,6 +383,8 @@ impl Platform for SimPlatform {
                 _ => return if k > 0 { Ok(k) } else { Err(Errno::ENOENT) },
             };
             h.prog.remove(&(first + k));
+            // (UFFDIO_MOVE does not carry the write protection.)
+            h.wp.remove(&(first + k));
             let clean = h.lazy.pages.remove(&(first + k));
             h.fill_slot(s, data, clean);
         }
@@ -387,6 +416,7 @@ impl Platform for SimPlatform {
         assert!(!h.staging.contains_key(&slot), "copy into the occupied staging slot {slot}");
         h.fill_slot(slot, data, false);
         h.prog.remove(&page_of(src));
+        h.wp.remove(&page_of(src));
         h.lazy.pages.remove(&page_of(src));
         Ok(())
     }
@@ -494,13 +524,15 @@ impl Platform for Shared {
         base() -> usize;
         host_lazyfree() -> bool;
         can_move() -> bool;
+        tracks_writes() -> bool;
         wait_events(wake: &EventFd, timeout_ms: i32) -> Result<bool, Errno>;
         read_events(buf: &mut [UffdMsg]) -> Result<usize, Errno>;
         zero_fill(dst: usize, len: usize) -> Result<usize, Errno>;
         zero_fill_wake(dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
         zero_map(dst: usize, len: usize) -> Result<usize, Errno>;
         zero_map_wake(dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
-        swap_in(off: u64, dst: usize, len: usize) -> Result<usize, Errno>;
+        swap_in(off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno>;
+        unprotect(a: usize, l: usize) -> Result<(), Errno>;
         file_in(file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno>;
         wake(a: usize, l: usize) -> Result<(), Errno>;
         poison(a: usize, l: usize) -> Result<(), Errno>;

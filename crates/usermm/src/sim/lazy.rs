@@ -42,6 +42,7 @@ impl Host {
             let p = *self.lazy.pages.iter().nth(k).expect("k < len");
             self.lazy.pages.remove(&p);
             self.prog.remove(&p);
+            self.wp.remove(&p);
         } else {
             let sl = *self.lazy.slots.iter().nth(k - self.lazy.pages.len()).expect("k < len");
             self.drop_slot(sl);
@@ -102,6 +103,7 @@ impl Host {
         let data = self.slot_data(slot, "slot_to_page");
         self.empty_slot(slot);
         self.prog.insert(p, Pg::Data(data));
+        self.wp.remove(&p);
         if moved_clean {
             self.lazy.pages.insert(p);
         }

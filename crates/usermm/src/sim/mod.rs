@@ -117,6 +117,10 @@ pub struct SimSummary {
     pub faults: u64,
     pub swapins: u64,
     pub swapouts: u64,
+    /// Evictions that wrote nothing (the page's swap copy was exact).
+    pub clean_evictions: u64,
+    /// Writes to write-protected pages (WP faults).
+    pub wp_faults: u64,
     pub sigbus: u64,
     pub injected: u64,
     /// Background rounds run at a preemption point inside another step.
@@ -373,6 +377,8 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
     let c = sim.inner.core_counters();
     sim.sum.swapins = c.swapins;
     sim.sum.swapouts = c.swapouts;
+    sim.sum.clean_evictions = c.clean_evictions;
+    sim.sum.wp_faults = sim.plat.wp_faults.load(std::sync::atomic::Ordering::Relaxed);
     sim.sum.injected = sim.plat.host().injected;
     sim.sum.host_drops = sim.plat.host().lazy.drops;
     sim.sum.preemptions = sim.plat.preemptions.load(std::sync::atomic::Ordering::Relaxed);
@@ -400,6 +406,7 @@ fn sim_platform(seed: u64, preempt_one_in: u64, fail_one_in: u64, can_move: bool
             next_stamp: 1 << 40,
         }),
         faults: std::sync::atomic::AtomicU64::new(0),
+        wp_faults: std::sync::atomic::AtomicU64::new(0),
         host: Mutex::new(Host {
             prog: HashMap::new(),
             prot: HashMap::new(),
@@ -409,6 +416,9 @@ fn sim_platform(seed: u64, preempt_one_in: u64, fail_one_in: u64, can_move: bool
             rng: Rng::new(seed ^ 0x5151),
             fail_one_in,
             can_move,
+            // Write tracking (the swap cache) on for three seeds in four.
+            tracks_writes: !Rng::new(seed ^ 0x3a3a).chance(4),
+            wp: std::collections::HashSet::new(),
             has_swap,
             injected: 0,
             lazy: host_lazy(seed),

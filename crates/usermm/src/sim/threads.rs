@@ -61,14 +61,25 @@ impl SimPlatform {
     pub(super) fn touch(&self, inner: &Inner, p: usize, stamp: Option<u64>, tid: u32, wait: bool) -> Option<Touch> {
         let a = BASE + p * PS;
         for _ in 0..64 {
-            if let Some(t) = self.host().access(p, stamp) {
-                return Some(t);
+            // A write to a write-protected page is a WP fault.
+            let wp = stamp.is_some() && self.host().write_protected(p);
+            if !wp {
+                if let Some(t) = self.host().access(p, stamp) {
+                    return Some(t);
+                }
             }
             // A missing page: the kernel queues a fault; a handler serves it.
             self.faults.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if wp {
+                self.wp_faults.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             if wait {
-                inner.resolve(a, stamp.is_some(), Some(tid));
-            } else if !inner.resolve_unblocked(a, stamp.is_some(), tid) {
+                if wp {
+                    inner.resolve_wp(a, Some(tid));
+                } else {
+                    inner.resolve(a, stamp.is_some(), Some(tid));
+                }
+            } else if !inner.resolve_unblocked(a, stamp.is_some(), wp, tid) {
                 return None;
             }
             let sig = {
@@ -90,6 +101,14 @@ impl SimPlatform {
 }
 
 impl Host {
+    /// Whether a write to page `p` would be a WP fault: the page is there,
+    /// writable, and installed write-protected.
+    pub(super) fn write_protected(&self, p: usize) -> bool {
+        self.wp.contains(&p)
+            && self.prog.contains_key(&p)
+            && self.prot.get(&p).copied().unwrap_or(PROT_NONE) & PROT_WRITE != 0
+    }
+
     /// A touch of page `p` at the host level: what the access did, or
     /// `None` when the page is missing (a fault).
     pub(super) fn access(&mut self, p: usize, stamp: Option<u64>) -> Option<Touch> {

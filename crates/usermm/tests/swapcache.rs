@@ -1,0 +1,87 @@
+//! The swap cache: a page swapped in and only read since keeps its swap
+//! copy, and evicting it again writes nothing; the first write to it —
+//! by the program or by the kernel on its behalf (`read(2)` into it) — ends
+//! the copy before it lands, so the next eviction writes the new data.
+
+use usermm::consts::*;
+use usermm_sys::kernel::{peek, pipe_read_into, poke};
+
+mod common;
+use common::{fill, space_pages as space};
+
+const PS: usize = 4096;
+const RW: i32 = PROT_READ | PROT_WRITE;
+const ANON: i32 = MAP_PRIVATE | MAP_ANONYMOUS;
+const BUDGET: usize = 256;
+const PAGES: usize = 4 * BUDGET;
+
+/// Reads every page's first byte (each pass over 4× the budget evicts
+/// everything the previous one brought in).
+fn read_all(a: usize) -> u64 {
+    (0..PAGES).map(|p| peek(a + p * PS) as u64).sum()
+}
+
+fn expect(a: usize, p: usize, tag: u8, what: &str) {
+    let want = tag.wrapping_add(p as u8);
+    assert_eq!((peek(a + p * PS), peek(a + p * PS + PS - 1)), (want, want), "page {p}: {what}");
+}
+
+#[test]
+fn pages_only_read_since_their_swap_in_are_evicted_without_a_write() {
+    let s = space(BUDGET, 2 * PAGES, 0);
+    let a = s.mmap(0, PAGES * PS, RW, ANON, -1, 0).unwrap();
+    fill(a, 0..PAGES, 1);
+    read_all(a);
+    let before = s.stats();
+    for _ in 0..2 {
+        read_all(a);
+    }
+    let after = s.stats();
+    let evictions = after.evictions - before.evictions;
+    let writes = after.swapouts - before.swapouts;
+    let clean = after.clean_evictions - before.clean_evictions;
+    assert!(evictions >= PAGES as u64, "two passes over 4x the budget evict: {after:?}");
+    assert_eq!(evictions, writes + clean, "every eviction writes or is clean");
+    assert!(clean * 10 >= evictions * 8, "read-only passes: {clean} of {evictions} evictions clean");
+    for p in 0..PAGES {
+        expect(a, p, 1, "after clean evictions");
+    }
+    s.validate();
+}
+
+#[test]
+fn a_write_after_a_clean_swap_in_is_never_lost() {
+    let s = space(BUDGET, 2 * PAGES, 0);
+    let a = s.mmap(0, PAGES * PS, RW, ANON, -1, 0).unwrap();
+    fill(a, 0..PAGES, 1);
+    read_all(a);
+    read_all(a);
+    // Pages read in (write-protected, with their swap copies) and then
+    // written: by the program (a read fault first, then the write), and by
+    // the kernel on its behalf (`read(2)` from a pipe into the page).
+    for round in 0..3u8 {
+        let tag = 10 + round;
+        for p in (round as usize..PAGES).step_by(3) {
+            let _ = peek(a + p * PS);
+            if p % 2 == 0 {
+                poke(a + p * PS, tag.wrapping_add(p as u8));
+                poke(a + p * PS + PS - 1, tag.wrapping_add(p as u8));
+            } else {
+                let v = tag.wrapping_add(p as u8);
+                assert_eq!(pipe_read_into(a + p * PS, &[v]), Ok(1));
+                assert_eq!(pipe_read_into(a + p * PS + PS - 1, &[v]), Ok(1));
+            }
+        }
+        // Everything evicted and read back.
+        read_all(a);
+        read_all(a);
+        for p in 0..PAGES {
+            let last = (0..=round).rev().find(|&r| p >= r as usize && (p - r as usize).is_multiple_of(3));
+            let tag = last.map_or(1, |r| 10 + r);
+            expect(a, p, tag, &format!("round {round}"));
+        }
+        s.validate();
+    }
+    let st = s.stats();
+    assert!(st.clean_evictions > 0 && st.swapouts > 0, "{st:?}");
+}
