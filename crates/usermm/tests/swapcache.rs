@@ -26,12 +26,19 @@ fn expect(a: usize, p: usize, tag: u8, what: &str) {
     assert_eq!((peek(a + p * PS), peek(a + p * PS + PS - 1)), (want, want), "page {p}: {what}");
 }
 
-#[test]
-fn pages_only_read_since_their_swap_in_are_evicted_without_a_write() {
+/// A space and a region of 4× its budget, written (tag 1) and read once,
+/// so that every page has been swapped out and most read back in.
+fn swapped_region() -> (usermm::Space, usize) {
     let s = space(BUDGET, 2 * PAGES, 0);
     let a = s.mmap(0, PAGES * PS, RW, ANON, -1, 0).unwrap();
     fill(a, 0..PAGES, 1);
     read_all(a);
+    (s, a)
+}
+
+#[test]
+fn pages_only_read_since_their_swap_in_are_evicted_without_a_write() {
+    let (s, a) = swapped_region();
     let before = s.stats();
     for _ in 0..2 {
         read_all(a);
@@ -51,10 +58,7 @@ fn pages_only_read_since_their_swap_in_are_evicted_without_a_write() {
 
 #[test]
 fn a_write_after_a_clean_swap_in_is_never_lost() {
-    let s = space(BUDGET, 2 * PAGES, 0);
-    let a = s.mmap(0, PAGES * PS, RW, ANON, -1, 0).unwrap();
-    fill(a, 0..PAGES, 1);
-    read_all(a);
+    let (s, a) = swapped_region();
     read_all(a);
     // Pages read in (write-protected, with their swap copies) and then
     // written: by the program (a read fault first, then the write), and by
