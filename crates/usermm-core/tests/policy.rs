@@ -1,0 +1,218 @@
+//! The replacement policy on access traces, with no kernel: a trace of page
+//! touches is replayed against the core as the host presents it to usermm
+//! (a touch of a page the core holds mapped is invisible — a hit; anything
+//! else is a fault, served at once), with background reclaim run whenever
+//! the core asks for it, as the executor's thread does. The misses are
+//! compared with an exact LRU of the same capacity on the same trace.
+
+mod common;
+
+use usermm_core::page::PState;
+use usermm_core::{Addr, Core, CoreConfig, FaultPlan, PageIdx};
+
+use common::{map_at, BASE};
+
+/// A core with `budget` pages, swap for everything, and one read-write
+/// anonymous region of `n` pages at page 0.
+fn core_with(budget: u64, n: u64) -> Core {
+    let mut c = Core::new(CoreConfig {
+        base: BASE,
+        reserve_pages: n + 64,
+        page_shift: 12,
+        budget_pages: budget,
+        swap_slots: (n + budget) as u32,
+        staging_slots: budget as u32,
+        max_regions: 100,
+        memlock_pages: u64::MAX,
+        mlock_allowed: true,
+        exact_faults: true,
+    });
+    map_at(&mut c, 0, n);
+    c
+}
+
+/// Misses seen while replaying: touches that found the page out of memory
+/// (swapped, or never touched: a major fault, unless read-around brought
+/// it in) and touches that found it parked (a minor fault).
+#[derive(Default, Debug, Clone, Copy)]
+struct Misses {
+    major: u64,
+    minor: u64,
+}
+
+/// Runs one reclaim plan with every step succeeding.
+fn reclaim(c: &mut Core, want: u64) {
+    let plan = c.reclaim_plan(want);
+    for d in &plan.deactivate {
+        c.deactivate_done(d, true);
+    }
+    for e in &plan.evict {
+        c.evict_done(e, true);
+    }
+}
+
+/// Replays `trace` (page indices); counts the misses of its part from
+/// `measure_from` on.
+fn replay(c: &mut Core, trace: &[u64], measure_from: usize) -> Misses {
+    let budget = c.config().budget_pages;
+    let low = (budget / 32).clamp(1, 4096);
+    let mut m = Misses::default();
+    for (i, &p) in trace.iter().enumerate() {
+        let count = i >= measure_from;
+        if count {
+            match c.page(PageIdx(p)).state {
+                PState::Resident => {}
+                PState::Inactive => m.minor += 1,
+                _ => m.major += 1,
+            }
+        }
+        // A mapped page: the host reports nothing (a hit).
+        while c.page(PageIdx(p)).state != PState::Resident {
+            let plan = c.fault(Addr(BASE + p * 4096), false);
+            match plan {
+                FaultPlan::Reclaim { want } => reclaim(c, want),
+                FaultPlan::SwapIn { run, .. } | FaultPlan::ZeroFill { run } => c.fill_done(&plan, run.pages()),
+                FaultPlan::Reactivate { .. } => c.fill_done(&plan, 1),
+                other => panic!("unexpected plan {other:?}"),
+            }
+        }
+        // The background thread: reclaim ahead of the program and aging.
+        let want = c.reclaim_ahead_want(low, 2 * low);
+        if want > 0 || c.needs_aging() {
+            reclaim(c, want);
+        }
+    }
+    c.validate();
+    m
+}
+
+/// An exact LRU of `cap` pages on `trace`: its misses from `measure_from` on.
+fn lru_misses(trace: &[u64], cap: usize, measure_from: usize) -> u64 {
+    let mut last_use = std::collections::HashMap::new();
+    let mut by_time = std::collections::BTreeMap::new();
+    let mut misses = 0;
+    for (t, &p) in trace.iter().enumerate() {
+        match last_use.insert(p, t) {
+            Some(old) => {
+                by_time.remove(&old);
+            }
+            None => {
+                misses += (t >= measure_from) as u64;
+                if by_time.len() == cap {
+                    let (_, victim) = by_time.pop_first().expect("full");
+                    last_use.remove(&victim);
+                }
+            }
+        }
+        by_time.insert(t, p);
+    }
+    misses
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// YCSB's scrambled zipfian over `0..n` (as the `reclaim` experiment's).
+fn zipfian(n: u64, theta: f64, len: usize, rng: &mut Rng) -> Vec<u64> {
+    let zeta = |k: u64| (1..=k).map(|i| 1.0 / (i as f64).powf(theta)).sum::<f64>();
+    let zetan = zeta(n);
+    let alpha = 1.0 / (1.0 - theta);
+    let eta = (1.0 - (2.0 / n as f64).powf(1.0 - theta)) / (1.0 - zeta(2) / zetan);
+    let mult = (0x9E37_79B9 % n) | 1; // odd: coprime with a power of two
+    (0..len)
+        .map(|_| {
+            let u = rng.next() as f64 / u64::MAX as f64;
+            let uz = u * zetan;
+            let rank = if uz < 1.0 {
+                0
+            } else if uz < 1.0 + 0.5f64.powf(theta) {
+                1
+            } else {
+                ((n as f64) * (eta * u - eta + 1.0).powf(alpha)) as u64
+            };
+            rank.min(n - 1) * mult % n
+        })
+        .collect()
+}
+
+/// A hot set of a tenth of the budget survives a scan of 8× the budget,
+/// touched once per page scanned (the `reclaim` experiment's scan
+/// resistance). An exact LRU keeps nearly all of it (2 misses); usermm,
+/// which learns of a hot page's use only when it touches it parked, loses
+/// a hot page whose trip through the inactive list saw no touch of it:
+/// 1.7% of the hot touches missed here (71 of 4,109), bounded at 3% below.
+/// (Without the second chance of referenced pages, this test fails.)
+#[test]
+fn a_hot_set_survives_a_scan_eight_times_the_budget() {
+    let (budget, n) = (512u64, 8 * 512 + 64);
+    let hot = budget / 10;
+    let mut c = core_with(budget, n);
+    let mut rng = Rng(7);
+    let mut trace: Vec<u64> = (0..3).flat_map(|_| 0..hot).collect();
+    let warm = trace.len();
+    for p in hot..n {
+        trace.push(p);
+        trace.push(rng.below(hot));
+    }
+    let m = replay(&mut c, &trace, warm);
+    let scanned = n - hot;
+    // Every scanned page is a first touch; the hot set's touches hits, but
+    // for a few.
+    let hot_misses = m.major - scanned;
+    assert!(m.major >= scanned, "{m:?}");
+    assert!(hot_misses * 100 < 3 * scanned, "{hot_misses} of {scanned} hot touches missed: {m:?}");
+    // (Each hot page's trip through the inactive list ends in a minor
+    // fault: 250 here, 6% of the hot touches.)
+    assert!(m.minor * 10 < scanned, "hot pages kept being parked: {m:?}");
+    let lru_hot = lru_misses(&trace, budget as usize, warm) - scanned;
+    assert!(lru_hot <= hot_misses && lru_hot * 100 < scanned, "exact LRU: {lru_hot} hot misses");
+}
+
+/// The control: a hot set not touched during the scan is evicted by it.
+#[test]
+fn a_hot_set_left_alone_during_a_scan_is_evicted() {
+    let (budget, n) = (512u64, 8 * 512 + 64);
+    let hot = budget / 10;
+    let mut c = core_with(budget, n);
+    let mut trace: Vec<u64> = (0..3).flat_map(|_| 0..hot).collect();
+    trace.extend(hot..n);
+    replay(&mut c, &trace, trace.len());
+    let kept = (0..hot).filter(|&p| c.page(PageIdx(p)).state.holds_frame()).count();
+    assert_eq!(kept, 0, "{}", common::draw_pages(&c, 0, hot));
+}
+
+/// A zipfian trace (θ = 0.99, 4× the budget): usermm's misses, which see
+/// no touch of a mapped page, against an exact LRU that sees every touch.
+/// Today the policy misses at most a quarter more than LRU does (measured
+/// 1.11–1.2×; the kernel under the same limit, in the `reclaim`
+/// experiment, misses 1.17× LRU's); the goal, LRU's hit rate or
+/// better, is not met yet.
+#[test]
+fn a_zipfian_trace_misses_close_to_an_exact_lru() {
+    let (budget, n) = (4096u64, 4 * 4096);
+    let mut rng = Rng(11);
+    let trace = zipfian(n, 0.99, 8 * n as usize, &mut rng);
+    let from = trace.len() / 2;
+    let mut c = core_with(budget, n);
+    let m = replay(&mut c, &trace, from);
+    let lru = lru_misses(&trace, budget as usize, from);
+    let measured = (trace.len() - from) as f64;
+    println!(
+        "zipfian: usermm {:.1}% misses ({:.1}% minor faults), exact LRU {:.1}%",
+        100.0 * m.major as f64 / measured,
+        100.0 * m.minor as f64 / measured,
+        100.0 * lru as f64 / measured
+    );
+    assert!(lru > 0 && m.major > 0);
+    assert!(m.major * 4 <= lru * 5, "usermm {m:?} against LRU's {lru} misses");
+}
