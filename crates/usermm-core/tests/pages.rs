@@ -138,7 +138,7 @@ fn a_fault_on_an_inactive_page_reactivates_it() {
     assert_eq!(draw_pages(&c, 0, 4), "IIII");
     let slot = c.page(PageIdx(2)).slot;
     let plan = fault(&mut c, 2, false);
-    assert_eq!(plan, FaultPlan::Reactivate { page: PageIdx(2), slot, how: Transfer::Move, checked: false });
+    assert_eq!(plan, FaultPlan::Reactivate { page: PageIdx(2), slot, how: Transfer::Move, checked: false, wp: false });
     assert_eq!(draw_pages(&c, 0, 4), "II*I");
     c.fill_done(&plan, 1);
     c.validate();

@@ -54,6 +54,11 @@ fn reclaim(c: &mut Core, want: u64) {
 /// Replays `trace` (page indices); counts the misses of its part from
 /// `measure_from` on.
 fn replay(c: &mut Core, trace: &[u64], measure_from: usize) -> Misses {
+    replay_rw(c, trace, measure_from, false)
+}
+
+/// `replay`, every touch a write if `write`.
+fn replay_rw(c: &mut Core, trace: &[u64], measure_from: usize, write: bool) -> Misses {
     let budget = c.config().budget_pages;
     let low = (budget / 32).clamp(1, 4096);
     let mut m = Misses::default();
@@ -68,7 +73,7 @@ fn replay(c: &mut Core, trace: &[u64], measure_from: usize) -> Misses {
         }
         // A mapped page: the host reports nothing (a hit).
         while c.page(PageIdx(p)).state != PState::Resident {
-            let plan = c.fault(Addr(BASE + p * 4096), false);
+            let plan = c.fault(Addr(BASE + p * 4096), write);
             match plan {
                 FaultPlan::Reclaim { want } => reclaim(c, want),
                 FaultPlan::SwapIn { run, .. } | FaultPlan::ZeroFill { run } => c.fill_done(&plan, run.pages()),
@@ -215,4 +220,65 @@ fn a_zipfian_trace_misses_close_to_an_exact_lru() {
     );
     assert!(lru > 0 && m.major > 0);
     assert!(m.major * 4 <= lru * 5, "usermm {m:?} against LRU's {lru} misses");
+}
+
+/// The `reclaim` experiment's phases at a quarter of its quick scale (a
+/// budget of 4,096 pages, a working set of 4×), one after the other on one
+/// core as the experiment runs them: each phase's misses per 1,000 touches
+/// and its estimated cost, at 70 µs a major fault and 20 µs a minor one
+/// (this machine's, `docs/design.md`). For comparing policies:
+/// `cargo test --release -p usermm-core --test policy -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn policy_table() {
+    let (budget, n) = (4096u64, 4 * 4096);
+    let hot = budget / 10;
+    let mut c = core_with(budget, n);
+    let mut rng = Rng(7);
+    let mix = 2 * n as usize;
+    let phase = |name: &str, trace: Vec<u64>, write: bool, c: &mut Core| {
+        let m = replay_rw(c, &trace, 0, write);
+        let k = 1000.0 / trace.len() as f64;
+        println!(
+            "{name:10} major/1k {:6.1} minor/1k {:6.1} cost/touch {:5.2} µs",
+            m.major as f64 * k,
+            m.minor as f64 * k,
+            (m.major as f64 * 70.0 + m.minor as f64 * 20.0) / trace.len() as f64
+        );
+    };
+    phase("seq-write", (0..n).collect(), true, &mut c);
+    phase("seq-read", (0..n).collect(), false, &mut c);
+    let hotcold =
+        (0..mix).map(|_| if rng.below(100) < 90 { rng.below(hot) } else { hot + rng.below(n - hot) }).collect();
+    phase("hotcold", hotcold, false, &mut c);
+    phase("uniform", (0..mix).map(|_| rng.below(n)).collect(), false, &mut c);
+    phase("zipfian", zipfian(n, 0.99, mix, &mut rng), false, &mut c);
+    phase("scan", (0..n).flat_map(|p| [p, rng.below(hot)]).collect(), false, &mut c);
+    let fits = budget * 9 / 10;
+    let show = |c: &Core, when: &str| {
+        let st = |r: std::ops::Range<u64>, s: PState| r.filter(|&p| c.page(PageIdx(p)).state == s).count();
+        println!(
+            "{when}: fits pages resident {} parked {} out {}; others resident {} parked {}",
+            st(0..fits, PState::Resident),
+            st(0..fits, PState::Inactive),
+            st(0..fits, PState::Swapped),
+            st(fits..n, PState::Resident),
+            st(fits..n, PState::Inactive)
+        );
+    };
+    show(&c, "after scan");
+    replay(&mut c, &(0..fits).collect::<Vec<_>>(), usize::MAX);
+    show(&c, "after warm-up");
+    let op: Vec<u64> = (fits..n).filter(|&p| c.page(PageIdx(p)).state == PState::Inactive).collect();
+    println!("others parked: {:?} .. {:?}", &op[..5.min(op.len())], &op[op.len().saturating_sub(5)..]);
+    let out: Vec<u64> = (0..fits).filter(|&p| c.page(PageIdx(p)).state != PState::Resident).collect();
+    println!(
+        "fits pages not mapped: {} hot, others {:?}",
+        out.iter().filter(|&&p| p < hot).count(),
+        &out.iter().filter(|&&p| p >= hot).collect::<Vec<_>>()[..20.min(out.len())]
+    );
+    let before = c.stats().counters.evictions;
+    phase("fits", (0..4 * fits).map(|_| rng.below(fits)).collect(), false, &mut c);
+    println!("fits evictions after warm-up: {}", c.stats().counters.evictions - before);
+    show(&c, "after fits");
 }

@@ -275,7 +275,7 @@ impl Arena {
     /// Maps the page parked in `slot` back at `dst` (without waking):
     /// `UFFDIO_MOVE` when `try_move`, else a copy and a drop of the slot's
     /// frame.
-    pub fn slot_to_page(&self, uffd: &Uffd, slot: u32, dst: usize, try_move: bool) -> Result<(), Errno> {
+    pub fn slot_to_page(&self, uffd: &Uffd, slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno> {
         let ps = self.page_size;
         self.check(dst, ps)?;
         let src = self.slot_addr(slot);
@@ -290,7 +290,7 @@ impl Arena {
         }
         // SAFETY: the slot is ours and holds a page (the caller's claim), so
         // it is mapped and readable.
-        let n = unsafe { uffd.copy(dst, src as *const u8, ps, false) }?;
+        let n = unsafe { uffd.copy_wp(dst, src as *const u8, ps, false, wp && self.program_wp) }?;
         if n != ps {
             return Err(Errno::EEXIST);
         }

@@ -87,8 +87,9 @@ pub(crate) trait Platform: Send + Sync {
     fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Vec<(usize, usize)>;
 
     // ---- staging
-    /// Maps a parked page back (`try_move`: move, else copy).
-    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool) -> Result<(), Errno>;
+    /// Maps a parked page back (`try_move`: move, else copy; a copy
+    /// write-protected if `wp`).
+    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno>;
     /// Maps a parked page back, checking whether the host discarded it
     /// (`Ok(false)`: it did, nothing installed).
     fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno>;
@@ -241,8 +242,8 @@ impl Platform for Native {
     fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Vec<(usize, usize)> {
         self.pagemap.as_ref().and_then(|p| p.zero_pfn_ranges(addr, len).ok()).unwrap_or_default()
     }
-    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool) -> Result<(), Errno> {
-        self.arena.slot_to_page(&self.uffd, slot, dst, try_move)
+    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno> {
+        self.arena.slot_to_page(&self.uffd, slot, dst, try_move, wp)
     }
     fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno> {
         with_bounce(self.page_size, |b| self.arena.slot_to_page_checked(&self.uffd, slot, dst, b))

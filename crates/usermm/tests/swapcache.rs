@@ -89,3 +89,36 @@ fn a_write_after_a_clean_swap_in_is_never_lost() {
     let st = s.stats();
     assert!(st.clean_evictions > 0 && st.swapouts > 0, "{st:?}");
 }
+
+/// A page with a swap copy that is parked (`MADV_COLD`) and touched again
+/// comes back write-protected, keeping its copy; a write to it then still
+/// ends the copy before it lands — as a read and a write touch, or as one
+/// write touch of the parked page.
+#[test]
+fn a_parked_page_with_a_swap_copy_keeps_its_writes() {
+    let (s, a) = swapped_region();
+    read_all(a);
+    for (round, tag) in [(0usize, 20u8), (1, 30)] {
+        // Pages read in (copies), parked, then touched.
+        let pages: Vec<usize> = (round * 64..round * 64 + 64).collect();
+        for &p in &pages {
+            let _ = peek(a + p * PS);
+        }
+        s.madvise(a + pages[0] * PS, pages.len() * PS, MADV_COLD).unwrap();
+        let before = s.stats();
+        for &p in &pages {
+            if round == 0 {
+                let _ = peek(a + p * PS); // mapped back with its copy
+            }
+            poke(a + p * PS, tag.wrapping_add(p as u8));
+            poke(a + p * PS + PS - 1, tag.wrapping_add(p as u8));
+        }
+        assert!(s.stats().minor_faults > before.minor_faults, "the parked pages were mapped back");
+        read_all(a);
+        read_all(a);
+        for &p in &pages {
+            expect(a, p, tag, &format!("round {round}"));
+        }
+        s.validate();
+    }
+}

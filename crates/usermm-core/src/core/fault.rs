@@ -125,7 +125,10 @@ impl Core {
             PState::Inactive => {
                 self.pages.update(p, |m| m.state = PState::Filling);
                 let checked = self.host_lazyfree && m.has(pf::VOLATILE);
-                FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked }
+                // A page with a swap copy comes back write-protected (a
+                // write fault's page is written at once: it drops it).
+                let wp = m.cache != 0 && !checked && !write;
+                FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked, wp }
             }
             PState::Swapped => self.plan_swap_in(p, m, region, free, populate.is_some(), write),
             PState::Absent => self.plan_absent(p, m, region, free, populate.is_some(), write, exact),
@@ -304,11 +307,13 @@ impl Core {
                     }
                 }
             }
-            FaultPlan::Reactivate { page, slot, .. } => {
+            FaultPlan::Reactivate { page, slot, wp, .. } => {
                 if installed > 0 {
-                    // Mapped back writable: the protection that kept the
-                    // swap copy exact did not come along.
-                    self.uncache(page);
+                    if !wp {
+                        // Mapped back writable (moved, or copied without
+                        // protection): the swap copy may not stay exact.
+                        self.uncache(page);
+                    }
                     self.staging.release(slot);
                     self.inactive -= 1;
                     self.pages.update(page, |m| {

@@ -78,7 +78,9 @@ pub enum FaultPlan {
     /// `checked`, the slot was handed to the host to discard (a volatile
     /// page): copy it through a buffer and check that the slot still held
     /// the page afterwards; if not, the host purged it (`reactivate_lost`).
-    Reactivate { page: PageIdx, slot: u32, how: Transfer, checked: bool },
+    /// With `wp`, the page keeps its swap copy: copy it in write-protected
+    /// (a move would map it writable).
+    Reactivate { page: PageIdx, slot: u32, how: Transfer, checked: bool, wp: bool },
     /// The page cannot be served (poisoned): raise SIGBUS.
     Sigbus,
     /// Read the file into the pages of `run` (claimed, frames charged):

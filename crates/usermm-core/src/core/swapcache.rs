@@ -14,9 +14,11 @@
 //! staging frame is dropped and the page is `Swapped` at its old slot.
 //!
 //! The copy is dropped wherever the data may change or the protection is
-//! lost: the WP fault, a reactivation (`UFFDIO_MOVE` does not carry the
-//! protection bit; the page maps back writable), `MADV_FREE`, a volatile
-//! mark, a zap, any way the page leaves memory other than an eviction.
+//! lost: the WP fault, `MADV_FREE`, a volatile mark, a zap, any way the
+//! page leaves memory other than an eviction. A parked page with a copy is
+//! mapped back by a write-protected copy (`Reactivate { wp }`), not a move:
+//! `UFFDIO_MOVE` does not carry the protection bit, and re-protecting after
+//! the move would leave a window where another thread's write goes unseen.
 //! A swap-in for a write fault keeps nothing (the write follows at once),
 //! and neither does one while swap is short of free slots (as Linux's
 //! `vm_swap_full`): a kept slot is one a dirty page cannot use.

@@ -98,8 +98,11 @@ impl Inner {
         Ok(((n / ps) as u64, Some(f)))
     }
 
-    pub(super) fn reactivate(&self, page: PageIdx, slot: u32, how: Transfer) -> bool {
-        let mv = how == Transfer::Move && self.plat.can_move();
-        self.plat.slot_to_page(slot, self.addr(page), mv).is_ok()
+    /// Maps the page parked in `slot` back at `page`: moved where it can
+    /// be, else copied; copied write-protected if `wp` (it keeps its swap
+    /// copy: a move would map it writable).
+    pub(super) fn reactivate(&self, page: PageIdx, slot: u32, how: Transfer, wp: bool) -> bool {
+        let mv = how == Transfer::Move && self.plat.can_move() && !wp;
+        self.plat.slot_to_page(slot, self.addr(page), mv, wp).is_ok()
     }
 }

@@ -327,9 +327,9 @@ impl Inner {
     /// checked reactivation found that the host discarded the parked page
     /// (the loss is committed: the page is purged).
     pub(super) fn reactivate_io(&self, plan: &FaultPlan) -> Option<u64> {
-        let FaultPlan::Reactivate { page, slot, how, checked } = *plan else { return Some(0) };
+        let FaultPlan::Reactivate { page, slot, how, checked, wp } = *plan else { return Some(0) };
         if !checked {
-            return Some(u64::from(self.reactivate(page, slot, how)));
+            return Some(u64::from(self.reactivate(page, slot, how, wp)));
         }
         let dst = self.addr(page);
         let r = self.plat.slot_to_page_checked(slot, dst);

@@ -346,10 +346,15 @@ impl Platform for SimPlatform {
         }
         out
     }
-    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool) -> Result<(), Errno> {
+    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno> {
         self.preempt();
         Self::check(dst, PS)?;
-        self.host().slot_back(slot, page_of(dst), try_move)
+        let mut h = self.host();
+        h.slot_back(slot, page_of(dst), try_move)?;
+        if wp && !try_move && h.tracks_writes {
+            h.wp.insert(page_of(dst));
+        }
+        Ok(())
     }
     fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno> {
         // (The check and the copy are one step: the native copy reads the
@@ -545,7 +550,7 @@ impl Platform for Shared {
         host_lock(a: usize, l: usize, locked: bool) -> Result<(), Errno>;
         page_gone(a: usize) -> bool;
         zero_pfn_ranges(addr: usize, len: usize) -> Vec<(usize, usize)>;
-        slot_to_page(slot: u32, dst: usize, try_move: bool) -> Result<(), Errno>;
+        slot_to_page(slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno>;
         slot_to_page_checked(slot: u32, dst: usize) -> Result<bool, Errno>;
         pages_to_slots_move(src: usize, slot: u32, n: usize) -> Result<usize, Errno>;
         moved_unreported(src: usize, slot: u32) -> bool;
