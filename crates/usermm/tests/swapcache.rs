@@ -122,3 +122,28 @@ fn a_parked_page_with_a_swap_copy_keeps_its_writes() {
         s.validate();
     }
 }
+
+/// Swap barely larger than what must leave memory: slots kept as copies
+/// must never stop a dirty page from leaving (a clean page leaves without a
+/// new slot; none is kept while swap is short). Written, read (copies),
+/// written again and read back: every byte as written, no SIGBUS.
+#[test]
+fn copies_never_starve_dirty_pages_of_swap() {
+    let (budget, swap, pages) = (256, 600, 700);
+    let s = space(budget, swap, 0);
+    let a = s.mmap(0, pages * PS, RW, ANON, -1, 0).unwrap();
+    fill(a, 0..pages, 1);
+    for _ in 0..2 {
+        for p in 0..pages {
+            expect(a, p, 1, "first read");
+        }
+    }
+    fill(a, 0..pages, 7);
+    for p in 0..pages {
+        expect(a, p, 7, "after the second write");
+    }
+    let st = s.stats();
+    assert_eq!(st.oom_sigbus, 0, "{st:?}");
+    assert!(st.clean_evictions > 0, "{st:?}");
+    s.validate();
+}
