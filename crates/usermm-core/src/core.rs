@@ -153,8 +153,11 @@ pub struct Core {
     /// Where a page whose metadata starts afresh (generation 0: new, or
     /// reset by a zap) starts its LRU generations, so that an old entry of
     /// the page still in a list does not become valid again (advanced by an
-    /// odd stride at each use).
-    fresh_gen: u16,
+    /// odd stride at each use). 32 bits: with 16, a stale entry a few
+    /// generations ahead of a fresh start becomes valid again after as many
+    /// pushes (1 in 65,536 a reset) — the likely cause of a page found on
+    /// the active list twice in one of 15 stress-test runs.
+    fresh_gen: u32,
     /// Whether the budget ran out under a fault since it was last less than
     /// half full (see `reclaim_ahead`).
     pressure: bool,

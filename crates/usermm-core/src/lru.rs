@@ -160,8 +160,8 @@ impl<T: Copy> Fifo<T> {
 
 #[derive(Default)]
 pub struct Lru {
-    pub active: Fifo<(PageIdx, u16)>,
-    pub inactive: Fifo<(PageIdx, u16)>,
+    pub active: Fifo<(PageIdx, u32)>,
+    pub inactive: Fifo<(PageIdx, u32)>,
     /// Pages lazily freed (MADV_FREE), in order: reclaim takes them first,
     /// since discarding a clean one costs no I/O. An entry is valid while the
     /// page still has its `LAZYFREE` flag.

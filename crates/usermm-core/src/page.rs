@@ -67,14 +67,14 @@ pub mod pf {
     pub const MAYBE_DIRTY: u8 = 1 << 7;
 }
 
-/// The state of one page: 12 bytes.
+/// The state of one page: 16 bytes.
 #[derive(Copy, Clone, PartialEq, Eq, Debug, Default)]
 pub struct PageMeta {
     pub state: PState,
     pub flags: u8,
     /// Generation of the page's LRU entry; an entry whose generation differs
     /// is stale and skipped.
-    pub gen: u16,
+    pub gen: u32,
     /// Swap slot (`Swapped`, `Evicting`: the target slot) or staging slot
     /// (`Inactive`, `Deactivating`, `Evicting`: see `PageTable` users).
     pub slot: u32,

@@ -44,11 +44,11 @@ impl Core {
     }
 
     /// The next generation of page `p`'s LRU entry.
-    fn next_gen(&mut self, gen: u16) -> u16 {
+    fn next_gen(&mut self, gen: u32) -> u32 {
         if gen != 0 {
             return gen.wrapping_add(1).max(1);
         }
-        self.fresh_gen = self.fresh_gen.wrapping_add(40_503).max(1);
+        self.fresh_gen = self.fresh_gen.wrapping_add(0x9E37_79B9).max(1);
         self.fresh_gen
     }
 

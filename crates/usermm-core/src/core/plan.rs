@@ -17,8 +17,8 @@ use crate::types::{PageIdx, PageRange};
 #[derive(Default)]
 pub struct Spares {
     pub leaves: Vec<crate::page::Leaf>,
-    pub active: Vec<crate::lru::Chunk<(PageIdx, u16)>>,
-    pub inactive: Vec<crate::lru::Chunk<(PageIdx, u16)>>,
+    pub active: Vec<crate::lru::Chunk<(PageIdx, u32)>>,
+    pub inactive: Vec<crate::lru::Chunk<(PageIdx, u32)>>,
 }
 
 impl Spares {
