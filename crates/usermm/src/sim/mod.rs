@@ -224,6 +224,12 @@ impl Sim {
                 let p = self.rng.below(PAGES as u64) as usize;
                 let write = self.rng.chance(2);
                 self.touch_checked(p, write);
+                if !write && self.rng.chance(4) {
+                    // Read, then write the same page: a page a read swapped
+                    // in carries its swap copy, and this write must end it
+                    // (a WP fault) before it lands.
+                    self.touch_checked(p, true);
+                }
             }
         }
         self.check_other_touches();
