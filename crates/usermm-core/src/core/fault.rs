@@ -104,7 +104,7 @@ impl Core {
         }
         let prot = reg.prot;
         let m = self.pages.get(p);
-        if m.state.busy() || self.zapping.iter().any(|z| z.contains(p)) {
+        if self.in_flight(p, &m) {
             return FaultPlan::Busy;
         }
         match m.state {
@@ -134,6 +134,12 @@ impl Core {
             PState::Absent => self.plan_absent(p, m, region, free, populate.is_some(), write, exact),
             _ => unreachable!("busy handled above"),
         }
+    }
+
+    /// Whether page `p` (metadata `m`) is being worked on: a fault there
+    /// waits (`Busy`).
+    pub(super) fn in_flight(&self, p: PageIdx, m: &PageMeta) -> bool {
+        m.state.busy() || self.zapping.iter().any(|z| z.contains(p))
     }
 
     /// A fault on a swapped page: a swap-in of it and the swapped

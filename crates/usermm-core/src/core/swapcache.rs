@@ -73,7 +73,7 @@ impl Core {
             return FaultPlan::Wake;
         };
         let m = self.pages.get(p);
-        if m.state.busy() || self.zapping.iter().any(|z| z.contains(p)) {
+        if self.in_flight(p, &m) {
             return FaultPlan::Busy;
         }
         if m.state != PState::Resident || self.regions.find(p).is_none() {
@@ -91,10 +91,5 @@ impl Core {
             0 => self.swap.alloc().map(|s| (s, false)),
             c => Some((c - 1, true)),
         }
-    }
-
-    /// Pages holding a swap copy (for the stats).
-    pub fn swap_cached(&self) -> u64 {
-        self.swap_cached
     }
 }

@@ -114,9 +114,9 @@ impl Inner {
                 // (An error leaves the page protected: the writer faults
                 // again and is served again.)
                 let _ = self.plat.unprotect(page_addr, self.page_size);
-                let mut c = lock(&self.core);
-                c.fill_done(plan, 1);
-                drop(c);
+                // (Not `commit_fill`: nothing was installed, so neither the
+                // host's LRU drain count nor reclaim has news.)
+                lock(&self.core).fill_done(plan, 1);
                 self.settled.notify_all();
                 Next::Served
             }
