@@ -357,7 +357,7 @@ pub fn child_wait_for_go() -> bool {
 
 /// `(pswpout, pswpin)` of `/proc/vmstat`: pages written to and read from
 /// swap, machine-wide.
-pub fn vmstat_swap() -> (u64, u64) {
+pub fn vmstat_swap() -> (u64, u64, u64) {
     let s = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
     let field = |name: &str| {
         s.lines()
@@ -365,7 +365,7 @@ pub fn vmstat_swap() -> (u64, u64) {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0)
     };
-    (field("pswpout"), field("pswpin"))
+    (field("pswpout"), field("pswpin"), field("pgsteal_anon"))
 }
 
 #[cfg(test)]

@@ -49,6 +49,7 @@ mod introspect;
 mod madvise;
 mod mlock;
 mod plan;
+mod policy;
 mod range;
 mod reclaim;
 mod swapcache;
@@ -164,9 +165,9 @@ pub struct Core {
     /// Whether background reclaim is bringing free frames back up to the
     /// high watermark (set below the low one; see `reclaim_ahead_want`).
     refilling: bool,
-    /// Whether a fault or populate has claimed frames since reclaim last
-    /// refilled the inactive list (see `needs_aging`).
-    demand: bool,
+    /// Frames faults and populates have claimed since reclaim last
+    /// refilled the inactive list (see `needs_aging`, `aging_allowance`).
+    demand: u64,
     /// Invariant: the number of `Inactive` pages.
     inactive: u64,
     /// Invariant: the number of `Swapped` pages.
@@ -227,7 +228,7 @@ impl Core {
             fresh_gen: 1,
             pressure: false,
             refilling: false,
-            demand: false,
+            demand: 0,
             inactive: 0,
             swapped: 0,
             locked_charged: 0,

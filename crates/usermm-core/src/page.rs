@@ -72,6 +72,9 @@ pub mod pf {
 pub struct PageMeta {
     pub state: PState,
     pub flags: u8,
+    /// Extra trips past the active list's head the page has earned by
+    /// being touched while parked (see `core/policy.rs`).
+    pub trips: u8,
     /// Generation of the page's LRU entry; an entry whose generation differs
     /// is stale and skipped.
     pub gen: u32,

@@ -198,10 +198,10 @@ fn a_hot_set_left_alone_during_a_scan_is_evicted() {
 
 /// A zipfian trace (θ = 0.99, 4× the budget): usermm's misses, which see
 /// no touch of a mapped page, against an exact LRU that sees every touch.
-/// Today the policy misses at most a quarter more than LRU does (measured
-/// 1.11–1.2×; the kernel under the same limit, in the `reclaim`
-/// experiment, misses 1.17× LRU's); the goal, LRU's hit rate or
-/// better, is not met yet.
+/// The policy misses 19.9% of the touches, LRU 19.4% (1.03×; with the
+/// referenced bit as the only second chance, 1.06×; the kernel under the
+/// same limit, in the `reclaim` experiment, misses 1.17× LRU's): bounded
+/// at 1.1× below. The goal, LRU's hit rate or better, is not met.
 #[test]
 fn a_zipfian_trace_misses_close_to_an_exact_lru() {
     let (budget, n) = (4096u64, 4 * 4096);
@@ -219,7 +219,7 @@ fn a_zipfian_trace_misses_close_to_an_exact_lru() {
         100.0 * lru as f64 / measured
     );
     assert!(lru > 0 && m.major > 0);
-    assert!(m.major * 4 <= lru * 5, "usermm {m:?} against LRU's {lru} misses");
+    assert!(m.major * 10 <= lru * 11, "usermm {m:?} against LRU's {lru} misses");
 }
 
 /// The `reclaim` experiment's phases at a quarter of its quick scale (a
@@ -228,9 +228,22 @@ fn a_zipfian_trace_misses_close_to_an_exact_lru() {
 /// and its estimated cost, at 70 µs a major fault and 20 µs a minor one
 /// (this machine's, `docs/design.md`). For comparing policies:
 /// `cargo test --release -p usermm-core --test policy -- --ignored --nocapture`.
-#[test]
-#[ignore]
-fn policy_table() {
+/// What [`experiment_phases`] measured in the `fits` phase.
+struct Fits {
+    misses: Misses,
+    touches: u64,
+    /// Evictions during the phase (after the warm-up).
+    evictions: u64,
+    /// Hot-set pages out of memory after the warm-up.
+    hot_out: usize,
+}
+
+/// The `reclaim` experiment's phases at a quarter of its quick scale (a
+/// budget of 4,096 pages, a working set of 4×), one after the other on one
+/// core as the experiment runs them; prints each phase's misses per 1,000
+/// touches and its estimated cost, at 70 µs a major fault and 20 µs a
+/// minor one (this machine's, `docs/design.md`).
+fn experiment_phases() -> Fits {
     let (budget, n) = (4096u64, 4 * 4096);
     let hot = budget / 10;
     let mut c = core_with(budget, n);
@@ -245,6 +258,7 @@ fn policy_table() {
             m.minor as f64 * k,
             (m.major as f64 * 70.0 + m.minor as f64 * 20.0) / trace.len() as f64
         );
+        m
     };
     phase("seq-write", (0..n).collect(), true, &mut c);
     phase("seq-read", (0..n).collect(), false, &mut c);
@@ -254,31 +268,43 @@ fn policy_table() {
     phase("uniform", (0..mix).map(|_| rng.below(n)).collect(), false, &mut c);
     phase("zipfian", zipfian(n, 0.99, mix, &mut rng), false, &mut c);
     phase("scan", (0..n).flat_map(|p| [p, rng.below(hot)]).collect(), false, &mut c);
+    // Fits: one pass over 90% of the budget (the hot set first: touched
+    // while mapped, which usermm cannot see), then random touches of it.
     let fits = budget * 9 / 10;
-    let show = |c: &Core, when: &str| {
-        let st = |r: std::ops::Range<u64>, s: PState| r.filter(|&p| c.page(PageIdx(p)).state == s).count();
-        println!(
-            "{when}: fits pages resident {} parked {} out {}; others resident {} parked {}",
-            st(0..fits, PState::Resident),
-            st(0..fits, PState::Inactive),
-            st(0..fits, PState::Swapped),
-            st(fits..n, PState::Resident),
-            st(fits..n, PState::Inactive)
-        );
-    };
-    show(&c, "after scan");
     replay(&mut c, &(0..fits).collect::<Vec<_>>(), usize::MAX);
-    show(&c, "after warm-up");
-    let op: Vec<u64> = (fits..n).filter(|&p| c.page(PageIdx(p)).state == PState::Inactive).collect();
-    println!("others parked: {:?} .. {:?}", &op[..5.min(op.len())], &op[op.len().saturating_sub(5)..]);
-    let out: Vec<u64> = (0..fits).filter(|&p| c.page(PageIdx(p)).state != PState::Resident).collect();
-    println!(
-        "fits pages not mapped: {} hot, others {:?}",
-        out.iter().filter(|&&p| p < hot).count(),
-        &out.iter().filter(|&&p| p >= hot).collect::<Vec<_>>()[..20.min(out.len())]
-    );
+    let hot_out = (0..hot).filter(|&p| !c.page(PageIdx(p)).state.holds_frame()).count();
     let before = c.stats().counters.evictions;
-    phase("fits", (0..4 * fits).map(|_| rng.below(fits)).collect(), false, &mut c);
-    println!("fits evictions after warm-up: {}", c.stats().counters.evictions - before);
-    show(&c, "after fits");
+    let touches = 4 * fits;
+    let misses = phase("fits", (0..touches).map(|_| rng.below(fits)).collect(), false, &mut c);
+    let evictions = c.stats().counters.evictions - before;
+    println!("fits: {evictions} evictions after the warm-up, {hot_out} of {hot} hot pages out after it");
+    Fits { misses, touches, evictions, hot_out }
+}
+
+/// The `reclaim` experiment's `fits`, in its place after the other phases:
+/// nothing may be evicted after the warm-up pass over a working set of 90%
+/// of the budget. The hot set, touched parked all through the scan phase
+/// and then once, mapped, by the warm-up, must outlive the scan's pages:
+/// with the referenced bit as a page's only second chance
+/// (`PROVEN_TRIPS` = 0) the warm-up evicted 212 of its 409 pages, and 258
+/// pages were evicted after it; refilling the inactive list to its target
+/// on any claim parked the working set again (153 minor faults per 1,000
+/// touches; 57 now). It is a balance, not a guarantee: started right after
+/// a first pass instead of these phases, the scan leaves 99 hot pages with
+/// no earned trip left, the warm-up evicts them, and 129 pages are evicted
+/// after it — a touch of a mapped page is invisible to usermm.
+#[test]
+fn a_working_set_that_fits_is_not_evicted_after_warm_up() {
+    let f = experiment_phases();
+    assert_eq!(f.evictions, 0, "{:?}", f.misses);
+    assert!(f.hot_out * 10 < 409, "{} hot pages out after the warm-up", f.hot_out);
+    assert!(f.misses.minor * 10 < f.touches, "the working set kept being parked: {:?}", f.misses);
+}
+
+/// [`experiment_phases`], for comparing policies:
+/// `cargo test --release -p usermm-core --test policy -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn policy_table() {
+    experiment_phases();
 }

@@ -14,7 +14,7 @@ use crate::memcg;
 /// [`phases`], `majflt` the process's major faults so far.
 pub(super) fn kernel_phases(
     sh: Shape,
-    stats: &dyn Fn() -> (u64, u64, u64),
+    stats: &dyn Fn() -> (u64, u64, u64, u64),
     majflt: &dyn Fn() -> u64,
 ) -> Result<Measured, String> {
     let mut m = HostMap::anon(sh.set, 0).map_err(|e| format!("kernel mmap: {e:?}"))?;
@@ -42,14 +42,14 @@ pub fn kernel_memcg_child(args: &[String]) -> Result<(), String> {
         return Err("the parent never said go".into());
     }
     let stats = || {
-        let (o, i) = memcg::vmstat_swap();
-        (o, i, majflt())
+        let (o, i, e) = memcg::vmstat_swap();
+        (o, i, majflt(), e)
     };
     let m = kernel_phases(sh, &stats, &majflt)?;
     for (name, ph) in PHASES.iter().zip(&m.phases) {
         println!(
-            "phase {name} {} {} {} {} {} {}",
-            ph.ns, ph.touches, ph.errors, ph.swapouts, ph.swapins, ph.major_faults
+            "phase {name} {} {} {} {} {} {} {}",
+            ph.ns, ph.touches, ph.errors, ph.swapouts, ph.swapins, ph.major_faults, ph.evictions
         );
     }
     println!("hit {} {}", m.hit.0, m.hit.1);
@@ -65,7 +65,7 @@ pub(super) fn parse_child(out: &str) -> Result<Measured, String> {
     for l in out.lines() {
         let w: Vec<&str> = l.split_whitespace().collect();
         match w.first().copied() {
-            Some("phase") if w.len() == 8 && w[1] == PHASES[phases.len().min(PHASES.len() - 1)] => {
+            Some("phase") if w.len() == 9 && w[1] == PHASES[phases.len().min(PHASES.len() - 1)] => {
                 let n: Vec<u64> = w[2..].iter().map(|x| x.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
                 phases.push(Phase {
                     ns: n[0],
@@ -74,6 +74,7 @@ pub(super) fn parse_child(out: &str) -> Result<Measured, String> {
                     swapouts: n[3],
                     swapins: n[4],
                     major_faults: n[5],
+                    evictions: n[6],
                 });
             }
             Some("hit") if w.len() == 3 => {

@@ -12,7 +12,7 @@
 //! 6. `scan`: one pass over the whole working set (4× the budget) with a
 //!    touch of the hot set after every page scanned (scan resistance);
 //! 7. `fits`: 90% of the budget touched at random (4 touches a page) after
-//!    one untimed warm-up pass: nothing should be evicted (its swap-outs).
+//!    one untimed warm-up pass: nothing should be evicted (its `evictions`).
 //!
 //! Systems, alternated run by run:
 //! - `usermm`: a space with the budget and a swap file of `set + budget`
@@ -207,7 +207,7 @@ fn measure(
             prog.say(&format!("{sys} run {}/{}", r + 1, o.runs));
             let measured = match sys {
                 "usermm" => usermm_run(o.sh, o.budget, &o.dir, &mut t.direct_io)?,
-                NOLIMIT => kernel_phases(o.sh, &|| (0, 0, 0), &|| 0)?,
+                NOLIMIT => kernel_phases(o.sh, &|| (0, 0, 0, 0), &|| 0)?,
                 _ => match memcg_run(o.sh, limit, &mut t, r, prog) {
                     Some(m) => m,
                     None => continue,
@@ -270,6 +270,7 @@ fn add_rows(e: &mut Experiment, sys: &str, m: &Measured, hot_pages: usize, error
         e.add(sys, name, outs, "pages", ph.swapouts as f64);
         e.add(sys, name, ins, "pages", ph.swapins as f64);
         e.add(sys, name, "major_faults", "faults", ph.major_faults as f64);
+        e.add(sys, name, "evictions", "pages", ph.evictions as f64);
         e.add(sys, name, "page_reads_per_1k_touches", "pages", per_1k(ph.swapins));
         e.add(sys, name, "page_writes_per_1k_touches", "pages", per_1k(ph.swapouts));
         e.add(sys, name, "major_faults_per_1k_touches", "faults", per_1k(ph.major_faults));

@@ -95,9 +95,9 @@ pub(super) fn goals(e: &mut Experiment, measured: bool) {
         e.ratio_goal_vs(base, what, phase, metric, at_least, threshold, goal);
     }
     e.goals.push(Goal {
-        what: "fits: page writes while a working set of 90% of the budget is touched (after warm-up)".into(),
-        how: "usermm fits swapouts (median)".into(),
-        value: e.med("usermm", "fits", "swapouts"),
+        what: "fits: pages evicted while a working set of 90% of the budget is touched (after warm-up)".into(),
+        how: "usermm fits evictions (median)".into(),
+        value: e.med("usermm", "fits", "evictions"),
         unit: "pages".into(),
         at_least: false,
         threshold: 0.0,
@@ -123,7 +123,8 @@ pub(super) fn memcg_note(
              removed after it (and on error, SIGINT, SIGTERM). The group's peak charge per run: {} MiB (limit hits: {}). \
              Its swap-outs/swap-ins are `pswpout`/`pswpin` of `/proc/vmstat` (machine-wide: swap traffic of \
              other processes in the same moments would be counted too; the machine has no other swap), its major \
-             faults the child's `ru_majflt` (a major fault may read up to 8 pages: `vm.page-cluster` = 3). Its \
+             faults the child's `ru_majflt` (a major fault may read up to 8 pages: `vm.page-cluster` = 3), its \
+             `evictions` `pgsteal_anon` of `/proc/vmstat` (machine-wide too). Its \
              `hot_hit_rate` counts major faults during hot touches (usermm's counts swap-ins). \
              The kernel reclaims with {}. {}",
             memcg::CHILD_CMD,
@@ -152,7 +153,7 @@ pub(super) fn notes(e: &mut Experiment, o: &Opts, memcg_note: String, t: Totals)
          touches)/(hot touches), measured over a second, untimed run of {} hot/cold touches in which every hot touch \
          is bracketed by the counters. Every touch is one 8-byte access; reads are verified against what the write \
          phase stored. usermm's swap-outs/swap-ins (pages) and major faults are deltas of `Space::stats()` over each \
-         phase; `page_reads_per_1k_touches` and `page_writes_per_1k_touches` are swap-ins and swap-outs (usermm) or \
+         phase, its `evictions` (pages that left memory, written or not) too; `page_reads_per_1k_touches` and `page_writes_per_1k_touches` are swap-ins and swap-outs (usermm) or \
          pswpin and pswpout (kernel-memcg) per 1,000 touches of the phase; `swapout_throughput` = pages swapped out \
          during seq-write × 4 KiB / duration of seq-write. Systems run in the order usermm, {MEMCG}, then \
          {MEMCG}, usermm on the next run, and so on; the unlimited kernel last.",

@@ -14,6 +14,9 @@ pub(super) struct Phase {
     pub(super) swapouts: u64,
     pub(super) swapins: u64,
     pub(super) major_faults: u64,
+    /// Pages reclaimed (written or not): usermm's evictions, the kernel's
+    /// `pgsteal_anon`.
+    pub(super) evictions: u64,
 }
 
 /// YCSB's zipfian generator (Gray et al., "Quickly generating
@@ -64,23 +67,23 @@ impl Zipf {
 }
 
 /// Runs the phases on `buf` (in [`PHASES`] order); `stats` gives
-/// (swapouts, swapins, major faults) so far; `after_hotcold` runs right
+/// (swapouts, swapins, major faults, evictions) so far; `after_hotcold` runs right
 /// after the hot/cold phase (the hot set's probes).
 pub(super) fn phases(
     buf: &mut [u8],
-    stats: &dyn Fn() -> (u64, u64, u64),
+    stats: &dyn Fn() -> (u64, u64, u64, u64),
     sh: Shape,
     after_hotcold: &mut dyn FnMut(&mut [u8]),
 ) -> Vec<Phase> {
     let pages = buf.len() / PAGE;
     let (hot_pages, hot_pct, mix) = (sh.hot_pages, sh.hot_pct, sh.mix);
     let phase = |buf: &mut [u8], f: &mut dyn FnMut(&mut [u8]) -> (usize, usize)| {
-        let (o0, i0, f0) = stats();
+        let (o0, i0, f0, e0) = stats();
         let t0 = now_ns();
         let (touches, errors) = f(buf);
         let ns = now_ns() - t0;
-        let (o1, i1, f1) = stats();
-        Phase { ns, touches, errors, swapouts: o1 - o0, swapins: i1 - i0, major_faults: f1 - f0 }
+        let (o1, i1, f1, e1) = stats();
+        Phase { ns, touches, errors, swapouts: o1 - o0, swapins: i1 - i0, major_faults: f1 - f0, evictions: e1 - e0 }
     };
     let read = |buf: &[u8], p: usize| (read8(buf, p * PAGE) != tag(p)) as usize;
     let mut out = Vec::new();

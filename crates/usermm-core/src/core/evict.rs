@@ -35,6 +35,7 @@ impl Core {
                 m.state = PState::Deactivating;
                 m.slot = slot;
                 m.flags &= !pf::REFERENCED;
+                m.trips = 0;
             });
             let host_free = self.host_lazyfree && m.has(pf::VOLATILE);
             v.push(Deactivate { page: p, slot, how, host_free });
@@ -126,6 +127,7 @@ impl Core {
             m.state = PState::Absent;
             m.slot = 0;
             m.flags &= !(pf::LAZYFREE | pf::REFERENCED | pf::MAYBE_DIRTY);
+            m.trips = 0;
         });
         self.counters.lazyfree_discards += 1;
         self.counters.evictions += 1;
@@ -225,6 +227,7 @@ impl Core {
             m.state = PState::Absent;
             m.slot = 0;
             m.flags = (m.flags | purged) & !(pf::LAZYFREE | pf::REFERENCED);
+            m.trips = 0;
         });
         if purged != 0 {
             self.counters.volatile_purges += 1;

@@ -22,7 +22,7 @@ const SPARES_LOW_CHUNKS: usize = 4;
 impl Core {
     pub(super) fn claim_frames(&mut self, n: u64) {
         self.resident += n;
-        self.demand = true;
+        self.demand = self.demand.saturating_add(n);
         debug_assert!(self.resident <= self.cfg.budget_pages, "claim beyond budget");
         self.resident_max = self.resident_max.max(self.resident);
     }

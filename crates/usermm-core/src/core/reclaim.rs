@@ -1,4 +1,4 @@
-//! Reclaim policy: what leaves memory, in what order, and the commits of
+//! Reclaim plans: what leaves memory, in what order, and the commits of
 //! each step.
 //!
 //! Pages leave in two phases, both claimed while in flight: deactivation
@@ -9,8 +9,8 @@
 //! shared file regions dropped where they are; shared file pages go back to
 //! their file (`writeback_done`, in `file.rs`). Order: volatile pages first
 //! when `purge_volatile_first` is set, then lazily freed pages, then the
-//! inactive list oldest first, refilled from the active list's head (a
-//! second chance for referenced pages). Without swap, anonymous pages are
+//! inactive list oldest first, refilled from the active list's head (more
+//! trips for pages that earned them: `policy.rs`, which decides what stays). Without swap, anonymous pages are
 //! unevictable. Every `*_done` leaves the state consistent on failure: the
 //! page stays resident (parked or mapped).
 //!
@@ -99,7 +99,7 @@ impl Core {
         }
         self.plan_evict_inactive(&mut plan, want);
         self.plan_refill_inactive(&mut plan, want);
-        self.demand = false;
+        self.demand = 0;
         plan
     }
 
@@ -173,7 +173,7 @@ impl Core {
     /// chance for referenced pages), to its target and to what the round
     /// still wants.
     fn plan_refill_inactive(&mut self, plan: &mut ReclaimPlan, want: u64) {
-        let target = self.inactive_target();
+        let target = self.refill_target();
         let short = want.saturating_sub((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64);
         let mut scanned = 0;
         let scan_max = self.lru.active.len();
@@ -197,8 +197,7 @@ impl Core {
                 self.lru.active.push_back((p, g));
                 continue;
             }
-            if m.has(pf::REFERENCED) {
-                self.pages.update(p, |m| m.flags &= !pf::REFERENCED);
+            if super::policy::another_trip(&mut self.pages, p) {
                 self.lru.active.push_back((p, g));
                 continue;
             }
@@ -242,73 +241,6 @@ impl Core {
             let host_free = self.host_lazyfree && m.has(pf::VOLATILE);
             plan.deactivate.push(Deactivate { page: p, slot, how, host_free });
         }
-    }
-
-    /// Whether reclaim should work ahead of the program (keep free frames
-    /// above the executor's watermarks, age pages): only once the budget has
-    /// run out under a fault, since it was last less than half full. A
-    /// working set that fits the budget never runs it out, and then nothing
-    /// is evicted or aged ahead of need — as Linux's memory cgroup, which
-    /// reclaims only at its limit. (Keeping 3–6% of the budget free ahead
-    /// of need turned a working set equal to the budget into a stream of
-    /// evictions and re-faults.)
-    pub fn reclaim_ahead(&mut self) -> bool {
-        if self.resident * 2 < self.cfg.budget_pages {
-            self.pressure = false;
-        }
-        self.pressure
-    }
-
-    /// How many frames background reclaim should free now, with the
-    /// executor's watermarks: once free frames fall below `low`, back up to
-    /// `high`, and nothing while they stay between the two otherwise (as
-    /// kswapd's watermarks). Only when reclaim works ahead (`reclaim_ahead`).
-    /// (Evicting up to `high` whenever a round ran for aging kept 6% of the
-    /// budget free for good: a working set of 90% of the budget, the
-    /// `reclaim` experiment's `fits`, then had 3.75% left for anything else
-    /// and went on evicting.)
-    pub fn reclaim_ahead_want(&mut self, low: u64, high: u64) -> u64 {
-        if !self.reclaim_ahead() {
-            self.refilling = false;
-            return 0;
-        }
-        let free = self.free_frames();
-        if free < low {
-            self.refilling = true;
-        } else if free >= high {
-            self.refilling = false;
-        }
-        if self.refilling {
-            high.saturating_sub(free)
-        } else {
-            0
-        }
-    }
-
-    /// The inactive list's target length: a quarter of the budget.
-    pub fn inactive_target(&self) -> u64 {
-        (self.cfg.budget_pages / 4).max(1)
-    }
-
-    /// Whether the inactive list should be refilled ahead of need: once the
-    /// budget is half full, pages start aging (deactivation, no eviction), so
-    /// that the first evictions come from a list the program has had time
-    /// to touch — the hot pages prove themselves before any page leaves.
-    pub fn needs_aging(&self) -> bool {
-        // Only with swap: without it nothing aged could be evicted but
-        // volatile pages, which are purged when pressure comes anyway, and
-        // parking them early only costs the program minor faults. Only under
-        // pressure: a working set that fits is never aged (each aged page
-        // costs a minor fault when touched, for no eviction to come). Only
-        // with demand: once frames are claimed again since the last refill
-        // (a working set that fits after pressure claims none, and aging
-        // it turned a fifth of its touches into minor faults: `fits`).
-        self.pressure
-            && self.demand
-            && self.swap.capacity() > 0
-            && self.resident * 2 >= self.cfg.budget_pages
-            && self.inactive < self.inactive_target()
-            && !self.lru.active.is_empty()
     }
 
     /// Plans work on lazily freed pages, oldest first, up to `want` pages:
@@ -398,6 +330,7 @@ impl Core {
                         m.state = PState::Deactivating;
                         m.slot = slot;
                         m.flags &= !pf::REFERENCED;
+                        m.trips = 0;
                     });
                     let host_free = self.host_lazyfree;
                     plan.deactivate.push(Deactivate { page: p, slot, how: transfer_for(reg.prot), host_free });

@@ -1,0 +1,154 @@
+//! The replacement policy: which resident pages stay, decided from what
+//! userfaultfd lets usermm see.
+//!
+//! What it sees: a touch of a page that is not mapped — a first touch, a
+//! refault of an evicted page, or a touch of a *parked* page (one the
+//! inactive list moved out of the program's range: see `lru.rs`). A touch
+//! of a mapped page is invisible. Parking is the policy's accessed bit: a
+//! page touched while parked comes back with its referenced bit and
+//! [`PROVEN_TRIPS`] extra trips, and only pages untouched for a whole trip
+//! through the inactive list are evicted.
+//!
+//! What it decides, here and nowhere else:
+//! - whether the page at the active list's head gets another trip
+//!   ([`another_trip`]) or is parked;
+//! - what a touch of a parked page earns ([`Core::touched_parked`]);
+//! - the inactive list's target and how fast aging refills it
+//!   ([`Core::inactive_target`], [`Core::refill_target`],
+//!   [`Core::needs_aging`]);
+//! - when reclaim works ahead of the program, and how much
+//!   ([`Core::reclaim_ahead`], [`Core::reclaim_ahead_want`]).
+//!
+//! The mechanism — the lists (`lru.rs`, `frames.rs`) and the plans that
+//! carry decisions out (`reclaim.rs`, `evict.rs`) — is elsewhere. The
+//! policy is replayed on access traces without a kernel in
+//! `tests/policy.rs` (a hot set through a scan 8× the budget, a zipfian
+//! trace against an exact LRU, the `reclaim` experiment's phases); what was
+//! measured, and what was tried and rejected, is in `docs/design.md`
+//! ("Budget, LRU and reclaim").
+
+use super::Core;
+use crate::page::{pf, PageTable};
+use crate::types::PageIdx;
+
+/// Extra trips past the active list's head a page earns when touched while
+/// parked, beside its referenced bit's one: a page that proved itself
+/// outlives pages that came in once and were never touched parked. (With
+/// the referenced bit alone, the `reclaim` experiment's hot set — touched
+/// parked all through its scan phase, then once, mapped, by the `fits`
+/// warm-up — looked as old as the scan's pages and was evicted by the
+/// warm-up, and came back in the `fits` phase: 258 evictions after the
+/// warm-up in `tests/policy.rs`'s replay, and 13.5 page reads per 1,000
+/// touches in the experiment; with 2 extra trips, none and 2.1. One extra
+/// trip left 387 evictions in the replay; 3 left none, with more minor
+/// faults.)
+pub(super) const PROVEN_TRIPS: u8 = 2;
+
+/// Pages an aging round may deactivate per frame claimed since the last
+/// round. Refilling the inactive list to its target at once whenever any
+/// frame was claimed parked pages a working set that fits was still
+/// touching: in the `fits` phase, 153 minor faults per 1,000 touches in
+/// `tests/policy.rs`'s replay, 57 with this bound (the other phases within
+/// 1%).
+pub(super) const AGING_PER_CLAIM: u64 = 4;
+
+/// The active list's head page `p` is up for deactivation: whether it
+/// gets another trip instead (its referenced bit first, then its
+/// earned trips), spending one.
+pub(super) fn another_trip(pages: &mut PageTable, p: PageIdx) -> bool {
+    let m = pages.get(p);
+    if m.has(pf::REFERENCED) {
+        pages.update(p, |m| m.flags &= !pf::REFERENCED);
+        true
+    } else if m.trips > 0 {
+        pages.update(p, |m| m.trips -= 1);
+        true
+    } else {
+        false
+    }
+}
+
+impl Core {
+    /// Page `p` was touched while parked and is mapped back.
+    pub(super) fn touched_parked(&mut self, p: PageIdx) {
+        self.pages.update(p, |m| {
+            m.flags |= pf::REFERENCED;
+            m.trips = PROVEN_TRIPS;
+        });
+    }
+
+    /// Whether reclaim should work ahead of the program (keep free frames
+    /// above the executor's watermarks, age pages): only once the budget has
+    /// run out under a fault, since it was last less than half full. A
+    /// working set that fits the budget never runs it out, and then nothing
+    /// is evicted or aged ahead of need — as Linux's memory cgroup, which
+    /// reclaims only at its limit. (Keeping 3–6% of the budget free ahead
+    /// of need turned a working set equal to the budget into a stream of
+    /// evictions and re-faults.)
+    pub fn reclaim_ahead(&mut self) -> bool {
+        if self.resident * 2 < self.cfg.budget_pages {
+            self.pressure = false;
+        }
+        self.pressure
+    }
+
+    /// How many frames background reclaim should free now, with the
+    /// executor's watermarks: once free frames fall below `low`, back up to
+    /// `high`, and nothing while they stay between the two otherwise (as
+    /// kswapd's watermarks). Only when reclaim works ahead (`reclaim_ahead`).
+    /// (Evicting up to `high` whenever a round ran for aging kept 6% of the
+    /// budget free for good: a working set of 90% of the budget, the
+    /// `reclaim` experiment's `fits`, then had 3.75% left for anything else
+    /// and went on evicting.)
+    pub fn reclaim_ahead_want(&mut self, low: u64, high: u64) -> u64 {
+        if !self.reclaim_ahead() {
+            self.refilling = false;
+            return 0;
+        }
+        let free = self.free_frames();
+        if free < low {
+            self.refilling = true;
+        } else if free >= high {
+            self.refilling = false;
+        }
+        if self.refilling {
+            high.saturating_sub(free)
+        } else {
+            0
+        }
+    }
+
+    /// The inactive list's target length: a quarter of the budget.
+    pub fn inactive_target(&self) -> u64 {
+        (self.cfg.budget_pages / 4).max(1)
+    }
+
+    /// How long the inactive list may grow in this round: to its target,
+    /// but by at most [`AGING_PER_CLAIM`] pages per frame claimed since the
+    /// last round (a round that also frees frames deactivates what it must
+    /// beyond this).
+    pub(super) fn refill_target(&self) -> u64 {
+        self.inactive_target().min(self.inactive.saturating_add(AGING_PER_CLAIM.saturating_mul(self.demand)))
+    }
+
+    /// Whether the inactive list should be refilled ahead of need: once the
+    /// budget is half full, pages start aging (deactivation, no eviction), so
+    /// that the first evictions come from a list the program has had time
+    /// to touch — the hot pages prove themselves before any page leaves.
+    pub fn needs_aging(&self) -> bool {
+        // Only with swap: without it nothing aged could be evicted but
+        // volatile pages, which are purged when pressure comes anyway, and
+        // parking them early only costs the program minor faults. Only under
+        // pressure: a working set that fits is never aged (each aged page
+        // costs a minor fault when touched, for no eviction to come). Only
+        // with demand: once frames are claimed again since the last refill
+        // (a working set that fits after pressure claims none, and aging
+        // it turned a fifth of its touches into minor faults: `fits`).
+        self.pressure
+            && self.demand > 0
+            && self.swap.capacity() > 0
+            && self.resident * 2 >= self.cfg.budget_pages
+            && self.inactive < self.inactive_target()
+            && !self.lru.active.is_empty()
+    }
+}
