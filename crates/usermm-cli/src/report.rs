@@ -219,69 +219,51 @@ fn trim(s: String) -> String {
     }
 }
 
-fn json_str(s: &str) -> String {
-    let mut o = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            '\n' => o.push_str("\\n"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
-}
-
-fn json_num(v: f64) -> String {
-    if v.is_finite() {
-        format!("{v}")
-    } else {
-        "null".into()
-    }
-}
-
 /// A parameter value as JSON: a number when it parses as one, else a string.
-fn json_param(v: &str) -> String {
+fn json_param(v: &str) -> serde_json::Value {
     match v.parse::<f64>() {
         Ok(x) if x.is_finite() && !v.starts_with('+') => json_num(x),
-        _ => json_str(v),
+        _ => v.into(),
+    }
+}
+
+/// A number as JSON: integral values as integers, non-finite ones as null.
+fn json_num(v: f64) -> serde_json::Value {
+    if v.is_finite() && v.fract() == 0.0 && v.abs() < 2f64.powi(53) {
+        serde_json::Value::from(v as i64)
+    } else {
+        serde_json::Value::from(v) // null unless finite
     }
 }
 
 /// `results.json`: `{"experiments":[{"name", "params", "rows":[…]}]}`.
 pub fn to_json(exps: &[Experiment]) -> String {
-    let mut o = String::from("{\"experiments\":[");
-    for (i, e) in exps.iter().enumerate() {
-        if i > 0 {
-            o.push(',');
-        }
-        let _ = write!(o, "\n {{\"name\":{},\"params\":{{", json_str(&e.name));
-        for (j, (k, v)) in e.params.iter().enumerate() {
-            let _ = write!(o, "{}{}:{}", if j > 0 { "," } else { "" }, json_str(k), json_param(v));
-        }
-        o.push_str("},\"rows\":[");
-        for (j, r) in e.rows.iter().enumerate() {
-            let _ = write!(
-                o,
-                "{}\n  {{\"system\":{},\"variant\":{},\"metric\":{},\"value\":{},\"unit\":{},\"runs\":{},\"min\":{},\"max\":{}}}",
-                if j > 0 { "," } else { "" },
-                json_str(&r.system),
-                json_str(&r.variant),
-                json_str(&r.metric),
-                json_num(r.median()),
-                json_str(&r.unit),
-                r.samples.len(),
-                json_num(r.min()),
-                json_num(r.max()),
-            );
-        }
-        o.push_str("]}");
-    }
-    o.push_str("\n]}\n");
+    use serde_json::{json, Map, Value};
+    let exps: Vec<Value> = exps
+        .iter()
+        .map(|e| {
+            let params: Map<String, Value> = e.params.iter().map(|(k, v)| (k.clone(), json_param(v))).collect();
+            let rows: Vec<Value> = e
+                .rows
+                .iter()
+                .map(|r| {
+                    json!({
+                        "system": r.system,
+                        "variant": r.variant,
+                        "metric": r.metric,
+                        "value": json_num(r.median()),
+                        "unit": r.unit,
+                        "runs": r.samples.len(),
+                        "min": json_num(r.min()),
+                        "max": json_num(r.max()),
+                    })
+                })
+                .collect();
+            json!({ "name": e.name, "params": params, "rows": rows })
+        })
+        .collect();
+    let mut o = serde_json::to_string_pretty(&json!({ "experiments": exps })).expect("a Value always serializes");
+    o.push('\n');
     o
 }
 
@@ -429,4 +411,38 @@ pub fn markdown(exps: &[Experiment], header: &[(String, String)], mode: &str) ->
         }
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `results.json` keeps its documented shape: numbers stay numbers
+    /// (integral ones without a fraction), a parameter that is not a number
+    /// is a string, a value that is not finite is `null`, and text with
+    /// quotes and control characters survives the round trip.
+    #[test]
+    fn json_has_the_documented_shape() {
+        let mut e = Experiment::new(
+            "x\"y",
+            "t",
+            vec![("runs".into(), "3".into()), ("dir".into(), "/tmp/a\nb".into()), ("plus".into(), "+1".into())],
+        );
+        e.add("usermm", "v", "throughput", "pages/s", 2.0);
+        e.add("usermm", "v", "throughput", "pages/s", 0.5);
+        e.add("usermm", "v", "throughput", "pages/s", 4.0);
+        e.add("kernel", "v", "ratio", "×", f64::NAN);
+        let text = to_json(&[e]);
+        assert!(text.contains("\"runs\": 3,") && text.contains("\"value\": 2,"), "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("parses");
+        let e = &v["experiments"][0];
+        assert_eq!(e["name"], "x\"y");
+        assert_eq!(e["params"]["runs"], 3);
+        assert_eq!(e["params"]["dir"], "/tmp/a\nb");
+        assert_eq!(e["params"]["plus"], "+1");
+        let r = &e["rows"][0];
+        assert_eq!((r["value"].as_f64(), r["min"].as_f64(), r["max"].as_f64()), (Some(2.0), Some(0.5), Some(4.0)));
+        assert_eq!(r["runs"], 3);
+        assert!(e["rows"][1]["value"].is_null(), "{text}");
+    }
 }

@@ -6,209 +6,38 @@
 //! behind, also when interrupted by SIGINT/SIGTERM), and
 //! usage errors must exit with status 2.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+use serde_json::Value as Json;
+
 const BIN: &str = env!("CARGO_BIN_EXE_usermm");
 
-/// A JSON value, for a parser just big enough for `results.json`.
-#[derive(Debug, Clone, PartialEq)]
-enum Json {
-    Null,
-    Bool(bool),
-    Num(f64),
-    Str(String),
-    Arr(Vec<Json>),
-    Obj(BTreeMap<String, Json>),
-}
-
-struct Parser<'a> {
-    s: &'a [u8],
-    i: usize,
-}
-
-impl Parser<'_> {
-    fn ws(&mut self) {
-        while self.i < self.s.len() && self.s[self.i].is_ascii_whitespace() {
-            self.i += 1;
-        }
-    }
-    fn eat(&mut self, c: u8) -> Result<(), String> {
-        self.ws();
-        if self.s.get(self.i) == Some(&c) {
-            self.i += 1;
-            Ok(())
-        } else {
-            Err(format!("expected '{}' at byte {}", c as char, self.i))
-        }
-    }
-    fn value(&mut self) -> Result<Json, String> {
-        self.ws();
-        match self.s.get(self.i).copied() {
-            Some(b'{') => {
-                self.i += 1;
-                let mut m = BTreeMap::new();
-                self.ws();
-                if self.s.get(self.i) == Some(&b'}') {
-                    self.i += 1;
-                    return Ok(Json::Obj(m));
-                }
-                loop {
-                    self.ws();
-                    let Json::Str(k) = self.value()? else {
-                        return Err(format!("object key at {}", self.i));
-                    };
-                    self.eat(b':')?;
-                    let v = self.value()?;
-                    if m.insert(k.clone(), v).is_some() {
-                        return Err(format!("duplicate key {k}"));
-                    }
-                    self.ws();
-                    match self.s.get(self.i) {
-                        Some(b',') => self.i += 1,
-                        Some(b'}') => {
-                            self.i += 1;
-                            return Ok(Json::Obj(m));
-                        }
-                        _ => return Err(format!("bad object at {}", self.i)),
-                    }
-                }
-            }
-            Some(b'[') => {
-                self.i += 1;
-                let mut v = Vec::new();
-                self.ws();
-                if self.s.get(self.i) == Some(&b']') {
-                    self.i += 1;
-                    return Ok(Json::Arr(v));
-                }
-                loop {
-                    v.push(self.value()?);
-                    self.ws();
-                    match self.s.get(self.i) {
-                        Some(b',') => self.i += 1,
-                        Some(b']') => {
-                            self.i += 1;
-                            return Ok(Json::Arr(v));
-                        }
-                        _ => return Err(format!("bad array at {}", self.i)),
-                    }
-                }
-            }
-            Some(b'"') => {
-                self.i += 1;
-                let mut out = Vec::new();
-                while let Some(&c) = self.s.get(self.i) {
-                    self.i += 1;
-                    match c {
-                        b'"' => return String::from_utf8(out).map(Json::Str).map_err(|e| e.to_string()),
-                        b'\\' => {
-                            let e = *self.s.get(self.i).ok_or("eof in escape")?;
-                            self.i += 1;
-                            match e {
-                                b'"' | b'\\' | b'/' => out.push(e),
-                                b'n' => out.push(b'\n'),
-                                b't' => out.push(b'\t'),
-                                b'u' => {
-                                    let h =
-                                        std::str::from_utf8(&self.s[self.i..self.i + 4]).map_err(|e| e.to_string())?;
-                                    let c = char::from_u32(u32::from_str_radix(h, 16).map_err(|e| e.to_string())?)
-                                        .ok_or("bad \\u")?;
-                                    out.extend(c.to_string().as_bytes());
-                                    self.i += 4;
-                                }
-                                _ => return Err(format!("bad escape at {}", self.i)),
-                            }
-                        }
-                        c if c < 0x20 => return Err(format!("control character in string at {}", self.i)),
-                        c => out.push(c),
-                    }
-                }
-                Err("eof in string".into())
-            }
-            Some(b't') if self.s[self.i..].starts_with(b"true") => {
-                self.i += 4;
-                Ok(Json::Bool(true))
-            }
-            Some(b'f') if self.s[self.i..].starts_with(b"false") => {
-                self.i += 5;
-                Ok(Json::Bool(false))
-            }
-            Some(b'n') if self.s[self.i..].starts_with(b"null") => {
-                self.i += 4;
-                Ok(Json::Null)
-            }
-            Some(c) if c == b'-' || c.is_ascii_digit() => {
-                let st = self.i;
-                while self.i < self.s.len() && (self.s[self.i].is_ascii_digit() || b"+-.eE".contains(&self.s[self.i])) {
-                    self.i += 1;
-                }
-                let t = std::str::from_utf8(&self.s[st..self.i]).map_err(|e| e.to_string())?;
-                t.parse::<f64>().map(Json::Num).map_err(|e| format!("number '{t}': {e}"))
-            }
-            _ => Err(format!("unexpected input at byte {}", self.i)),
-        }
-    }
-}
-
+/// `results.json` read back (serde_json, as the writer).
 fn parse(s: &str) -> Result<Json, String> {
-    let mut p = Parser { s: s.as_bytes(), i: 0 };
-    let v = p.value()?;
-    p.ws();
-    if p.i != s.len() {
-        return Err(format!("trailing input at byte {}", p.i));
-    }
-    Ok(v)
+    serde_json::from_str(s).map_err(|e| e.to_string())
 }
 
-fn obj(j: &Json) -> &BTreeMap<String, Json> {
-    match j {
-        Json::Obj(m) => m,
-        other => panic!("expected an object, got {other:?}"),
-    }
+fn obj(j: &Json) -> &serde_json::Map<String, Json> {
+    j.as_object().unwrap_or_else(|| panic!("expected an object, got {j:?}"))
 }
 
 fn arr(j: &Json) -> &[Json] {
-    match j {
-        Json::Arr(v) => v,
-        other => panic!("expected an array, got {other:?}"),
-    }
+    j.as_array().unwrap_or_else(|| panic!("expected an array, got {j:?}"))
 }
 
 fn num(j: &Json) -> f64 {
-    match j {
-        Json::Num(n) => *n,
-        other => panic!("expected a number, got {other:?}"),
-    }
+    j.as_f64().unwrap_or_else(|| panic!("expected a number, got {j:?}"))
 }
 
 fn text(j: &Json) -> &str {
-    match j {
-        Json::Str(s) => s,
-        other => panic!("expected a string, got {other:?}"),
-    }
+    j.as_str().unwrap_or_else(|| panic!("expected a string, got {j:?}"))
 }
 
 fn tmpdir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("usermm-cli-test-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
-}
-
-#[test]
-fn parser_accepts_and_rejects() {
-    assert_eq!(parse(r#"{"a":[1,-2.5e3,"x\"y",null,true]}"#).unwrap(), {
-        let mut m = BTreeMap::new();
-        m.insert(
-            "a".to_string(),
-            Json::Arr(vec![Json::Num(1.0), Json::Num(-2500.0), Json::Str("x\"y".into()), Json::Null, Json::Bool(true)]),
-        );
-        Json::Obj(m)
-    });
-    assert!(parse(r#"{"a":1,}"#).is_err());
-    assert!(parse(r#"{"a":1} x"#).is_err());
-    assert!(parse(r#"{"a":NaN}"#).is_err());
 }
 
 #[test]
