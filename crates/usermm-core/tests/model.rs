@@ -17,6 +17,7 @@
 //! data loss, and never another page's stamp: isolation).
 //!
 //! Reproduce a failure with `MODEL_SEED=<seed> cargo test --test model`;
+//! proptest draws and shrinks sequences too (`proptest_sequences_match_the_oracle`);
 //! search longer with `MODEL_SEEDS=<count>` (300 by default).
 
 mod common;
@@ -680,12 +681,53 @@ struct Ran {
     late: u64,
 }
 
-fn run(seed: u64, ops: usize) -> Ran {
-    run_with(seed, ops, None)
+/// A sequence of operations: `config` chooses the core's and the
+/// executor's settings, and each step draws its operation (and the
+/// executor's choices during it) from a generator seeded with its own
+/// `steps` entry, so that a step can be dropped or changed without changing
+/// the others — which is what lets proptest shrink a failing sequence.
+#[derive(Clone, Debug)]
+struct Case {
+    config: u64,
+    steps: Vec<u64>,
 }
 
-fn run_with(seed: u64, ops: usize, bug: Option<Bug>) -> Ran {
-    let mut rng = Rng::new(seed);
+impl Case {
+    /// The seeded simulation's sequence number `seed`, of `ops` steps.
+    fn seeded(seed: u64, ops: usize) -> Case {
+        let mut rng = Rng::new(seed);
+        Case { config: rng.next(), steps: (0..ops).map(|_| rng.next()).collect() }
+    }
+}
+
+fn run(seed: u64, ops: usize) -> Ran {
+    run_case(&Case::seeded(seed, ops), None).unwrap_or_else(|e| panic!("seed {seed}: {e}"))
+}
+
+thread_local! {
+    /// Set while `run_case` catches a check's panic (it returns the
+    /// message): the panic hook stays silent then.
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Installs (once) a panic hook that is silent on a thread running a case:
+/// proptest runs thousands of failing cases while it shrinks.
+fn quiet_panics_in_cases() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(|q| q.get()) {
+                prev(info)
+            }
+        }));
+    });
+}
+
+/// Runs `case`; the first check that fails, with the last operations.
+fn run_case(case: &Case, bug: Option<Bug>) -> Result<Ran, String> {
+    quiet_panics_in_cases();
+    let mut rng = Rng::new(case.config);
     let swap_slots = [0, 8, 64][rng.below(3) as usize];
     let c = Core::new(CoreConfig {
         base: BASE,
@@ -716,7 +758,10 @@ fn run_with(seed: u64, ops: usize, bug: Option<Bug>) -> Ran {
         next_object: 0,
         log: Vec::new(),
     };
-    for i in 0..ops {
+    let ops = case.steps.len();
+    for (i, &step) in case.steps.iter().enumerate() {
+        sim.rng = Rng::new(step);
+        QUIET.with(|q| q.set(true));
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let op = sim.rng.below(20);
             if matches!(op, 0..=4 | 8) {
@@ -742,6 +787,7 @@ fn run_with(seed: u64, ops: usize, bug: Option<Bug>) -> Ran {
             }
             sim.check();
         }));
+        QUIET.with(|q| q.set(false));
         if let Err(e) = r {
             let msg = e
                 .downcast_ref::<String>()
@@ -749,16 +795,16 @@ fn run_with(seed: u64, ops: usize, bug: Option<Bug>) -> Ran {
                 .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
             let tail = if std::env::var("MODEL_LOG_ALL").is_ok() { 0 } else { sim.log.len().saturating_sub(25) };
-            panic!(
-                "seed {seed}: op {i} failed: {msg}\n(swap_slots {swap_slots}, inject {}, interleave {}, bug {:?})\nlast ops:\n  {}",
+            return Err(format!(
+                "op {i} failed: {msg}\n(swap_slots {swap_slots}, inject {}, interleave {}, bug {:?})\nlast ops:\n  {}",
                 sim.inject,
                 sim.interleave,
                 sim.bug,
                 sim.log[tail..].join("\n  ")
-            );
+            ));
         }
     }
-    Ran { counters: sim.c.stats().counters, waits: sim.waits, late: sim.late }
+    Ok(Ran { counters: sim.c.stats().counters, waits: sim.waits, late: sim.late })
 }
 
 /// The seeded simulation: `MODEL_SEEDS` sequences (10,000 by default) of
@@ -799,12 +845,63 @@ fn operation_sequences_match_the_oracle() {
 /// first failing seed is printed; it must come within 200 seeds.
 #[test]
 fn the_simulation_catches_an_injected_executor_bug() {
-    let caught = (0..200u64).find(|&seed| {
-        std::panic::catch_unwind(|| {
-            run_with(seed, 300, Some(Bug::CopyThenUnmap));
-        })
-        .is_err()
-    });
+    let caught = (0..200u64).find(|&seed| run_case(&Case::seeded(seed, 300), Some(Bug::CopyThenUnmap)).is_err());
     let seed = caught.expect("Bug::CopyThenUnmap survived 200 seeds");
     eprintln!("Bug::CopyThenUnmap caught at seed {seed}");
+}
+
+/// Sequences drawn by proptest (256 of up to 300 steps), which shrinks a
+/// failing one: steps are dropped and their seeds made smaller while the
+/// failure stays. Reproduce a failure it prints with its `Case` in
+/// `run_case`.
+#[test]
+fn proptest_sequences_match_the_oracle() {
+    use proptest::prelude::*;
+    let strategy = (any::<u64>(), proptest::collection::vec(any::<u64>(), 1..300))
+        .prop_map(|(config, steps)| Case { config, steps });
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 256, ..ProptestConfig::default() });
+    if let Err(e) = runner
+        .run(&strategy, |case| run_case(&case, None).map(|_| ()).map_err(proptest::test_runner::TestCaseError::fail))
+    {
+        panic!("{e}");
+    }
+}
+
+/// Shrinking, shown on the injected bug (a deliberately broken executor;
+/// the same runs without it pass): proptest, with a fixed seed, finds a
+/// sequence of up to 300 steps that loses a write with
+/// `Bug::CopyThenUnmap` and shrinks it to 17 steps, of which these are the
+/// ones that matter (the printed log has all 17):
+///
+/// ```text
+/// mmap p14 +3 prot=3 shared=true mode=2
+/// touch p14 write=true                      (stamp 3)
+/// reclaim 1
+///   deactivation of p14 in flight           (the bug copies stamp 3 now)
+/// touch p14 write=true                      (stamp 4, while in flight)
+///   deactivation of p14 done (ok true)      (parks the copy: stamp 3)
+/// op 16 failed: data of p14 (Inactive): got stamp 3, expected 4
+/// ```
+///
+/// The test fails if the bug goes unnoticed, if the shrunk sequence is
+/// longer than 30 steps, or if it fails without the bug.
+#[test]
+fn a_failing_sequence_shrinks_to_a_few_steps() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
+    let strategy = (any::<u64>(), proptest::collection::vec(any::<u64>(), 1..300))
+        .prop_map(|(config, steps)| Case { config, steps });
+    let config = Config { cases: 2000, failure_persistence: None, ..Config::default() };
+    let mut runner = TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha));
+    let r = runner
+        .run(&strategy, |case| run_case(&case, Some(Bug::CopyThenUnmap)).map(|_| ()).map_err(TestCaseError::fail));
+    match r {
+        Err(TestError::Fail(why, case)) => {
+            eprintln!("shrunk to {} steps: {case:?}\n{why}", case.steps.len());
+            assert!(case.steps.len() <= 30, "shrunk only to {} steps", case.steps.len());
+            assert!(run_case(&case, Some(Bug::CopyThenUnmap)).is_err());
+            assert!(run_case(&case, None).is_ok(), "the shrunk case fails without the bug too");
+        }
+        other => panic!("Bug::CopyThenUnmap was not caught: {other:?}"),
+    }
 }
