@@ -44,6 +44,7 @@ pub mod boundary;
 mod config;
 mod mapping;
 mod native;
+mod options;
 mod platform;
 pub mod purgeable;
 #[cfg(feature = "test-hooks")]
@@ -53,6 +54,7 @@ mod stats;
 pub use boundary::capi;
 pub use config::{default_budget_bytes, Config, DEFAULT_RESERVE_BYTES, DEFAULT_SWAP_BYTES};
 pub use mapping::Mapping;
+pub use options::{MapOptions, ReadOnlyMapping};
 pub use purgeable::{Contents, Purgeable, PurgeableGuard};
 pub use stats::{PopulateReport, PurgeReport, Stats};
 
@@ -97,7 +99,7 @@ pub struct Space {
 /// Advice that changes a range's bytes now or later, or removes access to
 /// them: refused on a [`Mapping`]'s range through the address-based
 /// [`Space::madvise`].
-fn advice_changes_bytes(advice: i32) -> bool {
+pub(crate) fn advice_changes_bytes(advice: i32) -> bool {
     use consts::*;
     matches!(advice, MADV_DONTNEED | MADV_FREE | MADV_REMOVE | MADV_HWPOISON | MADV_GUARD_INSTALL)
 }
@@ -482,17 +484,16 @@ impl Space {
     /// Maps `len` bytes of private anonymous read-write memory as a handle
     /// that derefs to a byte slice and unmaps on drop (like `memmap2::MmapMut`).
     pub fn map_anon(&self, len: usize) -> Result<Mapping<'_>, Errno> {
+        self.map_owned(len, consts::PROT_READ | consts::PROT_WRITE, consts::MAP_PRIVATE | consts::MAP_ANONYMOUS, -1, 0)
+    }
+
+    /// Maps (placed by the space) and registers the range as a live
+    /// handle's (see `owned`). [`MapOptions`] builds on it.
+    pub(crate) fn map_owned(&self, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Result<Mapping<'_>, Errno> {
         // No address-based call between the placement and the registration
         // (see `own_gate`).
         let _gate = self.own_gate.write().unwrap_or_else(|e| e.into_inner());
-        let addr = self.mmap(
-            0,
-            len,
-            consts::PROT_READ | consts::PROT_WRITE,
-            consts::MAP_PRIVATE | consts::MAP_ANONYMOUS,
-            -1,
-            0,
-        )?;
+        let addr = self.mmap(0, len, prot, flags, fd, off)?;
         self.own(addr, len);
         Ok(Mapping { space: self, addr, len })
     }

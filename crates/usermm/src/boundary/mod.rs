@@ -13,7 +13,9 @@ impl std::ops::Deref for Mapping<'_> {
     fn deref(&self) -> &[u8] {
         // SAFETY: the mapping is live until `self` drops (it is unmapped only
         // in `Drop`), `addr..addr+len` is a readable region of the space, and
-        // the space serves any fault on it.
+        // the space serves any fault on it (a file mapping's pages lie within
+        // its file: `MapOptions` checks it, and its `unsafe` callers vouch
+        // that the file is not truncated meanwhile).
         unsafe { usermm_sys::ffi::mapped_slice(self.addr(), self.len()) }
     }
 }
