@@ -355,9 +355,9 @@ pub fn child_wait_for_go() -> bool {
     true
 }
 
-/// `(pswpout, pswpin)` of `/proc/vmstat`: pages written to and read from
-/// swap, machine-wide.
-pub fn vmstat_swap() -> (u64, u64, u64) {
+/// `(pswpout, pswpin, pgsteal_anon)` of `/proc/vmstat`: pages written to
+/// and read from swap, and anonymous pages reclaimed, machine-wide.
+pub fn vmstat_reclaim() -> (u64, u64, u64) {
     let s = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
     let field = |name: &str| {
         s.lines()

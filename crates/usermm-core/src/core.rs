@@ -166,7 +166,7 @@ pub struct Core {
     /// high watermark (set below the low one; see `reclaim_ahead_want`).
     refilling: bool,
     /// Frames faults and populates have claimed since reclaim last
-    /// refilled the inactive list (see `needs_aging`, `aging_allowance`).
+    /// refilled the inactive list (see `needs_aging`, `refill_target`).
     demand: u64,
     /// Invariant: the number of `Inactive` pages.
     inactive: u64,

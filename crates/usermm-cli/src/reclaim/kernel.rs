@@ -42,7 +42,7 @@ pub fn kernel_memcg_child(args: &[String]) -> Result<(), String> {
         return Err("the parent never said go".into());
     }
     let stats = || {
-        let (o, i, e) = memcg::vmstat_swap();
+        let (o, i, e) = memcg::vmstat_reclaim();
         (o, i, majflt(), e)
     };
     let m = kernel_phases(sh, &stats, &majflt)?;

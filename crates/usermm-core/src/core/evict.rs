@@ -6,6 +6,7 @@
 //! consistent on failure: the page stays resident (parked or mapped). The
 //! policy that chooses the pages is in `reclaim.rs`.
 
+use super::policy::forget_use;
 use super::{transfer_for, Core, Deactivate, Discard, Evict, FaultPlan, Writeback};
 use crate::consts::*;
 use crate::page::{pf, PState, PageMeta};
@@ -34,8 +35,7 @@ impl Core {
             self.pages.update(p, |m| {
                 m.state = PState::Deactivating;
                 m.slot = slot;
-                m.flags &= !pf::REFERENCED;
-                m.trips = 0;
+                forget_use(m);
             });
             let host_free = self.host_lazyfree && m.has(pf::VOLATILE);
             v.push(Deactivate { page: p, slot, how, host_free });
@@ -126,8 +126,8 @@ impl Core {
         self.pages.update(d.page, |m| {
             m.state = PState::Absent;
             m.slot = 0;
-            m.flags &= !(pf::LAZYFREE | pf::REFERENCED | pf::MAYBE_DIRTY);
-            m.trips = 0;
+            m.flags &= !(pf::LAZYFREE | pf::MAYBE_DIRTY);
+            forget_use(m);
         });
         self.counters.lazyfree_discards += 1;
         self.counters.evictions += 1;
@@ -226,8 +226,8 @@ impl Core {
         self.pages.update(page, |m| {
             m.state = PState::Absent;
             m.slot = 0;
-            m.flags = (m.flags | purged) & !(pf::LAZYFREE | pf::REFERENCED);
-            m.trips = 0;
+            m.flags = (m.flags | purged) & !pf::LAZYFREE;
+            forget_use(m);
         });
         if purged != 0 {
             self.counters.volatile_purges += 1;

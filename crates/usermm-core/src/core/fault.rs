@@ -325,8 +325,8 @@ impl Core {
                     self.pages.update(page, |m| {
                         m.state = PState::Resident;
                         m.slot = 0;
+                        super::policy::touched_parked(m);
                     });
-                    self.touched_parked(page);
                     self.note_resident(page);
                     self.counters.minor_faults += 1;
                 } else {

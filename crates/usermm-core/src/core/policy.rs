@@ -12,7 +12,8 @@
 //! What it decides, here and nowhere else:
 //! - whether the page at the active list's head gets another trip
 //!   ([`another_trip`]) or is parked;
-//! - what a touch of a parked page earns ([`Core::touched_parked`]);
+//! - what a touch of a parked page earns ([`touched_parked`]), and when a
+//!   page forgets it ([`forget_use`]);
 //! - the inactive list's target and how fast aging refills it
 //!   ([`Core::inactive_target`], [`Core::refill_target`],
 //!   [`Core::needs_aging`]);
@@ -28,7 +29,7 @@
 //! ("Budget, LRU and reclaim").
 
 use super::Core;
-use crate::page::{pf, PageTable};
+use crate::page::{pf, PageMeta, PageTable};
 use crate::types::PageIdx;
 
 /// Extra trips past the active list's head a page earns when touched while
@@ -57,26 +58,32 @@ pub(super) const AGING_PER_CLAIM: u64 = 4;
 /// earned trips), spending one.
 pub(super) fn another_trip(pages: &mut PageTable, p: PageIdx) -> bool {
     let m = pages.get(p);
-    if m.has(pf::REFERENCED) {
-        pages.update(p, |m| m.flags &= !pf::REFERENCED);
-        true
-    } else if m.trips > 0 {
-        pages.update(p, |m| m.trips -= 1);
-        true
-    } else {
-        false
+    if !m.has(pf::REFERENCED) && m.trips == 0 {
+        return false;
     }
+    pages.update(p, |m| {
+        if m.has(pf::REFERENCED) {
+            m.flags &= !pf::REFERENCED;
+        } else {
+            m.trips -= 1;
+        }
+    });
+    true
+}
+
+/// A page touched while parked, being mapped back: what it earns.
+pub(super) fn touched_parked(m: &mut PageMeta) {
+    m.flags |= pf::REFERENCED;
+    m.trips = PROVEN_TRIPS;
+}
+
+/// A page leaving the LRU or marked cold: it forgets every use it proved.
+pub(super) fn forget_use(m: &mut PageMeta) {
+    m.flags &= !pf::REFERENCED;
+    m.trips = 0;
 }
 
 impl Core {
-    /// Page `p` was touched while parked and is mapped back.
-    pub(super) fn touched_parked(&mut self, p: PageIdx) {
-        self.pages.update(p, |m| {
-            m.flags |= pf::REFERENCED;
-            m.trips = PROVEN_TRIPS;
-        });
-    }
-
     /// Whether reclaim should work ahead of the program (keep free frames
     /// above the executor's watermarks, age pages): only once the budget has
     /// run out under a fault, since it was last less than half full. A

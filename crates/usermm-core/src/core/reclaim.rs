@@ -18,6 +18,7 @@
 //! plans (`MADV_COLD`, `MADV_PAGEOUT`) and the `*_done` commits of every
 //! step.
 
+use super::policy::{another_trip, forget_use};
 use super::{transfer_for, Core, Deactivate, Discard, Evict, ReclaimPlan, Transfer, Writeback};
 use crate::consts::*;
 use crate::page::{pf, PState};
@@ -169,9 +170,9 @@ impl Core {
         }
     }
 
-    /// Refills the inactive list from the head of the active list (second
-    /// chance for referenced pages), to its target and to what the round
-    /// still wants.
+    /// Refills the inactive list from the head of the active list (more
+    /// trips for the pages the policy grants them: `policy::another_trip`),
+    /// to its aging target and to what the round still wants.
     fn plan_refill_inactive(&mut self, plan: &mut ReclaimPlan, want: u64) {
         let target = self.refill_target();
         let short = want.saturating_sub((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64);
@@ -197,7 +198,7 @@ impl Core {
                 self.lru.active.push_back((p, g));
                 continue;
             }
-            if super::policy::another_trip(&mut self.pages, p) {
+            if another_trip(&mut self.pages, p) {
                 self.lru.active.push_back((p, g));
                 continue;
             }
@@ -329,8 +330,7 @@ impl Core {
                     self.pages.update(p, |m| {
                         m.state = PState::Deactivating;
                         m.slot = slot;
-                        m.flags &= !pf::REFERENCED;
-                        m.trips = 0;
+                        forget_use(m);
                     });
                     let host_free = self.host_lazyfree;
                     plan.deactivate.push(Deactivate { page: p, slot, how: transfer_for(reg.prot), host_free });
