@@ -368,6 +368,31 @@ int umm_debug_inject_swap_errors(umm_space *s, unsigned reads, unsigned writes);
  * In a forked child the first call opens the child's own default space. */
 umm_space *umm_default_space(void);
 
+/* usermm extension: a heap on the space (docs/design.md, "A heap on a
+ * space"). Blocks come from arenas of the space (talc) or, from 256 KiB,
+ * from regions of their own, so they live under the space's budget,
+ * reclaim, swap and locks like any of its memory. Semantics of malloc(3)
+ * and friends: 16-byte alignment; umm_malloc(s, 0) gives a unique pointer;
+ * umm_realloc(s, NULL, n) is umm_malloc, umm_realloc(s, p, 0) frees p and
+ * returns NULL, and on failure leaves p alone; umm_calloc zeroes and fails
+ * with ENOMEM when n * size overflows; umm_aligned_alloc takes a power of
+ * two up to 1 GiB (EINVAL otherwise). Failure: NULL + ENOMEM (EINVAL for a
+ * NULL space). umm_free(s, NULL) does nothing; a pointer that is not a live
+ * block (double free, or never allocated here) is refused with a message
+ * on stderr, once, and nothing is freed -- though, as with free(3), a
+ * pointer inside the space that no call here returned is undefined.
+ * Freed blocks of 64 KiB or more give their whole pages back with
+ * MADV_FREE; freed large blocks are unmapped. */
+void *umm_malloc(umm_space *s, size_t size);
+void *umm_calloc(umm_space *s, size_t n, size_t size);
+void *umm_realloc(umm_space *s, void *p, size_t size);
+void *umm_aligned_alloc(umm_space *s, size_t align, size_t size);
+void umm_free(umm_space *s, void *p);
+/* The size the block was asked with; 0 for NULL or a non-block. */
+size_t umm_malloc_usable_size(umm_space *s, void *p);
+/* 1 if p lies in the space's reservation (umm_free's, not libc's), else 0. */
+int umm_heap_owns(umm_space *s, const void *p);
+
 #ifdef __cplusplus
 }
 #endif

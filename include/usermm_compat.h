@@ -104,4 +104,85 @@
 #define munlockall() umm_munlockall(umm_default_space())
 #define msync(addr, len, flags) umm_msync(umm_default_space(), (addr), (len), (flags))
 
+/*
+ * Opt-in: the C heap too. Compiled with USERMM_MALLOC defined to 1
+ * (-DUSERMM_MALLOC=1, or #define before including this header),
+ *
+ *     malloc calloc realloc aligned_alloc free
+ *
+ * written in these translation units allocate from the default space's
+ * heap (umm_malloc and friends, usermm.h): the blocks live under its budget,
+ * reclaim, swap and locks, so that mlock() of a malloc'd buffer locks space
+ * memory. free and realloc take any pointer: one outside the default space
+ * (from strdup, getline or another translation unit's malloc) goes to the
+ * C library's own free/realloc. If the default space cannot be opened,
+ * malloc, calloc and aligned_alloc fail with ENOMEM (the message above says
+ * why), and free/realloc of the C library's pointers still work.
+ */
+#if defined(USERMM_MALLOC) && USERMM_MALLOC
+#include <errno.h>
+#include <stdlib.h>
+
+#undef malloc
+#undef calloc
+#undef realloc
+#undef aligned_alloc
+#undef free
+
+static inline void *usermm_compat_malloc(size_t n) {
+    umm_space *s = umm_default_space();
+    if (!s) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return umm_malloc(s, n);
+}
+
+static inline void *usermm_compat_calloc(size_t n, size_t size) {
+    umm_space *s = umm_default_space();
+    if (!s) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return umm_calloc(s, n, size);
+}
+
+static inline void *usermm_compat_aligned_alloc(size_t align, size_t n) {
+    umm_space *s = umm_default_space();
+    if (!s) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return umm_aligned_alloc(s, align, n);
+}
+
+static inline void usermm_compat_free(void *p) {
+    umm_space *s;
+    if (!p)
+        return;
+    s = umm_default_space();
+    if (s && umm_heap_owns(s, p))
+        umm_free(s, p);
+    else
+        (free)(p);
+}
+
+static inline void *usermm_compat_realloc(void *p, size_t n) {
+    umm_space *s = umm_default_space();
+    if (p && !(s && umm_heap_owns(s, p)))
+        return (realloc)(p, n);
+    if (!s) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return umm_realloc(s, p, n);
+}
+
+#define malloc(n) usermm_compat_malloc(n)
+#define calloc(n, size) usermm_compat_calloc((n), (size))
+#define realloc(p, n) usermm_compat_realloc((p), (n))
+#define aligned_alloc(align, n) usermm_compat_aligned_alloc((align), (n))
+#define free(p) usermm_compat_free(p)
+#endif /* USERMM_MALLOC */
+
 #endif /* USERMM_COMPAT_H */

@@ -27,7 +27,8 @@
 //! | `stats.rs`             | [`Stats`], [`PopulateReport`], [`PurgeReport`]                |
 //! | `mapping.rs`           | [`Mapping`]: the owned handle [`Space::map_anon`] returns     |
 //! | `purgeable.rs`         | [`Purgeable`]: the safe handle of volatile memory             |
-//! | `boundary/`            | the C ABI ([`capi`]) and `Mapping`'s slice view (`unsafe`)    |
+//! | `heap.rs`              | [`Heap`], [`GlobalHeap`]: a heap on a space (policy, docs)     |
+//! | `boundary/`            | the C ABI ([`capi`]), `Mapping`'s slice view, the heap's allocator (`unsafe`) |
 //! | `native.rs`, `native/` | the native executor: memory, fault service, the calls         |
 //! | `platform.rs`          | the executor's platform: host operations as one trait         |
 //! | `sim/`                 | a seeded simulation of a space (test hooks only)              |
@@ -42,6 +43,7 @@
 
 pub mod boundary;
 mod config;
+pub mod heap;
 mod mapping;
 mod native;
 mod options;
@@ -53,6 +55,7 @@ mod stats;
 
 pub use boundary::capi;
 pub use config::{default_budget_bytes, Config, DEFAULT_RESERVE_BYTES, DEFAULT_SWAP_BYTES};
+pub use heap::{GlobalHeap, Heap, HeapStats};
 pub use mapping::Mapping;
 pub use options::{MapOptions, ReadOnlyMapping};
 pub use purgeable::{Contents, Purgeable, PurgeableGuard};
@@ -94,6 +97,8 @@ pub struct Space {
     /// registration in `owned` (otherwise a `munmap` that found a hole
     /// could unmap the handle `map_anon` had just placed there).
     own_gate: std::sync::RwLock<()>,
+    /// The space's heap ([`Space::heap`], `umm_malloc`).
+    pub(crate) heap: boundary::heap::HeapCore,
 }
 
 /// Advice that changes a range's bytes now or later, or removes access to
@@ -115,6 +120,7 @@ impl Space {
             fork_generation,
             owned: std::sync::Mutex::new(Vec::new()),
             own_gate: std::sync::RwLock::new(()),
+            heap: boundary::heap::HeapCore::new(),
         })
     }
 

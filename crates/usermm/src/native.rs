@@ -241,11 +241,23 @@ impl Inner {
         let nthreads =
             if cfg.fault_threads == 0 { default_fault_threads() } else { cfg.fault_threads.min(64) as usize };
         let mut handles = Vec::new();
+        // Each thread says when it has started and marked itself as
+        // usermm's own (`heap::mark_usermm_thread`), and `open` waits for
+        // that: a `GlobalHeap` opening its space routes every allocation to
+        // the system allocator until then, so that what std allocates while
+        // starting a thread never waits on the heap its own space serves.
+        let (started_tx, started) = std::sync::mpsc::channel::<()>();
         for i in 0..nthreads {
             let me = inner.clone();
+            let tx = started_tx.clone();
             let h = std::thread::Builder::new()
                 .name(format!("usermm-fault-{i}"))
-                .spawn(move || me.handler_loop())
+                .spawn(move || {
+                    crate::heap::mark_usermm_thread();
+                    let _ = tx.send(());
+                    drop(tx);
+                    me.handler_loop()
+                })
                 .map_err(|_| Errno::EAGAIN)?;
             handles.push(h);
         }
@@ -256,10 +268,17 @@ impl Inner {
             let bg = cfg.flags & UMM_F_NO_BACKGROUND_RECLAIM == 0;
             let h = std::thread::Builder::new()
                 .name("usermm-reclaim".into())
-                .spawn(move || me.background_loop(bg))
+                .spawn(move || {
+                    crate::heap::mark_usermm_thread();
+                    let _ = started_tx.send(());
+                    drop(started_tx);
+                    me.background_loop(bg)
+                })
                 .map_err(|_| Errno::EAGAIN)?;
             handles.push(h);
         }
+        // Every sender is gone once every thread has sent (or died).
+        while started.recv().is_ok() {}
         Ok((inner, Threads { handles }))
     }
 

@@ -154,18 +154,39 @@ fn compat_header_redirects_plain_calls() {
 }
 
 #[test]
+fn compat_header_routes_malloc_to_the_default_space() {
+    let link = link_shared();
+    let link: Vec<&str> = link.iter().map(String::as_str).collect();
+    let exe = compile("test_malloc.c", "test_malloc", &[&link[..], &["-lpthread"]].concat());
+    let o = command(&exe).output().unwrap();
+    assert!(assert_verdict("test_malloc", &o) >= 40);
+    // The double free was refused, with a message.
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("bad or double free"), "{stderr}");
+}
+
+#[test]
 fn headers_compile_as_cxx_and_strict_c() {
     let root = repo_root();
     let src = "#include \"usermm_compat.h\"\n\
                int main(void) { struct umm_config c; umm_config_init(&c); \
                umm_space *s = umm_open(&c); return s ? umm_close(s) : 1; }\n";
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    for (file, args) in [
-        ("hdr.cpp", &["c++", "-std=c++11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only"][..]),
-        ("hdr.c", &["cc", "-std=c11", "-pedantic", "-Wall", "-Wextra", "-Werror", "-fsyntax-only"][..]),
+    // Also with the C heap routed (USERMM_MALLOC=1), used once.
+    let malloc_src =
+        format!("#define USERMM_MALLOC 1\n{}", src.replace("return s ?", "void *m = malloc(8); free(m); return s ?"));
+    for (file, args, text) in [
+        ("hdr.cpp", &["c++", "-std=c++11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only"][..], src),
+        ("hdr.c", &["cc", "-std=c11", "-pedantic", "-Wall", "-Wextra", "-Werror", "-fsyntax-only"][..], src),
+        ("hdr_malloc.cpp", &["c++", "-std=c++11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only"][..], &malloc_src),
+        (
+            "hdr_malloc.c",
+            &["cc", "-std=c11", "-pedantic", "-Wall", "-Wextra", "-Werror", "-fsyntax-only"][..],
+            &malloc_src,
+        ),
     ] {
         let path = dir.join(file);
-        std::fs::write(&path, src).unwrap();
+        std::fs::write(&path, text).unwrap();
         let o = Command::new(args[0])
             .current_dir(&root)
             .args(&args[1..])

@@ -7,7 +7,8 @@
 //! - Errors are `-1` (or `MAP_FAILED` for `umm_mmap`) with `errno` set to
 //!   exactly what the Rust API returned; a NULL space is `EINVAL`.
 //! - Caller memory is read and written the way the kernel reads and writes
-//!   user pointers: never dereferenced, only copied with
+//!   user pointers (except by the heap calls, which read the header of the
+//!   blocks they handed out directly, as `free(3)` does): never dereferenced, only copied with
 //!   [`copy_from_own_memory`](usermm_sys::ffi::copy_from_own_memory) /
 //!   [`copy_to_own_memory`](usermm_sys::ffi::copy_to_own_memory) (`process_vm_readv` /
 //!   `process_vm_writev` on our own pid), so a read-only, `PROT_NONE` or
@@ -46,6 +47,7 @@
 //! | `capi/lock.rs`          | `umm_mlock`, `umm_mlock2`, `umm_munlock`, `umm_mlockall`, `umm_munlockall` |
 //! | `capi/volatile.rs`      | `umm_mvolatile`, `umm_mnovolatile`, `umm_populate`, their reports          |
 //! | `capi/introspect.rs`    | `umm_mincore`, `umm_page_state`, `umm_stats`, `umm_smaps`, test hook       |
+//! | `capi/heap.rs`          | `umm_malloc`, `umm_calloc`, `umm_realloc`, `umm_aligned_alloc`, `umm_free` |
 //!
 //! Every exported symbol is re-exported here, so its Rust path stays
 //! `usermm::capi::umm_*`.
@@ -54,6 +56,7 @@
 
 mod copy;
 mod default_space;
+mod heap;
 mod introspect;
 mod lifecycle;
 mod lock;
@@ -67,7 +70,11 @@ use usermm_sys::ffi::{as_ref, set_errno};
 
 use crate::{Errno, Space};
 
+pub(crate) use default_space::config_from_env;
 pub use default_space::umm_default_space;
+pub use heap::{
+    umm_aligned_alloc, umm_calloc, umm_free, umm_heap_owns, umm_malloc, umm_malloc_usable_size, umm_realloc,
+};
 pub use introspect::{
     umm_debug_inject_swap_errors, umm_mincore, umm_page_state, umm_smaps, umm_stats, STATS_SIZE, STATS_WORDS,
 };

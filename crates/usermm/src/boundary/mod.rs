@@ -1,10 +1,12 @@
 //! The trust boundary with callers: the only module of this crate allowed to
-//! contain `unsafe` code. It holds the C ABI and the slice view of a
-//! `Mapping`; both must trust memory the caller vouches for.
+//! contain `unsafe` code. It holds the C ABI, the slice view of a
+//! `Mapping` and the heap's allocator (`heap.rs`); all must trust memory
+//! the caller vouches for.
 
 #![allow(unsafe_code)]
 
 pub mod capi;
+pub(crate) mod heap;
 
 use crate::Mapping;
 

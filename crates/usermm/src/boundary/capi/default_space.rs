@@ -84,7 +84,7 @@ fn env_u32(name: &str) -> Result<Option<u32>, Errno> {
 
 /// The default space's configuration, from the `USERMM_*` variables
 /// documented in `usermm_compat.h`.
-fn config_from_env() -> Result<Config, Errno> {
+pub(crate) fn config_from_env() -> Result<Config, Errno> {
     let d = Config::default();
     Ok(Config {
         budget_bytes: env_size("USERMM_BUDGET_BYTES")?.unwrap_or(d.budget_bytes),

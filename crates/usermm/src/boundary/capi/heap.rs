@@ -1,0 +1,255 @@
+//! The heap on a space from C: `umm_malloc`, `umm_calloc`, `umm_realloc`,
+//! `umm_aligned_alloc`, `umm_free`, `umm_malloc_usable_size`,
+//! `umm_heap_owns` (the heap itself is `heap.rs` and `boundary/heap.rs`).
+//!
+//! C frees without a size, so each allocation carries a 16-byte header
+//! right before the pointer returned: the size asked for and a check word
+//! (the alignment, mixed with the size and a constant). A free whose check
+//! word is wrong (not from `umm_malloc`, or freed already: a free clears it)
+//! is refused: a message on stderr, nothing freed, nothing corrupted. Unlike
+//! the other calls of the ABI, these read and write the header directly
+//! (as `free(3)` does): a pointer inside the space's reservation that no
+//! call here returned is undefined behaviour, as it is for `free(3)`.
+
+use std::alloc::Layout;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::{guard, space, umm_space};
+use crate::{Errno, Space};
+
+const HEADER: usize = 16;
+/// The smallest alignment handed out (as glibc's `malloc` on x86-64).
+const MIN_ALIGN: usize = 16;
+/// The largest alignment `umm_aligned_alloc` takes.
+const MAX_ALIGN: usize = 1 << 30;
+const MAGIC: usize = 0x756d_6d5f_6865_6170; // "umm_heap"
+
+fn check_word(size: usize, align: usize) -> usize {
+    MAGIC ^ size.rotate_left(21) ^ align
+}
+
+/// The underlying allocation of a C allocation of `size` at `align`
+/// (`align` ≥ [`MIN_ALIGN`]): the header fits in the `align` bytes before
+/// the pointer returned.
+fn outer(size: usize, align: usize) -> Result<Layout, Errno> {
+    let total = size.checked_add(align).ok_or(Errno::ENOMEM)?;
+    Layout::from_size_align(total, align).map_err(|_| Errno::ENOMEM)
+}
+
+fn alloc(sp: &Space, size: usize, align: usize, zeroed: bool) -> Result<*mut c_void, Errno> {
+    let align = align.max(MIN_ALIGN);
+    let l = outer(size, align)?;
+    let base = if zeroed { sp.heap.alloc_zeroed(sp, l) } else { sp.heap.alloc(sp, l) }.ok_or(Errno::ENOMEM)?;
+    let user = base.as_ptr() as usize + align;
+    // SAFETY: `[base, base + align + size)` is a new allocation, ours to
+    // write; the header's 16 bytes lie in its first `align` (≥ 16) bytes,
+    // 8-aligned.
+    unsafe {
+        let h = (user - HEADER) as *mut usize;
+        h.write(size);
+        h.add(1).write(check_word(size, align));
+    }
+    Ok(user as *mut c_void)
+}
+
+/// The `(size, align)` in `p`'s header, `None` if the check word is wrong.
+///
+/// # Safety
+/// `p` is in the space's reservation and its 16 bytes before are mapped
+/// (true of every pointer `alloc` returned and not yet freed).
+unsafe fn header(p: usize) -> Option<(usize, usize)> {
+    // SAFETY: the caller's.
+    let (size, check) = unsafe {
+        let h = (p - HEADER) as *const usize;
+        (h.read(), h.add(1).read())
+    };
+    let align = check ^ MAGIC ^ size.rotate_left(21);
+    let ok = align.is_power_of_two() && (MIN_ALIGN..=MAX_ALIGN).contains(&align) && p.is_multiple_of(align);
+    ok.then_some((size, align))
+}
+
+static WARNED: AtomicBool = AtomicBool::new(false);
+
+fn refuse(what: &str, p: usize) {
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        eprintln!("usermm: {what}({p:#x}): not a live allocation of this space's heap (bad or double free); ignored");
+    }
+}
+
+/// Whether `p` may be one of the heap's: inside the reservation, at least
+/// a header past its start.
+fn in_space(sp: &Space, p: usize) -> bool {
+    let (base, len) = sp.reservation();
+    p.wrapping_sub(base) < len && p - base >= HEADER
+}
+
+fn free(sp: &Space, p: usize) {
+    if p == 0 {
+        return;
+    }
+    if !in_space(sp, p) {
+        return refuse("umm_free", p);
+    }
+    // SAFETY: in the reservation; the caller passes what `alloc` returned
+    // (`umm_free`'s contract).
+    let Some((size, align)) = (unsafe { header(p) }) else { return refuse("umm_free", p) };
+    let Ok(l) = outer(size, align) else { return refuse("umm_free", p) };
+    // SAFETY: the header checked out: `p - align` is a live allocation of
+    // `l`; clearing the check word makes a second free fail the check.
+    unsafe {
+        ((p - HEADER) as *mut usize).add(1).write(0);
+        sp.heap.dealloc(sp, (p - align) as *mut u8, l);
+    }
+}
+
+fn realloc(sp: &Space, p: usize, size: usize) -> Result<*mut c_void, Errno> {
+    if p == 0 {
+        return alloc(sp, size, MIN_ALIGN, false);
+    }
+    if !in_space(sp, p) {
+        refuse("umm_realloc", p);
+        return Err(Errno::EINVAL);
+    }
+    // SAFETY: as in `free`.
+    let Some((old, align)) = (unsafe { header(p) }) else {
+        refuse("umm_realloc", p);
+        return Err(Errno::EINVAL);
+    };
+    let new_outer = outer(size, align)?;
+    if align == MIN_ALIGN {
+        // SAFETY: the header checked out: `p - align` is a live allocation
+        // of `outer(old, align)`.
+        let base = unsafe { sp.heap.realloc(sp, (p - align) as *mut u8, outer(old, align)?, new_outer.size()) }
+            .ok_or(Errno::ENOMEM)?;
+        let user = base.as_ptr() as usize + align;
+        // SAFETY: the (possibly moved) allocation's header, ours to write.
+        unsafe {
+            let h = (user - HEADER) as *mut usize;
+            h.write(size);
+            h.add(1).write(check_word(size, align));
+        }
+        return Ok(user as *mut c_void);
+    }
+    let q = alloc(sp, size, align, false)?;
+    // SAFETY: both live, distinct, each at least the smaller size.
+    unsafe { std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, old.min(size)) };
+    free(sp, p);
+    Ok(q)
+}
+
+/// `umm_malloc`: `size` bytes from the space's heap, 16-byte aligned
+/// (`size` 0 gives a unique pointer). NULL + `ENOMEM` when the space has no
+/// room left (its reservation, region limit); `EINVAL` for a NULL space.
+///
+/// # Safety
+/// `s` must be NULL or a live handle (see `usermm.h`).
+#[no_mangle]
+pub unsafe extern "C" fn umm_malloc(s: *mut umm_space, size: usize) -> *mut c_void {
+    // SAFETY: `s` is NULL or a live handle (this function's contract).
+    let sp = unsafe { space(s) };
+    guard(std::ptr::null_mut(), || alloc(sp?, size, MIN_ALIGN, false))
+}
+
+/// `umm_calloc`: `n * size` zeroed bytes; `ENOMEM` when the product
+/// overflows.
+///
+/// # Safety
+/// `s` must be NULL or a live handle (see `usermm.h`).
+#[no_mangle]
+pub unsafe extern "C" fn umm_calloc(s: *mut umm_space, n: usize, size: usize) -> *mut c_void {
+    // SAFETY: `s` is NULL or a live handle (this function's contract).
+    let sp = unsafe { space(s) };
+    guard(std::ptr::null_mut(), || {
+        let sp = sp?;
+        alloc(sp, n.checked_mul(size).ok_or(Errno::ENOMEM)?, MIN_ALIGN, true)
+    })
+}
+
+/// `umm_aligned_alloc`: `size` bytes aligned to `align`, a power of two up
+/// to 1 GiB (`EINVAL` otherwise, as glibc's `aligned_alloc`).
+///
+/// # Safety
+/// `s` must be NULL or a live handle (see `usermm.h`).
+#[no_mangle]
+pub unsafe extern "C" fn umm_aligned_alloc(s: *mut umm_space, align: usize, size: usize) -> *mut c_void {
+    // SAFETY: `s` is NULL or a live handle (this function's contract).
+    let sp = unsafe { space(s) };
+    guard(std::ptr::null_mut(), || {
+        let sp = sp?;
+        if !align.is_power_of_two() || align > MAX_ALIGN {
+            return Err(Errno::EINVAL);
+        }
+        alloc(sp, size, align, false)
+    })
+}
+
+/// `umm_realloc`: as `realloc(3)`: NULL `p` is `umm_malloc`; `size` 0 frees
+/// `p` and returns NULL; on failure `p` is untouched (NULL + `ENOMEM`). The
+/// alignment of a `umm_aligned_alloc` block is kept.
+///
+/// # Safety
+/// `s` must be NULL or a live handle, and `p` NULL or a live allocation of
+/// the space's heap.
+#[no_mangle]
+pub unsafe extern "C" fn umm_realloc(s: *mut umm_space, p: *mut c_void, size: usize) -> *mut c_void {
+    // SAFETY: `s` is NULL or a live handle (this function's contract).
+    let sp = unsafe { space(s) };
+    guard(std::ptr::null_mut(), || {
+        let sp = sp?;
+        if size == 0 && !p.is_null() {
+            free(sp, p as usize);
+            return Ok(std::ptr::null_mut());
+        }
+        realloc(sp, p as usize, size)
+    })
+}
+
+/// `umm_free`: frees what the heap calls returned (NULL: nothing). A
+/// pointer that is not a live allocation is refused with a message, once.
+///
+/// # Safety
+/// `s` must be NULL or a live handle, and `p` NULL or a live allocation of
+/// the space's heap.
+#[no_mangle]
+pub unsafe extern "C" fn umm_free(s: *mut umm_space, p: *mut c_void) {
+    // SAFETY: `s` is NULL or a live handle (this function's contract).
+    let sp = unsafe { space(s) };
+    guard((), || {
+        free(sp?, p as usize);
+        Ok(())
+    })
+}
+
+/// `umm_malloc_usable_size`: the size asked for (0 for NULL or a pointer
+/// that is not a live allocation).
+///
+/// # Safety
+/// As for [`umm_free`].
+#[no_mangle]
+pub unsafe extern "C" fn umm_malloc_usable_size(s: *mut umm_space, p: *mut c_void) -> usize {
+    // SAFETY: `s` is NULL or a live handle (this function's contract).
+    let sp = unsafe { space(s) };
+    guard(0, || {
+        let p = p as usize;
+        if p == 0 || !in_space(sp?, p) {
+            return Ok(0);
+        }
+        // SAFETY: as in `free`.
+        Ok(unsafe { header(p) }.map_or(0, |(size, _)| size))
+    })
+}
+
+/// `umm_heap_owns`: 1 if `p` lies in the space's reservation (so a free of
+/// it belongs to `umm_free`), 0 otherwise (also for a NULL or stale space).
+/// `usermm_compat.h`'s `free` uses it to hand other pointers to the C
+/// library's.
+///
+/// # Safety
+/// `s` must be NULL or a live handle (see `usermm.h`).
+#[no_mangle]
+pub unsafe extern "C" fn umm_heap_owns(s: *mut umm_space, p: *const c_void) -> c_int {
+    // SAFETY: `s` is NULL or a live handle (this function's contract).
+    let sp = unsafe { space(s) };
+    guard(0, || Ok(sp.is_ok_and(|sp| in_space(sp, p as usize)) as c_int))
+}

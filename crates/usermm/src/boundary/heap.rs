@@ -1,0 +1,381 @@
+//! The heap's `unsafe` half (the policy and the docs are in `heap.rs`):
+//! talc over the space's arenas, large allocations as regions, and the
+//! allocator traits ([`GlobalAlloc`] for [`GlobalHeap`], `allocator_api2`'s
+//! `Allocator` for [`Heap`]).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::ptr::NonNull;
+use std::sync::{Mutex, MutexGuard};
+
+use allocator_api2::alloc::{AllocError, Allocator};
+use talc::base::Talc;
+use talc::source::Manual;
+use talc::DefaultBinning;
+
+use crate::consts::{MADV_FREE, MAP_ANONYMOUS, MAP_FIXED_NOREPLACE, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+use crate::heap::{
+    free_run_pages, next_arena_bytes, system_only, Counters, GlobalHeap, Heap, SystemOnly, FREE_RUN_BYTES, LARGE_BYTES,
+    MAX_ARENAS,
+};
+use crate::Space;
+
+/// talc and the arenas it was handed.
+struct Arenas {
+    talc: Talc<Manual, DefaultBinning>,
+    /// `(base, len)` of each arena, sorted by base; the first `n` are live.
+    spans: [(usize, usize); MAX_ARENAS],
+    n: usize,
+    /// The last arena's size (the next one doubles it).
+    last: usize,
+}
+
+impl Arenas {
+    fn contains(&self, p: usize) -> bool {
+        let i = self.spans[..self.n].partition_point(|&(b, _)| b <= p);
+        i > 0 && p - self.spans[i - 1].0 < self.spans[i - 1].1
+    }
+}
+
+/// A space's heap: see `heap.rs`. Every method takes the space it belongs
+/// to (the space owns its heap).
+pub(crate) struct HeapCore {
+    arenas: Mutex<Arenas>,
+    counters: Counters,
+}
+
+/// Allocations of size 0 are served (and freed) as size 1.
+fn nonzero(l: Layout) -> Layout {
+    if l.size() == 0 {
+        // An alignment that came in a `Layout` stays valid with size 1.
+        Layout::from_size_align(1, l.align()).unwrap_or(l)
+    } else {
+        l
+    }
+}
+
+const RW: i32 = PROT_READ | PROT_WRITE;
+const ANON: i32 = MAP_PRIVATE | MAP_ANONYMOUS;
+
+impl HeapCore {
+    pub(crate) const fn new() -> HeapCore {
+        HeapCore {
+            arenas: Mutex::new(Arenas { talc: Talc::new(Manual), spans: [(0, 0); MAX_ARENAS], n: 0, last: 0 }),
+            counters: Counters::new(),
+        }
+    }
+
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Arenas> {
+        self.arenas.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Allocates `layout`; also says whether the memory is a fresh region
+    /// (and so reads as zeros). `None` when the space gives no more memory
+    /// (or in a forked child).
+    fn alloc_inner(&self, sp: &Space, layout: Layout) -> Option<(NonNull<u8>, bool)> {
+        sp.check_owner().ok()?;
+        let layout = nonzero(layout);
+        if layout.size() >= LARGE_BYTES && layout.align() <= sp.page_size() {
+            if let Some(p) = self.map_large(sp, layout.size()) {
+                self.counters.allocated(layout.size());
+                return Some((p, true));
+            }
+            // The region limit, or no room left in the reservation for a
+            // region: try the arenas.
+        }
+        let mut a = self.lock();
+        loop {
+            // SAFETY: `nonzero` made the size nonzero.
+            if let Some(p) = unsafe { a.talc.try_allocate(layout) } {
+                self.counters.allocated(layout.size());
+                return Some((p, false));
+            }
+            self.grow(&mut a, sp, layout)?;
+        }
+    }
+
+    pub(crate) fn alloc(&self, sp: &Space, layout: Layout) -> Option<NonNull<u8>> {
+        self.alloc_inner(sp, layout).map(|(p, _)| p)
+    }
+
+    pub(crate) fn alloc_zeroed(&self, sp: &Space, layout: Layout) -> Option<NonNull<u8>> {
+        let (p, fresh) = self.alloc_inner(sp, layout)?;
+        if !fresh {
+            // SAFETY: `p` is a new allocation of at least `layout.size()`
+            // bytes, ours to write.
+            unsafe { p.as_ptr().write_bytes(0, layout.size()) };
+        }
+        Some(p)
+    }
+
+    /// Maps the next arena, big enough for `layout`, and gives it to talc.
+    /// Called with the arenas locked; the space's calls allocate from the
+    /// system allocator meanwhile (a [`GlobalHeap`] would otherwise come
+    /// back here).
+    fn grow(&self, a: &mut Arenas, sp: &Space, layout: Layout) -> Option<()> {
+        if a.n == MAX_ARENAS {
+            return None;
+        }
+        let page = sp.page_size();
+        // Room for the allocation at any alignment, its tags, and (in the
+        // first arena) talc's bin table.
+        let need = layout.size().checked_add(layout.align())?.checked_add(2 * page)?;
+        let len = next_arena_bytes(a.last, need, page);
+        let _system = SystemOnly::enter();
+        let base = sp.mmap(0, len, RW, ANON, -1, 0).ok()?;
+        // SAFETY: `[base, base+len)` is a fresh private region of the space
+        // that nothing else knows of; the heap never unmaps it, so it stays
+        // valid for as long as talc (in the space) lives.
+        if unsafe { a.talc.claim(base as *mut u8, len) }.is_none() {
+            let _ = sp.munmap(base, len);
+            return None;
+        }
+        let i = a.spans[..a.n].partition_point(|&(b, _)| b < base);
+        a.spans.copy_within(i..a.n, i + 1);
+        a.spans[i] = (base, len);
+        a.n += 1;
+        a.last = len;
+        self.counters.arena_bytes.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+        self.counters.arenas.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(())
+    }
+
+    fn map_large(&self, sp: &Space, size: usize) -> Option<NonNull<u8>> {
+        let len = size.checked_next_multiple_of(sp.page_size())?;
+        let _system = SystemOnly::enter();
+        let addr = sp.mmap(0, len, RW, ANON, -1, 0).ok()?;
+        self.counters.large_bytes.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+        self.counters.large_regions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        NonNull::new(addr as *mut u8)
+    }
+
+    fn unmap_large(&self, sp: &Space, addr: usize, size: usize) {
+        let len = size.next_multiple_of(sp.page_size());
+        let _system = SystemOnly::enter();
+        if sp.munmap(addr, len).is_ok() {
+            self.counters.large_bytes.fetch_sub(len as u64, std::sync::atomic::Ordering::Relaxed);
+            self.counters.large_regions.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Frees `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` came from this heap's `alloc`/`alloc_zeroed`/`realloc` with
+    /// `layout` (the size and alignment of its last (re)allocation) and was
+    /// not freed since.
+    pub(crate) unsafe fn dealloc(&self, sp: &Space, ptr: *mut u8, layout: Layout) {
+        if sp.check_owner().is_err() {
+            // A forked child: the parent's heap is not there to free into.
+            return;
+        }
+        let layout = nonzero(layout);
+        self.counters.freed(layout.size());
+        let a = self.lock();
+        if !a.contains(ptr as usize) {
+            drop(a);
+            self.unmap_large(sp, ptr as usize, layout.size());
+            return;
+        }
+        let mut a = a;
+        // SAFETY: the caller's: `ptr` is a live allocation of `layout`
+        // from talc (it lies in an arena).
+        unsafe { a.talc.deallocate(ptr, layout) };
+        if layout.size() >= FREE_RUN_BYTES {
+            if let Some((start, len)) = free_run_pages(ptr as usize, layout.size(), sp.page_size()) {
+                // Still under the lock: nothing is placed in the run before
+                // its pages are marked lazily free.
+                let _system = SystemOnly::enter();
+                if sp.madvise(start, len, MADV_FREE).is_ok() {
+                    self.counters.lazily_freed_bytes.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Resizes `ptr` to `new_size` bytes (same alignment), in place when it
+    /// can: a small allocation through talc, a large one by unmapping its
+    /// tail or mapping the pages after it. `None` (and `ptr` untouched)
+    /// when there is no memory.
+    ///
+    /// # Safety
+    /// As for [`HeapCore::dealloc`].
+    pub(crate) unsafe fn realloc(
+        &self,
+        sp: &Space,
+        ptr: *mut u8,
+        layout: Layout,
+        new_size: usize,
+    ) -> Option<NonNull<u8>> {
+        sp.check_owner().ok()?;
+        let old = nonzero(layout);
+        let new = Layout::from_size_align(new_size.max(1), old.align()).ok()?;
+        let mut a = self.lock();
+        if a.contains(ptr as usize) {
+            // SAFETY: the caller's; the new size is nonzero.
+            if unsafe { a.talc.try_realloc_in_place(ptr, old, new.size()) } {
+                self.counters.freed(old.size());
+                self.counters.allocated(new.size());
+                return NonNull::new(ptr);
+            }
+            drop(a);
+        } else {
+            drop(a);
+            if let Some(p) = self.resize_large(sp, ptr, old.size(), new.size()) {
+                self.counters.freed(old.size());
+                self.counters.allocated(new.size());
+                return Some(p);
+            }
+        }
+        // Move it: allocate, copy, free.
+        let p = self.alloc(sp, new)?;
+        // SAFETY: both allocations are live, distinct, and at least the
+        // smaller size long.
+        unsafe {
+            std::ptr::copy_nonoverlapping(ptr, p.as_ptr(), old.size().min(new.size()));
+            self.dealloc(sp, ptr, old);
+        }
+        Some(p)
+    }
+
+    /// A large allocation's region resized in place: its tail unmapped, or
+    /// the pages after it mapped when nothing is there.
+    fn resize_large(&self, sp: &Space, ptr: *mut u8, old: usize, new: usize) -> Option<NonNull<u8>> {
+        let page = sp.page_size();
+        let (old_len, new_len) = (old.next_multiple_of(page), new.checked_next_multiple_of(page)?);
+        let addr = ptr as usize;
+        let _system = SystemOnly::enter();
+        use std::sync::atomic::Ordering::Relaxed;
+        if new_len < old_len {
+            sp.munmap(addr + new_len, old_len - new_len).ok()?;
+            self.counters.large_bytes.fetch_sub((old_len - new_len) as u64, Relaxed);
+        } else if new_len > old_len {
+            let more = new_len - old_len;
+            let at = sp.mmap(addr + old_len, more, RW, ANON | MAP_FIXED_NOREPLACE, -1, 0).ok()?;
+            if at != addr + old_len {
+                let _ = sp.munmap(at, more);
+                return None;
+            }
+            self.counters.large_bytes.fetch_add(more as u64, Relaxed);
+        }
+        NonNull::new(ptr)
+    }
+}
+
+// SAFETY: every method forwards to the heap of the space `self.space()`
+// returns, which serves the `GlobalAlloc` contract: fresh memory of at least
+// the layout's size and alignment, freed only through `dealloc` with the
+// layout it was allocated (or reallocated) with, which the caller of these
+// methods promises. Allocations the heap cannot take (usermm's own threads,
+// the heap's own slow path, no space) go to `System`, and a pointer is
+// freed (or resized) by the allocator whose address range it lies in: the
+// space's reservation is the heap's, anything else `System`'s.
+unsafe impl GlobalAlloc for GlobalHeap {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if !system_only() {
+            if let Some(sp) = self.space() {
+                return sp.heap.alloc(sp, layout).map_or(std::ptr::null_mut(), NonNull::as_ptr);
+            }
+        }
+        // SAFETY: forwarded with the caller's promises.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if !system_only() {
+            if let Some(sp) = self.space() {
+                return sp.heap.alloc_zeroed(sp, layout).map_or(std::ptr::null_mut(), NonNull::as_ptr);
+            }
+        }
+        // SAFETY: forwarded with the caller's promises.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if self.owns(ptr as usize) {
+            if let Some(sp) = self.space() {
+                // SAFETY: the caller's promises; the pointer is in the
+                // space's reservation, so the heap allocated it.
+                unsafe { sp.heap.dealloc(sp, ptr, layout) };
+            }
+            // No space: a forked child, which cannot free into the parent's
+            // heap; the memory is not there anyway.
+            return;
+        }
+        // SAFETY: forwarded; outside the reservation, `System` allocated it.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if self.owns(ptr as usize) {
+            return match self.space() {
+                Some(sp) => {
+                    // SAFETY: as in `dealloc`.
+                    unsafe { sp.heap.realloc(sp, ptr, layout, new_size) }.map_or(std::ptr::null_mut(), NonNull::as_ptr)
+                }
+                None => std::ptr::null_mut(),
+            };
+        }
+        // SAFETY: forwarded; outside the reservation, `System` allocated it.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+// SAFETY: `allocate` returns fresh memory of the layout from the space's
+// heap (valid until deallocated; the `Heap` borrows the space, so the space
+// outlives it), `deallocate`/`grow`/`shrink` take only what the heap handed
+// out with its layout (the caller's promise), and copies of a `Heap` share
+// one heap (they all name the same space).
+unsafe impl Allocator for Heap<'_> {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        let p = self.space.heap.alloc(self.space, layout).ok_or(AllocError)?;
+        Ok(NonNull::slice_from_raw_parts(p, layout.size()))
+    }
+
+    fn allocate_zeroed(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        let p = self.space.heap.alloc_zeroed(self.space, layout).ok_or(AllocError)?;
+        Ok(NonNull::slice_from_raw_parts(p, layout.size()))
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: the caller's promises.
+        unsafe { self.space.heap.dealloc(self.space, ptr.as_ptr(), layout) }
+    }
+
+    unsafe fn grow(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        // SAFETY: the caller's promises (`new` is at least `old`).
+        unsafe { self.resize(ptr, old, new) }
+    }
+
+    unsafe fn shrink(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        // SAFETY: the caller's promises (`new` is at most `old`).
+        unsafe { self.resize(ptr, old, new) }
+    }
+}
+
+impl Heap<'_> {
+    /// `grow` and `shrink`: `realloc` when the alignment stays, otherwise
+    /// a new allocation and a copy.
+    ///
+    /// # Safety
+    /// `ptr` is a live allocation of this heap with layout `old`.
+    unsafe fn resize(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        let (sp, heap) = (self.space, &self.space.heap);
+        let p = if new.align() == old.align() {
+            // SAFETY: the caller's promises.
+            unsafe { heap.realloc(sp, ptr.as_ptr(), old, new.size()) }.ok_or(AllocError)?
+        } else {
+            let p = heap.alloc(sp, new).ok_or(AllocError)?;
+            // SAFETY: both live and distinct, each at least the smaller size.
+            unsafe {
+                std::ptr::copy_nonoverlapping(ptr.as_ptr(), p.as_ptr(), old.size().min(new.size()));
+                heap.dealloc(sp, ptr.as_ptr(), old);
+            }
+            p
+        };
+        Ok(NonNull::slice_from_raw_parts(p, new.size()))
+    }
+}

@@ -1,0 +1,395 @@
+//! A heap on a space: `malloc` for memory that usermm serves.
+//!
+//! Every [`Space`] has one heap. [`Space::heap`] hands out a [`Heap`], a
+//! `Copy` handle that is an `allocator_api2` [`Allocator`]
+//! (`allocator_api2::alloc::Allocator`): hashbrown's `HashMap::new_in`,
+//! `allocator_api2`'s `Vec::new_in` and `Box::new_in` keep their data in the
+//! space, under its budget, reclaim and swap. [`GlobalHeap`] is a
+//! `#[global_allocator]` that opens a space of its own on the first
+//! allocation, and the C ABI has `umm_malloc`, `umm_calloc`, `umm_realloc`,
+//! `umm_aligned_alloc` and `umm_free` (with `USERMM_MALLOC=1` routing the
+//! plain names in `usermm_compat.h`).
+//!
+//! # How it works
+//! - **Small and medium allocations** come from [talc](https://docs.rs/talc),
+//!   a boundary-tagged, binned allocator that only ever manages memory it is
+//!   handed (`claim`) and never calls the host. The heap hands it *arenas*:
+//!   private anonymous regions of the space, the first [`FIRST_ARENA_BYTES`],
+//!   each next one twice the last up to [`MAX_ARENA_BYTES`] (or as large as
+//!   one allocation needs), mapped with the space's own `mmap`.
+//! - **Large allocations** (at least [`LARGE_BYTES`]) are regions of their
+//!   own, as glibc's `mmap` threshold does: freeing one `munmap`s it, which
+//!   gives its pages and swap slots back to the space at once; shrinking one
+//!   unmaps its tail; growing one maps the pages after it when they are free
+//!   (`MAP_FIXED_NOREPLACE`), with no copy.
+//! - **Freed runs inside arenas** go back with `MADV_FREE`: when a free
+//!   releases at least [`FREE_RUN_BYTES`], the whole pages inside it (clear
+//!   of talc's boundary tags at either end) are lazily freed. `MADV_FREE`
+//!   rather than `MADV_DONTNEED` because the heap reuses memory soon and
+//!   often: lazily freed pages are reused with no fault and no zeroing while
+//!   the space has room, and reclaim drops them first, without writing them
+//!   to swap, when it has not (seed 001's point). Smaller frees that merge
+//!   into a large free run are not returned (as glibc, which trims only the
+//!   top of its heap).
+//!
+//! # Deadlocks it cannot have
+//! The heap's lock is never held while the heap calls into a space on behalf
+//! of another allocation of the same heap: a [`GlobalHeap`] routes every
+//! allocation made while its own slow path runs (mapping an arena, unmapping
+//! a large region, `MADV_FREE`) to the system allocator, and so does every
+//! thread usermm itself starts (fault handlers, background reclaim), so that
+//! a fault handler never waits on a fault it must serve. Frees are routed by
+//! address: a pointer inside the space's reservation goes back to the heap,
+//! any other to the system allocator.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use crate::{Config, Errno, Space, Stats};
+
+/// Allocations of at least this many bytes are regions of their own.
+pub const LARGE_BYTES: usize = 256 << 10;
+/// A free of at least this many bytes inside an arena lazily frees the
+/// whole pages it releases.
+pub const FREE_RUN_BYTES: usize = 64 << 10;
+/// The first arena's size.
+pub const FIRST_ARENA_BYTES: usize = 1 << 20;
+/// The largest arena mapped ahead of need (an allocation that needs more
+/// gets an arena of its own size).
+pub const MAX_ARENA_BYTES: usize = 64 << 20;
+/// The most arenas one heap maps (with the sizes above, at least
+/// 60 GiB of small allocations).
+pub const MAX_ARENAS: usize = 1024;
+/// Bytes kept clear of talc's boundary tags at each end of a freed run
+/// before its whole pages are lazily freed (talc keeps a gap's list links
+/// at its low end and its size at its high end, a few words each).
+pub(crate) const TAG_MARGIN: usize = 64;
+
+/// What a heap holds, from its own counters (the space's [`Stats`] say what
+/// of it is resident, swapped or lazily freed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeapStats {
+    /// Bytes of the arenas mapped for small and medium allocations.
+    pub arena_bytes: u64,
+    /// Arenas mapped.
+    pub arenas: u64,
+    /// Bytes of the regions of live large allocations.
+    pub large_bytes: u64,
+    /// Live large allocations (one region each).
+    pub large_regions: u64,
+    /// Bytes requested by live allocations (both kinds).
+    pub live_bytes: u64,
+    /// Live allocations (both kinds).
+    pub live_allocations: u64,
+    /// Bytes given back to the space with `MADV_FREE` so far.
+    pub lazily_freed_bytes: u64,
+}
+
+/// The heap's counters, updated without its lock.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) arena_bytes: AtomicU64,
+    pub(crate) arenas: AtomicU64,
+    pub(crate) large_bytes: AtomicU64,
+    pub(crate) large_regions: AtomicU64,
+    pub(crate) live_bytes: AtomicU64,
+    pub(crate) live_allocations: AtomicU64,
+    pub(crate) lazily_freed_bytes: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) const fn new() -> Counters {
+        Counters {
+            arena_bytes: AtomicU64::new(0),
+            arenas: AtomicU64::new(0),
+            large_bytes: AtomicU64::new(0),
+            large_regions: AtomicU64::new(0),
+            live_bytes: AtomicU64::new(0),
+            live_allocations: AtomicU64::new(0),
+            lazily_freed_bytes: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> HeapStats {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        HeapStats {
+            arena_bytes: r(&self.arena_bytes),
+            arenas: r(&self.arenas),
+            large_bytes: r(&self.large_bytes),
+            large_regions: r(&self.large_regions),
+            live_bytes: r(&self.live_bytes),
+            live_allocations: r(&self.live_allocations),
+            lazily_freed_bytes: r(&self.lazily_freed_bytes),
+        }
+    }
+
+    pub(crate) fn allocated(&self, bytes: usize) {
+        self.live_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.live_allocations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn freed(&self, bytes: usize) {
+        self.live_bytes.fetch_sub(bytes as u64, Ordering::Relaxed);
+        self.live_allocations.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The size of the next arena: twice the last (the first
+/// [`FIRST_ARENA_BYTES`]) up to [`MAX_ARENA_BYTES`], and at least `need`
+/// rounded up to whole pages.
+pub(crate) fn next_arena_bytes(last: usize, need: usize, page: usize) -> usize {
+    let ahead = if last == 0 { FIRST_ARENA_BYTES } else { last.saturating_mul(2).min(MAX_ARENA_BYTES) };
+    ahead.max(need.checked_next_multiple_of(page).unwrap_or(usize::MAX))
+}
+
+/// The whole pages inside the freed run `[addr, addr+len)` that are clear of
+/// talc's tags: `(start, len)`, or `None` when there is no such page.
+pub(crate) fn free_run_pages(addr: usize, len: usize, page: usize) -> Option<(usize, usize)> {
+    let start = addr.checked_add(TAG_MARGIN)?.checked_next_multiple_of(page)?;
+    let end = (addr + len).checked_sub(TAG_MARGIN)? / page * page;
+    (end > start).then(|| (start, end - start))
+}
+
+thread_local! {
+    /// How deep this thread is in code whose allocations must not come from
+    /// a [`GlobalHeap`]: its slow path, and every thread usermm starts.
+    static SYSTEM_ONLY: Cell<u32> = const { Cell::new(0) };
+}
+
+/// While alive, this thread's allocations through a [`GlobalHeap`] come
+/// from the system allocator.
+pub(crate) struct SystemOnly(());
+
+impl SystemOnly {
+    pub(crate) fn enter() -> SystemOnly {
+        SYSTEM_ONLY.with(|d| d.set(d.get() + 1));
+        SystemOnly(())
+    }
+}
+
+impl Drop for SystemOnly {
+    fn drop(&mut self) {
+        SYSTEM_ONLY.with(|d| d.set(d.get() - 1));
+    }
+}
+
+/// Marks the calling thread as one of usermm's own for its whole life: its
+/// allocations never come from a [`GlobalHeap`] (a fault handler that
+/// faulted on the heap would wait on itself).
+pub(crate) fn mark_usermm_thread() {
+    SYSTEM_ONLY.with(|d| d.set(d.get() + 1));
+}
+
+/// Whether this thread's allocations must come from the system allocator.
+pub(crate) fn system_only() -> bool {
+    // A thread tearing down its thread-locals counts as system-only.
+    SYSTEM_ONLY.try_with(|d| d.get() > 0).unwrap_or(true)
+}
+
+/// A [`Space`]'s heap as an `allocator_api2` `Allocator` (and so for
+/// hashbrown's collections): see the [module docs](self).
+///
+/// ```no_run
+/// use usermm::{Config, Space};
+/// let space = Space::open(&Config { budget_bytes: 64 << 20, ..Config::default() }).unwrap();
+/// let mut map = hashbrown::HashMap::new_in(space.heap());
+/// map.insert(1u64, [0u8; 1000]);
+/// let mut v = allocator_api2::vec::Vec::new_in(space.heap());
+/// v.extend_from_slice(&[1u32, 2, 3]);
+/// ```
+#[derive(Clone, Copy)]
+pub struct Heap<'a> {
+    pub(crate) space: &'a Space,
+}
+
+impl std::fmt::Debug for Heap<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Heap").field("reservation", &self.space.reservation()).finish()
+    }
+}
+
+impl<'a> Heap<'a> {
+    /// The space the heap lives in.
+    pub fn space(&self) -> &'a Space {
+        self.space
+    }
+
+    /// The heap's own counters.
+    pub fn stats(&self) -> HeapStats {
+        self.space.heap.counters().snapshot()
+    }
+}
+
+/// Where a [`GlobalHeap`] takes its space's configuration from.
+#[derive(Clone, Copy)]
+enum ConfigFrom {
+    Fn(fn() -> Config),
+    Env,
+}
+
+/// A `#[global_allocator]` on a space of its own, opened by the first
+/// allocation (see the [module docs](self)).
+///
+/// ```no_run
+/// use usermm::{Config, GlobalHeap};
+///
+/// #[global_allocator]
+/// static HEAP: GlobalHeap = GlobalHeap::new(|| Config { budget_bytes: 256 << 20, ..Config::default() });
+///
+/// fn main() {
+///     let v: Vec<u64> = (0..1_000_000).collect(); // in the space
+///     println!("{:?}", HEAP.stats().map(|s| s.resident_pages));
+/// }
+/// ```
+///
+/// - Allocations made by usermm itself (its handler threads, the heap's own
+///   slow path, and code run by [`GlobalHeap::with_space`]) come from the
+///   system allocator; frees go where the pointer came from (by address).
+/// - If the space cannot be opened, a message on stderr says why (once) and
+///   every allocation comes from the system allocator.
+/// - **fork**: a forked child cannot read the parent's heap (the space's
+///   memory is not inherited: SIGSEGV), so it must only `exec` (as
+///   `std::process::Command` does, through `posix_spawn`). Its own new
+///   allocations come from the system allocator.
+/// - The space is never closed: at exit its memory simply goes away.
+pub struct GlobalHeap {
+    config: ConfigFrom,
+    space: OnceLock<Result<Space, Errno>>,
+    /// Set by the thread that opens the space.
+    opening: AtomicBool,
+    /// The reservation `[base, end)` once the space is open (0, 0 before):
+    /// a free inside it is the heap's.
+    pub(crate) base: AtomicUsize,
+    pub(crate) end: AtomicUsize,
+}
+
+impl GlobalHeap {
+    /// A global heap whose space is opened with `config()`.
+    pub const fn new(config: fn() -> Config) -> GlobalHeap {
+        GlobalHeap {
+            config: ConfigFrom::Fn(config),
+            space: OnceLock::new(),
+            opening: AtomicBool::new(false),
+            base: AtomicUsize::new(0),
+            end: AtomicUsize::new(0),
+        }
+    }
+
+    /// A global heap configured by the `USERMM_*` environment variables of
+    /// `usermm_compat.h`'s default space.
+    pub const fn from_env() -> GlobalHeap {
+        GlobalHeap {
+            config: ConfigFrom::Env,
+            space: OnceLock::new(),
+            opening: AtomicBool::new(false),
+            base: AtomicUsize::new(0),
+            end: AtomicUsize::new(0),
+        }
+    }
+
+    /// The space, opened on first use; `None` if it could not be opened,
+    /// while another thread is opening it, or in a forked child
+    /// (allocations then come from the system allocator).
+    pub(crate) fn space(&self) -> Option<&Space> {
+        if let Some(r) = self.space.get() {
+            return r.as_ref().ok().filter(|sp| sp.check_owner().is_ok());
+        }
+        // One thread opens the space; others (among them the space's own
+        // threads, which std allocates for while starting them) use the
+        // system allocator meanwhile instead of waiting for it.
+        if self.opening.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let r = {
+            let _system = SystemOnly::enter();
+            let cfg = match self.config {
+                ConfigFrom::Fn(f) => Ok(f()),
+                ConfigFrom::Env => crate::boundary::capi::config_from_env(),
+            };
+            let r = cfg.and_then(|c| Space::open(&c));
+            if let Err(e) = &r {
+                eprintln!("usermm: GlobalHeap: cannot open its space ({e}); using the system allocator");
+            }
+            r
+        };
+        let r = self.space.get_or_init(|| r);
+        if let Ok(sp) = r {
+            let (base, len) = sp.reservation();
+            self.base.store(base, Ordering::Release);
+            self.end.store(base + len, Ordering::Release);
+        }
+        r.as_ref().ok()
+    }
+
+    /// Whether `p` lies in the space's reservation (so a free of it is the
+    /// heap's).
+    pub(crate) fn owns(&self, p: usize) -> bool {
+        p >= self.base.load(Ordering::Acquire) && p < self.end.load(Ordering::Acquire)
+    }
+
+    /// Runs `f` on the heap's space (opening it if needed) with every
+    /// allocation `f` makes coming from the system allocator: the only safe
+    /// way to call the space (a call that allocated from the heap while
+    /// holding one of the space's locks could wait on itself). `None` if the
+    /// space is not open.
+    pub fn with_space<R>(&self, f: impl FnOnce(&Space) -> R) -> Option<R> {
+        let _system = SystemOnly::enter();
+        self.space().map(f)
+    }
+
+    /// The space's [`Stats`] (see [`GlobalHeap::with_space`]).
+    pub fn stats(&self) -> Option<Stats> {
+        self.with_space(Space::stats)
+    }
+
+    /// The heap's own counters.
+    pub fn heap_stats(&self) -> Option<HeapStats> {
+        self.with_space(|sp| sp.heap.counters().snapshot())
+    }
+}
+
+impl Space {
+    /// The space's heap, as an `allocator_api2` `Allocator` for collections
+    /// (see [`Heap`]).
+    pub fn heap(&self) -> Heap<'_> {
+        Heap { space: self }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arenas_double_up_to_the_cap_and_fit_the_need() {
+        let page = 4096;
+        assert_eq!(next_arena_bytes(0, 100, page), FIRST_ARENA_BYTES);
+        assert_eq!(next_arena_bytes(FIRST_ARENA_BYTES, 100, page), 2 * FIRST_ARENA_BYTES);
+        assert_eq!(next_arena_bytes(MAX_ARENA_BYTES, 100, page), MAX_ARENA_BYTES);
+        assert_eq!(next_arena_bytes(FIRST_ARENA_BYTES, 3 * MAX_ARENA_BYTES + 1, page), 3 * MAX_ARENA_BYTES + page);
+    }
+
+    #[test]
+    fn free_runs_keep_clear_of_the_tags() {
+        let page = 4096;
+        // A run of exactly two pages, page aligned: the margins eat both.
+        assert_eq!(free_run_pages(0x10000, 2 * page, page), None);
+        // Three pages: only the middle one is clear.
+        assert_eq!(free_run_pages(0x10000, 3 * page, page), Some((0x11000, page)));
+        // Unaligned: whole pages only.
+        assert_eq!(free_run_pages(0x10010, 4 * page, page), Some((0x11000, 2 * page)));
+        assert_eq!(free_run_pages(0x10000, 10, page), None);
+    }
+
+    #[test]
+    fn system_only_nests() {
+        assert!(!system_only());
+        {
+            let _a = SystemOnly::enter();
+            let _b = SystemOnly::enter();
+            assert!(system_only());
+        }
+        assert!(!system_only());
+    }
+}

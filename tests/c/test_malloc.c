@@ -1,0 +1,270 @@
+/*
+ * test_malloc.c: a program written against malloc/calloc/realloc/
+ * aligned_alloc/free, compiled with USERMM_MALLOC=1 against
+ * usermm_compat.h (so its heap is the default space's), and the umm_malloc
+ * family on a space of its own. Run by crates/usermm/tests/c_abi.rs.
+ *
+ * The default space gets a 4 MiB budget (setenv without overwriting): the
+ * program allocates some 40 MiB in blocks of 1 byte to 1 MiB, so most of
+ * its heap is swapped out while every byte is checked. It also checks the
+ * LTP mlock01 case (mlock of a malloc'd buffer locks space memory), C
+ * library pointers through the redirected free/realloc, a refused double
+ * free, and two threads allocating and freeing at once.
+ *
+ * The last line of output is "N passed, M failed"; the exit status is 0 only
+ * when nothing failed.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define USERMM_MALLOC 1
+#include "usermm_compat.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+
+static int passed, failed;
+
+#define CHECK(cond)                                                            \
+    do {                                                                       \
+        if (cond) {                                                            \
+            passed++;                                                          \
+        } else {                                                               \
+            failed++;                                                          \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__,   \
+                    #cond);                                                    \
+        }                                                                      \
+    } while (0)
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
+static uint64_t rng(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+/* The byte at offset i of block k. */
+static unsigned char pat(size_t k, size_t i) { return (unsigned char)(k * 131 + i * 7 + (i >> 12)); }
+
+static void fill(unsigned char *p, size_t k, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        p[i] = pat(k, i);
+}
+
+/* The number of bytes of block k that are wrong. */
+static size_t wrong(const unsigned char *p, size_t k, size_t n) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        bad += p[i] != pat(k, i);
+    return bad;
+}
+
+static struct umm_stats stats(umm_space *s) {
+    struct umm_stats st;
+    memset(&st, 0, sizeof st);
+    st.size = sizeof st;
+    CHECK(umm_stats(s, &st) == 0);
+    return st;
+}
+
+#define NBLOCKS 1500
+
+static void under_pressure(void) {
+    static unsigned char *blk[NBLOCKS];
+    static size_t len[NBLOCKS];
+    size_t total = 0, bad = 0;
+    for (size_t k = 0; k < NBLOCKS; k++) {
+        uint64_t r = rng();
+        /* Mostly small and medium, one in 50 large (a region of its own). */
+        len[k] = r % 50 == 0 ? (256u << 10) + r % (768u << 10) : 1 + (r >> 8) % (48u << 10);
+        blk[k] = malloc(len[k]);
+        if (!blk[k]) {
+            CHECK(blk[k] != NULL);
+            return;
+        }
+        CHECK(((uintptr_t)blk[k] & 15) == 0);
+        fill(blk[k], k, len[k]);
+        total += len[k];
+    }
+    CHECK(total > (32u << 20));
+    for (size_t k = 0; k < NBLOCKS; k++)
+        bad += wrong(blk[k], k, len[k]);
+    CHECK(bad == 0);
+    /* Free every other block; grow or shrink the rest (contents kept). */
+    for (size_t k = 0; k < NBLOCKS; k += 2) {
+        free(blk[k]);
+        blk[k] = NULL;
+    }
+    for (size_t k = 1; k < NBLOCKS; k += 2) {
+        size_t n = k % 4 == 1 ? len[k] * 2 + 1 : len[k] / 2 + 1;
+        unsigned char *q = realloc(blk[k], n);
+        CHECK(q != NULL);
+        if (!q)
+            continue;
+        size_t keep = n < len[k] ? n : len[k];
+        bad += wrong(q, k, keep);
+        blk[k] = q;
+        len[k] = n;
+        fill(q, k, n);
+    }
+    CHECK(bad == 0);
+    /* Reuse the freed room, then check everything once more. */
+    for (size_t k = 0; k < NBLOCKS; k += 2) {
+        len[k] = 1 + rng() % 4000;
+        blk[k] = calloc(1, len[k]);
+        CHECK(blk[k] != NULL);
+        if (!blk[k])
+            continue;
+        size_t nonzero = 0;
+        for (size_t i = 0; i < len[k]; i++)
+            nonzero += blk[k][i] != 0;
+        CHECK(nonzero == 0);
+        fill(blk[k], k, len[k]);
+    }
+    for (size_t k = 0; k < NBLOCKS; k++)
+        bad += blk[k] ? wrong(blk[k], k, len[k]) : 0;
+    CHECK(bad == 0);
+    struct umm_stats st = stats(umm_default_space());
+    printf("pressure: %zu MiB in %d blocks; budget %llu pages, swapouts %llu, swapins %llu\n", total >> 20, NBLOCKS,
+           (unsigned long long)st.budget_pages, (unsigned long long)st.swapouts, (unsigned long long)st.swapins);
+    CHECK(st.swapouts > 0);
+    CHECK(st.swapins > 0);
+    for (size_t k = 0; k < NBLOCKS; k++)
+        free(blk[k]);
+}
+
+static void semantics(void) {
+    umm_space *s = umm_default_space();
+    CHECK(s != NULL);
+
+    void *z = malloc(0);
+    void *z2 = malloc(0);
+    CHECK(z != NULL && z2 != NULL && z != z2);
+    free(z);
+    free(z2);
+    free(NULL);
+
+    void *a = aligned_alloc(4096, 10000);
+    CHECK(a != NULL && ((uintptr_t)a & 4095) == 0);
+    memset(a, 0x5a, 10000);
+    unsigned char *a2 = realloc(a, 20000);
+    CHECK(a2 != NULL && ((uintptr_t)a2 & 4095) == 0 && a2[9999] == 0x5a);
+    free(a2);
+    errno = 0;
+    CHECK(aligned_alloc(3, 64) == NULL && errno == EINVAL);
+
+    errno = 0;
+    CHECK(calloc(SIZE_MAX / 2, 4) == NULL && errno == ENOMEM);
+    CHECK(umm_malloc_usable_size(s, NULL) == 0);
+    void *u = malloc(123);
+    CHECK(umm_malloc_usable_size(s, u) == 123);
+    CHECK(umm_heap_owns(s, u) == 1);
+    /* realloc(p, 0) frees p and returns NULL (glibc). */
+    CHECK(realloc(u, 0) == NULL);
+
+    /* C library pointers go back to the C library. */
+    char *d = strdup("not from the space");
+    CHECK(d != NULL && umm_heap_owns(s, d) == 0);
+    d = realloc(d, 4096);
+    CHECK(d != NULL && strcmp(d, "not from the space") == 0 && umm_heap_owns(s, d) == 0);
+    free(d);
+
+    /* A double free is refused, and the heap goes on working. */
+    char *x = malloc(100);
+    memset(x, 1, 100);
+    free(x);
+    free(x);
+    char *y = malloc(100);
+    CHECK(y != NULL);
+    memset(y, 2, 100);
+    free(y);
+
+    /* LTP mlock01: mlock of a malloc'd buffer locks space memory. */
+    size_t n = 1u << 20;
+    char *buf = malloc(n);
+    CHECK(buf != NULL);
+    CHECK(mlock(buf, n) == 0);
+    struct umm_stats st = stats(s);
+    CHECK(st.locked_pages >= (n >> 12) - 1);
+    CHECK(munlock(buf, n) == 0);
+    free(buf);
+}
+
+static void *churn(void *arg) {
+    uint64_t seed = (uint64_t)(uintptr_t)arg;
+    size_t bad = 0;
+    unsigned char *keep[64] = {0};
+    size_t klen[64] = {0};
+    for (int i = 0; i < 20000; i++) {
+        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+        int j = (int)((seed >> 33) % 64);
+        if (keep[j]) {
+            bad += wrong(keep[j], (size_t)j + (size_t)arg, klen[j]);
+            free(keep[j]);
+        }
+        klen[j] = 1 + (seed >> 40) % 20000;
+        keep[j] = malloc(klen[j]);
+        if (!keep[j])
+            return (void *)1;
+        fill(keep[j], (size_t)j + (size_t)arg, klen[j]);
+    }
+    for (int j = 0; j < 64; j++) {
+        bad += wrong(keep[j], (size_t)j + (size_t)arg, klen[j]);
+        free(keep[j]);
+    }
+    return (void *)(uintptr_t)(bad != 0);
+}
+
+static void threads(void) {
+    pthread_t t[2];
+    for (uintptr_t i = 0; i < 2; i++)
+        CHECK(pthread_create(&t[i], NULL, churn, (void *)(i * 1000 + 1)) == 0);
+    for (int i = 0; i < 2; i++) {
+        void *r = NULL;
+        CHECK(pthread_join(t[i], &r) == 0);
+        CHECK(r == NULL);
+    }
+}
+
+/* The umm_ calls on a space of the program's own. */
+static void own_space(void) {
+    struct umm_config c;
+    umm_config_init(&c);
+    c.budget_bytes = 1u << 20;
+    c.swap_bytes = 64u << 20;
+    umm_space *s = umm_open(&c);
+    CHECK(s != NULL);
+    if (!s)
+        return;
+    unsigned char *p[64];
+    for (size_t k = 0; k < 64; k++) {
+        p[k] = umm_malloc(s, 64u << 10);
+        CHECK(p[k] != NULL && umm_heap_owns(s, p[k]) == 1 && umm_heap_owns(umm_default_space(), p[k]) == 0);
+        fill(p[k], k, 64u << 10);
+    }
+    size_t bad = 0;
+    for (size_t k = 0; k < 64; k++)
+        bad += wrong(p[k], k, 64u << 10);
+    CHECK(bad == 0);
+    for (size_t k = 0; k < 64; k++)
+        umm_free(s, p[k]);
+    errno = 0;
+    CHECK(umm_malloc(NULL, 1) == NULL && errno == EINVAL);
+    CHECK(umm_close(s) == 0);
+}
+
+int main(void) {
+    setenv("USERMM_BUDGET_BYTES", "4m", 0);
+    setenv("USERMM_SWAP_BYTES", "256M", 0);
+    setenv("USERMM_RESERVE_BYTES", "0x100000000", 0);
+    semantics();
+    under_pressure();
+    threads();
+    own_space();
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
