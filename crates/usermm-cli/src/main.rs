@@ -16,6 +16,7 @@
 
 mod common;
 mod fault;
+mod heap;
 mod lockonfault;
 mod madvfree;
 mod memcg;
@@ -42,7 +43,7 @@ struct ExpDef {
     run: fn(&Params, &Progress) -> Result<Experiment, String>,
 }
 
-const EXPERIMENTS: [ExpDef; 8] = [
+const EXPERIMENTS: [ExpDef; 9] = [
     ExpDef {
         name: "fault",
         about: "first touch of a fresh region (seq/random/sparse × read/write): throughput, sparse latency",
@@ -90,6 +91,12 @@ const EXPERIMENTS: [ExpDef; 8] = [
         about: "seed 000: random 1-byte reads of a big file kept locked: mlock, per-access mlock, SIGSEGV batches, MLOCK_ONFAULT vs usermm",
         params: lockonfault::params,
         run: lockonfault::run,
+    },
+    ExpDef {
+        name: "heap",
+        about: "a heap on a space: alloc/free throughput vs the system allocator; a HashMap 4× the budget vs the kernel in a memory cgroup of the budget",
+        params: heap::params,
+        run: heap::run,
     },
 ];
 
@@ -256,6 +263,7 @@ fn memcg_child_main(args: &[String]) -> ExitCode {
     let r = match args.get(1).map(String::as_str) {
         Some("reclaim") => reclaim::kernel_memcg_child(&args[2..]),
         Some("outofcore") => outofcore::kernel_memcg_child(&args[2..]),
+        Some("heap") => heap::kernel_memcg_child(&args[2..]),
         other => Err(format!("unknown child experiment {other:?}")),
     };
     match r {

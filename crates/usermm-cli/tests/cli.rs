@@ -142,6 +142,8 @@ fn help_lists_every_experiment_and_parameter() {
         "volatile",
         "outofcore",
         "lockonfault",
+        "heap",
+        "--data-mib",
         "--slow-runs",
         "--size-mib",
         "--budget-mib",
@@ -294,6 +296,33 @@ fn bench_volatile_writes_results() {
         value(&rows, "usermm", "purge-demo", "purged_pages_reported"),
         value(&rows, "usermm", "purge-demo", "volatile_purges")
     );
+}
+
+#[test]
+fn bench_heap_writes_results() {
+    let _memcg = memcg_test_lock();
+    let (pid, rows) = bench_rows_pid(
+        "heap",
+        &["heap", "--data-mib=8", "--queries=2000", "--alloc-ops=20000", "--alloc-slots=256", "--runs=1"],
+    );
+    assert!(value(&rows, "usermm", "alloc-free", "ns_per_op") > 0.0);
+    assert!(value(&rows, "kernel", "alloc-free", "ns_per_op") > 0.0);
+    let mut systems = vec!["usermm", "kernel (no limit, upper bound)"];
+    if am_root() {
+        systems.push("kernel-memcg");
+        let left = memcg_leftovers(pid, &swap_dir());
+        assert!(left.is_empty(), "the benchmark left behind: {left:?}");
+    } else {
+        assert!(!rows.iter().any(|r| r.0 == "kernel-memcg"), "not root, yet kernel-memcg rows: {rows:?}");
+    }
+    for sys in systems {
+        assert!(value(&rows, sys, "build", "throughput") > 0.0, "{sys}");
+        assert!(value(&rows, sys, "query", "throughput") > 0.0, "{sys}");
+    }
+    // 8 MiB of values under a 2 MiB budget: usermm swapped while building
+    // and read pages back while looking up.
+    assert!(value(&rows, "usermm", "build", "swapouts") > 0.0);
+    assert!(value(&rows, "usermm", "query", "page_reads_per_1k_lookups") > 0.0);
 }
 
 #[test]
