@@ -86,7 +86,8 @@ pub struct HeapStats {
     pub lazily_freed_bytes: u64,
 }
 
-/// The heap's counters, updated without its lock.
+/// The heap's counters kept outside its lock (the arenas' live counts are
+/// kept under it).
 #[derive(Default)]
 pub(crate) struct Counters {
     pub(crate) arena_bytes: AtomicU64,
@@ -217,7 +218,7 @@ impl<'a> Heap<'a> {
 
     /// The heap's own counters.
     pub fn stats(&self) -> HeapStats {
-        self.space.heap.counters().snapshot()
+        self.space.heap.stats()
     }
 }
 
@@ -345,7 +346,7 @@ impl GlobalHeap {
 
     /// The heap's own counters.
     pub fn heap_stats(&self) -> Option<HeapStats> {
-        self.with_space(|sp| sp.heap.counters().snapshot())
+        self.with_space(|sp| sp.heap.stats())
     }
 }
 

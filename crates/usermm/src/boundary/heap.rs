@@ -14,8 +14,8 @@ use talc::DefaultBinning;
 
 use crate::consts::{MADV_FREE, MAP_ANONYMOUS, MAP_FIXED_NOREPLACE, MAP_PRIVATE, PROT_READ, PROT_WRITE};
 use crate::heap::{
-    free_run_pages, next_arena_bytes, system_only, Counters, GlobalHeap, Heap, SystemOnly, FREE_RUN_BYTES, LARGE_BYTES,
-    MAX_ARENAS,
+    free_run_pages, next_arena_bytes, system_only, Counters, GlobalHeap, Heap, HeapStats, SystemOnly, FREE_RUN_BYTES,
+    LARGE_BYTES, MAX_ARENAS,
 };
 use crate::Space;
 
@@ -27,6 +27,10 @@ struct Arenas {
     n: usize,
     /// The last arena's size (the next one doubles it).
     last: usize,
+    /// Live allocations in the arenas and their requested bytes (counted
+    /// under the lock: no atomic operation on the fast path).
+    live: u64,
+    live_bytes: u64,
 }
 
 impl Arenas {
@@ -59,13 +63,26 @@ const ANON: i32 = MAP_PRIVATE | MAP_ANONYMOUS;
 impl HeapCore {
     pub(crate) const fn new() -> HeapCore {
         HeapCore {
-            arenas: Mutex::new(Arenas { talc: Talc::new(Manual), spans: [(0, 0); MAX_ARENAS], n: 0, last: 0 }),
+            arenas: Mutex::new(Arenas {
+                talc: Talc::new(Manual),
+                spans: [(0, 0); MAX_ARENAS],
+                n: 0,
+                last: 0,
+                live: 0,
+                live_bytes: 0,
+            }),
             counters: Counters::new(),
         }
     }
 
-    pub(crate) fn counters(&self) -> &Counters {
-        &self.counters
+    /// The heap's counters: the large allocations' from the atomics, the
+    /// arenas' from under the lock.
+    pub(crate) fn stats(&self) -> HeapStats {
+        let mut s = self.counters.snapshot();
+        let a = self.lock();
+        s.live_allocations += a.live;
+        s.live_bytes += a.live_bytes;
+        s
     }
 
     fn lock(&self) -> MutexGuard<'_, Arenas> {
@@ -90,7 +107,8 @@ impl HeapCore {
         loop {
             // SAFETY: `nonzero` made the size nonzero.
             if let Some(p) = unsafe { a.talc.try_allocate(layout) } {
-                self.counters.allocated(layout.size());
+                a.live += 1;
+                a.live_bytes += layout.size() as u64;
                 return Some((p, false));
             }
             self.grow(&mut a, sp, layout)?;
@@ -173,14 +191,15 @@ impl HeapCore {
             return;
         }
         let layout = nonzero(layout);
-        self.counters.freed(layout.size());
-        let a = self.lock();
+        let mut a = self.lock();
         if !a.contains(ptr as usize) {
             drop(a);
+            self.counters.freed(layout.size());
             self.unmap_large(sp, ptr as usize, layout.size());
             return;
         }
-        let mut a = a;
+        a.live -= 1;
+        a.live_bytes -= layout.size() as u64;
         // SAFETY: the caller's: `ptr` is a live allocation of `layout`
         // from talc (it lies in an arena).
         unsafe { a.talc.deallocate(ptr, layout) };
@@ -217,8 +236,7 @@ impl HeapCore {
         if a.contains(ptr as usize) {
             // SAFETY: the caller's; the new size is nonzero.
             if unsafe { a.talc.try_realloc_in_place(ptr, old, new.size()) } {
-                self.counters.freed(old.size());
-                self.counters.allocated(new.size());
+                a.live_bytes = a.live_bytes - old.size() as u64 + new.size() as u64;
                 return NonNull::new(ptr);
             }
             drop(a);
