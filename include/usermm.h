@@ -174,6 +174,10 @@ struct umm_config {
     /* usermm's own fields (read only when `size` covers them): */
     size_t lazyfree_max_bytes; /* most lazily freed (MADV_FREE) bytes kept; past
                                 * it the oldest are discarded at once; 0: no bound */
+    const char *swap_url;   /* a page store instead of the swap file, e.g.
+                             * "redis://127.0.0.1:6379/?prefix=app:" (Redis or
+                             * Valkey; docs/design.md "Page stores"); NULL: the
+                             * swap file. swap_bytes still bounds what goes there. */
 };
 
 /* Filled by umm_mnovolatile when `out` is not NULL. */

@@ -46,6 +46,8 @@
  *   USERMM_RESERVE_BYTES   virtual range reserved   (default: 64 GiB)
  *   USERMM_SWAP_BYTES      largest swap file; 0: no swap (default: 8 GiB)
  *   USERMM_SWAP_DIR        swap file directory      (default: $TMPDIR or /tmp)
+ *   USERMM_SWAP_URL        a page store instead of the swap file, e.g.
+ *                          redis://127.0.0.1:6379/?prefix=app: (default: none)
  *   USERMM_MEMLOCK_BYTES   lock limit (RLIMIT_MEMLOCK analogue); 0: every
  *                          lock request is EPERM     (default: unlimited)
  *   USERMM_MAX_REGIONS     region limit              (default: 65530)

@@ -396,6 +396,45 @@ impl Arena {
         unsafe { swap.pwritev(&bufs, off) }
     }
 
+    /// Runs `f` on the pages of `slots`, in order (a page store writes them
+    /// out from there).
+    pub fn with_slots<R>(&self, slots: &[u32], f: impl FnOnce(&[&[u8]]) -> R) -> R {
+        let pages: Vec<&[u8]> = slots
+            .iter()
+            // SAFETY: the slots are ours and hold pages nothing writes while
+            // they are being written out (the caller's claim, as for
+            // `write_slots`); the slices live only for the call.
+            .map(|&s| unsafe { std::slice::from_raw_parts(self.slot_addr(s) as *const u8, self.page_size) })
+            .collect();
+        f(&pages)
+    }
+
+    /// Like [`Arena::swap_in`], from a page store: `read` fills the buffer
+    /// it is given with the `len` bytes to install at `dst`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn store_in(
+        &self,
+        uffd: &Uffd,
+        dst: usize,
+        len: usize,
+        wp: bool,
+        bounce: &Bounce,
+        read: impl FnOnce(&mut [u8]) -> Result<(), Errno>,
+    ) -> Result<usize, Errno> {
+        self.check(dst, len)?;
+        assert!(bounce.len >= len);
+        {
+            // SAFETY: the bounce buffer is a private mapping owned by
+            // `bounce`, writable for `bounce.len >= len` bytes, and this
+            // thread's alone (`with_bounce`): no other reference into it
+            // while `read` runs; the slice dies before the copy below.
+            let buf = unsafe { std::slice::from_raw_parts_mut(bounce.addr as *mut u8, len) };
+            read(buf)?;
+        }
+        // SAFETY: as above, readable.
+        unsafe { uffd.copy_wp(dst, bounce.addr as *const u8, len, false, wp && self.program_wp) }
+    }
+
     /// Drops the frame of `slot` (the slot becomes empty).
     pub fn drop_slot(&self, slot: u32) -> Result<(), Errno> {
         self.drop_slots(slot, 1)

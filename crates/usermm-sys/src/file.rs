@@ -113,6 +113,19 @@ impl SwapFile {
         Ok(())
     }
 
+    /// Reads `buf.len()` bytes at `off` into `buf` (`EIO` past the end).
+    pub fn read_at(&self, buf: &mut [u8], off: u64) -> Result<(), Errno> {
+        // SAFETY: `buf` is writable memory for the call.
+        unsafe { self.pread(buf.as_mut_ptr() as usize, buf.len(), off) }
+    }
+
+    /// Writes `pages`, in order, at `off` in one call.
+    pub fn write_at(&self, pages: &[&[u8]], off: u64) -> Result<(), Errno> {
+        let bufs: Vec<(usize, usize)> = pages.iter().map(|p| (p.as_ptr() as usize, p.len())).collect();
+        // SAFETY: the slices are readable memory for the call.
+        unsafe { self.pwritev(&bufs, off) }
+    }
+
     /// Reads the whole file (for tests that scan swap contents).
     pub fn read_all(&self, size: u64) -> Result<Vec<u8>, Errno> {
         // Through a separate buffered descriptor so that O_DIRECT alignment

@@ -30,6 +30,11 @@ pub struct Config {
     pub swap_bytes: usize,
     /// Directory of the swap file; `None`: `$TMPDIR` or `/tmp`.
     pub swap_dir: Option<PathBuf>,
+    /// A page store instead of the swap file: a Redis-protocol server,
+    /// `redis://host:port[/db][?prefix=P&timeout_ms=T]` (see
+    /// `docs/design.md`, "Page stores"). `swap_bytes` still bounds what
+    /// the space puts there; `swap_dir` is then unused.
+    pub swap_url: Option<String>,
     /// Region limit; 0: 65530, as `vm.max_map_count`.
     pub max_regions: usize,
     /// log2 of the page size; 0: 12 (4 KiB); up to 21.
@@ -52,6 +57,7 @@ impl Default for Config {
             memlock_bytes: usize::MAX,
             swap_bytes: DEFAULT_SWAP_BYTES,
             swap_dir: None,
+            swap_url: None,
             max_regions: 0,
             page_shift: 0,
             fault_threads: 0,

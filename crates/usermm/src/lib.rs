@@ -28,6 +28,7 @@
 //! | `mapping.rs`           | [`Mapping`]: the owned handle [`Space::map_anon`] returns     |
 //! | `purgeable.rs`         | [`Purgeable`]: the safe handle of volatile memory             |
 //! | `heap.rs`              | [`Heap`], [`GlobalHeap`]: a heap on a space (policy, docs)     |
+//! | `store.rs`, `store/`   | page stores: the swap file, a Redis-protocol server           |
 //! | `boundary/`            | the C ABI ([`capi`]), `Mapping`'s slice view, the heap's allocator (`unsafe`) |
 //! | `native.rs`, `native/` | the native executor: memory, fault service, the calls         |
 //! | `platform.rs`          | the executor's platform: host operations as one trait         |
@@ -52,6 +53,7 @@ pub mod purgeable;
 #[cfg(feature = "test-hooks")]
 pub mod sim;
 mod stats;
+mod store;
 
 pub use boundary::capi;
 pub use config::{default_budget_bytes, Config, DEFAULT_RESERVE_BYTES, DEFAULT_SWAP_BYTES};

@@ -217,15 +217,20 @@ impl Inner {
             .map_err(|e| if e == Errno::ENOSYS || e == Errno::EOPNOTSUPP { Errno::ENOSYS } else { e })?;
         let user_mode_only = uffd.mode == UffdMode::UserModeOnly;
         let fallback_reason = uffd.fallback_reason.clone();
-        let swap = if swap_slots > 0 {
+        let swap: Option<Box<dyn crate::store::PageStore>> = if swap_slots == 0 {
+            None
+        } else if let Some(url) = &cfg.swap_url {
+            Some(Box::new(crate::store::RedisStore::open(url, ps)?))
+        } else {
             let dir = cfg
                 .swap_dir
                 .clone()
                 .or_else(|| std::env::var("TMPDIR").ok().map(Into::into))
                 .unwrap_or_else(|| "/tmp".into());
-            Some(SwapFile::create(&dir.to_string_lossy(), swap_slots as u64 * ps as u64)?)
-        } else {
-            None
+            Some(Box::new(crate::store::LocalFile(SwapFile::create(
+                &dir.to_string_lossy(),
+                swap_slots as u64 * ps as u64,
+            )?)))
         };
         let staging_slots = budget_pages as u32;
         let arena = Arena::new(&uffd, reserve, staging_slots as usize, ps)?;

@@ -16,7 +16,9 @@
 
 use usermm_core::Errno;
 use usermm_sys::arena::{Arena, Bounce};
-use usermm_sys::file::{MappedFile, Pagemap, ProcMem, SwapFile};
+use usermm_sys::file::{MappedFile, Pagemap, ProcMem};
+
+use crate::store::PageStore;
 use usermm_sys::thread::EventFd;
 use usermm_sys::uffd::{Uffd, UffdMsg, UFFD_FEATURE_MOVE};
 
@@ -140,7 +142,7 @@ pub(crate) trait Platform: Send + Sync {
 pub(crate) struct Native {
     pub arena: Arena,
     pub uffd: Uffd,
-    pub swap: Option<SwapFile>,
+    pub swap: Option<Box<dyn PageStore>>,
     pub procmem: Option<ProcMem>,
     pub pagemap: Option<Pagemap>,
     pub page_size: usize,
@@ -197,7 +199,8 @@ impl Platform for Native {
     }
     fn swap_in(&self, off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno> {
         let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
-        with_bounce(len, |b| self.arena.swap_in(&self.uffd, swap, off, dst, len, wp, b)).unwrap_or(Err(Errno::ENOMEM))
+        with_bounce(len, |b| self.arena.store_in(&self.uffd, dst, len, wp, b, |buf| swap.read(off, buf)))
+            .unwrap_or(Err(Errno::ENOMEM))
     }
     fn unprotect(&self, a: usize, l: usize) -> Result<(), Errno> {
         self.arena.unprotect(&self.uffd, a, l)
@@ -283,16 +286,16 @@ impl Platform for Native {
         self.swap.is_some()
     }
     fn swap_direct_io(&self) -> bool {
-        self.swap.as_ref().is_some_and(|s| s.direct)
+        self.swap.as_ref().is_some_and(|s| s.direct_io())
     }
     fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno> {
         let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
-        self.arena.write_slots(swap, slots, off)
+        self.arena.with_slots(slots, |pages| swap.write(off, pages))
     }
     #[cfg(feature = "test-hooks")]
     fn swap_contents(&self, len: u64) -> Result<Vec<u8>, Errno> {
         match &self.swap {
-            Some(s) => s.read_all(len),
+            Some(s) => s.contents(len),
             None => Ok(Vec::new()),
         }
     }

@@ -105,8 +105,9 @@ pub struct umm_config {
     pub page_shift: c_uint,
     pub fault_threads: c_uint,
     pub flags: c_uint,
-    /// usermm's own, read only when `size` covers it.
+    /// usermm's own, read only when `size` covers them.
     pub lazyfree_max_bytes: usize,
+    pub swap_url: *const c_char,
 }
 
 /// The size of `struct umm_config` as SPEC §2 defines it (up to `flags`):
@@ -184,9 +185,9 @@ mod tests {
         // The header's struct: size_t size + 19 SPEC fields + 8 of usermm's.
         assert_eq!(STATS_WORDS, 19 + 9);
         assert_eq!(stats_words(&Stats::default()).len(), STATS_WORDS);
-        // SPEC §2's struct is 72 bytes on x86-64; usermm's own field follows.
+        // SPEC §2's struct is 72 bytes on x86-64; usermm's own fields follow.
         assert_eq!(SPEC_CONFIG_SIZE, 72);
-        assert_eq!(std::mem::size_of::<umm_config>(), 80);
+        assert_eq!(std::mem::size_of::<umm_config>(), 88);
     }
 
     #[test]

@@ -92,6 +92,10 @@ pub(crate) fn config_from_env() -> Result<Config, Errno> {
         memlock_bytes: env_size("USERMM_MEMLOCK_BYTES")?.unwrap_or(d.memlock_bytes),
         swap_bytes: env_size("USERMM_SWAP_BYTES")?.unwrap_or(d.swap_bytes),
         swap_dir: std::env::var_os("USERMM_SWAP_DIR").filter(|v| !v.is_empty()).map(PathBuf::from),
+        swap_url: match std::env::var_os("USERMM_SWAP_URL").filter(|v| !v.is_empty()) {
+            Some(v) => Some(v.into_string().map_err(|_| Errno::EINVAL)?),
+            None => None,
+        },
         max_regions: env_size("USERMM_MAX_REGIONS")?.unwrap_or(d.max_regions),
         page_shift: env_u32("USERMM_PAGE_SHIFT")?.unwrap_or(d.page_shift),
         fault_threads: env_u32("USERMM_FAULT_THREADS")?.unwrap_or(d.fault_threads),

@@ -31,6 +31,7 @@ fn config_to_bytes(c: &umm_config) -> [u8; CONFIG_SIZE] {
     put(offset_of!(umm_config, fault_threads), &c.fault_threads.to_ne_bytes());
     put(offset_of!(umm_config, flags), &c.flags.to_ne_bytes());
     put(offset_of!(umm_config, lazyfree_max_bytes), &c.lazyfree_max_bytes.to_ne_bytes());
+    put(offset_of!(umm_config, swap_url), &(c.swap_url as usize).to_ne_bytes());
     b
 }
 
@@ -51,6 +52,7 @@ fn config_from_bytes(b: &[u8; CONFIG_SIZE]) -> umm_config {
         fault_threads: half(offset_of!(umm_config, fault_threads)),
         flags: half(offset_of!(umm_config, flags)),
         lazyfree_max_bytes: word(offset_of!(umm_config, lazyfree_max_bytes)),
+        swap_url: word(offset_of!(umm_config, swap_url)) as *const c_char,
     }
 }
 
@@ -65,10 +67,11 @@ fn read_config(addr: usize) -> Result<Config, Errno> {
     if size < SPEC_CONFIG_SIZE {
         return Err(Errno::EINVAL);
     }
-    // A SPEC-sized struct: read its fields, default ours (same layout, a
-    // prefix of ours).
+    // A shorter struct (SPEC's, or an older usermm's): read its whole
+    // fields, default the rest (same layout, a prefix of ours; usermm's own
+    // fields are 8 bytes each).
     let mut b = config_to_bytes(&config_to_c(&Config::default()));
-    let n = if size >= CONFIG_SIZE { CONFIG_SIZE } else { SPEC_CONFIG_SIZE };
+    let n = size.min(CONFIG_SIZE) / 8 * 8;
     copy_in(None, &mut b[..n], addr)?;
     let c = config_from_bytes(&b);
     let swap_dir = if c.swap_dir.is_null() {
@@ -77,12 +80,19 @@ fn read_config(addr: usize) -> Result<Config, Errno> {
         let bytes = c_string_from_own_memory(c.swap_dir as usize, PATH_MAX)?;
         Some(PathBuf::from(OsStr::from_bytes(&bytes)))
     };
+    let swap_url = if c.swap_url.is_null() {
+        None
+    } else {
+        let bytes = c_string_from_own_memory(c.swap_url as usize, PATH_MAX)?;
+        Some(String::from_utf8(bytes).map_err(|_| Errno::EINVAL)?)
+    };
     Ok(Config {
         budget_bytes: c.budget_bytes,
         reserve_bytes: c.reserve_bytes,
         memlock_bytes: c.memlock_bytes,
         swap_bytes: c.swap_bytes,
         swap_dir,
+        swap_url,
         max_regions: c.max_regions,
         page_shift: c.page_shift,
         fault_threads: c.fault_threads,
@@ -104,6 +114,7 @@ fn config_to_c(c: &Config) -> umm_config {
         fault_threads: c.fault_threads,
         flags: c.flags,
         lazyfree_max_bytes: c.lazyfree_max_bytes,
+        swap_url: std::ptr::null(),
     }
 }
 
