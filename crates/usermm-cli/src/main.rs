@@ -43,7 +43,7 @@ struct ExpDef {
     run: fn(&Params, &Progress) -> Result<Experiment, String>,
 }
 
-const EXPERIMENTS: [ExpDef; 9] = [
+const EXPERIMENTS: [ExpDef; 10] = [
     ExpDef {
         name: "fault",
         about: "first touch of a fresh region (seq/random/sparse × read/write): throughput, sparse latency",
@@ -97,6 +97,12 @@ const EXPERIMENTS: [ExpDef; 9] = [
         about: "a heap on a space: alloc/free throughput vs the system allocator; a HashMap 4× the budget vs the kernel in a memory cgroup of the budget",
         params: heap::params,
         run: heap::run,
+    },
+    ExpDef {
+        name: "farmem",
+        about: "far memory: the reclaim phases swapping to the local swap file and to a Redis server it starts; page round trip vs GET, bytes on the wire",
+        params: reclaim::farmem::params,
+        run: reclaim::farmem::run,
     },
 ];
 

@@ -144,6 +144,8 @@ fn help_lists_every_experiment_and_parameter() {
         "lockonfault",
         "heap",
         "--data-mib",
+        "farmem",
+        "--probes",
         "--slow-runs",
         "--size-mib",
         "--budget-mib",
@@ -323,6 +325,22 @@ fn bench_heap_writes_results() {
     // and read pages back while looking up.
     assert!(value(&rows, "usermm", "build", "swapouts") > 0.0);
     assert!(value(&rows, "usermm", "query", "page_reads_per_1k_lookups") > 0.0);
+}
+
+#[test]
+fn bench_farmem_writes_results() {
+    let rows = bench_rows("farmem", &["farmem", "--budget-mib=4", "--set-mib=16", "--runs=1", "--probes=200"]);
+    for sys in ["usermm (swap file)", "usermm (redis)"] {
+        for ph in ["seq-write", "seq-read", "uniform"] {
+            assert!(value(&rows, sys, ph, "throughput") > 0.0, "{sys} {ph}");
+        }
+        assert!(value(&rows, sys, "roundtrip", "p50") > 0.0, "{sys}");
+        assert!(value(&rows, sys, "roundtrip", "pages_read_per_probe") > 0.5, "{sys}");
+    }
+    // A page and its header, key and protocol: a little over 4 KiB a page.
+    let out = value(&rows, "usermm (redis)", "all", "wire_bytes_per_page_out");
+    assert!((4096.0 + 32.0..6000.0).contains(&out), "{out}");
+    assert!(value(&rows, "redis GET", "roundtrip", "p50") > 0.0);
 }
 
 #[test]

@@ -12,81 +12,20 @@
 //! installs it when missing). Without it these tests fail, saying so.
 
 mod pattern;
+mod redis_server;
 
 use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use pattern::{bad_bytes, fill_page, Rng};
+use redis_server::Server;
 use usermm::consts::{MADV_PAGEOUT, UMM_PAGE_RESIDENT, UMM_PAGE_SWAPPED};
 use usermm::{Config, Mapping, Space};
 use usermm_sys::testing::sigbus_default;
 
 const PAGE: usize = 4096;
-
-/// A `redis-server` on a free loopback port, in a directory of its own,
-/// with no persistence; killed and removed on drop.
-struct Server {
-    port: u16,
-    child: Option<Child>,
-    dir: PathBuf,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let dir = std::env::temp_dir().join(format!("usermm-farmem-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(&dir)
-            .args(extra)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start redis-server ({e}): install it (apt-get install redis-server; scripts/test.sh does)"
-                )
-            });
-        let s = Server { port, child: Some(child), dir };
-        let t0 = Instant::now();
-        while s.client().and_then(|mut c| redis::cmd("PING").query::<String>(&mut c)).is_err() {
-            assert!(t0.elapsed() < Duration::from_secs(10), "redis-server on port {port} did not answer in 10 s");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        s
-    }
-
-    fn url(&self, prefix: &str) -> String {
-        format!("redis://127.0.0.1:{}/?prefix={prefix}&timeout_ms=1000", self.port)
-    }
-
-    fn client(&self) -> redis::RedisResult<redis::Connection> {
-        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?.get_connection()
-    }
-
-    fn keys(&self, pattern: &str) -> Vec<String> {
-        let mut c = self.client().unwrap();
-        redis::cmd("KEYS").arg(pattern).query(&mut c).unwrap()
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 fn space(budget: usize, swap: usize, url: String) -> Space {
     Space::open(&Config { budget_bytes: budget, swap_bytes: swap, swap_url: Some(url), ..Config::default() })

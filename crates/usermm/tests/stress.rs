@@ -3,7 +3,8 @@
 //! unmap and re-map their regions, drop pages (`MADV_DONTNEED`: zeros
 //! expected after) and push pages out (`MADV_PAGEOUT`).
 //!
-//! Duration: `USERMM_STRESS_SECS` (default 60, what CI runs). A watchdog
+//! Duration: `USERMM_STRESS_SECS` (default 60, what CI runs); a second run
+//! swaps to a Redis server for `USERMM_STRESS_REDIS_SECS` (default 20). A watchdog
 //! aborts the process if no operation completes for 30 s (a hang).
 //!
 //! Checked: no corrupted byte (wrong, stale or zeroed data), `validate()`
@@ -13,6 +14,7 @@
 //! SIGBUS, and that swapping really happened.
 
 mod pattern;
+mod redis_server;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -162,8 +164,9 @@ impl Drop for StopOnDrop<'_> {
 
 /// Runs the workers for `secs`, calling `validate()` every `validate_every`
 /// meanwhile (if given), then checks and prints the results.
-fn run(secs: u64, validate_every: Option<Duration>) {
-    let space = Space::open(&Config { budget_bytes: BUDGET, swap_bytes: SWAP, ..Config::default() }).expect("open");
+fn run(secs: u64, validate_every: Option<Duration>, swap_url: Option<String>) {
+    let space =
+        Space::open(&Config { budget_bytes: BUDGET, swap_bytes: SWAP, swap_url, ..Config::default() }).expect("open");
     let budget_pages = space.stats().budget_pages;
     assert_eq!(budget_pages, (BUDGET / PAGE) as u64);
     let totals = Totals::default();
@@ -272,5 +275,15 @@ fn run(secs: u64, validate_every: Option<Duration>) {
 #[test]
 fn stress_threads_under_quarter_budget() {
     let secs: u64 = std::env::var("USERMM_STRESS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
-    run(secs, Some(Duration::from_millis(100)));
+    run(secs, Some(Duration::from_millis(100)), None);
+}
+
+/// The same with the space's swap on a Redis server (`swap_url`), for
+/// `USERMM_STRESS_REDIS_SECS` (default 20).
+#[test]
+fn stress_threads_under_quarter_budget_swapping_to_redis() {
+    let secs: u64 = std::env::var("USERMM_STRESS_REDIS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
+    let srv = redis_server::Server::start(&[]);
+    run(secs, Some(Duration::from_millis(100)), Some(srv.url("stress:")));
+    assert!(srv.keys("stress:*").is_empty(), "the space's keys outlived it");
 }

@@ -30,6 +30,7 @@
 //! bandwidth, measured in the same run; usermm's swap-out throughput is
 //! compared with it.
 
+pub mod farmem;
 mod kernel;
 mod table;
 mod usermm;

@@ -1,0 +1,297 @@
+//! `farmem`: the `reclaim` phases with the space's swap on the local swap
+//! file and on a Redis server (`swap_url`), side by side in one run.
+//!
+//! Systems, alternated run by run:
+//! - `usermm (swap file)`: as `reclaim`'s usermm row;
+//! - `usermm (redis)`: the same space with `swap_url` naming a
+//!   `redis-server` this benchmark starts on a loopback port (no
+//!   persistence) and stops at the end;
+//! - `redis GET` (latency only): `GET` of a value of one stored page's size
+//!   on the same server, through the same client, one at a time.
+//!
+//! Besides the phases' throughput: the page round trip (after the phases,
+//! every page is paged out, then `probes` random pages are touched one at a
+//! time, each timed: a fault, a read from the store, the install), its p50
+//! and p99, and the bytes on the wire (the server's
+//! `total_net_input_bytes`/`total_net_output_bytes`, per page swapped).
+//! The kernel under the same limit is `reclaim`'s `kernel-memcg` row.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use usermm::consts::MADV_PAGEOUT;
+use usermm::Space;
+use usermm_sys::now_ns;
+
+use super::workload::phases;
+use super::{Shape, PHASES};
+use crate::common::{config, default_swap_dir, p50_p99_max, Progress, Rng, MIB, PAGE};
+use crate::params::{Kind, Params};
+use crate::report::{fmt_num, Experiment, Table};
+
+const FILE: &str = "usermm (swap file)";
+const REDIS: &str = "usermm (redis)";
+const GET: &str = "redis GET";
+
+pub fn params(full: bool) -> Params {
+    Params::default()
+        .def("budget_mib", Kind::Int, if full { 1024 } else { 32 }, "usermm's resident budget (MiB)")
+        .def("set_mib", Kind::Int, if full { 4096 } else { 128 }, "working set (MiB)")
+        .def("runs", Kind::Int, if full { 5 } else { 3 }, "measured runs")
+        .def("mix_touches_per_page", Kind::Int, 1, "random touches per phase = this × pages of the working set")
+        .def("probes", Kind::Int, 2000, "timed single-page round trips per run (and GETs)")
+        .def("swap_dir", Kind::Text, default_swap_dir(), "directory of the swap file")
+        .def("seed", Kind::Int, 7, "PRNG seed")
+}
+
+/// A `redis-server` on a free loopback port; stopped on drop.
+struct Server {
+    port: u16,
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Server {
+    fn start() -> Result<Server, String> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("no free port: {e}"))?
+            .port();
+        let dir = std::env::temp_dir().join(format!("usermm-farmem-bench-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start redis-server ({e}): apt-get install redis-server"))?;
+        let s = Server { port, child, dir };
+        let t0 = Instant::now();
+        while s.conn().and_then(|mut c| redis::cmd("PING").query::<String>(&mut c)).is_err() {
+            if t0.elapsed() > Duration::from_secs(10) {
+                return Err(format!("redis-server on port {port} did not answer in 10 s"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(s)
+    }
+
+    fn conn(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?.get_connection()
+    }
+
+    /// `(total_net_input_bytes, total_net_output_bytes)` of the server.
+    fn net_bytes(&self) -> (u64, u64) {
+        let info: String =
+            self.conn().and_then(|mut c| redis::cmd("INFO").arg("stats").query(&mut c)).unwrap_or_default();
+        let field =
+            |n: &str| info.lines().find_map(|l| l.strip_prefix(n).and_then(|v| v.trim().parse().ok())).unwrap_or(0);
+        (field("total_net_input_bytes:"), field("total_net_output_bytes:"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One run of the phases and the round-trip probe in a fresh space.
+#[allow(clippy::too_many_arguments)]
+fn space_run(
+    e: &mut Experiment,
+    sys: &str,
+    sh: Shape,
+    budget: usize,
+    url: Option<String>,
+    dir: &str,
+    probes: usize,
+    server: Option<&Server>,
+) -> Result<(), String> {
+    let mut cfg = config(budget, sh.set + budget, Some(dir));
+    cfg.swap_url = url;
+    let space = Space::open(&cfg).map_err(|e| format!("{sys} open: {e}"))?;
+    let mut m = space.map_anon(sh.set).map_err(|e| format!("{sys} mmap: {e:?}"))?;
+    let st = || {
+        let s = space.stats();
+        (s.swapouts, s.swapins, s.major_faults, s.evictions)
+    };
+    let net0 = server.map(Server::net_bytes);
+    let ph = phases(&mut m, &st, sh, &mut |_| {});
+    let net1 = server.map(Server::net_bytes);
+    let mut errors = 0;
+    for (name, p) in PHASES.iter().zip(&ph) {
+        errors += p.errors;
+        let unit = if matches!(*name, "seq-write" | "seq-read") { "pages/s" } else { "touches/s" };
+        e.add(sys, name, "throughput", unit, p.touches as f64 / (p.ns as f64 / 1e9));
+    }
+    let (outs, ins): (u64, u64) =
+        ph.iter().map(|p| (p.swapouts, p.swapins)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    if let (Some((i0, o0)), Some((i1, o1))) = (net0, net1) {
+        e.add(sys, "all", "wire_bytes_per_page_out", "bytes", (i1 - i0) as f64 / outs.max(1) as f64);
+        e.add(sys, "all", "wire_bytes_per_page_in", "bytes", (o1 - o0) as f64 / ins.max(1) as f64);
+    }
+    // Round trips: everything out, then single pages back, one at a time.
+    m.advise(MADV_PAGEOUT).map_err(|e| format!("{sys} pageout: {e:?}"))?;
+    let pages = sh.set / PAGE;
+    let mut rng = Rng::new(sh.seed ^ 0xfa);
+    let mut lat = Vec::with_capacity(probes);
+    let (in0, maj0) = (space.stats().swapins, space.stats().major_faults);
+    for _ in 0..probes {
+        let p = rng.below(pages as u64) as usize;
+        let t0 = now_ns();
+        let v = m[p * PAGE];
+        lat.push((now_ns() - t0) as f64 / 1000.0);
+        std::hint::black_box(v);
+    }
+    let (p50, p99, _) = p50_p99_max(&mut lat);
+    e.add(sys, "roundtrip", "p50", "µs", p50);
+    e.add(sys, "roundtrip", "p99", "µs", p99);
+    let s = space.stats();
+    e.add(sys, "roundtrip", "pages_read_per_probe", "pages", (s.swapins - in0) as f64 / probes as f64);
+    e.add(sys, "roundtrip", "major_faults_per_probe", "faults", (s.major_faults - maj0) as f64 / probes as f64);
+    drop(m);
+    space.close().map_err(|e| format!("{sys} close: {e:?}"))?;
+    if errors > 0 || s.swap_read_errors + s.swap_write_errors > 0 {
+        return Err(format!(
+            "{sys}: {errors} touches read wrong data, {} read and {} write errors",
+            s.swap_read_errors, s.swap_write_errors
+        ));
+    }
+    Ok(())
+}
+
+/// `GET` latency of a stored page's size on `server`, one at a time.
+fn get_latency(e: &mut Experiment, server: &Server, probes: usize) -> Result<(), String> {
+    let mut c = server.conn().map_err(|e| format!("connect: {e}"))?;
+    let value = vec![0x5au8; PAGE + 32];
+    for k in 0..64 {
+        redis::cmd("SET").arg(format!("bench-get:{k}")).arg(&value).query::<()>(&mut c).map_err(|e| e.to_string())?;
+    }
+    let mut lat = Vec::with_capacity(probes);
+    for i in 0..probes {
+        let t0 = now_ns();
+        let v: Vec<u8> =
+            redis::cmd("GET").arg(format!("bench-get:{}", i % 64)).query(&mut c).map_err(|e| e.to_string())?;
+        lat.push((now_ns() - t0) as f64 / 1000.0);
+        std::hint::black_box(v);
+    }
+    let (p50, p99, _) = p50_p99_max(&mut lat);
+    e.add(GET, "roundtrip", "p50", "µs", p50);
+    e.add(GET, "roundtrip", "p99", "µs", p99);
+    Ok(())
+}
+
+pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
+    let budget = p.int("budget_mib") as usize * MIB;
+    let set = p.int("set_mib") as usize * MIB;
+    let runs = p.int("runs").max(1) as usize;
+    let pages = set / PAGE;
+    if budget < PAGE || set <= budget {
+        return Err("farmem: need a working set larger than the budget".into());
+    }
+    let hot_pages = (budget / PAGE / 10).max(1);
+    let sh = Shape {
+        set,
+        budget_pages: budget / PAGE,
+        hot_pages,
+        hot_pct: 90,
+        mix: pages * p.int("mix_touches_per_page").max(1) as usize,
+        seed: p.int("seed"),
+    };
+    let (dir, probes) = (p.text("swap_dir"), p.int("probes").max(1) as usize);
+    let mut e =
+        Experiment::new("farmem", "far memory: the reclaim phases swapping to a file and to a Redis server", p.pairs());
+    let server = match Server::start() {
+        Ok(s) => Some(s),
+        Err(why) => {
+            prog.say(&format!("{REDIS}: not measured: {why}"));
+            e.notes.push(format!("{REDIS} and {GET} not measured: {why}"));
+            None
+        }
+    };
+    for r in 0..runs {
+        let order = if r.is_multiple_of(2) { [FILE, REDIS] } else { [REDIS, FILE] };
+        for sys in order {
+            let url = match (sys, &server) {
+                (FILE, _) => None,
+                (_, Some(s)) => Some(format!("redis://127.0.0.1:{}/?prefix=farmem:", s.port)),
+                (_, None) => continue,
+            };
+            prog.say(&format!("{sys}, run {}/{runs}", r + 1));
+            let srv = if sys == REDIS { server.as_ref() } else { None };
+            space_run(&mut e, sys, sh, budget, url, &dir, probes, srv)?;
+        }
+        if let Some(s) = &server {
+            prog.say(&format!("{GET}, run {}/{runs}", r + 1));
+            get_latency(&mut e, s, probes)?;
+        }
+    }
+    let measured = server.is_some();
+    drop(server);
+    let mut rows = Vec::new();
+    for ph in PHASES.iter().chain(["roundtrip"].iter()) {
+        let metric = if *ph == "roundtrip" { "p50" } else { "throughput" };
+        let (f, r) = (e.med(FILE, ph, metric), e.med(REDIS, ph, metric));
+        rows.push(vec![ph.to_string(), fmt_num(f), fmt_num(r), fmt_num(r / f)]);
+    }
+    e.tables.push(Table {
+        title: "medians: throughput per phase (pages or touches/s), round trip p50 (µs)".into(),
+        head: ["phase", FILE, REDIS, "redis / file"].map(String::from).to_vec(),
+        rows,
+    });
+    if !measured {
+        return Ok(e);
+    }
+    let mut goal = |what: &str, sys: &str, base: &str, variant: &str, metric: &str, at_least: bool, bound: f64| {
+        let value = e.med(sys, variant, metric) / e.med(base, variant, metric);
+        e.goals.push(crate::report::Goal {
+            what: what.into(),
+            how: format!("{sys}/{base}, {variant} {metric}"),
+            value,
+            unit: "×".into(),
+            at_least,
+            threshold: bound,
+            goal: bound,
+        });
+    };
+    goal(
+        "sequential swap-out throughput to one Redis server vs the local swap file",
+        REDIS,
+        FILE,
+        "seq-write",
+        "throughput",
+        true,
+        0.5,
+    );
+    goal(
+        "sequential swap-in throughput from one Redis server vs the local swap file",
+        REDIS,
+        FILE,
+        "seq-read",
+        "throughput",
+        true,
+        0.5,
+    );
+    goal(
+        "page round trip p50 vs a single GET of the same size on the same server",
+        REDIS,
+        GET,
+        "roundtrip",
+        "p50",
+        false,
+        1.5,
+    );
+    e.notes.push(format!(
+        "Budget {} MiB, working set {} MiB; the Redis server is Debian's redis-server on loopback, no persistence. \
+         Bytes on the wire: the server's total_net_input_bytes per page swapped out and total_net_output_bytes per \
+         page swapped in (keys, 32-byte headers and protocol included).",
+        budget / MIB,
+        set / MIB
+    ));
+    Ok(e)
+}
