@@ -220,7 +220,7 @@ impl Inner {
         let swap: Option<Box<dyn crate::store::PageStore>> = if swap_slots == 0 {
             None
         } else if let Some(url) = &cfg.swap_url {
-            Some(Box::new(crate::store::RedisStore::open(url, ps)?))
+            Some(Box::new(crate::store::RedisStore::open(url, ps, swap_slots as u64)?))
         } else {
             let dir = cfg
                 .swap_dir

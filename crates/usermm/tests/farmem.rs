@@ -20,7 +20,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use pattern::{bad_bytes, fill_page, Rng};
-use redis_server::Server;
+use redis_server::{Cluster, Server};
 use usermm::consts::{MADV_PAGEOUT, UMM_PAGE_RESIDENT, UMM_PAGE_SWAPPED};
 use usermm::{Config, Mapping, Space};
 use usermm_sys::testing::sigbus_default;
@@ -197,15 +197,15 @@ fn child_farmem_scenario() {
     std::process::exit(if bad == 0 { 0 } else { 2 });
 }
 
-/// Runs the child against `srv`; `breaks` is called once the child's page
-/// is on the server. Returns the child's status and stderr.
-fn run_child(srv: &mut Server, prefix: &str, breaks: impl FnOnce(&mut Server)) -> (ExitStatus, String) {
+/// Runs the child against the store at `url`; `breaks` is called once the
+/// child's page is there. Returns the child's status and stderr.
+fn run_child(url: String, breaks: impl FnOnce()) -> (ExitStatus, String) {
     use std::io::{BufRead, Write};
     let exe = std::env::current_exe().expect("current_exe");
     let mut child = Command::new(exe)
         .args(["--exact", CHILD_TEST, "--ignored", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, "1")
-        .env(URL_ENV, srv.url(prefix))
+        .env(URL_ENV, url)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -220,7 +220,7 @@ fn run_child(srv: &mut Server, prefix: &str, breaks: impl FnOnce(&mut Server)) -
         }
         log.push_str(&l);
         if l.contains("child: page 0 SWAPPED") {
-            breaks(srv);
+            breaks();
             break;
         }
     }
@@ -246,8 +246,8 @@ fn run_child(srv: &mut Server, prefix: &str, breaks: impl FnOnce(&mut Server)) -
 
 #[test]
 fn a_corrupted_value_gets_sigbus_never_wrong_data() {
-    let mut srv = Server::start(&[]);
-    let (status, log) = run_child(&mut srv, "corrupt:", |srv| {
+    let srv = Server::start(&[]);
+    let (status, log) = run_child(srv.url("corrupt:"), || {
         let mut c = srv.client().unwrap();
         let keys: Vec<String> = redis::cmd("KEYS").arg("corrupt:*").query(&mut c).unwrap();
         assert!(!keys.is_empty(), "no page on the server");
@@ -264,7 +264,8 @@ fn a_corrupted_value_gets_sigbus_never_wrong_data() {
 #[test]
 fn a_server_that_is_gone_gets_sigbus_never_wrong_data() {
     let mut srv = Server::start(&[]);
-    let (status, log) = run_child(&mut srv, "gone:", Server::kill);
+    let url = srv.url("gone:");
+    let (status, log) = run_child(url, || srv.kill());
     assert!(log.contains("child: page 0 SWAPPED"), "the child could not set up the scenario");
     assert!(!log.contains("bad bytes"), "the child's touch returned instead of faulting");
     assert_eq!(status.signal(), Some(libc::SIGBUS), "the child must die of SIGBUS, not {status:?}");
@@ -274,8 +275,109 @@ fn a_server_that_is_gone_gets_sigbus_never_wrong_data() {
 /// reads its page back.
 #[test]
 fn the_child_reads_its_page_back_from_a_healthy_server() {
-    let mut srv = Server::start(&[]);
-    let (status, log) = run_child(&mut srv, "ok:", |_| {});
+    let srv = Server::start(&[]);
+    let (status, log) = run_child(srv.url("ok:"), || {});
     assert!(log.contains("child: read page 0, 0 bad bytes"), "{log}");
     assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn pages_round_trip_through_a_cluster() {
+    let cl = Cluster::start(3, 1);
+    let s = space(2 << 20, 64 << 20, cl.url("crt:", 1));
+    let mut m = s.map_anon(16 << 20).expect("mmap"); // 8x the budget
+    fill(&mut m, 4, 1);
+    assert_eq!(bad_in(&m, 4, 1), 0, "first pass");
+    fill(&mut m, 4, 2);
+    assert_eq!(bad_in(&m, 4, 2), 0, "second pass");
+    let st = s.stats();
+    eprintln!("{st:?}");
+    assert!(st.swapouts > 4096 && st.swapins > 4096, "{st:?}");
+    assert_eq!((st.swap_read_errors, st.swap_write_errors), (0, 0));
+    let masters = cl.masters();
+    assert_eq!(masters.len(), 3);
+    let holding = masters.iter().filter(|&&i| cl.nodes[i].dbsize() > 0).count();
+    assert!(holding >= 2, "the pages are not spread over the masters ({holding} of 3 hold keys)");
+    drop(m);
+    s.close().unwrap();
+    assert_eq!(cl.total_keys(), 0, "the space's keys outlived it");
+}
+
+/// A master is killed while threads write and read pages through the
+/// cluster, with `replicas=1` (a write counts only once a replica has it):
+/// its replica takes over, reads wait the failover out, and no byte is lost.
+/// The old master comes back (as a replica) before the end.
+#[test]
+fn killing_a_master_with_replicas_loses_nothing() {
+    let mut cl = Cluster::start(3, 1);
+    let s = space(4 << 20, 128 << 20, cl.url("fo:", 1));
+    let deadline = Instant::now() + Duration::from_secs(14);
+    let bad: usize = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..2u64)
+            .map(|t| {
+                let s = &s;
+                sc.spawn(move || {
+                    let mut m = s.map_anon(8 << 20).expect("mmap");
+                    let n = m.len() / PAGE;
+                    let mut version = vec![0u64; n];
+                    let mut rng = Rng::new(t + 11);
+                    let mut bad = 0;
+                    while Instant::now() < deadline {
+                        let p = rng.below(n);
+                        let page = &mut m[p * PAGE..(p + 1) * PAGE];
+                        if version[p] > 0 {
+                            bad += bad_bytes(page, t << 32 | p as u64, version[p]);
+                        }
+                        version[p] += 1;
+                        fill_page(page, t << 32 | p as u64, version[p]);
+                    }
+                    for p in 0..n {
+                        if version[p] > 0 {
+                            bad += bad_bytes(&m[p * PAGE..(p + 1) * PAGE], t << 32 | p as u64, version[p]);
+                        }
+                    }
+                    bad
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(3));
+        let victim = cl.masters()[0];
+        eprintln!("killing master on port {} at {:?} (stats {:?})", cl.nodes[victim].port, Instant::now(), s.stats());
+        cl.nodes[victim].kill();
+        std::thread::sleep(Duration::from_secs(6));
+        eprintln!("restarting port {} (stats {:?})", cl.nodes[victim].port, s.stats());
+        cl.nodes[victim].restart();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    let st = s.stats();
+    eprintln!("after: {st:?}");
+    assert_eq!(bad, 0, "corrupted bytes");
+    assert_eq!(st.swap_read_errors, 0, "a read failed (SIGBUS) although a replica had the page");
+    assert!(st.swapouts > 0 && st.swapins > 0, "{st:?}");
+    s.validate();
+}
+
+/// Without replicas, the pages of a killed master are gone: the faulting
+/// thread gets SIGBUS (once the client's retries give up), never wrong data.
+#[test]
+fn killing_a_master_without_replicas_gets_sigbus() {
+    let mut cl = Cluster::start(3, 0);
+    let url = cl.url("nr:", 0);
+    let (status, log) = run_child(url, || {
+        // The master holding the child's first key group (its 16 pages
+        // take the first slots; one group is one hash slot).
+        let keys: Vec<String> = (0..256).map(|s| format!("{{nr:0}}{s}")).collect();
+        let owner = cl
+            .masters()
+            .into_iter()
+            .find(|&i| {
+                let mut c = cl.nodes[i].client().unwrap();
+                redis::cmd("EXISTS").arg(&keys).query::<u64>(&mut c).is_ok_and(|n| n > 0)
+            })
+            .expect("a master holds the child's pages");
+        cl.nodes[owner].kill();
+    });
+    assert!(log.contains("child: page 0 SWAPPED"), "the child could not set up the scenario");
+    assert!(!log.contains("bad bytes"), "the child's touch returned instead of faulting");
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "the child must die of SIGBUS, not {status:?}");
 }

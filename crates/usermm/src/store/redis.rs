@@ -1,19 +1,34 @@
-//! A page store on a Redis-protocol server (Redis, Valkey), through
-//! redis-rs's synchronous client.
+//! A page store on a Redis-protocol server (Redis, Valkey) or a Redis
+//! Cluster, through redis-rs's synchronous client.
 //!
-//! `swap_url` is `redis://[user:password@]host:port[/db][?prefix=P&timeout_ms=T]`.
-//! - Keys are `P` followed by the slot number, one key per page; the value
-//!   is the page behind a 32-byte header (the space's random id, the slot,
-//!   a checksum: `store.rs`), checked on every read. The default prefix is
+//! `swap_url` is one of
+//! - `redis://[user:password@]host:port[/db][?OPTIONS]`: one server;
+//! - `redis+cluster://host:port[,host:port…][?OPTIONS]`: a cluster, given by
+//!   seed nodes; the client reads the slot map from them, follows `MOVED` and
+//!   `ASK` redirections, re-reads the map when it changes, and retries (with
+//!   backoff, about 10 s in all) while a failover is under way.
+//!
+//! OPTIONS: `prefix=P`, `timeout_ms=T` (default 2,000), `replicas=N`
+//! (default 0: a write is acknowledged only once `WAIT` says N replicas of
+//! the node have it — the issue's `swap_replicas`), `failover_ms=F` (default
+//! 10,000: how long a read from a cluster keeps trying, with a fresh slot map,
+//! while a replica takes over a master that stopped answering; writes do not
+//! wait: a failed write only keeps its pages resident).
+//! - One key per page: `P` followed by the slot number on one server;
+//!   `{P<g>}<slot>` in a cluster, `g` being the slot's group of 256, so that
+//!   a run of pages (at most 256) lies in one or two hash slots. The value is
+//!   the page behind a 32-byte header (the space's random id, the slot, a
+//!   checksum: `store.rs`), checked on every read. The default prefix is
 //!   `usermm:<host>:<pid>:<space id>:`, unique per open space.
-//! - A run of pages goes out as one `MSET` and comes back as one `MGET`
-//!   (one round trip each).
+//! - A run goes out as one `MSET` per group (then `WAIT` on that group's node
+//!   when `replicas` > 0) and comes back as one `MGET`.
 //! - Opening the space deletes every key under the prefix (left by a space
-//!   with the same prefix that crashed); closing it deletes them too.
-//! - Every command has a timeout (`timeout_ms`, default 2,000): a node that
-//!   is down, slow, out of memory (`OOM command not allowed`) or that returns
-//!   a value that does not check out is an error — for a read, the faulting
-//!   thread's transient SIGBUS; for a write, pages kept resident.
+//!   with the same prefix that crashed; a cluster's by enumerating the
+//!   space's possible keys, group by group); closing it deletes them too.
+//! - Every command has a timeout: a node that is down, slow, out of memory
+//!   (`OOM command not allowed`), short of replicas, or that returns a value
+//!   that does not check out is an error — for a read, the faulting thread's
+//!   transient SIGBUS; for a write, pages kept resident.
 //! - Connections are pooled (one per thread doing I/O at a time); a
 //!   connection that failed is dropped and a new one made on next use.
 
@@ -24,15 +39,45 @@ use usermm_core::Errno;
 
 use super::{open_sealed, seal, PageStore};
 
+/// One server, or a cluster.
+enum Backend {
+    Single(redis::Client),
+    Cluster(redis::cluster::ClusterClient),
+}
+
+/// A pooled connection of either kind.
+enum Conn {
+    Single(redis::Connection),
+    Cluster(redis::cluster::ClusterConnection),
+}
+
+impl Conn {
+    fn link(&mut self) -> &mut dyn redis::ConnectionLike {
+        match self {
+            Conn::Single(c) => c,
+            Conn::Cluster(c) => c,
+        }
+    }
+}
+
+/// Pages per key group (a cluster keeps a group in one hash slot).
+const GROUP: u64 = 256;
+
 pub(crate) struct RedisStore {
-    client: redis::Client,
-    pool: Mutex<Vec<redis::Connection>>,
+    backend: Backend,
+    pool: Mutex<Vec<Conn>>,
     prefix: String,
     /// A random id of this space: part of every stored page's header.
     space: u64,
     page: usize,
+    /// Slots the space may use (a cluster's keys are deleted by
+    /// enumerating them).
+    slots: u64,
     timeout: Duration,
-    /// The URL without credentials, for messages and `smaps`.
+    replicas: u32,
+    /// How long a read waits for a cluster to answer again (a failover).
+    failover: Duration,
+    /// The URL without credentials, for messages.
     pub(crate) shown: String,
 }
 
@@ -47,19 +92,43 @@ fn random_id() -> u64 {
     t ^ (std::process::id() as u64).rotate_left(40)
 }
 
-/// `(server URL, prefix, timeout)` of a `swap_url`.
-fn parse(url: &str, space: u64) -> Result<(String, String, Duration), Errno> {
-    if !(url.starts_with("redis://") || url.starts_with("rediss://") || url.starts_with("redis+unix://")) {
-        return Err(Errno::EINVAL);
-    }
+/// A parsed `swap_url`.
+#[derive(Debug, PartialEq)]
+struct Url {
+    /// `redis://…` of the one server, or of each seed node of a cluster.
+    nodes: Vec<String>,
+    cluster: bool,
+    prefix: String,
+    timeout: Duration,
+    replicas: u32,
+    failover: Duration,
+}
+
+fn parse(url: &str, space: u64) -> Result<Url, Errno> {
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let (nodes, cluster) = if let Some(rest) = base.strip_prefix("redis+cluster://") {
+        let hosts = rest.trim_end_matches('/');
+        let nodes: Vec<String> = hosts.split(',').filter(|h| !h.is_empty()).map(|h| format!("redis://{h}/")).collect();
+        if nodes.is_empty() {
+            return Err(Errno::EINVAL);
+        }
+        (nodes, true)
+    } else if base.starts_with("redis://") || base.starts_with("rediss://") || base.starts_with("redis+unix://") {
+        (vec![base.to_string()], false)
+    } else {
+        return Err(Errno::EINVAL);
+    };
     let mut prefix = None;
     let mut timeout = Duration::from_millis(2000);
+    let mut replicas = 0;
+    let mut failover = Duration::from_millis(10_000);
     for kv in query.split('&').filter(|s| !s.is_empty()) {
         let (k, v) = kv.split_once('=').ok_or(Errno::EINVAL)?;
         match k {
             "prefix" if !v.is_empty() => prefix = Some(v.to_string()),
             "timeout_ms" => timeout = Duration::from_millis(v.parse::<u64>().map_err(|_| Errno::EINVAL)?.max(1)),
+            "replicas" => replicas = v.parse::<u32>().map_err(|_| Errno::EINVAL)?,
+            "failover_ms" => failover = Duration::from_millis(v.parse::<u64>().map_err(|_| Errno::EINVAL)?),
             _ => return Err(Errno::EINVAL),
         }
     }
@@ -67,7 +136,30 @@ fn parse(url: &str, space: u64) -> Result<(String, String, Duration), Errno> {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("usermm:{}:{}:{space:016x}:", host.trim(), std::process::id())
     });
-    Ok((base.to_string(), prefix, timeout))
+    if prefix.contains(['{', '}']) {
+        // A brace would change the cluster's hash tag.
+        return Err(Errno::EINVAL);
+    }
+    Ok(Url { nodes, cluster, prefix, timeout, replicas, failover })
+}
+
+/// The cluster hash slot of `key` (CRC16/XMODEM of its hash tag, mod 16384).
+fn hash_slot(key: &[u8]) -> u16 {
+    let tag = match key.iter().position(|&b| b == b'{') {
+        Some(i) => match key[i + 1..].iter().position(|&b| b == b'}') {
+            Some(j) if j > 0 => &key[i + 1..i + 1 + j],
+            _ => key,
+        },
+        None => key,
+    };
+    let mut crc: u16 = 0;
+    for &b in tag {
+        crc ^= (b as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc % 16384
 }
 
 /// `s` with the glob characters of `SCAN MATCH` escaped.
@@ -89,32 +181,71 @@ fn io_error(_e: &redis::RedisError) -> Errno {
 }
 
 impl RedisStore {
-    /// Connects to the server of `url` (checking it answers) and deletes the
-    /// keys a crashed space with the same prefix left behind.
-    pub(crate) fn open(url: &str, page: usize) -> Result<RedisStore, Errno> {
+    /// Connects to the server or cluster of `url` (checking it answers) and
+    /// deletes the keys a crashed space with the same prefix left behind.
+    /// `slots`: the most slots the space uses.
+    pub(crate) fn open(url: &str, page: usize, slots: u64) -> Result<RedisStore, Errno> {
         let space = random_id();
-        let (base, prefix, timeout) = parse(url, space)?;
-        let client = redis::Client::open(base.as_str()).map_err(|_| Errno::EINVAL)?;
-        let shown = match base.split_once('@') {
-            Some((scheme_user, host)) => format!("{}://…@{host}", scheme_user.split("://").next().unwrap_or("redis")),
-            None => base.clone(),
+        let u = parse(url, space)?;
+        let shown = u
+            .nodes
+            .iter()
+            .map(|n| match n.split_once('@') {
+                Some((scheme_user, host)) => {
+                    format!("{}://…@{host}", scheme_user.split("://").next().unwrap_or("redis"))
+                }
+                None => n.clone(),
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        let backend = if u.cluster {
+            let c = redis::cluster::ClusterClient::builder(u.nodes.iter().map(String::as_str))
+                .connection_timeout(u.timeout)
+                .response_timeout(u.timeout)
+                // A failover (a replica promoted after the cluster's node
+                // timeout) is waited out: 10, 20, 40 … ms up to 1 s between
+                // tries, about 10 s in all.
+                .retries(16)
+                .min_retry_wait(10)
+                .max_retry_wait(1000)
+                .build()
+                .map_err(|_| Errno::EINVAL)?;
+            Backend::Cluster(c)
+        } else {
+            Backend::Single(redis::Client::open(u.nodes[0].as_str()).map_err(|_| Errno::EINVAL)?)
         };
-        let s = RedisStore { client, pool: Mutex::new(Vec::new()), prefix, space, page, timeout, shown };
-        s.with_conn(|c| redis::cmd("PING").query::<String>(c).map(drop))
+        let s = RedisStore {
+            backend,
+            pool: Mutex::new(Vec::new()),
+            prefix: u.prefix,
+            space,
+            page,
+            slots,
+            timeout: u.timeout,
+            replicas: u.replicas,
+            failover: u.failover,
+            shown,
+        };
+        s.with_conn(|c| redis::cmd("PING").query::<String>(c.link()).map(drop))
             .inspect_err(|_| eprintln!("usermm: swap_url {}: the server does not answer", s.shown))?;
         s.delete_all()?;
         Ok(s)
     }
 
-    fn connect(&self) -> Result<redis::Connection, Errno> {
-        let c = self.client.get_connection_with_timeout(self.timeout).map_err(|e| io_error(&e))?;
-        c.set_read_timeout(Some(self.timeout)).map_err(|e| io_error(&e))?;
-        c.set_write_timeout(Some(self.timeout)).map_err(|e| io_error(&e))?;
-        Ok(c)
+    fn connect(&self) -> Result<Conn, Errno> {
+        match &self.backend {
+            Backend::Single(client) => {
+                let c = client.get_connection_with_timeout(self.timeout).map_err(|e| io_error(&e))?;
+                c.set_read_timeout(Some(self.timeout)).map_err(|e| io_error(&e))?;
+                c.set_write_timeout(Some(self.timeout)).map_err(|e| io_error(&e))?;
+                Ok(Conn::Single(c))
+            }
+            Backend::Cluster(client) => Ok(Conn::Cluster(client.get_connection().map_err(|e| io_error(&e))?)),
+        }
     }
 
     /// Runs `f` on a pooled connection; a connection that failed is dropped.
-    fn with_conn<R>(&self, f: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<R>) -> Result<R, Errno> {
+    fn with_conn<R>(&self, f: impl FnOnce(&mut Conn) -> redis::RedisResult<R>) -> Result<R, Errno> {
         let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut c = match pooled {
             Some(c) => c,
@@ -129,14 +260,52 @@ impl RedisStore {
         }
     }
 
+    /// [`RedisStore::with_conn`], tried again with backoff (with a fresh
+    /// connection, and so a fresh slot map) for up to `failover` in a
+    /// cluster: the client does not wait for a replica to take over a
+    /// master that stopped answering (a refused connection is retried at
+    /// once, 16 times in a few milliseconds), so the store does.
+    fn with_retry<R>(&self, mut f: impl FnMut(&mut Conn) -> redis::RedisResult<R>) -> Result<R, Errno> {
+        let t0 = std::time::Instant::now();
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match self.with_conn(&mut f) {
+                Ok(r) => return Ok(r),
+                Err(e) if !self.cluster() || t0.elapsed() + pause > self.failover => return Err(e),
+                Err(_) => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+
+    fn cluster(&self) -> bool {
+        matches!(self.backend, Backend::Cluster(_))
+    }
+
     fn key(&self, slot: u64) -> String {
-        format!("{}{slot}", self.prefix)
+        if self.cluster() {
+            format!("{{{}{}}}{slot}", self.prefix, slot / GROUP)
+        } else {
+            format!("{}{slot}", self.prefix)
+        }
     }
 
     /// Deletes every key under the prefix.
     fn delete_all(&self) -> Result<(), Errno> {
+        if self.cluster() {
+            // No cluster-wide SCAN: every key the space can have, a group
+            // (one hash slot) per command.
+            for g in 0..self.slots.div_ceil(GROUP) {
+                let keys: Vec<String> = (g * GROUP..((g + 1) * GROUP).min(self.slots)).map(|s| self.key(s)).collect();
+                self.with_conn(|c| redis::cmd("UNLINK").arg(&keys).query::<u64>(c.link()))?;
+            }
+            return Ok(());
+        }
         let pattern = format!("{}*", glob_escape(&self.prefix));
         self.with_conn(|c| {
+            let c = c.link();
             let mut cursor = 0u64;
             loop {
                 let (next, keys): (u64, Vec<String>) =
@@ -151,6 +320,26 @@ impl RedisStore {
             }
         })
     }
+
+    /// `WAIT replicas timeout` on the node that holds `key` (its group's
+    /// hash slot); an error unless that many replicas acknowledged.
+    fn wait_replicas(&self, c: &mut Conn, key: &str) -> redis::RedisResult<()> {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(self.replicas).arg(self.timeout.as_millis() as u64);
+        let acked: u64 = match c {
+            Conn::Single(c) => cmd.query(c)?,
+            Conn::Cluster(c) => {
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                let route = Route::new(hash_slot(key.as_bytes()), SlotAddr::Master);
+                let v = c.route_command(&cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)))?;
+                redis::from_redis_value(&v)?
+            }
+        };
+        if acked < self.replicas as u64 {
+            return Err(redis::RedisError::from((redis::ErrorKind::ResponseError, "WAIT: too few replicas")));
+        }
+        Ok(())
+    }
 }
 
 impl PageStore for RedisStore {
@@ -158,7 +347,7 @@ impl PageStore for RedisStore {
         let first = off / self.page as u64;
         let n = buf.len() / self.page;
         let keys: Vec<String> = (0..n as u64).map(|i| self.key(first + i)).collect();
-        let values: Vec<Option<Vec<u8>>> = self.with_conn(|c| redis::cmd("MGET").arg(&keys).query(c))?;
+        let values: Vec<Option<Vec<u8>>> = self.with_retry(|c| redis::cmd("MGET").arg(&keys).query(c.link()))?;
         if values.len() != n {
             return Err(Errno::EIO);
         }
@@ -174,12 +363,27 @@ impl PageStore for RedisStore {
 
     fn write(&self, off: u64, pages: &[&[u8]]) -> Result<(), Errno> {
         let first = off / self.page as u64;
-        let mut cmd = redis::cmd("MSET");
-        for (i, p) in pages.iter().enumerate() {
+        // One MSET per group (one hash slot in a cluster), then WAIT there.
+        let mut i = 0;
+        while i < pages.len() {
             let slot = first + i as u64;
-            cmd.arg(self.key(slot)).arg(seal(self.space, slot, p));
+            let end = (((slot / GROUP) + 1) * GROUP - first).min(pages.len() as u64) as usize;
+            let mut cmd = redis::cmd("MSET");
+            for (j, p) in pages[i..end].iter().enumerate() {
+                let s = slot + j as u64;
+                cmd.arg(self.key(s)).arg(seal(self.space, s, p));
+            }
+            let key = self.key(slot);
+            self.with_conn(|c| {
+                cmd.query::<()>(c.link())?;
+                if self.replicas > 0 {
+                    self.wait_replicas(c, &key)?;
+                }
+                Ok(())
+            })?;
+            i = end;
         }
-        self.with_conn(|c| cmd.query::<()>(c))
+        Ok(())
     }
 
     fn direct_io(&self) -> bool {
@@ -202,14 +406,33 @@ mod tests {
 
     #[test]
     fn urls_parse_with_their_options() {
-        let (b, p, t) = parse("redis://127.0.0.1:6379/?prefix=abc:&timeout_ms=50", 7).unwrap();
-        assert_eq!((b.as_str(), p.as_str(), t), ("redis://127.0.0.1:6379/", "abc:", Duration::from_millis(50)));
-        let (_, p, t) = parse("redis://h:1", 0xab).unwrap();
-        assert!(p.starts_with("usermm:") && p.ends_with(":00000000000000ab:"), "{p}");
-        assert_eq!(t, Duration::from_millis(2000));
+        let u = parse("redis://127.0.0.1:6379/?prefix=abc:&timeout_ms=50&replicas=1", 7).unwrap();
+        assert_eq!(u.nodes, ["redis://127.0.0.1:6379/"]);
+        assert_eq!(
+            (u.cluster, u.prefix.as_str(), u.timeout, u.replicas),
+            (false, "abc:", Duration::from_millis(50), 1)
+        );
+        let u = parse("redis://h:1", 0xab).unwrap();
+        assert!(u.prefix.starts_with("usermm:") && u.prefix.ends_with(":00000000000000ab:"), "{}", u.prefix);
+        assert_eq!((u.timeout, u.replicas), (Duration::from_millis(2000), 0));
+        let u = parse("redis+cluster://a:1,b:2,c:3/?prefix=p:", 0).unwrap();
+        assert_eq!(u.nodes, ["redis://a:1/", "redis://b:2/", "redis://c:3/"]);
+        assert!(u.cluster);
+        assert_eq!(parse("redis+cluster://", 0).err(), Some(Errno::EINVAL));
         assert_eq!(parse("http://h:1", 0).err(), Some(Errno::EINVAL));
         assert_eq!(parse("redis://h:1?colour=red", 0).err(), Some(Errno::EINVAL));
         assert_eq!(parse("redis://h:1?timeout_ms=x", 0).err(), Some(Errno::EINVAL));
+        assert_eq!(parse("redis://h:1?prefix=a{b", 0).err(), Some(Errno::EINVAL));
         assert_eq!(glob_escape("a*b[c]"), "a\\*b\\[c\\]");
+    }
+
+    #[test]
+    fn hash_slots_are_the_clusters() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(hash_slot(b"123456789"), 0x31c3);
+        assert_eq!(hash_slot(b"foo"), 12182);
+        assert_eq!(hash_slot(b"{user1000}.following"), hash_slot(b"user1000"));
+        assert_eq!(hash_slot(b"foo{}{bar}"), hash_slot(b"foo{}{bar}"));
+        assert_eq!(hash_slot(b"{p:3}17"), hash_slot(b"p:3"));
     }
 }

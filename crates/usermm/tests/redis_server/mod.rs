@@ -1,5 +1,6 @@
-//! A `redis-server` process for the far-memory tests (`farmem.rs`,
-//! `stress.rs`): started on a free loopback port, stopped on drop.
+//! `redis-server` processes for the far-memory tests (`farmem.rs`,
+//! `stress.rs`): a single server, or a cluster of masters and replicas, on
+//! free loopback ports, stopped (and their directories removed) on drop.
 
 #![allow(dead_code)]
 
@@ -13,6 +14,7 @@ pub struct Server {
     pub port: u16,
     child: Option<Child>,
     dir: PathBuf,
+    extra: Vec<String>,
 }
 
 impl Server {
@@ -20,11 +22,20 @@ impl Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let dir = std::env::temp_dir().join(format!("usermm-farmem-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        let mut s = Server { port, child: None, dir, extra: extra.iter().map(|s| s.to_string()).collect() };
+        s.restart();
+        s
+    }
+
+    /// Starts the server (again, after [`Server::kill`]: same port, same
+    /// directory, so a cluster node rejoins with its `nodes.conf`).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "already running");
         let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
-            .arg(&dir)
-            .args(extra)
+            .arg(&self.dir)
+            .args(&self.extra)
             .stdout(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| {
@@ -32,13 +43,16 @@ impl Server {
                     "cannot start redis-server ({e}): install it (apt-get install redis-server; scripts/test.sh does)"
                 )
             });
-        let s = Server { port, child: Some(child), dir };
+        self.child = Some(child);
         let t0 = Instant::now();
-        while s.client().and_then(|mut c| redis::cmd("PING").query::<String>(&mut c)).is_err() {
-            assert!(t0.elapsed() < Duration::from_secs(10), "redis-server on port {port} did not answer in 10 s");
+        while self.client().and_then(|mut c| redis::cmd("PING").query::<String>(&mut c)).is_err() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "redis-server on port {} did not answer in 10 s",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
-        s
     }
 
     pub fn url(&self, prefix: &str) -> String {
@@ -54,6 +68,22 @@ impl Server {
         redis::cmd("KEYS").arg(pattern).query(&mut c).unwrap()
     }
 
+    pub fn dbsize(&self) -> u64 {
+        let mut c = self.client().unwrap();
+        redis::cmd("DBSIZE").query(&mut c).unwrap()
+    }
+
+    /// `INFO replication`'s `role:` line.
+    pub fn role(&self) -> String {
+        let mut c = self.client().unwrap();
+        let info: String = redis::cmd("INFO").arg("replication").query(&mut c).unwrap();
+        info.lines().find_map(|l| l.strip_prefix("role:")).unwrap_or("?").trim().to_string()
+    }
+
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
@@ -66,5 +96,78 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Redis Cluster on loopback: `masters` masters with `replicas` replicas
+/// each, a 1 s node timeout (failover within a few seconds).
+pub struct Cluster {
+    pub nodes: Vec<Server>,
+}
+
+impl Cluster {
+    pub fn start(masters: usize, replicas: usize) -> Cluster {
+        let args =
+            ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000"];
+        let nodes: Vec<Server> = (0..masters * (1 + replicas)).map(|_| Server::start(&args)).collect();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for n in &nodes {
+            create.arg(format!("127.0.0.1:{}", n.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .output()
+            .expect("run redis-cli (Debian's redis-tools, installed with redis-server)");
+        assert!(out.status.success(), "redis-cli --cluster create: {}", String::from_utf8_lossy(&out.stdout));
+        let c = Cluster { nodes };
+        c.wait_ok(Duration::from_secs(30));
+        // Every replica linked to its master (a `WAIT` counts only those).
+        let t0 = Instant::now();
+        while replicas > 0
+            && !c.nodes.iter().all(|n| {
+                let mut cl = n.client().unwrap();
+                let info: String = redis::cmd("INFO").arg("replication").query(&mut cl).unwrap_or_default();
+                info.contains("role:master") && info.contains(&format!("connected_slaves:{replicas}"))
+                    || info.contains("role:slave") && info.contains("master_link_status:up")
+            })
+        {
+            assert!(t0.elapsed() < Duration::from_secs(30), "the replicas did not link up in 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        c
+    }
+
+    /// Waits until every running node says `cluster_state:ok` and the
+    /// cluster has as many masters with slots as it was made with.
+    pub fn wait_ok(&self, limit: Duration) {
+        let t0 = Instant::now();
+        loop {
+            let ok = self.nodes.iter().filter(|n| n.running()).all(|n| {
+                n.client()
+                    .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut c))
+                    .is_ok_and(|i| i.contains("cluster_state:ok"))
+            });
+            if ok {
+                return;
+            }
+            assert!(t0.elapsed() < limit, "the cluster is not ok after {limit:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn url(&self, prefix: &str, replicas: u32) -> String {
+        let seeds: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        format!("redis+cluster://{}/?prefix={prefix}&timeout_ms=1000&replicas={replicas}", seeds.join(","))
+    }
+
+    /// Indices of the running masters.
+    pub fn masters(&self) -> Vec<usize> {
+        (0..self.nodes.len()).filter(|&i| self.nodes[i].running() && self.nodes[i].role() == "master").collect()
+    }
+
+    /// Keys on every running master.
+    pub fn total_keys(&self) -> u64 {
+        self.masters().iter().map(|&i| self.nodes[i].dbsize()).sum()
     }
 }
