@@ -330,7 +330,7 @@ fn bench_heap_writes_results() {
 #[test]
 fn bench_farmem_writes_results() {
     let rows = bench_rows("farmem", &["farmem", "--budget-mib=4", "--set-mib=16", "--runs=1", "--probes=200"]);
-    for sys in ["usermm (swap file)", "usermm (redis)"] {
+    for sys in ["usermm (swap file)", "usermm (redis)", "usermm (redis cluster)"] {
         for ph in ["seq-write", "seq-read", "uniform"] {
             assert!(value(&rows, sys, ph, "throughput") > 0.0, "{sys} {ph}");
         }

@@ -6,6 +6,8 @@
 //! - `usermm (redis)`: the same space with `swap_url` naming a
 //!   `redis-server` this benchmark starts on a loopback port (no
 //!   persistence) and stops at the end;
+//! - `usermm (redis cluster)`: the same with `swap_url` naming a 3-master
+//!   Redis Cluster (no replicas) the benchmark makes with `redis-cli`;
 //! - `redis GET` (latency only): `GET` of a value of one stored page's size
 //!   on the same server, through the same client, one at a time.
 //!
@@ -32,6 +34,7 @@ use crate::report::{fmt_num, Experiment, Table};
 
 const FILE: &str = "usermm (swap file)";
 const REDIS: &str = "usermm (redis)";
+const CLUSTER: &str = "usermm (redis cluster)";
 const GET: &str = "redis GET";
 
 pub fn params(full: bool) -> Params {
@@ -53,7 +56,7 @@ struct Server {
 }
 
 impl Server {
-    fn start() -> Result<Server, String> {
+    fn start(extra: &[&str]) -> Result<Server, String> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| format!("no free port: {e}"))?
@@ -64,6 +67,7 @@ impl Server {
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&dir)
+            .args(extra)
             .stdout(Stdio::null())
             .spawn()
             .map_err(|e| format!("cannot start redis-server ({e}): apt-get install redis-server"))?;
@@ -92,6 +96,41 @@ impl Server {
     }
 }
 
+/// A 3-master Redis Cluster (no replicas) on loopback.
+fn start_cluster() -> Result<Vec<Server>, String> {
+    let args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"];
+    let nodes = (0..3).map(|_| Server::start(&args)).collect::<Result<Vec<_>, _>>()?;
+    let mut create = Command::new("redis-cli");
+    create.args(["--cluster", "create"]);
+    for n in &nodes {
+        create.arg(format!("127.0.0.1:{}", n.port));
+    }
+    let out = create
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .map_err(|e| format!("cannot run redis-cli ({e}): apt-get install redis-tools"))?;
+    if !out.status.success() {
+        return Err(format!("redis-cli --cluster create failed: {}", String::from_utf8_lossy(&out.stdout)));
+    }
+    let t0 = Instant::now();
+    while !nodes.iter().all(|n| {
+        n.conn()
+            .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut c))
+            .is_ok_and(|i| i.contains("cluster_state:ok"))
+    }) {
+        if t0.elapsed() > Duration::from_secs(30) {
+            return Err("the cluster was not ok after 30 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(nodes)
+}
+
+/// The bytes in and out of all of `servers`.
+fn net_bytes(servers: &[Server]) -> (u64, u64) {
+    servers.iter().map(Server::net_bytes).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -110,7 +149,7 @@ fn space_run(
     url: Option<String>,
     dir: &str,
     probes: usize,
-    server: Option<&Server>,
+    servers: &[Server],
 ) -> Result<(), String> {
     let mut cfg = config(budget, sh.set + budget, Some(dir));
     cfg.swap_url = url;
@@ -120,9 +159,9 @@ fn space_run(
         let s = space.stats();
         (s.swapouts, s.swapins, s.major_faults, s.evictions)
     };
-    let net0 = server.map(Server::net_bytes);
+    let net0 = (!servers.is_empty()).then(|| net_bytes(servers));
     let ph = phases(&mut m, &st, sh, &mut |_| {});
-    let net1 = server.map(Server::net_bytes);
+    let net1 = (!servers.is_empty()).then(|| net_bytes(servers));
     let mut errors = 0;
     for (name, p) in PHASES.iter().zip(&ph) {
         errors += p.errors;
@@ -206,7 +245,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     let (dir, probes) = (p.text("swap_dir"), p.int("probes").max(1) as usize);
     let mut e =
         Experiment::new("farmem", "far memory: the reclaim phases swapping to a file and to a Redis server", p.pairs());
-    let server = match Server::start() {
+    let server = match Server::start(&[]) {
         Ok(s) => Some(s),
         Err(why) => {
             prog.say(&format!("{REDIS}: not measured: {why}"));
@@ -214,17 +253,33 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
             None
         }
     };
+    let cluster = match start_cluster() {
+        Ok(c) => Some(c),
+        Err(why) => {
+            prog.say(&format!("{CLUSTER}: not measured: {why}"));
+            e.notes.push(format!("{CLUSTER} not measured: {why}"));
+            None
+        }
+    };
     for r in 0..runs {
-        let order = if r.is_multiple_of(2) { [FILE, REDIS] } else { [REDIS, FILE] };
+        let order = if r.is_multiple_of(2) { [FILE, REDIS, CLUSTER] } else { [CLUSTER, REDIS, FILE] };
         for sys in order {
-            let url = match (sys, &server) {
-                (FILE, _) => None,
-                (_, Some(s)) => Some(format!("redis://127.0.0.1:{}/?prefix=farmem:", s.port)),
-                (_, None) => continue,
+            let (url, servers): (Option<String>, &[Server]) = match sys {
+                FILE => (None, &[]),
+                REDIS => match &server {
+                    Some(s) => (Some(format!("redis://127.0.0.1:{}/?prefix=farmem:", s.port)), std::slice::from_ref(s)),
+                    None => continue,
+                },
+                _ => match &cluster {
+                    Some(c) => {
+                        let seeds: Vec<String> = c.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+                        (Some(format!("redis+cluster://{}/?prefix=farmem:", seeds.join(","))), &c[..])
+                    }
+                    None => continue,
+                },
             };
             prog.say(&format!("{sys}, run {}/{runs}", r + 1));
-            let srv = if sys == REDIS { server.as_ref() } else { None };
-            space_run(&mut e, sys, sh, budget, url, &dir, probes, srv)?;
+            space_run(&mut e, sys, sh, budget, url, &dir, probes, servers)?;
         }
         if let Some(s) = &server {
             prog.say(&format!("{GET}, run {}/{runs}", r + 1));
@@ -233,15 +288,16 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     }
     let measured = server.is_some();
     drop(server);
+    drop(cluster);
     let mut rows = Vec::new();
     for ph in PHASES.iter().chain(["roundtrip"].iter()) {
         let metric = if *ph == "roundtrip" { "p50" } else { "throughput" };
-        let (f, r) = (e.med(FILE, ph, metric), e.med(REDIS, ph, metric));
-        rows.push(vec![ph.to_string(), fmt_num(f), fmt_num(r), fmt_num(r / f)]);
+        let (f, r, c) = (e.med(FILE, ph, metric), e.med(REDIS, ph, metric), e.med(CLUSTER, ph, metric));
+        rows.push(vec![ph.to_string(), fmt_num(f), fmt_num(r), fmt_num(c), fmt_num(r / f), fmt_num(c / f)]);
     }
     e.tables.push(Table {
         title: "medians: throughput per phase (pages or touches/s), round trip p50 (µs)".into(),
-        head: ["phase", FILE, REDIS, "redis / file"].map(String::from).to_vec(),
+        head: ["phase", FILE, REDIS, CLUSTER, "redis / file", "cluster / file"].map(String::from).to_vec(),
         rows,
     });
     if !measured {
