@@ -11,6 +11,7 @@
 //! Needs `redis-server` (Debian's `redis-server` package; `scripts/test.sh`
 //! installs it when missing). Without it these tests fail, saying so.
 
+mod paging;
 mod pattern;
 mod redis_server;
 
@@ -19,47 +20,16 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use pattern::{bad_bytes, fill_page, Rng};
+use paging::{bad_in, fill, pageout_all, random_writer, states, PAGE};
+use pattern::bad_bytes;
 use redis_server::{Cluster, Server};
 use usermm::consts::{MADV_PAGEOUT, UMM_PAGE_RESIDENT, UMM_PAGE_SWAPPED};
-use usermm::{Config, Mapping, Space};
+use usermm::{Config, Space};
 use usermm_sys::testing::sigbus_default;
-
-const PAGE: usize = 4096;
 
 fn space(budget: usize, swap: usize, url: String) -> Space {
     Space::open(&Config { budget_bytes: budget, swap_bytes: swap, swap_url: Some(url), ..Config::default() })
         .expect("open a space on the Redis store")
-}
-
-fn fill(m: &mut Mapping<'_>, tag: u64, version: u64) {
-    for p in 0..m.len() / PAGE {
-        fill_page(&mut m[p * PAGE..(p + 1) * PAGE], tag << 32 | p as u64, version);
-    }
-}
-
-fn bad_in(m: &Mapping<'_>, tag: u64, version: u64) -> usize {
-    (0..m.len() / PAGE).map(|p| bad_bytes(&m[p * PAGE..(p + 1) * PAGE], tag << 32 | p as u64, version)).sum()
-}
-
-fn states(s: &Space, m: &Mapping<'_>) -> Vec<u32> {
-    let mut v = vec![0u32; m.len() / PAGE];
-    s.page_state(m.addr(), v.len(), &mut v).expect("page_state");
-    v
-}
-
-/// `MADV_PAGEOUT` until every page of `m` is swapped out (at most 1 s).
-fn pageout_all(s: &Space, m: &mut Mapping<'_>) -> Vec<u32> {
-    let mut st = Vec::new();
-    for _ in 0..1000 {
-        m.advise(MADV_PAGEOUT).expect("MADV_PAGEOUT");
-        st = states(s, m);
-        if st.iter().all(|&b| b & UMM_PAGE_SWAPPED != 0) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    st
 }
 
 #[test]
@@ -92,28 +62,7 @@ fn threads_under_pressure_against_a_redis_server() {
         let hs: Vec<_> = (0..3u64)
             .map(|t| {
                 let s = &s;
-                sc.spawn(move || {
-                    let mut m = s.map_anon(8 << 20).expect("mmap");
-                    let n = m.len() / PAGE;
-                    let mut version = vec![0u64; n];
-                    let mut rng = Rng::new(t + 1);
-                    let mut bad = 0;
-                    while Instant::now() < deadline {
-                        let p = rng.below(n);
-                        let page = &mut m[p * PAGE..(p + 1) * PAGE];
-                        if version[p] > 0 {
-                            bad += bad_bytes(page, t << 32 | p as u64, version[p]);
-                        }
-                        version[p] += 1;
-                        fill_page(page, t << 32 | p as u64, version[p]);
-                    }
-                    for p in 0..n {
-                        if version[p] > 0 {
-                            bad += bad_bytes(&m[p * PAGE..(p + 1) * PAGE], t << 32 | p as u64, version[p]);
-                        }
-                    }
-                    bad
-                })
+                sc.spawn(move || random_writer(s, 8 << 20, t, deadline))
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).sum()
@@ -316,28 +265,7 @@ fn killing_a_master_with_replicas_loses_nothing() {
         let hs: Vec<_> = (0..2u64)
             .map(|t| {
                 let s = &s;
-                sc.spawn(move || {
-                    let mut m = s.map_anon(8 << 20).expect("mmap");
-                    let n = m.len() / PAGE;
-                    let mut version = vec![0u64; n];
-                    let mut rng = Rng::new(t + 11);
-                    let mut bad = 0;
-                    while Instant::now() < deadline {
-                        let p = rng.below(n);
-                        let page = &mut m[p * PAGE..(p + 1) * PAGE];
-                        if version[p] > 0 {
-                            bad += bad_bytes(page, t << 32 | p as u64, version[p]);
-                        }
-                        version[p] += 1;
-                        fill_page(page, t << 32 | p as u64, version[p]);
-                    }
-                    for p in 0..n {
-                        if version[p] > 0 {
-                            bad += bad_bytes(&m[p * PAGE..(p + 1) * PAGE], t << 32 | p as u64, version[p]);
-                        }
-                    }
-                    bad
-                })
+                sc.spawn(move || random_writer(s, 8 << 20, t, deadline))
             })
             .collect();
         std::thread::sleep(Duration::from_secs(3));

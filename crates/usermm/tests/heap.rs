@@ -10,12 +10,14 @@
 //! and the C test's `calloc`.)
 
 mod common;
+mod pattern;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use allocator_api2::vec::Vec as AVec;
 use common::space;
+use pattern::Rng;
 use usermm::heap::{FREE_RUN_BYTES, LARGE_BYTES};
 use usermm::{Heap, Space};
 
@@ -34,22 +36,13 @@ fn wrong(v: &[u8], k: u64) -> u64 {
     v.iter().enumerate().filter(|&(i, &b)| b != pat(k, i)).count() as u64
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// A block size: mostly small, some medium, one in 64 large.
-    fn size(&mut self) -> usize {
-        let r = self.next();
-        match r % 64 {
-            0 => LARGE_BYTES + (r >> 8) as usize % (1 << 20),
-            1..=8 => FREE_RUN_BYTES + (r >> 8) as usize % (128 << 10),
-            _ => 1 + (r >> 8) as usize % 4000,
-        }
+/// A block size: mostly small, some medium, one in 64 large.
+fn block_size(rng: &mut Rng) -> usize {
+    let r = rng.next();
+    match r % 64 {
+        0 => LARGE_BYTES + (r >> 8) as usize % (1 << 20),
+        1..=8 => FREE_RUN_BYTES + (r >> 8) as usize % (128 << 10),
+        _ => 1 + (r >> 8) as usize % 4000,
     }
 }
 
@@ -68,7 +61,7 @@ fn heap_under_pressure_keeps_every_byte() {
             let (sp, corrupted, ops) = (&sp, &corrupted, &ops);
             s.spawn(move || {
                 let heap = sp.heap();
-                let mut rng = Rng(0x1234_5678 + t);
+                let mut rng = Rng::new(0x1234_5678 + t);
                 let mut live: Vec<(u64, AVec<u8, Heap<'_>>)> = Vec::new();
                 let (mut bytes, mut next_k) = (0usize, t << 40);
                 while Instant::now() < deadline {
@@ -82,7 +75,7 @@ fn heap_under_pressure_keeps_every_byte() {
                         // Resize in place or by moving: the prefix stays.
                         let i = (r >> 8) as usize % live.len();
                         let (k, v) = &mut live[i];
-                        let n = rng.size();
+                        let n = block_size(&mut rng);
                         let keep = n.min(v.len());
                         bytes = bytes - v.len() + n;
                         if n < v.len() {
@@ -95,7 +88,7 @@ fn heap_under_pressure_keeps_every_byte() {
                         }
                         corrupted.fetch_add(wrong(&v[..keep], *k), Ordering::Relaxed);
                     } else {
-                        let n = rng.size();
+                        let n = block_size(&mut rng);
                         next_k += 1;
                         live.push((next_k, filled(heap, next_k, n)));
                         bytes += n;
@@ -187,7 +180,7 @@ fn threads_share_one_heap() {
             let (sp, corrupted): (&Space, _) = (&sp, &corrupted);
             s.spawn(move || {
                 let heap = sp.heap();
-                let mut rng = Rng(99 + t);
+                let mut rng = Rng::new(99 + t);
                 let mut keep: Vec<Option<(u64, AVec<u8, Heap<'_>>)>> = (0..128).map(|_| None).collect();
                 for i in 0..20_000u64 {
                     let j = rng.next() as usize % keep.len();

@@ -8,6 +8,7 @@
 //!   in-process with a recording SIGBUS handler (whose return retries the
 //!   access, which then succeeds).
 
+mod paging;
 mod pattern;
 
 use std::io::Read;
@@ -15,50 +16,15 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use pattern::{bad_bytes, fill_page};
+use paging::{bad_in, fill, pageout_all, states, PAGE};
+use pattern::bad_bytes;
 use usermm::consts::{MADV_PAGEOUT, UMM_PAGE_INACTIVE, UMM_PAGE_RESIDENT, UMM_PAGE_SWAPPED};
-use usermm::{Config, Mapping, Space};
+use usermm::{Config, Space};
 use usermm_sys::testing::{sigbus_default, SigbusRecorder};
 use usermm_sys::thread::SIGBUS_TRANSIENT_SI_CODE;
 
-const PAGE: usize = 4096;
-
 fn space(budget: usize, swap: usize) -> Space {
     Space::open(&Config { budget_bytes: budget, swap_bytes: swap, ..Config::default() }).expect("open")
-}
-
-fn fill(m: &mut Mapping<'_>, tag: u64, version: u64) {
-    for p in 0..m.len() / PAGE {
-        fill_page(&mut m[p * PAGE..(p + 1) * PAGE], tag << 32 | p as u64, version);
-    }
-}
-
-fn bad_in(m: &Mapping<'_>, tag: u64, version: u64) -> usize {
-    (0..m.len() / PAGE).map(|p| bad_bytes(&m[p * PAGE..(p + 1) * PAGE], tag << 32 | p as u64, version)).sum()
-}
-
-fn states(s: &Space, m: &Mapping<'_>) -> Vec<u32> {
-    let mut v = vec![0u32; m.len() / PAGE];
-    s.page_state(m.addr(), v.len(), &mut v).expect("page_state");
-    v
-}
-
-/// `MADV_PAGEOUT` until every page of `m` is swapped out (at most 1 s).
-/// Page-out is advisory and skips pages whose fill is still being committed:
-/// the faulting thread is woken by `UFFDIO_COPY` a moment before the handler
-/// records the page as resident, so a page-out right after the touch can
-/// miss the last page(s) touched.
-fn pageout_all(s: &Space, m: &mut Mapping<'_>) -> Vec<u32> {
-    let mut st = Vec::new();
-    for _ in 0..1000 {
-        m.advise(MADV_PAGEOUT).expect("MADV_PAGEOUT");
-        st = states(s, m);
-        if st.iter().all(|&b| b & UMM_PAGE_SWAPPED != 0) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    st
 }
 
 #[test]
