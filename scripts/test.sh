@@ -35,3 +35,25 @@ echo "== cargo test -p usermm-core (debug build: every debug_assert! checked)"
 cargo test -p usermm-core
 echo "== cargo test --release"
 cargo test --release --workspace -- --test-threads=2
+
+# The swap tests again with every space swapping to a Redis server
+# (USERMM_TEST_SWAP_URL, read by crates/usermm/tests/common), on a Unix
+# socket of a server of this script's own, stopped on exit.
+echo "== the swap tests again, swapping to a Redis server"
+redis_dir=$(mktemp -d)
+redis-server --port 0 --unixsocket "$redis_dir/redis.sock" --save "" --appendonly no --dir "$redis_dir" \
+  >"$redis_dir/log" 2>&1 &
+redis_pid=$!
+trap 'kill "$redis_pid" 2>/dev/null; wait "$redis_pid" 2>/dev/null; rm -rf "$redis_dir"' EXIT
+for _ in $(seq 100); do [ -S "$redis_dir/redis.sock" ] && break; sleep 0.1; done
+[ -S "$redis_dir/redis.sock" ] || { echo "FATAL: redis-server did not start: $(cat "$redis_dir/log")" >&2; exit 1; }
+USERMM_TEST_SWAP_URL="redis+unix://$redis_dir/redis.sock" cargo test --release -p usermm \
+  --test swap_errors --test swapcache --test lru --test reclaim_idle --test lazyfree --test purgeable \
+  --test volatile --test smoke -- --test-threads=2
+# The pass really swapped to the server (not to files).
+swapped=$(redis-cli -s "$redis_dir/redis.sock" INFO stats | tr -d '\r' | sed -n 's/^total_net_input_bytes://p')
+echo "the Redis server took $swapped bytes"
+if [ "${swapped:-0}" -lt 100000000 ]; then
+  echo "FATAL: the swap tests did not swap to the Redis server" >&2
+  exit 1
+fi

@@ -215,12 +215,12 @@ fn a_page_the_host_discards_reads_back_as_zeros_and_is_counted() {
 
 #[test]
 fn the_lazyfree_bound_discards_the_oldest_at_once() {
-    let s = Space::open(&Config {
+    let s = Space::open(&common::with_test_store(Config {
         budget_bytes: 64 << 20,
         swap_bytes: 64 << 20,
         lazyfree_max_bytes: 64 * PS,
         ..Config::default()
-    })
+    }))
     .unwrap();
     let a = anon(&s, 256 * PS);
     fill(a, 256, 3);

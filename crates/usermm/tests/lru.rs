@@ -8,6 +8,7 @@
 //! hot page that is touched while inactive goes back to the active list.
 //! Inactive pages are resident (`UMM_PAGE_RESIDENT | UMM_PAGE_INACTIVE`).
 
+mod common;
 mod pattern;
 
 use pattern::{bad_bytes, fill_page};
@@ -37,7 +38,9 @@ struct Outcome {
 /// page), reading every hot page after each `PASS_EVERY` cold pages when
 /// `retouch`. Returns what became of the hot set.
 fn hot_vs_cold_scan(retouch: bool) -> Outcome {
-    let space = Space::open(&Config { budget_bytes: BUDGET, swap_bytes: SWAP, ..Config::default() }).expect("open");
+    let space =
+        Space::open(&common::with_test_store(Config { budget_bytes: BUDGET, swap_bytes: SWAP, ..Config::default() }))
+            .expect("open");
     let mut hot = space.map_anon(HOT_PAGES * PAGE).expect("mmap hot");
     let mut cold = space.map_anon(COLD_BYTES).expect("mmap cold");
     for p in 0..HOT_PAGES {

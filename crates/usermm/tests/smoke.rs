@@ -1,8 +1,15 @@
+mod common;
+
 use usermm::{Config, Space};
 
 #[test]
 fn touch_and_evict() {
-    let s = Space::open(&Config { budget_bytes: 4 << 20, swap_bytes: 64 << 20, ..Config::default() }).unwrap();
+    let s = Space::open(&common::with_test_store(Config {
+        budget_bytes: 4 << 20,
+        swap_bytes: 64 << 20,
+        ..Config::default()
+    }))
+    .unwrap();
     let mut m = s.map_anon(16 << 20).unwrap();
     for i in (0..m.len()).step_by(4096) {
         m[i] = (i / 4096) as u8;

@@ -8,6 +8,7 @@
 //!   in-process with a recording SIGBUS handler (whose return retries the
 //!   access, which then succeeds).
 
+mod common;
 mod paging;
 mod pattern;
 
@@ -24,7 +25,7 @@ use usermm_sys::testing::{sigbus_default, SigbusRecorder};
 use usermm_sys::thread::SIGBUS_TRANSIENT_SI_CODE;
 
 fn space(budget: usize, swap: usize) -> Space {
-    Space::open(&Config { budget_bytes: budget, swap_bytes: swap, ..Config::default() }).expect("open")
+    common::open(&Config { budget_bytes: budget, swap_bytes: swap, ..Config::default() })
 }
 
 #[test]
@@ -246,8 +247,13 @@ fn check_not_late(addr: usize) {
 /// after the core lock was let go).
 #[test]
 fn transient_sigbus_never_arrives_after_the_access() {
-    let s = Space::open(&Config { budget_bytes: 4 << 20, swap_bytes: 16 << 20, fault_threads: 2, ..Config::default() })
-        .expect("open");
+    let s = Space::open(&common::with_test_store(Config {
+        budget_bytes: 4 << 20,
+        swap_bytes: 16 << 20,
+        fault_threads: 2,
+        ..Config::default()
+    }))
+    .expect("open");
     let mut m = s.map_anon(16 * PAGE).expect("mmap");
     fill(&mut m, 9, 1);
     let st = pageout_all(&s, &mut m);

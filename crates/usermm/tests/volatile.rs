@@ -368,7 +368,13 @@ fn touching_a_page_the_host_purged_raises_sigbus_at_the_address() {
 /// `vol` (volatile), then presses the budget; returns how many pages of
 /// `old` were swapped and how many of `vol` purged.
 fn pressure_order(flags: u32) -> (usize, usize) {
-    let s = Space::open(&Config { budget_bytes: 4 << 20, swap_bytes: 64 << 20, flags, ..Config::default() }).unwrap();
+    let s = Space::open(&common::with_test_store(Config {
+        budget_bytes: 4 << 20,
+        swap_bytes: 64 << 20,
+        flags,
+        ..Config::default()
+    }))
+    .unwrap();
     let n = 384;
     let old = anon(&s, n * PS);
     let vol = anon(&s, n * PS);

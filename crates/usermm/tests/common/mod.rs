@@ -12,10 +12,23 @@ use usermm::{Config, Space};
 /// Opens a space with `cfg`; panics with the reason if it cannot (these
 /// tests need userfaultfd with kernel-mode faults: root, or access to
 /// `/dev/userfaultfd`; they never skip).
+///
+/// With `USERMM_TEST_SWAP_URL` set, a space that has swap swaps to that page
+/// store instead of a file (`scripts/test.sh` runs the swap tests a second
+/// time so, against a Redis server of its own).
 pub fn open(cfg: &Config) -> Space {
-    Space::open(cfg).unwrap_or_else(|e| {
+    Space::open(&with_test_store(cfg.clone())).unwrap_or_else(|e| {
         panic!("umm_open failed ({e}): the native tests need userfaultfd (root, or rw access to /dev/userfaultfd)")
     })
+}
+
+/// `cfg` with `swap_url` from `USERMM_TEST_SWAP_URL` when it has swap and
+/// no store of its own.
+pub fn with_test_store(mut cfg: Config) -> Config {
+    if cfg.swap_bytes > 0 && cfg.swap_url.is_none() {
+        cfg.swap_url = std::env::var("USERMM_TEST_SWAP_URL").ok().filter(|u| !u.is_empty());
+    }
+    cfg
 }
 
 /// A space with a budget and swap of the given MiB.
