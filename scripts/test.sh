@@ -44,7 +44,13 @@ redis_dir=$(mktemp -d)
 redis-server --port 0 --unixsocket "$redis_dir/redis.sock" --save "" --appendonly no --dir "$redis_dir" \
   >"$redis_dir/log" 2>&1 &
 redis_pid=$!
-trap 'kill "$redis_pid" 2>/dev/null; wait "$redis_pid" 2>/dev/null; rm -rf "$redis_dir"' EXIT
+redis_pids=("$redis_pid")
+cleanup_redis() {
+  kill "${redis_pids[@]}" 2>/dev/null || true
+  wait "${redis_pids[@]}" 2>/dev/null || true
+  rm -rf "$redis_dir"
+}
+trap cleanup_redis EXIT
 for _ in $(seq 100); do [ -S "$redis_dir/redis.sock" ] && break; sleep 0.1; done
 [ -S "$redis_dir/redis.sock" ] || { echo "FATAL: redis-server did not start: $(cat "$redis_dir/log")" >&2; exit 1; }
 USERMM_TEST_SWAP_URL="redis+unix://$redis_dir/redis.sock" cargo test --release -p usermm \
@@ -55,5 +61,62 @@ swapped=$(redis-cli -s "$redis_dir/redis.sock" INFO stats | tr -d '\r' | sed -n 
 echo "the Redis server took $swapped bytes"
 if [ "${swapped:-0}" -lt 100000000 ]; then
   echo "FATAL: the swap tests did not swap to the Redis server" >&2
+  exit 1
+fi
+
+# And once more against a Redis Cluster of 3 masters with a replica each,
+# every write waiting for its replica (replicas=1).
+echo "== the swap tests again, swapping to a 3+3 Redis Cluster (replicas=1)"
+cluster_ports=()
+for node in 1 2 3 4 5 6; do
+  started=
+  for _ in $(seq 20); do
+    port=$((30000 + RANDOM % 15000))
+    mkdir -p "$redis_dir/$port"
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$redis_dir/$port" \
+      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+      >"$redis_dir/$port/log" 2>&1 &
+    pid=$!
+    for _ in $(seq 40); do
+      [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ] && break
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.05
+    done
+    if [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ]; then
+      redis_pids+=("$pid")
+      cluster_ports+=("$port")
+      started=1
+      break
+    fi
+    kill "$pid" 2>/dev/null || true
+  done
+  [ -n "$started" ] || { echo "FATAL: could not start cluster node $node" >&2; exit 1; }
+done
+redis-cli --cluster create $(printf '127.0.0.1:%s ' "${cluster_ports[@]}") --cluster-replicas 1 --cluster-yes \
+  >"$redis_dir/create.log" 2>&1 || { echo "FATAL: redis-cli --cluster create: $(cat "$redis_dir/create.log")" >&2; exit 1; }
+for _ in $(seq 600); do
+  ready=1
+  for port in "${cluster_ports[@]}"; do
+    redis-cli -p "$port" cluster info | grep -q cluster_state:ok || ready=
+    info=$(redis-cli -p "$port" info replication)
+    echo "$info" | grep -q 'role:master' && ! echo "$info" | grep -q 'connected_slaves:1' && ready=
+    echo "$info" | grep -q 'role:slave' && ! echo "$info" | grep -q 'master_link_status:up' && ready=
+  done
+  [ -n "$ready" ] && break
+  sleep 0.1
+done
+[ -n "$ready" ] || { echo "FATAL: the cluster did not become ready" >&2; exit 1; }
+seeds=$(printf '127.0.0.1:%s,' "${cluster_ports[@]}")
+USERMM_TEST_SWAP_URL="redis+cluster://${seeds%,}/?replicas=1" cargo test --release -p usermm \
+  --test swap_errors --test swapcache --test lru --test reclaim_idle --test lazyfree --test purgeable \
+  --test volatile --test smoke -- --test-threads=2
+taken=0
+for port in "${cluster_ports[@]}"; do
+  n=$(redis-cli -p "$port" INFO stats | tr -d '\r' | sed -n 's/^total_net_input_bytes://p')
+  taken=$((taken + ${n:-0}))
+done
+echo "the cluster took $taken bytes"
+if [ "$taken" -lt 100000000 ]; then
+  echo "FATAL: the swap tests did not swap to the cluster" >&2
   exit 1
 fi
