@@ -329,7 +329,14 @@ fn bench_heap_writes_results() {
 
 #[test]
 fn bench_farmem_writes_results() {
-    let rows = bench_rows("farmem", &["farmem", "--budget-mib=4", "--set-mib=16", "--runs=1", "--probes=200"]);
+    let _memcg = memcg_test_lock();
+    let (pid, rows) =
+        bench_rows_pid("farmem", &["farmem", "--budget-mib=4", "--set-mib=16", "--runs=1", "--probes=200"]);
+    if am_root() {
+        assert!(value(&rows, "kernel-memcg", "seq-write", "throughput") > 0.0);
+        let left = memcg_leftovers(pid, &swap_dir());
+        assert!(left.is_empty(), "the benchmark left behind: {left:?}");
+    }
     for sys in ["usermm (swap file)", "usermm (redis)", "usermm (redis cluster)"] {
         for ph in ["seq-write", "seq-read", "uniform"] {
             assert!(value(&rows, sys, ph, "throughput") > 0.0, "{sys} {ph}");

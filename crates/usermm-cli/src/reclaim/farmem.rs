@@ -16,7 +16,9 @@
 //! time, each timed: a fault, a read from the store, the install), its p50
 //! and p99, and the bytes on the wire (the server's
 //! `total_net_input_bytes`/`total_net_output_bytes`, per page swapped).
-//! The kernel under the same limit is `reclaim`'s `kernel-memcg` row.
+//! - `kernel-memcg`: the kernel under the same limit, swapping to a swap
+//!   file of the same size (`reclaim`'s row: its child runs the same
+//!   phases; root only). Phases only: no round-trip probe.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -27,8 +29,9 @@ use usermm::Space;
 use usermm_sys::now_ns;
 
 use super::workload::phases;
-use super::{Shape, PHASES};
+use super::{memcg_run, Shape, Totals, MEMCG, PHASES};
 use crate::common::{config, default_swap_dir, p50_p99_max, Progress, Rng, MIB, PAGE};
+use crate::memcg::KernelLimit;
 use crate::params::{Kind, Params};
 use crate::report::{fmt_num, Experiment, Table};
 
@@ -261,7 +264,24 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
             None
         }
     };
+    prog.say(&format!(
+        "{MEMCG}: setting up a {} MiB swap file in {dir}, {} MiB memory groups",
+        (set + budget) / MIB,
+        budget / MIB
+    ));
+    let mut limit = KernelLimit::setup(budget, set + budget, &dir);
+    if let Err(why) = &limit {
+        prog.say(&format!("{MEMCG}: not measured: {why}"));
+        e.notes.push(format!("{MEMCG} not measured: {why}"));
+    }
+    let mut totals = Totals::default();
     for r in 0..runs {
+        if let Some(m) = memcg_run(sh, &mut limit, &mut totals, r, prog) {
+            for (name, p) in PHASES.iter().zip(&m.phases) {
+                let unit = if matches!(*name, "seq-write" | "seq-read") { "pages/s" } else { "touches/s" };
+                e.add(MEMCG, name, "throughput", unit, p.touches as f64 / (p.ns as f64 / 1e9));
+            }
+        }
         let order = if r.is_multiple_of(2) { [FILE, REDIS, CLUSTER] } else { [CLUSTER, REDIS, FILE] };
         for sys in order {
             let (url, servers): (Option<String>, &[Server]) = match sys {
@@ -289,15 +309,20 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     let measured = server.is_some();
     drop(server);
     drop(cluster);
+    drop(limit);
+    if !totals.errors.is_empty() {
+        e.notes.push(format!("{MEMCG} errors: {}", totals.errors.join("; ")));
+    }
     let mut rows = Vec::new();
     for ph in PHASES.iter().chain(["roundtrip"].iter()) {
         let metric = if *ph == "roundtrip" { "p50" } else { "throughput" };
         let (f, r, c) = (e.med(FILE, ph, metric), e.med(REDIS, ph, metric), e.med(CLUSTER, ph, metric));
-        rows.push(vec![ph.to_string(), fmt_num(f), fmt_num(r), fmt_num(c), fmt_num(r / f), fmt_num(c / f)]);
+        let k = e.med(MEMCG, ph, metric);
+        rows.push(vec![ph.to_string(), fmt_num(f), fmt_num(r), fmt_num(c), fmt_num(k), fmt_num(r / f), fmt_num(c / f)]);
     }
     e.tables.push(Table {
         title: "medians: throughput per phase (pages or touches/s), round trip p50 (µs)".into(),
-        head: ["phase", FILE, REDIS, CLUSTER, "redis / file", "cluster / file"].map(String::from).to_vec(),
+        head: ["phase", FILE, REDIS, CLUSTER, MEMCG, "redis / file", "cluster / file"].map(String::from).to_vec(),
         rows,
     });
     if !measured {
