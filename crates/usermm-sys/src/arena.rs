@@ -7,7 +7,7 @@
 //! without `unsafe`: no Rust reference ever points into these mappings; the
 //! kernel moves the bytes (userfaultfd ioctls, `pread`/`pwritev`).
 
-use crate::file::{pread_upto, pwrite_all, MappedFile, ProcMem, SwapFile};
+use crate::file::{pread_upto, pwrite_all, MappedFile, ProcMem};
 use crate::uffd::Uffd;
 use crate::{mem, Errno};
 
@@ -388,29 +388,23 @@ impl Arena {
         unsafe { mem::advise(src, ps, libc::MADV_DONTNEED) }
     }
 
-    /// Writes the pages parked in `slots` to consecutive pages of `swap`
-    /// starting at byte `off`.
-    pub fn write_slots(&self, swap: &SwapFile, slots: &[u32], off: u64) -> Result<(), Errno> {
-        let bufs: Vec<(usize, usize)> = slots.iter().map(|&s| (self.slot_addr(s), self.page_size)).collect();
-        // SAFETY: the slots are ours and hold pages (the caller's claim).
-        unsafe { swap.pwritev(&bufs, off) }
-    }
-
     /// Runs `f` on the pages of `slots`, in order (a page store writes them
     /// out from there).
     pub fn with_slots<R>(&self, slots: &[u32], f: impl FnOnce(&[&[u8]]) -> R) -> R {
         let pages: Vec<&[u8]> = slots
             .iter()
             // SAFETY: the slots are ours and hold pages nothing writes while
-            // they are being written out (the caller's claim, as for
-            // `write_slots`); the slices live only for the call.
+            // they are being written out (the caller's claim); the slices
+            // live only for the call.
             .map(|&s| unsafe { std::slice::from_raw_parts(self.slot_addr(s) as *const u8, self.page_size) })
             .collect();
         f(&pages)
     }
 
-    /// Like [`Arena::swap_in`], from a page store: `read` fills the buffer
-    /// it is given with the `len` bytes to install at `dst`.
+    /// Reads `len` bytes from a page store (`read` fills the buffer it is
+    /// given) and installs them at `dst` (of the reservation, without
+    /// waking), write-protected if `wp` (see `tracks_writes`). Returns the
+    /// bytes installed (a prefix).
     #[allow(clippy::too_many_arguments)]
     pub fn store_in(
         &self,
@@ -445,29 +439,6 @@ impl Arena {
         self.slot_addr(slot + n as u32 - 1);
         // SAFETY: this arena's memory (checked range or own slot): no reference into it.
         unsafe { mem::advise(self.slot_addr(slot), self.page_size * n, libc::MADV_DONTNEED) }
-    }
-
-    /// Reads `len` bytes of `swap` at `off` and installs them at `dst`
-    /// (without waking), write-protected if `wp` (see `tracks_writes`).
-    /// Returns the bytes installed (a prefix).
-    #[allow(clippy::too_many_arguments)]
-    pub fn swap_in(
-        &self,
-        uffd: &Uffd,
-        swap: &SwapFile,
-        off: u64,
-        dst: usize,
-        len: usize,
-        wp: bool,
-        bounce: &Bounce,
-    ) -> Result<usize, Errno> {
-        self.check(dst, len)?;
-        assert!(bounce.len >= len);
-        // SAFETY: the bounce buffer is a private mapping owned by `bounce`,
-        // writable for `bounce.len >= len` bytes.
-        unsafe { swap.pread(bounce.addr, len, off) }?;
-        // SAFETY: as above, readable.
-        unsafe { uffd.copy_wp(dst, bounce.addr as *const u8, len, false, wp && self.program_wp) }
     }
 
     /// Reads `len` bytes of `file` at `off` and installs them at `dst` (of
