@@ -152,6 +152,11 @@
                                             cache (default: dropped behind) */
 #define UMM_F_PURGE_VOLATILE_FIRST 0x20u /* reclaim purges volatile pages
                                             before any other page leaves */
+#define UMM_F_INTHREAD_FAULTS      0x40u /* faults resolved in the faulting
+                                            thread (a SIGBUS handler usermm
+                                            installs): a kernel-mode access
+                                            to a non-resident page is EFAULT;
+                                            threads must not block SIGBUS */
 
 #ifdef __cplusplus
 extern "C" {

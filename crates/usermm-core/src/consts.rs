@@ -116,10 +116,19 @@ pub const UMM_F_KEEP_FILE_CACHE: u32 = 1 << 4;
 /// Reclaim purges volatile pages before it evicts, discards or purges any
 /// other page, whatever their recency (SPEC §3's option).
 pub const UMM_F_PURGE_VOLATILE_FIRST: u32 = 1 << 5;
+/// Faults are resolved in the faulting thread, from a SIGBUS handler usermm
+/// installs (`UFFD_FEATURE_SIGBUS`), instead of by a handler thread: no
+/// round trip to another thread. Its cost: a kernel-mode access to a page
+/// that is not resident (`read(2)` into it, `O_DIRECT`, another process's
+/// `process_vm_readv`) fails with `EFAULT`, as in the user-mode-only
+/// fallback; a thread that blocks SIGBUS must not touch the space. See
+/// docs/design.md, "Faults in the faulting thread".
+pub const UMM_F_INTHREAD_FAULTS: u32 = 1 << 6;
 /// Every `UMM_F_*` bit.
 pub const UMM_F_ALL: u32 = UMM_F_EXACT_FAULTS
     | UMM_F_REQUIRE_FULL_UFFD
     | UMM_F_NO_BACKGROUND_RECLAIM
     | UMM_F_FORCE_USER_MODE
     | UMM_F_KEEP_FILE_CACHE
-    | UMM_F_PURGE_VOLATILE_FIRST;
+    | UMM_F_PURGE_VOLATILE_FIRST
+    | UMM_F_INTHREAD_FAULTS;

@@ -26,6 +26,7 @@ pub mod ffi;
 pub mod file;
 #[cfg(feature = "bench-helpers")]
 pub mod host;
+pub mod inthread;
 #[cfg(feature = "bench-helpers")]
 pub mod kernel;
 pub mod mem;

@@ -26,9 +26,9 @@ pub fn sigbus_default() -> Result<(), Errno> {
     // no flags), and SIG_DFL is a valid disposition.
     let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
     act.sa_sigaction = libc::SIG_DFL;
-    // SAFETY: `act` is a valid sigaction; a null old-action pointer is allowed.
-    check(unsafe { libc::sigaction(libc::SIGBUS, &act, std::ptr::null_mut()) })?;
-    Ok(())
+    // (Through usermm's in-thread handler when it is installed: the
+    // default becomes what it chains to.)
+    crate::inthread::sigbus_action(Some(&act), None)
 }
 
 static RANGE_LO: AtomicUsize = AtomicUsize::new(0);
@@ -124,9 +124,8 @@ impl SigbusRecorder {
         unsafe { libc::sigemptyset(&mut act.sa_mask) };
         // SAFETY: as above.
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: both pointers are valid sigaction structs; the handler is
-        // an `extern "C"` function with the SA_SIGINFO signature.
-        check(unsafe { libc::sigaction(libc::SIGBUS, &act, &mut old) })?;
+        // (Chained to by usermm's in-thread handler when it is installed.)
+        crate::inthread::sigbus_action(Some(&act), Some(&mut old))?;
         Ok(SigbusRecorder { old, _only_one: guard })
     }
 
@@ -142,8 +141,7 @@ impl SigbusRecorder {
 
 impl Drop for SigbusRecorder {
     fn drop(&mut self) {
-        // SAFETY: `self.old` is the disposition sigaction returned.
-        unsafe { libc::sigaction(libc::SIGBUS, &self.old, std::ptr::null_mut()) };
+        let _ = crate::inthread::sigbus_action(Some(&self.old), None);
         RANGE_LO.store(0, Ordering::SeqCst);
         RANGE_HI.store(0, Ordering::SeqCst);
         CALLBACK.store(0, Ordering::SeqCst);
@@ -176,4 +174,81 @@ pub fn kill_self() -> ! {
     // SAFETY: kill takes its arguments by value; SIGKILL cannot be caught.
     unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
     unreachable!("SIGKILL returned")
+}
+
+static ALT_FN: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn run_alt(_sig: libc::c_int) {
+    let f = ALT_FN.load(Ordering::SeqCst);
+    if f != 0 {
+        // SAFETY: ALT_FN only holds 0 or a `fn()` stored by
+        // `run_on_alt_stack`.
+        let f: fn() = unsafe { std::mem::transmute::<usize, fn()>(f) };
+        f();
+    }
+}
+
+/// Runs `f` in a SIGUSR1 handler on an alternate signal stack of
+/// `stack_bytes` (`SA_ONSTACK`), in the calling thread, and returns when
+/// the handler has returned: for tests of what code running on an
+/// alternate stack may touch. Not reentrant (one at a time per process).
+pub fn run_on_alt_stack(stack_bytes: usize, f: fn()) -> Result<(), Errno> {
+    static ONE: Mutex<()> = Mutex::new(());
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let stack = crate::mem::map_rw(stack_bytes)?;
+    ALT_FN.store(f as usize, Ordering::SeqCst);
+    // SAFETY: stack_t/sigaction are plain data; the stack is a fresh
+    // mapping of `stack_bytes` that outlives the handler's run (it is
+    // disabled before it is unmapped); `run_alt` has the plain handler
+    // signature; tgkill targets this thread, whose handler runs before the
+    // call returns (SIGUSR1 is not blocked: it is unblocked here).
+    let r = unsafe {
+        let ss = libc::stack_t { ss_sp: stack as *mut libc::c_void, ss_flags: 0, ss_size: stack_bytes };
+        let mut old_ss: libc::stack_t = std::mem::zeroed();
+        check(libc::sigaltstack(&ss, &mut old_ss))?;
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = run_alt as *const () as usize;
+        act.sa_flags = libc::SA_ONSTACK;
+        let mut old: libc::sigaction = std::mem::zeroed();
+        check(libc::sigaction(libc::SIGUSR1, &act, &mut old))?;
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
+        let mut old_mask: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, &mut old_mask);
+        let r = libc::syscall(libc::SYS_tgkill, libc::getpid(), libc::syscall(libc::SYS_gettid), libc::SIGUSR1);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old_mask, std::ptr::null_mut());
+        libc::sigaction(libc::SIGUSR1, &old, std::ptr::null_mut());
+        libc::sigaltstack(&old_ss, std::ptr::null_mut());
+        r
+    };
+    ALT_FN.store(0, Ordering::SeqCst);
+    // SAFETY: the mapping made above, no longer the alternate stack and
+    // referenced by nothing.
+    let _ = unsafe { crate::mem::unmap(stack, stack_bytes) };
+    if r < 0 {
+        return Err(crate::last_errno());
+    }
+    Ok(())
+}
+
+/// Runs `f` with every signal but the synchronous ones (SIGBUS, SIGSEGV,
+/// SIGFPE, SIGILL, SIGTRAP) blocked in the calling thread, then restores the
+/// mask: a worker thread as many servers make them.
+pub fn with_async_signals_blocked<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: sigset operations on valid, initialised sets.
+    let old = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for s in [libc::SIGBUS, libc::SIGSEGV, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP] {
+            libc::sigdelset(&mut set, s);
+        }
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        old
+    };
+    let r = f();
+    // SAFETY: `old` is the mask pthread_sigmask returned.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    r
 }

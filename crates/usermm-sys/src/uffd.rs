@@ -161,7 +161,9 @@ pub const WANTED_FEATURES: u64 = UFFD_FEATURE_THREAD_ID
 impl Uffd {
     /// Opens a userfaultfd, falling back as the module header says.
     /// `require_full` refuses the user-mode-only fallback (`EPERM`).
-    pub fn open(require_full: bool, force_user_mode: bool) -> Result<Uffd, Errno> {
+    /// `sigbus`: with `UFFD_FEATURE_SIGBUS` (faults raise SIGBUS in the
+    /// faulting thread, see `inthread`); `EINVAL` where the kernel lacks it.
+    pub fn open(require_full: bool, force_user_mode: bool, sigbus: bool) -> Result<Uffd, Errno> {
         let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
         let mut reason = None;
         let first = if force_user_mode { Err(Errno::EPERM) } else { open_dev(flags) };
@@ -188,8 +190,12 @@ impl Uffd {
             UffdMode::UserModeOnly => syscall_uffd(flags | UFFD_USER_MODE_ONLY)?,
         };
         drop(fd);
-        let features = api(&fd2, avail & WANTED_FEATURES)?;
-        Ok(Uffd { fd: fd2, mode, features: features & WANTED_FEATURES, fallback_reason: reason })
+        let wanted = if sigbus { WANTED_FEATURES | UFFD_FEATURE_SIGBUS } else { WANTED_FEATURES };
+        if sigbus && avail & UFFD_FEATURE_SIGBUS == 0 {
+            return Err(Errno(libc::EINVAL));
+        }
+        let features = api(&fd2, avail & wanted)?;
+        Ok(Uffd { fd: fd2, mode, features: features & wanted, fallback_reason: reason })
     }
 
     pub fn has(&self, feature: u64) -> bool {

@@ -184,6 +184,9 @@ pub(crate) struct Inner {
 
 pub(crate) struct Threads {
     pub handles: Vec<JoinHandle<()>>,
+    /// `UMM_F_INTHREAD_FAULTS`: the space's range in the SIGBUS handler's
+    /// table (it holds a reference to the space).
+    pub in_thread: Option<usermm_sys::inthread::Registration>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -213,8 +216,10 @@ impl Inner {
         if budget_pages > u32::MAX as u64 / 2 {
             return Err(Errno::EINVAL);
         }
-        let uffd = Uffd::open(cfg.flags & UMM_F_REQUIRE_FULL_UFFD != 0, cfg.flags & UMM_F_FORCE_USER_MODE != 0)
-            .map_err(|e| if e == Errno::ENOSYS || e == Errno::EOPNOTSUPP { Errno::ENOSYS } else { e })?;
+        let in_thread = cfg.flags & UMM_F_INTHREAD_FAULTS != 0;
+        let uffd =
+            Uffd::open(cfg.flags & UMM_F_REQUIRE_FULL_UFFD != 0, cfg.flags & UMM_F_FORCE_USER_MODE != 0, in_thread)
+                .map_err(|e| if e == Errno::ENOSYS || e == Errno::EOPNOTSUPP { Errno::ENOSYS } else { e })?;
         let user_mode_only = uffd.mode == UffdMode::UserModeOnly;
         let fallback_reason = uffd.fallback_reason.clone();
         let swap: Option<Box<dyn crate::store::PageStore>> = if swap_slots == 0 {
@@ -243,8 +248,14 @@ impl Inner {
             page_size: ps,
         });
         let inner = Inner::build(cfg, plat, user_mode_only, fallback_reason)?;
-        let nthreads =
-            if cfg.fault_threads == 0 { default_fault_threads() } else { cfg.fault_threads.min(64) as usize };
+        // In-thread faults: no fault ever reaches a handler thread.
+        let nthreads = if in_thread {
+            0
+        } else if cfg.fault_threads == 0 {
+            default_fault_threads()
+        } else {
+            cfg.fault_threads.min(64) as usize
+        };
         let mut handles = Vec::new();
         // Each thread says when it has started and marked itself as
         // usermm's own (`heap::mark_usermm_thread`), and `open` waits for
@@ -284,7 +295,19 @@ impl Inner {
         }
         // Every sender is gone once every thread has sent (or died).
         while started.recv().is_ok() {}
-        Ok((inner, Threads { handles }))
+        let mut threads = Threads { handles, in_thread: None };
+        if in_thread {
+            let base = inner.plat.base();
+            let end = base + lock(&inner.core).config().reserve_pages as usize * ps;
+            match usermm_sys::inthread::register(base, end, Arc::new(fault::InThread(inner.clone()))) {
+                Ok(r) => threads.in_thread = Some(r),
+                Err(e) => {
+                    inner.close(threads);
+                    return Err(e);
+                }
+            }
+        }
+        Ok((inner, threads))
     }
 
     /// The space's state over a platform (no threads started). The
@@ -390,6 +413,8 @@ impl Inner {
         for h in threads.handles {
             let _ = h.join();
         }
+        // (Waits for the threads inside its resolver to leave it.)
+        drop(threads.in_thread);
         // The arena's mappings go when the last reference to `Inner` does.
     }
 

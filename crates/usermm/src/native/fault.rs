@@ -5,6 +5,42 @@
 use super::serve::{Caller, Next, Retries};
 use super::*;
 
+/// How `resolve_inner` ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Resolved {
+    /// Served (or its failure reported to the thread).
+    Served,
+    /// A busy page, and the caller would not wait.
+    Busy,
+    /// In-thread: the page raises SIGBUS, the program's.
+    ProgramsSigbus,
+}
+
+/// A space's resolver for `UMM_F_INTHREAD_FAULTS`: called from the SIGBUS
+/// handler in the faulting thread (`usermm_sys::inthread`).
+pub(crate) struct InThread(pub Arc<Inner>);
+
+impl usermm_sys::inthread::Resolve for InThread {
+    fn resolve(&self, addr: usize, write: bool, wp: bool, tid: u32) -> bool {
+        // Whatever is allocated here comes from the system allocator: the
+        // thread may have faulted inside a `GlobalHeap` allocation, holding
+        // the heap's lock (and SIGBUS is blocked here: a fault in the
+        // heap's own memory would end the process).
+        let _system = crate::heap::SystemOnly::enter();
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mm = self.0.read_mm();
+            let c = lock(&self.0.core);
+            self.0.resolve_inner(&mm, c, addr, write, wp, Some(tid), true, true)
+        }));
+        match served {
+            Ok(Resolved::ProgramsSigbus) => true,
+            Ok(_) => false,
+            // Never unwind out of a signal handler.
+            Err(_) => std::process::abort(),
+        }
+    }
+}
+
 impl Inner {
     pub(super) fn handler_loop(&self) {
         let mut msgs = [UffdMsg::default(); 32];
@@ -79,26 +115,48 @@ impl Inner {
     fn resolve_locked<'a>(
         &'a self,
         mm: &RwLockReadGuard<'_, ()>,
-        mut c: MutexGuard<'a, Core>,
+        c: MutexGuard<'a, Core>,
         addr: usize,
         write: bool,
         wp: bool,
         tid: Option<u32>,
         wait_busy: bool,
     ) -> bool {
+        self.resolve_inner(mm, c, addr, write, wp, tid, wait_busy, false) != Resolved::Busy
+    }
+
+    /// `resolve_locked`; with `in_thread` (the caller is the faulting
+    /// thread's SIGBUS handler), a page that must raise SIGBUS (purged,
+    /// poisoned) is left to the handler, which hands the SIGBUS on to the
+    /// program as the kernel raised it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn resolve_inner<'a>(
+        &'a self,
+        mm: &RwLockReadGuard<'_, ()>,
+        mut c: MutexGuard<'a, Core>,
+        addr: usize,
+        write: bool,
+        wp: bool,
+        tid: Option<u32>,
+        wait_busy: bool,
+        in_thread: bool,
+    ) -> Resolved {
         let page_addr = addr & !(self.page_size - 1);
         let caller = Caller::Fault { addr, tid };
         let mut retries = Retries::default();
         loop {
             let plan = if wp { c.wp_fault(Addr(page_addr as u64)) } else { c.fault(Addr(page_addr as u64), write) };
             if !wait_busy && matches!(plan, FaultPlan::Busy) {
-                return false;
+                return Resolved::Busy;
+            }
+            if in_thread && matches!(plan, FaultPlan::Sigbus) {
+                return Resolved::ProgramsSigbus;
             }
             match self.serve(c, &plan, page_addr, write, caller, mm, &mut retries) {
                 Next::Again(g) => c = g,
                 // (A fault reports its failures itself: `Failed` is a
                 // populate's.)
-                Next::Served | Next::Failed(_) => return true,
+                Next::Served | Next::Failed(_) => return Resolved::Served,
             }
         }
     }

@@ -23,12 +23,23 @@ pub fn open(cfg: &Config) -> Space {
 }
 
 /// `cfg` with `swap_url` from `USERMM_TEST_SWAP_URL` when it has swap and
-/// no store of its own.
+/// no store of its own, and with `UMM_F_INTHREAD_FAULTS` when
+/// `USERMM_TEST_INTHREAD` is 1 (`scripts/test.sh` runs the tests that apply
+/// a second time so).
 pub fn with_test_store(mut cfg: Config) -> Config {
     if cfg.swap_bytes > 0 && cfg.swap_url.is_none() {
         cfg.swap_url = std::env::var("USERMM_TEST_SWAP_URL").ok().filter(|u| !u.is_empty());
     }
+    if in_thread_run() {
+        cfg.flags |= usermm::consts::UMM_F_INTHREAD_FAULTS;
+    }
     cfg
+}
+
+/// Whether this run puts every test space in in-thread fault mode
+/// (`USERMM_TEST_INTHREAD=1`).
+pub fn in_thread_run() -> bool {
+    std::env::var("USERMM_TEST_INTHREAD").is_ok_and(|v| v == "1")
 }
 
 /// A space with a budget and swap of the given MiB.

@@ -1,0 +1,280 @@
+//! Faults resolved in the faulting thread: the process-wide SIGBUS handler
+//! behind `UMM_F_INTHREAD_FAULTS`.
+//!
+//! A space opened with that flag registers its memory with a userfaultfd
+//! that has `UFFD_FEATURE_SIGBUS`: a missing-page (or write-protect) fault
+//! raises SIGBUS (`si_code = BUS_ADRERR`, `si_addr` the exact address) in the
+//! faulting thread instead of queueing a message for a handler thread. The
+//! handler installed here finds the space whose range holds `si_addr` (a
+//! fixed table of ranges, read with atomics: no lock, no allocation) and
+//! calls the space's resolver, which installs the page and returns; the
+//! thread then retries the access.
+//!
+//! Every other SIGBUS goes to the disposition the program had (saved at
+//! install, or found in place of ours at a later install): a poisoned or
+//! purged page (`BUS_MCEERR_AR` from a poison marker), a SIGBUS a resolver
+//! queued to report a failure (`SI_QUEUE`, delivered when the handler
+//! returns), a fault in no space. The program's handler runs with its own
+//! `sa_mask` added to the thread's mask; `SIG_DFL`/`SIG_IGN` end the process
+//! as the kernel would (the default action, with its core dump).
+//!
+//! The handler does not ask for `SA_ONSTACK`: it runs on the stack the
+//! thread was using (the resolver needs more than a typical 8 KiB alternate
+//! stack). A SIGBUS cannot be handled by a thread that blocks SIGBUS: the
+//! kernel then kills the process (`force_sig_fault` unblocks and resets a
+//! blocked synchronous signal); usermm's docs say so.
+
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+
+/// How many spaces with in-thread faults can be open at once.
+pub const MAX_SPACES: usize = 64;
+
+/// A space's resolver, called in the faulting thread from the SIGBUS
+/// handler.
+pub trait Resolve: Send + Sync {
+    /// Resolves the fault at `addr` (`write`: a write access; `wp`: a write
+    /// to a write-protected page) of thread `tid`. It must not unwind; a
+    /// failure it reports is a SIGBUS or SIGSEGV it queues to `tid`
+    /// (delivered when the handler returns). Returns true when the SIGBUS is
+    /// the program's (a purged or poisoned page: the kernel raises the same
+    /// `BUS_ADRERR` for a poison marker as for a userfault), which the
+    /// handler then chains as it came.
+    fn resolve(&self, addr: usize, write: bool, wp: bool, tid: u32) -> bool;
+}
+
+type Shared = std::sync::Arc<dyn Resolve>;
+
+struct Slot {
+    start: AtomicUsize,
+    end: AtomicUsize,
+    /// A `Box<Shared>` (leaked while registered), or null.
+    ctx: AtomicPtr<Shared>,
+    /// Threads inside this slot's resolver.
+    users: AtomicUsize,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY: Slot = Slot {
+    start: AtomicUsize::new(0),
+    end: AtomicUsize::new(0),
+    ctx: AtomicPtr::new(std::ptr::null_mut()),
+    users: AtomicUsize::new(0),
+};
+static SLOTS: [Slot; MAX_SPACES] = [EMPTY; MAX_SPACES];
+/// Taken while a slot is claimed or the handler installed.
+static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// The program's SIGBUS disposition, chained to: two copies, `CUR` naming
+/// the one handlers read; a writer (under `INSTALL`) fills the other, then
+/// flips `CUR`.
+static mut OLD: [std::mem::MaybeUninit<libc::sigaction>; 2] =
+    [std::mem::MaybeUninit::zeroed(), std::mem::MaybeUninit::zeroed()];
+static CUR: AtomicUsize = AtomicUsize::new(0);
+
+fn set_old(a: libc::sigaction) {
+    let next = 1 - CUR.load(Ordering::Acquire);
+    // SAFETY: only writers under INSTALL write OLD, and only the copy CUR
+    // does not name (handlers read the one it names).
+    unsafe { (*std::ptr::addr_of_mut!(OLD))[next].write(a) };
+    CUR.store(next, Ordering::Release);
+}
+
+fn old() -> libc::sigaction {
+    // SAFETY: the copy CUR names is initialised (zeroed at start: SIG_DFL)
+    // and not being written.
+    unsafe { (*std::ptr::addr_of!(OLD))[CUR.load(Ordering::Acquire)].assume_init() }
+}
+
+/// `sigaction(SIGBUS, new, old)` for a program that shares the process with
+/// spaces that have in-thread faults: while usermm's handler is installed,
+/// `new` becomes the disposition it chains to (and `old` receives the
+/// previous one) instead of replacing it. Without in-thread spaces it is
+/// plain `sigaction`.
+pub fn sigbus_action(new: Option<&libc::sigaction>, old_out: Option<&mut libc::sigaction>) -> Result<(), crate::Errno> {
+    let _g = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: a zeroed sigaction is valid plain data.
+    let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: reading the current action into a valid out-pointer.
+    crate::check(unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut cur) })?;
+    if cur.sa_sigaction != on_sigbus as *const () as usize {
+        let n = new.map_or(std::ptr::null(), |n| n as *const libc::sigaction);
+        let o = old_out.map_or(std::ptr::null_mut(), |o| o as *mut libc::sigaction);
+        // SAFETY: valid (or null) pointers to sigaction structs.
+        crate::check(unsafe { libc::sigaction(libc::SIGBUS, n, o) })?;
+        return Ok(());
+    }
+    if let Some(o) = old_out {
+        *o = old();
+    }
+    if let Some(n) = new {
+        set_old(*n);
+    }
+    Ok(())
+}
+
+/// A registered space range; unregisters on drop, after every thread that
+/// entered the space's resolver has left it.
+pub struct Registration {
+    slot: usize,
+}
+
+/// Registers `[start, end)` with `resolver`, installing the SIGBUS handler
+/// if it is not (or no longer) installed. The registration keeps `resolver`
+/// alive until it is dropped. `ENOSPC`: `MAX_SPACES` spaces already have
+/// in-thread faults.
+pub fn register(start: usize, end: usize, resolver: Shared) -> Result<Registration, crate::Errno> {
+    let _g = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    install()?;
+    for (i, s) in SLOTS.iter().enumerate() {
+        if s.ctx.load(Ordering::Acquire).is_null() && s.users.load(Ordering::SeqCst) == 0 {
+            s.start.store(start, Ordering::Relaxed);
+            s.end.store(end, Ordering::Relaxed);
+            s.ctx.store(Box::into_raw(Box::new(resolver)), Ordering::Release);
+            return Ok(Registration { slot: i });
+        }
+    }
+    Err(crate::Errno(libc::ENOSPC))
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let _g = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &SLOTS[self.slot];
+        let p = s.ctx.swap(std::ptr::null_mut(), Ordering::SeqCst);
+        while s.users.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+        s.start.store(0, Ordering::Relaxed);
+        s.end.store(0, Ordering::Relaxed);
+        if !p.is_null() {
+            // SAFETY: `p` came from Box::into_raw in `register`, was taken
+            // out of the slot by the swap above (no handler can load it any
+            // more), and every handler that had loaded it has left.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
+}
+
+/// Installs `on_sigbus` unless it is the current SIGBUS handler; whatever
+/// was there becomes the disposition chained to. Called under `INSTALL`.
+fn install() -> Result<(), crate::Errno> {
+    // SAFETY: a zeroed sigaction is valid plain data.
+    let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: sigaction with a null new action only reads the current one
+    // into `cur`, a valid out-pointer.
+    crate::check(unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut cur) })?;
+    if cur.sa_sigaction == on_sigbus as *const () as usize {
+        return Ok(());
+    }
+    set_old(cur);
+    // SAFETY: a zeroed sigaction is valid plain data.
+    let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+    sa.sa_sigaction = on_sigbus as *const () as usize;
+    sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+    // Async signals wait until the page is in: a program handler that
+    // touches space memory then never finds the resolver half-way.
+    // SAFETY: sigfillset on a valid set.
+    unsafe { libc::sigfillset(&mut sa.sa_mask) };
+    for s in [libc::SIGSEGV, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP] {
+        // (Synchronous signals cannot wait: a blocked one kills.)
+        // SAFETY: sigdelset on a valid, initialised set.
+        unsafe { libc::sigdelset(&mut sa.sa_mask, s) };
+    }
+    // SAFETY: `sa` is a valid action for SIGBUS; `on_sigbus` has the
+    // SA_SIGINFO signature.
+    crate::check(unsafe { libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut()) })?;
+    Ok(())
+}
+
+/// Offset of `si_addr` in x86-64's siginfo_t (the `_sigfault` union).
+const SI_ADDR_OFFSET: usize = 16;
+/// Bits of x86's page-fault error code (`REG_ERR` in the signal context).
+const PF_PROT: i64 = 1;
+const PF_WRITE: i64 = 2;
+
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo and ucontext for an
+    // SA_SIGINFO handler; si_addr sits inside the 128-byte siginfo.
+    let (code, addr) =
+        unsafe { ((*info).si_code, ((info as *const u8).add(SI_ADDR_OFFSET) as *const usize).read_unaligned()) };
+    if code == libc::BUS_ADRERR {
+        for s in &SLOTS {
+            if addr < s.start.load(Ordering::Relaxed) || addr >= s.end.load(Ordering::Relaxed) {
+                continue;
+            }
+            s.users.fetch_add(1, Ordering::SeqCst);
+            let ctx = s.ctx.load(Ordering::SeqCst);
+            if !ctx.is_null() && addr >= s.start.load(Ordering::Relaxed) && addr < s.end.load(Ordering::Relaxed) {
+                // SAFETY: a valid ucontext (above); gregs[REG_ERR] is the
+                // page-fault error code the kernel stored for this fault.
+                let err = unsafe { (*(uc as *const libc::ucontext_t)).uc_mcontext.gregs[libc::REG_ERR as usize] };
+                // SAFETY: a non-null ctx is a live Box<Shared>: the
+                // registration frees it only after `users` is back to 0,
+                // and we counted ourselves in before loading it.
+                let r = unsafe { &*ctx };
+                let wp = err & (PF_PROT | PF_WRITE) == PF_PROT | PF_WRITE;
+                let programs = r.resolve(addr, err & PF_WRITE != 0, wp, gettid());
+                s.users.fetch_sub(1, Ordering::SeqCst);
+                if programs {
+                    chain(sig, info, uc);
+                }
+                return;
+            }
+            s.users.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    chain(sig, info, uc);
+}
+
+/// Hands a SIGBUS that is not a space's fault to the program's disposition.
+fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
+    let old = old();
+    let h = old.sa_sigaction;
+    if h == libc::SIG_DFL || h == libc::SIG_IGN {
+        // The default action, as the kernel would take it: for a fault
+        // (si_code > 0) the access is retried after we return and faults
+        // again; a queued SIGBUS is queued again (blocked until we return).
+        // SAFETY: a zeroed sigaction with SIG_DFL is valid.
+        unsafe {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(sig, &dfl, std::ptr::null_mut());
+            if (*info).si_code <= 0 {
+                libc::syscall(libc::SYS_rt_tgsigqueueinfo, libc::getpid(), gettid() as libc::pid_t, sig, info);
+            }
+        }
+        return;
+    }
+    // The program's handler, with its mask added to the thread's mask (as
+    // the kernel would have set it up), SIGBUS itself blocked unless it
+    // asked for SA_NODEFER.
+    // SAFETY: sigset operations on valid, initialised sets; the handler
+    // pointer was installed by the program with the signature its
+    // SA_SIGINFO flag says.
+    unsafe {
+        let ucx = &*(uc as *const libc::ucontext_t);
+        let mut mask = ucx.uc_sigmask;
+        for s in 1..=64 {
+            if libc::sigismember(&old.sa_mask, s) == 1 {
+                libc::sigaddset(&mut mask, s);
+            }
+        }
+        if old.sa_flags & libc::SA_NODEFER == 0 {
+            libc::sigaddset(&mut mask, sig);
+        }
+        let mut prev: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &mask, &mut prev);
+        if old.sa_flags & libc::SA_SIGINFO != 0 {
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = std::mem::transmute(h);
+            f(sig, info, uc);
+        } else {
+            let f: extern "C" fn(libc::c_int) = std::mem::transmute(h);
+            f(sig);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &prev, std::ptr::null_mut());
+    }
+}
+
+fn gettid() -> u32 {
+    // SAFETY: gettid has no preconditions.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+}
