@@ -15,8 +15,10 @@
 //! purged page (`BUS_MCEERR_AR` from a poison marker), a SIGBUS a resolver
 //! queued to report a failure (`SI_QUEUE`, delivered when the handler
 //! returns), a fault in no space. The program's handler runs with its own
-//! `sa_mask` added to the thread's mask; `SIG_DFL`/`SIG_IGN` end the process
-//! as the kernel would (the default action, with its core dump).
+//! `sa_mask` added to the thread's mask, but never with SIGBUS blocked: it
+//! may touch space memory (regenerating a purged page), which is another
+//! SIGBUS, served nested. `SIG_DFL`/`SIG_IGN` end the process as the kernel
+//! would (the default action, with its core dump).
 //!
 //! The handler does not ask for `SA_ONSTACK`: it runs on the stack the
 //! thread was using (the resolver needs more than a typical 8 KiB alternate
@@ -35,11 +37,23 @@ pub trait Resolve: Send + Sync {
     /// Resolves the fault at `addr` (`write`: a write access; `wp`: a write
     /// to a write-protected page) of thread `tid`. It must not unwind; a
     /// failure it reports is a SIGBUS or SIGSEGV it queues to `tid`
-    /// (delivered when the handler returns). Returns true when the SIGBUS is
-    /// the program's (a purged or poisoned page: the kernel raises the same
-    /// `BUS_ADRERR` for a poison marker as for a userfault), which the
-    /// handler then chains as it came.
-    fn resolve(&self, addr: usize, write: bool, wp: bool, tid: u32) -> bool;
+    /// What to do with the SIGBUS once the resolver has returned (it
+    /// returns holding no lock).
+    fn resolve(&self, addr: usize, write: bool, wp: bool, tid: u32) -> Outcome;
+}
+
+/// What the SIGBUS handler does after a space's resolver returned.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Outcome {
+    /// The page is in (or the thread is to retry): return.
+    Retry,
+    /// The SIGBUS is the program's, as the kernel raised it (a purged or
+    /// poisoned page: the kernel raises the same `BUS_ADRERR` for a poison
+    /// marker as for a userfault): chain it.
+    ProgramsSigbus,
+    /// A failure to report as handler threads do (a swap read error, no
+    /// frame): chain a SIGBUS with `si_code = SI_QUEUE`.
+    TransientSigbus,
 }
 
 type Shared = std::sync::Arc<dyn Resolve>;
@@ -169,12 +183,16 @@ fn install() -> Result<(), crate::Errno> {
     // SAFETY: a zeroed sigaction is valid plain data.
     let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
     sa.sa_sigaction = on_sigbus as *const () as usize;
-    sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-    // Async signals wait until the page is in: a program handler that
-    // touches space memory then never finds the resolver half-way.
+    // SIGBUS itself stays unblocked (SA_NODEFER, and not in the mask): the
+    // program's SIGBUS handler, chained from here, may touch the space (to
+    // regenerate a purged page), and each such fault is another SIGBUS,
+    // served nested. Async signals wait until the page is in: a program
+    // handler that touches space memory then never finds the resolver
+    // half-way.
+    sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART | libc::SA_NODEFER;
     // SAFETY: sigfillset on a valid set.
     unsafe { libc::sigfillset(&mut sa.sa_mask) };
-    for s in [libc::SIGSEGV, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP] {
+    for s in [libc::SIGBUS, libc::SIGSEGV, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP] {
         // (Synchronous signals cannot wait: a blocked one kills.)
         // SAFETY: sigdelset on a valid, initialised set.
         unsafe { libc::sigdelset(&mut sa.sa_mask, s) };
@@ -212,10 +230,18 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut l
                 // and we counted ourselves in before loading it.
                 let r = unsafe { &*ctx };
                 let wp = err & (PF_PROT | PF_WRITE) == PF_PROT | PF_WRITE;
-                let programs = r.resolve(addr, err & PF_WRITE != 0, wp, gettid());
+                let outcome = r.resolve(addr, err & PF_WRITE != 0, wp, gettid());
                 s.users.fetch_sub(1, Ordering::SeqCst);
-                if programs {
-                    chain(sig, info, uc);
+                match outcome {
+                    Outcome::Retry => {}
+                    Outcome::ProgramsSigbus => chain(sig, info, uc),
+                    Outcome::TransientSigbus => {
+                        // SAFETY: a copy of the kernel's siginfo (plain
+                        // data), with the code usermm's handler threads use.
+                        let mut q = unsafe { *info };
+                        q.si_code = libc::SI_QUEUE;
+                        chain(sig, &mut q, uc);
+                    }
                 }
                 return;
             }
@@ -245,8 +271,9 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
         return;
     }
     // The program's handler, with its mask added to the thread's mask (as
-    // the kernel would have set it up), SIGBUS itself blocked unless it
-    // asked for SA_NODEFER.
+    // the kernel would have set it up), except SIGBUS: it may touch the
+    // space, and each fault there is a SIGBUS (with SIGBUS blocked, the
+    // kernel would end the process instead).
     // SAFETY: sigset operations on valid, initialised sets; the handler
     // pointer was installed by the program with the signature its
     // SA_SIGINFO flag says.
@@ -258,9 +285,7 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
                 libc::sigaddset(&mut mask, s);
             }
         }
-        if old.sa_flags & libc::SA_NODEFER == 0 {
-            libc::sigaddset(&mut mask, sig);
-        }
+        libc::sigdelset(&mut mask, sig);
         let mut prev: libc::sigset_t = std::mem::zeroed();
         libc::pthread_sigmask(libc::SIG_SETMASK, &mask, &mut prev);
         if old.sa_flags & libc::SA_SIGINFO != 0 {

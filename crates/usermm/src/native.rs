@@ -342,7 +342,10 @@ impl Inner {
         let host_lazyfree = plat.host_lazyfree() && ps == 4096 && !user_mode_only;
         let mut core = core;
         core.set_host_lazyfree(host_lazyfree);
-        core.set_tracks_writes(plat.tracks_writes() && !user_mode_only);
+        // (Not with faults that cannot come from the kernel: a `read(2)`
+        // into a page swapped in write-protected would fail with EFAULT.)
+        let kernel_faults = !user_mode_only && cfg.flags & UMM_F_INTHREAD_FAULTS == 0;
+        core.set_tracks_writes(plat.tracks_writes() && kernel_faults);
         core.set_purge_volatile_first(cfg.flags & UMM_F_PURGE_VOLATILE_FIRST != 0);
         if cfg.lazyfree_max_bytes != 0 {
             core.set_lazyfree_max((cfg.lazyfree_max_bytes / ps) as u64);

@@ -3,6 +3,7 @@
 //! flight to settle.
 
 use super::serve::{Caller, Next, Retries};
+use usermm_sys::inthread::Outcome;
 use super::*;
 
 /// How `resolve_inner` ended.
@@ -16,25 +17,60 @@ pub(super) enum Resolved {
     ProgramsSigbus,
 }
 
+/// The signals a resolve defers (x86-64 Linux numbers).
+pub(super) const SIGBUS: i32 = 7;
+pub(super) const SIGSEGV: i32 = 11;
+
+std::thread_local! {
+    /// Inside an in-thread resolve: `Some(signal to raise once the locks are
+    /// let go)` (0: none); `None` elsewhere.
+    static DEFERRED: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
+}
+
+/// In an in-thread resolve, records `sig` (SIGBUS, SIGSEGV) for the SIGBUS
+/// handler to raise after the resolve has let go of every lock (a program
+/// handler delivered at once could call usermm, which needs them) and
+/// returns true; elsewhere false: the caller queues it to the thread.
+pub(super) fn defer_signal(sig: i32) -> bool {
+    DEFERRED.with(|d| match d.get() {
+        Some(_) => {
+            d.set(Some(sig));
+            true
+        }
+        None => false,
+    })
+}
+
 /// A space's resolver for `UMM_F_INTHREAD_FAULTS`: called from the SIGBUS
 /// handler in the faulting thread (`usermm_sys::inthread`).
 pub(crate) struct InThread(pub Arc<Inner>);
 
 impl usermm_sys::inthread::Resolve for InThread {
-    fn resolve(&self, addr: usize, write: bool, wp: bool, tid: u32) -> bool {
+    fn resolve(&self, addr: usize, write: bool, wp: bool, tid: u32) -> Outcome {
         // Whatever is allocated here comes from the system allocator: the
         // thread may have faulted inside a `GlobalHeap` allocation, holding
         // the heap's lock (and SIGBUS is blocked here: a fault in the
         // heap's own memory would end the process).
         let _system = crate::heap::SystemOnly::enter();
+        let outer = DEFERRED.with(|d| d.replace(Some(0)));
         let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mm = self.0.read_mm();
             let c = lock(&self.0.core);
             self.0.resolve_inner(&mm, c, addr, write, wp, Some(tid), true, true)
         }));
+        // (A nested fault, from a program handler this one chained to,
+        // restores the outer resolve's state.)
+        let deferred = DEFERRED.with(|d| d.replace(outer)).unwrap_or(0);
         match served {
-            Ok(Resolved::ProgramsSigbus) => true,
-            Ok(_) => false,
+            Ok(Resolved::ProgramsSigbus) => Outcome::ProgramsSigbus,
+            Ok(_) if deferred == SIGBUS => Outcome::TransientSigbus,
+            Ok(_) => {
+                if deferred == SIGSEGV {
+                    // No lock held any more: delivered now or on return.
+                    let _ = usermm_sys::thread::sigsegv_thread(tid, addr);
+                }
+                Outcome::Retry
+            }
             // Never unwind out of a signal handler.
             Err(_) => std::process::abort(),
         }

@@ -148,7 +148,9 @@ impl Inner {
             // The host refused (out of its map count): the signal itself,
             // or the thread would fault forever.
             if let Some(t) = tid {
-                let _ = self.plat.sigsegv(t, addr);
+                if !super::fault::defer_signal(super::fault::SIGSEGV) {
+                    let _ = self.plat.sigsegv(t, addr);
+                }
             }
             return Next::Served;
         }
@@ -303,7 +305,9 @@ impl Inner {
         match failure {
             Failure::NotFilled => {}
             Failure::Gone => {
-                let _ = self.plat.sigsegv(t, addr);
+                if !super::fault::defer_signal(super::fault::SIGSEGV) {
+                    let _ = self.plat.sigsegv(t, addr);
+                }
             }
             Failure::OutOfMemory | Failure::Poisoned | Failure::Unreadable => {
                 if failure == Failure::OutOfMemory {
@@ -317,7 +321,9 @@ impl Inner {
                         std::thread::sleep(std::time::Duration::from_millis(stall.into()));
                     }
                 }
-                let _ = self.plat.sigbus(t, addr);
+                if !super::fault::defer_signal(super::fault::SIGBUS) {
+                    let _ = self.plat.sigbus(t, addr);
+                }
             }
         }
         Next::Served
