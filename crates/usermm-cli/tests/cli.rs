@@ -88,7 +88,7 @@ fn bench_fault_writes_results() {
             text(&row["metric"]).to_string(),
         ));
     }
-    for sys in ["kernel", "usermm"] {
+    for sys in ["kernel", "usermm", "usermm (in-thread)"] {
         for v in ["seq-read", "seq-write", "random-read", "random-write", "sparse-read", "sparse-write"] {
             assert!(seen.contains(&(sys.into(), v.into(), "throughput".into())), "missing {sys} {v} throughput");
         }
@@ -337,7 +337,7 @@ fn bench_farmem_writes_results() {
         let left = memcg_leftovers(pid, &swap_dir());
         assert!(left.is_empty(), "the benchmark left behind: {left:?}");
     }
-    for sys in ["usermm (swap file)", "usermm (redis)", "usermm (redis cluster)"] {
+    for sys in ["usermm (swap file)", "usermm (redis)", "usermm (redis, in-thread)", "usermm (redis cluster)"] {
         for ph in ["seq-write", "seq-read", "uniform"] {
             assert!(value(&rows, sys, ph, "throughput") > 0.0, "{sys} {ph}");
         }

@@ -6,6 +6,9 @@
 //! - `usermm (redis)`: the same space with `swap_url` naming a
 //!   `redis-server` this benchmark starts on a loopback port (no
 //!   persistence) and stops at the end;
+//! - `usermm (redis, in-thread)`: the same with `UMM_F_INTHREAD_FAULTS`
+//!   (faults resolved in the faulting thread: the round trip has no
+//!   hand-off to a handler thread);
 //! - `usermm (redis cluster)`: the same with `swap_url` naming a 3-master
 //!   Redis Cluster (no replicas) the benchmark makes with `redis-cli`;
 //! - `redis GET` (latency only): `GET` of a value of one stored page's size
@@ -37,6 +40,7 @@ use crate::report::{fmt_num, Experiment, Table};
 
 const FILE: &str = "usermm (swap file)";
 const REDIS: &str = "usermm (redis)";
+const REDIS_IT: &str = "usermm (redis, in-thread)";
 const CLUSTER: &str = "usermm (redis cluster)";
 const GET: &str = "redis GET";
 
@@ -153,9 +157,11 @@ fn space_run(
     dir: &str,
     probes: usize,
     servers: &[Server],
+    flags: u32,
 ) -> Result<(), String> {
     let mut cfg = config(budget, sh.set + budget, Some(dir));
     cfg.swap_url = url;
+    cfg.flags |= flags;
     let space = Space::open(&cfg).map_err(|e| format!("{sys} open: {e}"))?;
     let mut m = space.map_anon(sh.set).map_err(|e| format!("{sys} mmap: {e:?}"))?;
     let st = || {
@@ -282,11 +288,12 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
                 e.add(MEMCG, name, "throughput", unit, p.touches as f64 / (p.ns as f64 / 1e9));
             }
         }
-        let order = if r.is_multiple_of(2) { [FILE, REDIS, CLUSTER] } else { [CLUSTER, REDIS, FILE] };
+        let order =
+            if r.is_multiple_of(2) { [FILE, REDIS, REDIS_IT, CLUSTER] } else { [CLUSTER, REDIS_IT, REDIS, FILE] };
         for sys in order {
             let (url, servers): (Option<String>, &[Server]) = match sys {
                 FILE => (None, &[]),
-                REDIS => match &server {
+                REDIS | REDIS_IT => match &server {
                     Some(s) => (Some(format!("redis://127.0.0.1:{}/?prefix=farmem:", s.port)), std::slice::from_ref(s)),
                     None => continue,
                 },
@@ -299,7 +306,8 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
                 },
             };
             prog.say(&format!("{sys}, run {}/{runs}", r + 1));
-            space_run(&mut e, sys, sh, budget, url, &dir, probes, servers)?;
+            let flags = if sys == REDIS_IT { usermm::consts::UMM_F_INTHREAD_FAULTS } else { 0 };
+            space_run(&mut e, sys, sh, budget, url, &dir, probes, servers, flags)?;
         }
         if let Some(s) = &server {
             prog.say(&format!("{GET}, run {}/{runs}", r + 1));
@@ -317,12 +325,23 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     for ph in PHASES.iter().chain(["roundtrip"].iter()) {
         let metric = if *ph == "roundtrip" { "p50" } else { "throughput" };
         let (f, r, c) = (e.med(FILE, ph, metric), e.med(REDIS, ph, metric), e.med(CLUSTER, ph, metric));
-        let k = e.med(MEMCG, ph, metric);
-        rows.push(vec![ph.to_string(), fmt_num(f), fmt_num(r), fmt_num(c), fmt_num(k), fmt_num(r / f), fmt_num(c / f)]);
+        let (k, ri) = (e.med(MEMCG, ph, metric), e.med(REDIS_IT, ph, metric));
+        rows.push(vec![
+            ph.to_string(),
+            fmt_num(f),
+            fmt_num(r),
+            fmt_num(ri),
+            fmt_num(c),
+            fmt_num(k),
+            fmt_num(r / f),
+            fmt_num(c / f),
+        ]);
     }
     e.tables.push(Table {
         title: "medians: throughput per phase (pages or touches/s), round trip p50 (µs)".into(),
-        head: ["phase", FILE, REDIS, CLUSTER, MEMCG, "redis / file", "cluster / file"].map(String::from).to_vec(),
+        head: ["phase", FILE, REDIS, REDIS_IT, CLUSTER, MEMCG, "redis / file", "cluster / file"]
+            .map(String::from)
+            .to_vec(),
         rows,
     });
     if !measured {
@@ -361,6 +380,15 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     goal(
         "page round trip p50 vs a single GET of the same size on the same server",
         REDIS,
+        GET,
+        "roundtrip",
+        "p50",
+        false,
+        1.5,
+    );
+    goal(
+        "page round trip p50 with faults resolved in the faulting thread (UMM_F_INTHREAD_FAULTS) vs a single GET",
+        REDIS_IT,
         GET,
         "roundtrip",
         "p50",

@@ -3,8 +3,8 @@
 //! flight to settle.
 
 use super::serve::{Caller, Next, Retries};
-use usermm_sys::inthread::Outcome;
 use super::*;
+use usermm_sys::inthread::Outcome;
 
 /// How `resolve_inner` ended.
 #[derive(Clone, Copy, PartialEq, Eq)]
