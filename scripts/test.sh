@@ -39,10 +39,9 @@ cargo test --release --workspace -- --test-threads=2
 # The tests again with every test space resolving its faults in the
 # faulting thread (UMM_F_INTHREAD_FAULTS, via USERMM_TEST_INTHREAD read by
 # crates/usermm/tests/common). Left out: swapcache (that mode installs no
-# write-protected swap-ins, so there is no swap cache to test), a no_hang
+# write-protected swap-ins, so there is no swap cache to test) and a no_hang
 # test of process_vm_readv on a page not resident (the mode's documented
-# EFAULT), and one conformance scenario whose mlock of an exec-only region
-# says ENOMEM in that mode (docs/design.md, "Faults in the faulting thread").
+# EFAULT; docs/design.md, "Faults in the faulting thread").
 echo "== the tests again, faults resolved in the faulting thread"
 USERMM_TEST_INTHREAD=1 USERMM_STRESS_REDIS_SECS=8 USERMM_SOAK_SECS=20 cargo test --release -p usermm \
   --test inthread --test volatile --test purgeable --test swap_errors --test lru --test reclaim_idle \
@@ -51,8 +50,7 @@ USERMM_TEST_INTHREAD=1 USERMM_STRESS_REDIS_SECS=8 USERMM_SOAK_SECS=20 cargo test
   --test munmap_concurrent --test api_introspect --test api_sound --test map_options --test dontdump \
   --test guard_touch --test usermode --test farmem --test stress --test soak --test conformance \
   --test no_hang -- --test-threads=2 \
-  --skip a_missing_page_is_served_to_process_vm_readv_not_to_proc_mem \
-  --skip linux_errno_lock_lengths_and_grows_flags
+  --skip a_missing_page_is_served_to_process_vm_readv_not_to_proc_mem
 
 # The swap tests again with every space swapping to a Redis server
 # (USERMM_TEST_SWAP_URL, read by crates/usermm/tests/common), on a Unix

@@ -191,3 +191,22 @@ pub unsafe fn zero(dst: usize, len: usize) {
     // SAFETY: guaranteed by the caller.
     unsafe { std::ptr::write_bytes(dst as *mut u8, 0, len) };
 }
+
+/// What the host's `mlock` says for memory it may not populate although it
+/// is accessible: an exec-only private anonymous page. Linux 6.18 builds
+/// differ (measured here: `ENOMEM` on one, 0 with nothing populated on a
+/// later one); usermm answers as its host does. Probed on a scratch
+/// mapping, never a space's.
+pub fn host_mlock_exec_only() -> Result<(), Errno> {
+    // SAFETY: a fresh anonymous mapping at a kernel-chosen address.
+    let p = unsafe {
+        libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_EXEC, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+    };
+    if p == libc::MAP_FAILED {
+        return Err(last_errno());
+    }
+    let r = mlock2(p as usize, 4096, 0);
+    // SAFETY: the scratch mapping made above, referenced by nothing.
+    unsafe { libc::munmap(p, 4096) };
+    r
+}

@@ -86,10 +86,17 @@ impl Inner {
         for seg in populate {
             let prot = lock(&self.core).region_at(seg.start).map(|r| r.prot).unwrap_or(PROT_NONE);
             // Linux populates what it can reach (FOLL_FORCE): not
-            // PROT_NONE, and here not exec-only either (measured on
-            // this kernel: mlock of both says ENOMEM).
+            // PROT_NONE (ENOMEM), nor exec-only memory, for which builds of
+            // Linux 6.18 answer ENOMEM or 0 (measured on this machine's
+            // kernels): the host is asked once.
             let r = if prot & (PROT_READ | PROT_WRITE) == 0 {
-                Err(Errno::EFAULT)
+                // (Exec-only: as the host answers, see
+                // `host_mlock_exec_only`; nothing is populated either way.)
+                if prot & PROT_EXEC != 0 && host_mlock_exec_only_ok() {
+                    Ok(())
+                } else {
+                    Err(Errno::EFAULT)
+                }
             } else {
                 self.populate(self.addr(seg.start), seg.pages() as usize * self.page_size, prot & PROT_WRITE != 0).1
             };
@@ -197,4 +204,10 @@ impl Inner {
         }
         self.read_mm()
     }
+}
+
+/// Whether the host's `mlock` of exec-only memory succeeds (asked once).
+fn host_mlock_exec_only_ok() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| usermm_sys::mem::host_mlock_exec_only().is_ok())
 }
