@@ -68,6 +68,8 @@ pub fn params(full: bool) -> Params {
 
 /// The system name of the seed's reference rows (never used in a ratio).
 pub const SEED_SYSTEM: &str = "seed000-other-hw";
+/// usermm with `UMM_F_INTHREAD_FAULTS`.
+pub const IN_THREAD: &str = "usermm (in-thread)";
 
 /// Seed 000's published numbers (5 GB file, 15,000,000 accesses, average of
 /// 20 runs, ms), measured on other hardware: `(variant, setup, processing)`.
@@ -133,6 +135,7 @@ fn variants(batches: &[u64], large_rows: bool) -> Vec<Variant> {
     out.push(v("usermm", "plain", Method::Plain, Cache::Small, false));
     out.push(v("usermm", "mlock-all", Method::MlockAll, Cache::Small, false));
     out.push(v("usermm", "onfault", Method::OnFault, Cache::Small, false));
+    out.push(v(IN_THREAD, "onfault", Method::OnFault, Cache::Small, false));
     if large_rows {
         out.push(v("kernel", "plain", Method::Plain, Cache::Large, false));
         out.push(v("kernel", "onfault", Method::OnFault, Cache::Large, false));
@@ -271,7 +274,7 @@ fn measure(o: &Opts, cx: &mut Ctx, want: u64, e: &mut Experiment, prog: &Progres
                 let s = if v.system == "kernel" {
                     kernel::run_kernel(cx, v.method)?
                 } else {
-                    usermm::run_usermm(cx, v.method)?
+                    usermm::run_usermm(cx, v.method, v.system == IN_THREAD)?
                 };
                 if let Some(why) = s.failure {
                     prog.say(&format!("{} {name}: FAILED: {why}", v.system));

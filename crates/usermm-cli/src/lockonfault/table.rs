@@ -134,6 +134,17 @@ pub(super) fn goals(e: &mut Experiment) {
         goal: 0.5,
     });
     e.goals.push(Goal {
+        what: "usermm lock-on-fault processing, faults resolved in the faulting thread, vs the seed's SIGSEGV \
+               batch-16 handler"
+            .into(),
+        how: format!("{} onfault / kernel sigsegv-batch16, processing", super::IN_THREAD),
+        value: e.med(super::IN_THREAD, "onfault", "processing") / b16,
+        unit: "×".into(),
+        at_least: false,
+        threshold: 0.7,
+        goal: 0.7,
+    });
+    e.goals.push(Goal {
         what: "usermm lock-on-fault processing vs the kernel's MLOCK_ONFAULT (4 KiB page cache)".into(),
         how: "usermm onfault / kernel onfault, processing".into(),
         value: uo_proc / base_proc,

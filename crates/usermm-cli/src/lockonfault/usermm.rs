@@ -5,21 +5,21 @@
 
 use std::os::fd::AsRawFd;
 
-use usermm::consts::{MAP_SHARED, MLOCK_ONFAULT, PROT_READ, UMM_F_KEEP_FILE_CACHE};
+use usermm::consts::{MAP_SHARED, MLOCK_ONFAULT, PROT_READ, UMM_F_INTHREAD_FAULTS, UMM_F_KEEP_FILE_CACHE};
 use usermm::{Config, Space};
 use usermm_sys::now_ns;
 
 use super::{read_all, Ctx, Method, Sample};
 
-/// One run of a usermm row.
-pub(super) fn run_usermm(cx: &Ctx, method: Method) -> Result<Sample, String> {
+/// One run of a usermm row (`in_thread`: with `UMM_F_INTHREAD_FAULTS`).
+pub(super) fn run_usermm(cx: &Ctx, method: Method, in_thread: bool) -> Result<Sample, String> {
     let len = cx.file.len;
     let f = cx.file.open()?;
     let cfg = Config {
         budget_bytes: cx.budget,
         memlock_bytes: cx.budget,
         swap_bytes: 0,
-        flags: UMM_F_KEEP_FILE_CACHE,
+        flags: UMM_F_KEEP_FILE_CACHE | if in_thread { UMM_F_INTHREAD_FAULTS } else { 0 },
         ..Config::default()
     };
     let space = Space::open(&cfg).map_err(|e| format!("usermm open: {e:?}"))?;

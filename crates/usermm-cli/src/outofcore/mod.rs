@@ -71,14 +71,16 @@ pub fn params(full: bool) -> Params {
 
 const WORKLOADS: [&str; 3] = ["random", "hotcold", "seq-scan"];
 const MEMCG: &str = "kernel-memcg";
+/// usermm with `UMM_F_INTHREAD_FAULTS`.
+pub(super) const IN_THREAD: &str = "usermm (in-thread)";
 
 /// The systems of run `r`: usermm and kernel-memcg swap places every run
-/// (A B, B A, …), and so do the two others.
-fn order(r: usize) -> [&'static str; 4] {
+/// (A B, B A, …), and so do the others.
+fn order(r: usize) -> [&'static str; 5] {
     if r.is_multiple_of(2) {
-        ["usermm", MEMCG, "kernel-mmap", "pread-cache"]
+        ["usermm", MEMCG, "kernel-mmap", "pread-cache", IN_THREAD]
     } else {
-        [MEMCG, "usermm", "pread-cache", "kernel-mmap"]
+        [IN_THREAD, MEMCG, "usermm", "pread-cache", "kernel-mmap"]
     }
 }
 
@@ -188,7 +190,8 @@ fn measure(
             prog.say(&format!("{sys} run {}/{}", r + 1, o.runs));
             for (w, offs, want) in work {
                 let m = match sys {
-                    "usermm" => run_usermm(setup, w, offs)?,
+                    "usermm" => run_usermm(setup, w, offs, 0)?,
+                    IN_THREAD => run_usermm(setup, w, offs, ::usermm::consts::UMM_F_INTHREAD_FAULTS)?,
                     "kernel-mmap" => run_kernel(setup, w, offs)?,
                     MEMCG => {
                         let Ok(l) = &*limit else { break };
@@ -237,7 +240,7 @@ fn record(e: &mut Experiment, t: &mut Totals, sys: &str, w: &str, reads: usize, 
     e.add(sys, w, "p99", "ns", p99);
     e.add(sys, w, "resident_peak", "MiB", m.peak / MIB as f64);
     let miss = match sys {
-        "usermm" => "faults",
+        "usermm" | IN_THREAD => "faults",
         "kernel-mmap" | MEMCG => "major_faults",
         _ => "misses",
     };
@@ -251,7 +254,7 @@ fn record(e: &mut Experiment, t: &mut Totals, sys: &str, w: &str, reads: usize, 
         t.memcg_peak_max = t.memcg_peak_max.max(m.peak);
         t.memcg_oom_kills += m.oom_kills;
     }
-    if sys == "usermm" {
+    if sys == "usermm" || sys == IN_THREAD {
         e.add(sys, w, "writebacks", "pages", m.writebacks as f64);
         t.usermm_peak_max = t.usermm_peak_max.max(m.peak);
         t.writebacks += m.writebacks;

@@ -63,6 +63,17 @@ pub(super) fn goals(e: &mut Experiment, wanted: &[&str], base: &str, budget: usi
     if wanted.contains(&"seq-scan") {
         e.goals.push(g2);
     }
+    if wanted.contains(&"random") {
+        e.goals.push(Goal {
+            what: "random 4 KiB misses, faults resolved in the faulting thread, vs a hand-written pread cache".into(),
+            how: format!("{}/pread-cache, random throughput", super::IN_THREAD),
+            value: e.med(super::IN_THREAD, "random", "throughput") / e.med("pread-cache", "random", "throughput"),
+            unit: "×".into(),
+            at_least: true,
+            threshold: 0.84,
+            goal: 0.84,
+        });
+    }
     let budget_mib = (budget / MIB) as f64;
     e.goals.push(Goal {
         what: "usermm resident peak within the budget".into(),

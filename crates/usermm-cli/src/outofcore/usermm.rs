@@ -12,9 +12,12 @@ use super::{Measured, Setup};
 use crate::common::config;
 
 /// One workload in a fresh space.
-pub(super) fn run_usermm(s: &Setup, workload: &str, offs: &[usize]) -> Result<Measured, String> {
+/// `flags`: `UMM_F_*` of the space (the in-thread row).
+pub(super) fn run_usermm(s: &Setup, workload: &str, offs: &[usize], flags: u32) -> Result<Measured, String> {
     let f = s.file.open_cold(s.usermm_rdwr)?;
-    let space = Space::open(&config(s.budget, 0, None)).map_err(|e| format!("usermm open: {e:?}"))?;
+    let mut cfg = config(s.budget, 0, None);
+    cfg.flags |= flags;
+    let space = Space::open(&cfg).map_err(|e| format!("usermm open: {e:?}"))?;
     let a = space.mmap(0, s.len, PROT_READ, MAP_SHARED, f.as_raw_fd(), 0).map_err(|e| format!("usermm mmap: {e:?}"))?;
     let advice = if workload == "seq-scan" { MADV_SEQUENTIAL } else { MADV_RANDOM };
     space.madvise(a, s.len, advice).map_err(|e| format!("usermm madvise({advice}): {e:?}"))?;
