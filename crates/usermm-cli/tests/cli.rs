@@ -355,7 +355,7 @@ fn bench_outofcore_writes_results() {
     let _memcg = memcg_test_lock();
     let (pid, rows) =
         bench_rows_pid("outofcore", &["outofcore", "--file-mib=32", "--budget-mib=8", "--reads=2000", "--runs=1"]);
-    let mut systems = vec!["usermm", "kernel-mmap", "pread-cache"];
+    let mut systems = vec!["usermm", "usermm (in-thread)", "kernel-mmap", "pread-cache"];
     if am_root() {
         systems.push("kernel-memcg");
         // The page cache charged to its group stays within the limit.
@@ -401,7 +401,8 @@ fn bench_lockonfault_writes_results() {
         "onfault@large-folios",
     ];
     let usermm = ["plain", "mlock-all", "onfault", "onfault@large-folios"];
-    for (sys, variants) in [("kernel", &kernel[..]), ("usermm", &usermm[..])] {
+    let in_thread = ["onfault"];
+    for (sys, variants) in [("kernel", &kernel[..]), ("usermm", &usermm[..]), ("usermm (in-thread)", &in_thread[..])] {
         for v in variants {
             assert!(value(&rows, sys, v, "setup") > 0.0, "{sys} {v}");
             assert!(value(&rows, sys, v, "processing") > 0.0, "{sys} {v}");

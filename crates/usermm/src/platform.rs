@@ -20,7 +20,7 @@ use usermm_sys::file::{MappedFile, Pagemap, ProcMem};
 
 use crate::store::PageStore;
 use usermm_sys::thread::EventFd;
-use usermm_sys::uffd::{Uffd, UffdMsg, UFFD_FEATURE_MOVE};
+use usermm_sys::uffd::{Uffd, UffdMsg, UFFD_FEATURE_MOVE, UFFD_FEATURE_SIGBUS};
 
 /// What the executor asks of the host. `Send + Sync`: handler threads, the
 /// background thread and callers share one.
@@ -209,6 +209,10 @@ impl Platform for Native {
         with_bounce(len, |b| self.arena.file_in(&self.uffd, file, off, dst, len, b)).unwrap_or(Err(Errno::ENOMEM))
     }
     fn wake(&self, a: usize, l: usize) -> Result<(), Errno> {
+        if self.uffd.has(UFFD_FEATURE_SIGBUS) {
+            // In-thread faults: no thread ever waits in the kernel.
+            return Ok(());
+        }
         self.arena.wake(&self.uffd, a, l)
     }
     fn poison(&self, a: usize, l: usize) -> Result<(), Errno> {
