@@ -63,13 +63,24 @@ struct Server {
 }
 
 impl Server {
+    /// On a free port whose cluster bus port (+10,000) is free too; again on
+    /// another if the server exits at once (the port was taken meanwhile).
     fn start(extra: &[&str]) -> Result<Server, String> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("no free port: {e}"))?
-            .port();
+        let mut last = String::new();
+        for _ in 0..20 {
+            match Self::start_on(free_port()?, extra) {
+                Ok(s) => return Ok(s),
+                Err((why, true)) => last = why,
+                Err((why, false)) => return Err(why),
+            }
+        }
+        Err(last)
+    }
+
+    /// `Err((why, worth another port))`.
+    fn start_on(port: u16, extra: &[&str]) -> Result<Server, (String, bool)> {
         let dir = std::env::temp_dir().join(format!("usermm-farmem-bench-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(|e| (format!("mkdir {}: {e}", dir.display()), false))?;
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
@@ -77,12 +88,15 @@ impl Server {
             .args(extra)
             .stdout(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot start redis-server ({e}): apt-get install redis-server"))?;
-        let s = Server { port, child, dir };
+            .map_err(|e| (format!("cannot start redis-server ({e}): apt-get install redis-server"), false))?;
+        let mut s = Server { port, child, dir };
         let t0 = Instant::now();
         while s.conn().and_then(|mut c| redis::cmd("PING").query::<String>(&mut c)).is_err() {
+            if let Ok(Some(st)) = s.child.try_wait() {
+                return Err((format!("redis-server on port {port} exited at start ({st})"), true));
+            }
             if t0.elapsed() > Duration::from_secs(10) {
-                return Err(format!("redis-server on port {port} did not answer in 10 s"));
+                return Err((format!("redis-server on port {port} did not answer in 10 s"), false));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -100,6 +114,18 @@ impl Server {
         let field =
             |n: &str| info.lines().find_map(|l| l.strip_prefix(n).and_then(|v| v.trim().parse().ok())).unwrap_or(0);
         (field("total_net_input_bytes:"), field("total_net_output_bytes:"))
+    }
+}
+
+/// A free loopback port below 55,536 whose cluster bus port (+10,000) is
+/// free too.
+fn free_port() -> Result<u16, String> {
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
+        let port = l.local_addr().map_err(|e| format!("no free port: {e}"))?.port();
+        if port <= 55_535 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return Ok(port);
+        }
     }
 }
 

@@ -19,17 +19,29 @@ pub struct Server {
 
 impl Server {
     pub fn start(extra: &[&str]) -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let dir = std::env::temp_dir().join(format!("usermm-farmem-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut s = Server { port, child: None, dir, extra: extra.iter().map(|s| s.to_string()).collect() };
-        s.restart();
-        s
+        // A port that is free and whose cluster bus port (+10,000) is too;
+        // a server that exits at once (the port was taken meanwhile) is
+        // started again on another.
+        for _ in 0..20 {
+            let port = free_port();
+            let dir = std::env::temp_dir().join(format!("usermm-farmem-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let mut s = Server { port, child: None, dir, extra: extra.iter().map(|s| s.to_string()).collect() };
+            if s.try_start() {
+                return s;
+            }
+        }
+        panic!("redis-server did not start on any of 20 free ports");
     }
 
     /// Starts the server (again, after [`Server::kill`]: same port, same
     /// directory, so a cluster node rejoins with its `nodes.conf`).
     pub fn restart(&mut self) {
+        assert!(self.try_start(), "redis-server on port {} exited at start", self.port);
+    }
+
+    /// Starts the server; false if it exited before answering.
+    fn try_start(&mut self) -> bool {
         assert!(self.child.is_none(), "already running");
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -46,6 +58,10 @@ impl Server {
         self.child = Some(child);
         let t0 = Instant::now();
         while self.client().and_then(|mut c| redis::cmd("PING").query::<String>(&mut c)).is_err() {
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                self.child = None;
+                return false;
+            }
             assert!(
                 t0.elapsed() < Duration::from_secs(10),
                 "redis-server on port {} did not answer in 10 s",
@@ -53,6 +69,7 @@ impl Server {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        true
     }
 
     pub fn url(&self, prefix: &str) -> String {
@@ -169,5 +186,17 @@ impl Cluster {
     /// Keys on every running master.
     pub fn total_keys(&self) -> u64 {
         self.masters().iter().map(|&i| self.nodes[i].dbsize()).sum()
+    }
+}
+
+/// A free loopback port below 55,536 whose cluster bus port (+10,000) is
+/// free too.
+fn free_port() -> u16 {
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        if port <= 55_535 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
     }
 }
