@@ -61,18 +61,36 @@ impl PageStore for LocalFile {
 /// slot it belongs to and a checksum of its bytes, all checked on read (a
 /// stale, foreign or corrupted value is an error, never installed).
 pub(crate) const HEADER: usize = 32;
-const MAGIC: u64 = u64::from_le_bytes(*b"UMMPAGE1");
+const MAGIC: u64 = u64::from_le_bytes(*b"UMMPAGE2");
 
-/// FNV-1a (64 bits) of `bytes`, seeded.
+/// A 64-bit checksum of `bytes`, seeded: four lanes of multiply-rotate over
+/// 8-byte words (independent chains: 0.22 µs a 4 KiB page here, against
+/// 1.56 µs for one FNV-1a chain), folded with a final mix. For detecting
+/// corruption and misplaced values, not an adversary.
 pub(crate) fn checksum(seed: u64, bytes: &[u8]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
-    for c in bytes.chunks(8) {
+    const P: [u64; 4] = [0x9e37_79b9_7f4a_7c15, 0xc2b2_ae3d_27d4_eb4f, 0x1656_67b1_9e37_79f9, 0x85eb_ca77_c2b2_ae63];
+    let mut h = [seed ^ P[0], seed ^ P[1], seed.rotate_left(17) ^ P[2], seed.rotate_left(43) ^ P[3]];
+    let word = |c: &[u8]| {
         let mut w = [0u8; 8];
         w[..c.len()].copy_from_slice(c);
-        h ^= u64::from_le_bytes(w);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        u64::from_le_bytes(w)
+    };
+    let mut blocks = bytes.chunks_exact(32);
+    for b in &mut blocks {
+        for (i, lane) in h.iter_mut().enumerate() {
+            let w = u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+            *lane = (*lane ^ w).wrapping_mul(P[i]).rotate_left(29);
+        }
     }
-    h
+    for (i, c) in blocks.remainder().chunks(8).enumerate() {
+        h[i] = (h[i] ^ word(c)).wrapping_mul(P[i]).rotate_left(29);
+    }
+    let mut x = (bytes.len() as u64) ^ h[0] ^ h[1].rotate_left(16) ^ h[2].rotate_left(32) ^ h[3].rotate_left(48);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
 }
 
 /// `page` with its header for `slot` of space `space`.
@@ -123,5 +141,28 @@ mod tests {
         bad[HEADER + 100] ^= 1;
         assert!(!open_sealed(11, 5, &bad, &mut out));
         assert!(!open_sealed(11, 5, &v[..v.len() - 1], &mut out));
+    }
+
+    #[test]
+    fn every_single_bit_flip_and_word_swap_changes_the_checksum() {
+        let page: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8).collect();
+        let c = checksum(3, &page);
+        let mut p = page.clone();
+        for bit in 0..page.len() * 8 {
+            p[bit / 8] ^= 1 << (bit % 8);
+            assert_ne!(checksum(3, &p), c, "bit {bit}");
+            p[bit / 8] ^= 1 << (bit % 8);
+        }
+        // Two words trading places, within a lane and across lanes.
+        for (a, b) in [(0, 32), (0, 8), (8, 4088)] {
+            let mut p = page.clone();
+            for i in 0..8 {
+                p.swap(a + i, b + i);
+            }
+            assert_ne!(checksum(3, &p), c, "words at {a} and {b}");
+        }
+        assert_ne!(checksum(4, &page), c, "the seed counts");
+        // Lengths that are not a multiple of the block.
+        assert_ne!(checksum(3, &page[..4095]), checksum(3, &page[..4094]));
     }
 }
