@@ -35,11 +35,11 @@ pub const MAX_SPACES: usize = 64;
 /// handler.
 pub trait Resolve: Send + Sync {
     /// Resolves the fault at `addr` (`write`: a write access; `wp`: a write
-    /// to a write-protected page) of thread `tid`. It must not unwind; a
+    /// to a write-protected page) of the calling thread. It must not unwind; a
     /// failure it reports is a SIGBUS or SIGSEGV it queues to `tid`
     /// What to do with the SIGBUS once the resolver has returned (it
     /// returns holding no lock).
-    fn resolve(&self, addr: usize, write: bool, wp: bool, tid: u32) -> Outcome;
+    fn resolve(&self, addr: usize, write: bool, wp: bool) -> Outcome;
 }
 
 /// What the SIGBUS handler does after a space's resolver returned.
@@ -230,7 +230,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut l
                 // and we counted ourselves in before loading it.
                 let r = unsafe { &*ctx };
                 let wp = err & (PF_PROT | PF_WRITE) == PF_PROT | PF_WRITE;
-                let outcome = r.resolve(addr, err & PF_WRITE != 0, wp, gettid());
+                let outcome = r.resolve(addr, err & PF_WRITE != 0, wp);
                 s.users.fetch_sub(1, Ordering::SeqCst);
                 match outcome {
                     Outcome::Retry => {}
@@ -299,7 +299,8 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
     }
 }
 
-fn gettid() -> u32 {
+/// The calling thread's id.
+pub fn gettid() -> u32 {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }

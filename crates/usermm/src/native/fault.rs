@@ -46,7 +46,7 @@ pub(super) fn defer_signal(sig: i32) -> bool {
 pub(crate) struct InThread(pub Arc<Inner>);
 
 impl usermm_sys::inthread::Resolve for InThread {
-    fn resolve(&self, addr: usize, write: bool, wp: bool, tid: u32) -> Outcome {
+    fn resolve(&self, addr: usize, write: bool, wp: bool) -> Outcome {
         // Whatever is allocated here comes from the system allocator: the
         // thread may have faulted inside a `GlobalHeap` allocation, holding
         // the heap's lock (and SIGBUS is blocked here: a fault in the
@@ -56,7 +56,9 @@ impl usermm_sys::inthread::Resolve for InThread {
         let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mm = self.0.read_mm();
             let c = lock(&self.0.core);
-            self.0.resolve_inner(&mm, c, addr, write, wp, Some(tid), true, true)
+            // (The thread id is not needed: every signal a resolve would
+            // queue to the thread is deferred, see `defer_signal`.)
+            self.0.resolve_inner(&mm, c, addr, write, wp, Some(0), true, true)
         }));
         // (A nested fault, from a program handler this one chained to,
         // restores the outer resolve's state.)
@@ -67,7 +69,7 @@ impl usermm_sys::inthread::Resolve for InThread {
             Ok(_) => {
                 if deferred == SIGSEGV {
                     // No lock held any more: delivered now or on return.
-                    let _ = usermm_sys::thread::sigsegv_thread(tid, addr);
+                    let _ = usermm_sys::thread::sigsegv_thread(usermm_sys::inthread::gettid(), addr);
                 }
                 Outcome::Retry
             }
