@@ -460,11 +460,18 @@ impl Space {
     }
 
     /// The smaps text: one entry per region in `/proc/PID/smaps`'s layout.
-    /// usermm's own VmFlags: `um` (served by usermm) on every region, and
-    /// `uo` when the space runs on the user-mode-only fallback.
+    /// usermm's own VmFlags: `um` (served by usermm) on every region, `uo`
+    /// when the space runs on the user-mode-only fallback, `it` when its
+    /// faults are resolved in the faulting thread (`UMM_F_INTHREAD_FAULTS`;
+    /// like `uo`, a kernel-mode access to a page not resident is `EFAULT`).
     pub fn smaps(&self) -> String {
         self.assert_owner();
-        let extra = if self.inner.user_mode_only { "uo " } else { "" };
+        let extra = format!(
+            "{}{}",
+            if self.inner.user_mode_only { "uo " } else { "" },
+            if self.inner.in_thread { "it " } else { "" }
+        );
+        let extra = extra.as_str();
         let files = self.inner.files.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let info = |id: u32| {
             files.get(&id).map(|f| {

@@ -172,6 +172,8 @@ pub(crate) struct Inner {
     pub files: Mutex<std::collections::HashMap<u32, Arc<MappedFile>>>,
     next_file: AtomicU32,
     pub user_mode_only: bool,
+    /// `UMM_F_INTHREAD_FAULTS`: faults are resolved in the faulting thread.
+    pub in_thread: bool,
     /// Lazily freed pages are passed down to the host (`MADV_FREE`) and
     /// discarded through it (see `Arena::host_lazyfree`).
     pub host_lazyfree: bool,
@@ -426,6 +428,7 @@ impl Inner {
             files: Mutex::new(std::collections::HashMap::new()),
             next_file: AtomicU32::new(1),
             user_mode_only,
+            in_thread: cfg.flags & UMM_F_INTHREAD_FAULTS != 0,
             host_lazyfree,
             #[cfg(feature = "test-hooks")]
             swap_bytes: swap_slots as u64 * ps as u64,

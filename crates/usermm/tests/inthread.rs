@@ -253,6 +253,10 @@ fn a_kernel_mode_access_to_a_page_not_resident_is_efault() {
     let s = space(64, 1024);
     let a = s.mmap(0, 8 * PS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0).unwrap();
     assert_eq!(pipe_read_into(a + 2 * PS, b"hello"), Err(usermm::Errno::EFAULT));
+    // And umm_smaps says so: the VmFlag `it` on every region.
+    let smaps = s.smaps();
+    let flags: Vec<&str> = smaps.lines().filter(|l| l.starts_with("VmFlags:")).collect();
+    assert!(!flags.is_empty() && flags.iter().all(|l| l.split_whitespace().any(|f| f == "it")), "{smaps}");
     poke(a + 2 * PS, 0);
     assert_eq!(pipe_read_into(a + 2 * PS, b"hello"), Ok(5));
     assert_eq!(peek(a + 2 * PS + 4), b'o');
