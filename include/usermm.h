@@ -334,6 +334,17 @@ int umm_mvolatile(umm_space *s, void *addr, size_t len);
  * written (the range has been made non-volatile all the same). */
 int umm_mnovolatile(umm_space *s, void *addr, size_t len, struct umm_purge_report *out);
 
+/* sigaction(SIGBUS, act, oldact) for programs with spaces opened with
+ * UMM_F_INTHREAD_FAULTS: while usermm's SIGBUS handler is installed, act
+ * becomes the handler it chains to (the SIGBUS that are not a space's
+ * faults: a purged or poisoned page, a transient failure, a fault outside
+ * every space) and oldact receives the previous one, instead of replacing
+ * usermm's handler; otherwise plain sigaction. Either pointer may be NULL.
+ * The chained handler runs with its sa_mask but never with SIGBUS blocked
+ * (it may touch space memory). 0, or -1 with errno. */
+struct sigaction;
+int umm_sigbus_action(const struct sigaction *act, struct sigaction *oldact);
+
 /*
  * mincore(2): one byte per page in vec (bit 0: resident), ceil(len/page)
  * bytes. Errors in Linux's order: EINVAL unaligned addr; ENOMEM a range past

@@ -304,3 +304,22 @@ pub fn gettid() -> u32 {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
+
+/// [`sigbus_action`] for the C ABI: `new` and `old` are NULL or point to a
+/// `struct sigaction`.
+///
+/// # Safety
+/// `new`, when not NULL, must point to a readable `struct sigaction`; `old`,
+/// when not NULL, to a writable one.
+pub unsafe fn sigbus_action_raw(new: *const std::ffi::c_void, old: *mut std::ffi::c_void) -> Result<(), crate::Errno> {
+    // SAFETY: the caller's contract; read_unaligned copes with any alignment.
+    let n = (!new.is_null()).then(|| unsafe { (new as *const libc::sigaction).read_unaligned() });
+    // SAFETY: a zeroed sigaction is valid plain data.
+    let mut o: libc::sigaction = unsafe { std::mem::zeroed() };
+    sigbus_action(n.as_ref(), if old.is_null() { None } else { Some(&mut o) })?;
+    if !old.is_null() {
+        // SAFETY: the caller's contract.
+        unsafe { (old as *mut libc::sigaction).write_unaligned(o) };
+    }
+    Ok(())
+}

@@ -166,6 +166,15 @@ fn compat_header_routes_malloc_to_the_default_space() {
 }
 
 #[test]
+fn in_thread_faults_from_c() {
+    let link = link_shared();
+    let link: Vec<&str> = link.iter().map(String::as_str).collect();
+    let exe = compile("test_inthread.c", "test_inthread", &link);
+    let o = command(&exe).output().unwrap();
+    assert!(assert_verdict("test_inthread", &o) >= 20);
+}
+
+#[test]
 fn headers_compile_as_cxx_and_strict_c() {
     let root = repo_root();
     let src = "#include \"usermm_compat.h\"\n\

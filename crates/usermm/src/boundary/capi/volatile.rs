@@ -104,3 +104,19 @@ pub unsafe extern "C" fn umm_populate(
         written.map(|()| 0)
     })
 }
+
+/// `umm_sigbus_action`: `sigaction(SIGBUS, act, oldact)` that, while
+/// usermm's in-thread fault handler is installed, changes the handler it
+/// chains to instead of replacing it (see `usermm_sys::inthread`).
+///
+/// # Safety
+/// `act` must be NULL or point to a readable `struct sigaction`, `oldact`
+/// NULL or point to a writable one.
+#[no_mangle]
+pub unsafe extern "C" fn umm_sigbus_action(act: *const c_void, oldact: *mut c_void) -> c_int {
+    guard(-1, || {
+        // SAFETY: this function's contract.
+        unsafe { usermm_sys::inthread::sigbus_action_raw(act, oldact) }?;
+        Ok(0)
+    })
+}
