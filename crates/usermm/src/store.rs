@@ -93,13 +93,20 @@ pub(crate) fn checksum(seed: u64, bytes: &[u8]) -> u64 {
     x ^ (x >> 33)
 }
 
+/// The header of `page` as `slot` of space `space`.
+pub(crate) fn header(space: u64, slot: u64, page: &[u8]) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[..8].copy_from_slice(&MAGIC.to_le_bytes());
+    h[8..16].copy_from_slice(&space.to_le_bytes());
+    h[16..24].copy_from_slice(&slot.to_le_bytes());
+    h[24..].copy_from_slice(&checksum(space ^ slot.rotate_left(32), page).to_le_bytes());
+    h
+}
+
 /// `page` with its header for `slot` of space `space`.
+#[cfg(test)]
 pub(crate) fn seal(space: u64, slot: u64, page: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(HEADER + page.len());
-    v.extend_from_slice(&MAGIC.to_le_bytes());
-    v.extend_from_slice(&space.to_le_bytes());
-    v.extend_from_slice(&slot.to_le_bytes());
-    v.extend_from_slice(&checksum(space ^ slot.rotate_left(32), page).to_le_bytes());
+    let mut v = header(space, slot, page).to_vec();
     v.extend_from_slice(page);
     v
 }

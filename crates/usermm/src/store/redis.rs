@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use usermm_core::Errno;
 
-use super::{open_sealed, seal, PageStore};
+use super::{header, open_sealed, PageStore, HEADER};
 
 /// One server, or a cluster.
 enum Backend {
@@ -377,7 +377,7 @@ impl PageStore for RedisStore {
             let mut cmd = redis::cmd("MSET");
             for (j, p) in pages[i..end].iter().enumerate() {
                 let s = slot + j as u64;
-                cmd.arg(self.key(s)).arg(seal(self.space, s, p));
+                cmd.arg(self.key(s)).arg(Sealed { head: header(self.space, s, p), page: p });
             }
             let key = self.key(slot);
             self.with_conn(|c| {
@@ -395,6 +395,23 @@ impl PageStore for RedisStore {
     fn direct_io(&self) -> bool {
         // Nothing of the pages stays in this host's page cache.
         true
+    }
+}
+
+/// A page and its header as one argument, written straight into the
+/// command's buffer (no sealed copy of the page first).
+struct Sealed<'a> {
+    head: [u8; HEADER],
+    page: &'a [u8],
+}
+
+impl redis::ToRedisArgs for Sealed<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        use std::io::Write;
+        let mut w = out.writer_for_next_arg();
+        // (Writing into the command's Vec cannot fail.)
+        let _ = w.write_all(&self.head);
+        let _ = w.write_all(self.page);
     }
 }
 
