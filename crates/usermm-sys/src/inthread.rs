@@ -265,7 +265,13 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
             dfl.sa_sigaction = libc::SIG_DFL;
             libc::sigaction(sig, &dfl, std::ptr::null_mut());
             if (*info).si_code <= 0 {
-                libc::syscall(libc::SYS_rt_tgsigqueueinfo, libc::getpid(), gettid() as libc::pid_t, sig, info);
+                libc::syscall(
+                    libc::SYS_rt_tgsigqueueinfo,
+                    libc::getpid(),
+                    crate::thread::gettid() as libc::pid_t,
+                    sig,
+                    info,
+                );
             }
         }
         return;
@@ -297,12 +303,6 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut libc::c_void) {
         }
         libc::pthread_sigmask(libc::SIG_SETMASK, &prev, std::ptr::null_mut());
     }
-}
-
-/// The calling thread's id.
-pub fn gettid() -> u32 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
 /// [`sigbus_action`] for the C ABI: `new` and `old` are NULL or point to a

@@ -69,7 +69,7 @@ impl usermm_sys::inthread::Resolve for InThread {
             Ok(_) => {
                 if deferred == SIGSEGV {
                     // No lock held any more: delivered now or on return.
-                    let _ = usermm_sys::thread::sigsegv_thread(usermm_sys::inthread::gettid(), addr);
+                    let _ = usermm_sys::thread::sigsegv_thread(usermm_sys::thread::gettid(), addr);
                 }
                 Outcome::Retry
             }
