@@ -14,14 +14,19 @@
 //! 10,000: how long a read from a cluster keeps trying, with a fresh slot map,
 //! while a replica takes over a master that stopped answering; writes do not
 //! wait: a failed write only keeps its pages resident).
-//! - One key per page: `P` followed by the slot number on one server;
-//!   `{P<g>}<slot>` in a cluster, `g` being the slot's group of 256, so that
-//!   a run of pages (at most 256) lies in one or two hash slots. The value is
-//!   the page behind a 32-byte header (the space's random id, the slot, a
-//!   checksum: `store.rs`), checked on every read. The default prefix is
-//!   `usermm:<host>:<pid>:<space id>:`, unique per open space.
-//! - A run goes out as one `MSET` per group (then `WAIT` on that group's node
-//!   when `replicas` > 0) and comes back as one `MGET`.
+//! - One key per chunk of 16 consecutive slots: `P` followed by the chunk
+//!   number on one server; `{P<g>}<chunk>` in a cluster, `g` being the
+//!   chunk's group of 256 slots, so that a run of pages (at most 256) lies in
+//!   one or two hash slots. The value holds each slot's page behind a 32-byte
+//!   header (the space's random id, the slot, a checksum: `store.rs`), checked
+//!   on every read; a slot never written reads as zeros and fails the check.
+//!   The default prefix is `usermm:<host>:<pid>:<space id>:`, unique per open
+//!   space. (A key per page costs the server a key, an allocation and a copy
+//!   of each page out of its query buffer, and 16 KiB reads of the socket:
+//!   values of 8 pages or more are read straight into place.)
+//! - A run goes out as a `SET` of each whole chunk and a `SETRANGE` of each
+//!   part of one, pipelined per group (then `WAIT` on that group's node when
+//!   `replicas` > 0), and comes back as a `GETRANGE` per chunk it touches.
 //! - Opening the space deletes every key under the prefix (left by a space
 //!   with the same prefix that crashed; a cluster's by enumerating the
 //!   space's possible keys, group by group); closing it deletes them too.
@@ -45,16 +50,17 @@ enum Backend {
     Cluster(redis::cluster::ClusterClient),
 }
 
-/// A pooled connection of either kind.
+/// A pooled connection of either kind. A single server's keeps the buffer
+/// its page writes are encoded in, reused from write to write.
 enum Conn {
-    Single(redis::Connection),
+    Single(redis::Connection, Vec<u8>),
     Cluster(redis::cluster::ClusterConnection),
 }
 
 impl Conn {
     fn link(&mut self) -> &mut dyn redis::ConnectionLike {
         match self {
-            Conn::Single(c) => c,
+            Conn::Single(c, _) => c,
             Conn::Cluster(c) => c,
         }
     }
@@ -62,6 +68,8 @@ impl Conn {
 
 /// Pages per key group (a cluster keeps a group in one hash slot).
 const GROUP: u64 = 256;
+/// Pages per key (a chunk): one value holds this many consecutive slots.
+const CHUNK: u64 = 16;
 
 pub(crate) struct RedisStore {
     backend: Backend,
@@ -238,7 +246,7 @@ impl RedisStore {
                 let c = client.get_connection_with_timeout(self.timeout).map_err(|e| io_error(&e))?;
                 c.set_read_timeout(Some(self.timeout)).map_err(|e| io_error(&e))?;
                 c.set_write_timeout(Some(self.timeout)).map_err(|e| io_error(&e))?;
-                Ok(Conn::Single(c))
+                Ok(Conn::Single(c, Vec::new()))
             }
             Backend::Cluster(client) => Ok(Conn::Cluster(client.get_connection().map_err(|e| io_error(&e))?)),
         }
@@ -284,12 +292,18 @@ impl RedisStore {
         matches!(self.backend, Backend::Cluster(_))
     }
 
-    fn key(&self, slot: u64) -> String {
+    /// The key of chunk `chunk` (slots `chunk × CHUNK` …).
+    fn key(&self, chunk: u64) -> String {
         if self.cluster() {
-            format!("{{{}{}}}{slot}", self.prefix, slot / GROUP)
+            format!("{{{}{}}}{chunk}", self.prefix, chunk * CHUNK / GROUP)
         } else {
-            format!("{}{slot}", self.prefix)
+            format!("{}{chunk}", self.prefix)
         }
+    }
+
+    /// Bytes a slot takes in its chunk's value: the header and the page.
+    fn stride(&self) -> usize {
+        HEADER + self.page
     }
 
     /// Deletes every key under the prefix.
@@ -297,8 +311,10 @@ impl RedisStore {
         if self.cluster() {
             // No cluster-wide SCAN: every key the space can have, a group
             // (one hash slot) per command.
+            let chunks = self.slots.div_ceil(CHUNK);
             for g in 0..self.slots.div_ceil(GROUP) {
-                let keys: Vec<String> = (g * GROUP..((g + 1) * GROUP).min(self.slots)).map(|s| self.key(s)).collect();
+                let per = GROUP / CHUNK;
+                let keys: Vec<String> = (g * per..((g + 1) * per).min(chunks)).map(|k| self.key(k)).collect();
                 self.with_conn(|c| redis::cmd("UNLINK").arg(&keys).query::<u64>(c.link()))?;
             }
             return Ok(());
@@ -321,13 +337,46 @@ impl RedisStore {
         })
     }
 
+    /// The writes of `pages` as slots `first`, `first + 1`, … (each behind
+    /// its header), in the protocol's encoding, into `buf`: a `SET` of each
+    /// whole chunk, a `SETRANGE` of each part of one. Returns the number of
+    /// commands.
+    fn encode_writes(&self, buf: &mut Vec<u8>, first: u64, pages: &[&[u8]]) -> usize {
+        use std::io::Write;
+        buf.clear();
+        let mut n = 0;
+        for (slot, run) in pieces(first, pages) {
+            let key = self.key(slot / CHUNK);
+            let len = run.len() * self.stride();
+            // (Writing into a Vec cannot fail.)
+            if run.len() as u64 == CHUNK {
+                let _ = write!(buf, "*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${len}\r\n", key.len());
+            } else {
+                let off = ((slot % CHUNK) as usize * self.stride()).to_string();
+                let _ = write!(
+                    buf,
+                    "*4\r\n$8\r\nSETRANGE\r\n${}\r\n{key}\r\n${}\r\n{off}\r\n${len}\r\n",
+                    key.len(),
+                    off.len()
+                );
+            }
+            for (j, p) in run.iter().enumerate() {
+                buf.extend_from_slice(&header(self.space, slot + j as u64, p));
+                buf.extend_from_slice(p);
+            }
+            buf.extend_from_slice(b"\r\n");
+            n += 1;
+        }
+        n
+    }
+
     /// `WAIT replicas timeout` on the node that holds `key` (its group's
     /// hash slot); an error unless that many replicas acknowledged.
     fn wait_replicas(&self, c: &mut Conn, key: &str) -> redis::RedisResult<()> {
         let mut cmd = redis::cmd("WAIT");
         cmd.arg(self.replicas).arg(self.timeout.as_millis() as u64);
         let acked: u64 = match c {
-            Conn::Single(c) => cmd.query(c)?,
+            Conn::Single(c, _) => cmd.query(c)?,
             Conn::Cluster(c) => {
                 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
                 let route = Route::new(hash_slot(key.as_bytes()), SlotAddr::Master);
@@ -346,22 +395,55 @@ impl PageStore for RedisStore {
     fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), Errno> {
         let first = off / self.page as u64;
         let n = buf.len() / self.page;
-        let keys: Vec<String> = (0..n as u64).map(|i| self.key(first + i)).collect();
-        // (A single page, the common fault: GET, 0.5–1 µs less than MGET of
-        // one key here.)
-        let values: Vec<Option<Vec<u8>>> = if n == 1 {
-            vec![self.with_retry(|c| redis::cmd("GET").arg(&keys[0]).query(c.link()))?]
+        let stride = self.stride();
+        // One GETRANGE per chunk the run touches (one, mostly: a single
+        // page is a GETRANGE of its stride).
+        let mut cmds = Vec::new();
+        let mut slot = first;
+        while slot < first + n as u64 {
+            let end = ((slot / CHUNK + 1) * CHUNK).min(first + n as u64);
+            let start = (slot % CHUNK) as usize * stride;
+            let mut cmd = redis::cmd("GETRANGE");
+            cmd.arg(self.key(slot / CHUNK)).arg(start).arg(start + (end - slot) as usize * stride - 1);
+            cmds.push((slot, end, cmd));
+            slot = end;
+        }
+        let values: Vec<Vec<u8>> = if let [(_, _, cmd)] = &cmds[..] {
+            vec![self.with_retry(|c| cmd.query(c.link()))?]
         } else {
-            self.with_retry(|c| redis::cmd("MGET").arg(&keys).query(c.link()))?
+            self.with_retry(|c| match c {
+                Conn::Single(link, _) => {
+                    let mut p = redis::pipe();
+                    for (_, _, cmd) in &cmds {
+                        p.add_command(cmd.clone());
+                    }
+                    p.query(link)
+                }
+                Conn::Cluster(link) => {
+                    let mut p = redis::cluster::cluster_pipe();
+                    for (_, _, cmd) in &cmds {
+                        p.add_command(cmd.clone());
+                    }
+                    p.query(link)
+                }
+            })?
         };
-        if values.len() != n {
+        if values.len() != cmds.len() {
             return Err(Errno::EIO);
         }
-        for (i, v) in values.iter().enumerate() {
-            let out = &mut buf[i * self.page..(i + 1) * self.page];
-            match v {
-                Some(v) if open_sealed(self.space, first + i as u64, v, out) => {}
-                _ => return Err(Errno::EIO),
+        for ((from, to, _), v) in cmds.iter().zip(&values) {
+            // A chunk that is not there reads as nothing, a slot never
+            // written in one as zeros: neither opens.
+            if v.len() != (to - from) as usize * stride {
+                return Err(Errno::EIO);
+            }
+            for s in *from..*to {
+                let i = (s - first) as usize;
+                let at = (s - from) as usize * stride;
+                let out = &mut buf[i * self.page..(i + 1) * self.page];
+                if !open_sealed(self.space, s, &v[at..at + stride], out) {
+                    return Err(Errno::EIO);
+                }
             }
         }
         Ok(())
@@ -369,19 +451,41 @@ impl PageStore for RedisStore {
 
     fn write(&self, off: u64, pages: &[&[u8]]) -> Result<(), Errno> {
         let first = off / self.page as u64;
-        // One MSET per group (one hash slot in a cluster), then WAIT there.
+        // The commands of one group (one hash slot in a cluster) at a time,
+        // pipelined, then WAIT there.
         let mut i = 0;
         while i < pages.len() {
             let slot = first + i as u64;
             let end = (((slot / GROUP) + 1) * GROUP - first).min(pages.len() as u64) as usize;
-            let mut cmd = redis::cmd("MSET");
-            for (j, p) in pages[i..end].iter().enumerate() {
-                let s = slot + j as u64;
-                cmd.arg(self.key(s)).arg(Sealed { head: header(self.space, s, p), page: p });
-            }
-            let key = self.key(slot);
+            let run = &pages[i..end];
+            let key = self.key(slot / CHUNK);
             self.with_conn(|c| {
-                cmd.query::<()>(c.link())?;
+                match c {
+                    // Encoded straight into the connection's buffer (one
+                    // copy of each page, into memory already faulted in: a
+                    // pipeline built of `Cmd`s copies every page twice into
+                    // fresh allocations of up to a megabyte, whose page
+                    // faults cost more than the copies).
+                    Conn::Single(link, buf) => {
+                        let n = self.encode_writes(buf, slot, run);
+                        for v in redis::ConnectionLike::req_packed_commands(link, buf, 0, n)? {
+                            v.extract_error()?;
+                        }
+                    }
+                    Conn::Cluster(link) => {
+                        let mut p = redis::cluster::cluster_pipe();
+                        for (s, part) in pieces(slot, run) {
+                            let value = Chunk { space: self.space, first: s, pages: part };
+                            if part.len() as u64 == CHUNK {
+                                p.cmd("SET").arg(self.key(s / CHUNK)).arg(value).ignore();
+                            } else {
+                                let off = (s % CHUNK) as usize * self.stride();
+                                p.cmd("SETRANGE").arg(self.key(s / CHUNK)).arg(off).arg(value).ignore();
+                            }
+                        }
+                        p.query::<()>(link)?;
+                    }
+                }
                 if self.replicas > 0 {
                     self.wait_replicas(c, &key)?;
                 }
@@ -398,20 +502,39 @@ impl PageStore for RedisStore {
     }
 }
 
-/// A page and its header as one argument, written straight into the
-/// command's buffer (no sealed copy of the page first).
-struct Sealed<'a> {
-    head: [u8; HEADER],
-    page: &'a [u8],
+/// The pieces of the run `pages` starting at slot `first` that lie in one
+/// chunk each: `(first slot, pages)`.
+fn pieces<'a, 'b>(first: u64, pages: &'b [&'a [u8]]) -> impl Iterator<Item = (u64, &'b [&'a [u8]])> {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        if i >= pages.len() {
+            return None;
+        }
+        let slot = first + i as u64;
+        let end = ((slot / CHUNK + 1) * CHUNK - first).min(pages.len() as u64) as usize;
+        let piece = (slot, &pages[i..end]);
+        i = end;
+        Some(piece)
+    })
 }
 
-impl redis::ToRedisArgs for Sealed<'_> {
+/// Consecutive pages, each behind its header, as one argument, written
+/// straight into the command's buffer (no sealed copy of the pages first).
+struct Chunk<'a, 'b> {
+    space: u64,
+    first: u64,
+    pages: &'b [&'a [u8]],
+}
+
+impl redis::ToRedisArgs for Chunk<'_, '_> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
         use std::io::Write;
         let mut w = out.writer_for_next_arg();
         // (Writing into the command's Vec cannot fail.)
-        let _ = w.write_all(&self.head);
-        let _ = w.write_all(self.page);
+        for (j, p) in self.pages.iter().enumerate() {
+            let _ = w.write_all(&header(self.space, self.first + j as u64, p));
+            let _ = w.write_all(p);
+        }
     }
 }
 
@@ -447,6 +570,17 @@ mod tests {
         assert_eq!(parse("redis://h:1?timeout_ms=x", 0).err(), Some(Errno::EINVAL));
         assert_eq!(parse("redis://h:1?prefix=a{b", 0).err(), Some(Errno::EINVAL));
         assert_eq!(glob_escape("a*b[c]"), "a\\*b\\[c\\]");
+    }
+
+    #[test]
+    fn a_run_splits_at_chunk_boundaries() {
+        let page = [0u8; 8];
+        let pages: Vec<&[u8]> = vec![&page; 40];
+        let got: Vec<(u64, usize)> = pieces(13, &pages).map(|(s, p)| (s, p.len())).collect();
+        assert_eq!(got, [(13, 3), (16, 16), (32, 16), (48, 5)]);
+        let got: Vec<(u64, usize)> = pieces(32, &pages[..16]).map(|(s, p)| (s, p.len())).collect();
+        assert_eq!(got, [(32, 16)]);
+        assert_eq!(pieces(0, &pages[..0]).count(), 0);
     }
 
     #[test]
