@@ -28,6 +28,7 @@
 //! | `core/reclaim.rs`    | reclaim policy: what to deactivate, evict, purge, discard, and when    |
 //! | `core/evict.rs`      | `MADV_COLD`/`PAGEOUT` range plans, every reclaim step's `*_done`       |
 //! | `core/file.rs`       | shared file regions: write-back, `msync`, write-back errors            |
+//! | `core/release.rs`    | freed swap slots given back to the page store, a granule at a time     |
 //! | `core/volatile.rs`   | `mvolatile`/`mnovolatile`, lazy free (`MADV_FREE`)                     |
 //! | `core/zap.rs`        | `zap_begin`/`zap_end`: dropping a range's pages                        |
 //! | `core/introspect.rs` | `mincore`, `page_state`, `stats`, smaps usage                          |
@@ -52,6 +53,7 @@ mod plan;
 mod policy;
 mod range;
 mod reclaim;
+mod release;
 mod swapcache;
 mod validate;
 mod vma;
@@ -189,6 +191,14 @@ pub struct Core {
     tracks_writes: bool,
     /// Invariant: the number of pages whose `cache` names a swap slot.
     swap_cached: u64,
+    /// Swap slots of each granule given back to the store (0: none are;
+    /// `release.rs`).
+    release_granule: u32,
+    /// Granules in which slots were freed since the last release plan.
+    release_log: Vec<u32>,
+    /// Invariant: swap slots reserved by a release plan (allocated, no
+    /// page's).
+    swap_reserved: u64,
     /// Reclaim purges volatile pages before anything else
     /// (`set_purge_volatile_first`).
     purge_volatile_first: bool,
@@ -238,6 +248,9 @@ impl Core {
             host_lazyfree: false,
             tracks_writes: false,
             swap_cached: 0,
+            release_granule: 0,
+            release_log: Vec::new(),
+            swap_reserved: 0,
             purge_volatile_first: false,
             lazyfree_max: u64::MAX,
             file_errors: Vec::new(),

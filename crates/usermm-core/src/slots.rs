@@ -71,6 +71,13 @@ impl SlotAllocator {
         None
     }
 
+    /// Allocates slot `s`, which must be free.
+    pub fn take(&mut self, s: u32) {
+        assert!(!self.is_used(s), "slot {s} taken twice");
+        self.bits[(s / 64) as usize] |= 1 << (s % 64);
+        self.used += 1;
+    }
+
     pub fn release(&mut self, s: u32) {
         assert!(self.is_used(s), "slot {s} released twice");
         self.bits[(s / 64) as usize] &= !(1 << (s % 64));

@@ -382,6 +382,7 @@ impl Inner {
         let host_lazyfree = plat.host_lazyfree() && ps == 4096 && !user_mode_only;
         let mut core = core;
         core.set_host_lazyfree(host_lazyfree);
+        core.set_swap_release_granule(plat.swap_release_granule());
         // (Not with faults that cannot come from the kernel: a `read(2)`
         // into a page swapped in write-protected would fail with EFAULT.)
         let kernel_faults = !user_mode_only && cfg.flags & UMM_F_INTHREAD_FAULTS == 0;

@@ -121,6 +121,12 @@ pub(crate) trait Platform: Send + Sync {
     fn swap_direct_io(&self) -> bool;
     /// Writes the pages of `slots`, in order, to swap at `off`.
     fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno>;
+    /// Swap slots the store gives back a granule at a time (0: it keeps
+    /// them; `PageStore::release_granule`).
+    fn swap_release_granule(&self) -> u32;
+    /// Gives back the store's copies of the runs `(first slot, slots)`,
+    /// whole granules, none of them in use.
+    fn swap_release(&self, runs: &[(u32, u32)]) -> Result<(), Errno>;
     #[cfg(feature = "test-hooks")]
     /// The whole swap file (a test hook).
     fn swap_contents(&self, len: u64) -> Result<Vec<u8>, Errno>;
@@ -295,6 +301,15 @@ impl Platform for Native {
     fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno> {
         let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
         self.arena.with_slots(slots, |pages| swap.write(off, pages))
+    }
+    fn swap_release_granule(&self) -> u32 {
+        self.swap.as_ref().map_or(0, |s| s.release_granule())
+    }
+    fn swap_release(&self, runs: &[(u32, u32)]) -> Result<(), Errno> {
+        let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
+        let ps = self.page_size as u64;
+        let bytes: Vec<(u64, u64)> = runs.iter().map(|&(s, n)| (u64::from(s) * ps, u64::from(n) * ps)).collect();
+        swap.release(&bytes)
     }
     #[cfg(feature = "test-hooks")]
     fn swap_contents(&self, len: u64) -> Result<Vec<u8>, Errno> {

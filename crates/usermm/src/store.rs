@@ -2,8 +2,8 @@
 //!
 //! The core decides which pages go out and come back and at which swap
 //! offset (a slot of `page_size` bytes); a [`PageStore`] only moves bytes:
-//! it writes a run of pages at an offset, reads a run back, and may release
-//! slots. Two stores:
+//! it writes a run of pages at an offset, reads a run back, and may give
+//! back the space of freed slots, a granule at a time. Two stores:
 //! - [`LocalFile`], the space's swap file (`swap_dir`; the default, and
 //!   the only behaviour when `swap_url` is not set);
 //! - `RedisStore` (`store/redis.rs`), a Redis-protocol server (Redis,
@@ -30,6 +30,17 @@ pub(crate) trait PageStore: Send + Sync {
     fn write(&self, off: u64, pages: &[&[u8]]) -> Result<(), Errno>;
     /// Whether reads and writes bypass the host's page cache.
     fn direct_io(&self) -> bool;
+    /// Pages the store gives back at a time (its `release` takes whole
+    /// runs of this many); 0: it gives nothing back (slots are overwritten
+    /// when reused).
+    fn release_granule(&self) -> u32 {
+        0
+    }
+    /// Gives back the space of the runs `(off, len)` (bytes; whole
+    /// granules), whose slots the core no longer uses.
+    fn release(&self, _runs: &[(u64, u64)]) -> Result<(), Errno> {
+        Ok(())
+    }
     /// The first `len` bytes, as a file (a test hook; only the swap file
     /// has it).
     #[cfg(feature = "test-hooks")]

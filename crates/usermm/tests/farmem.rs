@@ -75,6 +75,46 @@ fn threads_under_pressure_against_a_redis_server() {
     s.validate();
 }
 
+/// Chunks whose slots the space freed are deleted while it runs: pages
+/// dropped with `MADV_DONTNEED` free their slots, their chunks go (the
+/// background thread's release), and the pages still swapped out read back
+/// whole (a chunk in use is never deleted).
+#[test]
+fn freed_slots_chunks_are_deleted_while_the_space_runs() {
+    let srv = Server::start(&[]);
+    let s = space(1 << 20, 32 << 20, srv.url("rel:"));
+    let mut m = s.map_anon(8 << 20).expect("mmap"); // 2,048 pages
+    fill(&mut m, 6, 1);
+    let st = pageout_all(&s, &mut m);
+    assert!(st.iter().all(|&b| b & UMM_PAGE_SWAPPED != 0), "not all swapped out");
+    let full = srv.keys("rel:*").len();
+    assert!(full >= 2048 / 16, "{full} chunk keys for 2,048 swapped pages");
+    // The first half dropped: its slots are free, so are its chunks.
+    m.advise_range(0, 4 << 20, usermm::consts::MADV_DONTNEED).expect("MADV_DONTNEED");
+    let t0 = Instant::now();
+    let mut now = srv.keys("rel:*").len();
+    while now > full / 2 + 2 && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+        now = srv.keys("rel:*").len();
+    }
+    eprintln!("chunk keys: {full} with every page out, {now} after half were dropped");
+    assert!(now <= full / 2 + 2, "freed chunks still on the server: {now} of {full}");
+    assert!(now >= full / 2 - 2, "chunks in use were deleted: {now} of {full}");
+    let bad: usize = (1024..2048).map(|p| bad_bytes(&m[p * PAGE..(p + 1) * PAGE], 6 << 32 | p as u64, 1)).sum();
+    assert_eq!(bad, 0, "the pages still swapped out");
+    assert!(m[..4 << 20].iter().all(|&b| b == 0), "a dropped page is not zero");
+    s.validate();
+    // Everything dropped: no chunk is left while the space is still open.
+    m.advise(usermm::consts::MADV_DONTNEED).expect("MADV_DONTNEED");
+    let t0 = Instant::now();
+    while !srv.keys("rel:*").is_empty() && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(srv.keys("rel:*").is_empty(), "chunks left after every page was dropped");
+    drop(m);
+    s.validate();
+}
+
 #[test]
 fn a_crashed_spaces_keys_are_deleted_at_the_next_open() {
     let srv = Server::start(&[]);

@@ -179,7 +179,7 @@ impl Core {
             // The page stays resident (parked); the slot is not reused
             // blindly (a swap copy's slot stays the page's copy).
             if !e.clean {
-                self.swap.release(e.swap);
+                self.free_swap_slot(e.swap);
             }
             self.pages.update(e.page, |m| m.state = PState::Inactive);
             self.push_inactive(e.page);
@@ -244,7 +244,7 @@ impl Core {
         self.lazyfree_pages -= 1;
         if dropped {
             if let Some(s) = d.swap {
-                self.swap.release(s);
+                self.free_swap_slot(s);
             }
             self.staging.release(d.staging);
             self.inactive -= 1;
@@ -275,7 +275,7 @@ impl Core {
             }
             (swap, _) => {
                 if let Some(s) = swap {
-                    self.swap.release(s);
+                    self.free_swap_slot(s);
                 }
                 self.pages.update(d.page, |m| m.state = PState::Inactive);
                 self.push_inactive(d.page);

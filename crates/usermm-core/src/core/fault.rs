@@ -275,7 +275,7 @@ impl Core {
                         if keep {
                             self.swap_cached += 1;
                         } else {
-                            self.swap.release(s);
+                            self.free_swap_slot(s);
                         }
                         self.swapped -= 1;
                         self.pages.update(p, |m| {

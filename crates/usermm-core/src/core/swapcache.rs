@@ -56,7 +56,7 @@ impl Core {
     pub(super) fn uncache(&mut self, p: PageIdx) {
         let m = self.pages.get(p);
         if m.cache != 0 {
-            self.swap.release(m.cache - 1);
+            self.free_swap_slot(m.cache - 1);
             self.swap_cached -= 1;
             self.pages.update(p, |m| m.cache = 0);
         }

@@ -89,7 +89,7 @@ impl Core {
         // slot and counts where it came from until `fill_done`.
         assert!(sw <= self.swapped && self.swapped <= sw + filling, "swapped count");
         assert_eq!(cached, self.swap_cached, "swap copies count");
-        let su = self.swap.used() as u64 - cached;
+        let su = self.swap.used() as u64 - cached - self.swap_reserved;
         // (A lazily freed page being discarded may hold no swap slot.)
         assert!(su >= sw && su <= sw + evicting + filling, "swap slots in use");
         let used = self.staging.used() as u64;

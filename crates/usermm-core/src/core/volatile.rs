@@ -152,7 +152,7 @@ impl Core {
             }
             match m.state {
                 PState::Swapped => {
-                    self.swap.release(m.slot);
+                    self.free_swap_slot(m.slot);
                     self.swapped -= 1;
                     if m.has(pf::VOLATILE) {
                         self.volatile_pages -= 1;

@@ -62,7 +62,7 @@ impl Core {
             match m.state {
                 PState::Zapping => self.resident -= 1,
                 PState::Swapped => {
-                    self.swap.release(m.slot);
+                    self.free_swap_slot(m.slot);
                     self.swapped -= 1;
                 }
                 PState::Absent => {}

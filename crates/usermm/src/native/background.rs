@@ -30,7 +30,7 @@ impl Inner {
                     }
                     let need = reclaim
                         && (c.reclaim_ahead_want(self.low_watermark, self.high_watermark) > 0 || c.needs_aging());
-                    if need || !lock(&self.willneed).is_empty() {
+                    if need || c.swap_release_pending() || !lock(&self.willneed).is_empty() {
                         break;
                     }
                     c = self
@@ -41,6 +41,7 @@ impl Inner {
                 }
             }
             self.serve_willneed();
+            self.release_swap();
             if !reclaim {
                 continue;
             }
@@ -55,6 +56,22 @@ impl Inner {
                 // the program instead of spinning on a CPU.
                 Round::NothingAged => std::thread::sleep(std::time::Duration::from_millis(10)),
             }
+        }
+    }
+
+    /// Gives the store back the space of wholly freed granules of swap
+    /// slots (`core/release.rs`), reserved in the core while it deletes
+    /// them. A failure keeps the store's copies (overwritten when the
+    /// slots are reused, deleted at close).
+    pub(super) fn release_swap(&self) {
+        loop {
+            let runs = lock(&self.core).swap_release_plan(1024);
+            if runs.is_empty() {
+                return;
+            }
+            // (Nothing is lost either way: the slots are free.)
+            let _ = self.plat.swap_release(&runs);
+            lock(&self.core).swap_release_done(&runs);
         }
     }
 
@@ -132,6 +149,7 @@ impl Inner {
             self.refill_spares();
         }
         self.serve_willneed();
+        self.release_swap();
         let need = {
             let mut c = lock(&self.core);
             c.reclaim_ahead_want(self.low_watermark, self.high_watermark) > 0 || c.needs_aging()

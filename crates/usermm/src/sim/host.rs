@@ -48,6 +48,8 @@ pub(super) struct Host {
     /// (a move does not carry the bit).
     pub(super) wp: std::collections::HashSet<usize>,
     pub(super) has_swap: bool,
+    /// Swap slots the simulated store gives back at a time (0: none).
+    pub(super) release_granule: u32,
     pub(super) injected: u64,
     /// The host's own lazy free: `MADV_FREE` passed down to it, and the
     /// pages it may drop by itself under its own pressure.
@@ -473,6 +475,23 @@ impl Platform for SimPlatform {
         }
         Ok(())
     }
+    fn swap_release_granule(&self) -> u32 {
+        self.host().release_granule
+    }
+    fn swap_release(&self, runs: &[(u32, u32)]) -> Result<(), Errno> {
+        self.preempt();
+        let mut h = self.host();
+        if h.fail() {
+            return Err(Errno::EIO);
+        }
+        // Gone for good: a slot released while in use reads back as zeros.
+        for &(first, n) in runs {
+            for s in first..first + n {
+                h.swap.remove(&u64::from(s));
+            }
+        }
+        Ok(())
+    }
     fn swap_contents(&self, _len: u64) -> Result<Vec<u8>, Errno> {
         Ok(Vec::new())
     }
@@ -563,6 +582,8 @@ impl Platform for Shared {
         has_swap() -> bool;
         swap_direct_io() -> bool;
         swap_write(slots: &[u32], off: u64) -> Result<(), Errno>;
+        swap_release_granule() -> u32;
+        swap_release(runs: &[(u32, u32)]) -> Result<(), Errno>;
         swap_contents(len: u64) -> Result<Vec<u8>, Errno>;
         page_out_to_file(file: &MappedFile, src: Option<usize>, slot: Option<u32>, off: u64) -> Result<(), Errno>;
         sigbus(tid: u32, addr: usize) -> Result<(), Errno>;

@@ -426,6 +426,8 @@ fn sim_platform(seed: u64, preempt_one_in: u64, fail_one_in: u64, can_move: bool
             tracks_writes: !Rng::new(seed ^ 0x3a3a).chance(4),
             wp: std::collections::HashSet::new(),
             has_swap,
+            // The store gives freed slots back for two seeds in three.
+            release_granule: [0, 1, 4][Rng::new(seed ^ 0x2e1e).below(3) as usize],
             injected: 0,
             lazy: host_lazy(seed),
         }),

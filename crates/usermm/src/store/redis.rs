@@ -27,6 +27,9 @@
 //! - A run goes out as a `SET` of each whole chunk and a `SETRANGE` of each
 //!   part of one, pipelined per group (then `WAIT` on that group's node when
 //!   `replicas` > 0), and comes back as a `GETRANGE` per chunk it touches.
+//! - A chunk whose slots the space has all freed (its pages came back or
+//!   were dropped) is unlinked by the space's background thread, the slots
+//!   reserved meanwhile (`release_granule`, `core/release.rs`).
 //! - Opening the space deletes every key under the prefix (left by a space
 //!   with the same prefix that crashed; a cluster's by enumerating the
 //!   space's possible keys, group by group); closing it deletes them too.
@@ -499,6 +502,28 @@ impl PageStore for RedisStore {
     fn direct_io(&self) -> bool {
         // Nothing of the pages stays in this host's page cache.
         true
+    }
+
+    fn release_granule(&self) -> u32 {
+        CHUNK as u32
+    }
+
+    fn release(&self, runs: &[(u64, u64)]) -> Result<(), Errno> {
+        // The chunks wholly inside the runs, unlinked per group (one hash
+        // slot in a cluster), up to 1,024 keys per command.
+        let chunk_bytes = CHUNK * self.page as u64;
+        let mut chunks: Vec<u64> =
+            runs.iter().flat_map(|&(off, len)| off.div_ceil(chunk_bytes)..(off + len) / chunk_bytes).collect();
+        chunks.sort_unstable();
+        chunks.dedup();
+        let per_group = GROUP / CHUNK;
+        for batch in chunks.chunk_by(|a, b| !self.cluster() || a / per_group == b / per_group) {
+            for keys in batch.chunks(1024) {
+                let keys: Vec<String> = keys.iter().map(|&k| self.key(k)).collect();
+                self.with_conn(|c| redis::cmd("UNLINK").arg(&keys).query::<u64>(c.link()))?;
+            }
+        }
+        Ok(())
     }
 }
 
