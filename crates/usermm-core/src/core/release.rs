@@ -22,8 +22,8 @@ impl Core {
     /// Frees swap slot `s` (and logs its granule).
     pub(super) fn free_swap_slot(&mut self, s: u32) {
         self.swap.release(s);
-        if self.release_granule > 0 {
-            self.release_log.push(s / self.release_granule);
+        if let Some(g) = s.checked_div(self.release_granule) {
+            self.release_log.push(g);
             // Bounded: at most one entry per granule once deduplicated.
             if self.release_log.len() as u64 > 2 * u64::from(self.swap.capacity().div_ceil(self.release_granule)) + 64 {
                 self.release_log.sort_unstable();
