@@ -10,6 +10,9 @@
 //! - `mapunmap`: maps and unmaps `mapunmap_kib` of fresh memory in a loop,
 //!   timing each pair.
 //!
+//! usermm runs twice: with handler threads (`usermm`) and with
+//! `UMM_F_INTHREAD_FAULTS` (`usermm (in-thread)`).
+//!
 //! Its *stall* is the duration of an operation that overlaps the unmap
 //! (started before the unmap ended and ended after it started). usermm's
 //! exclusive hold is `write_lock_hold_ns_max` of a fresh space per run; it is
@@ -19,7 +22,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use usermm::consts::{MADV_DONTNEED, MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+use usermm::consts::{MADV_DONTNEED, MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE, UMM_F_INTHREAD_FAULTS};
 use usermm::Space;
 use usermm_sys::host::{map_unmap_pair, HostMap};
 use usermm_sys::now_ns;
@@ -153,9 +156,15 @@ impl KernelSecond {
     }
 }
 
-fn usermm_run(size: usize, mode: &str, p: &Params) -> Result<Out, String> {
+/// `usermm (in-thread)`: the same space with `UMM_F_INTHREAD_FAULTS` (the
+/// second thread's faults resolved in that thread).
+const IN_THREAD: &str = "usermm (in-thread)";
+
+fn usermm_run(size: usize, mode: &str, p: &Params, flags: u32) -> Result<Out, String> {
     let settle = Duration::from_millis(p.int("settle_ms"));
-    let space = Space::open(&config(size + 64 * MIB, 0, None)).map_err(|e| format!("usermm open: {e:?}"))?;
+    let mut cfg = config(size + 64 * MIB, 0, None);
+    cfg.flags |= flags;
+    let space = Space::open(&cfg).map_err(|e| format!("usermm open: {e:?}"))?;
     let mut big = space.map_anon(size).map_err(|e| format!("usermm mmap: {e:?}"))?;
     populate(&mut big);
     let unmap = move || {
@@ -268,6 +277,24 @@ fn goals(e: &mut Experiment, sizes: &[u64], modes: &[String]) {
             );
         }
     }
+    if modes.iter().any(|m| m == "fault") {
+        // The second thread's fault stall while the largest region goes:
+        // p99 ≤ 50 µs and worst ≤ 0.5 ms, in both fault modes.
+        let v = variant(large, "fault");
+        for sys in ["usermm", IN_THREAD] {
+            for (what, metric, goal) in [("p99", "stall_p99", 50.0), ("worst", "stall_max", 500.0)] {
+                e.goals.push(Goal {
+                    what: format!("{sys}: second thread's fault stall {what}, {large} MiB unmap"),
+                    how: format!("{sys} {metric}, {v}"),
+                    value: e.med(sys, &v, metric),
+                    unit: " µs".into(),
+                    at_least: false,
+                    threshold: goal,
+                    goal,
+                });
+            }
+        }
+    }
     if modes.iter().any(|m| m == "mapunmap") {
         let v = variant(large, "mapunmap");
         e.goals.push(Goal {
@@ -293,7 +320,9 @@ fn notes(e: &mut Experiment, sizes: &[u64], mapunmap_kib: u64) {
          8-byte write to a fresh page, in mapunmap mode one mmap+munmap pair of {} KiB. The kernel's own mmap_lock hold \
          cannot be observed from user space, so it has no hold row. On a 2-vCPU machine the second thread shares the \
          CPUs with the unmapping thread (and, for usermm, its fault and reclaim threads), so worst stalls include \
-         scheduling delays and vary widely run to run: read them with their [min..max].",
+         scheduling delays and vary widely run to run: read them with their [min..max]. `{IN_THREAD}`: the same \
+         space with `UMM_F_INTHREAD_FAULTS` (the second thread's faults resolved in the faulting thread, no handler \
+         thread).",
         sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "),
         if sizes.iter().all(|&s| s < 4096) { " (quick scale: 4 GiB left out, pass --sizes-mib to add it)" } else { "" },
         mapunmap_kib,
@@ -312,14 +341,14 @@ fn plots(e: &mut Experiment, sizes: &[u64], modes: &[String]) {
     let mut stall_series = Vec::new();
     let mut time_series = Vec::new();
     for mode in modes {
-        for sys in ["kernel", "usermm"] {
+        for sys in ["kernel", "usermm", IN_THREAD] {
             let pts = |m: &str| sizes.iter().map(|&s| (gib(s), e.med(sys, &variant(s, mode), m))).collect::<Vec<_>>();
             stall_series.push(svg::Series { name: format!("{sys} {mode} worst"), points: pts("stall_max") });
             let ms = pts("unmap_time");
             time_series.push(svg::Series { name: format!("{sys} unmap ({mode})"), points: ms });
-            if sys == "usermm" {
+            if sys != "kernel" {
                 let h = pts("hold_max").into_iter().map(|(x, y)| (x, y / 1e3)).collect();
-                time_series.push(svg::Series { name: format!("usermm hold ({mode})"), points: h });
+                time_series.push(svg::Series { name: format!("{sys} hold ({mode})"), points: h });
             }
         }
     }
@@ -362,10 +391,16 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     for &size in &sizes {
         for mode in &modes {
             for r in 0..runs {
-                for sys in systems(r) {
+                let [a, b] = systems(r);
+                let syss = if r.is_multiple_of(2) { [a, b, IN_THREAD] } else { [IN_THREAD, a, b] };
+                for sys in syss {
                     prog.say(&format!("{size} MiB, second thread {mode}, {sys} run {}/{runs}", r + 1));
                     let bytes = size as usize * MIB;
-                    let out = if sys == "kernel" { kernel_run(bytes, mode, p)? } else { usermm_run(bytes, mode, p)? };
+                    let out = match sys {
+                        "kernel" => kernel_run(bytes, mode, p)?,
+                        IN_THREAD => usermm_run(bytes, mode, p, UMM_F_INTHREAD_FAULTS)?,
+                        _ => usermm_run(bytes, mode, p, 0)?,
+                    };
                     record(&mut e, sys, &variant(size, mode), out);
                 }
             }
