@@ -565,10 +565,7 @@ fn munmap_bench_has_both_fault_modes_and_the_kernel() {
             for mode in ["fault", "mapunmap"] {
                 let v = format!("{size}MiB-{mode}");
                 for m in ["unmap_time", "stall_max", "stall_p99", "ops_during_unmap"] {
-                    assert!(
-                        rows.iter().any(|r| r.0 == sys && r.1 == v && r.2 == m),
-                        "missing {sys} {v} {m}"
-                    );
+                    assert!(rows.iter().any(|r| r.0 == sys && r.1 == v && r.2 == m), "missing {sys} {v} {m}");
                 }
                 let hold = rows.iter().any(|r| r.0 == sys && r.1 == v && r.2 == "hold_max");
                 assert_eq!(hold, sys != "kernel", "{sys} {v} hold_max");
