@@ -288,7 +288,11 @@ fn bench_volatile_writes_results() {
         ],
     );
     assert!(value(&rows, "kernel", "1t-dontneed", "elapsed") > 0.0);
-    assert_eq!(value(&rows, "kernel", "1t-dontneed", "faults"), 3.0 * 4.0 * 256.0, "one kernel fault per page");
+    // One kernel fault per page and round (a second per page would be
+    // 6,144), give or take a fault of the worker's own (its stack, or a page
+    // the host's DAMON moved: 3,073 seen once).
+    let faults = value(&rows, "kernel", "1t-dontneed", "faults");
+    assert!((3.0 * 4.0 * 256.0..=3.0 * 4.0 * 256.0 + 16.0).contains(&faults), "one kernel fault per page: {faults}");
     assert!(value(&rows, "usermm", "1t-dontneed", "elapsed") > 0.0);
     assert!(value(&rows, "usermm", "1t-volatile", "elapsed") > 0.0);
     assert_eq!(value(&rows, "usermm", "1t-volatile", "purged_pages"), 0.0, "no pressure, nothing purged");
