@@ -124,6 +124,12 @@ pub(crate) struct Inner {
     pub settled: Settled,
     /// Signalled when free frames fall below the low watermark.
     pub reclaim_wanted: Condvar,
+    /// Whether a fill has poked the background thread since it last went to
+    /// wait (set and cleared under the core lock): a fill pokes it once, not
+    /// on every fault while it works (a futex call each, and a wake-up of
+    /// its vCPU: a sparse run of faults, each needing a fresh page-table
+    /// leaf, kept the spares low and paid one per fault).
+    pub bg_poked: AtomicBool,
     pub shutdown: AtomicBool,
     /// Whether a handler thread is spinning for the next message.
     spinning: AtomicBool,
@@ -403,6 +409,7 @@ impl Inner {
             core: Mutex::new(core),
             settled: Settled::default(),
             reclaim_wanted: Condvar::new(),
+            bg_poked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             spinning: AtomicBool::new(false),
             wake_fd: EventFd::new()?,

@@ -33,6 +33,9 @@ impl Inner {
                     if need || c.swap_release_pending() || !lock(&self.willneed).is_empty() {
                         break;
                     }
+                    // (Under the core lock, as fills set it: a fill after
+                    // this pokes again.)
+                    self.bg_poked.store(false, Ordering::Relaxed);
                     c = self
                         .reclaim_wanted
                         .wait_timeout(c, std::time::Duration::from_millis(100))

@@ -384,7 +384,7 @@ impl Inner {
     pub(super) fn after_fill(&self, c: &mut MutexGuard<'_, Core>) {
         self.fills.fetch_add(1, Ordering::Relaxed);
         self.settled.notify_all();
-        if c.free_frames() < self.low_watermark || c.spares_low() {
+        if (c.free_frames() < self.low_watermark || c.spares_low()) && !self.bg_poked.swap(true, Ordering::Relaxed) {
             self.reclaim_wanted.notify_one();
         }
     }
