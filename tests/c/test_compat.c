@@ -28,18 +28,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int passed, failed;
-
-#define CHECK(cond)                                                            \
-    do {                                                                       \
-        if (cond) {                                                            \
-            passed++;                                                          \
-        } else {                                                               \
-            failed++;                                                          \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__,   \
-                    #cond);                                                    \
-        }                                                                      \
-    } while (0)
+#include "check.h"
 
 #define PAGE 4096UL
 #define LEN (16UL << 20)

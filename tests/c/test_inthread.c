@@ -25,18 +25,7 @@
 
 #include "usermm.h"
 
-static int passed, failed;
-
-#define CHECK(cond)                                                            \
-    do {                                                                       \
-        if (cond) {                                                            \
-            passed++;                                                          \
-        } else {                                                               \
-            failed++;                                                          \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__,   \
-                    #cond);                                                    \
-        }                                                                      \
-    } while (0)
+#include "check.h"
 
 #define PS 4096u
 

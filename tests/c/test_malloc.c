@@ -26,18 +26,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-static int passed, failed;
-
-#define CHECK(cond)                                                            \
-    do {                                                                       \
-        if (cond) {                                                            \
-            passed++;                                                          \
-        } else {                                                               \
-            failed++;                                                          \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__,   \
-                    #cond);                                                    \
-        }                                                                      \
-    } while (0)
+#include "check.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
 static uint64_t rng(void) {

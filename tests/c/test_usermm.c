@@ -24,18 +24,7 @@
 #include <setjmp.h>
 #include <signal.h>
 
-static int passed, failed;
-
-#define CHECK(cond)                                                            \
-    do {                                                                       \
-        if (cond) {                                                            \
-            passed++;                                                          \
-        } else {                                                               \
-            failed++;                                                          \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__,   \
-                    #cond);                                                    \
-        }                                                                      \
-    } while (0)
+#include "check.h"
 
 /* `expr` (an int call) must fail with -1 and errno `err`. */
 #define CHECK_ERR(expr, err)                                                   \
