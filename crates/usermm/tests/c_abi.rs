@@ -83,6 +83,13 @@ fn link_shared() -> Vec<String> {
     vec![format!("-L{dir}"), "-lusermm".into(), format!("-Wl,-rpath,{dir}")]
 }
 
+/// [`compile`] against the shared library, with `extra` link arguments.
+fn compile_shared(src: &str, out: &str, extra: &[&str]) -> PathBuf {
+    let link = link_shared();
+    let link: Vec<&str> = link.iter().map(String::as_str).chain(extra.iter().copied()).collect();
+    compile(src, out, &link)
+}
+
 /// A command for a compiled C test with no `USERMM_*` variable inherited,
 /// and no `LD_LIBRARY_PATH`: cargo's lists `target/<profile>` (where `cargo
 /// build` last copied a library, perhaps an older one) before
@@ -122,9 +129,7 @@ fn assert_verdict(name: &str, o: &Output) -> u32 {
 
 #[test]
 fn c_test_against_shared_library() {
-    let link = link_shared();
-    let link: Vec<&str> = link.iter().map(String::as_str).collect();
-    let exe = compile("test_usermm.c", "test_usermm_shared", &link);
+    let exe = compile_shared("test_usermm.c", "test_usermm_shared", &[]);
     let o = command(&exe).output().unwrap();
     assert!(assert_verdict("test_usermm (shared)", &o) >= 100);
 }
@@ -139,9 +144,7 @@ fn c_test_against_static_library() {
 
 #[test]
 fn compat_header_redirects_plain_calls() {
-    let link = link_shared();
-    let link: Vec<&str> = link.iter().map(String::as_str).collect();
-    let exe = compile("test_compat.c", "test_compat", &link);
+    let exe = compile_shared("test_compat.c", "test_compat", &[]);
     let o = command(&exe).output().unwrap();
     assert_verdict("test_compat", &o);
 
@@ -155,9 +158,7 @@ fn compat_header_redirects_plain_calls() {
 
 #[test]
 fn compat_header_routes_malloc_to_the_default_space() {
-    let link = link_shared();
-    let link: Vec<&str> = link.iter().map(String::as_str).collect();
-    let exe = compile("test_malloc.c", "test_malloc", &[&link[..], &["-lpthread"]].concat());
+    let exe = compile_shared("test_malloc.c", "test_malloc", &["-lpthread"]);
     let o = command(&exe).output().unwrap();
     assert!(assert_verdict("test_malloc", &o) >= 40);
     // The double free was refused, with a message.
@@ -167,9 +168,7 @@ fn compat_header_routes_malloc_to_the_default_space() {
 
 #[test]
 fn in_thread_faults_from_c() {
-    let link = link_shared();
-    let link: Vec<&str> = link.iter().map(String::as_str).collect();
-    let exe = compile("test_inthread.c", "test_inthread", &link);
+    let exe = compile_shared("test_inthread.c", "test_inthread", &[]);
     let o = command(&exe).output().unwrap();
     assert!(assert_verdict("test_inthread", &o) >= 20);
 }
