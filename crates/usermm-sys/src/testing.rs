@@ -1,5 +1,7 @@
 //! Test helpers that need `unsafe`: signal dispositions for tests that check
-//! how usermm reports a failed fault (SIGBUS).
+//! how usermm reports a failed fault (SIGBUS). And one that does not, shared
+//! by the tests and the benchmarks that start Redis servers:
+//! [`free_cluster_port`].
 //!
 //! Nothing here is used by usermm itself.
 //!
@@ -251,4 +253,16 @@ pub fn with_async_signals_blocked<R>(f: impl FnOnce() -> R) -> R {
     // SAFETY: `old` is the mask pthread_sigmask returned.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     r
+}
+
+/// A free loopback port below 55,536 whose Redis Cluster bus port (+10,000)
+/// is free too (a test or benchmark server binds both).
+pub fn free_cluster_port() -> std::io::Result<u16> {
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = l.local_addr()?.port();
+        if port <= 55_535 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return Ok(port);
+        }
+    }
 }

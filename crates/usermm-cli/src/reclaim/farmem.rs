@@ -72,7 +72,8 @@ impl Server {
     fn start(extra: &[&str]) -> Result<Server, String> {
         let mut last = String::new();
         for _ in 0..20 {
-            match Self::start_on(free_port()?, extra) {
+            let port = usermm_sys::testing::free_cluster_port().map_err(|e| format!("no free port: {e}"))?;
+            match Self::start_on(port, extra) {
                 Ok(s) => return Ok(s),
                 Err((why, true)) => last = why,
                 Err((why, false)) => return Err(why),
@@ -118,18 +119,6 @@ impl Server {
         let field =
             |n: &str| info.lines().find_map(|l| l.strip_prefix(n).and_then(|v| v.trim().parse().ok())).unwrap_or(0);
         (field("total_net_input_bytes:"), field("total_net_output_bytes:"))
-    }
-}
-
-/// A free loopback port below 55,536 whose cluster bus port (+10,000) is
-/// free too.
-fn free_port() -> Result<u16, String> {
-    loop {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
-        let port = l.local_addr().map_err(|e| format!("no free port: {e}"))?.port();
-        if port <= 55_535 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
-            return Ok(port);
-        }
     }
 }
 

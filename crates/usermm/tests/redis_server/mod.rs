@@ -23,7 +23,7 @@ impl Server {
         // a server that exits at once (the port was taken meanwhile) is
         // started again on another.
         for _ in 0..20 {
-            let port = free_port();
+            let port = usermm_sys::testing::free_cluster_port().expect("a free loopback port");
             let dir = std::env::temp_dir().join(format!("usermm-farmem-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
             let mut s = Server { port, child: None, dir, extra: extra.iter().map(|s| s.to_string()).collect() };
@@ -186,17 +186,5 @@ impl Cluster {
     /// Keys on every running master.
     pub fn total_keys(&self) -> u64 {
         self.masters().iter().map(|&i| self.nodes[i].dbsize()).sum()
-    }
-}
-
-/// A free loopback port below 55,536 whose cluster bus port (+10,000) is
-/// free too.
-fn free_port() -> u16 {
-    loop {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
-        if port <= 55_535 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
-            return port;
-        }
     }
 }
