@@ -42,6 +42,7 @@ fn tmpdir(tag: &str) -> PathBuf {
 
 #[test]
 fn bench_fault_writes_results() {
+    let _bench = bench_lock();
     let out = tmpdir("fault");
     let r = Command::new(BIN)
         .args(["bench", "fault", "--size-mib", "16", "--sparse-size-mib=128", "--runs", "2", "--warmup", "0", "--out"])
@@ -168,16 +169,22 @@ fn bench_rows(tag: &str, args: &[&str]) -> Vec<Row> {
     bench_rows_pid(tag, args).1
 }
 
-/// Held by every test whose benchmark sets up `kernel-memcg`. Swap is the
-/// machine's: a child in one benchmark's memory group may have pages in the
-/// other benchmark's swap file, and that one's `swapoff` then reads them
-/// back into a group at its limit (seen once: the reclaim test's child
-/// failed while the interrupted-benchmark test tore its swap file down).
-/// One benchmark with swap files at a time, as a user would run them.
-static MEMCG_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// Held by every test that runs a benchmark: one benchmark at a time, as a
+/// user runs them (`usermm report` runs them one after another).
+/// - Swap is the machine's: a child in one benchmark's memory group may have
+///   pages in the other benchmark's swap file, and that one's `swapoff` then
+///   reads them back into a group at its limit (seen once: the reclaim
+///   test's child failed while the interrupted-benchmark test tore its swap
+///   file down).
+/// - The kernel's reclaim in a 4 MiB group fails its retries when other
+///   benchmarks run beside it: the heap test's kernel-memcg child was
+///   OOM-killed three times in a row in 1 of 4 runs of this file with the
+///   other benchmarks running in parallel, in 0 of 6 alone and 0 of 5 beside
+///   two busy CPU loops.
+static BENCH_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn memcg_test_lock() -> std::sync::MutexGuard<'static, ()> {
-    MEMCG_TESTS.lock().unwrap_or_else(|e| e.into_inner())
+fn bench_lock() -> std::sync::MutexGuard<'static, ()> {
+    BENCH_TESTS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// [`bench_rows`], and the process id the benchmark ran as.
@@ -232,6 +239,7 @@ fn value(rows: &[Row], sys: &str, variant: &str, metric: &str) -> f64 {
 
 #[test]
 fn bench_populate_writes_results() {
+    let _bench = bench_lock();
     let rows = bench_rows("populate", &["populate", "--sizes-mib=2", "--runs=2", "--warmup=0"]);
     for sys in ["kernel", "usermm"] {
         for kind in ["private", "shared", "file-shared", "file-private"] {
@@ -246,6 +254,7 @@ fn bench_populate_writes_results() {
 
 #[test]
 fn bench_madvfree_writes_results() {
+    let _bench = bench_lock();
     let rows = bench_rows(
         "madvfree",
         &[
@@ -274,6 +283,7 @@ fn bench_madvfree_writes_results() {
 
 #[test]
 fn bench_volatile_writes_results() {
+    let _bench = bench_lock();
     let rows = bench_rows(
         "volatile",
         &[
@@ -306,7 +316,7 @@ fn bench_volatile_writes_results() {
 
 #[test]
 fn bench_heap_writes_results() {
-    let _memcg = memcg_test_lock();
+    let _bench = bench_lock();
     let (pid, rows) = bench_rows_pid(
         "heap",
         // (16 MiB under a 4 MiB limit: at 2 MiB the kernel's OOM killer
@@ -335,7 +345,7 @@ fn bench_heap_writes_results() {
 
 #[test]
 fn bench_farmem_writes_results() {
-    let _memcg = memcg_test_lock();
+    let _bench = bench_lock();
     let (pid, rows) =
         bench_rows_pid("farmem", &["farmem", "--budget-mib=4", "--set-mib=16", "--runs=1", "--probes=200"]);
     if am_root() {
@@ -358,7 +368,7 @@ fn bench_farmem_writes_results() {
 
 #[test]
 fn bench_outofcore_writes_results() {
-    let _memcg = memcg_test_lock();
+    let _bench = bench_lock();
     let (pid, rows) =
         bench_rows_pid("outofcore", &["outofcore", "--file-mib=32", "--budget-mib=8", "--reads=2000", "--runs=1"]);
     let mut systems = vec!["usermm", "usermm (in-thread)", "kernel-mmap", "pread-cache"];
@@ -388,6 +398,7 @@ fn bench_outofcore_writes_results() {
 
 #[test]
 fn bench_lockonfault_writes_results() {
+    let _bench = bench_lock();
     // 4 MiB stays under an unprivileged RLIMIT_MEMLOCK of 8 MiB, and 1024
     // pages need no change of vm.max_map_count.
     let rows = bench_rows(
@@ -478,7 +489,7 @@ fn swap_dir() -> String {
 
 #[test]
 fn bench_reclaim_kernel_memcg_rows_and_nothing_left() {
-    let _memcg = memcg_test_lock();
+    let _bench = bench_lock();
     let (pid, rows, stderr) = bench_rows_pid_stderr(
         "reclaim",
         &["reclaim", "--set-mib=32", "--budget-mib=8", "--runs=1", "--disk-mib=4", "--mix-touches-per-page=1"],
@@ -518,7 +529,7 @@ fn bench_reclaim_interrupted_leaves_nothing() {
         eprintln!("not root: kernel-memcg cannot be set up, nothing to tear down");
         return;
     }
-    let _memcg = memcg_test_lock();
+    let _bench = bench_lock();
     for (sig, signo) in [("INT", 2), ("TERM", 15)] {
         let out = tmpdir(&format!("reclaim-sig{sig}"));
         let mut child = Command::new(BIN)
@@ -563,6 +574,7 @@ fn bench_reclaim_interrupted_leaves_nothing() {
 
 #[test]
 fn munmap_bench_has_both_fault_modes_and_the_kernel() {
+    let _bench = bench_lock();
     let rows = bench_rows("munmap", &["munmap", "--sizes-mib", "16,32", "--runs", "1", "--settle-ms", "5"]);
     for sys in ["kernel", "usermm", "usermm (in-thread)"] {
         for size in [16, 32] {
