@@ -271,7 +271,10 @@ impl Inner {
         let swap: Option<Box<dyn crate::store::PageStore>> = if swap_slots == 0 {
             None
         } else if let Some(url) = &cfg.swap_url {
-            Some(Box::new(crate::store::RedisStore::open(url, ps, swap_slots as u64)?))
+            // (Polling for a read's reply saves a handler thread a wake-up;
+            // a faulting thread resolving its own fault is better off
+            // sleeping: `store/redis/link.rs`.)
+            Some(Box::new(crate::store::RedisStore::open(url, ps, swap_slots as u64, !in_thread)?))
         } else {
             let dir = cfg
                 .swap_dir

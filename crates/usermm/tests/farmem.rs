@@ -115,6 +115,44 @@ fn freed_slots_chunks_are_deleted_while_the_space_runs() {
     s.validate();
 }
 
+/// A server that wants a user and password, and a database other than 0:
+/// the store logs in, selects it, and its keys live there alone; a wrong
+/// password fails the open.
+#[test]
+fn a_user_password_and_database_in_the_url() {
+    let srv = Server::start(&[]);
+    let mut admin = srv.client().unwrap();
+    redis::cmd("ACL").arg(&["SETUSER", "pager", "on", ">s3cret", "~*", "+@all"]).query::<()>(&mut admin).unwrap();
+    redis::cmd("CONFIG").arg(&["SET", "requirepass", "adminpw"]).query::<()>(&mut admin).unwrap();
+    let url = |pw: &str| format!("redis://pager:{pw}@127.0.0.1:{}/3?prefix=db3:&timeout_ms=1000", srv.port);
+    let bad = Space::open(&Config {
+        budget_bytes: 1 << 20,
+        swap_bytes: 8 << 20,
+        swap_url: Some(url("wrong")),
+        ..Config::default()
+    });
+    assert!(bad.is_err(), "opened with a wrong password");
+    let s = space(1 << 20, 16 << 20, url("s3cret"));
+    let mut m = s.map_anon(4 << 20).expect("mmap"); // 4x the budget
+    fill(&mut m, 5, 1);
+    pageout_all(&s, &mut m);
+    assert_eq!(bad_in(&m, 5, 1), 0, "read back through the logged-in link");
+    let mut c = redis::Client::open(format!("redis://pager:s3cret@127.0.0.1:{}/3", srv.port))
+        .and_then(|c| c.get_connection())
+        .unwrap();
+    let in_db3: Vec<String> = redis::cmd("KEYS").arg("db3:*").query(&mut c).unwrap();
+    assert!(!in_db3.is_empty(), "no page in database 3");
+    redis::cmd("SELECT").arg(0).query::<()>(&mut c).unwrap();
+    let in_db0: Vec<String> = redis::cmd("KEYS").arg("db3:*").query(&mut c).unwrap();
+    assert!(in_db0.is_empty(), "pages in database 0: {in_db0:?}");
+    drop(m);
+    s.validate();
+    s.close().unwrap();
+    redis::cmd("SELECT").arg(3).query::<()>(&mut c).unwrap();
+    let left: Vec<String> = redis::cmd("KEYS").arg("db3:*").query(&mut c).unwrap();
+    assert!(left.is_empty(), "the space's keys outlived it: {}", left.len());
+}
+
 #[test]
 fn a_crashed_spaces_keys_are_deleted_at_the_next_open() {
     let srv = Server::start(&[]);

@@ -47,6 +47,9 @@ use usermm_core::Errno;
 
 use super::{header, open_sealed, PageStore, HEADER};
 
+mod link;
+use link::Link;
+
 /// One server, or a cluster.
 enum Backend {
     Single(redis::Client),
@@ -54,16 +57,17 @@ enum Backend {
 }
 
 /// A pooled connection of either kind. A single server's keeps the buffer
-/// its page writes are encoded in, reused from write to write.
+/// its page writes are encoded in, reused from write to write; over TCP it
+/// is a [`Link`] (polls for a read's reply), otherwise redis-rs's own.
 enum Conn {
-    Single(redis::Connection, Vec<u8>),
-    Cluster(redis::cluster::ClusterConnection),
+    Single(Box<dyn redis::ConnectionLike + Send>, Vec<u8>),
+    Cluster(Box<redis::cluster::ClusterConnection>),
 }
 
 impl Conn {
     fn link(&mut self) -> &mut dyn redis::ConnectionLike {
         match self {
-            Conn::Single(c, _) => c,
+            Conn::Single(c, _) => c.as_mut(),
             Conn::Cluster(c) => c,
         }
     }
@@ -88,6 +92,8 @@ pub(crate) struct RedisStore {
     replicas: u32,
     /// How long a read waits for a cluster to answer again (a failover).
     failover: Duration,
+    /// Whether a single server's reads poll for their reply ([`Link`]).
+    poll_replies: bool,
     /// The URL without credentials, for messages.
     pub(crate) shown: String,
 }
@@ -194,8 +200,9 @@ fn io_error(_e: &redis::RedisError) -> Errno {
 impl RedisStore {
     /// Connects to the server or cluster of `url` (checking it answers) and
     /// deletes the keys a crashed space with the same prefix left behind.
-    /// `slots`: the most slots the space uses.
-    pub(crate) fn open(url: &str, page: usize, slots: u64) -> Result<RedisStore, Errno> {
+    /// `slots`: the most slots the space uses; `poll_replies`: a read waits
+    /// for its reply by polling the socket for a while first ([`Link`]).
+    pub(crate) fn open(url: &str, page: usize, slots: u64, poll_replies: bool) -> Result<RedisStore, Errno> {
         let space = random_id();
         let u = parse(url, space)?;
         let shown = u
@@ -235,6 +242,7 @@ impl RedisStore {
             timeout: u.timeout,
             replicas: u.replicas,
             failover: u.failover,
+            poll_replies,
             shown,
         };
         s.with_conn(|c| redis::cmd("PING").query::<String>(c.link()).map(drop))
@@ -246,12 +254,15 @@ impl RedisStore {
     fn connect(&self) -> Result<Conn, Errno> {
         match &self.backend {
             Backend::Single(client) => {
+                if let Some(link) = Link::connect(client.get_connection_info(), self.timeout, self.poll_replies) {
+                    return Ok(Conn::Single(Box::new(link.map_err(|e| io_error(&e))?), Vec::new()));
+                }
                 let c = client.get_connection_with_timeout(self.timeout).map_err(|e| io_error(&e))?;
                 c.set_read_timeout(Some(self.timeout)).map_err(|e| io_error(&e))?;
                 c.set_write_timeout(Some(self.timeout)).map_err(|e| io_error(&e))?;
-                Ok(Conn::Single(c, Vec::new()))
+                Ok(Conn::Single(Box::new(c), Vec::new()))
             }
-            Backend::Cluster(client) => Ok(Conn::Cluster(client.get_connection().map_err(|e| io_error(&e))?)),
+            Backend::Cluster(client) => Ok(Conn::Cluster(Box::new(client.get_connection().map_err(|e| io_error(&e))?))),
         }
     }
 
@@ -379,7 +390,7 @@ impl RedisStore {
         let mut cmd = redis::cmd("WAIT");
         cmd.arg(self.replicas).arg(self.timeout.as_millis() as u64);
         let acked: u64 = match c {
-            Conn::Single(c, _) => cmd.query(c)?,
+            Conn::Single(c, _) => cmd.query(c.as_mut())?,
             Conn::Cluster(c) => {
                 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
                 let route = Route::new(hash_slot(key.as_bytes()), SlotAddr::Master);
@@ -420,7 +431,7 @@ impl PageStore for RedisStore {
                     for (_, _, cmd) in &cmds {
                         p.add_command(cmd.clone());
                     }
-                    p.query(link)
+                    p.query(link.as_mut())
                 }
                 Conn::Cluster(link) => {
                     let mut p = redis::cluster::cluster_pipe();
@@ -471,7 +482,7 @@ impl PageStore for RedisStore {
                     // faults cost more than the copies).
                     Conn::Single(link, buf) => {
                         let n = self.encode_writes(buf, slot, run);
-                        for v in redis::ConnectionLike::req_packed_commands(link, buf, 0, n)? {
+                        for v in link.req_packed_commands(buf, 0, n)? {
                             v.extract_error()?;
                         }
                     }
