@@ -119,6 +119,27 @@ impl SwapFile {
         unsafe { self.pread(buf.as_mut_ptr() as usize, buf.len(), off) }
     }
 
+    /// [`SwapFile::read_at`], the read polled for up to `poll_ns`
+    /// ([`crate::ring`]) where the thread has a ring and `poll_ns` > 0.
+    pub fn read_at_polled(&self, buf: &mut [u8], off: u64, poll_ns: u64) -> Result<(), Errno> {
+        if poll_ns > 0 {
+            // SAFETY: `buf` is a live slice borrowed mutably for the call:
+            // nothing else touches it until the read has completed.
+            let r = unsafe {
+                crate::ring::pread_polled(self.fd.as_raw_fd(), buf.as_mut_ptr() as usize, buf.len(), off, poll_ns)
+            };
+            match r {
+                Some(Ok(n)) if n == buf.len() => return Ok(()),
+                // Short (a file that ended): the rest as `read_at` reads it.
+                Some(Ok(n)) if n > 0 => return self.read_at(&mut buf[n..], off + n as u64),
+                Some(Ok(_)) => return Err(Errno::EIO),
+                Some(Err(e)) if e != Errno::EINTR && e != Errno::EAGAIN => return Err(e),
+                _ => {}
+            }
+        }
+        self.read_at(buf, off)
+    }
+
     /// Writes `pages`, in order, at `off` in one call.
     pub fn write_at(&self, pages: &[&[u8]], off: u64) -> Result<(), Errno> {
         let bufs: Vec<(usize, usize)> = pages.iter().map(|p| (p.as_ptr() as usize, p.len())).collect();
@@ -524,17 +545,37 @@ impl MappedFile {
     /// 33 µs buffered plus 3 µs to drop the cached copy). Returns the bytes
     /// read (short at the end of the file), or `None` where `O_DIRECT` is not
     /// to be had — the caller then reads through the page cache. A file
-    /// system that refuses it (`EINVAL`) is not asked again.
+    /// system that refuses it (`EINVAL`) is not asked again. A nonzero
+    /// `poll_ns` polls for the read that long where the thread has an
+    /// io_uring ([`crate::ring`]).
     ///
     /// # Safety
     /// `[dst, dst+page)` must be writable memory for the call.
-    pub unsafe fn read_page_direct(&self, dst: usize, page: usize, off: u64) -> Option<Result<usize, Errno>> {
+    pub unsafe fn read_page_direct(
+        &self,
+        dst: usize,
+        page: usize,
+        off: u64,
+        poll_ns: u64,
+    ) -> Option<Result<usize, Errno>> {
         use std::sync::atomic::Ordering;
         if self.keep_cache || !self.direct_ok.load(Ordering::Relaxed) {
             return None;
         }
         // (No description of its own to read through: the page cache then.)
         let fd = self.reader_fd(true)?;
+        if poll_ns > 0 {
+            // SAFETY: the caller's guarantee on the buffer.
+            match unsafe { crate::ring::pread_polled(fd, dst, page, off, poll_ns) } {
+                Some(Err(e)) if e == Errno::EINVAL => {
+                    self.direct_ok.store(false, Ordering::Relaxed);
+                    return None;
+                }
+                Some(Err(e)) if e == Errno::EINTR || e == Errno::EAGAIN => {}
+                Some(r) => return Some(r),
+                None => {}
+            }
+        }
         loop {
             // SAFETY: the caller guarantees the buffer is writable.
             let r = unsafe { libc::pread(fd, dst as *mut libc::c_void, page, off as libc::off_t) };

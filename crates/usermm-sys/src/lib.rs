@@ -32,6 +32,7 @@ pub mod kernel;
 pub mod mem;
 #[cfg(feature = "bench-helpers")]
 pub mod process;
+pub mod ring;
 #[cfg(feature = "bench-helpers")]
 pub mod testing;
 pub mod thread;

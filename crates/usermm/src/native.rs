@@ -281,10 +281,12 @@ impl Inner {
                 .clone()
                 .or_else(|| std::env::var("TMPDIR").ok().map(Into::into))
                 .unwrap_or_else(|| "/tmp".into());
-            Some(Box::new(crate::store::LocalFile(SwapFile::create(
-                &dir.to_string_lossy(),
-                swap_slots as u64 * ps as u64,
-            )?)))
+            // (Reads polled for in a handler thread, as the Redis store's.)
+            let poll_ns = if in_thread { 0 } else { usermm_sys::ring::POLL_NS };
+            Some(Box::new(crate::store::LocalFile(
+                SwapFile::create(&dir.to_string_lossy(), swap_slots as u64 * ps as u64)?,
+                poll_ns,
+            )))
         };
         let staging_slots = budget_pages as u32;
         let arena = Arena::new(&uffd, reserve, staging_slots as usize, ps)?;

@@ -49,12 +49,13 @@ pub(crate) trait PageStore: Send + Sync {
     }
 }
 
-/// The local swap file.
-pub(crate) struct LocalFile(pub(crate) SwapFile);
+/// The local swap file; reads polled for up to `.1` ns
+/// (`usermm_sys::ring`; 0: not polled).
+pub(crate) struct LocalFile(pub(crate) SwapFile, pub(crate) u64);
 
 impl PageStore for LocalFile {
     fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), Errno> {
-        self.0.read_at(buf, off)
+        self.0.read_at_polled(buf, off, self.1)
     }
     fn write(&self, off: u64, pages: &[&[u8]]) -> Result<(), Errno> {
         self.0.write_at(pages, off)
