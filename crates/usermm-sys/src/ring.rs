@@ -10,9 +10,11 @@
 //! 58.7–65.0 µs, io_uring waited for by sleeping 57.7–65.6 µs, io_uring polled
 //! 43.6–56.0 µs (three interleaved rounds).
 //!
-//! Where io_uring cannot be set up (an old kernel, `io_uring_disabled`, a
-//! seccomp filter) [`pread_polled`] says so and the caller reads with
-//! `pread`. A ring belongs to the thread that made it and to its process: a
+//! Only threads that said so ([`use_on_this_thread`]: usermm's own handler
+//! and background threads, whose rings close when they exit with the space)
+//! get a ring; on a program's thread (a populate, a lock) and where io_uring
+//! cannot be set up (an old kernel, `io_uring_disabled`, a seccomp filter)
+//! [`pread_polled`] says so and the caller reads with `pread`. A ring belongs to the thread that made it and to its process: a
 //! fork child that reads makes its own (the parent's rings are shared
 //! memory with the parent's kernel instance).
 
@@ -36,13 +38,21 @@ thread_local! {
     /// `None` before the first polled read; `Some(None)` once setting up a
     /// ring failed (the thread reads with `pread` from then on).
     static RING: RefCell<Option<Option<Ring>>> = const { RefCell::new(None) };
+    /// Whether this thread may have a ring.
+    static ALLOWED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Lets the calling thread read through a ring of its own (set up at its
+/// first polled read, closed when it exits).
+pub fn use_on_this_thread() {
+    ALLOWED.with(|a| a.set(true));
 }
 
 /// Reads up to `len` bytes of `fd` at `off` into `dst` with one read on
 /// the calling thread's ring, polling for its completion for up to
 /// `poll_ns` (then sleeping). Returns the count (short at the end of the
-/// file), or `None` if this thread has no ring (the caller reads with
-/// `pread`). Never returns while the kernel may still write into `dst`.
+/// file), or `None` if this thread has no ring or may not have one (the
+/// caller reads with `pread`). Never returns while the kernel may still write into `dst`.
 ///
 /// (Like `pread`'s, a buffer the kernel must fault in through a
 /// userfaultfd waits for that userfaultfd's handler.)
@@ -51,6 +61,9 @@ thread_local! {
 /// `[dst, dst+len)` must be writable memory that nothing else reads or
 /// writes until this returns.
 pub unsafe fn pread_polled(fd: i32, dst: usize, len: usize, off: u64, poll_ns: u64) -> Option<Result<usize, Errno>> {
+    if !ALLOWED.with(std::cell::Cell::get) {
+        return None;
+    }
     RING.with(|cell| {
         let mut slot = cell.try_borrow_mut().ok()?;
         let pid = std::process::id();
@@ -135,6 +148,10 @@ mod tests {
         std::fs::File::create(&path).unwrap().write_all(&data).unwrap();
         let f = std::fs::File::open(&path).unwrap();
         let mut buf = vec![0u8; 4096];
+        // SAFETY: as below.
+        let not_yet = unsafe { pread_polled(f.as_raw_fd(), buf.as_mut_ptr() as usize, 4096, 0, 100_000) };
+        assert!(not_yet.is_none(), "a ring on a thread that did not ask for one");
+        use_on_this_thread();
         for (off, want) in [(0u64, 4096usize), (4096, 4096), (3 * 4096, 100), (4 * 4096, 0)] {
             buf.fill(0xee);
             // SAFETY: `buf` is ours, plain memory, untouched until the call returns.

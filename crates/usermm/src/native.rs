@@ -321,6 +321,7 @@ impl Inner {
                 .name(format!("usermm-fault-{i}"))
                 .spawn(move || {
                     crate::heap::mark_usermm_thread();
+                    usermm_sys::ring::use_on_this_thread();
                     let _ = tx.send(());
                     drop(tx);
                     me.handler_loop()
@@ -337,6 +338,7 @@ impl Inner {
                 .name("usermm-reclaim".into())
                 .spawn(move || {
                     crate::heap::mark_usermm_thread();
+                    usermm_sys::ring::use_on_this_thread();
                     let _ = started_tx.send(());
                     drop(started_tx);
                     me.background_loop(bg)
