@@ -57,18 +57,32 @@ enum Backend {
 }
 
 /// A pooled connection of either kind. A single server's keeps the buffer
-/// its page writes are encoded in, reused from write to write; over TCP it
-/// is a [`Link`] (polls for a read's reply), otherwise redis-rs's own.
+/// its page writes are encoded in (and, over TCP, its single-chunk reads
+/// read into), reused from request to request.
 enum Conn {
-    Single(Box<dyn redis::ConnectionLike + Send>, Vec<u8>),
+    /// One server over TCP: [`Link`] (polls for a read's reply; reads a
+    /// single chunk's reply straight into the buffer).
+    Own(Link, Vec<u8>),
+    /// One server over TLS or a Unix socket: redis-rs's connection.
+    Single(Box<redis::Connection>, Vec<u8>),
     Cluster(Box<redis::cluster::ClusterConnection>),
 }
 
 impl Conn {
     fn link(&mut self) -> &mut dyn redis::ConnectionLike {
         match self {
+            Conn::Own(c, _) => c,
             Conn::Single(c, _) => c.as_mut(),
-            Conn::Cluster(c) => c,
+            Conn::Cluster(c) => c.as_mut(),
+        }
+    }
+
+    /// A single server's connection and buffer (`None` for a cluster).
+    fn single(&mut self) -> Option<(&mut dyn redis::ConnectionLike, &mut Vec<u8>)> {
+        match self {
+            Conn::Own(c, b) => Some((c, b)),
+            Conn::Single(c, b) => Some((c.as_mut(), b)),
+            Conn::Cluster(_) => None,
         }
     }
 }
@@ -255,7 +269,7 @@ impl RedisStore {
         match &self.backend {
             Backend::Single(client) => {
                 if let Some(link) = Link::connect(client.get_connection_info(), self.timeout, self.poll_replies) {
-                    return Ok(Conn::Single(Box::new(link.map_err(|e| io_error(&e))?), Vec::new()));
+                    return Ok(Conn::Own(link.map_err(|e| io_error(&e))?, Vec::new()));
                 }
                 let c = client.get_connection_with_timeout(self.timeout).map_err(|e| io_error(&e))?;
                 c.set_read_timeout(Some(self.timeout)).map_err(|e| io_error(&e))?;
@@ -384,13 +398,29 @@ impl RedisStore {
         n
     }
 
+    /// Opens slots `from..to` out of `v` (their chunk's `GETRANGE` reply)
+    /// into their pages of `buf`, whose first page is slot `first`. False
+    /// unless every one checks out: a chunk that is not there reads as
+    /// nothing, a slot never written in one as zeros, and neither opens.
+    fn open_run(&self, first: u64, from: u64, to: u64, v: &[u8], buf: &mut [u8]) -> bool {
+        let stride = self.stride();
+        if v.len() != (to - from) as usize * stride {
+            return false;
+        }
+        (from..to).all(|s| {
+            let i = (s - first) as usize;
+            let at = (s - from) as usize * stride;
+            open_sealed(self.space, s, &v[at..at + stride], &mut buf[i * self.page..(i + 1) * self.page])
+        })
+    }
+
     /// `WAIT replicas timeout` on the node that holds `key` (its group's
     /// hash slot); an error unless that many replicas acknowledged.
     fn wait_replicas(&self, c: &mut Conn, key: &str) -> redis::RedisResult<()> {
         let mut cmd = redis::cmd("WAIT");
         cmd.arg(self.replicas).arg(self.timeout.as_millis() as u64);
         let acked: u64 = match c {
-            Conn::Single(c, _) => cmd.query(c.as_mut())?,
+            Conn::Own(..) | Conn::Single(..) => cmd.query(c.link())?,
             Conn::Cluster(c) => {
                 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
                 let route = Route::new(hash_slot(key.as_bytes()), SlotAddr::Master);
@@ -422,16 +452,35 @@ impl PageStore for RedisStore {
             cmds.push((slot, end, cmd));
             slot = end;
         }
+        if let ([(from, to, _)], Backend::Single(_)) = (&cmds[..], &self.backend) {
+            // One chunk from one server over TCP: the reply read straight
+            // into the connection's buffer and opened from there (building
+            // a `Cmd` and parsing its reply into a fresh value cost 1.9 µs
+            // a page, a tenth of the round trip).
+            let (from, to) = (*from, *to);
+            let start = (from % CHUNK) as usize * stride;
+            let key = self.key(from / CHUNK);
+            let mut opened = false;
+            let fast = self.with_conn(|c| {
+                let Conn::Own(link, scratch) = c else { return Ok(false) };
+                let got = link.getrange_into(&key, start, start + (to - from) as usize * stride - 1, scratch)?;
+                opened = self.open_run(first, from, to, &scratch[got], buf);
+                Ok(true)
+            })?;
+            if fast {
+                return if opened { Ok(()) } else { Err(Errno::EIO) };
+            }
+        }
         let values: Vec<Vec<u8>> = if let [(_, _, cmd)] = &cmds[..] {
             vec![self.with_retry(|c| cmd.query(c.link()))?]
         } else {
             self.with_retry(|c| match c {
-                Conn::Single(link, _) => {
+                Conn::Own(..) | Conn::Single(..) => {
                     let mut p = redis::pipe();
                     for (_, _, cmd) in &cmds {
                         p.add_command(cmd.clone());
                     }
-                    p.query(link.as_mut())
+                    p.query(c.link())
                 }
                 Conn::Cluster(link) => {
                     let mut p = redis::cluster::cluster_pipe();
@@ -446,18 +495,8 @@ impl PageStore for RedisStore {
             return Err(Errno::EIO);
         }
         for ((from, to, _), v) in cmds.iter().zip(&values) {
-            // A chunk that is not there reads as nothing, a slot never
-            // written in one as zeros: neither opens.
-            if v.len() != (to - from) as usize * stride {
+            if !self.open_run(first, *from, *to, v, buf) {
                 return Err(Errno::EIO);
-            }
-            for s in *from..*to {
-                let i = (s - first) as usize;
-                let at = (s - from) as usize * stride;
-                let out = &mut buf[i * self.page..(i + 1) * self.page];
-                if !open_sealed(self.space, s, &v[at..at + stride], out) {
-                    return Err(Errno::EIO);
-                }
             }
         }
         Ok(())
@@ -480,7 +519,8 @@ impl PageStore for RedisStore {
                     // pipeline built of `Cmd`s copies every page twice into
                     // fresh allocations of up to a megabyte, whose page
                     // faults cost more than the copies).
-                    Conn::Single(link, buf) => {
+                    Conn::Own(..) | Conn::Single(..) => {
+                        let (link, buf) = c.single().expect("a single server's connection");
                         let n = self.encode_writes(buf, slot, run);
                         for v in link.req_packed_commands(buf, 0, n)? {
                             v.extract_error()?;

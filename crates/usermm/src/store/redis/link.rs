@@ -131,6 +131,94 @@ impl Link {
     }
 }
 
+impl Link {
+    /// `GETRANGE key start end`, its reply (a bulk string) read into `buf`
+    /// with no value built: returns where in `buf` the bytes are. An error
+    /// reply is an error, and leaves the connection usable.
+    pub(super) fn getrange_into(
+        &mut self,
+        key: &str,
+        start: usize,
+        end: usize,
+        buf: &mut Vec<u8>,
+    ) -> RedisResult<std::ops::Range<usize>> {
+        let (start, end) = (start.to_string(), end.to_string());
+        buf.clear();
+        // (Writing into a Vec cannot fail.)
+        let _ = write!(
+            buf,
+            "*4\r\n$8\r\nGETRANGE\r\n${}\r\n{key}\r\n${}\r\n{start}\r\n${}\r\n{end}\r\n",
+            key.len(),
+            start.len(),
+            end.len()
+        );
+        self.send(buf)?;
+        let r = self.read_bulk(buf);
+        if matches!(&r, Err(e) if e.kind() != redis::ErrorKind::ResponseError) {
+            self.open = false;
+        }
+        r
+    }
+
+    /// Reads one reply, a bulk string, into `buf`; returns the range of its
+    /// bytes. (Nothing of an earlier reply is left in `parser`: every
+    /// request reads all its replies.)
+    fn read_bulk(&mut self, buf: &mut Vec<u8>) -> RedisResult<std::ops::Range<usize>> {
+        use std::io::Read;
+        let protocol = |what: &'static str| RedisError::from((redis::ErrorKind::ParseError, what));
+        buf.clear();
+        // The header line's length, and the reply's whole length, once known.
+        let mut header = None;
+        let mut total = usize::MAX;
+        loop {
+            if header.is_none() {
+                if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
+                    let line = &buf[1..i];
+                    match buf[0] {
+                        b'$' => {
+                            let n: i64 = std::str::from_utf8(line)
+                                .ok()
+                                .and_then(|t| t.parse().ok())
+                                .ok_or_else(|| protocol("bad bulk length"))?;
+                            header = Some(i + 2);
+                            // (A nil reply, "$-1", has no bytes.)
+                            total = if n < 0 { i + 2 } else { i + 2 + n as usize + 2 };
+                        }
+                        b'-' => {
+                            let msg = String::from_utf8_lossy(line).into_owned();
+                            return Err(RedisError::from((redis::ErrorKind::ResponseError, "server error", msg)));
+                        }
+                        _ => return Err(protocol("not a bulk string")),
+                    }
+                }
+            }
+            if let Some(h) = header {
+                if buf.len() >= total {
+                    if buf.len() > total {
+                        return Err(protocol("more than one reply"));
+                    }
+                    if total == h {
+                        return Ok(h..h);
+                    }
+                    if &buf[total - 2..] != b"\r\n" {
+                        return Err(protocol("bulk string not terminated"));
+                    }
+                    return Ok(h..total - 2);
+                }
+            }
+            let have = buf.len();
+            let want = if total == usize::MAX { 8192 } else { total - have };
+            buf.resize(have + want, 0);
+            match self.sock.read(&mut buf[have..]) {
+                Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into()),
+                Ok(n) => buf.truncate(have + n),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => buf.truncate(have),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
 impl redis::ConnectionLike for Link {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
         self.send(cmd)?;
@@ -167,5 +255,69 @@ impl redis::ConnectionLike for Link {
 
     fn is_open(&self) -> bool {
         self.open
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::net::TcpListener;
+
+    /// A link to a loopback "server" that answers each request with the next
+    /// of `replies`, each written in two pieces with a pause between them.
+    fn link_to(replies: Vec<Vec<u8>>) -> (Link, std::thread::JoinHandle<Vec<Vec<u8>>>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut requests = Vec::new();
+            for r in replies {
+                let mut req = vec![0u8; 256];
+                let n = s.read(&mut req).unwrap();
+                requests.push(req[..n].to_vec());
+                let cut = r.len() / 2;
+                s.write_all(&r[..cut]).unwrap();
+                std::thread::sleep(Duration::from_millis(5));
+                s.write_all(&r[cut..]).unwrap();
+            }
+            requests
+        });
+        let info = redis::RedisConnectionInfo::default();
+        let link = Link::connect_tcp("127.0.0.1", port, &info, Duration::from_secs(2), true).unwrap();
+        (link, server)
+    }
+
+    #[test]
+    fn getrange_replies_are_read_into_the_buffer() {
+        let page: Vec<u8> = (0..4128u32).map(|i| (i % 253) as u8).collect();
+        let mut bulk = format!("${}\r\n", page.len()).into_bytes();
+        bulk.extend_from_slice(&page);
+        bulk.extend_from_slice(b"\r\n");
+        let replies = vec![
+            bulk,
+            b"$0\r\n\r\n".to_vec(),
+            b"$-1\r\n".to_vec(),
+            b"-ERR wrong type\r\n".to_vec(),
+            b"$3\r\nabc\r\n".to_vec(),
+            b"$3\r\nabcd\r\n".to_vec(),
+        ];
+        let (mut link, server) = link_to(replies);
+        let mut buf = Vec::new();
+        let r = link.getrange_into("P7", 4128, 8255, &mut buf).unwrap();
+        assert_eq!(&buf[r], &page[..], "a page split over two reads");
+        let r = link.getrange_into("P8", 0, 4127, &mut buf).unwrap();
+        assert!(r.is_empty(), "an empty string");
+        let r = link.getrange_into("P8", 0, 4127, &mut buf).unwrap();
+        assert!(r.is_empty(), "nil");
+        let e = link.getrange_into("P9", 0, 1, &mut buf).unwrap_err();
+        assert_eq!(e.kind(), redis::ErrorKind::ResponseError, "{e}");
+        assert!(link.open, "an error reply leaves the connection usable");
+        let r = link.getrange_into("P9", 0, 2, &mut buf).unwrap();
+        assert_eq!(&buf[r], b"abc", "the reply after an error reply");
+        assert!(link.getrange_into("P9", 0, 2, &mut buf).is_err(), "a reply longer than it says");
+        assert!(!link.open, "a broken reply closes the connection");
+        let requests = server.join().unwrap();
+        assert_eq!(requests[0], b"*4\r\n$8\r\nGETRANGE\r\n$2\r\nP7\r\n$4\r\n4128\r\n$4\r\n8255\r\n");
     }
 }
