@@ -53,23 +53,40 @@ USERMM_TEST_INTHREAD=1 USERMM_STRESS_REDIS_SECS=8 USERMM_SOAK_SECS=20 cargo test
   --skip a_missing_page_is_served_to_process_vm_readv_not_to_proc_mem
 
 # The swap tests again with every space swapping to a Redis server
-# (USERMM_TEST_SWAP_URL, read by crates/usermm/tests/common), on a Unix
-# socket of a server of this script's own, stopped on exit.
+# (USERMM_TEST_SWAP_URL, read by crates/usermm/tests/common) of this
+# script's own on a loopback port (the store's own TCP link, as a space
+# reaches a server in production), stopped on exit; the script reads its
+# counters through a Unix socket.
 echo "== the swap tests again, swapping to a Redis server"
 redis_dir=$(mktemp -d)
-redis-server --port 0 --unixsocket "$redis_dir/redis.sock" --save "" --appendonly no --dir "$redis_dir" \
-  >"$redis_dir/log" 2>&1 &
-redis_pid=$!
-redis_pids=("$redis_pid")
+redis_pids=()
 cleanup_redis() {
   kill "${redis_pids[@]}" 2>/dev/null || true
   wait "${redis_pids[@]}" 2>/dev/null || true
   rm -rf "$redis_dir"
 }
 trap cleanup_redis EXIT
-for _ in $(seq 100); do [ -S "$redis_dir/redis.sock" ] && break; sleep 0.1; done
-[ -S "$redis_dir/redis.sock" ] || { echo "FATAL: redis-server did not start: $(cat "$redis_dir/log")" >&2; exit 1; }
-USERMM_TEST_SWAP_URL="redis+unix://$redis_dir/redis.sock" cargo test --release -p usermm \
+single_port=
+for _ in $(seq 20); do
+  port=$((30000 + RANDOM % 15000))
+  redis-server --port "$port" --bind 127.0.0.1 --unixsocket "$redis_dir/redis.sock" --save "" --appendonly no \
+    --dir "$redis_dir" >"$redis_dir/log" 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do
+    [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$pid" 2>/dev/null && [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ]; then
+    redis_pids+=("$pid")
+    single_port=$port
+    break
+  fi
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+done
+[ -n "$single_port" ] || { echo "FATAL: redis-server did not start: $(cat "$redis_dir/log")" >&2; exit 1; }
+USERMM_TEST_SWAP_URL="redis://127.0.0.1:$single_port/" cargo test --release -p usermm \
   --test swap_errors --test swapcache --test lru --test reclaim_idle --test lazyfree --test purgeable \
   --test volatile --test smoke -- --test-threads=2
 # The pass really swapped to the server (not to files).

@@ -115,6 +115,29 @@ fn freed_slots_chunks_are_deleted_while_the_space_runs() {
     s.validate();
 }
 
+/// A server on a Unix socket (`redis+unix://`, redis-rs's own connection
+/// rather than the store's TCP link): pages round-trip, keys go at close.
+#[test]
+fn pages_round_trip_through_a_unix_socket() {
+    let dir = std::env::temp_dir().join(format!("usermm-farmem-sock-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("redis.sock");
+    let srv = Server::start(&["--unixsocket", sock.to_str().unwrap()]);
+    let s = space(1 << 20, 16 << 20, format!("redis+unix://{}?prefix=sock:&timeout_ms=1000", sock.display()));
+    let mut m = s.map_anon(4 << 20).expect("mmap"); // 4x the budget
+    fill(&mut m, 6, 1);
+    pageout_all(&s, &mut m);
+    assert_eq!(bad_in(&m, 6, 1), 0, "read back through the Unix socket");
+    assert!(s.stats().swapins > 0, "{:?}", s.stats());
+    assert!(!srv.keys("sock:*").is_empty(), "no page on the server");
+    drop(m);
+    s.validate();
+    s.close().unwrap();
+    assert!(srv.keys("sock:*").is_empty(), "the space's keys outlived it");
+    drop(srv);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A server that wants a user and password, and a database other than 0:
 /// the store logs in, selects it, and its keys live there alone; a wrong
 /// password fails the open.
