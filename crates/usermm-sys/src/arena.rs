@@ -449,7 +449,7 @@ impl Arena {
     /// past the end of the file), and whether the read went through the
     /// host page cache (a single page is read with `O_DIRECT` where the file
     /// system allows it; see `MappedFile::read_page_direct`, which polls
-    /// for the read for up to `poll_ns`).
+    /// for the read on a ring of `poll.0` for up to `poll.1` ns).
     #[allow(clippy::too_many_arguments)]
     pub fn file_in(
         &self,
@@ -459,7 +459,7 @@ impl Arena {
         dst: usize,
         len: usize,
         bounce: &Bounce,
-        poll_ns: u64,
+        poll: Option<(&crate::ring::RingPool, u64)>,
     ) -> Result<(usize, bool), Errno> {
         let ps = self.page_size;
         self.check(dst, len)?;
@@ -467,7 +467,7 @@ impl Arena {
         // A single page past the page cache where the file system allows it
         // (its short count says where the file ends: no fstat needed).
         // SAFETY: the bounce buffer is ours, page-aligned and at least a page.
-        let direct = if len == ps { unsafe { file.read_page_direct(bounce.addr, ps, off, poll_ns) } } else { None };
+        let direct = if len == ps { unsafe { file.read_page_direct(bounce.addr, ps, off, poll) } } else { None };
         let cached = direct.is_none();
         let done = match direct {
             Some(r) => r?,

@@ -3,6 +3,7 @@
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use crate::ring::RingPool;
 use crate::{check, check_isize, last_errno, Errno};
 
 /// An open swap file.
@@ -119,15 +120,13 @@ impl SwapFile {
         unsafe { self.pread(buf.as_mut_ptr() as usize, buf.len(), off) }
     }
 
-    /// [`SwapFile::read_at`], the read polled for up to `poll_ns`
-    /// ([`crate::ring`]) where the thread has a ring and `poll_ns` > 0.
-    pub fn read_at_polled(&self, buf: &mut [u8], off: u64, poll_ns: u64) -> Result<(), Errno> {
-        if poll_ns > 0 {
+    /// [`SwapFile::read_at`], the read polled for up to `poll.1` ns on a
+    /// ring of `poll.0` ([`crate::ring`]) where there is a ring to be had.
+    pub fn read_at_polled(&self, buf: &mut [u8], off: u64, poll: Option<(&RingPool, u64)>) -> Result<(), Errno> {
+        if let Some((rings, ns)) = poll {
             // SAFETY: `buf` is a live slice borrowed mutably for the call:
             // nothing else touches it until the read has completed.
-            let r = unsafe {
-                crate::ring::pread_polled(self.fd.as_raw_fd(), buf.as_mut_ptr() as usize, buf.len(), off, poll_ns)
-            };
+            let r = unsafe { rings.pread_polled(self.fd.as_raw_fd(), buf.as_mut_ptr() as usize, buf.len(), off, ns) };
             match r {
                 Some(Ok(n)) if n == buf.len() => return Ok(()),
                 // Short (a file that ended): the rest as `read_at` reads it.
@@ -545,9 +544,9 @@ impl MappedFile {
     /// 33 µs buffered plus 3 µs to drop the cached copy). Returns the bytes
     /// read (short at the end of the file), or `None` where `O_DIRECT` is not
     /// to be had — the caller then reads through the page cache. A file
-    /// system that refuses it (`EINVAL`) is not asked again. A nonzero
-    /// `poll_ns` polls for the read that long where the thread has an
-    /// io_uring ([`crate::ring`]).
+    /// system that refuses it (`EINVAL`) is not asked again. With `poll`,
+    /// the read goes on a ring of `poll.0` and is polled for `poll.1` ns
+    /// ([`crate::ring`]) where there is a ring to be had.
     ///
     /// # Safety
     /// `[dst, dst+page)` must be writable memory for the call.
@@ -556,7 +555,7 @@ impl MappedFile {
         dst: usize,
         page: usize,
         off: u64,
-        poll_ns: u64,
+        poll: Option<(&RingPool, u64)>,
     ) -> Option<Result<usize, Errno>> {
         use std::sync::atomic::Ordering;
         if self.keep_cache || !self.direct_ok.load(Ordering::Relaxed) {
@@ -564,9 +563,9 @@ impl MappedFile {
         }
         // (No description of its own to read through: the page cache then.)
         let fd = self.reader_fd(true)?;
-        if poll_ns > 0 {
+        if let Some((rings, ns)) = poll {
             // SAFETY: the caller's guarantee on the buffer.
-            match unsafe { crate::ring::pread_polled(fd, dst, page, off, poll_ns) } {
+            match unsafe { rings.pread_polled(fd, dst, page, off, ns) } {
                 Some(Err(e)) if e == Errno::EINVAL => {
                     self.direct_ok.store(false, Ordering::Relaxed);
                     return None;

@@ -1,24 +1,25 @@
-//! Polled reads: a read submitted to an io_uring of the calling thread's,
-//! whose completion the thread waits for by polling the completion ring in
-//! its own memory (yielding the CPU each turn) for a while before it sleeps
-//! in `io_uring_enter`.
+//! Polled reads: a read submitted to an io_uring of the space's, whose
+//! completion the reading thread waits for by polling the completion ring
+//! in memory (yielding the CPU each turn) for a while before it sleeps in
+//! `io_uring_enter`.
 //!
-//! Why: a handler thread that reads a page from disk for a fault sleeps in
-//! `pread` and is woken by the completion; on this VM the wake-up of an
-//! idle vCPU costs 5–40 µs, a sizeable part of a 4 KiB read's 45–65 µs. A
-//! random `O_DIRECT` 4 KiB read from one thread, 3,000 of them, p50: `pread`
+//! Why: a thread that reads a page from disk for a fault sleeps in `pread`
+//! and is woken by the completion; on this VM the wake-up of an idle vCPU
+//! costs 5–40 µs, a sizeable part of a 4 KiB read's 45–65 µs. A random
+//! `O_DIRECT` 4 KiB read from one thread, 3,000 of them, p50: `pread`
 //! 58.7–65.0 µs, io_uring waited for by sleeping 57.7–65.6 µs, io_uring polled
 //! 43.6–56.0 µs (three interleaved rounds).
 //!
-//! Only threads that said so ([`use_on_this_thread`]: usermm's own handler
-//! and background threads, whose rings close when they exit with the space)
-//! get a ring; on a program's thread (a populate, a lock) and where io_uring
-//! cannot be set up (an old kernel, `io_uring_disabled`, a seccomp filter)
-//! [`pread_polled`] says so and the caller reads with `pread`. A ring belongs to the thread that made it and to its process: a
-//! fork child that reads makes its own (the parent's rings are shared
-//! memory with the parent's kernel instance).
+//! A [`RingPool`] belongs to a space: a reader takes a ring (making one when
+//! all are in use), reads, and gives it back; the rings close with the
+//! space. Where io_uring cannot be set up (an old kernel,
+//! `io_uring_disabled`, a seccomp filter) [`RingPool::pread_polled`] says so
+//! and the caller reads with `pread`. A ring belongs to the process that
+//! made it: a fork child makes its own (the parent's rings are shared memory
+//! with the parent's kernel instance).
 
-use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use io_uring::{opcode, types, IoUring};
 
@@ -28,66 +29,81 @@ use crate::Errno;
 /// sleeps (a 4 KiB `O_DIRECT` read here takes 40–80 µs).
 pub const POLL_NS: u64 = 200_000;
 
-/// A thread's ring, and the process it was made in.
+/// A ring, and the process it was made in.
 struct Ring {
     ring: IoUring,
     pid: u32,
 }
 
-thread_local! {
-    /// `None` before the first polled read; `Some(None)` once setting up a
-    /// ring failed (the thread reads with `pread` from then on).
-    static RING: RefCell<Option<Option<Ring>>> = const { RefCell::new(None) };
-    /// Whether this thread may have a ring.
-    static ALLOWED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+/// A space's io_uring instances, one per thread reading at a time.
+#[derive(Default)]
+pub struct RingPool {
+    idle: Mutex<Vec<Ring>>,
+    /// Setting up a ring failed: reads go to `pread` from then on.
+    unavailable: AtomicBool,
 }
 
-/// Lets the calling thread read through a ring of its own (set up at its
-/// first polled read, closed when it exits).
-pub fn use_on_this_thread() {
-    ALLOWED.with(|a| a.set(true));
-}
-
-/// Reads up to `len` bytes of `fd` at `off` into `dst` with one read on
-/// the calling thread's ring, polling for its completion for up to
-/// `poll_ns` (then sleeping). Returns the count (short at the end of the
-/// file), or `None` if this thread has no ring or may not have one (the
-/// caller reads with `pread`). Never returns while the kernel may still write into `dst`.
-///
-/// (Like `pread`'s, a buffer the kernel must fault in through a
-/// userfaultfd waits for that userfaultfd's handler.)
-///
-/// # Safety
-/// `[dst, dst+len)` must be writable memory that nothing else reads or
-/// writes until this returns.
-pub unsafe fn pread_polled(fd: i32, dst: usize, len: usize, off: u64, poll_ns: u64) -> Option<Result<usize, Errno>> {
-    if !ALLOWED.with(std::cell::Cell::get) {
-        return None;
+impl RingPool {
+    pub fn new() -> RingPool {
+        RingPool::default()
     }
-    RING.with(|cell| {
-        let mut slot = cell.try_borrow_mut().ok()?;
+
+    /// Reads up to `len` bytes of `fd` at `off` into `dst` with one read
+    /// on a ring of the pool, polling for its completion for up to
+    /// `poll_ns` (then sleeping). Returns the count (short at the end of
+    /// the file), or `None` if no ring is to be had (the caller reads with
+    /// `pread`). Never returns while the kernel may still write into
+    /// `dst`. Safe in usermm's SIGBUS handler (in-thread faults), which runs
+    /// with every other signal blocked: no syscall here waits for a lock
+    /// another thread may hold long.
+    ///
+    /// (Like `pread`'s, a buffer the kernel must fault in through a
+    /// userfaultfd waits for that userfaultfd's handler.)
+    ///
+    /// # Safety
+    /// `[dst, dst+len)` must be writable memory that nothing else reads or
+    /// writes until this returns.
+    pub unsafe fn pread_polled(
+        &self,
+        fd: i32,
+        dst: usize,
+        len: usize,
+        off: u64,
+        poll_ns: u64,
+    ) -> Option<Result<usize, Errno>> {
+        if self.unavailable.load(Ordering::Relaxed) {
+            return None;
+        }
         let pid = std::process::id();
-        if matches!(&*slot, Some(Some(r)) if r.pid != pid) {
-            // A fork child's copy of its parent's ring: its own next.
-            *slot = None;
-        }
-        if slot.is_none() {
-            *slot = Some(IoUring::new(4).ok().map(|ring| Ring { ring, pid }));
-        }
-        let r = slot.as_mut()?.as_mut()?;
+        let mut r = loop {
+            let popped = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            match popped {
+                Some(r) if r.pid == pid => break r,
+                // A fork child's copy of its parent's ring: closed here
+                // (the child's descriptor and mappings only).
+                Some(_) => {}
+                None => match IoUring::new(4) {
+                    Ok(ring) => break Ring { ring, pid },
+                    Err(_) => {
+                        self.unavailable.store(true, Ordering::Relaxed);
+                        return None;
+                    }
+                },
+            }
+        };
         // SAFETY: the caller's guarantee on `dst`; the completion is waited
         // for before this returns, whatever happens.
         match unsafe { read_one(&mut r.ring, fd, dst, len, off, poll_ns) } {
-            Done::Read(res) => Some(res),
+            Done::Read(res) => {
+                self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+                Some(res)
+            }
             // The entry may still sit in the submission queue, pointing at
             // `dst`: the ring goes (closing it drops the entry), and this
             // read is the caller's `pread`.
-            Done::NotSubmitted => {
-                *slot = Some(None);
-                None
-            }
+            Done::NotSubmitted => None,
         }
-    })
+    }
 }
 
 /// How [`read_one`] ended.
@@ -147,32 +163,48 @@ mod tests {
         let data: Vec<u8> = (0..3 * 4096u32 + 100).map(|i| (i * 31 % 251) as u8).collect();
         std::fs::File::create(&path).unwrap().write_all(&data).unwrap();
         let f = std::fs::File::open(&path).unwrap();
+        let pool = RingPool::new();
         let mut buf = vec![0u8; 4096];
-        // SAFETY: as below.
-        let not_yet = unsafe { pread_polled(f.as_raw_fd(), buf.as_mut_ptr() as usize, 4096, 0, 100_000) };
-        assert!(not_yet.is_none(), "a ring on a thread that did not ask for one");
-        use_on_this_thread();
         for (off, want) in [(0u64, 4096usize), (4096, 4096), (3 * 4096, 100), (4 * 4096, 0)] {
             buf.fill(0xee);
             // SAFETY: `buf` is ours, plain memory, untouched until the call returns.
-            let got = unsafe { pread_polled(f.as_raw_fd(), buf.as_mut_ptr() as usize, 4096, off, 100_000) };
+            let got = unsafe { pool.pread_polled(f.as_raw_fd(), buf.as_mut_ptr() as usize, 4096, off, 100_000) };
             let n = got.expect("io_uring is there on this machine").expect("read");
             assert_eq!(n, want, "at {off}");
             if n > 0 {
                 assert_eq!(&buf[..n], &data[off as usize..off as usize + n], "at {off}");
             }
         }
+        assert_eq!(pool.idle.lock().unwrap().len(), 1, "one ring, reused");
         // A read error is the kernel's errno: a descriptor that is not open.
         // SAFETY: as above.
-        let bad = unsafe { pread_polled(i32::MAX - 7, buf.as_mut_ptr() as usize, 4096, 0, 100_000) };
+        let bad = unsafe { pool.pread_polled(i32::MAX - 7, buf.as_mut_ptr() as usize, 4096, 0, 100_000) };
         assert_eq!(bad.expect("a ring").unwrap_err(), Errno::EBADF);
+        // Threads reading at once each get a ring; all come back.
+        std::thread::scope(|sc| {
+            for t in 0..4u64 {
+                let (pool, fd, data) = (&pool, f.as_raw_fd(), &data);
+                sc.spawn(move || {
+                    let mut b = vec![0u8; 4096];
+                    for i in 0..200u64 {
+                        let off = ((i + t) % 3) * 4096;
+                        // SAFETY: as above.
+                        let r = unsafe { pool.pread_polled(fd, b.as_mut_ptr() as usize, 4096, off, 100_000) };
+                        assert_eq!(r.unwrap().unwrap(), 4096);
+                        assert_eq!(&b[..], &data[off as usize..off as usize + 4096]);
+                    }
+                });
+            }
+        });
+        let rings = pool.idle.lock().unwrap().len();
+        assert!((1..=4).contains(&rings), "{rings} rings for 4 threads");
         // A fork child makes a ring of its own and reads right.
         // SAFETY: the child only reads a file and exits.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             let mut b = vec![0u8; 4096];
             // SAFETY: as above.
-            let r = unsafe { pread_polled(f.as_raw_fd(), b.as_mut_ptr() as usize, 4096, 4096, 100_000) };
+            let r = unsafe { pool.pread_polled(f.as_raw_fd(), b.as_mut_ptr() as usize, 4096, 4096, 100_000) };
             let ok = matches!(r, Some(Ok(4096))) && b[..] == data[4096..8192];
             // SAFETY: leaving the child at once, nothing to unwind.
             unsafe { libc::_exit(if ok { 0 } else { 1 }) };

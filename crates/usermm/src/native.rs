@@ -281,12 +281,10 @@ impl Inner {
                 .clone()
                 .or_else(|| std::env::var("TMPDIR").ok().map(Into::into))
                 .unwrap_or_else(|| "/tmp".into());
-            // (Reads polled for in a handler thread, as the Redis store's.)
-            let poll_ns = if in_thread { 0 } else { usermm_sys::ring::POLL_NS };
-            Some(Box::new(crate::store::LocalFile(
-                SwapFile::create(&dir.to_string_lossy(), swap_slots as u64 * ps as u64)?,
-                poll_ns,
-            )))
+            Some(Box::new(crate::store::LocalFile {
+                file: SwapFile::create(&dir.to_string_lossy(), swap_slots as u64 * ps as u64)?,
+                rings: usermm_sys::ring::RingPool::new(),
+            }))
         };
         let staging_slots = budget_pages as u32;
         let arena = Arena::new(&uffd, reserve, staging_slots as usize, ps)?;
@@ -297,6 +295,7 @@ impl Inner {
             procmem: ProcMem::open().ok(),
             pagemap: usermm_sys::file::Pagemap::open().ok(),
             page_size: ps,
+            rings: usermm_sys::ring::RingPool::new(),
         });
         let inner = Inner::build(cfg, plat, user_mode_only, fallback_reason)?;
         // In-thread faults: no fault ever reaches a handler thread.
@@ -321,7 +320,6 @@ impl Inner {
                 .name(format!("usermm-fault-{i}"))
                 .spawn(move || {
                     crate::heap::mark_usermm_thread();
-                    usermm_sys::ring::use_on_this_thread();
                     let _ = tx.send(());
                     drop(tx);
                     me.handler_loop()
@@ -338,7 +336,6 @@ impl Inner {
                 .name("usermm-reclaim".into())
                 .spawn(move || {
                     crate::heap::mark_usermm_thread();
-                    usermm_sys::ring::use_on_this_thread();
                     let _ = started_tx.send(());
                     drop(started_tx);
                     me.background_loop(bg)

@@ -152,6 +152,8 @@ pub(crate) struct Native {
     pub procmem: Option<ProcMem>,
     pub pagemap: Option<Pagemap>,
     pub page_size: usize,
+    /// io_uring instances for file reads (`usermm_sys::ring`).
+    pub rings: usermm_sys::ring::RingPool,
 }
 
 /// Bounce buffers are per thread, grown to the largest request seen.
@@ -212,11 +214,9 @@ impl Platform for Native {
         self.arena.unprotect(&self.uffd, a, l)
     }
     fn file_in(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno> {
-        // A handler thread polls for its read (`usermm_sys::ring`); a
-        // faulting thread resolving its own fault sleeps.
-        let poll_ns = if self.uffd.has(UFFD_FEATURE_SIGBUS) { 0 } else { usermm_sys::ring::POLL_NS };
-        with_bounce(len, |b| self.arena.file_in(&self.uffd, file, off, dst, len, b, poll_ns))
-            .unwrap_or(Err(Errno::ENOMEM))
+        // The read polled for (`usermm_sys::ring`).
+        let poll = Some((&self.rings, usermm_sys::ring::POLL_NS));
+        with_bounce(len, |b| self.arena.file_in(&self.uffd, file, off, dst, len, b, poll)).unwrap_or(Err(Errno::ENOMEM))
     }
     fn wake(&self, a: usize, l: usize) -> Result<(), Errno> {
         if self.uffd.has(UFFD_FEATURE_SIGBUS) {

@@ -20,6 +20,7 @@ pub(crate) use self::redis::RedisStore;
 
 use usermm_core::Errno;
 use usermm_sys::file::SwapFile;
+use usermm_sys::ring::RingPool;
 
 /// A place for swapped pages. Offsets are byte offsets of whole pages
 /// (`slot × page_size`), as the core assigns them.
@@ -49,23 +50,26 @@ pub(crate) trait PageStore: Send + Sync {
     }
 }
 
-/// The local swap file; reads polled for up to `.1` ns
-/// (`usermm_sys::ring`; 0: not polled).
-pub(crate) struct LocalFile(pub(crate) SwapFile, pub(crate) u64);
+/// The local swap file; reads go on a ring of `rings`, polled for
+/// (`usermm_sys::ring`).
+pub(crate) struct LocalFile {
+    pub(crate) file: SwapFile,
+    pub(crate) rings: RingPool,
+}
 
 impl PageStore for LocalFile {
     fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), Errno> {
-        self.0.read_at_polled(buf, off, self.1)
+        self.file.read_at_polled(buf, off, Some((&self.rings, usermm_sys::ring::POLL_NS)))
     }
     fn write(&self, off: u64, pages: &[&[u8]]) -> Result<(), Errno> {
-        self.0.write_at(pages, off)
+        self.file.write_at(pages, off)
     }
     fn direct_io(&self) -> bool {
-        self.0.direct
+        self.file.direct
     }
     #[cfg(feature = "test-hooks")]
     fn contents(&self, len: u64) -> Result<Vec<u8>, Errno> {
-        self.0.read_all(len)
+        self.file.read_all(len)
     }
 }
 
