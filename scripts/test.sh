@@ -66,26 +66,36 @@ cleanup_redis() {
   rm -rf "$redis_dir"
 }
 trap cleanup_redis EXIT
-single_port=
-for _ in $(seq 20); do
-  port=$((30000 + RANDOM % 15000))
-  redis-server --port "$port" --bind 127.0.0.1 --unixsocket "$redis_dir/redis.sock" --save "" --appendonly no \
-    --dir "$redis_dir" >"$redis_dir/log" 2>&1 &
-  pid=$!
-  for _ in $(seq 100); do
-    [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ] && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
+# start_redis DIR ARGS…: a redis-server on a free random loopback port with
+# its directory DIR/<port> (made here) and ARGS; its port in $started_port
+# (empty if none started in 20 tries), its pid added to redis_pids.
+start_redis() {
+  local base=$1 port pid
+  shift
+  started_port=
+  for _ in $(seq 20); do
+    port=$((30000 + RANDOM % 15000))
+    mkdir -p "$base/$port"
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$base/$port" "$@" \
+      >"$base/$port/log" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do
+      [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ] && break
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.05
+    done
+    if kill -0 "$pid" 2>/dev/null && [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ]; then
+      redis_pids+=("$pid")
+      started_port=$port
+      return 0
+    fi
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
   done
-  if kill -0 "$pid" 2>/dev/null && [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ]; then
-    redis_pids+=("$pid")
-    single_port=$port
-    break
-  fi
-  kill "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-done
-[ -n "$single_port" ] || { echo "FATAL: redis-server did not start: $(cat "$redis_dir/log")" >&2; exit 1; }
+}
+start_redis "$redis_dir" --unixsocket "$redis_dir/redis.sock"
+single_port=$started_port
+[ -n "$single_port" ] || { echo "FATAL: redis-server did not start" >&2; exit 1; }
 USERMM_TEST_SWAP_URL="redis://127.0.0.1:$single_port/" cargo test --release -p usermm \
   --test swap_errors --test swapcache --test lru --test reclaim_idle --test lazyfree --test purgeable \
   --test volatile --test smoke -- --test-threads=2
@@ -102,28 +112,9 @@ fi
 echo "== the swap tests again, swapping to a 3+3 Redis Cluster (replicas=1)"
 cluster_ports=()
 for node in 1 2 3 4 5 6; do
-  started=
-  for _ in $(seq 20); do
-    port=$((30000 + RANDOM % 15000))
-    mkdir -p "$redis_dir/$port"
-    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$redis_dir/$port" \
-      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
-      >"$redis_dir/$port/log" 2>&1 &
-    pid=$!
-    for _ in $(seq 40); do
-      [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ] && break
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.05
-    done
-    if [ "$(redis-cli -p "$port" ping 2>/dev/null)" = PONG ]; then
-      redis_pids+=("$pid")
-      cluster_ports+=("$port")
-      started=1
-      break
-    fi
-    kill "$pid" 2>/dev/null || true
-  done
-  [ -n "$started" ] || { echo "FATAL: could not start cluster node $node" >&2; exit 1; }
+  start_redis "$redis_dir" --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000
+  [ -n "$started_port" ] || { echo "FATAL: could not start cluster node $node" >&2; exit 1; }
+  cluster_ports+=("$started_port")
 done
 redis-cli --cluster create $(printf '127.0.0.1:%s ' "${cluster_ports[@]}") --cluster-replicas 1 --cluster-yes \
   >"$redis_dir/create.log" 2>&1 || { echo "FATAL: redis-cli --cluster create: $(cat "$redis_dir/create.log")" >&2; exit 1; }
