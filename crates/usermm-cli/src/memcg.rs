@@ -192,6 +192,11 @@ pub struct ChildRun {
 /// the 16 MiB set under a 4 MiB and an 8 MiB limit while other tests ran).
 pub const OOM_TRIES: u32 = 3;
 
+/// How [`KernelLimit::run_child`]'s error begins when the OOM killer
+/// killed the child every time: the kernel could not run the workload at
+/// this limit (a result, not a failure of the benchmark).
+pub const OOM_FAILURE: &str = "the kernel's OOM killer killed the child";
+
 /// The notes' sentence on the children the OOM killer killed.
 pub fn oom_sentence(oom_kills: u32) -> String {
     format!("Children the group's OOM killer killed (each run again in a fresh group, up to {OOM_TRIES} tries a run): {oom_kills}.")
@@ -279,7 +284,7 @@ impl KernelLimit {
                 Attempt::OomKilled(why) => kills.push(why),
             }
         }
-        Err(format!("the kernel's OOM killer killed the child {OOM_TRIES} times at this limit: {}", kills.join("; ")))
+        Err(format!("{OOM_FAILURE} {OOM_TRIES} times at this limit: {}", kills.join("; ")))
     }
 
     fn attempt(&self, args: &[String]) -> Result<Attempt, String> {

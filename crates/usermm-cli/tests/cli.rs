@@ -327,7 +327,17 @@ fn bench_heap_writes_results() {
     assert!(value(&rows, "kernel", "alloc-free", "ns_per_op") > 0.0);
     let mut systems = vec!["usermm", "kernel (no limit, upper bound)"];
     if am_root() {
-        systems.push("kernel-memcg");
+        // The kernel under the limit ran, or its OOM killer killed the
+        // child every try (this happens at a 4 MiB limit now and then: the
+        // benchmark says so rather than failing).
+        let oom = rows.iter().find(|r| r.0 == "kernel-memcg" && r.2 == "oom_killed_children");
+        match oom {
+            Some(r) => {
+                assert_eq!(r.3, 3.0, "OOM kills counted: {r:?}");
+                eprintln!("NOTE: the kernel's OOM killer killed the kernel-memcg child every try at this limit");
+            }
+            None => systems.push("kernel-memcg"),
+        }
         let left = memcg_leftovers(pid, &swap_dir());
         assert!(left.is_empty(), "the benchmark left behind: {left:?}");
     } else {
