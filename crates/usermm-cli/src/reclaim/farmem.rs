@@ -317,7 +317,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     }
     let mut totals = Totals::default();
     for r in 0..runs {
-        if let Some(m) = memcg_run(sh, &mut limit, &mut totals, r, prog) {
+        if let Some(m) = memcg_run(sh, &mut limit, &mut totals, r, prog, &mut e) {
             for (name, p) in PHASES.iter().zip(&m.phases) {
                 let unit = if matches!(*name, "seq-write" | "seq-read") { "pages/s" } else { "touches/s" };
                 e.add(MEMCG, name, "throughput", unit, p.touches as f64 / (p.ns as f64 / 1e9));

@@ -162,13 +162,16 @@ struct Totals {
 }
 
 /// One run of `kernel-memcg`: `None` when the child failed (then `limit`
-/// holds why, and the system is not run again).
+/// holds why, and the system is not run again). A child the OOM killer
+/// killed every try is a result, not an error: the kernel could not run
+/// the workload under the limit (row `all`/`oom_killed_children` in `e`).
 fn memcg_run(
     sh: Shape,
     limit: &mut Result<KernelLimit, String>,
     t: &mut Totals,
     r: usize,
     prog: &Progress,
+    e: &mut Experiment,
 ) -> Option<Measured> {
     let Ok(l) = &*limit else { return None };
     let mut args = vec!["reclaim".to_string()];
@@ -181,6 +184,13 @@ fn memcg_run(
             }
             t.oom_kills += c.oom_kills;
             Some(m)
+        }
+        Err(why) if why.starts_with(crate::memcg::OOM_FAILURE) => {
+            let msg = format!("{MEMCG} run {}: {why}", r + 1);
+            prog.say(&format!("{msg}: not measured"));
+            e.add(MEMCG, "all", "oom_killed_children", "children", crate::memcg::OOM_TRIES as f64);
+            *limit = Err(format!("{msg}; the kernel could not run this workload under the limit"));
+            None
         }
         Err(why) => {
             let msg = format!("{MEMCG} run {}: {why}", r + 1);
@@ -209,7 +219,7 @@ fn measure(
             let measured = match sys {
                 "usermm" => usermm_run(o.sh, o.budget, &o.dir, &mut t.direct_io)?,
                 NOLIMIT => kernel_phases(o.sh, &|| (0, 0, 0, 0), &|| 0)?,
-                _ => match memcg_run(o.sh, limit, &mut t, r, prog) {
+                _ => match memcg_run(o.sh, limit, &mut t, r, prog, e) {
                     Some(m) => m,
                     None => continue,
                 },
