@@ -448,8 +448,8 @@ impl Arena {
     /// the bytes installed (a whole number of pages; 0 when `off` is at or
     /// past the end of the file), and whether the read went through the
     /// host page cache (a single page is read with `O_DIRECT` where the file
-    /// system allows it; see `MappedFile::read_page_direct`, which polls
-    /// for the read on a ring of `poll.0` for up to `poll.1` ns).
+    /// system allows it, on a ring of `rings`; see
+    /// `MappedFile::read_page_direct`).
     #[allow(clippy::too_many_arguments)]
     pub fn file_in(
         &self,
@@ -459,7 +459,7 @@ impl Arena {
         dst: usize,
         len: usize,
         bounce: &Bounce,
-        poll: Option<(&crate::ring::RingPool, u64)>,
+        rings: &crate::ring::RingPool,
     ) -> Result<(usize, bool), Errno> {
         let ps = self.page_size;
         self.check(dst, len)?;
@@ -467,7 +467,7 @@ impl Arena {
         // A single page past the page cache where the file system allows it
         // (its short count says where the file ends: no fstat needed).
         // SAFETY: the bounce buffer is ours, page-aligned and at least a page.
-        let direct = if len == ps { unsafe { file.read_page_direct(bounce.addr, ps, off, poll) } } else { None };
+        let direct = if len == ps { unsafe { file.read_page_direct(bounce.addr, ps, off, rings) } } else { None };
         let cached = direct.is_none();
         let done = match direct {
             Some(r) => r?,

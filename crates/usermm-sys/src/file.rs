@@ -120,23 +120,20 @@ impl SwapFile {
         unsafe { self.pread(buf.as_mut_ptr() as usize, buf.len(), off) }
     }
 
-    /// [`SwapFile::read_at`], the read polled for up to `poll.1` ns on a
-    /// ring of `poll.0` ([`crate::ring`]) where there is a ring to be had.
-    pub fn read_at_polled(&self, buf: &mut [u8], off: u64, poll: Option<(&RingPool, u64)>) -> Result<(), Errno> {
-        if let Some((rings, ns)) = poll {
-            // SAFETY: `buf` is a live slice borrowed mutably for the call:
-            // nothing else touches it until the read has completed.
-            let r = unsafe { rings.pread_polled(self.fd.as_raw_fd(), buf.as_mut_ptr() as usize, buf.len(), off, ns) };
-            match r {
-                Some(Ok(n)) if n == buf.len() => return Ok(()),
-                // Short (a file that ended): the rest as `read_at` reads it.
-                Some(Ok(n)) if n > 0 => return self.read_at(&mut buf[n..], off + n as u64),
-                Some(Ok(_)) => return Err(Errno::EIO),
-                Some(Err(e)) if e != Errno::EINTR && e != Errno::EAGAIN => return Err(e),
-                _ => {}
-            }
+    /// [`SwapFile::read_at`] on a ring of `rings`, polled for
+    /// ([`crate::ring`]), where there is a ring to be had.
+    pub fn read_at_polled(&self, buf: &mut [u8], off: u64, rings: &RingPool) -> Result<(), Errno> {
+        // SAFETY: `buf` is a live slice borrowed mutably for the call:
+        // nothing else touches it until the read has completed.
+        let r = unsafe { rings.pread_polled(self.fd.as_raw_fd(), buf.as_mut_ptr() as usize, buf.len(), off) };
+        match r {
+            Some(Ok(n)) if n == buf.len() => Ok(()),
+            // Short (a file that ended): the rest as `read_at` reads it.
+            Some(Ok(n)) if n > 0 => self.read_at(&mut buf[n..], off + n as u64),
+            Some(Ok(_)) => Err(Errno::EIO),
+            Some(Err(e)) if e != Errno::EINTR && e != Errno::EAGAIN => Err(e),
+            _ => self.read_at(buf, off),
         }
-        self.read_at(buf, off)
     }
 
     /// Writes `pages`, in order, at `off` in one call.
@@ -544,9 +541,9 @@ impl MappedFile {
     /// 33 µs buffered plus 3 µs to drop the cached copy). Returns the bytes
     /// read (short at the end of the file), or `None` where `O_DIRECT` is not
     /// to be had — the caller then reads through the page cache. A file
-    /// system that refuses it (`EINVAL`) is not asked again. With `poll`,
-    /// the read goes on a ring of `poll.0` and is polled for `poll.1` ns
-    /// ([`crate::ring`]) where there is a ring to be had.
+    /// system that refuses it (`EINVAL`) is not asked again. The read goes
+    /// on a ring of `rings`, polled for ([`crate::ring`]), where there is a
+    /// ring to be had.
     ///
     /// # Safety
     /// `[dst, dst+page)` must be writable memory for the call.
@@ -555,7 +552,7 @@ impl MappedFile {
         dst: usize,
         page: usize,
         off: u64,
-        poll: Option<(&RingPool, u64)>,
+        rings: &RingPool,
     ) -> Option<Result<usize, Errno>> {
         use std::sync::atomic::Ordering;
         if self.keep_cache || !self.direct_ok.load(Ordering::Relaxed) {
@@ -563,17 +560,15 @@ impl MappedFile {
         }
         // (No description of its own to read through: the page cache then.)
         let fd = self.reader_fd(true)?;
-        if let Some((rings, ns)) = poll {
-            // SAFETY: the caller's guarantee on the buffer.
-            match unsafe { rings.pread_polled(fd, dst, page, off, ns) } {
-                Some(Err(e)) if e == Errno::EINVAL => {
-                    self.direct_ok.store(false, Ordering::Relaxed);
-                    return None;
-                }
-                Some(Err(e)) if e == Errno::EINTR || e == Errno::EAGAIN => {}
-                Some(r) => return Some(r),
-                None => {}
+        // SAFETY: the caller's guarantee on the buffer.
+        match unsafe { rings.pread_polled(fd, dst, page, off) } {
+            Some(Err(e)) if e == Errno::EINVAL => {
+                self.direct_ok.store(false, Ordering::Relaxed);
+                return None;
             }
+            Some(Err(e)) if e == Errno::EINTR || e == Errno::EAGAIN => {}
+            Some(r) => return Some(r),
+            None => {}
         }
         loop {
             // SAFETY: the caller guarantees the buffer is writable.

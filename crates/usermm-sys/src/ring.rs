@@ -25,9 +25,9 @@ use io_uring::{opcode, types, IoUring};
 
 use crate::Errno;
 
-/// How long a read on the path of a fault is polled for before its thread
-/// sleeps (a 4 KiB `O_DIRECT` read here takes 40–80 µs).
-pub const POLL_NS: u64 = 200_000;
+/// How long a read is polled for before its thread sleeps (a 4 KiB
+/// `O_DIRECT` read here takes 40–80 µs).
+const POLL_NS: u64 = 200_000;
 
 /// A ring, and the process it was made in.
 struct Ring {
@@ -50,7 +50,7 @@ impl RingPool {
 
     /// Reads up to `len` bytes of `fd` at `off` into `dst` with one read
     /// on a ring of the pool, polling for its completion for up to
-    /// `poll_ns` (then sleeping). Returns the count (short at the end of
+    /// [`POLL_NS`] (then sleeping). Returns the count (short at the end of
     /// the file), or `None` if no ring is to be had (the caller reads with
     /// `pread`). Never returns while the kernel may still write into
     /// `dst`. Safe in usermm's SIGBUS handler (in-thread faults), which runs
@@ -63,14 +63,7 @@ impl RingPool {
     /// # Safety
     /// `[dst, dst+len)` must be writable memory that nothing else reads or
     /// writes until this returns.
-    pub unsafe fn pread_polled(
-        &self,
-        fd: i32,
-        dst: usize,
-        len: usize,
-        off: u64,
-        poll_ns: u64,
-    ) -> Option<Result<usize, Errno>> {
+    pub unsafe fn pread_polled(&self, fd: i32, dst: usize, len: usize, off: u64) -> Option<Result<usize, Errno>> {
         if self.unavailable.load(Ordering::Relaxed) {
             return None;
         }
@@ -93,7 +86,7 @@ impl RingPool {
         };
         // SAFETY: the caller's guarantee on `dst`; the completion is waited
         // for before this returns, whatever happens.
-        match unsafe { read_one(&mut r.ring, fd, dst, len, off, poll_ns) } {
+        match unsafe { read_one(&mut r.ring, fd, dst, len, off, POLL_NS) } {
             Done::Read(res) => {
                 self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(r);
                 Some(res)
@@ -168,7 +161,7 @@ mod tests {
         for (off, want) in [(0u64, 4096usize), (4096, 4096), (3 * 4096, 100), (4 * 4096, 0)] {
             buf.fill(0xee);
             // SAFETY: `buf` is ours, plain memory, untouched until the call returns.
-            let got = unsafe { pool.pread_polled(f.as_raw_fd(), buf.as_mut_ptr() as usize, 4096, off, 100_000) };
+            let got = unsafe { pool.pread_polled(f.as_raw_fd(), buf.as_mut_ptr() as usize, 4096, off) };
             let n = got.expect("io_uring is there on this machine").expect("read");
             assert_eq!(n, want, "at {off}");
             if n > 0 {
@@ -178,7 +171,7 @@ mod tests {
         assert_eq!(pool.idle.lock().unwrap().len(), 1, "one ring, reused");
         // A read error is the kernel's errno: a descriptor that is not open.
         // SAFETY: as above.
-        let bad = unsafe { pool.pread_polled(i32::MAX - 7, buf.as_mut_ptr() as usize, 4096, 0, 100_000) };
+        let bad = unsafe { pool.pread_polled(i32::MAX - 7, buf.as_mut_ptr() as usize, 4096, 0) };
         assert_eq!(bad.expect("a ring").unwrap_err(), Errno::EBADF);
         // Threads reading at once each get a ring; all come back.
         std::thread::scope(|sc| {
@@ -189,7 +182,7 @@ mod tests {
                     for i in 0..200u64 {
                         let off = ((i + t) % 3) * 4096;
                         // SAFETY: as above.
-                        let r = unsafe { pool.pread_polled(fd, b.as_mut_ptr() as usize, 4096, off, 100_000) };
+                        let r = unsafe { pool.pread_polled(fd, b.as_mut_ptr() as usize, 4096, off) };
                         assert_eq!(r.unwrap().unwrap(), 4096);
                         assert_eq!(&b[..], &data[off as usize..off as usize + 4096]);
                     }
@@ -204,7 +197,7 @@ mod tests {
         if pid == 0 {
             let mut b = vec![0u8; 4096];
             // SAFETY: as above.
-            let r = unsafe { pool.pread_polled(f.as_raw_fd(), b.as_mut_ptr() as usize, 4096, 4096, 100_000) };
+            let r = unsafe { pool.pread_polled(f.as_raw_fd(), b.as_mut_ptr() as usize, 4096, 4096) };
             let ok = matches!(r, Some(Ok(4096))) && b[..] == data[4096..8192];
             // SAFETY: leaving the child at once, nothing to unwind.
             unsafe { libc::_exit(if ok { 0 } else { 1 }) };

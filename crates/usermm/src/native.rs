@@ -268,6 +268,8 @@ impl Inner {
                 .map_err(|e| if e == Errno::ENOSYS || e == Errno::EOPNOTSUPP { Errno::ENOSYS } else { e })?;
         let user_mode_only = uffd.mode == UffdMode::UserModeOnly;
         let fallback_reason = uffd.fallback_reason.clone();
+        // One pool of io_urings for the space's reads, swap and files.
+        let rings = std::sync::Arc::new(usermm_sys::ring::RingPool::new());
         let swap: Option<Box<dyn crate::store::PageStore>> = if swap_slots == 0 {
             None
         } else if let Some(url) = &cfg.swap_url {
@@ -283,7 +285,7 @@ impl Inner {
                 .unwrap_or_else(|| "/tmp".into());
             Some(Box::new(crate::store::LocalFile {
                 file: SwapFile::create(&dir.to_string_lossy(), swap_slots as u64 * ps as u64)?,
-                rings: usermm_sys::ring::RingPool::new(),
+                rings: rings.clone(),
             }))
         };
         let staging_slots = budget_pages as u32;
@@ -295,7 +297,7 @@ impl Inner {
             procmem: ProcMem::open().ok(),
             pagemap: usermm_sys::file::Pagemap::open().ok(),
             page_size: ps,
-            rings: usermm_sys::ring::RingPool::new(),
+            rings,
         });
         let inner = Inner::build(cfg, plat, user_mode_only, fallback_reason)?;
         // In-thread faults: no fault ever reaches a handler thread.

@@ -152,8 +152,9 @@ pub(crate) struct Native {
     pub procmem: Option<ProcMem>,
     pub pagemap: Option<Pagemap>,
     pub page_size: usize,
-    /// io_uring instances for file reads (`usermm_sys::ring`).
-    pub rings: usermm_sys::ring::RingPool,
+    /// The space's io_uring instances, for file reads and the swap file's
+    /// (`usermm_sys::ring`).
+    pub rings: std::sync::Arc<usermm_sys::ring::RingPool>,
 }
 
 /// Bounce buffers are per thread, grown to the largest request seen.
@@ -214,9 +215,8 @@ impl Platform for Native {
         self.arena.unprotect(&self.uffd, a, l)
     }
     fn file_in(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno> {
-        // The read polled for (`usermm_sys::ring`).
-        let poll = Some((&self.rings, usermm_sys::ring::POLL_NS));
-        with_bounce(len, |b| self.arena.file_in(&self.uffd, file, off, dst, len, b, poll)).unwrap_or(Err(Errno::ENOMEM))
+        with_bounce(len, |b| self.arena.file_in(&self.uffd, file, off, dst, len, b, &self.rings))
+            .unwrap_or(Err(Errno::ENOMEM))
     }
     fn wake(&self, a: usize, l: usize) -> Result<(), Errno> {
         if self.uffd.has(UFFD_FEATURE_SIGBUS) {

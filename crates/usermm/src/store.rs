@@ -18,8 +18,10 @@ mod redis;
 
 pub(crate) use self::redis::RedisStore;
 
+use std::sync::Arc;
 use usermm_core::Errno;
 use usermm_sys::file::SwapFile;
+
 use usermm_sys::ring::RingPool;
 
 /// A place for swapped pages. Offsets are byte offsets of whole pages
@@ -50,16 +52,16 @@ pub(crate) trait PageStore: Send + Sync {
     }
 }
 
-/// The local swap file; reads go on a ring of `rings`, polled for
-/// (`usermm_sys::ring`).
+/// The local swap file; reads go on a ring of `rings` (the space's, shared
+/// with its file reads), polled for (`usermm_sys::ring`).
 pub(crate) struct LocalFile {
     pub(crate) file: SwapFile,
-    pub(crate) rings: RingPool,
+    pub(crate) rings: Arc<RingPool>,
 }
 
 impl PageStore for LocalFile {
     fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), Errno> {
-        self.file.read_at_polled(buf, off, Some((&self.rings, usermm_sys::ring::POLL_NS)))
+        self.file.read_at_polled(buf, off, &self.rings)
     }
     fn write(&self, off: u64, pages: &[&[u8]]) -> Result<(), Errno> {
         self.file.write_at(pages, off)
