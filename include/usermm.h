@@ -157,6 +157,9 @@
                                             installs): a kernel-mode access
                                             to a non-resident page is EFAULT;
                                             threads must not block SIGBUS */
+#define UMM_F_NO_WAKE_AHEAD        0x80u /* no SCHED_IDLE thread keeping the
+                                            faulting thread's idle CPU awake
+                                            while its fault is served */
 
 #ifdef __cplusplus
 extern "C" {

@@ -124,6 +124,12 @@ pub const UMM_F_PURGE_VOLATILE_FIRST: u32 = 1 << 5;
 /// fallback; a thread that blocks SIGBUS must not touch the space. See
 /// docs/design.md, "Faults in the faulting thread".
 pub const UMM_F_INTHREAD_FAULTS: u32 = 1 << 6;
+/// No wake-ahead thread: while a handler thread serves a fault, nothing keeps
+/// the faulting thread's idle CPU awake (by default a `SCHED_IDLE` thread
+/// spins there until the fault is served, so that the faulting thread's
+/// wake-up does not wait for a halted CPU; it uses CPU time no other thread
+/// wanted). See docs/design.md, "Wake-ahead".
+pub const UMM_F_NO_WAKE_AHEAD: u32 = 1 << 7;
 /// Every `UMM_F_*` bit.
 pub const UMM_F_ALL: u32 = UMM_F_EXACT_FAULTS
     | UMM_F_REQUIRE_FULL_UFFD
@@ -131,4 +137,5 @@ pub const UMM_F_ALL: u32 = UMM_F_EXACT_FAULTS
     | UMM_F_FORCE_USER_MODE
     | UMM_F_KEEP_FILE_CACHE
     | UMM_F_PURGE_VOLATILE_FIRST
-    | UMM_F_INTHREAD_FAULTS;
+    | UMM_F_INTHREAD_FAULTS
+    | UMM_F_NO_WAKE_AHEAD;

@@ -104,6 +104,15 @@ pub fn pin_to_cpu(cpu: usize) -> Result<(), Errno> {
     check(unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) }).map(|_| ())
 }
 
+/// Gives the calling thread the `SCHED_IDLE` policy: it runs only on a CPU
+/// that has nothing else to run, and any other thread that wakes there
+/// preempts it at once (best effort: callers ignore an error).
+pub fn set_idle_priority() -> Result<(), Errno> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid sched_param; 0 is the calling thread.
+    check(unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) }).map(|_| ())
+}
+
 /// The fork generation of this process: 0 in the process that first loaded
 /// usermm, bumped in the child of every `fork` after [`watch_forks`] ran.
 ///

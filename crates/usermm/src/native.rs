@@ -85,6 +85,7 @@ use usermm_sys::uffd::{
 use crate::Config;
 
 mod advise;
+mod awake;
 mod background;
 mod calls;
 mod fault;
@@ -133,6 +134,9 @@ pub(crate) struct Inner {
     pub shutdown: AtomicBool,
     /// Whether a handler thread is spinning for the next message.
     spinning: AtomicBool,
+    /// Keeps the faulting thread's CPU awake while its fault is served
+    /// (`native/awake.rs`).
+    pub(crate) wake_ahead: awake::WakeAhead,
     pub wake_fd: EventFd,
     pub write_hold_ns_max: AtomicU64,
     /// Zaps the host refused at first (see `Arena::zap`).
@@ -329,6 +333,24 @@ impl Inner {
                 .map_err(|_| Errno::EAGAIN)?;
             handles.push(h);
         }
+        if nthreads > 0 && cfg.flags & UMM_F_NO_WAKE_AHEAD == 0 && usermm_sys::ncpus() > 1 {
+            inner.wake_ahead.enable();
+            let me = inner.clone();
+            let tx = started_tx.clone();
+            let h = std::thread::Builder::new()
+                .name("usermm-awake".into())
+                .spawn(move || {
+                    crate::heap::mark_usermm_thread();
+                    // (Best effort: at the normal policy it would only
+                    // compete a little more for a CPU no one wanted.)
+                    let _ = usermm_sys::thread::set_idle_priority();
+                    let _ = tx.send(());
+                    drop(tx);
+                    me.wake_ahead.run(&me.shutdown)
+                })
+                .map_err(|_| Errno::EAGAIN)?;
+            handles.push(h);
+        }
         {
             // The background thread also serves MADV_WILLNEED; with
             // UMM_F_NO_BACKGROUND_RECLAIM it only does that.
@@ -418,6 +440,7 @@ impl Inner {
             bg_poked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
             spinning: AtomicBool::new(false),
+            wake_ahead: awake::WakeAhead::default(),
             wake_fd: EventFd::new()?,
             write_hold_ns_max: AtomicU64::new(0),
             host_refusals: AtomicU64::new(0),
@@ -468,6 +491,7 @@ impl Inner {
             self.reclaim_wanted.notify_all();
             self.settled.notify_all();
         }
+        self.wake_ahead.shut();
         for h in threads.handles {
             let _ = h.join();
         }

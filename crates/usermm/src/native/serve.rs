@@ -21,6 +21,14 @@ pub(super) enum Caller {
     Populate,
 }
 
+impl Caller {
+    /// Whether a program thread waits in the kernel for this plan (a fault
+    /// served by a handler thread).
+    fn waits(&self) -> bool {
+        matches!(self, Caller::Fault { tid: Some(_), .. })
+    }
+}
+
 /// What serving a plan left.
 pub(super) enum Next<'a> {
     /// The page is served (or the failure reported to the faulting thread).
@@ -90,6 +98,7 @@ impl Inner {
             }
             FaultPlan::FileRead { run, file, file_page } => {
                 drop(c);
+                let _awake = self.wake_ahead.guard(caller.waits());
                 let (n, drop_due) = self.file_in(run, file, file_page, true).unwrap_or((0, None));
                 let r = self.finish_fill(plan, run, n, page_addr, caller, Some(file));
                 // Then what the woken thread need not wait for: the deferred
@@ -106,6 +115,7 @@ impl Inner {
             }
             FaultPlan::SwapIn { run, slot, keep } => {
                 drop(c);
+                let _awake = self.wake_ahead.guard(caller.waits());
                 let n = self.swap_in(run, slot, keep);
                 self.finish_fill(plan, run, n, page_addr, caller, None)
             }
