@@ -429,6 +429,40 @@ impl Arena {
         unsafe { uffd.copy_wp(dst, bounce.addr as *const u8, len, false, wp && self.program_wp) }
     }
 
+    /// Reads `len` bytes from a page store into `bounce` (`read` fills the
+    /// buffer it is given), for a later [`Arena::install_bounce`].
+    pub fn store_read(
+        &self,
+        len: usize,
+        bounce: &Bounce,
+        read: impl FnOnce(&mut [u8]) -> Result<(), Errno>,
+    ) -> Result<(), Errno> {
+        assert!(bounce.len >= len);
+        // SAFETY: the bounce buffer is a private mapping owned by `bounce`,
+        // writable for `bounce.len >= len` bytes, and this thread's alone
+        // (`with_bounce`): no other reference into it while `read` runs.
+        let buf = unsafe { std::slice::from_raw_parts_mut(bounce.addr as *mut u8, len) };
+        read(buf)
+    }
+
+    /// Installs the first `len` bytes of `bounce` at `dst` (of the
+    /// reservation), write-protected if `wp` (see `tracks_writes`), waking
+    /// the waiters if `wake`. Returns the bytes installed (a prefix).
+    pub fn install_bounce(
+        &self,
+        uffd: &Uffd,
+        dst: usize,
+        len: usize,
+        wp: bool,
+        wake: bool,
+        bounce: &Bounce,
+    ) -> Result<usize, Errno> {
+        self.check(dst, len)?;
+        assert!(bounce.len >= len);
+        // SAFETY: the bounce buffer is ours and readable for `len` bytes.
+        unsafe { uffd.copy_wp(dst, bounce.addr as *const u8, len, wake, wp && self.program_wp) }
+    }
+
     /// Drops the frame of `slot` (the slot becomes empty).
     pub fn drop_slot(&self, slot: u32) -> Result<(), Errno> {
         self.drop_slots(slot, 1)

@@ -57,6 +57,12 @@ pub(crate) trait Platform: Send + Sync {
     /// Reads `len` bytes of swap at `off` into the program range at `dst`,
     /// write-protected if `wp` (see `tracks_writes`).
     fn swap_in(&self, off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno>;
+    /// The first half of a swap-in installed under the core lock: reads
+    /// `len` bytes of swap at `off` into this thread's buffer.
+    fn swap_read(&self, off: u64, len: usize) -> Result<(), Errno>;
+    /// The second half: installs what this thread's last `swap_read` read
+    /// at `dst`, write-protected if `wp`, waking the waiters if `wake`.
+    fn swap_install(&self, dst: usize, len: usize, wp: bool, wake: bool) -> Result<usize, Errno>;
     /// Lifts the write protection of `[a, a+l)` and wakes its waiters.
     fn unprotect(&self, a: usize, l: usize) -> Result<(), Errno>;
     /// Reads a file run into the program range (the tail past the end of
@@ -210,6 +216,13 @@ impl Platform for Native {
         let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
         with_bounce(len, |b| self.arena.store_in(&self.uffd, dst, len, wp, b, |buf| swap.read(off, buf)))
             .unwrap_or(Err(Errno::ENOMEM))
+    }
+    fn swap_read(&self, off: u64, len: usize) -> Result<(), Errno> {
+        let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
+        with_bounce(len, |b| self.arena.store_read(len, b, |buf| swap.read(off, buf))).unwrap_or(Err(Errno::ENOMEM))
+    }
+    fn swap_install(&self, dst: usize, len: usize, wp: bool, wake: bool) -> Result<usize, Errno> {
+        with_bounce(len, |b| self.arena.install_bounce(&self.uffd, dst, len, wp, wake, b)).unwrap_or(Err(Errno::ENOMEM))
     }
     fn unprotect(&self, a: usize, l: usize) -> Result<(), Errno> {
         self.arena.unprotect(&self.uffd, a, l)

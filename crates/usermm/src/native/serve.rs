@@ -113,6 +113,11 @@ impl Inner {
                 }
                 r
             }
+            FaultPlan::SwapIn { run, slot, keep } if run.pages() <= SMALL_FILL_PAGES => {
+                drop(c);
+                let _awake = self.wake_ahead.guard(caller.waits());
+                self.serve_small_swap_in(plan, run, slot, keep, page_addr, caller)
+            }
             FaultPlan::SwapIn { run, slot, keep } => {
                 drop(c);
                 let _awake = self.wake_ahead.guard(caller.waits());
@@ -249,6 +254,41 @@ impl Inner {
             self.plat.zero_map_wake(a, len, true).or_else(|_| self.plat.zero_fill_wake(a, len, true))
         };
         let n = (done.unwrap_or(0) / self.page_size) as u64;
+        c.fill_done(plan, n);
+        self.after_fill(&mut c);
+        let r =
+            if self.covers(run, n, page_addr) { Next::Served } else { self.report(&mut c, caller, plan.unfilled()) };
+        drop(c);
+        if n < run.pages() {
+            let _ = self.plat.wake(page_addr, self.page_size);
+        }
+        r
+    }
+
+    /// A small swap-in: the read outside the core lock, then, as a small
+    /// zero fill does, the install with its wake-up and the commit under
+    /// it (see `serve_small_zero_fill`): the woken thread's wake-up overlaps
+    /// the commit instead of waiting for a separate wake ioctl after it.
+    fn serve_small_swap_in(
+        &self,
+        plan: &FaultPlan,
+        run: PageRange,
+        slot: u32,
+        keep: bool,
+        page_addr: usize,
+        caller: Caller,
+    ) -> Next<'_> {
+        let ps = self.page_size;
+        let len = run.pages() as usize * ps;
+        let read = self.plat.has_swap()
+            && !take_one(&self.inject_read_errors)
+            && self.plat.swap_read(self.swap_off(slot), len).is_ok();
+        let mut c = lock(&self.core);
+        let n = if read {
+            (self.plat.swap_install(self.addr(run.start), len, keep, true).unwrap_or(0) / ps) as u64
+        } else {
+            0
+        };
         c.fill_done(plan, n);
         self.after_fill(&mut c);
         let r =

@@ -179,6 +179,11 @@ impl Host {
     }
 }
 
+std::thread_local! {
+    /// What this thread's last `swap_read` read, for its `swap_install`.
+    static SWAP_READ: std::cell::RefCell<Vec<Pg>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl Platform for SimPlatform {
     fn base(&self) -> usize {
         BASE
@@ -225,6 +230,35 @@ impl Platform for SimPlatform {
         let pages =
             (0..(len / PS) as u64).map(|k| Pg::Data(h.swap.get(&(first + k)).cloned().unwrap_or_else(zeros))).collect();
         let done = h.install(dst, pages);
+        if wp && h.tracks_writes {
+            let p0 = page_of(dst);
+            h.wp.extend(p0..p0 + done / PS);
+        }
+        Ok(done)
+    }
+    fn swap_read(&self, off: u64, len: usize) -> Result<(), Errno> {
+        self.preempt();
+        let mut h = self.host();
+        if h.fail() {
+            return Err(Errno::EIO);
+        }
+        let first = off / PS as u64;
+        let pages: Vec<Pg> =
+            (0..(len / PS) as u64).map(|k| Pg::Data(h.swap.get(&(first + k)).cloned().unwrap_or_else(zeros))).collect();
+        SWAP_READ.with(|r| *r.borrow_mut() = pages);
+        Ok(())
+    }
+    fn swap_install(&self, dst: usize, len: usize, wp: bool, _wake: bool) -> Result<usize, Errno> {
+        // (Taken before the preemption point: a fault served there reads
+        // and installs its own.)
+        let pages = SWAP_READ.with(|r| std::mem::take(&mut *r.borrow_mut()));
+        self.preempt();
+        Self::check(dst, len)?;
+        if pages.len() * PS < len {
+            return Err(Errno::EINVAL);
+        }
+        let mut h = self.host();
+        let done = h.install(dst, pages.into_iter().take(len / PS).collect());
         if wp && h.tracks_writes {
             let p0 = page_of(dst);
             h.wp.extend(p0..p0 + done / PS);
@@ -556,6 +590,8 @@ impl Platform for Shared {
         zero_map(dst: usize, len: usize) -> Result<usize, Errno>;
         zero_map_wake(dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
         swap_in(off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno>;
+        swap_read(off: u64, len: usize) -> Result<(), Errno>;
+        swap_install(dst: usize, len: usize, wp: bool, wake: bool) -> Result<usize, Errno>;
         unprotect(a: usize, l: usize) -> Result<(), Errno>;
         file_in(file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno>;
         wake(a: usize, l: usize) -> Result<(), Errno>;
