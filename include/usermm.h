@@ -160,6 +160,8 @@
 #define UMM_F_NO_WAKE_AHEAD        0x80u /* no SCHED_IDLE thread keeping the
                                             faulting thread's idle CPU awake
                                             while its fault is served */
+#define UMM_F_NO_FRAME_POOL       0x100u /* no pool of recycled frames: every
+                                            fill allocates fresh frames */
 
 #ifdef __cplusplus
 extern "C" {

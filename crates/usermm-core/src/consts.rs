@@ -130,6 +130,13 @@ pub const UMM_F_INTHREAD_FAULTS: u32 = 1 << 6;
 /// wake-up does not wait for a halted CPU; it uses CPU time no other thread
 /// wanted). See docs/design.md, "Wake-ahead".
 pub const UMM_F_NO_WAKE_AHEAD: u32 = 1 << 7;
+/// No frame pool: the frames of evicted pages go back to the host at once,
+/// and every fill allocates fresh ones (`UFFDIO_COPY`). By default up to an
+/// eighth of the budget (16 to 512 frames, counted in the budget as free
+/// frames) is kept and moved into zero fills and swap-ins of read-write,
+/// unlocked regions (`UFFDIO_MOVE`), zeroed or overwritten first. See
+/// docs/design.md, "Recycled frames".
+pub const UMM_F_NO_FRAME_POOL: u32 = 1 << 8;
 /// Every `UMM_F_*` bit.
 pub const UMM_F_ALL: u32 = UMM_F_EXACT_FAULTS
     | UMM_F_REQUIRE_FULL_UFFD
@@ -138,4 +145,5 @@ pub const UMM_F_ALL: u32 = UMM_F_EXACT_FAULTS
     | UMM_F_KEEP_FILE_CACHE
     | UMM_F_PURGE_VOLATILE_FIRST
     | UMM_F_INTHREAD_FAULTS
-    | UMM_F_NO_WAKE_AHEAD;
+    | UMM_F_NO_WAKE_AHEAD
+    | UMM_F_NO_FRAME_POOL;

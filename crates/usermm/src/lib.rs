@@ -423,6 +423,7 @@ impl Space {
             .map(|(a, e)| (e - a) / self.inner.page_size)
             .sum();
         let c = &s.counters;
+        let pool = self.inner.plat.pool_stats();
         Stats {
             budget_pages: s.budget_pages,
             resident_pages: s.resident_pages,
@@ -456,6 +457,8 @@ impl Space {
             host_unreported_moves: self.inner.host_unreported_moves.load(std::sync::atomic::Ordering::Relaxed),
             swap_cached_pages: s.swap_cached_pages,
             clean_evictions: c.clean_evictions,
+            pool_frames: pool.0,
+            pool_fills: pool.1,
         }
     }
 

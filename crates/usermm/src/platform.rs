@@ -57,9 +57,19 @@ pub(crate) trait Platform: Send + Sync {
     /// Reads `len` bytes of swap at `off` into the program range at `dst`,
     /// write-protected if `wp` (see `tracks_writes`).
     fn swap_in(&self, off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno>;
+    /// As `zero_fill_wake`, with frames from the space's pool where it
+    /// has enough (recycled, zeroed, moved in: `Arena::zero_fill_pooled`).
+    /// Only for a plainly read-write, unlocked region.
+    fn zero_fill_pooled(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
+    /// Drops pool frames until at most `max` are left.
+    fn pool_trim(&self, max: u64);
+    /// Frames in the pool now, and pages installed from it so far.
+    fn pool_stats(&self) -> (u64, u64);
     /// The first half of a swap-in installed under the core lock: reads
-    /// `len` bytes of swap at `off` into this thread's buffer.
-    fn swap_read(&self, off: u64, len: usize) -> Result<(), Errno>;
+    /// `len` bytes of swap at `off` into this thread's buffer, or, if
+    /// `pooled` (a read-write, unlocked region, not write-protected), into
+    /// frames of the space's pool where it has enough.
+    fn swap_read(&self, off: u64, len: usize, pooled: bool) -> Result<(), Errno>;
     /// The second half: installs what this thread's last `swap_read` read
     /// at `dst`, write-protected if `wp`, waking the waiters if `wake`.
     fn swap_install(&self, dst: usize, len: usize, wp: bool, wake: bool) -> Result<usize, Errno>;
@@ -163,6 +173,12 @@ pub(crate) struct Native {
     pub rings: std::sync::Arc<usermm_sys::ring::RingPool>,
 }
 
+std::thread_local! {
+    /// Pool frames this thread's last `swap_read` read into, for its
+    /// `swap_install`.
+    static TAKEN: std::cell::Cell<Option<usermm_sys::arena::Taken>> = const { std::cell::Cell::new(None) };
+}
+
 /// Bounce buffers are per thread, grown to the largest request seen.
 const BOUNCE_MIN_BYTES: usize = 1 << 20;
 
@@ -217,11 +233,32 @@ impl Platform for Native {
         with_bounce(len, |b| self.arena.store_in(&self.uffd, dst, len, wp, b, |buf| swap.read(off, buf)))
             .unwrap_or(Err(Errno::ENOMEM))
     }
-    fn swap_read(&self, off: u64, len: usize) -> Result<(), Errno> {
+    fn zero_fill_pooled(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
+        self.arena.zero_fill_pooled(&self.uffd, dst, len, wake)
+    }
+    fn pool_trim(&self, max: u64) {
+        self.arena.pool_trim(max.min(usize::MAX as u64) as usize)
+    }
+    fn pool_stats(&self) -> (u64, u64) {
+        (self.arena.pool_frames() as u64, self.arena.pool_installed())
+    }
+    fn swap_read(&self, off: u64, len: usize, pooled: bool) -> Result<(), Errno> {
         let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
+        if let Some(old) = TAKEN.with(|t| t.take()) {
+            self.arena.drop_taken(old);
+        }
+        if pooled {
+            if let Some(taken) = self.arena.store_read_pooled(len, |buf| swap.read(off, buf))? {
+                TAKEN.with(|t| t.set(Some(taken)));
+                return Ok(());
+            }
+        }
         with_bounce(len, |b| self.arena.store_read(len, b, |buf| swap.read(off, buf))).unwrap_or(Err(Errno::ENOMEM))
     }
     fn swap_install(&self, dst: usize, len: usize, wp: bool, wake: bool) -> Result<usize, Errno> {
+        if let Some(taken) = TAKEN.with(|t| t.take()) {
+            return self.arena.install_taken(&self.uffd, dst, taken, wp, wake);
+        }
         with_bounce(len, |b| self.arena.install_bounce(&self.uffd, dst, len, wp, wake, b)).unwrap_or(Err(Errno::ENOMEM))
     }
     fn unprotect(&self, a: usize, l: usize) -> Result<(), Errno> {
@@ -291,7 +328,8 @@ impl Platform for Native {
         }
     }
     fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno> {
-        self.arena.drop_slots(slot, n)
+        // (Into the pool as far as it has room: `Arena::recycle_slots`.)
+        self.arena.recycle_slots(&self.uffd, slot, n)
     }
     fn discard_slot(&self, slot: u32) -> bool {
         self.arena.discard_slot(slot)

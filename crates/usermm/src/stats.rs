@@ -56,6 +56,12 @@ pub struct Stats {
     /// Evictions that wrote nothing, the page's swap copy being exact (not
     /// counted in `swapouts`). Not in `struct umm_stats`.
     pub clean_evictions: u64,
+    /// Frames in the space's pool of recycled frames now (counted in the
+    /// budget as free frames). Not in `struct umm_stats`.
+    pub pool_frames: u64,
+    /// Pages installed by moving a pool frame in (a zero fill or a swap-in
+    /// with no frame allocated). Not in `struct umm_stats`.
+    pub pool_fills: u64,
 }
 
 /// What `umm_populate` reports (`struct umm_populate_report`).

@@ -21,6 +21,13 @@ pub(super) enum Caller {
     Populate,
 }
 
+/// Whether a fill of `run` may take frames from the pool: its region is
+/// plainly read-write and unlocked, as `UFFDIO_MOVE` wants of both sides
+/// (the pool is such a mapping).
+fn pool_fits(c: &Core, run: PageRange) -> bool {
+    c.region_at(run.start).is_some_and(|r| r.prot == PROT_READ | PROT_WRITE && r.lock == LockMode::None)
+}
+
 impl Caller {
     /// Whether a program thread waits in the kernel for this plan (a fault
     /// served by a handler thread).
@@ -63,6 +70,9 @@ impl Inner {
         mm: &RwLockReadGuard<'_, ()>,
         st: &mut Retries,
     ) -> Next<'a> {
+        // The pool's frames count in the budget: never more of them than the
+        // free frames this plan leaves (it may just have charged some).
+        self.plat.pool_trim(c.free_frames());
         match *plan {
             FaultPlan::Wake => {
                 drop(c);
@@ -86,7 +96,8 @@ impl Inner {
                 Caller::Populate => Next::Failed(Failure::Poisoned.populate_errno()),
             },
             FaultPlan::ZeroFill { run } if run.pages() <= SMALL_FILL_PAGES => {
-                self.serve_small_zero_fill(c, plan, run, page_addr, write, caller)
+                let pooled = write && pool_fits(&c, run);
+                self.serve_small_zero_fill(c, plan, run, page_addr, write, pooled, caller)
             }
             FaultPlan::ZeroFill { run } => {
                 drop(c);
@@ -114,9 +125,10 @@ impl Inner {
                 r
             }
             FaultPlan::SwapIn { run, slot, keep } if run.pages() <= SMALL_FILL_PAGES => {
+                let pooled = !keep && pool_fits(&c, run);
                 drop(c);
                 let _awake = self.wake_ahead.guard(caller.waits());
-                self.serve_small_swap_in(plan, run, slot, keep, page_addr, caller)
+                self.serve_small_swap_in(plan, run, slot, keep, pooled, page_addr, caller)
             }
             FaultPlan::SwapIn { run, slot, keep } => {
                 drop(c);
@@ -237,6 +249,7 @@ impl Inner {
     /// takes this lock), no zap can interleave, and its wake-up overlaps
     /// our commit instead of waiting for a separate wake ioctl. The install
     /// never waits on anything that needs this lock.
+    #[allow(clippy::too_many_arguments)]
     fn serve_small_zero_fill<'a>(
         &'a self,
         mut c: MutexGuard<'a, Core>,
@@ -244,11 +257,14 @@ impl Inner {
         run: PageRange,
         page_addr: usize,
         write: bool,
+        pooled: bool,
         caller: Caller,
     ) -> Next<'a> {
         let a = self.addr(run.start);
         let len = run.pages() as usize * self.page_size;
-        let done = if write {
+        let done = if pooled {
+            self.plat.zero_fill_pooled(a, len, true)
+        } else if write {
             self.plat.zero_fill_wake(a, len, true)
         } else {
             self.plat.zero_map_wake(a, len, true).or_else(|_| self.plat.zero_fill_wake(a, len, true))
@@ -269,12 +285,14 @@ impl Inner {
     /// zero fill does, the install with its wake-up and the commit under
     /// it (see `serve_small_zero_fill`): the woken thread's wake-up overlaps
     /// the commit instead of waiting for a separate wake ioctl after it.
+    #[allow(clippy::too_many_arguments)]
     fn serve_small_swap_in(
         &self,
         plan: &FaultPlan,
         run: PageRange,
         slot: u32,
         keep: bool,
+        pooled: bool,
         page_addr: usize,
         caller: Caller,
     ) -> Next<'_> {
@@ -282,7 +300,7 @@ impl Inner {
         let len = run.pages() as usize * ps;
         let read = self.plat.has_swap()
             && !take_one(&self.inject_read_errors)
-            && self.plat.swap_read(self.swap_off(slot), len).is_ok();
+            && self.plat.swap_read(self.swap_off(slot), len, pooled).is_ok();
         let mut c = lock(&self.core);
         let n = if read {
             (self.plat.swap_install(self.addr(run.start), len, keep, true).unwrap_or(0) / ps) as u64

@@ -236,7 +236,15 @@ impl Platform for SimPlatform {
         }
         Ok(done)
     }
-    fn swap_read(&self, off: u64, len: usize) -> Result<(), Errno> {
+    fn zero_fill_pooled(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
+        // (The simulated host has no frames to recycle: a zero fill.)
+        self.zero_fill_wake(dst, len, wake)
+    }
+    fn pool_trim(&self, _max: u64) {}
+    fn pool_stats(&self) -> (u64, u64) {
+        (0, 0)
+    }
+    fn swap_read(&self, off: u64, len: usize, _pooled: bool) -> Result<(), Errno> {
         self.preempt();
         let mut h = self.host();
         if h.fail() {
@@ -590,7 +598,10 @@ impl Platform for Shared {
         zero_map(dst: usize, len: usize) -> Result<usize, Errno>;
         zero_map_wake(dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
         swap_in(off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno>;
-        swap_read(off: u64, len: usize) -> Result<(), Errno>;
+        swap_read(off: u64, len: usize, pooled: bool) -> Result<(), Errno>;
+        zero_fill_pooled(dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
+        pool_trim(max: u64) -> ();
+        pool_stats() -> (u64, u64);
         swap_install(dst: usize, len: usize, wp: bool, wake: bool) -> Result<usize, Errno>;
         unprotect(a: usize, l: usize) -> Result<(), Errno>;
         file_in(file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno>;

@@ -1,0 +1,72 @@
+//! Recycled frames (docs/design.md, "Recycled frames"): the frames of
+//! evicted pages go to the space's pool and are moved into later zero fills
+//! and swap-ins of read-write, unlocked regions. A recycled frame never
+//! shows another page's bytes (this test fails if the zeroing before a zero
+//! fill is taken out), a swap-in into one reads back exactly, the pool stays
+//! within the budget's free frames, and `UMM_F_NO_FRAME_POOL` turns it off.
+
+use usermm::consts::*;
+use usermm::{Config, Space};
+
+mod common;
+
+const PS: usize = 4096;
+const BUDGET: usize = 256;
+const SECRET: u8 = 0xa5;
+
+fn space(flags: u32) -> Space {
+    common::open(&Config { budget_bytes: BUDGET * PS, swap_bytes: 8192 * PS, flags, ..Config::default() })
+}
+
+/// Fills 2,048 pages with `SECRET` through a 256-page budget (their frames
+/// are evicted, recycled), then maps 512 fresh pages and writes one byte of
+/// each (zero fills), then writes one byte of each secret page (swap-ins
+/// with a write: not write-protected). Returns the stats at the end.
+fn run(s: &Space) -> usermm::Stats {
+    let mut secret = s.map_anon(2048 * PS).unwrap();
+    secret.advise(MADV_RANDOM).unwrap();
+    secret.fill(SECRET);
+    let st = s.stats();
+    assert!(st.swapouts > 0, "the secret pages must be evicted: {st:?}");
+    assert!(st.pool_frames + st.resident_pages <= st.budget_pages, "the pool counts in the budget: {st:?}");
+
+    let mut fresh = s.map_anon(512 * PS).unwrap();
+    fresh.advise(MADV_RANDOM).unwrap();
+    for p in 0..512 {
+        fresh[p * PS + 7] = p as u8;
+        // A recycled frame that was not zeroed shows the secret here.
+        let page = &fresh[p * PS..(p + 1) * PS];
+        for (i, &b) in page.iter().enumerate() {
+            let want = if i == 7 { p as u8 } else { 0 };
+            assert_eq!(b, want, "fresh page {p} byte {i}: a zero fill showed another page's bytes");
+        }
+    }
+    for p in 0..2048 {
+        secret[p * PS + 100] = 1;
+        let page = &secret[p * PS..(p + 1) * PS];
+        for (i, &b) in page.iter().enumerate() {
+            let want = if i == 100 { 1 } else { SECRET };
+            assert_eq!(b, want, "secret page {p} byte {i} after its swap-in");
+        }
+    }
+    let st = s.stats();
+    assert!(st.pool_frames + st.resident_pages <= st.budget_pages, "the pool counts in the budget: {st:?}");
+    s.validate();
+    st
+}
+
+#[test]
+fn recycled_frames_are_zeroed_or_overwritten_and_within_the_budget() {
+    let s = space(0);
+    let st = run(&s);
+    assert!(st.pool_fills > 0, "no fill took a recycled frame: {st:?}");
+    s.close().unwrap();
+}
+
+#[test]
+fn no_frame_pool_with_the_flag() {
+    let s = space(UMM_F_NO_FRAME_POOL);
+    let st = run(&s);
+    assert_eq!((st.pool_frames, st.pool_fills), (0, 0), "UMM_F_NO_FRAME_POOL: {st:?}");
+    s.close().unwrap();
+}
