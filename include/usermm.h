@@ -160,8 +160,9 @@
 #define UMM_F_NO_WAKE_AHEAD        0x80u /* no SCHED_IDLE thread keeping the
                                             faulting thread's idle CPU awake
                                             while its fault is served */
-#define UMM_F_NO_FRAME_POOL       0x100u /* no pool of recycled frames: every
-                                            fill allocates fresh frames */
+#define UMM_F_FRAME_POOL          0x100u /* opt-in: recycle evicted frames into
+                                            zero fills and swap-ins of
+                                            read-write unlocked regions */
 
 #ifdef __cplusplus
 extern "C" {

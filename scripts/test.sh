@@ -38,12 +38,13 @@ cargo test --release --workspace -- --test-threads=2
 
 # The tests again with every test space resolving its faults in the
 # faulting thread (UMM_F_INTHREAD_FAULTS, via USERMM_TEST_INTHREAD read by
-# crates/usermm/tests/common). Left out: swapcache (that mode installs no
+# crates/usermm/tests/common) and recycling frames (UMM_F_FRAME_POOL, opt-in,
+# via USERMM_TEST_FRAME_POOL). Left out: swapcache (that mode installs no
 # write-protected swap-ins, so there is no swap cache to test) and a no_hang
 # test of process_vm_readv on a page not resident (the mode's documented
 # EFAULT; docs/design.md, "Faults in the faulting thread").
-echo "== the tests again, faults resolved in the faulting thread"
-USERMM_TEST_INTHREAD=1 USERMM_STRESS_REDIS_SECS=8 USERMM_SOAK_SECS=20 cargo test --release -p usermm \
+echo "== the tests again, faults resolved in the faulting thread, with the frame pool (UMM_F_FRAME_POOL)"
+USERMM_TEST_INTHREAD=1 USERMM_TEST_FRAME_POOL=1 USERMM_STRESS_REDIS_SECS=8 USERMM_SOAK_SECS=20 cargo test --release -p usermm \
   --test inthread --test volatile --test purgeable --test swap_errors --test lru --test reclaim_idle \
   --test lazyfree --test smoke --test heap --test populate --test lock --test lock_limits \
   --test lock_onfault_race --test file --test file_clean_writeback --test fork --test fuzz \

@@ -130,13 +130,15 @@ pub const UMM_F_INTHREAD_FAULTS: u32 = 1 << 6;
 /// wake-up does not wait for a halted CPU; it uses CPU time no other thread
 /// wanted). See docs/design.md, "Wake-ahead".
 pub const UMM_F_NO_WAKE_AHEAD: u32 = 1 << 7;
-/// No frame pool: the frames of evicted pages go back to the host at once,
-/// and every fill allocates fresh ones (`UFFDIO_COPY`). By default up to an
-/// eighth of the budget (16 to 512 frames, counted in the budget as free
-/// frames) is kept and moved into zero fills and swap-ins of read-write,
-/// unlocked regions (`UFFDIO_MOVE`), zeroed or overwritten first. See
-/// docs/design.md, "Recycled frames".
-pub const UMM_F_NO_FRAME_POOL: u32 = 1 << 8;
+/// A pool of recycled frames (opt-in): the frames of evicted, purged and
+/// dropped parked pages are kept (up to an eighth of the budget, 16 to 512
+/// frames, counted in the budget as free frames) instead of going back to
+/// the host, and zero fills and write-fault swap-ins of read-write, unlocked
+/// regions move them in (`UFFDIO_MOVE`, zeroed or overwritten first)
+/// instead of allocating fresh frames (`UFFDIO_COPY`). Off by default: on
+/// this project's benchmarks it measured within noise (see docs/design.md,
+/// "Recycled frames").
+pub const UMM_F_FRAME_POOL: u32 = 1 << 8;
 /// Every `UMM_F_*` bit.
 pub const UMM_F_ALL: u32 = UMM_F_EXACT_FAULTS
     | UMM_F_REQUIRE_FULL_UFFD
@@ -146,4 +148,4 @@ pub const UMM_F_ALL: u32 = UMM_F_EXACT_FAULTS
     | UMM_F_PURGE_VOLATILE_FIRST
     | UMM_F_INTHREAD_FAULTS
     | UMM_F_NO_WAKE_AHEAD
-    | UMM_F_NO_FRAME_POOL;
+    | UMM_F_FRAME_POOL;

@@ -293,10 +293,10 @@ impl Inner {
             }))
         };
         let staging_slots = budget_pages as u32;
-        // The frame pool (`Arena::recycle_slots`): an eighth of the budget,
-        // 16 to 512 frames.
+        // The frame pool (`Arena::recycle_slots`), opt-in: an eighth of the
+        // budget, 16 to 512 frames.
         let pool_pages =
-            if cfg.flags & UMM_F_NO_FRAME_POOL != 0 { 0 } else { (staging_slots as usize / 8).clamp(16, 512) };
+            if cfg.flags & UMM_F_FRAME_POOL == 0 { 0 } else { (staging_slots as usize / 8).clamp(16, 512) };
         let arena = Arena::with_pool(&uffd, reserve, staging_slots as usize, ps, pool_pages)?;
         let plat: Box<dyn Platform> = Box::new(Native {
             arena,

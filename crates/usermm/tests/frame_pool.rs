@@ -3,7 +3,7 @@
 //! and swap-ins of read-write, unlocked regions. A recycled frame never
 //! shows another page's bytes (this test fails if the zeroing before a zero
 //! fill is taken out), a swap-in into one reads back exactly, the pool stays
-//! within the budget's free frames, and `UMM_F_NO_FRAME_POOL` turns it off.
+//! within the budget's free frames; it is opt-in (`UMM_F_FRAME_POOL`).
 
 use usermm::consts::*;
 use usermm::{Config, Space};
@@ -14,8 +14,13 @@ const PS: usize = 4096;
 const BUDGET: usize = 256;
 const SECRET: u8 = 0xa5;
 
-fn space(flags: u32) -> Space {
-    common::open(&Config { budget_bytes: BUDGET * PS, swap_bytes: 8192 * PS, flags, ..Config::default() })
+/// A space of the test's size with `flags` plus the test run's own (swap
+/// store, in-thread faults), the frame pool exactly when `pool`.
+fn space(pool: bool) -> Space {
+    let mut cfg =
+        common::with_test_store(Config { budget_bytes: BUDGET * PS, swap_bytes: 8192 * PS, ..Config::default() });
+    cfg.flags = if pool { cfg.flags | UMM_F_FRAME_POOL } else { cfg.flags & !UMM_F_FRAME_POOL };
+    Space::open(&cfg).expect("umm_open (the native tests need userfaultfd)")
 }
 
 /// Fills 2,048 pages with `SECRET` through a 256-page budget (their frames
@@ -57,16 +62,16 @@ fn run(s: &Space) -> usermm::Stats {
 
 #[test]
 fn recycled_frames_are_zeroed_or_overwritten_and_within_the_budget() {
-    let s = space(0);
+    let s = space(true);
     let st = run(&s);
     assert!(st.pool_fills > 0, "no fill took a recycled frame: {st:?}");
     s.close().unwrap();
 }
 
 #[test]
-fn no_frame_pool_with_the_flag() {
-    let s = space(UMM_F_NO_FRAME_POOL);
+fn no_frame_pool_without_the_flag() {
+    let s = space(false);
     let st = run(&s);
-    assert_eq!((st.pool_frames, st.pool_fills), (0, 0), "UMM_F_NO_FRAME_POOL: {st:?}");
+    assert_eq!((st.pool_frames, st.pool_fills), (0, 0), "no UMM_F_FRAME_POOL: {st:?}");
     s.close().unwrap();
 }

@@ -12,13 +12,19 @@ impl Inner {
     /// window. The pages stay `Filling` until the caller commits: the woken
     /// thread may touch them, but every observer (introspection, advice,
     /// reclaim, zap) waits for the commit.
-    pub(super) fn zero_fill_pieces(&self, run: PageRange) -> u64 {
+    /// `pooled`: the region may take recycled frames (`pool_fits`).
+    pub(super) fn zero_fill_pieces(&self, run: PageRange, pooled: bool) -> u64 {
         let mut done = 0;
         let mut s = run.start.0;
         while s < run.end.0 {
             let piece = PageRange::new(s, (s + SMALL_FILL_PAGES).min(run.end.0));
             let len = piece.pages() as usize * self.page_size;
-            let n = self.plat.zero_fill_wake(self.addr(piece.start), len, true).unwrap_or(0);
+            let n = if pooled {
+                self.plat.zero_fill_pooled(self.addr(piece.start), len, true)
+            } else {
+                self.plat.zero_fill_wake(self.addr(piece.start), len, true)
+            }
+            .unwrap_or(0);
             done += (n / self.page_size) as u64;
             if n < len {
                 break;

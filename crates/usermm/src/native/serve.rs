@@ -100,11 +100,12 @@ impl Inner {
                 self.serve_small_zero_fill(c, plan, run, page_addr, write, pooled, caller)
             }
             FaultPlan::ZeroFill { run } => {
+                let pooled = write && pool_fits(&c, run);
                 drop(c);
                 // A large run is a fault-around window, which only unlocked
                 // regions get: its pieces wake their waiters as they go in
                 // (see zero_fill_pieces).
-                let n = if write { self.zero_fill_pieces(run) } else { self.zero_map(run) };
+                let n = if write { self.zero_fill_pieces(run, pooled) } else { self.zero_map(run) };
                 self.finish_fill(plan, run, n, page_addr, caller, None)
             }
             FaultPlan::FileRead { run, file, file_page } => {

@@ -23,15 +23,19 @@ pub fn open(cfg: &Config) -> Space {
 }
 
 /// `cfg` with `swap_url` from `USERMM_TEST_SWAP_URL` when it has swap and
-/// no store of its own, and with `UMM_F_INTHREAD_FAULTS` when
+/// no store of its own, with `UMM_F_INTHREAD_FAULTS` when
 /// `USERMM_TEST_INTHREAD` is 1 (`scripts/test.sh` runs the tests that apply
-/// a second time so).
+/// a second time so), and with `UMM_F_FRAME_POOL` when
+/// `USERMM_TEST_FRAME_POOL` is 1 (that second pass too).
 pub fn with_test_store(mut cfg: Config) -> Config {
     if cfg.swap_bytes > 0 && cfg.swap_url.is_none() {
         cfg.swap_url = std::env::var("USERMM_TEST_SWAP_URL").ok().filter(|u| !u.is_empty());
     }
     if in_thread_run() {
         cfg.flags |= usermm::consts::UMM_F_INTHREAD_FAULTS;
+    }
+    if std::env::var("USERMM_TEST_FRAME_POOL").is_ok_and(|v| v == "1") {
+        cfg.flags |= usermm::consts::UMM_F_FRAME_POOL;
     }
     cfg
 }
