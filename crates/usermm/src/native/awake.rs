@@ -158,11 +158,8 @@ mod tests {
         }
     }
 
-    /// A `begin` reaches a sleeping thread (no lost wake-up, however the two
-    /// interleave), which spins while the fault is in flight and sleeps
-    /// again after the grace period; shutdown ends it.
-    #[test]
-    fn begin_wakes_the_sleeping_thread_and_end_lets_it_sleep() {
+    /// An enabled `WakeAhead` and its thread.
+    fn start() -> (Arc<WakeAhead>, Arc<AtomicBool>, std::thread::JoinHandle<()>) {
         let wa = Arc::new(WakeAhead::default());
         wa.enable();
         let stop = Arc::new(AtomicBool::new(false));
@@ -170,6 +167,22 @@ mod tests {
             let (wa, stop) = (wa.clone(), stop.clone());
             std::thread::spawn(move || wa.run(&stop))
         };
+        (wa, stop, t)
+    }
+
+    /// Ends the thread of `start` (it must end).
+    fn finish(wa: &WakeAhead, stop: &AtomicBool, t: std::thread::JoinHandle<()>) {
+        stop.store(true, Ordering::SeqCst);
+        wa.shut();
+        t.join().unwrap();
+    }
+
+    /// A `begin` reaches a sleeping thread (no lost wake-up, however the two
+    /// interleave), which spins while the fault is in flight and sleeps
+    /// again after the grace period; shutdown ends it.
+    #[test]
+    fn begin_wakes_the_sleeping_thread_and_end_lets_it_sleep() {
+        let (wa, stop, t) = start();
         for round in 0..200 {
             until("the thread sleeps", || wa.sleepers.load(Ordering::SeqCst) == 1);
             // Most rounds right as it goes to sleep, some while it waits.
@@ -185,29 +198,19 @@ mod tests {
         until("the thread sleeps", || wa.sleepers.load(Ordering::SeqCst) == 1);
         drop(wa.guard(false));
         assert_eq!(wa.inflight.load(Ordering::SeqCst), 0);
-        stop.store(true, Ordering::SeqCst);
-        wa.shut();
-        t.join().unwrap();
+        finish(&wa, &stop, t);
     }
 
     /// A fault that stays in flight longer than `MAX_SPIN_NS` does not keep
     /// the thread spinning: it sleeps until the next `begin`.
     #[test]
     fn a_long_fault_stops_the_spin_at_its_cap() {
-        let wa = Arc::new(WakeAhead::default());
-        wa.enable();
-        let stop = Arc::new(AtomicBool::new(false));
-        let t = {
-            let (wa, stop) = (wa.clone(), stop.clone());
-            std::thread::spawn(move || wa.run(&stop))
-        };
+        let (wa, stop, t) = start();
         until("the thread sleeps", || wa.sleepers.load(Ordering::SeqCst) == 1);
         let g = wa.guard(true);
         until("the thread wakes", || wa.sleepers.load(Ordering::SeqCst) == 0);
         until("the thread gives up spinning at its cap", || wa.sleepers.load(Ordering::SeqCst) == 1);
         drop(g);
-        stop.store(true, Ordering::SeqCst);
-        wa.shut();
-        t.join().unwrap();
+        finish(&wa, &stop, t);
     }
 }
