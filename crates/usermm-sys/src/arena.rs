@@ -154,18 +154,13 @@ impl Arena {
         let mut p = self.pool();
         if p.len > max {
             let ps = self.page_size;
-            if p.taken == 0 {
-                // SAFETY: pool slots of ours: no reference into them.
-                let _ = unsafe { mem::advise(self.pool_base + max * ps, (p.len - max) * ps, libc::MADV_DONTNEED) };
-                p.len = max;
-            } else {
-                // The taken frames sit above the ready ones: drop from the
-                // top of the ready ones down, leaving the taken where they
-                // are (they leave the pool with their fills).
-                let n = p.len - max;
-                // SAFETY: ready pool slots of ours: no reference into them.
-                let _ = unsafe { mem::advise(self.pool_base + max * ps, n * ps, libc::MADV_DONTNEED) };
-                p.len = max;
+            let n = p.len - max;
+            // SAFETY: ready pool slots of ours: no reference into them.
+            let _ = unsafe { mem::advise(self.pool_base + max * ps, n * ps, libc::MADV_DONTNEED) };
+            p.len = max;
+            if p.taken > 0 {
+                // The taken frames stay where they are, above the slots
+                // just emptied (they leave the pool with their fills).
                 p.hole += n;
             }
         }
