@@ -735,8 +735,27 @@ impl Arena {
         bounce: &Bounce,
         rings: &crate::ring::RingPool,
     ) -> Result<(usize, bool), Errno> {
-        let ps = self.page_size;
         self.check(dst, len)?;
+        let (pages_len, cached) = self.file_read(file, off, len, bounce, rings)?;
+        if pages_len == 0 {
+            return Ok((0, cached));
+        }
+        self.install_bounce(uffd, dst, pages_len, false, false, bounce).map(|n| (n, cached))
+    }
+
+    /// The read of [`Arena::file_in`], into `bounce`: the bytes to install
+    /// (whole pages, the tail past the end of the file zeroed; 0 when `off`
+    /// is at or past the end), and whether the read went through the host
+    /// page cache.
+    pub fn file_read(
+        &self,
+        file: &MappedFile,
+        off: u64,
+        len: usize,
+        bounce: &Bounce,
+        rings: &crate::ring::RingPool,
+    ) -> Result<(usize, bool), Errno> {
+        let ps = self.page_size;
         assert!(bounce.len >= len);
         // A single page past the page cache where the file system allows it
         // (its short count says where the file ends: no fstat needed).
@@ -757,8 +776,7 @@ impl Arena {
         let pages_len = done.div_ceil(ps) * ps;
         // SAFETY: the tail of the last page is inside the bounce buffer.
         unsafe { mem::zero(bounce.addr + done, pages_len - done) };
-        // SAFETY: the bounce buffer is readable for `pages_len` bytes.
-        unsafe { uffd.copy(dst, bounce.addr as *const u8, pages_len, false) }.map(|n| (n, cached))
+        Ok((pages_len, cached))
     }
 
     /// Writes one page of the space — at `src` (mapped) or in staging `slot`

@@ -78,6 +78,14 @@ pub(crate) trait Platform: Send + Sync {
     /// Reads a file run into the program range (the tail past the end of
     /// the file reads zeros); also whether the page cache was used.
     fn file_in(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno>;
+    /// The first half of a file read installed under the core lock: reads
+    /// into this thread's buffer; returns the bytes to install (whole
+    /// pages, the tail past the end of the file zeros; 0 past the end) and
+    /// whether the page cache was used.
+    fn file_read(&self, file: &MappedFile, off: u64, len: usize) -> Result<(usize, bool), Errno>;
+    /// The second half: installs what this thread's last `file_read` read,
+    /// waking the waiters if `wake`.
+    fn file_install(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
     /// Wakes the threads waiting on `[a, a+l)`.
     fn wake(&self, a: usize, l: usize) -> Result<(), Errno>;
     /// Places poison markers: a touch raises SIGBUS.
@@ -266,6 +274,13 @@ impl Platform for Native {
     }
     fn file_in(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno> {
         with_bounce(len, |b| self.arena.file_in(&self.uffd, file, off, dst, len, b, &self.rings))
+            .unwrap_or(Err(Errno::ENOMEM))
+    }
+    fn file_read(&self, file: &MappedFile, off: u64, len: usize) -> Result<(usize, bool), Errno> {
+        with_bounce(len, |b| self.arena.file_read(file, off, len, b, &self.rings)).unwrap_or(Err(Errno::ENOMEM))
+    }
+    fn file_install(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
+        with_bounce(len, |b| self.arena.install_bounce(&self.uffd, dst, len, false, wake, b))
             .unwrap_or(Err(Errno::ENOMEM))
     }
     fn wake(&self, a: usize, l: usize) -> Result<(), Errno> {

@@ -108,6 +108,11 @@ impl Inner {
                 let n = if write { self.zero_fill_pieces(run, pooled) } else { self.zero_map(run) };
                 self.finish_fill(plan, run, n, page_addr, caller, None)
             }
+            FaultPlan::FileRead { run, file, file_page } if run.pages() <= SMALL_FILL_PAGES => {
+                drop(c);
+                let _awake = self.wake_ahead.guard(caller.waits());
+                self.serve_small_file_read(plan, run, file, file_page, page_addr, caller)
+            }
             FaultPlan::FileRead { run, file, file_page } => {
                 drop(c);
                 let _awake = self.wake_ahead.guard(caller.waits());
@@ -314,7 +319,56 @@ impl Inner {
             if self.covers(run, n, page_addr) { Next::Served } else { self.report(&mut c, caller, plan.unfilled()) };
         drop(c);
         if n < run.pages() {
-            let _ = self.plat.wake(page_addr, self.page_size);
+            // (What was not installed was not woken: every waiter on the
+            // run plans again, as after `finish_fill`.)
+            self.wake_run(run, page_addr);
+        }
+        r
+    }
+
+    /// A small file read (a single page, a lock-on-fault window): the read
+    /// outside the core lock, the install with its wake-up and the commit
+    /// under it, as `serve_small_swap_in`; then the deferred drop of the
+    /// host's page-cache copy. (Read-ahead never follows a run this small:
+    /// `Core::readahead_after_fault` wants a whole block.)
+    fn serve_small_file_read(
+        &self,
+        plan: &FaultPlan,
+        run: PageRange,
+        file: u32,
+        file_page: u64,
+        page_addr: usize,
+        caller: Caller,
+    ) -> Next<'_> {
+        let ps = self.page_size;
+        let len = run.pages() as usize * ps;
+        let off = file_page * ps as u64;
+        let f = lock(&self.files).get(&file).cloned();
+        let read = match &f {
+            Some(f) if !take_one(&self.inject_read_errors) => self.plat.file_read(f, off, len).ok(),
+            _ => None,
+        };
+        let mut c = lock(&self.core);
+        let n = match read {
+            Some((bytes, _)) if bytes > 0 => {
+                (self.plat.file_install(self.addr(run.start), bytes.min(len), true).unwrap_or(0) / ps) as u64
+            }
+            _ => 0,
+        };
+        c.fill_done(plan, n);
+        self.after_fill(&mut c);
+        let r =
+            if self.covers(run, n, page_addr) { Next::Served } else { self.report(&mut c, caller, plan.unfilled()) };
+        drop(c);
+        if n < run.pages() {
+            // (What was not installed was not woken: every waiter on the
+            // run plans again, as after `finish_fill`.)
+            self.wake_run(run, page_addr);
+        }
+        if let (Some(f), Some((_, true))) = (&f, read) {
+            if n > 0 {
+                f.drop_cache(off, n as usize * ps);
+            }
         }
         r
     }

@@ -180,7 +180,8 @@ impl Host {
 }
 
 std::thread_local! {
-    /// What this thread's last `swap_read` read, for its `swap_install`.
+    /// What this thread's last `swap_read` (or `file_read`) read, for its
+    /// `swap_install` (`file_install`).
     static SWAP_READ: std::cell::RefCell<Vec<Pg>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -300,6 +301,34 @@ impl Platform for SimPlatform {
         let pages = done.div_ceil(PS);
         let pgs = (0..pages).map(|k| Pg::Data(buf[k * PS..(k + 1) * PS].to_vec().into_boxed_slice())).collect();
         Ok((self.host().install(dst, pgs), true))
+    }
+    fn file_read(&self, file: &MappedFile, off: u64, len: usize) -> Result<(usize, bool), Errno> {
+        self.preempt();
+        let size = file.size()?;
+        if off >= size {
+            return Ok((0, true));
+        }
+        if self.host().fail() {
+            return Err(Errno::EIO);
+        }
+        let want = len.min((size - off) as usize);
+        let mut buf = vec![0u8; want.div_ceil(PS) * PS];
+        let done = file.read_at(&mut buf[..want], off)?;
+        let pages = done.div_ceil(PS);
+        let pgs: Vec<Pg> =
+            (0..pages).map(|k| Pg::Data(buf[k * PS..(k + 1) * PS].to_vec().into_boxed_slice())).collect();
+        SWAP_READ.with(|r| *r.borrow_mut() = pgs);
+        Ok((pages * PS, true))
+    }
+    fn file_install(&self, dst: usize, len: usize, _wake: bool) -> Result<usize, Errno> {
+        // (Taken before the preemption point, as in `swap_install`.)
+        let pages = SWAP_READ.with(|r| std::mem::take(&mut *r.borrow_mut()));
+        self.preempt();
+        Self::check(dst, len)?;
+        if pages.len() * PS < len {
+            return Err(Errno::EINVAL);
+        }
+        Ok(self.host().install(dst, pages.into_iter().take(len / PS).collect()))
     }
     fn wake(&self, a: usize, l: usize) -> Result<(), Errno> {
         self.preempt();
@@ -606,6 +635,8 @@ impl Platform for Shared {
         unprotect(a: usize, l: usize) -> Result<(), Errno>;
         file_in(file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno>;
         wake(a: usize, l: usize) -> Result<(), Errno>;
+        file_read(file: &MappedFile, off: u64, len: usize) -> Result<(usize, bool), Errno>;
+        file_install(dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
         poison(a: usize, l: usize) -> Result<(), Errno>;
         protect(a: usize, l: usize, prot: i32) -> Result<(), Errno>;
         zap(a: usize, l: usize, prot: i32) -> Result<bool, Errno>;
