@@ -151,6 +151,9 @@ impl Arena {
     /// Drops pool frames until at most `max` are left (the budget counts
     /// them: the caller keeps the pool within the space's free frames).
     pub fn pool_trim(&self, max: usize) {
+        if self.pool_cap == 0 {
+            return;
+        }
         let mut p = self.pool();
         if p.len > max {
             let ps = self.page_size;

@@ -137,6 +137,8 @@ pub(crate) struct Inner {
     /// Keeps the faulting thread's CPU awake while its fault is served
     /// (`native/awake.rs`).
     pub(crate) wake_ahead: awake::WakeAhead,
+    /// `UMM_F_FRAME_POOL`: fills may take recycled frames (`Arena::recycle_slots`).
+    pub frame_pool: bool,
     pub wake_fd: EventFd,
     pub write_hold_ns_max: AtomicU64,
     /// Zaps the host refused at first (see `Arena::zap`).
@@ -445,6 +447,7 @@ impl Inner {
             shutdown: AtomicBool::new(false),
             spinning: AtomicBool::new(false),
             wake_ahead: awake::WakeAhead::default(),
+            frame_pool: cfg.flags & UMM_F_FRAME_POOL != 0,
             wake_fd: EventFd::new()?,
             write_hold_ns_max: AtomicU64::new(0),
             host_refusals: AtomicU64::new(0),

@@ -72,7 +72,9 @@ impl Inner {
     ) -> Next<'a> {
         // The pool's frames count in the budget: never more of them than the
         // free frames this plan leaves (it may just have charged some).
-        self.plat.pool_trim(c.free_frames());
+        if self.frame_pool {
+            self.plat.pool_trim(c.free_frames());
+        }
         match *plan {
             FaultPlan::Wake => {
                 drop(c);
@@ -96,11 +98,11 @@ impl Inner {
                 Caller::Populate => Next::Failed(Failure::Poisoned.populate_errno()),
             },
             FaultPlan::ZeroFill { run } if run.pages() <= SMALL_FILL_PAGES => {
-                let pooled = write && pool_fits(&c, run);
+                let pooled = write && self.frame_pool && pool_fits(&c, run);
                 self.serve_small_zero_fill(c, plan, run, page_addr, write, pooled, caller)
             }
             FaultPlan::ZeroFill { run } => {
-                let pooled = write && pool_fits(&c, run);
+                let pooled = write && self.frame_pool && pool_fits(&c, run);
                 drop(c);
                 // A large run is a fault-around window, which only unlocked
                 // regions get: its pieces wake their waiters as they go in
@@ -131,7 +133,7 @@ impl Inner {
                 r
             }
             FaultPlan::SwapIn { run, slot, keep } if run.pages() <= SMALL_FILL_PAGES => {
-                let pooled = !keep && pool_fits(&c, run);
+                let pooled = !keep && self.frame_pool && pool_fits(&c, run);
                 drop(c);
                 let _awake = self.wake_ahead.guard(caller.waits());
                 self.serve_small_swap_in(plan, run, slot, keep, pooled, page_addr, caller)
@@ -258,7 +260,7 @@ impl Inner {
     #[allow(clippy::too_many_arguments)]
     fn serve_small_zero_fill<'a>(
         &'a self,
-        mut c: MutexGuard<'a, Core>,
+        c: MutexGuard<'a, Core>,
         plan: &FaultPlan,
         run: PageRange,
         page_addr: usize,
@@ -275,14 +277,31 @@ impl Inner {
         } else {
             self.plat.zero_map_wake(a, len, true).or_else(|_| self.plat.zero_fill_wake(a, len, true))
         };
-        let n = (done.unwrap_or(0) / self.page_size) as u64;
+        self.commit_small(c, plan, run, done.unwrap_or(0), page_addr, caller)
+    }
+
+    /// The end of a small fill, its install done under the core lock `c`
+    /// with the wake-up (`bytes` installed, a prefix of `run`): the commit,
+    /// a failure reported while the lock is held, and, for what was not
+    /// installed (so not woken), the wake-up of every waiter on the run,
+    /// which then plans again, as after `finish_fill`.
+    fn commit_small<'a>(
+        &'a self,
+        mut c: MutexGuard<'a, Core>,
+        plan: &FaultPlan,
+        run: PageRange,
+        bytes: usize,
+        page_addr: usize,
+        caller: Caller,
+    ) -> Next<'a> {
+        let n = (bytes / self.page_size) as u64;
         c.fill_done(plan, n);
         self.after_fill(&mut c);
         let r =
             if self.covers(run, n, page_addr) { Next::Served } else { self.report(&mut c, caller, plan.unfilled()) };
         drop(c);
         if n < run.pages() {
-            let _ = self.plat.wake(page_addr, self.page_size);
+            self.wake_run(run, page_addr);
         }
         r
     }
@@ -307,23 +326,9 @@ impl Inner {
         let read = self.plat.has_swap()
             && !take_one(&self.inject_read_errors)
             && self.plat.swap_read(self.swap_off(slot), len, pooled).is_ok();
-        let mut c = lock(&self.core);
-        let n = if read {
-            (self.plat.swap_install(self.addr(run.start), len, keep, true).unwrap_or(0) / ps) as u64
-        } else {
-            0
-        };
-        c.fill_done(plan, n);
-        self.after_fill(&mut c);
-        let r =
-            if self.covers(run, n, page_addr) { Next::Served } else { self.report(&mut c, caller, plan.unfilled()) };
-        drop(c);
-        if n < run.pages() {
-            // (What was not installed was not woken: every waiter on the
-            // run plans again, as after `finish_fill`.)
-            self.wake_run(run, page_addr);
-        }
-        r
+        let c = lock(&self.core);
+        let bytes = if read { self.plat.swap_install(self.addr(run.start), len, keep, true).unwrap_or(0) } else { 0 };
+        self.commit_small(c, plan, run, bytes, page_addr, caller)
     }
 
     /// A small file read (a single page, a lock-on-fault window): the read
@@ -348,26 +353,15 @@ impl Inner {
             Some(f) if !take_one(&self.inject_read_errors) => self.plat.file_read(f, off, len).ok(),
             _ => None,
         };
-        let mut c = lock(&self.core);
-        let n = match read {
-            Some((bytes, _)) if bytes > 0 => {
-                (self.plat.file_install(self.addr(run.start), bytes.min(len), true).unwrap_or(0) / ps) as u64
-            }
+        let c = lock(&self.core);
+        let bytes = match read {
+            Some((b, _)) if b > 0 => self.plat.file_install(self.addr(run.start), b.min(len), true).unwrap_or(0),
             _ => 0,
         };
-        c.fill_done(plan, n);
-        self.after_fill(&mut c);
-        let r =
-            if self.covers(run, n, page_addr) { Next::Served } else { self.report(&mut c, caller, plan.unfilled()) };
-        drop(c);
-        if n < run.pages() {
-            // (What was not installed was not woken: every waiter on the
-            // run plans again, as after `finish_fill`.)
-            self.wake_run(run, page_addr);
-        }
+        let r = self.commit_small(c, plan, run, bytes, page_addr, caller);
         if let (Some(f), Some((_, true))) = (&f, read) {
-            if n > 0 {
-                f.drop_cache(off, n as usize * ps);
+            if bytes > 0 {
+                f.drop_cache(off, bytes);
             }
         }
         r

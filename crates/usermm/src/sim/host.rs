@@ -179,6 +179,25 @@ impl Host {
     }
 }
 
+impl SimPlatform {
+    /// The pages of `file` from `off`, up to `len` bytes and the end of the
+    /// file (the last one's tail zeros; none past the end), read for real;
+    /// an injected failure is `EIO`.
+    fn read_file_pages(&self, file: &MappedFile, off: u64, len: usize) -> Result<Vec<Pg>, Errno> {
+        let size = file.size()?;
+        if off >= size {
+            return Ok(Vec::new());
+        }
+        if self.host().fail() {
+            return Err(Errno::EIO);
+        }
+        let want = len.min((size - off) as usize);
+        let mut buf = vec![0u8; want.div_ceil(PS) * PS];
+        let done = file.read_at(&mut buf[..want], off)?;
+        Ok((0..done.div_ceil(PS)).map(|k| Pg::Data(buf[k * PS..(k + 1) * PS].to_vec().into_boxed_slice())).collect())
+    }
+}
+
 std::thread_local! {
     /// What this thread's last `swap_read` (or `file_read`) read, for its
     /// `swap_install` (`file_install`).
@@ -288,37 +307,15 @@ impl Platform for SimPlatform {
         // its bytes are read for real, installed as the host would.
         self.preempt();
         Self::check(dst, len)?;
-        let size = file.size()?;
-        if off >= size {
-            return Ok((0, true));
-        }
-        if self.host().fail() {
-            return Err(Errno::EIO);
-        }
-        let want = len.min((size - off) as usize);
-        let mut buf = vec![0u8; want.div_ceil(PS) * PS];
-        let done = file.read_at(&mut buf[..want], off)?;
-        let pages = done.div_ceil(PS);
-        let pgs = (0..pages).map(|k| Pg::Data(buf[k * PS..(k + 1) * PS].to_vec().into_boxed_slice())).collect();
+        let pgs = self.read_file_pages(file, off, len)?;
         Ok((self.host().install(dst, pgs), true))
     }
     fn file_read(&self, file: &MappedFile, off: u64, len: usize) -> Result<(usize, bool), Errno> {
         self.preempt();
-        let size = file.size()?;
-        if off >= size {
-            return Ok((0, true));
-        }
-        if self.host().fail() {
-            return Err(Errno::EIO);
-        }
-        let want = len.min((size - off) as usize);
-        let mut buf = vec![0u8; want.div_ceil(PS) * PS];
-        let done = file.read_at(&mut buf[..want], off)?;
-        let pages = done.div_ceil(PS);
-        let pgs: Vec<Pg> =
-            (0..pages).map(|k| Pg::Data(buf[k * PS..(k + 1) * PS].to_vec().into_boxed_slice())).collect();
+        let pgs = self.read_file_pages(file, off, len)?;
+        let bytes = pgs.len() * PS;
         SWAP_READ.with(|r| *r.borrow_mut() = pgs);
-        Ok((pages * PS, true))
+        Ok((bytes, true))
     }
     fn file_install(&self, dst: usize, len: usize, _wake: bool) -> Result<usize, Errno> {
         // (Taken before the preemption point, as in `swap_install`.)
