@@ -659,10 +659,27 @@ impl Arena {
         wake: bool,
         bounce: &Bounce,
     ) -> Result<usize, Errno> {
-        self.check(dst, len)?;
-        assert!(bounce.len >= len);
-        // SAFETY: the bounce buffer is ours and readable for `len` bytes.
-        unsafe { uffd.copy_wp(dst, bounce.addr as *const u8, len, wake, wp && self.program_wp) }
+        self.install_bounce_part(uffd, dst, 0, len, wp, wake, bounce)
+    }
+
+    /// [`Arena::install_bounce`] of bytes `[from, from + len)` of `bounce`,
+    /// at `dst + from`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn install_bounce_part(
+        &self,
+        uffd: &Uffd,
+        dst: usize,
+        from: usize,
+        len: usize,
+        wp: bool,
+        wake: bool,
+        bounce: &Bounce,
+    ) -> Result<usize, Errno> {
+        self.check(dst + from, len)?;
+        assert!(bounce.len >= from + len);
+        // SAFETY: the bounce buffer is ours and readable for `from + len`
+        // bytes.
+        unsafe { uffd.copy_wp(dst + from, (bounce.addr + from) as *const u8, len, wake, wp && self.program_wp) }
     }
 
     /// A swap-in's read into pool frames (see `recycle_slots`): takes

@@ -352,7 +352,10 @@ impl Inner {
                     let _ = usermm_sys::thread::set_idle_priority();
                     let _ = tx.send(());
                     drop(tx);
-                    me.wake_ahead.run(&me.shutdown)
+                    let ps = me.page_size;
+                    me.wake_ahead.run(&me.shutdown, ps, &|a, pages| {
+                        let _ = me.plat.wake(a, pages * ps);
+                    })
                 })
                 .map_err(|_| Errno::EAGAIN)?;
             handles.push(h);

@@ -83,9 +83,11 @@ pub(crate) trait Platform: Send + Sync {
     /// pages, the tail past the end of the file zeros; 0 past the end) and
     /// whether the page cache was used.
     fn file_read(&self, file: &MappedFile, off: u64, len: usize) -> Result<(usize, bool), Errno>;
-    /// The second half: installs what this thread's last `file_read` read,
-    /// waking the waiters if `wake`.
-    fn file_install(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
+    /// The second half: installs bytes `[from, from + len)` of what this
+    /// thread's last `file_read` read (for the run at `dst`) at
+    /// `dst + from`, waking the waiters if `wake`. Returns the bytes
+    /// installed (a prefix of the part).
+    fn file_install(&self, dst: usize, from: usize, len: usize, wake: bool) -> Result<usize, Errno>;
     /// Wakes the threads waiting on `[a, a+l)`.
     fn wake(&self, a: usize, l: usize) -> Result<(), Errno>;
     /// Places poison markers: a touch raises SIGBUS.
@@ -279,8 +281,8 @@ impl Platform for Native {
     fn file_read(&self, file: &MappedFile, off: u64, len: usize) -> Result<(usize, bool), Errno> {
         with_bounce(len, |b| self.arena.file_read(file, off, len, b, &self.rings)).unwrap_or(Err(Errno::ENOMEM))
     }
-    fn file_install(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
-        with_bounce(len, |b| self.arena.install_bounce(&self.uffd, dst, len, false, wake, b))
+    fn file_install(&self, dst: usize, from: usize, len: usize, wake: bool) -> Result<usize, Errno> {
+        with_bounce(from + len, |b| self.arena.install_bounce_part(&self.uffd, dst, from, len, false, wake, b))
             .unwrap_or(Err(Errno::ENOMEM))
     }
     fn wake(&self, a: usize, l: usize) -> Result<(), Errno> {

@@ -317,15 +317,14 @@ impl Platform for SimPlatform {
         SWAP_READ.with(|r| *r.borrow_mut() = pgs);
         Ok((bytes, true))
     }
-    fn file_install(&self, dst: usize, len: usize, _wake: bool) -> Result<usize, Errno> {
-        // (Taken before the preemption point, as in `swap_install`.)
-        let pages = SWAP_READ.with(|r| std::mem::take(&mut *r.borrow_mut()));
+    fn file_install(&self, dst: usize, from: usize, len: usize, _wake: bool) -> Result<usize, Errno> {
+        // (Read before the preemption point, as in `swap_install`; a run
+        // is installed in parts, so the read stays for the next part.)
+        let pages: Option<Vec<_>> = SWAP_READ.with(|r| r.borrow().get(from / PS..(from + len) / PS).map(<[_]>::to_vec));
         self.preempt();
-        Self::check(dst, len)?;
-        if pages.len() * PS < len {
-            return Err(Errno::EINVAL);
-        }
-        Ok(self.host().install(dst, pages.into_iter().take(len / PS).collect()))
+        Self::check(dst + from, len)?;
+        let Some(pages) = pages else { return Err(Errno::EINVAL) };
+        Ok(self.host().install(dst + from, pages))
     }
     fn wake(&self, a: usize, l: usize) -> Result<(), Errno> {
         self.preempt();
@@ -633,7 +632,7 @@ impl Platform for Shared {
         file_in(file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno>;
         wake(a: usize, l: usize) -> Result<(), Errno>;
         file_read(file: &MappedFile, off: u64, len: usize) -> Result<(usize, bool), Errno>;
-        file_install(dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
+        file_install(dst: usize, from: usize, len: usize, wake: bool) -> Result<usize, Errno>;
         poison(a: usize, l: usize) -> Result<(), Errno>;
         protect(a: usize, l: usize, prot: i32) -> Result<(), Errno>;
         zap(a: usize, l: usize, prot: i32) -> Result<bool, Errno>;
