@@ -160,6 +160,54 @@ impl KernelSecond {
 /// second thread's faults resolved in that thread).
 const IN_THREAD: &str = "usermm (in-thread)";
 
+/// `spinner`: the kernel's unmap beside a second thread that only reads the
+/// clock in a loop (no faults, no system calls): the gaps it sees are the
+/// machine's floor under any stall (this VM stops every vCPU for 1–4 ms
+/// now and then while a process frees or faults in gigabytes).
+const SPINNER: &str = "spinner (kernel unmap)";
+
+/// The gaps over 1 µs between two clock reads of a thread that does
+/// nothing else, `(start, length)`, until `stop`.
+fn spin_gaps(stop: &AtomicBool, started: &AtomicBool) -> Vec<(u64, u64)> {
+    let mut v = Vec::with_capacity(1 << 16);
+    started.store(true, Ordering::Release);
+    let mut last = now_ns();
+    while !stop.load(Ordering::Relaxed) {
+        let t = now_ns();
+        if t - last > 1000 {
+            v.push((last, t - last));
+        }
+        last = t;
+    }
+    v
+}
+
+/// A spinner run: the kernel unmaps a populated `size` bytes; the gaps of
+/// [`spin_gaps`] that overlap the unmap are its stalls.
+fn spinner_run(size: usize, p: &Params) -> Result<Out, String> {
+    let settle = Duration::from_millis(p.int("settle_ms"));
+    let mut big = HostMap::anon(size, 0).map_err(|e| format!("kernel mmap: {e:?}"))?;
+    populate(&mut big);
+    let stop = AtomicBool::new(false);
+    let started = AtomicBool::new(false);
+    let (gaps, t0, t1) = std::thread::scope(|sc| {
+        let h = sc.spawn(|| spin_gaps(&stop, &started));
+        while !started.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        std::thread::sleep(settle);
+        let t0 = now_ns();
+        let r = big.unmap().map_err(|e| format!("kernel munmap: {e:?}"));
+        let t1 = now_ns();
+        std::thread::sleep(settle / 2);
+        stop.store(true, Ordering::Release);
+        let gaps = h.join().map_err(|_| "spinner thread panicked".to_string())?;
+        r.map(|_| (gaps, t0, t1))
+    })?;
+    let stalls = gaps.iter().filter(|&&(s, d)| s < t1 && s + d > t0).map(|&(_, d)| d).collect();
+    Ok(Out { unmap_ns: t1 - t0, hold_ns: None, stalls })
+}
+
 fn usermm_run(size: usize, mode: &str, p: &Params, flags: u32) -> Result<Out, String> {
     let settle = Duration::from_millis(p.int("settle_ms"));
     let mut cfg = config(size + 64 * MIB, 0, None);
@@ -322,7 +370,10 @@ fn notes(e: &mut Experiment, sizes: &[u64], mapunmap_kib: u64) {
          CPUs with the unmapping thread (and, for usermm, its fault and reclaim threads), so worst stalls include \
          scheduling delays and vary widely run to run: read them with their [min..max]. `{IN_THREAD}`: the same \
          space with `UMM_F_INTHREAD_FAULTS` (the second thread's faults resolved in the faulting thread, no handler \
-         thread).",
+         thread). `{SPINNER}` (the largest size, fault mode's runs): the kernel's unmap beside a second thread that \
+         only reads the clock in a loop, no faults and no system calls; its `stall_max` is the longest gap between \
+         two of its clock reads during the unmap (`ops_during_unmap`: gaps over 1 µs), the floor under every stall \
+         row on this machine (a VM that stops its vCPUs for milliseconds while gigabytes are freed).",
         sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "),
         if sizes.iter().all(|&s| s < 4096) { " (quick scale: 4 GiB left out, pass --sizes-mib to add it)" } else { "" },
         mapunmap_kib,
@@ -402,6 +453,11 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
                         _ => usermm_run(bytes, mode, p, 0)?,
                     };
                     record(&mut e, sys, &variant(size, mode), out);
+                }
+                if mode == "fault" && size == *sizes.iter().max().unwrap_or(&size) {
+                    prog.say(&format!("{size} MiB, spinner beside the kernel's unmap, run {}/{runs}", r + 1));
+                    let out = spinner_run(size as usize * MIB, p)?;
+                    record(&mut e, SPINNER, &variant(size, mode), out);
                 }
             }
         }
