@@ -111,7 +111,7 @@ impl WakeAhead {
     pub(crate) fn post(&self, addr: usize, pages: usize) -> Option<u64> {
         let m = addr as u64 | pages as u64;
         // (Pages are at least 4 KiB, so an aligned address leaves 12 bits.)
-        debug_assert!(pages > 0 && pages < 4096 && addr % 4096 == 0);
+        debug_assert!(pages > 0 && pages < 4096 && addr.is_multiple_of(4096));
         if !self.spinning.load(Ordering::SeqCst) {
             return None;
         }
