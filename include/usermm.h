@@ -159,7 +159,9 @@
                                             threads must not block SIGBUS */
 #define UMM_F_NO_WAKE_AHEAD        0x80u /* no SCHED_IDLE thread keeping the
                                             faulting thread's idle CPU awake
-                                            while its fault is served */
+                                            while its fault is served (and,
+                                            in-thread, taking half of a
+                                            read-only lock-on-fault window) */
 #define UMM_F_FRAME_POOL          0x100u /* opt-in: recycle evicted frames into
                                             zero fills and swap-ins of
                                             read-write unlocked regions */

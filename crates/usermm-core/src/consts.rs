@@ -128,7 +128,8 @@ pub const UMM_F_INTHREAD_FAULTS: u32 = 1 << 6;
 /// the faulting thread's idle CPU awake (by default a `SCHED_IDLE` thread
 /// spins there until the fault is served, so that the faulting thread's
 /// wake-up does not wait for a halted CPU; it uses CPU time no other thread
-/// wanted). See docs/design.md, "Wake-ahead".
+/// wanted; with `UMM_F_INTHREAD_FAULTS` it installs half of a read-only
+/// lock-on-fault window instead). See docs/design.md, "Wake-ahead".
 pub const UMM_F_NO_WAKE_AHEAD: u32 = 1 << 7;
 /// A pool of recycled frames (opt-in): the frames of evicted, purged and
 /// dropped parked pages are kept (up to an eighth of the budget, 16 to 512

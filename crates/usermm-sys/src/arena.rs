@@ -8,6 +8,7 @@
 //! kernel moves the bytes (userfaultfd ioctls, `pread`/`pwritev`).
 
 use crate::file::{pread_upto, pwrite_all, MappedFile, ProcMem};
+use crate::lend::Lender;
 use crate::uffd::Uffd;
 use crate::{mem, Errno};
 
@@ -662,6 +663,50 @@ impl Arena {
         self.install_bounce_part(uffd, dst, 0, len, wp, wake, bounce)
     }
 
+    /// [`Arena::install_bounce`] of `len` bytes in two halves at once: bytes
+    /// `[mid, len)` are offered to a helper thread (`lender`, served by
+    /// [`Arena::help_install`] on another CPU) while this thread installs
+    /// `[0, mid)`; a half no helper claimed is installed here after. No
+    /// wake-up and no write protection (for a caller no thread waits on).
+    /// Returns the bytes installed of each half (each a prefix of its half:
+    /// the second may be in when the first is short).
+    #[allow(clippy::too_many_arguments)]
+    pub fn install_bounce_split(
+        &self,
+        uffd: &Uffd,
+        lender: &Lender,
+        dst: usize,
+        mid: usize,
+        len: usize,
+        bounce: &Bounce,
+    ) -> (Result<usize, Errno>, Result<usize, Errno>) {
+        assert!(mid <= len && bounce.len >= len);
+        if let Err(e) = self.check(dst, len) {
+            return (Err(e), Err(e));
+        }
+        let job = [dst + mid, bounce.addr + mid, len - mid];
+        let (head, tail) = lender.lend(
+            job,
+            || self.install_bounce_part(uffd, dst, 0, mid, false, false, bounce),
+            |_| errno_or_len(self.install_bounce_part(uffd, dst, mid, len - mid, false, false, bounce)),
+        );
+        (head, len_or_errno(tail))
+    }
+
+    /// The helper's side of [`Arena::install_bounce_split`]: installs a half
+    /// offered in `lender`, if any. Returns whether it did.
+    pub fn help_install(&self, uffd: &Uffd, lender: &Lender) -> bool {
+        lender.help(|[dst, src, len]| {
+            errno_or_len(self.check(dst, len).and_then(|()| {
+                // SAFETY: only `install_bounce_split` offers jobs, with a
+                // source inside its bounce buffer (`bounce.addr + mid`, `len
+                // - mid` bytes), which it keeps borrowed until the job is
+                // settled (`Lender::lend`): readable for `len` bytes.
+                unsafe { uffd.copy_wp(dst, src as *const u8, len, false, false) }
+            }))
+        })
+    }
+
     /// [`Arena::install_bounce`] of bytes `[from, from + len)` of `bounce`,
     /// at `dst + from`.
     #[allow(clippy::too_many_arguments)]
@@ -1004,5 +1049,22 @@ impl Drop for Bounce {
         unsafe {
             let _ = mem::unmap(self.addr, self.len);
         }
+    }
+}
+
+/// A copy's result in one word for a [`Lender`]: the bytes, or `-errno`.
+fn errno_or_len(r: Result<usize, Errno>) -> i64 {
+    match r {
+        Ok(n) => n as i64,
+        Err(e) => -(e.0 as i64),
+    }
+}
+
+/// The other way round.
+fn len_or_errno(v: i64) -> Result<usize, Errno> {
+    if v < 0 {
+        Err(Errno(-v as i32))
+    } else {
+        Ok(v as usize)
     }
 }

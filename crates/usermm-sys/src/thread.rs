@@ -255,3 +255,25 @@ pub fn fork_run(timeout_s: u32, child: impl FnOnce() -> i32) -> Result<ChildExit
         Ok(ChildExit::Exited(libc::WEXITSTATUS(status)))
     }
 }
+
+/// Sleeps while `*word == val` (`FUTEX_WAIT`, private): returns at once if
+/// it differs, on a [`futex_wake`], on a signal or spuriously; the caller
+/// checks the word again.
+pub fn futex_wait(word: &std::sync::atomic::AtomicU32, val: u32) {
+    // SAFETY: `word` is a valid, aligned u32 for the call; no timeout.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            val,
+            std::ptr::null::<libc::timespec>(),
+        )
+    };
+}
+
+/// Wakes the threads sleeping in [`futex_wait`] on `word`.
+pub fn futex_wake(word: &std::sync::atomic::AtomicU32) {
+    // SAFETY: `word` is a valid, aligned u32; FUTEX_WAKE only reads its address.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX) };
+}

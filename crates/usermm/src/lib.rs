@@ -532,6 +532,15 @@ impl Space {
         self.inner.inject_writeback_stall_ms.store(ms, std::sync::atomic::Ordering::SeqCst);
     }
 
+    #[cfg(feature = "test-hooks")]
+    /// Test hook: the next `n` in-thread file reads installed in two
+    /// halves at once fail their first half (the second goes in and must
+    /// be dropped again). Returns how many split installs were done so far.
+    pub fn inject_split_failures(&self, n: u32) -> u64 {
+        self.inner.inject_split_failures.store(n, std::sync::atomic::Ordering::SeqCst);
+        self.inner.split_installs.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Debugging hook (also in the C ABI, `umm_debug_inject_swap_errors`,
     /// for programs testing their SIGBUS handling): the next `reads` swap
     /// reads and `writes` swap writes fail with `EIO`.

@@ -108,6 +108,10 @@ const ZAP_SLICE_BYTES: usize = 512 << 10;
 pub(crate) const SIM_BUG_LOST_SWAP_WRITE: u32 = 1;
 /// Fills up to this many pages are installed under the core lock.
 const SMALL_FILL_PAGES: u64 = 16;
+/// An in-thread fault's file read of at least this many pages is installed
+/// in two halves at once (`Inner::install_split`); below, the hand-off
+/// costs more than half the copy saves.
+const SPLIT_MIN_PAGES: usize = 4;
 /// How long a handler spins for the next fault after serving one.
 const SPIN_NS: u64 = 100_000;
 /// Pages reclaimed per background round.
@@ -175,6 +179,14 @@ pub(crate) struct Inner {
     /// in which reclaim could evict a listed page).
     #[cfg(feature = "test-hooks")]
     pub inject_writeback_stall_ms: AtomicU32,
+    /// Test hook: the next this many `install_split`s fail their first
+    /// half (the second goes in), as a failed `UFFDIO_COPY` would leave
+    /// them.
+    #[cfg(feature = "test-hooks")]
+    pub inject_split_failures: AtomicU32,
+    /// Test hook: `install_split`s done (both halves tried).
+    #[cfg(feature = "test-hooks")]
+    pub split_installs: AtomicU64,
     /// Test hook: the page index at which a populate is interrupted (EINTR),
     /// once; `u64::MAX`: none (see `Space::interrupt_populate_at`).
     pub populate_interrupt: AtomicU64,
@@ -308,6 +320,7 @@ impl Inner {
             pagemap: usermm_sys::file::Pagemap::open().ok(),
             page_size: ps,
             rings,
+            lender: Default::default(),
         });
         let inner = Inner::build(cfg, plat, user_mode_only, fallback_reason)?;
         // In-thread faults: no fault ever reaches a handler thread.
@@ -339,7 +352,9 @@ impl Inner {
                 .map_err(|_| Errno::EAGAIN)?;
             handles.push(h);
         }
-        if nthreads > 0 && cfg.flags & UMM_F_NO_WAKE_AHEAD == 0 && usermm_sys::ncpus() > 1 {
+        // (In-thread faults: the thread installs half of a lock-on-fault
+        // window's file read, `Inner::install_split`.)
+        if cfg.flags & UMM_F_NO_WAKE_AHEAD == 0 && usermm_sys::ncpus() > 1 {
             inner.wake_ahead.enable();
             let me = inner.clone();
             let tx = started_tx.clone();
@@ -353,9 +368,14 @@ impl Inner {
                     let _ = tx.send(());
                     drop(tx);
                     let ps = me.page_size;
-                    me.wake_ahead.run(&me.shutdown, ps, &|a, pages| {
-                        let _ = me.plat.wake(a, pages * ps);
-                    })
+                    me.wake_ahead.run(
+                        &me.shutdown,
+                        ps,
+                        &|a, pages| {
+                            let _ = me.plat.wake(a, pages * ps);
+                        },
+                        &|| me.plat.help(),
+                    )
                 })
                 .map_err(|_| Errno::EAGAIN)?;
             handles.push(h);
@@ -469,6 +489,10 @@ impl Inner {
             inject_signal_stall_ms: AtomicU32::new(0),
             #[cfg(feature = "test-hooks")]
             inject_writeback_stall_ms: AtomicU32::new(0),
+            #[cfg(feature = "test-hooks")]
+            inject_split_failures: AtomicU32::new(0),
+            #[cfg(feature = "test-hooks")]
+            split_installs: AtomicU64::new(0),
             populate_interrupt: AtomicU64::new(u64::MAX),
             inject_write_errors: AtomicU32::new(0),
             willneed: Mutex::new(Vec::new()),

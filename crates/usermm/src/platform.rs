@@ -88,6 +88,22 @@ pub(crate) trait Platform: Send + Sync {
     /// `dst + from`, waking the waiters if `wake`. Returns the bytes
     /// installed (a prefix of the part).
     fn file_install(&self, dst: usize, from: usize, len: usize, wake: bool) -> Result<usize, Errno>;
+    /// `file_install` of the last `file_read`'s `len` bytes at `dst` in two
+    /// halves at once: `[mid, len)` by the spinning wake-ahead thread
+    /// (`help`) while this thread installs `[0, mid)`, with no wake-up.
+    /// Returns the bytes installed of each half (each a prefix of its half;
+    /// the second may be in when the first is short). By default one half
+    /// after the other, the second first: what a helper that finishes
+    /// first leaves.
+    fn file_install_split(&self, dst: usize, mid: usize, len: usize) -> (usize, usize) {
+        let tail = self.file_install(dst, mid, len - mid, false).unwrap_or(0);
+        (self.file_install(dst, 0, mid, false).unwrap_or(0), tail)
+    }
+    /// The wake-ahead thread's share of a `file_install_split` offered now,
+    /// if any; whether it did one.
+    fn help(&self) -> bool {
+        false
+    }
     /// Wakes the threads waiting on `[a, a+l)`.
     fn wake(&self, a: usize, l: usize) -> Result<(), Errno>;
     /// Places poison markers: a touch raises SIGBUS.
@@ -181,6 +197,9 @@ pub(crate) struct Native {
     /// The space's io_uring instances, for file reads and the swap file's
     /// (`usermm_sys::ring`).
     pub rings: std::sync::Arc<usermm_sys::ring::RingPool>,
+    /// Halves of installs lent to the wake-ahead thread
+    /// (`file_install_split`).
+    pub lender: usermm_sys::lend::Lender,
 }
 
 std::thread_local! {
@@ -280,6 +299,13 @@ impl Platform for Native {
     }
     fn file_read(&self, file: &MappedFile, off: u64, len: usize) -> Result<(usize, bool), Errno> {
         with_bounce(len, |b| self.arena.file_read(file, off, len, b, &self.rings)).unwrap_or(Err(Errno::ENOMEM))
+    }
+    fn file_install_split(&self, dst: usize, mid: usize, len: usize) -> (usize, usize) {
+        with_bounce(len, |b| self.arena.install_bounce_split(&self.uffd, &self.lender, dst, mid, len, b))
+            .map_or((0, 0), |(h, t)| (h.unwrap_or(0), t.unwrap_or(0)))
+    }
+    fn help(&self) -> bool {
+        self.lender.offered() && self.arena.help_install(&self.uffd, &self.lender)
     }
     fn file_install(&self, dst: usize, from: usize, len: usize, wake: bool) -> Result<usize, Errno> {
         with_bounce(from + len, |b| self.arena.install_bounce_part(&self.uffd, dst, from, len, false, wake, b))

@@ -18,8 +18,7 @@
 //! served (`end`), yielding nothing to do, then sleeps. At `SCHED_IDLE` it
 //! never takes a CPU from a thread that has work: the woken faulting thread
 //! preempts it at once. It spins at most `MAX_SPIN_NS` per wake-up. Off with
-//! `UMM_F_NO_WAKE_AHEAD`, on one CPU, and with in-thread faults (no thread
-//! ever waits for a handler).
+//! `UMM_F_NO_WAKE_AHEAD` and on one CPU.
 //!
 //! While it spins it also does wake-ups handed to it (`post`): a handler
 //! installs a page without waking and posts the wake-up; this thread, on
@@ -29,6 +28,12 @@
 //! goes on (the rest of the window, the commit). The handler takes back a
 //! post not taken by the time it is done (`unpost`) and wakes itself: a
 //! wake-up is never left undone.
+//!
+//! With in-thread faults no thread waits for a handler, but the faulting
+//! thread copies its whole lock-on-fault window itself, and its fresh
+//! frames are most of the cost: while it spins, this thread installs the
+//! second half of the window (`help`, `Platform::file_install_split`) as
+//! the faulting thread installs the first, on the other CPU.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -139,8 +144,16 @@ impl WakeAhead {
     }
 
     /// The thread's loop, until `shutdown`; `wake(addr, pages)` does a
-    /// posted wake-up (`post`), `page_size` the address's alignment.
-    pub(crate) fn run(&self, shutdown: &AtomicBool, page_size: usize, wake: &dyn Fn(usize, usize)) {
+    /// posted wake-up (`post`), `page_size` the address's alignment; `help`
+    /// does a half of an install lent to it while it spins
+    /// (`Platform::file_install_split`).
+    pub(crate) fn run(
+        &self,
+        shutdown: &AtomicBool,
+        page_size: usize,
+        wake: &dyn Fn(usize, usize),
+        help: &dyn Fn() -> bool,
+    ) {
         let page_mask = page_size as u64 - 1;
         while !shutdown.load(Ordering::Relaxed) {
             let mut capped = false;
@@ -157,6 +170,7 @@ impl WakeAhead {
                     if self.mail.load(Ordering::Relaxed) != 0 {
                         self.deliver(page_mask, wake);
                     }
+                    help();
                     if self.inflight.load(Ordering::Relaxed) > 0 {
                         idle_since = 0;
                     } else if idle_since == 0 {
@@ -228,7 +242,7 @@ mod tests {
         let woken = Woken::default();
         let t = {
             let (wa, stop, woken) = (wa.clone(), stop.clone(), woken.clone());
-            std::thread::spawn(move || wa.run(&stop, 4096, &|a, n| woken.lock().unwrap().push((a, n))))
+            std::thread::spawn(move || wa.run(&stop, 4096, &|a, n| woken.lock().unwrap().push((a, n)), &|| false))
         };
         (wa, stop, t, woken)
     }
