@@ -118,7 +118,8 @@ impl Inner {
             FaultPlan::FileRead { run, file, file_page } if run.pages() <= SMALL_FILL_PAGES => {
                 // (An in-thread fault wants the wake-ahead thread only to
                 // take half of its install: see `may_split`.)
-                let waits = caller.waits() && (!self.in_thread || read_only(&c, run));
+                let waits = caller.waits()
+                    && (!self.in_thread || (run.pages() as usize >= SPLIT_MIN_PAGES && read_only(&c, run)));
                 drop(c);
                 let _awake = self.wake_ahead.guard(waits);
                 self.serve_small_file_read(plan, run, file, file_page, page_addr, caller)
