@@ -14,6 +14,11 @@
 //! and ends the process with the signal. Undoing is idempotent, so a piece
 //! registered but not yet (fully) made is undone without harm.
 //!
+//! A SIGKILL (or a machine restarted under a benchmark) runs no teardown:
+//! [`sweep_left_behind`], at every [`KernelLimit::setup`], undoes the
+//! pieces whose benchmark pid no longer runs (a swap file left on would
+//! take the next kernel-memcg child's swap first).
+//!
 //! Names: the swap file is `SWAP_PREFIX<pid>` in the swap directory, the
 //! groups `CGROUP_PREFIX<pid>-<n>` under [`CGROUP_ROOT`], `<pid>` being the
 //! benchmark's process id (the tests look for exactly these).
@@ -84,6 +89,54 @@ fn undo(p: &Piece) -> Result<(), String> {
                 Err(e) => err = Some(format!("remove {}: {e}", path.display())),
             }
             err.map_or(Ok(()), Err)
+        }
+    }
+}
+
+/// The benchmark pid in a name `prefix<pid>` or `prefix<pid>-<n>`.
+fn owner_pid(name: &str, prefix: &str) -> Option<i32> {
+    let rest = name.strip_prefix(prefix)?;
+    let digits = rest.split('-').next()?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Undoes the pieces that benchmarks now gone left behind (a `kill -9`,
+/// a machine restarted under them: no teardown ran): swap files named
+/// `SWAP_PREFIX<pid>`, active ones anywhere (`/proc/swaps`) or in
+/// `swap_dir`, and memory groups `CGROUP_PREFIX<pid>-<n>`, of a `<pid>`
+/// that no longer runs. Each one undone is said on stderr. (A left swap
+/// file stays on: the kernel-memcg child would swap to it first.)
+pub fn sweep_left_behind(swap_dir: &Path) {
+    let gone = |pid: i32| pid != std::process::id() as i32 && !Path::new(&format!("/proc/{pid}")).exists();
+    let mut pieces: Vec<Piece> = Vec::new();
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+    let active = swaps.lines().skip(1).filter_map(|l| l.split_whitespace().next()).map(PathBuf::from);
+    let in_dir = std::fs::read_dir(swap_dir).into_iter().flatten().filter_map(|e| e.ok()).map(|e| e.path());
+    for path in active.chain(in_dir) {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if owner_pid(&name, SWAP_PREFIX).is_some_and(gone)
+            && !pieces.iter().any(|p| matches!(p, Piece::Swap(q) if *q == path))
+        {
+            pieces.push(Piece::Swap(path));
+        }
+    }
+    for e in std::fs::read_dir(CGROUP_ROOT).into_iter().flatten().filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(SWAP_PREFIX) && owner_pid(&name, CGROUP_PREFIX).is_some_and(gone) {
+            pieces.push(Piece::Cgroup(e.path()));
+        }
+    }
+    for p in &pieces {
+        let what = match p {
+            Piece::Swap(path) | Piece::Cgroup(path) => path.display().to_string(),
+            Piece::Child(pid) => pid.to_string(),
+        };
+        match undo(p) {
+            Ok(()) => eprintln!("usermm: removed {what}, left behind by a benchmark that is gone"),
+            Err(e) => eprintln!("usermm: could not remove {what}, left behind by a benchmark that is gone: {e}"),
         }
     }
 }
@@ -238,6 +291,7 @@ impl KernelLimit {
         if !Path::new(CGROUP_ROOT).join("memory.limit_in_bytes").exists() {
             return Err(format!("no cgroup v1 memory controller at {CGROUP_ROOT}"));
         }
+        sweep_left_behind(Path::new(swap_dir));
         if swap_bytes == 0 {
             return Ok(KernelLimit { swap_path: None, limit_bytes, _swap: None });
         }
@@ -379,6 +433,52 @@ mod tests {
 
     fn scratch(tag: &str) -> PathBuf {
         std::env::temp_dir().join(format!("usermm-memcg-unit-{tag}-{}", std::process::id()))
+    }
+
+    #[test]
+    fn the_owner_of_a_name_is_the_pid_after_the_prefix() {
+        assert_eq!(owner_pid("usermm-memcg-swap-5689", SWAP_PREFIX), Some(5689));
+        assert_eq!(owner_pid("usermm-memcg-77-3", CGROUP_PREFIX), Some(77));
+        assert_eq!(owner_pid("usermm-memcg-swap-5689", CGROUP_PREFIX), None);
+        assert_eq!(owner_pid("usermm-memcg-unit-x-1", CGROUP_PREFIX), None);
+        assert_eq!(owner_pid("usermm-memcg-swap-", SWAP_PREFIX), None);
+        assert_eq!(owner_pid("swapfile", SWAP_PREFIX), None);
+    }
+
+    /// What a benchmark killed with SIGKILL leaves (an active swap file, a
+    /// memory group) is removed by the next one's sweep; a live benchmark's
+    /// pieces (this process's) are left alone.
+    #[test]
+    fn pieces_of_a_benchmark_that_is_gone_are_swept() {
+        if euid() != 0 || !Path::new(CGROUP_ROOT).exists() {
+            eprintln!("NOT RUN: sweeping needs root and {CGROUP_ROOT} (swapon, cgroups)");
+            assert!(euid() != 0, "root, but no cgroup v1 memory controller at {CGROUP_ROOT}");
+            return;
+        }
+        let mut child = Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let dir = scratch("sweep");
+        std::fs::create_dir_all(&dir).unwrap();
+        let swap = dir.join(format!("{SWAP_PREFIX}{dead}"));
+        let mine = dir.join(format!("{SWAP_PREFIX}{}", std::process::id()));
+        std::fs::write(&mine, b"").unwrap();
+        run("fallocate", &["-l".as_ref(), "1048576".as_ref(), swap.as_os_str()]).unwrap();
+        run("chmod", &["600".as_ref(), swap.as_os_str()]).unwrap();
+        run("mkswap", &[swap.as_os_str()]).unwrap();
+        run("swapon", &[swap.as_os_str()]).unwrap();
+        let group = Path::new(CGROUP_ROOT).join(format!("{CGROUP_PREFIX}{dead}-0"));
+        std::fs::create_dir(&group).unwrap();
+        assert!(swap_active(&swap));
+        sweep_left_behind(&dir);
+        let (active, exists, group_left) = (swap_active(&swap), swap.exists(), group.exists());
+        // (Cleaned up whatever the assertions say.)
+        let _ = undo(&Piece::Swap(swap.clone()));
+        let _ = std::fs::remove_dir(&group);
+        assert!(mine.exists(), "a live benchmark's swap file was swept");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(!active && !exists, "the swap file of pid {dead} is still on ({active}) or on disk ({exists})");
+        assert!(!group_left, "the memory group of pid {dead} is still there");
     }
 
     /// A guard undoes its piece when dropped (on an error path as well): a
