@@ -166,6 +166,10 @@ const IN_THREAD: &str = "usermm (in-thread)";
 /// now and then while a process frees or faults in gigabytes).
 const SPINNER: &str = "spinner (kernel unmap)";
 
+/// The same spinner beside usermm's unmap (a space with handler threads):
+/// the floor under the `usermm` rows' stalls, which a sliced zap may lower.
+const SPINNER_USERMM: &str = "spinner (usermm unmap)";
+
 /// The gaps over 1 µs between two clock reads of a thread that does
 /// nothing else, `(start, length)`, until `stop`.
 fn spin_gaps(stop: &AtomicBool, started: &AtomicBool) -> Vec<(u64, u64)> {
@@ -182,12 +186,26 @@ fn spin_gaps(stop: &AtomicBool, started: &AtomicBool) -> Vec<(u64, u64)> {
     v
 }
 
-/// A spinner run: the kernel unmaps a populated `size` bytes; the gaps of
+/// A spinner run: the kernel (`on_usermm` false) or a usermm space (true,
+/// with handler threads) unmaps a populated `size` bytes; the gaps of
 /// [`spin_gaps`] that overlap the unmap are its stalls.
-fn spinner_run(size: usize, p: &Params) -> Result<Out, String> {
-    let settle = Duration::from_millis(p.int("settle_ms"));
+fn spinner_run(size: usize, p: &Params, on_usermm: bool) -> Result<Out, String> {
+    if on_usermm {
+        let space = Space::open(&config(size + 64 * MIB, 0, None)).map_err(|e| format!("usermm open: {e:?}"))?;
+        let mut big = space.map_anon(size).map_err(|e| format!("usermm mmap: {e:?}"))?;
+        populate(&mut big);
+        let out = spin_around(p, move || big.unmap().map_err(|e| format!("usermm munmap: {e:?}")))?;
+        space.close().map_err(|e| format!("usermm close: {e:?}"))?;
+        return Ok(out);
+    }
     let mut big = HostMap::anon(size, 0).map_err(|e| format!("kernel mmap: {e:?}"))?;
     populate(&mut big);
+    spin_around(p, move || big.unmap().map_err(|e| format!("kernel munmap: {e:?}")))
+}
+
+/// Runs `unmap` beside a thread that only reads the clock ([`spin_gaps`]).
+fn spin_around(p: &Params, unmap: impl FnOnce() -> Result<(), String>) -> Result<Out, String> {
+    let settle = Duration::from_millis(p.int("settle_ms"));
     let stop = AtomicBool::new(false);
     let started = AtomicBool::new(false);
     let (gaps, t0, t1) = std::thread::scope(|sc| {
@@ -197,7 +215,7 @@ fn spinner_run(size: usize, p: &Params) -> Result<Out, String> {
         }
         std::thread::sleep(settle);
         let t0 = now_ns();
-        let r = big.unmap().map_err(|e| format!("kernel munmap: {e:?}"));
+        let r = unmap();
         let t1 = now_ns();
         std::thread::sleep(settle / 2);
         stop.store(true, Ordering::Release);
@@ -373,7 +391,9 @@ fn notes(e: &mut Experiment, sizes: &[u64], mapunmap_kib: u64) {
          thread). `{SPINNER}` (the largest size, fault mode's runs): the kernel's unmap beside a second thread that \
          only reads the clock in a loop, no faults and no system calls; its `stall_max` is the longest gap between \
          two of its clock reads during the unmap (`ops_during_unmap`: gaps over 1 µs), the floor under every stall \
-         row on this machine (a VM that stops its vCPUs for milliseconds while gigabytes are freed).",
+         row on this machine (a VM that stops its vCPUs for milliseconds while gigabytes are freed). \
+         `{SPINNER_USERMM}`: the same spinner beside usermm's unmap of the same size (a space with handler threads, \
+         nothing else running in it): the floor under the `usermm` rows.",
         sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "),
         if sizes.iter().all(|&s| s < 4096) { " (quick scale: 4 GiB left out, pass --sizes-mib to add it)" } else { "" },
         mapunmap_kib,
@@ -456,8 +476,11 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
                 }
                 if mode == "fault" && size == *sizes.iter().max().unwrap_or(&size) {
                     prog.say(&format!("{size} MiB, spinner beside the kernel's unmap, run {}/{runs}", r + 1));
-                    let out = spinner_run(size as usize * MIB, p)?;
+                    let out = spinner_run(size as usize * MIB, p, false)?;
                     record(&mut e, SPINNER, &variant(size, mode), out);
+                    prog.say(&format!("{size} MiB, spinner beside usermm's unmap, run {}/{runs}", r + 1));
+                    let out = spinner_run(size as usize * MIB, p, true)?;
+                    record(&mut e, SPINNER_USERMM, &variant(size, mode), out);
                 }
             }
         }

@@ -613,4 +613,12 @@ fn munmap_bench_has_both_fault_modes_and_the_kernel() {
             }
         }
     }
+    // The machine's floor, beside each system's unmap: at the largest size,
+    // in fault mode only.
+    for sys in ["spinner (kernel unmap)", "spinner (usermm unmap)"] {
+        for (v, present) in [("32MiB-fault", true), ("16MiB-fault", false), ("32MiB-mapunmap", false)] {
+            let has = rows.iter().any(|r| r.0 == sys && r.1 == v && r.2 == "stall_max");
+            assert_eq!(has, present, "{sys} {v} stall_max");
+        }
+    }
 }
