@@ -305,7 +305,7 @@ impl Platform for Native {
             .map_or((0, 0), |(h, t)| (h.unwrap_or(0), t.unwrap_or(0)))
     }
     fn help(&self) -> bool {
-        self.lender.offered() && self.arena.help_install(&self.uffd, &self.lender)
+        self.arena.help_install(&self.uffd, &self.lender)
     }
     fn file_install(&self, dst: usize, from: usize, len: usize, wake: bool) -> Result<usize, Errno> {
         with_bounce(from + len, |b| self.arena.install_bounce_part(&self.uffd, dst, from, len, false, wake, b))

@@ -118,8 +118,8 @@ impl Inner {
             FaultPlan::FileRead { run, file, file_page } if run.pages() <= SMALL_FILL_PAGES => {
                 // (An in-thread fault wants the wake-ahead thread only to
                 // take half of its install: see `may_split`.)
-                let waits = caller.waits()
-                    && (!self.in_thread || (run.pages() as usize >= SPLIT_MIN_PAGES && read_only(&c, run)));
+                let pages = run.pages() as usize;
+                let waits = caller.waits() && (!self.in_thread || self.splittable(&c, run, pages * self.page_size));
                 drop(c);
                 let _awake = self.wake_ahead.guard(waits);
                 self.serve_small_file_read(plan, run, file, file_page, page_addr, caller)
@@ -427,7 +427,13 @@ impl Inner {
     /// other half, in a region no thread can write (the undo of a half
     /// installed beside a failed one drops it: a write there would be lost).
     fn may_split(&self, c: &Core, run: PageRange, len: usize) -> bool {
-        self.in_thread && len >= SPLIT_MIN_PAGES * self.page_size && self.wake_ahead.spinning() && read_only(c, run)
+        self.splittable(c, run, len) && self.wake_ahead.spinning()
+    }
+
+    /// `may_split` but for the spinning helper: also what decides whether
+    /// an in-thread file read starts the wake-ahead thread at all.
+    fn splittable(&self, c: &Core, run: PageRange, len: usize) -> bool {
+        self.in_thread && len >= SPLIT_MIN_PAGES * self.page_size && read_only(c, run)
     }
 
     /// Installs the first `len` bytes of a small file read for `run` (the
