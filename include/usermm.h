@@ -129,6 +129,18 @@
  * lock-on-fault, charged to the lock limit at once, populated never.
  */
 #define UMM_MAP_LOCKONFAULT 0x08000000
+/*
+ * usermm's own mmap flag (a bit Linux does not use, and ignores): the new
+ * region's faults are resolved in the faulting thread, as with
+ * UMM_F_INTHREAD_FAULTS for a whole space, while the space's other regions
+ * keep its handler threads. The same costs, for this region only: a
+ * kernel-mode access (read(2) into it, O_DIRECT, process_vm_readv) to a page
+ * not resident fails with EFAULT, threads touching it must not block
+ * SIGBUS, and from the first such region on every SIGBUS of the process
+ * passes through usermm's handler (umm_sigbus_action). Its VmFlags show
+ * "it". EOPNOTSUPP where the kernel lacks UFFD_FEATURE_SIGBUS.
+ */
+#define UMM_MAP_INTHREAD 0x10000000
 
 /* umm_page_state bits: one 32-bit word per page. */
 #define UMM_PAGE_RESIDENT 0x001u  /* the page has a frame in the space */
@@ -343,7 +355,7 @@ int umm_mvolatile(umm_space *s, void *addr, size_t len);
 int umm_mnovolatile(umm_space *s, void *addr, size_t len, struct umm_purge_report *out);
 
 /* sigaction(SIGBUS, act, oldact) for programs with spaces opened with
- * UMM_F_INTHREAD_FAULTS: while usermm's SIGBUS handler is installed, act
+ * UMM_F_INTHREAD_FAULTS (or regions mapped with UMM_MAP_INTHREAD): while usermm's SIGBUS handler is installed, act
  * becomes the handler it chains to (the SIGBUS that are not a space's
  * faults: a purged or poisoned page, a transient failure, a fault outside
  * every space) and oldact receives the previous one, instead of replacing

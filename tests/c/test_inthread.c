@@ -9,7 +9,10 @@
  * and leaves it with siglongjmp (as LTP's tests do), after which the space
  * still serves faults; a handler installed with plain sigaction after the
  * open replaces usermm's, and the next in-thread umm_open puts usermm's back
- * in front of it; read(2) into a page not yet touched is EFAULT.
+ * in front of it; read(2) into a page not yet touched is EFAULT. Then a
+ * handler-thread space with one region mapped UMM_MAP_INTHREAD: read(2) into
+ * an untouched page of that region is EFAULT, into one of the other region
+ * it works, and the in-thread region's pages come in when touched.
  *
  * The last line of output is "N passed, M failed"; the exit status is 0 only
  * when nothing failed.
@@ -127,6 +130,35 @@ int main(void) {
     CHECK(umm_sigbus_action(&old, NULL) == 0);
     CHECK(umm_munmap(s, a, len) == 0);
     CHECK(umm_close(s) == 0);
+
+    /* One region in-thread in a space of handler threads. */
+    struct umm_config c;
+    umm_config_init(&c);
+    c.budget_bytes = 1u << 20;
+    umm_space *h = umm_open(&c);
+    CHECK(h != NULL);
+    if (!h)
+        return 1;
+    unsigned char *ha = umm_mmap(h, NULL, 16 * PS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *it =
+        umm_mmap(h, NULL, 16 * PS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | UMM_MAP_INTHREAD, -1, 0);
+    CHECK(ha != MAP_FAILED && it != MAP_FAILED);
+    if (ha == MAP_FAILED || it == MAP_FAILED)
+        return 1;
+    CHECK(pipe(fds) == 0);
+    CHECK(write(fds[1], "abcd", 4) == 4);
+    errno = 0;
+    CHECK(read(fds[0], it + 2 * PS, 2) == -1 && errno == EFAULT);
+    CHECK(read(fds[0], ha + 2 * PS, 2) == 2 && ha[2 * PS + 1] == 'b');
+    close(fds[0]);
+    close(fds[1]);
+    for (size_t p = 0; p < 16; p++)
+        it[p * PS + 5] = (unsigned char)(p + 40);
+    bad = 0;
+    for (size_t p = 0; p < 16; p++)
+        bad += it[p * PS + 5] != (unsigned char)(p + 40) || it[p * PS] != 0;
+    CHECK(bad == 0);
+    CHECK(umm_close(h) == 0);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

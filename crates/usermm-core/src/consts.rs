@@ -28,6 +28,10 @@ pub const MAP_FIXED_NOREPLACE: i32 = 0x100000;
 /// usermm's own flag: the new region is lock-on-fault (the seed's V3
 /// `MAP_LOCKONFAULT`). Linux does not use this bit.
 pub const UMM_MAP_LOCKONFAULT: i32 = 0x0800_0000;
+/// usermm's own flag: the new region's faults are resolved in the faulting
+/// thread (the per-region form of `UMM_F_INTHREAD_FAULTS`). Linux does not
+/// use this bit (and ignores it).
+pub const UMM_MAP_INTHREAD: i32 = 0x1000_0000;
 
 /// The flags `MAP_SHARED_VALIDATE` accepts (Linux `LEGACY_MAP_MASK` plus the
 /// validated ones).

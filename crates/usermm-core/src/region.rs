@@ -72,6 +72,10 @@ pub struct Region {
     /// Whether `PROT_WRITE` may be set (false for a shared mapping of a
     /// descriptor not open for writing: mprotect says EACCES).
     pub may_write: bool,
+    /// Its faults are resolved in the faulting thread (`UMM_MAP_INTHREAD`):
+    /// a kernel-mode access to a page not resident is `EFAULT`, so its
+    /// swap-ins are never installed write-protected.
+    pub in_thread: bool,
 }
 
 impl Region {
@@ -94,6 +98,7 @@ impl Region {
             && self.advice == next.advice
             && self.noreserve == next.noreserve
             && self.lock == next.lock
+            && self.in_thread == next.in_thread
             && self.object == next.object
             && (self.object == 0 || self.pgoff + self.range.pages() == next.pgoff)
     }

@@ -138,6 +138,9 @@ fn vm_flags(reg: &Region, shared: bool, volatile: u64, extra_flags: &str) -> Str
         flags.push_str("vo ");
     }
     flags.push_str(extra_flags);
+    if reg.in_thread && !extra_flags.contains("it ") {
+        flags.push_str("it ");
+    }
     flags
 }
 

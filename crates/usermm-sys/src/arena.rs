@@ -296,6 +296,12 @@ impl Arena {
         self.program_wp
     }
 
+    /// The mode the reservation is registered in with the space's
+    /// userfaultfd (MISSING, and WP where swap-ins are tracked).
+    pub fn program_register_mode(&self) -> u64 {
+        Arena::program_mode(self.program_wp)
+    }
+
     /// The reservation's registration mode, with or without WP.
     fn program_mode(wp: bool) -> u64 {
         use crate::uffd::{UFFDIO_REGISTER_MODE_MISSING, UFFDIO_REGISTER_MODE_WP};
@@ -930,6 +936,12 @@ impl Arena {
     /// zapped range never shows its old bytes to the next region there.
     /// Returns whether the host refused at first (for the stats).
     pub fn zap(&self, uffd: &Uffd, a: usize, l: usize, prot: i32) -> Result<bool, Errno> {
+        self.zap_mode(uffd, a, l, prot, Arena::program_mode(self.program_wp))
+    }
+
+    /// `zap`, a fresh mapping registered in `mode` (a range registered
+    /// with another userfaultfd than the space's, `UMM_MAP_INTHREAD`).
+    pub fn zap_mode(&self, uffd: &Uffd, a: usize, l: usize, prot: i32, mode: u64) -> Result<bool, Errno> {
         self.check(a, l)?;
         // SAFETY: this arena's memory (checked range or own slot): no reference into it.
         if unsafe { mem::advise(a, l, libc::MADV_DONTNEED) }.is_ok() {
@@ -946,7 +958,7 @@ impl Arena {
         unsafe { mem::advise(a, l, libc::MADV_DONTFORK) }?;
         // SAFETY: this arena's memory (checked range or own slot): no reference into it.
         unsafe { mem::advise(a, l, libc::MADV_NOHUGEPAGE) }?;
-        uffd.register_mode(a, l, Arena::program_mode(self.program_wp))?;
+        uffd.register_mode(a, l, mode)?;
         Ok(true)
     }
 

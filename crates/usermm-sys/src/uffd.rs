@@ -218,6 +218,14 @@ impl Uffd {
         Ok(())
     }
 
+    /// Unregisters `[start, start+len)`: every mapping there must be
+    /// registered with this userfaultfd or with none (`EINVAL` otherwise).
+    /// Threads waiting on a fault there are woken, and fault again.
+    pub fn unregister(&self, start: usize, len: usize) -> Result<(), Errno> {
+        let mut r = UffdioRange { start: start as u64, len: len as u64 };
+        self.ioctl(UFFDIO_UNREGISTER, &mut r as *mut _ as *mut libc::c_void)
+    }
+
     fn ioctl(&self, req: u64, arg: *mut libc::c_void) -> Result<(), Errno> {
         // SAFETY: `arg` points to the struct that `req` encodes (sizes are in
         // the request number), valid for reads and writes for the call.

@@ -465,8 +465,9 @@ impl Space {
     /// The smaps text: one entry per region in `/proc/PID/smaps`'s layout.
     /// usermm's own VmFlags: `um` (served by usermm) on every region, `uo`
     /// when the space runs on the user-mode-only fallback, `it` when its
-    /// faults are resolved in the faulting thread (`UMM_F_INTHREAD_FAULTS`;
-    /// like `uo`, a kernel-mode access to a page not resident is `EFAULT`).
+    /// faults are resolved in the faulting thread (`UMM_F_INTHREAD_FAULTS`,
+    /// or the region's `UMM_MAP_INTHREAD`; like `uo`, a kernel-mode access
+    /// to a page not resident is `EFAULT`).
     pub fn smaps(&self) -> String {
         self.assert_owner();
         let extra = format!(

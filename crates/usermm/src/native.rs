@@ -198,6 +198,13 @@ pub(crate) struct Inner {
     pub user_mode_only: bool,
     /// `UMM_F_INTHREAD_FAULTS`: faults are resolved in the faulting thread.
     pub in_thread: bool,
+    /// The space itself, for the SIGBUS handler's table
+    /// (`it_registration`).
+    me: std::sync::Weak<Inner>,
+    /// `UMM_MAP_INTHREAD` regions in a handler-thread space: the
+    /// reservation in the SIGBUS handler's table, from the first such
+    /// region until the space closes.
+    it_registration: Mutex<Option<usermm_sys::inthread::Registration>>,
     /// Lazily freed pages are passed down to the host (`MADV_FREE`) and
     /// discarded through it (see `Arena::host_lazyfree`).
     pub host_lazyfree: bool,
@@ -321,6 +328,7 @@ impl Inner {
             page_size: ps,
             rings,
             lender: Default::default(),
+            in_thread: Default::default(),
         });
         let inner = Inner::build(cfg, plat, user_mode_only, fallback_reason)?;
         // In-thread faults: no fault ever reaches a handler thread.
@@ -456,7 +464,10 @@ impl Inner {
         }
         let low = (budget_pages / 32).clamp(1, 4096);
         let high = (low * 2).min(budget_pages);
-        let inner = Arc::new(Inner {
+        let wake_fd = EventFd::new()?;
+        let inner = Arc::new_cyclic(|me| Inner {
+            me: me.clone(),
+            it_registration: Mutex::new(None),
             base,
             reserve_len: reserve,
             page_size: ps,
@@ -471,7 +482,7 @@ impl Inner {
             spinning: AtomicBool::new(false),
             wake_ahead: awake::WakeAhead::default(),
             frame_pool: cfg.flags & UMM_F_FRAME_POOL != 0,
-            wake_fd: EventFd::new()?,
+            wake_fd,
             write_hold_ns_max: AtomicU64::new(0),
             host_refusals: AtomicU64::new(0),
             host_unreported_moves: AtomicU64::new(0),
@@ -531,6 +542,7 @@ impl Inner {
         }
         // (Waits for the threads inside its resolver to leave it.)
         drop(threads.in_thread);
+        drop(lock(&self.it_registration).take());
         // The arena's mappings go when the last reference to `Inner` does.
     }
 

@@ -110,6 +110,13 @@ pub(crate) trait Platform: Send + Sync {
     fn poison(&self, a: usize, l: usize) -> Result<(), Errno>;
 
     // ---- the program range: other
+    /// Makes the faults of `[a, a+l)` (a new region's range) resolved in
+    /// the faulting thread (`on`, `UMM_MAP_INTHREAD`) or by the space's
+    /// handler threads. By default every fault is the space's one kind.
+    fn set_in_thread(&self, a: usize, l: usize, on: bool) -> Result<(), Errno> {
+        let _ = (a, l, on);
+        Ok(())
+    }
     fn protect(&self, a: usize, l: usize, prot: i32) -> Result<(), Errno>;
     /// Drops every page of the range whatever the host says (see
     /// `Arena::zap`); `Ok(false)` when the host refused at first.
@@ -200,6 +207,94 @@ pub(crate) struct Native {
     /// Halves of installs lent to the wake-ahead thread
     /// (`file_install_split`).
     pub lender: usermm_sys::lend::Lender,
+    /// The ranges of `UMM_MAP_INTHREAD` regions, in a space whose other
+    /// faults go to handler threads.
+    pub in_thread: InThreadRanges,
+}
+
+/// The ranges of a handler-thread space whose faults are resolved in the
+/// faulting thread (`UMM_MAP_INTHREAD` regions): registered with a second
+/// userfaultfd, with `UFFD_FEATURE_SIGBUS`, opened at the first such region
+/// (a mapping is registered with one userfaultfd at a time). The space's
+/// own userfaultfd serves every other range, and its `UFFDIO_COPY` and
+/// `UFFDIO_ZEROPAGE` install pages in these ranges too (the kernel checks
+/// only that the destination is registered, with any userfaultfd of the
+/// same process); `UFFDIO_MOVE` wants the destination's own one
+/// (`Native::dst_uffd`).
+#[derive(Default)]
+pub(crate) struct InThreadRanges {
+    uffd: std::sync::OnceLock<Uffd>,
+    /// `start -> end` of each range registered with `uffd`: sorted,
+    /// disjoint, never adjacent. Not touched while program memory is.
+    ranges: std::sync::Mutex<std::collections::BTreeMap<usize, usize>>,
+}
+
+impl InThreadRanges {
+    fn ranges(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<usize, usize>> {
+        self.ranges.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The userfaultfd `a`'s mapping is registered with, if it is this one.
+    fn covering(&self, a: usize) -> Option<&Uffd> {
+        let u = self.uffd.get()?;
+        self.ranges().range(..=a).next_back().filter(|(_, &e)| a < e).map(|_| u)
+    }
+
+    /// The parts of `[a, e)` registered with `uffd`.
+    fn inside(m: &std::collections::BTreeMap<usize, usize>, a: usize, e: usize) -> Vec<(usize, usize)> {
+        let first = m.range(..=a).next_back().map_or(a, |(&s, _)| s);
+        m.range(first..e).map(|(&s, &t)| (s.max(a), t.min(e))).filter(|(s, t)| s < t).collect()
+    }
+
+    /// The parts of `[a, e)` not registered with `uffd`.
+    fn outside(m: &std::collections::BTreeMap<usize, usize>, a: usize, e: usize) -> Vec<(usize, usize)> {
+        let mut gaps = Vec::new();
+        let mut at = a;
+        for (s, t) in InThreadRanges::inside(m, a, e) {
+            if at < s {
+                gaps.push((at, s));
+            }
+            at = t;
+        }
+        if at < e {
+            gaps.push((at, e));
+        }
+        gaps
+    }
+
+    /// Records `[a, e)` as registered (`on`) or not.
+    fn record(m: &mut std::collections::BTreeMap<usize, usize>, a: usize, e: usize, on: bool) {
+        let (mut lo, mut hi) = (a, e);
+        let touching: Vec<(usize, usize)> = {
+            let first = m.range(..=a).next_back().map_or(a, |(&s, _)| s);
+            m.range(first..=e).map(|(&s, &t)| (s, t)).filter(|&(s, t)| t >= a && s <= e).collect()
+        };
+        for (s, t) in touching {
+            m.remove(&s);
+            if on {
+                lo = lo.min(s);
+                hi = hi.max(t);
+            } else {
+                if s < a {
+                    m.insert(s, a);
+                }
+                if t > e {
+                    m.insert(e, t);
+                }
+            }
+        }
+        if on {
+            m.insert(lo, hi);
+        }
+    }
+}
+
+impl Native {
+    /// The userfaultfd that may move a page to `dst` (`UFFDIO_MOVE`
+    /// checks the destination's own).
+    fn dst_uffd(&self, dst: usize) -> &Uffd {
+        self.in_thread.covering(dst).unwrap_or(&self.uffd)
+    }
 }
 
 std::thread_local! {
@@ -263,7 +358,7 @@ impl Platform for Native {
             .unwrap_or(Err(Errno::ENOMEM))
     }
     fn zero_fill_pooled(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
-        self.arena.zero_fill_pooled(&self.uffd, dst, len, wake)
+        self.arena.zero_fill_pooled(self.dst_uffd(dst), dst, len, wake)
     }
     fn pool_trim(&self, max: u64) {
         self.arena.pool_trim(max.min(usize::MAX as u64) as usize)
@@ -286,7 +381,7 @@ impl Platform for Native {
     }
     fn swap_install(&self, dst: usize, len: usize, wp: bool, wake: bool) -> Result<usize, Errno> {
         if let Some(taken) = TAKEN.with(|t| t.take()) {
-            return self.arena.install_taken(&self.uffd, dst, taken, wp, wake);
+            return self.arena.install_taken(self.dst_uffd(dst), dst, taken, wp, wake);
         }
         with_bounce(len, |b| self.arena.install_bounce(&self.uffd, dst, len, wp, wake, b)).unwrap_or(Err(Errno::ENOMEM))
     }
@@ -325,7 +420,57 @@ impl Platform for Native {
         self.arena.protect(a, l, prot)
     }
     fn zap(&self, a: usize, l: usize, prot: i32) -> Result<bool, Errno> {
-        self.arena.zap(&self.uffd, a, l, prot)
+        let Some(it) = self.in_thread.uffd.get() else { return self.arena.zap(&self.uffd, a, l, prot) };
+        // (A range that is replaced by a fresh mapping is registered again,
+        // each part with the userfaultfd it had.)
+        let e = a.checked_add(l).ok_or(Errno::EINVAL)?;
+        let (inside, outside) = {
+            let m = self.in_thread.ranges();
+            (InThreadRanges::inside(&m, a, e), InThreadRanges::outside(&m, a, e))
+        };
+        let mut refused = false;
+        for (s, t) in inside {
+            refused |= self.arena.zap_mode(it, s, t - s, prot, usermm_sys::uffd::UFFDIO_REGISTER_MODE_MISSING)?;
+        }
+        for (s, t) in outside {
+            refused |= self.arena.zap(&self.uffd, s, t - s, prot)?;
+        }
+        Ok(refused)
+    }
+    fn set_in_thread(&self, a: usize, l: usize, on: bool) -> Result<(), Errno> {
+        if self.uffd.has(UFFD_FEATURE_SIGBUS) || (!on && self.in_thread.uffd.get().is_none()) {
+            // The whole space is of one kind.
+            return Ok(());
+        }
+        let e = a.checked_add(l).ok_or(Errno::EINVAL)?;
+        let mut m = self.in_thread.ranges();
+        if self.in_thread.uffd.get().is_none() {
+            let user_mode = self.uffd.mode == usermm_sys::uffd::UffdMode::UserModeOnly;
+            let u =
+                Uffd::open(false, user_mode, true)
+                    .map_err(|e| if e == Errno::EINVAL { Errno::EOPNOTSUPP } else { e })?;
+            let _ = self.in_thread.uffd.set(u);
+        }
+        let it = self.in_thread.uffd.get().ok_or(Errno::EOPNOTSUPP)?;
+        // (Registered in MISSING mode only: these pages are never installed
+        // write-protected, see `Core::keeps_swap_copy`.)
+        let missing = usermm_sys::uffd::UFFDIO_REGISTER_MODE_MISSING;
+        let (from, to, to_mode, parts) = if on {
+            (&self.uffd, it, missing, InThreadRanges::outside(&m, a, e))
+        } else {
+            (it, &self.uffd, self.arena.program_register_mode(), InThreadRanges::inside(&m, a, e))
+        };
+        for (s, t) in parts {
+            from.unregister(s, t - s)?;
+            if let Err(err) = to.register_mode(s, t - s, to_mode) {
+                // Back as it was: never a range no userfaultfd serves.
+                let back = if on { self.arena.program_register_mode() } else { missing };
+                let _ = from.register_mode(s, t - s, back);
+                return Err(err);
+            }
+            InThreadRanges::record(&mut m, s, t, on);
+        }
+        Ok(())
     }
     fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno> {
         self.arena.dontneed(a, l)
@@ -353,7 +498,7 @@ impl Platform for Native {
         self.pagemap.as_ref().and_then(|p| p.zero_pfn_ranges(addr, len).ok()).unwrap_or_default()
     }
     fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno> {
-        self.arena.slot_to_page(&self.uffd, slot, dst, try_move, wp)
+        self.arena.slot_to_page(self.dst_uffd(dst), slot, dst, try_move, wp)
     }
     fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno> {
         with_bounce(self.page_size, |b| self.arena.slot_to_page_checked(&self.uffd, slot, dst, b))
@@ -378,7 +523,7 @@ impl Platform for Native {
         self.arena.discard_slot(slot)
     }
     fn moved_unreported(&self, src: usize, slot: u32) -> bool {
-        self.arena.moved_unreported(&self.uffd, src, slot)
+        self.arena.moved_unreported(self.dst_uffd(src), src, slot)
     }
     fn host_free_slot(&self, slot: u32) -> Result<(), Errno> {
         self.arena.host_free_slot(slot)
@@ -430,5 +575,59 @@ impl Platform for Native {
     }
     fn sigsegv(&self, tid: u32, addr: usize) -> Result<(), Errno> {
         usermm_sys::thread::sigsegv_thread(tid, addr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InThreadRanges;
+    use std::collections::BTreeMap;
+
+    /// `record`, `inside` and `outside` against a bitmap of 64 units, with
+    /// random ranges (a fixed-seed generator): the map stays sorted,
+    /// disjoint and never adjacent, and says exactly what the bitmap says.
+    #[test]
+    fn the_range_set_matches_a_bitmap() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let mut m = BTreeMap::new();
+        let mut bits = [false; 64];
+        for _ in 0..5000 {
+            let a = next(64) as usize;
+            let e = (a + 1 + next(12) as usize).min(64);
+            let on = next(2) == 0;
+            let (ins, outs) = (InThreadRanges::inside(&m, a, e), InThreadRanges::outside(&m, a, e));
+            let mut covered = [None; 64];
+            for (s, t) in &ins {
+                covered[*s..*t].iter_mut().for_each(|c| *c = Some(true));
+            }
+            for (s, t) in &outs {
+                covered[*s..*t].iter_mut().for_each(|c| *c = Some(false));
+            }
+            for i in 0..64 {
+                let want = (a..e).contains(&i).then_some(bits[i]);
+                assert_eq!(covered[i], want, "unit {i} of [{a}, {e}) in {m:?}");
+            }
+            // As `set_in_thread` does: each part that changes, one by one.
+            for (s, t) in if on { outs } else { ins } {
+                InThreadRanges::record(&mut m, s, t, on);
+            }
+            bits[a..e].iter_mut().for_each(|b| *b = on);
+            let mut prev_end = None;
+            for (&s, &t) in &m {
+                assert!(s < t, "{m:?}");
+                assert!(prev_end.is_none_or(|p| p < s), "disjoint, never adjacent: {m:?}");
+                prev_end = Some(t);
+            }
+            for (i, &b) in bits.iter().enumerate() {
+                let in_map = m.range(..=i).next_back().is_some_and(|(_, &t)| i < t);
+                assert_eq!(in_map, b, "unit {i}: {m:?}");
+            }
+        }
     }
 }

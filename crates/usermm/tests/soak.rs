@@ -4,7 +4,9 @@
 //! `MADV_PAGEOUT`, `MADV_COLD`, `MADV_DONTNEED`, `MADV_POPULATE_READ/WRITE`,
 //! `mlock`, `mlock2(MLOCK_ONFAULT)`, `munlock`, `mvolatile`, `mnovolatile`,
 //! touches of volatile pages (SIGBUS handled as the seed's model does),
-//! `mprotect`, and `munmap` + `mmap(MAP_FIXED)` of the thread's own pages —
+//! `mprotect`, and `munmap` + `mmap(MAP_FIXED)` of the thread's own pages
+//! (a third of them `UMM_MAP_INTHREAD`, faults resolved in the faulting
+//! thread beside the other regions' handler threads) —
 //! and verify every byte they read against an exact per-thread model (each
 //! thread owns its pages).
 //!
@@ -1206,7 +1208,16 @@ impl Worker<'_> {
                 }
                 let a = self.addr(first);
                 let unmap_first = self.rng.chance(50);
-                let what = if unmap_first { "munmap+mmap(MAP_FIXED)" } else { "mmap(MAP_FIXED) over" };
+                // A third of the new mappings resolve their faults in the
+                // faulting thread (`UMM_MAP_INTHREAD`), beside the others'
+                // handler threads: every op then meets both kinds.
+                let in_thread = if self.rng.chance(33) { UMM_MAP_INTHREAD } else { 0 };
+                let what = match (unmap_first, in_thread != 0) {
+                    (true, false) => "munmap+mmap(MAP_FIXED)",
+                    (false, false) => "mmap(MAP_FIXED) over",
+                    (true, true) => "munmap+mmap(MAP_FIXED|UMM_MAP_INTHREAD)",
+                    (false, true) => "mmap(MAP_FIXED|UMM_MAP_INTHREAD) over",
+                };
                 let r = self.call(
                     format!("{name} {what} pages {first}+{n} [{a:#x}..{:#x})", a + n * PS),
                     (a, a + n * PS),
@@ -1218,7 +1229,7 @@ impl Worker<'_> {
                             a,
                             n * PS,
                             PROT_READ | PROT_WRITE,
-                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | in_thread,
                             -1,
                             0,
                         )

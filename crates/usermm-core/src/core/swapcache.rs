@@ -47,7 +47,7 @@ impl Core {
     pub(super) fn keeps_swap_copy(&self, p: PageIdx, write: bool) -> bool {
         self.tracks_writes
             && !write
-            && self.regions.find(p).is_some_and(|r| r.kind != Kind::FileShared)
+            && self.regions.find(p).is_some_and(|r| r.kind != Kind::FileShared && !r.in_thread)
             && u64::from(self.swap.free()) > u64::from(self.swap.capacity()) / 8
     }
 

@@ -248,6 +248,7 @@ impl Core {
             swap_next: u64::MAX,
             swap_streak: 0,
             may_write: file.is_none_or(|f| f.writable || !shared),
+            in_thread: flags & UMM_MAP_INTHREAD != 0,
         });
         self.regions.merge_around(range);
     }
@@ -271,6 +272,7 @@ impl Core {
             swap_next: u64::MAX,
             swap_streak: 0,
             may_write: true,
+            in_thread: flags & UMM_MAP_INTHREAD != 0,
         };
         let mut n = 0;
         if range.start.0 > 0 {
@@ -464,7 +466,14 @@ fn mmap_shared(flags: i32) -> Result<bool, Errno> {
             if flags & MAP_ANONYMOUS != 0 {
                 return bad(Errno::EINVAL);
             }
-            if flags & !(LEGACY_MAP_MASK | MAP_FIXED_NOREPLACE | UMM_MAP_LOCKONFAULT | MAP_SHARED_VALIDATE) != 0 {
+            if flags
+                & !(LEGACY_MAP_MASK
+                    | MAP_FIXED_NOREPLACE
+                    | UMM_MAP_LOCKONFAULT
+                    | UMM_MAP_INTHREAD
+                    | MAP_SHARED_VALIDATE)
+                != 0
+            {
                 return bad(Errno::EOPNOTSUPP);
             }
             Ok(true)

@@ -141,7 +141,16 @@ impl Inner {
             }
             return Err(e);
         }
-        let mode = lock(&self.core).region_at(plan.range.start).map(|r| r.lock).unwrap_or(LockMode::None);
+        let (mode, in_thread) =
+            lock(&self.core).region_at(plan.range.start).map_or((LockMode::None, false), |r| (r.lock, r.in_thread));
+        if let Err(e) = self.set_in_thread(a, l, in_thread) {
+            let d = lock(&self.core).munmap(a as u64, l as u64);
+            if let Ok(Some(d)) = d {
+                lock(&self.core).unhold(&d);
+            }
+            let _ = self.plat.protect(a, l, PROT_NONE);
+            return Err(e);
+        }
         if mode != LockMode::None {
             if let Err(e) = self.host_lock(plan.range, mode) {
                 let d = lock(&self.core).munmap(a as u64, l as u64);
@@ -153,6 +162,26 @@ impl Inner {
             }
         }
         Ok(mode)
+    }
+
+    /// A new region's faults resolved in the faulting thread
+    /// (`UMM_MAP_INTHREAD`) or by the handler threads: the range goes to
+    /// the userfaultfd of its kind, and the first such region puts the
+    /// reservation in the SIGBUS handler's table (`usermm_sys::inthread`).
+    fn set_in_thread(&self, a: usize, l: usize, on: bool) -> Result<(), Errno> {
+        if self.in_thread {
+            // Every fault of the space is resolved in the faulting thread.
+            return Ok(());
+        }
+        if on {
+            let mut reg = lock(&self.it_registration);
+            if reg.is_none() {
+                let me = self.me.upgrade().ok_or(Errno::EBADF)?;
+                let end = self.base + self.reserve_len;
+                *reg = Some(usermm_sys::inthread::register(self.base, end, Arc::new(fault::InThread(me)))?);
+            }
+        }
+        self.plat.set_in_thread(a, l, on)
     }
 
     /// Removes what advice passed down to the host left on ranges that are

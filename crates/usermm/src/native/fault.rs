@@ -180,7 +180,7 @@ impl Inner {
         in_thread: bool,
     ) -> Resolved {
         let page_addr = addr & !(self.page_size - 1);
-        let caller = Caller::Fault { addr, tid };
+        let caller = Caller::Fault { addr, tid, in_thread };
         let mut retries = Retries::default();
         loop {
             let plan = if wp { c.wp_fault(Addr(page_addr as u64)) } else { c.fault(Addr(page_addr as u64), write) };

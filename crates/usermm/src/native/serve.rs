@@ -15,7 +15,9 @@ use usermm_core::Failure;
 pub(super) enum Caller {
     /// A fault at `addr` by thread `tid` (None: a read-in — `MADV_WILLNEED`,
     /// a lock's reactivation — with no thread waiting).
-    Fault { addr: usize, tid: Option<u32> },
+    /// `in_thread`: resolved by the faulting thread itself, in its SIGBUS
+    /// handler (nothing runs meanwhile, no thread waits to be woken).
+    Fault { addr: usize, tid: Option<u32>, in_thread: bool },
     /// A populate step (`MADV_POPULATE_*`, `umm_populate`, a lock's
     /// population, a read-ahead window).
     Populate,
@@ -38,6 +40,11 @@ impl Caller {
     /// served by a handler thread).
     fn waits(&self) -> bool {
         matches!(self, Caller::Fault { tid: Some(_), .. })
+    }
+
+    /// Whether the faulting thread resolves this fault itself.
+    fn in_thread(&self) -> bool {
+        matches!(self, Caller::Fault { in_thread: true, .. })
     }
 }
 
@@ -87,7 +94,7 @@ impl Inner {
                 Next::Served
             }
             FaultPlan::Segv { gap } => match caller {
-                Caller::Fault { addr, tid } => self.serve_segv(c, gap, page_addr, addr, tid),
+                Caller::Fault { addr, tid, .. } => self.serve_segv(c, gap, page_addr, addr, tid),
                 Caller::Populate => Next::Failed(Failure::Gone.populate_errno()),
             },
             FaultPlan::Busy => Next::Again(self.settled.wait(c).unwrap_or_else(|e| e.into_inner())),
@@ -99,7 +106,7 @@ impl Inner {
                 Next::Served
             }
             FaultPlan::Sigbus => match caller {
-                Caller::Fault { addr, tid } => self.serve_sigbus(c, page_addr, addr, tid, st),
+                Caller::Fault { addr, tid, .. } => self.serve_sigbus(c, page_addr, addr, tid, st),
                 Caller::Populate => Next::Failed(Failure::Poisoned.populate_errno()),
             },
             FaultPlan::ZeroFill { run } if run.pages() <= SMALL_FILL_PAGES => {
@@ -119,14 +126,14 @@ impl Inner {
                 // (An in-thread fault wants the wake-ahead thread only to
                 // take half of its install: see `may_split`.)
                 let pages = run.pages() as usize;
-                let waits = caller.waits() && (!self.in_thread || self.splittable(&c, run, pages * self.page_size));
+                let waits = caller.waits() && (!caller.in_thread() || self.splittable(&c, run, pages * self.page_size));
                 drop(c);
                 let _awake = self.wake_ahead.guard(waits);
                 self.serve_small_file_read(plan, run, file, file_page, page_addr, caller)
             }
             FaultPlan::FileRead { run, file, file_page } => {
                 drop(c);
-                let _awake = self.wake_ahead.guard(caller.waits() && !self.in_thread);
+                let _awake = self.wake_ahead.guard(caller.waits() && !caller.in_thread());
                 let (n, drop_due) = self.file_in(run, file, file_page, true).unwrap_or((0, None));
                 let r = self.finish_fill(plan, run, n, page_addr, caller, Some(file));
                 // Then what the woken thread need not wait for: the deferred
@@ -144,12 +151,12 @@ impl Inner {
             FaultPlan::SwapIn { run, slot, keep } if run.pages() <= SMALL_FILL_PAGES => {
                 let pooled = !keep && self.frame_pool && pool_fits(&c, run);
                 drop(c);
-                let _awake = self.wake_ahead.guard(caller.waits() && !self.in_thread);
+                let _awake = self.wake_ahead.guard(caller.waits() && !caller.in_thread());
                 self.serve_small_swap_in(plan, run, slot, keep, pooled, page_addr, caller)
             }
             FaultPlan::SwapIn { run, slot, keep } => {
                 drop(c);
-                let _awake = self.wake_ahead.guard(caller.waits() && !self.in_thread);
+                let _awake = self.wake_ahead.guard(caller.waits() && !caller.in_thread());
                 let n = self.swap_in(run, slot, keep);
                 self.finish_fill(plan, run, n, page_addr, caller, None)
             }
@@ -248,7 +255,7 @@ impl Inner {
         if st.poison_failed {
             // Still to be raised, and no marker can be placed: the signal
             // itself, under the core lock (see `serve_reclaim`).
-            return self.report(&mut c, Caller::Fault { addr, tid }, Failure::Poisoned);
+            return self.report(&mut c, Caller::Fault { addr, tid, in_thread: false }, Failure::Poisoned);
         }
         drop(c);
         // The marker also wakes the thread.
@@ -342,7 +349,7 @@ impl Inner {
         let c = lock(&self.core);
         let a = self.addr(run.start);
         // (In-thread faults: no thread waits, nothing to hand off.)
-        let delegate = !self.in_thread && self.wake_ahead.spinning();
+        let delegate = !caller.in_thread() && self.wake_ahead.spinning();
         let bytes = if read { self.plat.swap_install(a, len, keep, !delegate).unwrap_or(0) } else { 0 };
         // (The commit below wakes what was not installed.)
         let handed = if delegate && bytes > 0 { self.hand_off_wake(a, bytes) } else { None };
@@ -375,7 +382,9 @@ impl Inner {
         };
         let c = lock(&self.core);
         let bytes = match read {
-            Some((b, _)) if b > 0 && self.may_split(&c, run, b.min(len)) => self.install_split(&c, run, b.min(len)),
+            Some((b, _)) if b > 0 && caller.in_thread() && self.may_split(&c, run, b.min(len)) => {
+                self.install_split(&c, run, b.min(len))
+            }
             Some((b, _)) if b > 0 => self.install_head_first(run, b.min(len), page_addr, caller),
             _ => 0,
         };
@@ -403,7 +412,7 @@ impl Inner {
     /// populate, an in-thread fault.)
     fn install_head_first(&self, run: PageRange, len: usize, page_addr: usize, caller: Caller) -> usize {
         let (a, ps) = (self.addr(run.start), self.page_size);
-        let waits = caller.waits() && !self.in_thread && page_addr >= a && page_addr < a + len;
+        let waits = caller.waits() && !caller.in_thread() && page_addr >= a && page_addr < a + len;
         let head = if waits { page_addr - a + ps } else { len };
         if head == len {
             return self.plat.file_install(a, 0, len, true).unwrap_or(0);
@@ -433,7 +442,7 @@ impl Inner {
     /// `may_split` but for the spinning helper: also what decides whether
     /// an in-thread file read starts the wake-ahead thread at all.
     fn splittable(&self, c: &Core, run: PageRange, len: usize) -> bool {
-        self.in_thread && len >= SPLIT_MIN_PAGES * self.page_size && read_only(c, run)
+        len >= SPLIT_MIN_PAGES * self.page_size && read_only(c, run)
     }
 
     /// Installs the first `len` bytes of a small file read for `run` (the
@@ -549,7 +558,7 @@ impl Inner {
     /// signal (none for a read-in, which nobody waits on, nor for a fill
     /// the thread may retry), a populate's errno.
     fn report<'a>(&self, c: &mut MutexGuard<'a, Core>, caller: Caller, failure: Failure) -> Next<'a> {
-        let Caller::Fault { addr, tid } = caller else {
+        let Caller::Fault { addr, tid, .. } = caller else {
             return Next::Failed(failure.populate_errno());
         };
         let Some(t) = tid else { return Next::Served };

@@ -99,3 +99,22 @@ pub fn run_entry(entry: &str, env: &[(&str, std::ffi::OsString)]) -> std::proces
     }
     cmd.output().unwrap()
 }
+
+/// In a child test entry: touches `target`, a poisoned page, on a thread of
+/// its own (the recorder `rec` returns, so the access is retried and raises
+/// forever; the process exits under it), waits up to 10 s for `rec` to see
+/// it, and prints "poison seen at the address" when it saw exactly
+/// `target`.
+pub fn touch_poisoned_and_report(rec: &usermm_sys::testing::SigbusRecorder, target: usize) {
+    std::thread::spawn(move || usermm_sys::kernel::peek(target));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while rec.record().count == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let r = rec.record();
+    if r.count >= 1 && r.addr == target {
+        println!("poison seen at the address (si_code {})", r.code);
+    } else {
+        println!("poison not seen right: {r:?}, wanted {target:#x}");
+    }
+}
