@@ -9,9 +9,10 @@
 //! right, with and without the frame pool; a range that changes kind with
 //! the region mapped there (`munmap` then `mmap`, `MAP_FIXED` over a live
 //! region, part of a region); regions of the two kinds never merge, and a
-//! split keeps the kind; a file region in-thread; and a poisoned page of a
-//! handler region still raises the program's SIGBUS once the handler is
-//! usermm's.
+//! split keeps the kind; fills no fault asked for (populate, `mlock`,
+//! `MADV_WILLNEED`) in an in-thread region; a file region in-thread; and a
+//! poisoned page of a handler region still raises the program's SIGBUS once
+//! the handler is usermm's.
 
 mod common;
 
@@ -155,6 +156,39 @@ fn both_kinds_swap_with_the_frame_pool() {
     // Pool frames are moved in (`UFFDIO_MOVE`, which wants the
     // destination's own userfaultfd) in both kinds of region.
     swap_both_kinds(UMM_F_FRAME_POOL);
+}
+
+#[test]
+fn populate_lock_and_willneed_fill_an_in_thread_region_from_other_threads() {
+    // Fills that no fault asked for (a populate, a lock's population, the
+    // background thread's read-in) install pages in an in-thread region
+    // through the space's own userfaultfd; each page is then resident, and
+    // a kernel-mode access to it works.
+    let s = space(1024, 4096, 0);
+    let it = s.mmap(0, 64 * PS, RW, ANON | UMM_MAP_INTHREAD, -1, 0).unwrap();
+    s.madvise(it, 16 * PS, MADV_POPULATE_WRITE).unwrap();
+    s.mlock(it + 16 * PS, 16 * PS).unwrap();
+    for p in 0..32 {
+        assert_eq!(pipe_read_into(it + p * PS, b"ok"), Ok(2), "populated or locked page {p}");
+    }
+    assert!(!kernel_write_works(it + 40 * PS), "an untouched page is still EFAULT to the kernel");
+    s.munlock(it + 16 * PS, 16 * PS).unwrap();
+    // Swapped out, then read back in by MADV_WILLNEED.
+    for p in 32..64 {
+        poke(it + p * PS + 3, p as u8);
+    }
+    s.madvise(it + 32 * PS, 32 * PS, MADV_PAGEOUT).unwrap();
+    s.madvise(it + 32 * PS, 32 * PS, MADV_WILLNEED).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !(32..64).all(|p| probe_read(it + p * PS + 3) == Some(p as u8)) {
+        assert!(std::time::Instant::now() < deadline, "MADV_WILLNEED must read the swapped pages back in");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    for p in 0..64 {
+        let want = if p >= 32 { p as u8 } else { 0 };
+        assert_eq!(peek(it + p * PS + 3), want, "page {p}");
+    }
+    s.close().unwrap();
 }
 
 #[test]
