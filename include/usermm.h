@@ -137,8 +137,10 @@
  * kernel-mode access (read(2) into it, O_DIRECT, process_vm_readv) to a page
  * not resident fails with EFAULT, threads touching it must not block
  * SIGBUS, and from the first such region on every SIGBUS of the process
- * passes through usermm's handler (umm_sigbus_action). Its VmFlags show
- * "it". EOPNOTSUPP where the kernel lacks UFFD_FEATURE_SIGBUS.
+ * passes through usermm's handler (umm_sigbus_action; each such mmap puts
+ * usermm's handler back in front of one installed since with plain
+ * sigaction). Its VmFlags show "it". EOPNOTSUPP where the kernel lacks
+ * UFFD_FEATURE_SIGBUS; ENOMEM when 64 spaces already have in-thread faults.
  */
 #define UMM_MAP_INTHREAD 0x10000000
 

@@ -12,7 +12,9 @@
  * in front of it; read(2) into a page not yet touched is EFAULT. Then a
  * handler-thread space with one region mapped UMM_MAP_INTHREAD: read(2) into
  * an untouched page of that region is EFAULT, into one of the other region
- * it works, and the in-thread region's pages come in when touched.
+ * it works, and the in-thread region's pages come in when touched; a
+ * handler installed with plain sigaction since is put behind usermm's by the
+ * next UMM_MAP_INTHREAD mapping.
  *
  * The last line of output is "N passed, M failed"; the exit status is 0 only
  * when nothing failed.
@@ -158,6 +160,18 @@ int main(void) {
     for (size_t p = 0; p < 16; p++)
         bad += it[p * PS + 5] != (unsigned char)(p + 40) || it[p * PS] != 0;
     CHECK(bad == 0);
+    /* A plain sigaction replaces usermm's handler; the next UMM_MAP_INTHREAD
+     * mapping puts usermm's back in front of it: a fault there is resolved,
+     * never handed to the program's handler. */
+    CHECK(sigaction(SIGBUS, &sa, NULL) == 0);
+    int before = sigbus_count;
+    unsigned char *it2 =
+        umm_mmap(h, NULL, 4 * PS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | UMM_MAP_INTHREAD, -1, 0);
+    CHECK(it2 != MAP_FAILED);
+    if (it2 != MAP_FAILED) {
+        CHECK(touch_poisoned(it2 + PS) == 0);
+        CHECK(sigbus_count == before);
+    }
     CHECK(umm_close(h) == 0);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;

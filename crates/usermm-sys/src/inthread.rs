@@ -149,6 +149,14 @@ pub fn register(start: usize, end: usize, resolver: Shared) -> Result<Registrati
     Err(crate::Errno(libc::ENOSPC))
 }
 
+/// Puts usermm's SIGBUS handler back in front if a plain `sigaction` has
+/// replaced it since (that handler becomes the one chained to), as a
+/// `register` does.
+pub fn reinstall() -> Result<(), crate::Errno> {
+    let _g = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    install()
+}
+
 impl Drop for Registration {
     fn drop(&mut self) {
         let _g = INSTALL.lock().unwrap_or_else(|e| e.into_inner());

@@ -174,11 +174,19 @@ impl Inner {
             return Ok(());
         }
         if on {
+            // (64 spaces at most have in-thread faults: `ENOSPC` there,
+            // `ENOMEM` to mmap, Linux's "no room for another mapping".)
+            let no_room = |e: Errno| if e == Errno::ENOSPC { Errno::ENOMEM } else { e };
             let mut reg = lock(&self.it_registration);
             if reg.is_none() {
                 let me = self.me.upgrade().ok_or(Errno::EBADF)?;
                 let end = self.base + self.reserve_len;
-                *reg = Some(usermm_sys::inthread::register(self.base, end, Arc::new(fault::InThread(me)))?);
+                let r = usermm_sys::inthread::register(self.base, end, Arc::new(fault::InThread(me)));
+                *reg = Some(r.map_err(no_room)?);
+            } else {
+                // A handler a program installed since with plain sigaction
+                // is put behind usermm's, as an in-thread space's open does.
+                usermm_sys::inthread::reinstall()?;
             }
         }
         self.plat.set_in_thread(a, l, on)
