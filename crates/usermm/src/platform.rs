@@ -19,8 +19,11 @@ use usermm_sys::arena::{Arena, Bounce};
 use usermm_sys::file::{MappedFile, Pagemap, ProcMem};
 
 use crate::store::PageStore;
+pub(crate) use in_thread::InThreadRanges;
 use usermm_sys::thread::EventFd;
 use usermm_sys::uffd::{Uffd, UffdMsg, UFFD_FEATURE_MOVE, UFFD_FEATURE_SIGBUS};
+
+mod in_thread;
 
 /// What the executor asks of the host. `Send + Sync`: handler threads, the
 /// background thread and callers share one.
@@ -212,83 +215,6 @@ pub(crate) struct Native {
     pub in_thread: InThreadRanges,
 }
 
-/// The ranges of a handler-thread space whose faults are resolved in the
-/// faulting thread (`UMM_MAP_INTHREAD` regions): registered with a second
-/// userfaultfd, with `UFFD_FEATURE_SIGBUS`, opened at the first such region
-/// (a mapping is registered with one userfaultfd at a time). The space's
-/// own userfaultfd serves every other range, and its `UFFDIO_COPY` and
-/// `UFFDIO_ZEROPAGE` install pages in these ranges too (the kernel checks
-/// only that the destination is registered, with any userfaultfd of the
-/// same process); `UFFDIO_MOVE` wants the destination's own one
-/// (`Native::dst_uffd`).
-#[derive(Default)]
-pub(crate) struct InThreadRanges {
-    uffd: std::sync::OnceLock<Uffd>,
-    /// `start -> end` of each range registered with `uffd`: sorted,
-    /// disjoint, never adjacent. Not touched while program memory is.
-    ranges: std::sync::Mutex<std::collections::BTreeMap<usize, usize>>,
-}
-
-impl InThreadRanges {
-    fn ranges(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<usize, usize>> {
-        self.ranges.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The userfaultfd `a`'s mapping is registered with, if it is this one.
-    fn covering(&self, a: usize) -> Option<&Uffd> {
-        let u = self.uffd.get()?;
-        self.ranges().range(..=a).next_back().filter(|(_, &e)| a < e).map(|_| u)
-    }
-
-    /// The parts of `[a, e)` registered with `uffd`.
-    fn inside(m: &std::collections::BTreeMap<usize, usize>, a: usize, e: usize) -> Vec<(usize, usize)> {
-        let first = m.range(..=a).next_back().map_or(a, |(&s, _)| s);
-        m.range(first..e).map(|(&s, &t)| (s.max(a), t.min(e))).filter(|(s, t)| s < t).collect()
-    }
-
-    /// The parts of `[a, e)` not registered with `uffd`.
-    fn outside(m: &std::collections::BTreeMap<usize, usize>, a: usize, e: usize) -> Vec<(usize, usize)> {
-        let mut gaps = Vec::new();
-        let mut at = a;
-        for (s, t) in InThreadRanges::inside(m, a, e) {
-            if at < s {
-                gaps.push((at, s));
-            }
-            at = t;
-        }
-        if at < e {
-            gaps.push((at, e));
-        }
-        gaps
-    }
-
-    /// Records `[a, e)` as registered (`on`) or not.
-    fn record(m: &mut std::collections::BTreeMap<usize, usize>, a: usize, e: usize, on: bool) {
-        let (mut lo, mut hi) = (a, e);
-        let touching: Vec<(usize, usize)> = {
-            let first = m.range(..=a).next_back().map_or(a, |(&s, _)| s);
-            m.range(first..=e).map(|(&s, &t)| (s, t)).filter(|&(s, t)| t >= a && s <= e).collect()
-        };
-        for (s, t) in touching {
-            m.remove(&s);
-            if on {
-                lo = lo.min(s);
-                hi = hi.max(t);
-            } else {
-                if s < a {
-                    m.insert(s, a);
-                }
-                if t > e {
-                    m.insert(e, t);
-                }
-            }
-        }
-        if on {
-            m.insert(lo, hi);
-        }
-    }
-}
-
 impl Native {
     /// The userfaultfd that may move a page to `dst` (`UFFDIO_MOVE`
     /// checks the destination's own).
@@ -420,14 +346,10 @@ impl Platform for Native {
         self.arena.protect(a, l, prot)
     }
     fn zap(&self, a: usize, l: usize, prot: i32) -> Result<bool, Errno> {
-        let Some(it) = self.in_thread.uffd.get() else { return self.arena.zap(&self.uffd, a, l, prot) };
+        let Some(it) = self.in_thread.uffd() else { return self.arena.zap(&self.uffd, a, l, prot) };
         // (A range that is replaced by a fresh mapping is registered again,
         // each part with the userfaultfd it had.)
-        let e = a.checked_add(l).ok_or(Errno::EINVAL)?;
-        let (inside, outside) = {
-            let m = self.in_thread.ranges();
-            (InThreadRanges::inside(&m, a, e), InThreadRanges::outside(&m, a, e))
-        };
+        let (inside, outside) = self.in_thread.split(a, l)?;
         let mut refused = false;
         for (s, t) in inside {
             refused |= self.arena.zap_mode(it, s, t - s, prot, usermm_sys::uffd::UFFDIO_REGISTER_MODE_MISSING)?;
@@ -438,39 +360,11 @@ impl Platform for Native {
         Ok(refused)
     }
     fn set_in_thread(&self, a: usize, l: usize, on: bool) -> Result<(), Errno> {
-        if self.uffd.has(UFFD_FEATURE_SIGBUS) || (!on && self.in_thread.uffd.get().is_none()) {
-            // The whole space is of one kind.
+        if self.uffd.has(UFFD_FEATURE_SIGBUS) {
+            // The whole space's faults are resolved in the faulting thread.
             return Ok(());
         }
-        let e = a.checked_add(l).ok_or(Errno::EINVAL)?;
-        let mut m = self.in_thread.ranges();
-        if self.in_thread.uffd.get().is_none() {
-            let user_mode = self.uffd.mode == usermm_sys::uffd::UffdMode::UserModeOnly;
-            let u =
-                Uffd::open(false, user_mode, true)
-                    .map_err(|e| if e == Errno::EINVAL { Errno::EOPNOTSUPP } else { e })?;
-            let _ = self.in_thread.uffd.set(u);
-        }
-        let it = self.in_thread.uffd.get().ok_or(Errno::EOPNOTSUPP)?;
-        // (Registered in MISSING mode only: these pages are never installed
-        // write-protected, see `Core::keeps_swap_copy`.)
-        let missing = usermm_sys::uffd::UFFDIO_REGISTER_MODE_MISSING;
-        let (from, to, to_mode, parts) = if on {
-            (&self.uffd, it, missing, InThreadRanges::outside(&m, a, e))
-        } else {
-            (it, &self.uffd, self.arena.program_register_mode(), InThreadRanges::inside(&m, a, e))
-        };
-        for (s, t) in parts {
-            from.unregister(s, t - s)?;
-            if let Err(err) = to.register_mode(s, t - s, to_mode) {
-                // Back as it was: never a range no userfaultfd serves.
-                let back = if on { self.arena.program_register_mode() } else { missing };
-                let _ = from.register_mode(s, t - s, back);
-                return Err(err);
-            }
-            InThreadRanges::record(&mut m, s, t, on);
-        }
-        Ok(())
+        self.in_thread.set(&self.uffd, self.arena.program_register_mode(), a, l, on)
     }
     fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno> {
         self.arena.dontneed(a, l)
@@ -575,59 +469,5 @@ impl Platform for Native {
     }
     fn sigsegv(&self, tid: u32, addr: usize) -> Result<(), Errno> {
         usermm_sys::thread::sigsegv_thread(tid, addr)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::InThreadRanges;
-    use std::collections::BTreeMap;
-
-    /// `record`, `inside` and `outside` against a bitmap of 64 units, with
-    /// random ranges (a fixed-seed generator): the map stays sorted,
-    /// disjoint and never adjacent, and says exactly what the bitmap says.
-    #[test]
-    fn the_range_set_matches_a_bitmap() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
-        let mut m = BTreeMap::new();
-        let mut bits = [false; 64];
-        for _ in 0..5000 {
-            let a = next(64) as usize;
-            let e = (a + 1 + next(12) as usize).min(64);
-            let on = next(2) == 0;
-            let (ins, outs) = (InThreadRanges::inside(&m, a, e), InThreadRanges::outside(&m, a, e));
-            let mut covered = [None; 64];
-            for (s, t) in &ins {
-                covered[*s..*t].iter_mut().for_each(|c| *c = Some(true));
-            }
-            for (s, t) in &outs {
-                covered[*s..*t].iter_mut().for_each(|c| *c = Some(false));
-            }
-            for i in 0..64 {
-                let want = (a..e).contains(&i).then_some(bits[i]);
-                assert_eq!(covered[i], want, "unit {i} of [{a}, {e}) in {m:?}");
-            }
-            // As `set_in_thread` does: each part that changes, one by one.
-            for (s, t) in if on { outs } else { ins } {
-                InThreadRanges::record(&mut m, s, t, on);
-            }
-            bits[a..e].iter_mut().for_each(|b| *b = on);
-            let mut prev_end = None;
-            for (&s, &t) in &m {
-                assert!(s < t, "{m:?}");
-                assert!(prev_end.is_none_or(|p| p < s), "disjoint, never adjacent: {m:?}");
-                prev_end = Some(t);
-            }
-            for (i, &b) in bits.iter().enumerate() {
-                let in_map = m.range(..=i).next_back().is_some_and(|(_, &t)| i < t);
-                assert_eq!(in_map, b, "unit {i}: {m:?}");
-            }
-        }
     }
 }
