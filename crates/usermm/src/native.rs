@@ -89,6 +89,7 @@ mod awake;
 mod background;
 mod calls;
 mod fault;
+pub(crate) use fault::resolving_in_thread;
 mod fill;
 mod populate;
 mod reclaim;

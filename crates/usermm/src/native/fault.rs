@@ -41,6 +41,14 @@ pub(super) fn defer_signal(sig: i32) -> bool {
     })
 }
 
+/// Whether this thread is inside an in-thread resolve (its own fault, in
+/// its SIGBUS handler): the store's reads then sleep for their reply
+/// rather than poll (`store/redis/link.rs`), also in a space of handler
+/// threads with `UMM_MAP_INTHREAD` regions.
+pub(crate) fn resolving_in_thread() -> bool {
+    DEFERRED.with(|d| d.get().is_some())
+}
+
 /// A space's resolver for `UMM_F_INTHREAD_FAULTS`: called from the SIGBUS
 /// handler in the faulting thread (`usermm_sys::inthread`).
 pub(crate) struct InThread(pub Arc<Inner>);

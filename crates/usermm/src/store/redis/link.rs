@@ -10,7 +10,8 @@
 //! round trip measured 56–57 µs instead of 128–131 µs in two interleaved
 //! runs of `usermm bench farmem`. A faulting thread that resolves its own
 //! fault (`UMM_F_INTHREAD_FAULTS`) measured the other way (42–73 µs polling,
-//! 38–44 µs sleeping), so such a space's store does not poll. A request of a
+//! 38–44 µs sleeping), so such a space's store does not poll, nor does a
+//! faulting thread's own read in a handler space (`UMM_MAP_INTHREAD`). A request of a
 //! page or more (a write of pages) is always waited for by sleeping: the
 //! server needs the CPU for it more than the waiter does.
 //!
@@ -100,7 +101,9 @@ impl Link {
             self.open = false;
             return Err(e.into());
         }
-        if self.poll && cmd.len() < POLLED_REQUEST {
+        // (Not for a faulting thread resolving its own fault: an
+        // `UMM_MAP_INTHREAD` region's in a space of handler threads.)
+        if self.poll && cmd.len() < POLLED_REQUEST && !crate::native::resolving_in_thread() {
             self.poll_for_reply();
         }
         Ok(())
