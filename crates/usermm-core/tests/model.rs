@@ -68,6 +68,9 @@ struct PageModel {
     pinned: bool,
     /// What a read returns: the last stamp written, 0 after a drop.
     stamp: u64,
+    /// Mapped with `UMM_MAP_INTHREAD`: never one region with pages that
+    /// were not.
+    in_thread: bool,
 }
 
 struct Sim {
@@ -372,14 +375,16 @@ impl Sim {
         let kind = if shared { MAP_SHARED } else { MAP_PRIVATE } | MAP_ANONYMOUS;
         let (start, len) = self.random_range();
         let mode = self.rng.below(3);
+        let in_thread = self.rng.chance(4);
         let flags = kind
+            | if in_thread { UMM_MAP_INTHREAD } else { 0 }
             | match mode {
                 0 => MAP_FIXED,
                 1 => MAP_FIXED_NOREPLACE,
                 _ => 0,
             };
         let hint = if mode == 2 && self.rng.chance(2) { 0 } else { addr(start) };
-        self.log.push(format!("mmap p{start} +{len} prot={prot} shared={shared} mode={mode}"));
+        self.log.push(format!("mmap p{start} +{len} prot={prot} shared={shared} mode={mode} in_thread={in_thread}"));
         let got = self.c.mmap(hint, len * PS, prot, flags);
         let placed = match got {
             Ok(MmapReply::Done(plan)) => {
@@ -432,8 +437,15 @@ impl Sim {
                     0
                 };
                 for q in r.start.0..r.end.0 {
-                    self.oracle[q as usize] =
-                        Some(PageModel { prot, object, advice: MADV_NORMAL, locked: false, pinned: false, stamp: 0 });
+                    self.oracle[q as usize] = Some(PageModel {
+                        prot,
+                        object,
+                        advice: MADV_NORMAL,
+                        locked: false,
+                        pinned: false,
+                        stamp: 0,
+                        in_thread,
+                    });
                 }
             }
         }
@@ -605,7 +617,8 @@ impl Sim {
             match (prev, m) {
                 (_, None) => {}
                 (Some(a), Some(b))
-                    if (a.prot, a.object, a.advice, a.locked) == (b.prot, b.object, b.advice, b.locked) => {}
+                    if (a.prot, a.object, a.advice, a.locked, a.in_thread)
+                        == (b.prot, b.object, b.advice, b.locked, b.in_thread) => {}
                 _ => runs += 1,
             }
             prev = *m;
