@@ -932,16 +932,17 @@ impl Arena {
     /// says: `MADV_DONTNEED`; if the host refuses (pages locked behind
     /// usermm's back with a raw `mlock`: `EINVAL`), the range is unlocked
     /// and dropped again; if it still refuses, the range is replaced by a
-    /// fresh mapping of protection `prot`, registered with `uffd` again. A
-    /// zapped range never shows its old bytes to the next region there.
-    /// Returns whether the host refused at first (for the stats).
-    pub fn zap(&self, uffd: &Uffd, a: usize, l: usize, prot: i32) -> Result<bool, Errno> {
-        self.zap_mode(uffd, a, l, prot, Arena::program_mode(self.program_wp))
-    }
-
-    /// `zap`, a fresh mapping registered in `mode` (a range registered
-    /// with another userfaultfd than the space's, `UMM_MAP_INTHREAD`).
-    pub fn zap_mode(&self, uffd: &Uffd, a: usize, l: usize, prot: i32, mode: u64) -> Result<bool, Errno> {
+    /// fresh mapping of protection `prot`, which `register` registers with
+    /// a userfaultfd again. A zapped range never shows its old bytes to the
+    /// next region there. Returns whether the host refused at first (for
+    /// the stats).
+    pub fn zap(
+        &self,
+        a: usize,
+        l: usize,
+        prot: i32,
+        register: &dyn Fn(usize, usize) -> Result<(), Errno>,
+    ) -> Result<bool, Errno> {
         self.check(a, l)?;
         // SAFETY: this arena's memory (checked range or own slot): no reference into it.
         if unsafe { mem::advise(a, l, libc::MADV_DONTNEED) }.is_ok() {
@@ -958,7 +959,7 @@ impl Arena {
         unsafe { mem::advise(a, l, libc::MADV_DONTFORK) }?;
         // SAFETY: this arena's memory (checked range or own slot): no reference into it.
         unsafe { mem::advise(a, l, libc::MADV_NOHUGEPAGE) }?;
-        uffd.register_mode(a, l, mode)?;
+        register(a, l)?;
         Ok(true)
     }
 

@@ -115,7 +115,9 @@ pub(crate) trait Platform: Send + Sync {
     // ---- the program range: other
     /// Makes the faults of `[a, a+l)` (a new region's range) resolved in
     /// the faulting thread (`on`, `UMM_MAP_INTHREAD`) or by the space's
-    /// handler threads. By default every fault is the space's one kind.
+    /// handler threads. Not called in a space whose faults are all resolved
+    /// in the faulting thread. By default every fault is the space's one
+    /// kind.
     fn set_in_thread(&self, a: usize, l: usize, on: bool) -> Result<(), Errno> {
         let _ = (a, l, on);
         Ok(())
@@ -216,6 +218,22 @@ pub(crate) struct Native {
 }
 
 impl Native {
+    /// Registers `[a, a+l)`, a fresh mapping, with the userfaultfd each
+    /// part had: the second one where `UMM_MAP_INTHREAD` regions were
+    /// (MISSING mode), the space's own elsewhere.
+    fn register_again(&self, a: usize, l: usize) -> Result<(), Errno> {
+        let mode = self.arena.program_register_mode();
+        let Some(it) = self.in_thread.uffd() else { return self.uffd.register_mode(a, l, mode) };
+        let (inside, outside) = self.in_thread.split(a, l)?;
+        for (s, t) in inside {
+            it.register_mode(s, t - s, usermm_sys::uffd::UFFDIO_REGISTER_MODE_MISSING)?;
+        }
+        for (s, t) in outside {
+            self.uffd.register_mode(s, t - s, mode)?;
+        }
+        Ok(())
+    }
+
     /// The userfaultfd that may move a page to `dst` (`UFFDIO_MOVE`
     /// checks the destination's own).
     fn dst_uffd(&self, dst: usize) -> &Uffd {
@@ -346,24 +364,11 @@ impl Platform for Native {
         self.arena.protect(a, l, prot)
     }
     fn zap(&self, a: usize, l: usize, prot: i32) -> Result<bool, Errno> {
-        let Some(it) = self.in_thread.uffd() else { return self.arena.zap(&self.uffd, a, l, prot) };
-        // (A range that is replaced by a fresh mapping is registered again,
-        // each part with the userfaultfd it had.)
-        let (inside, outside) = self.in_thread.split(a, l)?;
-        let mut refused = false;
-        for (s, t) in inside {
-            refused |= self.arena.zap_mode(it, s, t - s, prot, usermm_sys::uffd::UFFDIO_REGISTER_MODE_MISSING)?;
-        }
-        for (s, t) in outside {
-            refused |= self.arena.zap(&self.uffd, s, t - s, prot)?;
-        }
-        Ok(refused)
+        // (Only a range the host refused to drop is mapped afresh, and then
+        // registered again: each part with the userfaultfd it had.)
+        self.arena.zap(a, l, prot, &|s, n| self.register_again(s, n))
     }
     fn set_in_thread(&self, a: usize, l: usize, on: bool) -> Result<(), Errno> {
-        if self.uffd.has(UFFD_FEATURE_SIGBUS) {
-            // The whole space's faults are resolved in the faulting thread.
-            return Ok(());
-        }
         self.in_thread.set(&self.uffd, self.arena.program_register_mode(), a, l, on)
     }
     fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno> {

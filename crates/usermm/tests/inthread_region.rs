@@ -224,6 +224,27 @@ fn a_range_changes_kind_with_the_region_mapped_there() {
 }
 
 #[test]
+fn a_zap_the_host_refused_at_first_keeps_the_kind() {
+    // Pages locked in the host behind usermm's back make it refuse
+    // `MADV_DONTNEED`; the zap unlocks and drops them again. The next
+    // in-thread region there reads zeros and is still in-thread.
+    let s = space(256, 0, 0);
+    let a = s.mmap(0, 8 * PS, RW, ANON | UMM_MAP_INTHREAD, -1, 0).unwrap();
+    for p in 0..8 {
+        poke(a + p * PS, 0x40);
+    }
+    usermm_sys::mem::mlock2(a, 8 * PS, 0).expect("raw host mlock2");
+    s.munmap(a, 8 * PS).unwrap();
+    assert!(s.stats().host_refusals > 0, "the refusal is counted");
+    assert_eq!(s.mmap(a, 8 * PS, RW, ANON | MAP_FIXED | UMM_MAP_INTHREAD, -1, 0).unwrap(), a);
+    assert!(!kernel_write_works(a + 2 * PS), "the range must still be the in-thread userfaultfd's");
+    for p in 0..8 {
+        assert_eq!(peek(a + p * PS), 0, "page {p}: the old region's byte");
+    }
+    s.close().unwrap();
+}
+
+#[test]
 fn the_two_kinds_never_merge_and_a_split_keeps_its_kind() {
     let s = space(256, 0, 0);
     let a = s.mmap(0, 32 * PS, RW, ANON, -1, 0).unwrap();
