@@ -14,7 +14,8 @@
 //! matches and its state is the list's state. Stale entries are dropped when
 //! popped, and the lists are compacted when stale entries dominate — a
 //! chunk at a time, so that no single call (a fault's commit, under the core
-//! lock) pays for a sweep of the whole list. A large `munmap` leaves every
+//! lock) pays for a sweep of the whole list, and a chunk per 64 pushes, so
+//! that a fault-around window's commit does not sweep a chunk per page. A large `munmap` leaves every
 //! page of its range stale at once; sweeping 262,144 entries in one go held
 //! the core lock for up to 0.8 ms and stalled other threads' faults.
 
@@ -174,6 +175,12 @@ pub struct Lru {
     /// The list an incremental compaction is sweeping (1: active,
     /// 2: inactive, 3: lazy, 4: volatile), or 0 (see `Core::maybe_compact`).
     pub compacting: u8,
+    /// Pushes so far, wrapping: one in `SWEEP_EVERY_PUSHES` sweeps a chunk
+    /// (`Core::sweep_stale`).
+    pub pushes: u32,
+    /// Chunks compaction steps were allowed to sweep so far (a bound on the
+    /// work they did; `Core::lru_sweep_work`).
+    pub sweep_work: u64,
 }
 
 impl Lru {

@@ -14,6 +14,9 @@ use crate::page::{pf, PState};
 use crate::region::LockMode;
 use crate::types::PageIdx;
 
+/// Pushes per chunk a compaction sweeps (see `Core::sweep_stale`).
+const SWEEP_EVERY_PUSHES: u32 = 64;
+
 /// Below this many spare leaves (of 256) or chunks (of 8), the executor is
 /// asked to refill.
 const SPARES_LOW_LEAVES: usize = 192;
@@ -62,15 +65,27 @@ impl Core {
 
     /// Stale entries pile up when pages cycle between the lists without
     /// reclaim popping them and without a zap compacting them (a shared
-    /// file page parked, written back and faulted in again in a loop): a
-    /// chunk is swept per push once the lists are more than twice the
-    /// resident pages plus 4096 (one chunk: a fault's commit stays short).
-    /// Without it, a page came back to a generation one of its stale entries
-    /// still had (16 bits; a page made absent restarts from the shared
-    /// `fresh_gen`): a page on the active list twice, seen by `validate`
-    /// after a loop of `MADV_DONTNEED` on a shared file beside a writer.
+    /// file page parked, written back and faulted in again in a loop): once
+    /// the lists are more than twice the resident pages plus 4096, a chunk
+    /// is swept every `SWEEP_EVERY_PUSHES` pushes. Without it, a page came
+    /// back to a generation one of its stale entries still had (when
+    /// generations had 16 bits): a page on the active list twice, seen by
+    /// `validate` after a loop of `MADV_DONTNEED` on a shared file beside a
+    /// writer.
+    ///
+    /// Why not a chunk per push: a fault-around window's commit pushes each
+    /// of its pages, under the core lock, so a 256-page window swept 256
+    /// chunks (131,072 entries, 0.7 ms measured) whenever a large `munmap`
+    /// had left the lists stale — every other thread's fault waited that
+    /// long (`perf` of `usermm bench munmap`: the second thread's worst
+    /// stalls were those commits). A pass over a list of `n` entries now
+    /// takes `n / 8` pushes, which leave at most that many entries stale:
+    /// the lists stay bounded.
     fn sweep_stale(&mut self) {
-        self.maybe_compact(1);
+        self.lru.pushes = self.lru.pushes.wrapping_add(1);
+        if self.lru.pushes.is_multiple_of(SWEEP_EVERY_PUSHES) {
+            self.maybe_compact(1);
+        }
     }
 
     pub(super) fn push_inactive(&mut self, p: PageIdx) {
@@ -79,6 +94,13 @@ impl Core {
         self.pages.set(p, m);
         self.lru.inactive.push_back((p, m.gen));
         self.sweep_stale();
+    }
+
+    /// How many chunks (of 512 entries) LRU compaction has been allowed to
+    /// sweep since the core was made: the work the lists' upkeep did under
+    /// the core lock (tests bound it per call).
+    pub fn lru_sweep_work(&self) -> u64 {
+        self.lru.sweep_work
     }
 
     /// The spare metadata buffers the core would take (see [`Spares`]).
@@ -110,6 +132,9 @@ impl Core {
         let live = self.resident as usize;
         if self.lru.compacting == 0 && self.lru.len() > 2 * live + 4096 {
             self.lru.compacting = 1;
+        }
+        if self.lru.compacting != 0 {
+            self.lru.sweep_work += chunks as u64;
         }
         let pages = &self.pages;
         let lru = &mut self.lru;
