@@ -144,6 +144,11 @@ pub const UMM_F_NO_WAKE_AHEAD: u32 = 1 << 7;
 /// this project's benchmarks it measured within noise (see docs/design.md,
 /// "Recycled frames").
 pub const UMM_F_FRAME_POOL: u32 = 1 << 8;
+/// Copy the pages of locked, read-only, shared file regions into usermm's
+/// own frames as every other file page is, instead of mapping the page
+/// cache's pages there (the default: docs/design.md, "Locked file windows
+/// from the page cache").
+pub const UMM_F_COPY_LOCKED_FILES: u32 = 1 << 9;
 /// Every `UMM_F_*` bit.
 pub const UMM_F_ALL: u32 = UMM_F_EXACT_FAULTS
     | UMM_F_REQUIRE_FULL_UFFD
@@ -153,4 +158,5 @@ pub const UMM_F_ALL: u32 = UMM_F_EXACT_FAULTS
     | UMM_F_PURGE_VOLATILE_FIRST
     | UMM_F_INTHREAD_FAULTS
     | UMM_F_NO_WAKE_AHEAD
-    | UMM_F_FRAME_POOL;
+    | UMM_F_FRAME_POOL
+    | UMM_F_COPY_LOCKED_FILES;

@@ -953,14 +953,58 @@ impl Arena {
         if unsafe { mem::advise(a, l, libc::MADV_DONTNEED) }.is_ok() {
             return Ok(true);
         }
-        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
-        unsafe { mem::replace_anon(a, l, prot) }?;
-        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
-        unsafe { mem::advise(a, l, libc::MADV_DONTFORK) }?;
-        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
-        unsafe { mem::advise(a, l, libc::MADV_NOHUGEPAGE) }?;
-        register(a, l)?;
+        self.replace(a, l, prot, register)?;
         Ok(true)
+    }
+
+    /// Replaces `[a, a+l)` of the reservation by a fresh, empty anonymous
+    /// mapping of protection `prot`, set up as the reservation is
+    /// (`MADV_DONTFORK`, `MADV_NOHUGEPAGE`), which `register` registers with
+    /// a userfaultfd: whatever was mapped there (pages the host would not
+    /// drop, a file window of [`Arena::map_file`]) is gone.
+    pub fn replace(
+        &self,
+        a: usize,
+        l: usize,
+        prot: i32,
+        register: &dyn Fn(usize, usize) -> Result<(), Errno>,
+    ) -> Result<(), Errno> {
+        self.check(a, l)?;
+        // SAFETY: this arena's memory (checked range): no reference into it.
+        unsafe { mem::replace_anon(a, l, prot) }?;
+        // SAFETY: this arena's memory (checked range): no reference into it.
+        unsafe { mem::advise(a, l, libc::MADV_DONTFORK) }?;
+        // SAFETY: this arena's memory (checked range): no reference into it.
+        unsafe { mem::advise(a, l, libc::MADV_NOHUGEPAGE) }?;
+        register(a, l)
+    }
+
+    /// Maps `[a, a+l)` of the reservation to `file` at `off`: the page
+    /// cache's own pages, shared, read-only, all mapped now and locked if
+    /// `locked`, and left out of a `fork` as the reservation is. On failure
+    /// the range is an empty anonymous mapping again, registered by
+    /// `register` (as `replace` leaves it).
+    pub fn map_file(
+        &self,
+        a: usize,
+        l: usize,
+        file: &MappedFile,
+        off: u64,
+        locked: bool,
+        register: &dyn Fn(usize, usize) -> Result<(), Errno>,
+    ) -> Result<(), Errno> {
+        self.check(a, l)?;
+        // SAFETY: this arena's memory (checked range), whose pages are
+        // being filled: nothing relies on them.
+        let r = unsafe { mem::map_file_fixed(a, l, file.raw(), off, locked) }
+            // SAFETY: as above (the new mapping).
+            .and_then(|()| unsafe { mem::advise(a, l, libc::MADV_DONTFORK) });
+        if let Err(e) = r {
+            // (A failed MAP_FIXED may have taken the old mapping away.)
+            let _ = self.replace(a, l, libc::PROT_READ, register);
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// Advice passed down to the host inside the reservation: only advice

@@ -102,6 +102,24 @@ pub unsafe fn replace_anon(addr: usize, len: usize, prot: i32) -> Result<(), Err
     Ok(())
 }
 
+/// Maps `[addr, addr+len)` of a space's reservation to the file `fd` at
+/// `off`, shared and read-only (`MAP_FIXED`), its pages mapped at once from
+/// the page cache (`MAP_POPULATE`), and locked (`MAP_LOCKED`) if `locked`:
+/// the kernel's own pages of the file, in place of the anonymous ones.
+///
+/// # Safety
+/// As [`replace_anon`]: the range is a space's, with no page there that
+/// anything relies on (the range's pages are being filled).
+pub unsafe fn map_file_fixed(addr: usize, len: usize, fd: i32, off: u64, locked: bool) -> Result<(), Errno> {
+    let flags = libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE | if locked { libc::MAP_LOCKED } else { 0 };
+    // SAFETY: the caller's contract: the range is a space's, being filled.
+    let p = unsafe { libc::mmap(addr as *mut libc::c_void, len, libc::PROT_READ, flags, fd, off as libc::off_t) };
+    if p == libc::MAP_FAILED {
+        return Err(last_errno());
+    }
+    Ok(())
+}
+
 /// `madvise` on memory owned by a space (DONTNEED drops its pages).
 ///
 /// # Safety

@@ -90,6 +90,7 @@ mod background;
 mod calls;
 mod fault;
 pub(crate) use fault::resolving_in_thread;
+mod filemap;
 mod fill;
 mod populate;
 mod reclaim;
@@ -214,6 +215,9 @@ pub(crate) struct Inner {
     pub swap_bytes: u64,
     /// `UMM_F_KEEP_FILE_CACHE`: file pages stay in the host page cache.
     keep_file_cache: bool,
+    /// Locked read-only shared file regions map the page cache's pages
+    /// (not `UMM_F_COPY_LOCKED_FILES`; see `filemap.rs`).
+    map_file_windows: bool,
 }
 
 /// The condition "a page in flight settled", with a count of its waiters:
@@ -330,6 +334,7 @@ impl Inner {
             rings,
             lender: Default::default(),
             in_thread: Default::default(),
+            direct: crate::platform::DirectWindows::new(),
         });
         let inner = Inner::build(cfg, plat, user_mode_only, fallback_reason)?;
         // In-thread faults: no fault ever reaches a handler thread.
@@ -516,6 +521,7 @@ impl Inner {
             #[cfg(feature = "test-hooks")]
             swap_bytes: swap_slots as u64 * ps as u64,
             keep_file_cache: cfg.flags & UMM_F_KEEP_FILE_CACHE != 0,
+            map_file_windows: cfg.flags & UMM_F_COPY_LOCKED_FILES == 0,
         });
         Ok(inner)
     }

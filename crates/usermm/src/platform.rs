@@ -23,7 +23,11 @@ pub(crate) use in_thread::InThreadRanges;
 use usermm_sys::thread::EventFd;
 use usermm_sys::uffd::{Uffd, UffdMsg, UFFD_FEATURE_MOVE, UFFD_FEATURE_SIGBUS};
 
+mod direct;
 mod in_thread;
+mod ranges;
+
+pub(crate) use direct::DirectWindows;
 
 /// What the executor asks of the host. `Send + Sync`: handler threads, the
 /// background thread and callers share one.
@@ -106,6 +110,28 @@ pub(crate) trait Platform: Send + Sync {
     /// if any; whether it did one.
     fn help(&self) -> bool {
         false
+    }
+    /// Maps the program range `[dst, dst+len)` to `file` at `off`: the
+    /// page cache's own pages, read-only, shared, locked, instead of copies
+    /// (a locked read-only shared file region's window). Fails (and the
+    /// caller copies as usual) where the host does not or cannot: past the
+    /// end of the file, too many windows already, a lock limit. No thread
+    /// is woken.
+    fn file_map(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(), Errno> {
+        let _ = (file, off, dst, len);
+        Err(Errno::EOPNOTSUPP)
+    }
+    /// The parts of `[a, a+l)` mapped by `file_map`.
+    fn file_mapped(&self, a: usize, l: usize) -> Vec<(usize, usize)> {
+        let _ = (a, l);
+        Vec::new()
+    }
+    /// Makes the part `[a, a+l)` of a `file_map` window usermm's own pages
+    /// again, keeping their bytes (read from `file` at `off`): an
+    /// anonymous mapping of protection `prot` with copies installed.
+    fn file_unmap(&self, file: &MappedFile, off: u64, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
+        let _ = (file, off, a, l, prot);
+        Ok(())
     }
     /// Wakes the threads waiting on `[a, a+l)`.
     fn wake(&self, a: usize, l: usize) -> Result<(), Errno>;
@@ -215,6 +241,8 @@ pub(crate) struct Native {
     /// The ranges of `UMM_MAP_INTHREAD` regions, in a space whose other
     /// faults go to handler threads.
     pub in_thread: InThreadRanges,
+    /// The windows mapped from the page cache (`file_map`).
+    pub direct: DirectWindows,
 }
 
 impl Native {
@@ -230,6 +258,16 @@ impl Native {
         }
         for (s, t) in outside {
             self.uffd.register_mode(s, t - s, mode)?;
+        }
+        Ok(())
+    }
+
+    /// Replaces the windows from the page cache in `[a, a+l)` (`file_map`)
+    /// by empty anonymous mappings of protection `prot`, registered again.
+    fn replace_windows(&self, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
+        for (s, t) in self.direct.inside(a, l) {
+            self.direct.record(s, t - s, false);
+            self.arena.replace(s, t - s, prot, &|s, n| self.register_again(s, n))?;
         }
         Ok(())
     }
@@ -350,6 +388,36 @@ impl Platform for Native {
         with_bounce(from + len, |b| self.arena.install_bounce_part(&self.uffd, dst, from, len, false, wake, b))
             .unwrap_or(Err(Errno::ENOMEM))
     }
+    fn file_map(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(), Errno> {
+        // (Pages wholly past the end of the file would be SIGBUS to the
+        // program in a file mapping, but resident to the core: copied.)
+        let ps = self.page_size as u64;
+        if !self.direct.room() || off + len as u64 > file.size()?.div_ceil(ps) * ps {
+            return Err(Errno::ENOMEM);
+        }
+        self.arena.map_file(dst, len, file, off, true, &|s, n| self.register_again(s, n))?;
+        self.direct.record(dst, len, true);
+        Ok(())
+    }
+    fn file_mapped(&self, a: usize, l: usize) -> Vec<(usize, usize)> {
+        self.direct.inside(a, l)
+    }
+    fn file_unmap(&self, file: &MappedFile, off: u64, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
+        // The bytes from the file (the page cache the window maps: the
+        // same bytes, without touching a mapping that could fault), then a
+        // fresh anonymous mapping with them copied in.
+        with_bounce(l, |b| {
+            let n = self.arena.file_read(file, off, l, b, &self.rings)?.0;
+            self.direct.record(a, l, false);
+            self.arena.replace(a, l, prot, &|s, n| self.register_again(s, n))?;
+            let done = self.arena.install_bounce(&self.uffd, a, n.min(l), false, false, b)?;
+            if done < l {
+                return Err(Errno::EIO);
+            }
+            Ok(())
+        })
+        .unwrap_or(Err(Errno::ENOMEM))
+    }
     fn wake(&self, a: usize, l: usize) -> Result<(), Errno> {
         if self.uffd.has(UFFD_FEATURE_SIGBUS) {
             // In-thread faults: no thread ever waits in the kernel.
@@ -364,6 +432,10 @@ impl Platform for Native {
         self.arena.protect(a, l, prot)
     }
     fn zap(&self, a: usize, l: usize, prot: i32) -> Result<bool, Errno> {
+        // A window mapped from the page cache is a file mapping, which
+        // MADV_DONTNEED would leave in place (the next touch would map the
+        // file's page behind usermm's back): it is replaced instead.
+        self.replace_windows(a, l, prot)?;
         // (Only a range the host refused to drop is mapped afresh, and then
         // registered again: each part with the userfaultfd it had.)
         self.arena.zap(a, l, prot, &|s, n| self.register_again(s, n))
@@ -372,6 +444,10 @@ impl Platform for Native {
         self.in_thread.set(&self.uffd, self.arena.program_register_mode(), a, l, on)
     }
     fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno> {
+        // (Windows from the page cache are in locked regions, whose pages
+        // are never dropped this way; one that were would be replaced, as
+        // a zap replaces it.)
+        self.replace_windows(a, l, usermm_core::consts::PROT_READ)?;
         self.arena.dontneed(a, l)
     }
     fn host_advise(&self, a: usize, l: usize, advice: i32) -> Result<(), Errno> {

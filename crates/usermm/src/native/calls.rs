@@ -352,6 +352,10 @@ impl Inner {
             (segs, res, populate)
         };
         for s in &segs {
+            if prot & PROT_MASK != PROT_READ {
+                // (Windows from the page cache live only in read-only regions.)
+                self.unmap_file_windows(*s);
+            }
             let a = self.addr(s.start);
             self.plat.protect(a, s.pages() as usize * self.page_size, prot & PROT_MASK)?;
         }

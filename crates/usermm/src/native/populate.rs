@@ -10,6 +10,10 @@ impl Inner {
     /// `MLOCK_ONFAULT` in the host: usermm populates itself (a host populate
     /// would fault into our own handlers while we hold the region lock).
     pub(super) fn host_lock(&self, r: PageRange, mode: LockMode) -> Result<(), Errno> {
+        if mode == LockMode::None {
+            // (Windows from the page cache live only in locked regions.)
+            self.unmap_file_windows(r);
+        }
         let a = self.addr(r.start);
         let l = r.pages() as usize * self.page_size;
         self.plat.host_lock(a, l, mode != LockMode::None)

@@ -38,7 +38,7 @@ fn read_only(c: &Core, run: PageRange) -> bool {
 impl Caller {
     /// Whether a program thread waits in the kernel for this plan (a fault
     /// served by a handler thread).
-    fn waits(&self) -> bool {
+    pub(super) fn waits(&self) -> bool {
         matches!(self, Caller::Fault { tid: Some(_), .. })
     }
 
@@ -127,13 +127,25 @@ impl Inner {
                 // take half of its install: see `may_split`.)
                 let pages = run.pages() as usize;
                 let waits = caller.waits() && (!caller.in_thread() || self.splittable(&c, run, pages * self.page_size));
+                let map = self.maps_file_window(&c, run);
                 drop(c);
                 let _awake = self.wake_ahead.guard(waits);
+                if map {
+                    if let Some(next) = self.serve_file_map(plan, run, file, file_page, page_addr, caller) {
+                        return next;
+                    }
+                }
                 self.serve_small_file_read(plan, run, file, file_page, page_addr, caller)
             }
             FaultPlan::FileRead { run, file, file_page } => {
+                let map = self.maps_file_window(&c, run);
                 drop(c);
                 let _awake = self.wake_ahead.guard(caller.waits() && !caller.in_thread());
+                if map {
+                    if let Some(next) = self.serve_file_map(plan, run, file, file_page, page_addr, caller) {
+                        return next;
+                    }
+                }
                 let (n, drop_due) = self.file_in(run, file, file_page, true).unwrap_or((0, None));
                 let r = self.finish_fill(plan, run, n, page_addr, caller, Some(file));
                 // Then what the woken thread need not wait for: the deferred
@@ -301,7 +313,7 @@ impl Inner {
     /// a failure reported while the lock is held, and, for what was not
     /// installed (so not woken), the wake-up of every waiter on the run,
     /// which then plans again, as after `finish_fill`.
-    fn commit_small<'a>(
+    pub(super) fn commit_small<'a>(
         &'a self,
         mut c: MutexGuard<'a, Core>,
         plan: &FaultPlan,
@@ -494,7 +506,7 @@ impl Inner {
     /// spinning wake-ahead thread (`WakeAhead::post`), or does it now if
     /// the thread would not take it. What it returns goes to
     /// [`Inner::settle_wake`] once the caller's other work is done.
-    fn hand_off_wake(&self, a: usize, len: usize) -> Option<u64> {
+    pub(super) fn hand_off_wake(&self, a: usize, len: usize) -> Option<u64> {
         let post = self.wake_ahead.post(a, len / self.page_size);
         if post.is_none() {
             let _ = self.plat.wake(a, len);
@@ -504,7 +516,7 @@ impl Inner {
 
     /// Takes back a handed-off wake-up the wake-ahead thread has not taken
     /// (it may not be running) and does it: never a wake-up left undone.
-    fn settle_wake(&self, handed: Option<u64>, a: usize, len: usize) {
+    pub(super) fn settle_wake(&self, handed: Option<u64>, a: usize, len: usize) {
         if handed.is_some_and(|p| self.wake_ahead.unpost(p)) {
             let _ = self.plat.wake(a, len);
         }

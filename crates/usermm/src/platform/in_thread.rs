@@ -6,10 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use usermm_core::Errno;
-use usermm_sys::uffd::{Uffd, UffdMode, UFFDIO_REGISTER_MODE_MISSING};
 
-/// Address ranges `(start, end)`, sorted.
-type Parts = Vec<(usize, usize)>;
+use super::ranges::{self, Parts};
+use usermm_sys::uffd::{Uffd, UffdMode, UFFDIO_REGISTER_MODE_MISSING};
 
 /// The ranges of a handler-thread space whose faults are resolved in the
 /// faulting thread (`UMM_MAP_INTHREAD` regions): registered with a second
@@ -38,7 +37,7 @@ impl InThreadRanges {
     pub(super) fn split(&self, a: usize, l: usize) -> Result<(Parts, Parts), Errno> {
         let e = a.checked_add(l).ok_or(Errno::EINVAL)?;
         let m = self.ranges();
-        Ok((InThreadRanges::inside(&m, a, e), InThreadRanges::outside(&m, a, e)))
+        Ok((ranges::inside(&m, a, e), ranges::outside(&m, a, e)))
     }
 
     /// Registers `[a, a+l)` with the second userfaultfd (`on`, opened now
@@ -63,9 +62,9 @@ impl InThreadRanges {
         // write-protected, see `Core::keeps_swap_copy`.)
         let missing = UFFDIO_REGISTER_MODE_MISSING;
         let (from, to, to_mode, parts) = if on {
-            (main, it, missing, InThreadRanges::outside(&m, a, e))
+            (main, it, missing, ranges::outside(&m, a, e))
         } else {
-            (it, main, main_mode, InThreadRanges::inside(&m, a, e))
+            (it, main, main_mode, ranges::inside(&m, a, e))
         };
         for (s, t) in parts {
             from.unregister(s, t - s)?;
@@ -74,7 +73,7 @@ impl InThreadRanges {
                 let _ = from.register_mode(s, t - s, if on { main_mode } else { missing });
                 return Err(err);
             }
-            InThreadRanges::record(&mut m, s, t, on);
+            ranges::record(&mut m, s, t, on);
         }
         Ok(())
     }
@@ -87,107 +86,5 @@ impl InThreadRanges {
     pub(super) fn covering(&self, a: usize) -> Option<&Uffd> {
         let u = self.uffd.get()?;
         self.ranges().range(..=a).next_back().filter(|(_, &e)| a < e).map(|_| u)
-    }
-
-    /// The parts of `[a, e)` registered with `uffd`.
-    fn inside(m: &BTreeMap<usize, usize>, a: usize, e: usize) -> Parts {
-        let first = m.range(..=a).next_back().map_or(a, |(&s, _)| s);
-        m.range(first..e).map(|(&s, &t)| (s.max(a), t.min(e))).filter(|(s, t)| s < t).collect()
-    }
-
-    /// The parts of `[a, e)` not registered with `uffd`.
-    fn outside(m: &BTreeMap<usize, usize>, a: usize, e: usize) -> Parts {
-        let mut gaps = Vec::new();
-        let mut at = a;
-        for (s, t) in InThreadRanges::inside(m, a, e) {
-            if at < s {
-                gaps.push((at, s));
-            }
-            at = t;
-        }
-        if at < e {
-            gaps.push((at, e));
-        }
-        gaps
-    }
-
-    /// Records `[a, e)` as registered (`on`) or not.
-    fn record(m: &mut BTreeMap<usize, usize>, a: usize, e: usize, on: bool) {
-        let (mut lo, mut hi) = (a, e);
-        let touching: Vec<(usize, usize)> = {
-            let first = m.range(..=a).next_back().map_or(a, |(&s, _)| s);
-            m.range(first..=e).map(|(&s, &t)| (s, t)).filter(|&(s, t)| t >= a && s <= e).collect()
-        };
-        for (s, t) in touching {
-            m.remove(&s);
-            if on {
-                lo = lo.min(s);
-                hi = hi.max(t);
-            } else {
-                if s < a {
-                    m.insert(s, a);
-                }
-                if t > e {
-                    m.insert(e, t);
-                }
-            }
-        }
-        if on {
-            m.insert(lo, hi);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::InThreadRanges;
-    use std::collections::BTreeMap;
-
-    /// `record`, `inside` and `outside` against a bitmap of 64 units, with
-    /// random ranges (a fixed-seed generator): the map stays sorted,
-    /// disjoint and never adjacent, and says exactly what the bitmap says.
-    #[test]
-    fn the_range_set_matches_a_bitmap() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % n
-        };
-        let mut m = BTreeMap::new();
-        let mut bits = [false; 64];
-        for _ in 0..5000 {
-            let a = next(64) as usize;
-            let e = (a + 1 + next(12) as usize).min(64);
-            let on = next(2) == 0;
-            let (ins, outs) = (InThreadRanges::inside(&m, a, e), InThreadRanges::outside(&m, a, e));
-            let mut covered = [None; 64];
-            for (s, t) in &ins {
-                covered[*s..*t].iter_mut().for_each(|c| *c = Some(true));
-            }
-            for (s, t) in &outs {
-                covered[*s..*t].iter_mut().for_each(|c| *c = Some(false));
-            }
-            for i in 0..64 {
-                let want = (a..e).contains(&i).then_some(bits[i]);
-                assert_eq!(covered[i], want, "unit {i} of [{a}, {e}) in {m:?}");
-            }
-            // As `set_in_thread` does: each part that changes, one by one.
-            for (s, t) in if on { outs } else { ins } {
-                InThreadRanges::record(&mut m, s, t, on);
-            }
-            bits[a..e].iter_mut().for_each(|b| *b = on);
-            let mut prev_end = None;
-            for (&s, &t) in &m {
-                assert!(s < t, "{m:?}");
-                assert!(prev_end.is_none_or(|p| p < s), "disjoint, never adjacent: {m:?}");
-                prev_end = Some(t);
-            }
-            for (i, &b) in bits.iter().enumerate() {
-                let in_map = m.range(..=i).next_back().is_some_and(|(_, &t)| i < t);
-                assert_eq!(in_map, b, "unit {i}: {m:?}");
-            }
-        }
     }
 }

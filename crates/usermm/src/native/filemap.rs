@@ -1,0 +1,88 @@
+//! Locked file windows from the page cache: a locked, read-only, shared
+//! file region's fault maps the file's own page-cache pages in place
+//! (`Platform::file_map`) instead of copying them into fresh frames, and
+//! they are made usermm's copies again the moment the region stops being
+//! all three (`unmap_file_windows`). See docs/design.md, "Locked file
+//! windows from the page cache".
+//!
+//! Why only there: such a page is never written, never evicted (locked) and
+//! never moved to staging (locked pages are on no LRU list), so nothing of
+//! usermm's page life cycle needs it to be an anonymous frame; the core
+//! keeps it as a resident locked page like any other. Every zap replaces a
+//! window by an empty anonymous mapping (`Native::zap`).
+
+use super::serve::{Caller, Next};
+use super::*;
+
+impl Inner {
+    /// Whether a file read of `run` may map the page cache: the space maps
+    /// windows, the region is a shared file region, read-only and locked,
+    /// and no read error is to be injected (a test hook the copy takes).
+    pub(super) fn maps_file_window(&self, c: &Core, run: PageRange) -> bool {
+        self.map_file_windows
+            && self.inject_read_errors.load(Ordering::Relaxed) == 0
+            && c.region_at(run.start).is_some_and(|r| {
+                r.kind == Kind::FileShared && r.prot & PROT_MASK == PROT_READ && r.lock != LockMode::None
+            })
+    }
+
+    /// Serves a file read of `run` by mapping the page cache's pages
+    /// there; `None` when the host would not (the caller copies instead).
+    pub(super) fn serve_file_map(
+        &self,
+        plan: &FaultPlan,
+        run: PageRange,
+        file: u32,
+        file_page: u64,
+        page_addr: usize,
+        caller: Caller,
+    ) -> Option<Next<'_>> {
+        let f = lock(&self.files).get(&file).cloned()?;
+        let (a, len) = (self.addr(run.start), run.pages() as usize * self.page_size);
+        self.plat.file_map(&f, file_page * self.page_size as u64, a, len).ok()?;
+        // The wake-up under the core lock, before the commit, as a small
+        // copy's is (the woken thread finds the pages committed whatever it
+        // calls), and handed to the spinning wake-ahead thread, on the
+        // faulting thread's CPU (`hand_off_wake`): done here, it cost the
+        // handler 12 µs a window, against the 9 µs of the mapping itself.
+        let c = lock(&self.core);
+        let handed = if caller.waits() { self.hand_off_wake(a, len) } else { None };
+        if caller.waits() && (page_addr < a || page_addr >= a + len) {
+            let _ = self.plat.wake(page_addr, self.page_size);
+        }
+        let r = self.commit_small(c, plan, run, len, page_addr, caller);
+        self.settle_wake(handed, a, len);
+        Some(r)
+    }
+
+    /// Makes the page-cache windows in `r` usermm's own copies again (with
+    /// the same bytes, still resident): before `r` stops being locked or
+    /// read-only. A window that cannot be copied is dropped (its pages are
+    /// the file's, unwritten): the core then reads them again on the next
+    /// touch. The caller holds the region lock exclusively.
+    pub(super) fn unmap_file_windows(&self, r: PageRange) {
+        if !self.map_file_windows {
+            return;
+        }
+        let ps = self.page_size;
+        let regions = lock(&self.core).regions().overlapping(r);
+        for g in regions {
+            let seg = g.range.intersect(&r);
+            let Some(file) = g.file() else { continue };
+            let f = lock(&self.files).get(&file).cloned();
+            for (s, t) in self.plat.file_mapped(self.addr(seg.start), seg.pages() as usize * ps) {
+                let p = PageIdx(g.range.start.0 + ((s - self.addr(g.range.start)) / ps) as u64);
+                let off = g.file_page(p) * ps as u64;
+                let copied =
+                    f.as_ref().is_some_and(|f| self.plat.file_unmap(f, off, s, t - s, g.prot & PROT_MASK).is_ok());
+                if !copied {
+                    self.zap_range(PageRange::new(p.0, p.0 + ((t - s) / ps) as u64));
+                } else if g.lock != LockMode::None {
+                    // (Still locked, made writable: the fresh mapping is
+                    // locked in the host as the region's others are.)
+                    let _ = self.plat.host_lock(s, t - s, true);
+                }
+            }
+        }
+    }
+}
