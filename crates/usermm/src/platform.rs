@@ -395,7 +395,13 @@ impl Platform for Native {
         if !self.direct.room() || off + len as u64 > file.size()?.div_ceil(ps) * ps {
             return Err(Errno::ENOMEM);
         }
-        self.arena.map_file(dst, len, file, off, true, &|s, n| self.register_again(s, n))?;
+        if let Err(e) = self.arena.map_file(dst, len, file, off, true, &|s, n| self.register_again(s, n)) {
+            // (The range is an unlocked anonymous mapping again: locked
+            // again, as the region's others are, for the copy to come.)
+            self.direct.refuse();
+            let _ = self.host_lock(dst, len, true);
+            return Err(e);
+        }
         self.direct.record(dst, len, true);
         Ok(())
     }

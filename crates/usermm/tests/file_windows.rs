@@ -50,6 +50,27 @@ fn host_maps_file(a: usize) -> bool {
     panic!("nothing mapped at {a:#x}")
 }
 
+/// The host's `Locked:` (kB) of the mapping at `a`, from `/proc/self/smaps`.
+fn host_locked_kb(a: usize) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some((range, _)) = line.split_once(' ').filter(|(r, _)| r.contains('-') && !r.ends_with(':')) {
+            let (s, e) = range.split_once('-').unwrap();
+            if let (Ok(s), Ok(e)) = (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16)) {
+                inside = s <= a && a < e;
+                continue;
+            }
+        }
+        if inside {
+            if let Some(v) = line.strip_prefix("Locked:") {
+                return v.trim().trim_end_matches("kB").trim().parse().unwrap();
+            }
+        }
+    }
+    panic!("no Locked: line for {a:#x}")
+}
+
 fn resident(s: &Space, a: usize, pages: usize) -> Vec<bool> {
     let mut v = vec![0u8; pages];
     s.mincore(a, pages * PS, &mut v).unwrap();
@@ -87,6 +108,7 @@ fn locked_read_only_windows_map_the_page_cache() {
     check(a, 32..48, "window");
     check(a, 128..144, "window");
     assert!(host_maps_file(a + 40 * PS), "the window is the file's page cache");
+    assert!(host_locked_kb(a + 40 * PS) >= 64, "and locked in the host");
     assert!(!host_maps_file(a + 60 * PS), "an untouched page is usermm's (anonymous)");
     // The page cache itself: a write to the file shows at once, as in a
     // Linux shared mapping.
@@ -204,4 +226,49 @@ fn a_window_past_the_end_of_the_file_is_copied() {
     assert_eq!(peek(a + 10 * PS + 99), byte(10 * PS + 99));
     assert_eq!(peek(a + 10 * PS + 100), 0, "the last page's tail reads zeros");
     s.close().unwrap();
+}
+
+const REFUSED_ENV: &str = "USERMM_FILE_WINDOWS_REFUSED";
+
+/// The host refuses a window (`RLIMIT_MEMLOCK` exactly the region's size,
+/// which its own lock takes, so `MAP_LOCKED` of a window over it is
+/// `EAGAIN`): the fault copies instead, with the right bytes, locked, and
+/// the space asks the host no more. In a child process that is not root
+/// (root's `CAP_IPC_LOCK` lifts the limit).
+#[test]
+fn a_window_the_host_refuses_is_copied() {
+    let out = common::run_entry("refused_child", &[(REFUSED_ENV, "1".into())]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("REFUSED-OK"),
+        "child: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+#[ignore = "child-process entry point of a_window_the_host_refuses_is_copied"]
+fn refused_child() {
+    if std::env::var(REFUSED_ENV).is_err() {
+        return;
+    }
+    let f = file("refused");
+    let r = libc::rlimit { rlim_cur: (PAGES * PS) as u64, rlim_max: (PAGES * PS) as u64 };
+    // SAFETY: this process only (a child that exits after the scenario);
+    // `r` is a valid rlimit.
+    unsafe {
+        assert_eq!(libc::setrlimit(libc::RLIMIT_MEMLOCK, &r), 0);
+        assert_eq!(libc::setgid(65534), 0);
+        assert_eq!(libc::setuid(65534), 0);
+    }
+    let s = Space::open(&Config { budget_bytes: 8 << 20, memlock_bytes: 8 << 20, ..Config::default() })
+        .expect("an unprivileged space (user-mode-only userfaultfd)");
+    let a = map_and_touch(&s, &f);
+    check(a, 32..48, "copied window");
+    check(a, 128..144, "copied window");
+    assert!(!host_maps_file(a + 40 * PS) && !host_maps_file(a + 130 * PS), "the host refused: copies");
+    assert!(host_locked_kb(a + 40 * PS) > 0, "the copied window is locked in the host too");
+    assert_eq!(s.stats().locked_pages, 32);
+    s.close().unwrap();
+    println!("REFUSED-OK");
 }

@@ -4,7 +4,7 @@
 //! "Locked file windows from the page cache").
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use super::ranges::{self, Parts};
@@ -20,6 +20,10 @@ pub(crate) struct DirectWindows {
     /// The most runs a space keeps (each is a host mapping, and splits the
     /// reservation's around it: `vm.max_map_count` bounds them all).
     cap: usize,
+    /// The host refused such a mapping once (a lock limit, the map
+    /// count): the space copies from then on, rather than asking again at
+    /// every fault.
+    refused: AtomicBool,
 }
 
 impl DirectWindows {
@@ -30,7 +34,12 @@ impl DirectWindows {
             .ok()
             .and_then(|s| s.trim().parse::<usize>().ok())
             .unwrap_or(65_530);
-        DirectWindows { ranges: Mutex::new(BTreeMap::new()), runs: AtomicUsize::new(0), cap: max / 3 }
+        DirectWindows {
+            ranges: Mutex::new(BTreeMap::new()),
+            runs: AtomicUsize::new(0),
+            cap: max / 3,
+            refused: AtomicBool::new(false),
+        }
     }
 
     fn ranges(&self) -> MutexGuard<'_, BTreeMap<usize, usize>> {
@@ -39,7 +48,12 @@ impl DirectWindows {
 
     /// Whether one more window may be mapped.
     pub(super) fn room(&self) -> bool {
-        self.runs.load(Ordering::Relaxed) < self.cap
+        self.runs.load(Ordering::Relaxed) < self.cap && !self.refused.load(Ordering::Relaxed)
+    }
+
+    /// The host refused a mapping: no more are tried.
+    pub(super) fn refuse(&self) {
+        self.refused.store(true, Ordering::Relaxed);
     }
 
     /// The windows' parts in `[a, a+l)`.
