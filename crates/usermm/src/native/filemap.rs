@@ -61,10 +61,11 @@ impl Inner {
     /// the file's, unwritten): the core then reads them again on the next
     /// touch. The caller holds the region lock exclusively.
     pub(super) fn unmap_file_windows(&self, r: PageRange) {
-        if !self.map_file_windows {
+        let ps = self.page_size;
+        // (Most spaces have no window: an atomic load, no region walk.)
+        if !self.map_file_windows || self.plat.file_mapped(self.addr(r.start), r.pages() as usize * ps).is_empty() {
             return;
         }
-        let ps = self.page_size;
         let regions = lock(&self.core).regions().overlapping(r);
         for g in regions {
             let seg = g.range.intersect(&r);
