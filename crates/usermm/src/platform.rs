@@ -199,6 +199,10 @@ pub(crate) trait Platform: Send + Sync {
     fn has_swap(&self) -> bool;
     /// Whether swap I/O bypasses the host's page cache (`O_DIRECT`).
     fn swap_direct_io(&self) -> bool;
+    /// Whether a swap read polls for the store's reply (`PageStore::read_polls`).
+    fn swap_read_polls(&self) -> bool {
+        false
+    }
     /// Writes the pages of `slots`, in order, to swap at `off`.
     fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno>;
     /// Swap slots the store gives back a granule at a time (0: it keeps
@@ -521,6 +525,9 @@ impl Platform for Native {
     }
     fn swap_direct_io(&self) -> bool {
         self.swap.as_ref().is_some_and(|s| s.direct_io())
+    }
+    fn swap_read_polls(&self) -> bool {
+        self.swap.as_ref().is_some_and(|s| s.read_polls())
     }
     fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno> {
         let swap = self.swap.as_ref().ok_or(Errno::EIO)?;

@@ -33,6 +33,12 @@ pub(crate) trait PageStore: Send + Sync {
     fn write(&self, off: u64, pages: &[&[u8]]) -> Result<(), Errno>;
     /// Whether reads and writes bypass the host's page cache.
     fn direct_io(&self) -> bool;
+    /// Whether a read's thread polls for the store's reply (and so keeps
+    /// its CPU busy) rather than sleeping until it comes (`store::redis`'s
+    /// `Link`).
+    fn read_polls(&self) -> bool {
+        false
+    }
     /// Pages the store gives back at a time (its `release` takes whole
     /// runs of this many); 0: it gives nothing back (slots are overwritten
     /// when reused).

@@ -12,7 +12,11 @@
 //! - `usermm (redis cluster)`: the same with `swap_url` naming a 3-master
 //!   Redis Cluster (no replicas) the benchmark makes with `redis-cli`;
 //! - `redis GET` (latency only): `GET` of a value of one stored page's size
-//!   on the same server, through the same client, one at a time.
+//!   on the same server, through the same client, one at a time: random
+//!   values out of as many as the working set has pages (`roundtrip`, the
+//!   row the goals compare with: the same data the space stores, read as
+//!   the probes read it) and the same 64 values over and over
+//!   (`roundtrip-hot`: all in the CPU's caches, which no probe sees).
 //!
 //! Besides the phases' throughput: the page round trip (after the phases,
 //! every page is paged out, a pause of 0.5 s and `probes`/4 untimed touches
@@ -242,30 +246,69 @@ fn space_run(
     Ok(())
 }
 
-/// `GET` latency of a stored page's size on `server`, one at a time.
-fn get_latency(e: &mut Experiment, server: &Server, probes: usize) -> Result<(), String> {
+/// `GET` latency of a stored page's size on `server`, one at a time, in two
+/// variants (each after the same pause and warm-up as the round trips):
+/// - `roundtrip`, like for like with the space's probes: the server holds
+///   as many values of a stored page's size as the working set has pages
+///   (the same data the space stored), the warm-up reads values of the
+///   first quarter and the timed GETs random values of the rest, as the
+///   probes touch pages. The goals compare with this row.
+/// - `roundtrip-hot`: the same 64 values over and over (all in the CPU's
+///   caches), as this row measured before: a lower bound no probe of a
+///   paged-out working set sees.
+///
+/// The values are deleted again before it returns.
+fn get_latency(e: &mut Experiment, server: &Server, probes: usize, pages: usize, seed: u64) -> Result<(), String> {
     let mut c = server.conn().map_err(|e| format!("connect: {e}"))?;
     let value = vec![0x5au8; PAGE + 32];
-    for k in 0..64 {
-        redis::cmd("SET").arg(format!("bench-get:{k}")).arg(&value).query::<()>(&mut c).map_err(|e| e.to_string())?;
+    let key = |k: usize| format!("bench-get:{k}");
+    for first in (0..pages).step_by(512) {
+        let mut p = redis::pipe();
+        for k in first..(first + 512).min(pages) {
+            p.cmd("SET").arg(key(k)).arg(&value).ignore();
+        }
+        p.query::<()>(&mut c).map_err(|e| format!("SET: {e}"))?;
     }
+    let quarter = (pages / 4).max(1);
+    let mut rng = Rng::new(seed ^ 0x6e7);
+    let get = |c: &mut redis::Connection, k: usize| -> Result<f64, String> {
+        let t0 = now_ns();
+        let v: Vec<u8> = redis::cmd("GET").arg(key(k)).query(c).map_err(|e| e.to_string())?;
+        let ns = now_ns() - t0;
+        if v.len() != value.len() {
+            return Err(format!("GET {}: {} bytes, {} stored", key(k), v.len(), value.len()));
+        }
+        Ok(ns as f64 / 1000.0)
+    };
     std::thread::sleep(SETTLE);
-    for i in 0..probes / 4 {
-        let v: Vec<u8> =
-            redis::cmd("GET").arg(format!("bench-get:{}", i % 64)).query(&mut c).map_err(|e| e.to_string())?;
-        std::hint::black_box(v);
+    for _ in 0..probes / 4 {
+        get(&mut c, rng.below(quarter as u64) as usize)?;
     }
     let mut lat = Vec::with_capacity(probes);
-    for i in 0..probes {
-        let t0 = now_ns();
-        let v: Vec<u8> =
-            redis::cmd("GET").arg(format!("bench-get:{}", i % 64)).query(&mut c).map_err(|e| e.to_string())?;
-        lat.push((now_ns() - t0) as f64 / 1000.0);
-        std::hint::black_box(v);
+    for _ in 0..probes {
+        lat.push(get(&mut c, quarter + rng.below((pages - quarter).max(1) as u64) as usize)?);
     }
     let (p50, p99, _) = p50_p99_max(&mut lat);
     e.add(GET, "roundtrip", "p50", "µs", p50);
     e.add(GET, "roundtrip", "p99", "µs", p99);
+    std::thread::sleep(SETTLE);
+    for i in 0..probes / 4 {
+        get(&mut c, i % 64)?;
+    }
+    lat.clear();
+    for i in 0..probes {
+        lat.push(get(&mut c, i % 64)?);
+    }
+    let (p50, p99, _) = p50_p99_max(&mut lat);
+    e.add(GET, "roundtrip-hot", "p50", "µs", p50);
+    e.add(GET, "roundtrip-hot", "p99", "µs", p99);
+    for first in (0..pages).step_by(512) {
+        let mut p = redis::pipe();
+        for k in first..(first + 512).min(pages) {
+            p.cmd("UNLINK").arg(key(k)).ignore();
+        }
+        p.query::<()>(&mut c).map_err(|e| format!("UNLINK: {e}"))?;
+    }
     Ok(())
 }
 
@@ -346,7 +389,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
         }
         if let Some(s) = &server {
             prog.say(&format!("{GET}, run {}/{runs}", r + 1));
-            get_latency(&mut e, s, probes)?;
+            get_latency(&mut e, s, probes, pages, sh.seed)?;
         }
     }
     let measured = server.is_some();
@@ -430,6 +473,14 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
         false,
         1.5,
     );
+    let (cold, hot) = (e.med(GET, "roundtrip", "p50"), e.med(GET, "roundtrip-hot", "p50"));
+    e.notes.push(format!(
+        "The GETs the round trips are compared with read random values out of as many as the working set has \
+         pages ({cold:.2} µs p50); the same 64 values over and over take {hot:.2} µs (round trip ÷ that: {:.2}× \
+         through a handler thread, {:.2}× in-thread).",
+        e.med(REDIS, "roundtrip", "p50") / hot,
+        e.med(REDIS_IT, "roundtrip", "p50") / hot
+    ));
     e.notes.push(format!(
         "Budget {} MiB, working set {} MiB; the Redis server is Debian's redis-server on loopback, no persistence. \
          Bytes on the wire: the server's total_net_input_bytes per page swapped out and total_net_output_bytes per \

@@ -163,7 +163,10 @@ impl Inner {
             FaultPlan::SwapIn { run, slot, keep } if run.pages() <= SMALL_FILL_PAGES => {
                 let pooled = !keep && self.frame_pool && pool_fits(&c, run);
                 drop(c);
-                let _awake = self.wake_ahead.guard(caller.waits() && !caller.in_thread());
+                // (Not while the read polls for its reply: see
+                // `serve_small_swap_in`.)
+                let polls = self.plat.swap_read_polls();
+                let _awake = self.wake_ahead.guard(caller.waits() && !caller.in_thread() && !polls);
                 self.serve_small_swap_in(plan, run, slot, keep, pooled, page_addr, caller)
             }
             FaultPlan::SwapIn { run, slot, keep } => {
@@ -340,8 +343,12 @@ impl Inner {
     /// the commit instead of waiting for a separate wake ioctl after it.
     /// When the wake-ahead thread spins, the wake-up is handed to it
     /// (`hand_off_wake`) and done on the faulting thread's CPU while the
-    /// handler commits: `farmem`'s Redis round trip, two interleaved pairs,
-    /// 40.2/39.6 → 38.5/38.0 µs, the swap file's 49.3/44.4 → 39.2/39.2 µs.
+    /// handler commits: the swap file's round trip (`farmem`, two
+    /// interleaved pairs) 49.3/44.4 → 39.2/39.2 µs. The wake-ahead thread is
+    /// not started for a read that polls for its reply (a Redis server over
+    /// TCP): the faulting thread, the handler and the server then share one
+    /// CPU, and the spinner on the other made the round trip 15.9–16.4 µs
+    /// instead of 14.3–15.3 (docs/design.md, "Wake-ahead").
     #[allow(clippy::too_many_arguments)]
     fn serve_small_swap_in(
         &self,

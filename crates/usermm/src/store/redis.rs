@@ -555,6 +555,13 @@ impl PageStore for RedisStore {
         true
     }
 
+    fn read_polls(&self) -> bool {
+        // (Only a single server over TCP is read through a `Link`.)
+        self.poll_replies
+            && matches!(&self.backend, Backend::Single(c)
+                if matches!(c.get_connection_info().addr, redis::ConnectionAddr::Tcp(..)))
+    }
+
     fn release_granule(&self) -> u32 {
         CHUNK as u32
     }
