@@ -447,11 +447,11 @@ impl PageStore for RedisStore {
             // a `Cmd` and parsing its reply into a fresh value cost 1.9 µs
             // a page, a tenth of the round trip).
             let start = (first % CHUNK) as usize * stride;
-            let key = self.key(first / CHUNK);
             let mut opened = false;
             let fast = self.with_conn(|c| {
                 let Conn::Own(link, scratch) = c else { return Ok(false) };
-                let got = link.getrange_into(&key, start, start + n * stride - 1, scratch)?;
+                // (`key`'s form for a single server.)
+                let got = link.getrange_into(&self.prefix, first / CHUNK, start, start + n * stride - 1, scratch)?;
                 opened = self.open_run(first, first, last, &scratch[got], buf);
                 Ok(true)
             })?;

@@ -110,10 +110,16 @@ impl Link {
     }
 
     /// Returns once the socket is readable, or after [`POLL_NS`]; yields
-    /// the CPU on every turn (the server may be waiting for it).
+    /// the CPU on every turn (the server may be waiting for it), the first
+    /// before it looks: the server, woken by the request, mostly runs on
+    /// this CPU (`perf sched`: the faulting thread, the handler and the
+    /// server in turn on one vCPU), so the reply is there when it has run.
+    /// A probe loop like `farmem`'s round trip, two builds alternated four
+    /// times: 13.44–13.53 µs against 13.68–13.83 µs looking first.
     fn poll_for_reply(&self) {
         let fd = self.sock.as_raw_fd();
         let until = usermm_sys::now_ns() + POLL_NS;
+        std::thread::yield_now();
         loop {
             match usermm_sys::uffd::poll2(fd, -1, 0) {
                 Ok(true) | Err(_) => return,
@@ -134,27 +140,53 @@ impl Link {
     }
 }
 
+/// `n` in decimal, written at the end of `out`.
+fn decimal(mut n: u64, out: &mut [u8; 20]) -> &[u8] {
+    let mut i = out.len();
+    loop {
+        i -= 1;
+        out[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &out[i..];
+        }
+    }
+}
+
 impl Link {
     /// `GETRANGE key start end`, its reply (a bulk string) read into `buf`
     /// with no value built: returns where in `buf` the bytes are. An error
     /// reply is an error, and leaves the connection usable.
+    /// The key is `prefix` followed by `number` in decimal. (The request is
+    /// written with no allocation and no `fmt`: formatting it with
+    /// `write!` and `to_string` took 0.2 µs of a 12 µs round trip.)
     pub(super) fn getrange_into(
         &mut self,
-        key: &str,
+        prefix: &str,
+        number: u64,
         start: usize,
         end: usize,
         buf: &mut Vec<u8>,
     ) -> RedisResult<std::ops::Range<usize>> {
-        let (start, end) = (start.to_string(), end.to_string());
+        let (mut d0, mut d1, mut d2) = ([0u8; 20], [0u8; 20], [0u8; 20]);
+        let number = decimal(number, &mut d0);
+        let start = decimal(start as u64, &mut d1);
+        let end = decimal(end as u64, &mut d2);
         buf.clear();
-        // (Writing into a Vec cannot fail.)
-        let _ = write!(
-            buf,
-            "*4\r\n$8\r\nGETRANGE\r\n${}\r\n{key}\r\n${}\r\n{start}\r\n${}\r\n{end}\r\n",
-            key.len(),
-            start.len(),
-            end.len()
-        );
+        buf.extend_from_slice(b"*4\r\n$8\r\nGETRANGE\r\n$");
+        let mut len = [0u8; 20];
+        buf.extend_from_slice(decimal((prefix.len() + number.len()) as u64, &mut len));
+        buf.extend_from_slice(b"\r\n");
+        buf.extend_from_slice(prefix.as_bytes());
+        buf.extend_from_slice(number);
+        buf.extend_from_slice(b"\r\n");
+        for arg in [start, end] {
+            buf.push(b'$');
+            buf.extend_from_slice(decimal(arg.len() as u64, &mut len));
+            buf.extend_from_slice(b"\r\n");
+            buf.extend_from_slice(arg);
+            buf.extend_from_slice(b"\r\n");
+        }
         self.send(buf)?;
         let r = self.read_bulk(buf);
         if matches!(&r, Err(e) if e.kind() != redis::ErrorKind::ResponseError) {
@@ -292,6 +324,14 @@ mod tests {
     }
 
     #[test]
+    fn numbers_are_written_in_decimal() {
+        let mut out = [0u8; 20];
+        for n in [0, 7, 9, 10, 4127, 4128, 1 << 40, u64::MAX] {
+            assert_eq!(decimal(n, &mut out), n.to_string().as_bytes());
+        }
+    }
+
+    #[test]
     fn getrange_replies_are_read_into_the_buffer() {
         let page: Vec<u8> = (0..4128u32).map(|i| (i % 253) as u8).collect();
         let mut bulk = format!("${}\r\n", page.len()).into_bytes();
@@ -307,20 +347,21 @@ mod tests {
         ];
         let (mut link, server) = link_to(replies);
         let mut buf = Vec::new();
-        let r = link.getrange_into("P7", 4128, 8255, &mut buf).unwrap();
+        let r = link.getrange_into("P", 7, 4128, 8255, &mut buf).unwrap();
         assert_eq!(&buf[r], &page[..], "a page split over two reads");
-        let r = link.getrange_into("P8", 0, 4127, &mut buf).unwrap();
+        let r = link.getrange_into("P", 8, 0, 4127, &mut buf).unwrap();
         assert!(r.is_empty(), "an empty string");
-        let r = link.getrange_into("P8", 0, 4127, &mut buf).unwrap();
+        let r = link.getrange_into("P", 8, 0, 4127, &mut buf).unwrap();
         assert!(r.is_empty(), "nil");
-        let e = link.getrange_into("P9", 0, 1, &mut buf).unwrap_err();
+        let e = link.getrange_into("P", 9, 0, 1, &mut buf).unwrap_err();
         assert_eq!(e.kind(), redis::ErrorKind::ResponseError, "{e}");
         assert!(link.open, "an error reply leaves the connection usable");
-        let r = link.getrange_into("P9", 0, 2, &mut buf).unwrap();
+        let r = link.getrange_into("P", 9, 0, 2, &mut buf).unwrap();
         assert_eq!(&buf[r], b"abc", "the reply after an error reply");
-        assert!(link.getrange_into("P9", 0, 2, &mut buf).is_err(), "a reply longer than it says");
+        assert!(link.getrange_into("P", 9, 0, 2, &mut buf).is_err(), "a reply longer than it says");
         assert!(!link.open, "a broken reply closes the connection");
         let requests = server.join().unwrap();
         assert_eq!(requests[0], b"*4\r\n$8\r\nGETRANGE\r\n$2\r\nP7\r\n$4\r\n4128\r\n$4\r\n8255\r\n");
+        assert_eq!(requests[1], b"*4\r\n$8\r\nGETRANGE\r\n$2\r\nP8\r\n$1\r\n0\r\n$4\r\n4127\r\n");
     }
 }
