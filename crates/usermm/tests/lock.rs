@@ -189,3 +189,31 @@ fn onfault_read_maps_the_zero_page_and_locks_nothing_until_written() {
     assert_eq!(s.stats().locked_pages, 3);
     s.validate();
 }
+
+/// Parked pages (`MADV_COLD`) are resident: a lock maps them back and locks
+/// them, whatever the region's protection (a `PROT_NONE` region takes no
+/// fault, so a fault never brought them back and they stayed unlocked).
+#[test]
+fn a_lock_takes_back_parked_pages_of_a_prot_none_region() {
+    let s = space(64, 64, 64 * PS);
+    let n = 8;
+    let a = anon(&s, n * PS);
+    for p in 0..n {
+        write(a + p * PS, 0x30 + p as u8);
+    }
+    s.madvise(a, n * PS, MADV_COLD).unwrap();
+    let parked = states(&s, a, n);
+    assert!(parked.iter().all(|b| b & UMM_PAGE_INACTIVE != 0), "MADV_COLD parks: {parked:x?}");
+    s.mprotect(a, n * PS, PROT_NONE).unwrap();
+    // (Linux: the populate of an unreadable range fails, EFAULT reported as
+    // ENOMEM, and the lock stays.)
+    assert_eq!(s.mlock(a, n * PS), Err(Errno::ENOMEM));
+    for (p, b) in states(&s, a, n).into_iter().enumerate() {
+        assert_eq!(b & (UMM_PAGE_LOCKED | UMM_PAGE_INACTIVE), UMM_PAGE_LOCKED, "page {p}: state {b:#x}");
+    }
+    s.mprotect(a, n * PS, PROT_READ | PROT_WRITE).unwrap();
+    for p in 0..n {
+        assert_eq!(usermm_sys::kernel::peek(a + p * PS), 0x30 + p as u8, "page {p}");
+    }
+    s.validate();
+}

@@ -324,6 +324,49 @@ fn pages_mapped_back_by_mnovolatile_are_safe_from_the_host() {
     s.validate();
 }
 
+/// A parked volatile page of a `PROT_NONE` region: `mnovolatile` maps it
+/// back to find out whether the host purged it, and a fault there plans
+/// nothing (the kernel would not have reported it), so asking for one
+/// looped forever (found by the seeded simulation, seed 14739). It returns,
+/// reports exactly what the host took, and keeps the rest from the host.
+#[test]
+fn mnovolatile_takes_back_parked_pages_of_a_prot_none_region() {
+    let s: &'static Space = Box::leak(Box::new(space(64, 64)));
+    if !host_discards_on(s) {
+        return;
+    }
+    let n = 32;
+    let a = anon(s, n * PS);
+    for p in 0..n {
+        poke(a + p * PS, 0x60 + p as u8);
+    }
+    s.mvolatile(a, n * PS).unwrap();
+    park(s, a, 0, n / 2);
+    s.host_reclaim();
+    park(s, a, n / 2, n);
+    s.mprotect(a, n * PS, PROT_NONE).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(s.mnovolatile(a, n * PS)));
+    let r = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("mnovolatile of a PROT_NONE range hangs");
+    let (purged, rep) = r.unwrap();
+    assert!(purged);
+    assert_eq!(rep.purged_pages, n / 2, "{rep:?}");
+    assert_eq!(rep.first_purged, a);
+    s.mprotect(a, n * PS, PROT_READ | PROT_WRITE).unwrap();
+    for p in 0..n {
+        let want = if p < n / 2 { 0 } else { 0x60 + p as u8 };
+        assert_eq!(peek(a + p * PS), want, "page {p} reads back");
+    }
+    // Non-volatile now: the host's reclaim must not take the rest.
+    park(s, a, 0, n);
+    s.host_reclaim();
+    for p in n / 2..n {
+        assert_eq!(peek(a + p * PS), 0x60 + p as u8, "page {p} kept");
+    }
+    assert_eq!(s.stats().volatile_pages, 0);
+    s.validate();
+}
+
 static HOST_SPACE: OnceLock<Space> = OnceLock::new();
 
 fn regenerate_host_purged(addr: usize) {

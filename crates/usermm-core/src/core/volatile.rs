@@ -8,7 +8,7 @@
 //! finds it clean and reads back as zeros. Reclaim's side of both is in
 //! `reclaim.rs` (`plan_volatile`, `plan_lazy`).
 
-use super::{bad, Busy, Core, NoVolatile};
+use super::{bad, transfer_for, Busy, Core, FaultPlan, NoVolatile};
 use crate::errno::Errno;
 use crate::page::{pf, PState, PageMeta};
 use crate::region::LockMode;
@@ -114,6 +114,28 @@ impl Core {
             }
         }
         Ok(Ok((out, res)))
+    }
+
+    /// Plans the reactivation of the parked page `p` for `mnovolatile`
+    /// (`NoVolatile::reactivate`, checked) or a lock (`LockPlan::reactivate`),
+    /// whatever its region's protection: a fault in a `PROT_NONE` region plans nothing (the
+    /// kernel would not have reported it), so a fault would never bring
+    /// such a page back, and `mnovolatile` would ask for it forever.
+    /// `Some(FaultPlan::Busy)`: wait for the page to settle and call again;
+    /// `None`: `p` is no longer parked (or no longer mapped).
+    pub fn reactivate_step(&mut self, p: PageIdx) -> Option<FaultPlan> {
+        let m = self.pages.get(p);
+        if self.in_flight(p, &m) {
+            return Some(FaultPlan::Busy);
+        }
+        if m.state != PState::Inactive {
+            return None;
+        }
+        let prot = self.regions.find(p)?.prot;
+        self.pages.update(p, |m| m.state = PState::Filling);
+        let checked = self.host_lazyfree && m.has(pf::VOLATILE);
+        let wp = m.cache != 0 && !checked;
+        Some(FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked, wp })
     }
 
     /// How many pages of `r` are marked volatile (purged ones included).

@@ -41,8 +41,13 @@ impl Inner {
         self.note_hold(t0);
         let full = full?;
         drop(mm);
-        for &p in &plan.reactivate {
-            self.resolve(self.addr(p), false, None);
+        if !plan.reactivate.is_empty() {
+            // (Whatever the region's protection: a parked page of a
+            // `PROT_NONE` region is resident, and a lock keeps it so.)
+            let mm = self.read_mm();
+            for &p in &plan.reactivate {
+                self.reactivate_parked(&mm, p);
+            }
         }
         if plan.result.is_ok() {
             self.lock_populate(&plan, &full)?;

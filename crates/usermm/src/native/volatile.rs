@@ -1,5 +1,6 @@
 //! Volatile ranges (seed 002): `mvolatile` and `mnovolatile`.
 
+use super::serve::{Caller, Next, Retries};
 use super::*;
 
 impl Inner {
@@ -22,7 +23,7 @@ impl Inner {
     /// `mnovolatile`: returns the purged pages (in address order) and the
     /// call's result.
     pub fn mnovolatile(&self, addr: usize, len: usize) -> Result<(Vec<usize>, Result<(), Errno>), Errno> {
-        let mut mm = self.read_mm();
+        let mm = self.read_mm();
         let mut c = lock(&self.core);
         let (nv, res) = loop {
             match c.mnovolatile(addr as u64, len as u64)? {
@@ -30,11 +31,9 @@ impl Inner {
                     // Parked pages the host may have purged: map them back
                     // (which finds out), then decide again.
                     drop(c);
-                    drop(mm);
                     for p in nv.reactivate {
-                        self.resolve(self.addr(p), false, None);
+                        self.reactivate_parked(&mm, p);
                     }
-                    mm = self.read_mm();
                     c = lock(&self.core);
                 }
                 Ok(r) => break r,
@@ -42,6 +41,7 @@ impl Inner {
             }
         };
         drop(c);
+        drop(mm);
         // Purged pages read back as zeros from now on: remove the markers.
         let mut i = 0;
         while i < nv.purged.len() {
@@ -53,5 +53,24 @@ impl Inner {
             i = j;
         }
         Ok((nv.purged.iter().map(|&p| self.addr(p)).collect(), res))
+    }
+
+    /// Maps the parked page `p` back (for `mnovolatile`, or a lock), whatever
+    /// its region's protection (`Core::reactivate_step`), as a populate
+    /// does: no thread waits for it. A reactivation that finds the page
+    /// purged by the host plans again and finds it no longer parked.
+    pub(super) fn reactivate_parked(&self, mm: &RwLockReadGuard<'_, ()>, p: PageIdx) {
+        let mut retries = Retries::default();
+        let mut c = lock(&self.core);
+        loop {
+            match c.reactivate_step(p) {
+                None => return,
+                Some(FaultPlan::Busy) => c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner()),
+                Some(plan) => match self.serve(c, &plan, self.addr(p), false, Caller::Populate, mm, &mut retries) {
+                    Next::Again(g) => c = g,
+                    Next::Served | Next::Failed(_) => return,
+                },
+            }
+        }
     }
 }
