@@ -3,6 +3,8 @@
 //!
 //! - `USERMM_SIM_SEED=<seed>`: run that seed alone (as a failure prints).
 //! - `USERMM_SIM_SEEDS=<n>`: how many seeds (default 2,000 of 300 steps).
+//! - `USERMM_SIM_FIRST=<seed>`: the first of them (default 0), to search
+//!   further than the suite does (seed 14,739 once hung `mnovolatile`).
 
 use usermm::sim;
 
@@ -21,7 +23,8 @@ fn seeded_simulation_of_core_and_executor() {
     }
     let seeds: u64 = std::env::var("USERMM_SIM_SEEDS").ok().and_then(|s| parse(&s)).unwrap_or(2_000);
     let mut total = sim::SimSummary::default();
-    for seed in 0..seeds {
+    let first: u64 = std::env::var("USERMM_SIM_FIRST").ok().and_then(|s| parse(&s)).unwrap_or(0);
+    for seed in first..first + seeds {
         match sim::run(seed, 300) {
             Ok(s) => {
                 total.steps += s.steps;
