@@ -67,6 +67,12 @@ cleanup_redis() {
   rm -rf "$redis_dir"
 }
 trap cleanup_redis EXIT
+# Ports below the host's ephemeral range, bus ports (+10,000) too, so that no
+# client's connect takes one of them (crates/usermm-sys/src/testing.rs,
+# free_cluster_port, says why).
+ephemeral_first=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+port_span=$((ephemeral_first - 20000))
+[ "$port_span" -ge 1000 ] || port_span=1000
 # start_redis DIR ARGS…: a redis-server on a free random loopback port with
 # its directory DIR/<port> (made here) and ARGS; its port in $started_port
 # (empty if none started in 20 tries), its pid added to redis_pids.
@@ -75,7 +81,7 @@ start_redis() {
   shift
   started_port=
   for _ in $(seq 20); do
-    port=$((30000 + RANDOM % 15000))
+    port=$((10000 + RANDOM % port_span))
     mkdir -p "$base/$port"
     redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$base/$port" "$@" \
       >"$base/$port/log" 2>&1 &

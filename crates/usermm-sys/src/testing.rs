@@ -255,14 +255,55 @@ pub fn with_async_signals_blocked<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
-/// A free loopback port below 55,536 whose Redis Cluster bus port (+10,000)
-/// is free too (a test or benchmark server binds both).
+/// A free loopback port whose Redis Cluster bus port (+10,000) is free too
+/// (a test or benchmark server binds both), both below the host's ephemeral
+/// range (`net.ipv4.ip_local_port_range`).
+///
+/// Below it, because a server may be killed and started again on the same
+/// ports (a cluster node rejoining): while it is down, every `connect` on
+/// the machine (the other nodes calling its bus, clients reconnecting) takes
+/// a local port from the ephemeral range, and one that lands on the node's
+/// port or bus port makes the restart fail with "address in use". That
+/// happened in CI. Ports are handed out from a cursor that starts at a
+/// place drawn from the pid and the clock, so processes and calls do not
+/// pick the same one; a host whose ephemeral range leaves no room below it
+/// gets ports from the kernel (as before: restarts may then collide).
 pub fn free_cluster_port() -> std::io::Result<u16> {
+    use std::sync::atomic::AtomicU32;
+    static CURSOR: AtomicU32 = AtomicU32::new(u32::MAX);
+    const BUS: u32 = 10_000;
+    const FIRST: u32 = 10_000;
+    let ephemeral_first = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|w| w.parse::<u32>().ok()))
+        .unwrap_or(32_768);
+    let free = |port: u32| {
+        std::net::TcpListener::bind(("127.0.0.1", port as u16)).is_ok()
+            && std::net::TcpListener::bind(("127.0.0.1", (port + BUS) as u16)).is_ok()
+    };
+    if ephemeral_first >= FIRST + BUS + 1_000 {
+        let n = ephemeral_first - BUS - FIRST;
+        if CURSOR.load(Ordering::Relaxed) == u32::MAX {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0);
+            let start = (std::process::id().wrapping_mul(2_654_435_761) ^ nanos) % n;
+            let _ = CURSOR.compare_exchange(u32::MAX, start, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        for _ in 0..n {
+            let port = FIRST + CURSOR.fetch_add(1, Ordering::Relaxed) % n;
+            if free(port) {
+                return Ok(port as u16);
+            }
+        }
+    }
     loop {
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-        let port = l.local_addr()?.port();
-        if port <= 55_535 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
-            return Ok(port);
+        let port = u32::from(l.local_addr()?.port());
+        drop(l);
+        if port + BUS <= 65_535 && free(port) {
+            return Ok(port as u16);
         }
     }
 }

@@ -108,6 +108,10 @@ pub(crate) struct RedisStore {
     failover: Duration,
     /// Whether a single server's reads poll for their reply ([`Link`]).
     poll_replies: bool,
+    /// Whether this store's reads poll: `poll_replies`, and a single server
+    /// that a [`Link`] serves ([`PageStore::read_polls`], asked on every
+    /// small swap-in).
+    reads_poll: bool,
     /// The URL without credentials, for messages.
     pub(crate) shown: String,
 }
@@ -246,7 +250,10 @@ impl RedisStore {
         } else {
             Backend::Single(redis::Client::open(u.nodes[0].as_str()).map_err(|_| Errno::EINVAL)?)
         };
+        let reads_poll =
+            poll_replies && matches!(&backend, Backend::Single(c) if Link::serves(c.get_connection_info()));
         let s = RedisStore {
+            reads_poll,
             backend,
             pool: Mutex::new(Vec::new()),
             prefix: u.prefix,
@@ -556,10 +563,7 @@ impl PageStore for RedisStore {
     }
 
     fn read_polls(&self) -> bool {
-        // (Only a single server over TCP is read through a `Link`.)
-        self.poll_replies
-            && matches!(&self.backend, Backend::Single(c)
-                if matches!(c.get_connection_info().addr, redis::ConnectionAddr::Tcp(..)))
+        self.reads_poll
     }
 
     fn release_granule(&self) -> u32 {

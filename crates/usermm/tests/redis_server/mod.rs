@@ -36,8 +36,27 @@ impl Server {
 
     /// Starts the server (again, after [`Server::kill`]: same port, same
     /// directory, so a cluster node rejoins with its `nodes.conf`).
+    /// A start that fails (the server exits at once: its port or bus port
+    /// is held for a moment by a socket of the old process or of a client)
+    /// is tried again for up to 10 s; then the panic quotes its log.
     pub fn restart(&mut self) {
-        assert!(self.try_start(), "redis-server on port {} exited at start", self.port);
+        let t0 = Instant::now();
+        while !self.try_start() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "redis-server on port {} exited at start for 10 s; its log ends with:\n{}",
+                self.port,
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The last lines of the server's log file.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
     }
 
     /// Starts the server; false if it exited before answering.
@@ -47,6 +66,8 @@ impl Server {
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&self.dir)
+            .arg("--logfile")
+            .arg(self.dir.join("redis.log"))
             .args(&self.extra)
             .stdout(Stdio::null())
             .spawn()

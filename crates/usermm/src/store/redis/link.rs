@@ -45,9 +45,15 @@ pub(super) struct Link {
 }
 
 impl Link {
-    /// Connects to the TCP server of `info` (`None` when it is not one: TLS,
-    /// a Unix socket) and logs in and selects the database as redis-rs
-    /// would. `poll`: short requests' replies are polled for.
+    /// Whether a server at `info` is reached through a `Link`: a plain TCP
+    /// one (TLS and Unix sockets go through redis-rs's connection).
+    pub(super) fn serves(info: &redis::ConnectionInfo) -> bool {
+        matches!(info.addr, redis::ConnectionAddr::Tcp(..))
+    }
+
+    /// Connects to the server of `info` (`None` when a `Link` does not
+    /// serve it: [`Link::serves`]) and logs in and selects the database as
+    /// redis-rs would. `poll`: short requests' replies are polled for.
     pub(super) fn connect(info: &redis::ConnectionInfo, timeout: Duration, poll: bool) -> Option<RedisResult<Link>> {
         let redis::ConnectionAddr::Tcp(host, port) = &info.addr else {
             return None;
@@ -140,19 +146,6 @@ impl Link {
     }
 }
 
-/// `n` in decimal, written at the end of `out`.
-fn decimal(mut n: u64, out: &mut [u8; 20]) -> &[u8] {
-    let mut i = out.len();
-    loop {
-        i -= 1;
-        out[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &out[i..];
-        }
-    }
-}
-
 impl Link {
     /// `GETRANGE key start end`, its reply (a bulk string) read into `buf`
     /// with no value built: returns where in `buf` the bytes are. An error
@@ -168,21 +161,21 @@ impl Link {
         end: usize,
         buf: &mut Vec<u8>,
     ) -> RedisResult<std::ops::Range<usize>> {
-        let (mut d0, mut d1, mut d2) = ([0u8; 20], [0u8; 20], [0u8; 20]);
-        let number = decimal(number, &mut d0);
-        let start = decimal(start as u64, &mut d1);
-        let end = decimal(end as u64, &mut d2);
+        let (mut d0, mut d1, mut d2, mut len) =
+            (itoa::Buffer::new(), itoa::Buffer::new(), itoa::Buffer::new(), itoa::Buffer::new());
+        let number = d0.format(number).as_bytes();
+        let start = d1.format(start).as_bytes();
+        let end = d2.format(end).as_bytes();
         buf.clear();
         buf.extend_from_slice(b"*4\r\n$8\r\nGETRANGE\r\n$");
-        let mut len = [0u8; 20];
-        buf.extend_from_slice(decimal((prefix.len() + number.len()) as u64, &mut len));
+        buf.extend_from_slice(len.format(prefix.len() + number.len()).as_bytes());
         buf.extend_from_slice(b"\r\n");
         buf.extend_from_slice(prefix.as_bytes());
         buf.extend_from_slice(number);
         buf.extend_from_slice(b"\r\n");
         for arg in [start, end] {
             buf.push(b'$');
-            buf.extend_from_slice(decimal(arg.len() as u64, &mut len));
+            buf.extend_from_slice(len.format(arg.len()).as_bytes());
             buf.extend_from_slice(b"\r\n");
             buf.extend_from_slice(arg);
             buf.extend_from_slice(b"\r\n");
@@ -321,14 +314,6 @@ mod tests {
         let info = redis::RedisConnectionInfo::default();
         let link = Link::connect_tcp("127.0.0.1", port, &info, Duration::from_secs(2), true).unwrap();
         (link, server)
-    }
-
-    #[test]
-    fn numbers_are_written_in_decimal() {
-        let mut out = [0u8; 20];
-        for n in [0, 7, 9, 10, 4127, 4128, 1 << 40, u64::MAX] {
-            assert_eq!(decimal(n, &mut out), n.to_string().as_bytes());
-        }
     }
 
     #[test]
