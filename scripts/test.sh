@@ -38,8 +38,10 @@ cargo test --release --workspace -- --test-threads=2
 
 # The tests again with every test space resolving its faults in the
 # faulting thread (UMM_F_INTHREAD_FAULTS, via USERMM_TEST_INTHREAD read by
-# crates/usermm/tests/common) and recycling frames (UMM_F_FRAME_POOL, opt-in,
-# via USERMM_TEST_FRAME_POOL). Left out: swapcache (that mode installs no
+# crates/usermm/tests/common, through which every listed test opens its
+# spaces: common::open, open_mode, with_test_store) and recycling frames
+# (UMM_F_FRAME_POOL, opt-in, via USERMM_TEST_FRAME_POOL). The differential
+# fuzzer, the soak and the stress test included. Left out: swapcache (that mode installs no
 # write-protected swap-ins, so there is no swap cache to test) and a no_hang
 # test of process_vm_readv on a page not resident (the mode's documented
 # EFAULT; docs/design.md, "Faults in the faulting thread").

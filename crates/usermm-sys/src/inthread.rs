@@ -26,7 +26,7 @@
 //! kernel then kills the process (`force_sig_fault` unblocks and resets a
 //! blocked synchronous signal); usermm's docs say so.
 
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 /// How many spaces with in-thread faults can be open at once.
 pub const MAX_SPACES: usize = 64;
@@ -65,6 +65,14 @@ struct Slot {
     ctx: AtomicPtr<Shared>,
     /// Threads inside this slot's resolver.
     users: AtomicUsize,
+    /// The fork generation ([`crate::thread::fork_generation`]) of the
+    /// process that registered the range. A forked child inherits the
+    /// table, but not the space (its reservation is `MADV_DONTFORK`, its
+    /// locks may be held by threads that did not come along, and its
+    /// userfaultfd still serves the *parent's* memory): the child's handler
+    /// passes over such slots, and a child's registration reuses them (and
+    /// leaks what they point to, which is the parent's).
+    generation: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -73,6 +81,7 @@ const EMPTY: Slot = Slot {
     end: AtomicUsize::new(0),
     ctx: AtomicPtr::new(std::ptr::null_mut()),
     users: AtomicUsize::new(0),
+    generation: AtomicU64::new(0),
 };
 static SLOTS: [Slot; MAX_SPACES] = [EMPTY; MAX_SPACES];
 /// Taken while a slot is claimed or the handler installed.
@@ -129,6 +138,8 @@ pub fn sigbus_action(new: Option<&libc::sigaction>, old_out: Option<&mut libc::s
 /// entered the space's resolver has left it.
 pub struct Registration {
     slot: usize,
+    /// The fork generation it was made in.
+    generation: u64,
 }
 
 /// Registers `[start, end)` with `resolver`, installing the SIGBUS handler
@@ -136,14 +147,23 @@ pub struct Registration {
 /// alive until it is dropped. `ENOSPC`: `MAX_SPACES` spaces already have
 /// in-thread faults.
 pub fn register(start: usize, end: usize, resolver: Shared) -> Result<Registration, crate::Errno> {
+    let generation = crate::thread::watch_forks()?;
     let _g = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
     install()?;
     for (i, s) in SLOTS.iter().enumerate() {
-        if s.ctx.load(Ordering::Acquire).is_null() && s.users.load(Ordering::SeqCst) == 0 {
+        let free = s.ctx.load(Ordering::Acquire).is_null() && s.users.load(Ordering::SeqCst) == 0;
+        // (A slot of the parent's, in a forked child: its resolver is the
+        // parent's, left alone, and the threads counted in `users` did not
+        // come along. The handler already passes over it.)
+        let parents = s.generation.load(Ordering::SeqCst) != generation;
+        if free || parents {
+            s.ctx.store(std::ptr::null_mut(), Ordering::SeqCst);
+            s.users.store(0, Ordering::SeqCst);
             s.start.store(start, Ordering::Relaxed);
             s.end.store(end, Ordering::Relaxed);
+            s.generation.store(generation, Ordering::SeqCst);
             s.ctx.store(Box::into_raw(Box::new(resolver)), Ordering::Release);
-            return Ok(Registration { slot: i });
+            return Ok(Registration { slot: i, generation });
         }
     }
     Err(crate::Errno(libc::ENOSPC))
@@ -160,6 +180,11 @@ pub fn reinstall() -> Result<(), crate::Errno> {
 impl Drop for Registration {
     fn drop(&mut self) {
         let _g = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+        if crate::thread::fork_generation() != self.generation {
+            // A forked child dropping the parent's registration: the slot
+            // is passed over here and may be a child's own by now.
+            return;
+        }
         let s = &SLOTS[self.slot];
         let p = s.ctx.swap(std::ptr::null_mut(), Ordering::SeqCst);
         while s.users.load(Ordering::SeqCst) != 0 {
@@ -223,8 +248,13 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut l
     let (code, addr) =
         unsafe { ((*info).si_code, ((info as *const u8).add(SI_ADDR_OFFSET) as *const usize).read_unaligned()) };
     if code == libc::BUS_ADRERR {
+        let generation = crate::thread::fork_generation();
         for s in &SLOTS {
             if addr < s.start.load(Ordering::Relaxed) || addr >= s.end.load(Ordering::Relaxed) {
+                continue;
+            }
+            if s.generation.load(Ordering::SeqCst) != generation {
+                // The parent's space, in a forked child (see `Slot`).
                 continue;
             }
             s.users.fetch_add(1, Ordering::SeqCst);

@@ -9,6 +9,8 @@
 //! - On a hole, mincore(2) has filled the vector up to the hole and leaves the
 //!   bytes past it as they were.
 
+mod common;
+
 use std::process::Command;
 
 use usermm::consts::*;
@@ -17,7 +19,8 @@ use usermm::{Config, Errno, Space};
 const PAGE: usize = 4096;
 
 fn open() -> Space {
-    Space::open(&Config { budget_bytes: 4 << 20, swap_bytes: 0, reserve_bytes: 1 << 30, ..Config::default() }).unwrap()
+    common::open_mode(&Config { budget_bytes: 4 << 20, swap_bytes: 0, reserve_bytes: 1 << 30, ..Config::default() })
+        .unwrap()
 }
 
 /// Runs `name` in a child process when not already in one; `body` in the

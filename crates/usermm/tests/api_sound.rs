@@ -5,14 +5,16 @@
 //! changes bytes later (`MADV_FREE`) is only reachable through an `unsafe`
 //! method.
 
+mod common;
+
 use usermm::consts::*;
-use usermm::{Config, Errno, Space};
+use usermm::{Config, Errno};
 
 const PS: usize = 4096;
 
 #[test]
 fn address_based_calls_refuse_a_live_mapping_and_the_handle_does_them() {
-    let s = Space::open(&Config { budget_bytes: 64 << 20, swap_bytes: 64 << 20, ..Config::default() }).unwrap();
+    let s = common::open_mode(&Config { budget_bytes: 64 << 20, swap_bytes: 64 << 20, ..Config::default() }).unwrap();
     let mut m = s.map_anon(16 * PS).unwrap();
     m.fill(7);
     let a = m.addr();
@@ -65,7 +67,7 @@ fn address_based_calls_refuse_a_live_mapping_and_the_handle_does_them() {
 #[test]
 fn a_munmap_racing_with_map_anon_never_unmaps_the_new_mapping() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let s = Space::open(&Config { budget_bytes: 64 << 20, swap_bytes: 0, ..Config::default() }).unwrap();
+    let s = common::open_mode(&Config { budget_bytes: 64 << 20, swap_bytes: 0, ..Config::default() }).unwrap();
     // Where map_anon places a mapping of this size (first fit): note it,
     // and give it back.
     let spot = s.map_anon(4 * PS).unwrap();

@@ -12,6 +12,7 @@
 //! take real page faults on both sides; a scenario only touches pages it knows
 //! are mapped with the needed protection.
 
+mod common;
 mod conform;
 
 use conform::*;
@@ -628,7 +629,8 @@ fn madvise_on_prot_none_and_over_holes() {
 // the kernel cannot show on this machine.
 
 fn space(cfg: Config) -> Space {
-    Space::open(&Config { budget_bytes: 64 << 20, reserve_bytes: 1 << 30, swap_bytes: 64 << 20, ..cfg }).expect("space")
+    common::open_mode(&Config { budget_bytes: 64 << 20, reserve_bytes: 1 << 30, swap_bytes: 64 << 20, ..cfg })
+        .expect("space")
 }
 
 #[test]
@@ -763,9 +765,13 @@ fn seed003_reader_during_munmap_never_sees_zeros() {
     use std::sync::Arc;
 
     const LEN: usize = 256 << 20;
-    let s =
-        Space::open(&Config { budget_bytes: 512 << 20, reserve_bytes: 1 << 30, swap_bytes: 0, ..Config::default() })
-            .expect("space");
+    let s = common::open_mode(&Config {
+        budget_bytes: 512 << 20,
+        reserve_bytes: 1 << 30,
+        swap_bytes: 0,
+        ..Config::default()
+    })
+    .expect("space");
     let mut overlapped = false;
     for _attempt in 0..5 {
         let b = s.reservation().0;
@@ -847,11 +853,18 @@ fn seed003_reader_during_munmap_never_sees_zeros() {
 #[test]
 fn probe_read_serves_missing_pages() {
     // `probe_read` on a never-touched page of a space: a kernel-mode fault
-    // usermm serves with a zero page (full userfaultfd).
+    // usermm serves with a zero page (full userfaultfd). In a space that
+    // resolves its faults in the faulting thread it is the mode's
+    // documented EFAULT (the kernel cannot run a signal handler for its
+    // own access); the program's own touch then serves it.
     let s = space(Config::default());
     let b = s.reservation().0;
     assert_eq!(s.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, -1, 0), Ok(b));
     usermm_sys::kernel::poke(b + PAGE, 9);
+    if common::in_thread_run() {
+        assert_eq!(usermm_sys::kernel::probe_read(b), None, "in-thread: a kernel-mode access is EFAULT");
+        assert_eq!(usermm_sys::kernel::peek(b), 0, "the program's own touch reads zeros");
+    }
     assert_eq!(usermm_sys::kernel::probe_read(b), Some(0));
     assert_eq!(usermm_sys::kernel::probe_read(b + PAGE), Some(9));
     assert_eq!(usermm_sys::kernel::probe_read(b + 8 * PAGE), None, "unmapped part of the reservation");

@@ -8,7 +8,7 @@
 //! pattern must be in the dump (the dump works and holds the space).
 
 use usermm::consts::*;
-use usermm::{Config, Space};
+use usermm::Config;
 
 mod common;
 
@@ -39,7 +39,7 @@ fn dump_child() {
     // SAFETY: a plain setrlimit of this process.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_CORE, &unlimited) }, 0);
     let seed: u64 = std::env::var("USERMM_DONTDUMP_SEED").unwrap().parse().unwrap();
-    let s = Space::open(&Config { budget_bytes: 16 << 20, swap_bytes: 16 << 20, ..Config::default() }).unwrap();
+    let s = common::open_mode(&Config { budget_bytes: 16 << 20, swap_bytes: 16 << 20, ..Config::default() }).unwrap();
     let rw = PROT_READ | PROT_WRITE;
     let secret = s.mmap(0, PAGES * PAGE, rw, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0).unwrap();
     let visible = s.mmap(0, PAGES * PAGE, rw, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0).unwrap();

@@ -13,6 +13,7 @@
 //! Needs `redis-server` (Debian's `redis-server` package; `scripts/test.sh`
 //! installs it when missing). Without it these tests fail, saying so.
 
+mod common;
 mod paging;
 mod pattern;
 mod redis_server;
@@ -30,7 +31,7 @@ use usermm::{Config, Space};
 use usermm_sys::testing::{sigbus_default, SigbusRecorder};
 
 fn space(budget: usize, swap: usize, url: String) -> Space {
-    Space::open(&Config { budget_bytes: budget, swap_bytes: swap, swap_url: Some(url), ..Config::default() })
+    common::open_mode(&Config { budget_bytes: budget, swap_bytes: swap, swap_url: Some(url), ..Config::default() })
         .expect("open a space on the Redis store")
 }
 
@@ -150,7 +151,7 @@ fn a_user_password_and_database_in_the_url() {
     redis::cmd("ACL").arg(&["SETUSER", "pager", "on", ">s3cret", "~*", "+@all"]).query::<()>(&mut admin).unwrap();
     redis::cmd("CONFIG").arg(&["SET", "requirepass", "adminpw"]).query::<()>(&mut admin).unwrap();
     let url = |pw: &str| format!("redis://pager:{pw}@127.0.0.1:{}/3?prefix=db3:&timeout_ms=1000", srv.port);
-    let bad = Space::open(&Config {
+    let bad = common::open_mode(&Config {
         budget_bytes: 1 << 20,
         swap_bytes: 8 << 20,
         swap_url: Some(url("wrong")),

@@ -16,7 +16,7 @@ mod common;
 const PS: usize = 4096;
 
 fn space(budget_mib: usize) -> Space {
-    Space::open(&Config { budget_bytes: budget_mib << 20, swap_bytes: 64 << 20, ..Config::default() }).unwrap()
+    common::open_mode(&Config { budget_bytes: budget_mib << 20, swap_bytes: 64 << 20, ..Config::default() }).unwrap()
 }
 
 fn temp_file(name: &str, data: &[u8]) -> (PathBuf, File) {
@@ -380,7 +380,7 @@ fn touching_past_the_end_of_the_file_raises_sigbus() {
 fn one_hundred_thousand_file_regions() {
     // umap fails past about 950 regions (its issue #91): it registers every
     // region with userfaultfd separately. usermm registers its reservation once.
-    let s = Space::open(&Config {
+    let s = common::open_mode(&Config {
         budget_bytes: 64 << 20,
         swap_bytes: 0,
         max_regions: 200_000,
@@ -539,7 +539,7 @@ fn host_cached_pages(f: &File, pages: usize) -> usize {
 fn host_page_cache_is_dropped_behind_unless_kept() {
     for keep in [false, true] {
         let flags = if keep { UMM_F_KEEP_FILE_CACHE } else { 0 };
-        let s = Space::open(&Config { budget_bytes: 64 << 20, flags, ..Config::default() }).unwrap();
+        let s = common::open_mode(&Config { budget_bytes: 64 << 20, flags, ..Config::default() }).unwrap();
         let data = pattern(32);
         let (p, f) = temp_file(if keep { "keep-cache" } else { "drop-cache" }, &data);
         let a = s.mmap(0, 32 * PS, PROT_READ, MAP_SHARED, f.as_raw_fd(), 0).unwrap();

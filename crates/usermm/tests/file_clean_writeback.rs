@@ -6,12 +6,14 @@
 //! `EBADF` and reclaim cannot evict (a read beyond the budget ends in
 //! SIGBUS). Also, an `O_RDWR` descriptor gets one needless write per page.
 
+mod common;
+
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::fd::AsRawFd;
 
 use usermm::consts::*;
-use usermm::{Config, Space};
+use usermm::Config;
 use usermm_sys::kernel::peek;
 
 const PS: usize = 4096;
@@ -28,7 +30,7 @@ fn file(name: &str, pages: usize) -> std::path::PathBuf {
 fn read_only_shared_mapping_of_a_read_only_fd_unmaps_cleanly() {
     let p = file("rdonly-unmap", 4);
     let f = File::open(&p).unwrap();
-    let s = Space::open(&Config { budget_bytes: 16 << 20, swap_bytes: 0, ..Config::default() }).unwrap();
+    let s = common::open_mode(&Config { budget_bytes: 16 << 20, swap_bytes: 0, ..Config::default() }).unwrap();
     let a = s.mmap(0, 4 * PS, PROT_READ, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
     assert_eq!(peek(a), 7);
     // Linux: Ok (nothing is dirty). usermm today: Err(EBADF).
@@ -41,7 +43,7 @@ fn read_only_shared_mapping_of_a_read_only_fd_unmaps_cleanly() {
 fn reading_a_shared_mapping_writes_nothing_back() {
     let p = file("rdwr-clean", 4);
     let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
-    let s = Space::open(&Config { budget_bytes: 16 << 20, swap_bytes: 0, ..Config::default() }).unwrap();
+    let s = common::open_mode(&Config { budget_bytes: 16 << 20, swap_bytes: 0, ..Config::default() }).unwrap();
     let a = s.mmap(0, 4 * PS, PROT_READ, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
     for i in 0..4 {
         assert_eq!(peek(a + i * PS), 7);

@@ -67,6 +67,7 @@
 //! call list, each candidate replayed on fresh backends) and panics with the
 //! seed, the call index, both results and the shortest failing call list.
 
+mod common;
 mod conform;
 
 use std::fmt;
@@ -717,8 +718,7 @@ impl Sides {
                 | if v.background_reclaim { 0 } else { UMM_F_NO_BACKGROUND_RECLAIM },
             ..Config::default()
         };
-        let u =
-            UserMm { space: usermm::Space::open(&cfg).expect("usermm space (needs full userfaultfd: run as root)") };
+        let u = UserMm { space: common::open_mode(&cfg).expect("usermm space (needs full userfaultfd: run as root)") };
         let files = [0, 1].map(|_| [temp_file("A", 0), temp_file("B", 1)]);
         Sides { k: KernelMm::new(), u, files }
     }

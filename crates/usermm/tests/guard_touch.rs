@@ -5,7 +5,7 @@
 //! the same child without the guard exits normally.
 
 use usermm::consts::*;
-use usermm::{Config, Space};
+use usermm::Config;
 
 mod common;
 
@@ -35,7 +35,7 @@ fn touch_child() {
         }
         a
     } else {
-        space = Space::open(&Config { budget_bytes: 16 << 20, ..Config::default() }).unwrap();
+        space = common::open_mode(&Config { budget_bytes: 16 << 20, ..Config::default() }).unwrap();
         let a = space.mmap(0, 4 * PAGE, rw, flags, -1, 0).unwrap();
         if guard {
             space.madvise(a + PAGE, PAGE, MADV_GUARD_INSTALL).unwrap();

@@ -1,13 +1,15 @@
 //! Seed 000: mlock, mlock2(MLOCK_ONFAULT), munlock, mlockall, munlockall,
 //! MAP_LOCKED and UMM_MAP_LOCKONFAULT, with Linux's rules.
 
+mod common;
+
 use usermm::consts::*;
 use usermm::{Config, Errno, Space};
 
 const PS: usize = 4096;
 
 fn space(budget_mib: usize, swap_mib: usize, memlock: usize) -> Space {
-    Space::open(&Config {
+    common::open_mode(&Config {
         budget_bytes: budget_mib << 20,
         swap_bytes: swap_mib << 20,
         memlock_bytes: memlock,

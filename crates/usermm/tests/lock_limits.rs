@@ -180,7 +180,7 @@ struct User {
 }
 
 fn user_space(memlock: u64) -> Space {
-    Space::open(&Config {
+    common::open_mode(&Config {
         budget_bytes: 64 << 20,
         memlock_bytes: memlock as usize,
         flags: UMM_F_EXACT_FAULTS,

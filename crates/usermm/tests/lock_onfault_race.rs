@@ -3,14 +3,16 @@
 //! are locked when they are first touched"). Now and then the page comes back
 //! `RESIDENT | DIRTY` without `LOCKED`.
 
+mod common;
+
 use usermm::consts::{MLOCK_ONFAULT, UMM_PAGE_LOCKED, UMM_PAGE_RESIDENT};
-use usermm::{Config, Space};
+use usermm::Config;
 
 const PAGE: usize = 4096;
 
 #[test]
 fn touched_lock_on_fault_page_is_locked() {
-    let s = Space::open(&Config {
+    let s = common::open_mode(&Config {
         budget_bytes: 8 << 20,
         swap_bytes: 64 << 20,
         reserve_bytes: 1 << 30,

@@ -11,6 +11,8 @@
 //! on the exclusive-lock hold that only catches a lock held across the whole
 //! zap); the latencies are printed. The 1 ms goal is the benchmark's.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
@@ -27,7 +29,8 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn open() -> Space {
     // Everything fits in the budget: no swap, A's pages are all resident.
-    Space::open(&Config { budget_bytes: A_BYTES + 2 * B_BYTES, swap_bytes: 0, ..Config::default() }).expect("open")
+    common::open_mode(&Config { budget_bytes: A_BYTES + 2 * B_BYTES, swap_bytes: 0, ..Config::default() })
+        .expect("open")
 }
 
 fn unmapped_range_is_enomem(s: &Space, a: usize) {

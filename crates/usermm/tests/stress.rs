@@ -14,6 +14,7 @@
 //! since frames are claimed under the core lock before a fill), no OOM
 //! SIGBUS, and that swapping really happened.
 
+mod common;
 mod pattern;
 mod redis_server;
 
@@ -168,8 +169,8 @@ impl Drop for StopOnDrop<'_> {
 /// `write_errors_allowed`: swap writes may fail (a store losing a node:
 /// the pages stay resident); reads never may.
 fn run(secs: u64, validate_every: Option<Duration>, swap_url: Option<String>, write_errors_allowed: bool) {
-    let space =
-        Space::open(&Config { budget_bytes: BUDGET, swap_bytes: SWAP, swap_url, ..Config::default() }).expect("open");
+    let space = common::open_mode(&Config { budget_bytes: BUDGET, swap_bytes: SWAP, swap_url, ..Config::default() })
+        .expect("open");
     let budget_pages = space.stats().budget_pages;
     assert_eq!(budget_pages, (BUDGET / PAGE) as u64);
     let totals = Totals::default();

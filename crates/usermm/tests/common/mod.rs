@@ -22,6 +22,12 @@ pub fn open(cfg: &Config) -> Space {
     })
 }
 
+/// `Space::open(cfg)` in the mode of this run ([`with_test_store`]): for
+/// tests that handle the error themselves.
+pub fn open_mode(cfg: &Config) -> Result<Space, usermm::Errno> {
+    Space::open(&with_test_store(cfg.clone()))
+}
+
 /// `cfg` with `swap_url` from `USERMM_TEST_SWAP_URL` when it has swap and
 /// no store of its own, with `UMM_F_INTHREAD_FAULTS` when
 /// `USERMM_TEST_INTHREAD` is 1 (`scripts/test.sh` runs the tests that apply
