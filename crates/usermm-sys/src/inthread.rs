@@ -157,8 +157,14 @@ pub fn register(start: usize, end: usize, resolver: Shared) -> Result<Registrati
         // come along. The handler already passes over it.)
         let parents = s.generation.load(Ordering::SeqCst) != generation;
         if free || parents {
-            s.ctx.store(std::ptr::null_mut(), Ordering::SeqCst);
-            s.users.store(0, Ordering::SeqCst);
+            if parents {
+                // (Only here: in a slot of this process, a handler may be
+                // counting itself in at this moment; in the parent's, the
+                // child's handlers pass over it until `generation` is set
+                // below.)
+                s.ctx.store(std::ptr::null_mut(), Ordering::SeqCst);
+                s.users.store(0, Ordering::SeqCst);
+            }
             s.start.store(start, Ordering::Relaxed);
             s.end.store(end, Ordering::Relaxed);
             s.generation.store(generation, Ordering::SeqCst);
