@@ -155,26 +155,30 @@ fn child_opens_its_own_space() {
 }
 
 /// A child of a process with an in-thread space (`UMM_F_INTHREAD_FAULTS`,
-/// whatever the run's mode) opens one of its own where the parent's is (the
-/// parent's reservation is not mapped in the child, so the kernel places
-/// the child's there). The SIGBUS handler's table, inherited, still names
-/// the parent's space for that range: the child's faults must go to its
-/// own space. Before the table kept each entry's fork generation, the
-/// child's faults ran the parent's resolver (with the parent's
-/// userfaultfd, which installs pages in the *parent's* memory) and the
-/// child died of SIGSEGV. The parent's pages are checked after the child.
+/// whatever the run's mode) opens one of its own over the parent's range
+/// (the parent's reservation is not mapped in the child, so the kernel
+/// places the child's there once the gaps above it are taken: the child
+/// fills those first). The SIGBUS handler's table,
+/// inherited, still names the parent's space for that range: the child's
+/// faults must go to its own space. Before the table kept each entry's
+/// fork generation, the child's faults ran the parent's resolver (with the
+/// parent's userfaultfd, which installs pages in the *parent's* memory)
+/// and the child's thread faulted forever (or died of SIGSEGV where the
+/// parent's space had no region). The parent's pages are checked
+/// after the child.
 #[test]
-fn a_child_in_thread_space_where_the_parents_was_is_the_childs() {
+fn a_child_in_thread_space_over_the_parents_range_is_the_childs() {
     use usermm::consts::UMM_F_INTHREAD_FAULTS;
-    let cfg = Config {
+    const PARENT: usize = 256 << 20;
+    let cfg = |reserve_bytes| Config {
         budget_bytes: 8 << 20,
         swap_bytes: 0,
-        reserve_bytes: 64 << 20,
+        reserve_bytes,
         flags: UMM_F_INTHREAD_FAULTS,
         ..Config::default()
     };
-    let s = common::open_mode(&cfg).unwrap();
-    let (base, _) = s.reservation();
+    let s = common::open_mode(&cfg(PARENT)).unwrap();
+    let (base, len) = s.reservation();
     let ps = s.page_size();
     assert_eq!(s.mmap(base, 16 * ps, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0), Ok(base));
     for p in (0..16).step_by(2) {
@@ -182,21 +186,55 @@ fn a_child_in_thread_space_where_the_parents_was_is_the_childs() {
     }
     let before = s.stats().resident_pages;
     let o = fork_run(10, || {
-        let Ok(c) = Space::open(&cfg) else {
+        // A quarter of the parent's size: it fits in the parent's gap even
+        // if the child's own allocations took some of it. First every gap
+        // above that the space's reservation (its size and 2 MiB of
+        // alignment, `mem::reserve`) would take first is filled, with
+        // placeholders the kernel places top-down as it will the space.
+        let want = PARENT / 4 + (2 << 20);
+        for _ in 0..4096 {
+            // SAFETY: a fresh anonymous PROT_NONE mapping at an address the
+            // kernel chooses touches no existing memory.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    want,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return 2;
+            }
+            let p = p as usize;
+            if p < base + len && base < p + want {
+                // The parent's gap is the highest that fits: leave it free.
+                // SAFETY: the placeholder just made, unused.
+                unsafe { libc::munmap(p as *mut libc::c_void, want) };
+                break;
+            }
+            if p < base {
+                return 3;
+            }
+        }
+        let Ok(c) = Space::open(&cfg(PARENT / 4)) else {
             return 2;
         };
-        if c.reservation().0 != base {
-            // Not the case under test (the kernel put it elsewhere).
+        let (cb, cl) = c.reservation();
+        if !(cb < base + len && base < cb + cl) {
+            // Placed elsewhere: not the case under test.
             return 3;
         }
-        if c.mmap(base, 16 * ps, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != Ok(base) {
+        if c.mmap(cb, 16 * ps, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != Ok(cb) {
             return 4;
         }
         for p in 0..16 {
-            if usermm_sys::kernel::peek(base + p * ps) != 0 {
+            if usermm_sys::kernel::peek(cb + p * ps) != 0 {
                 return 5;
             }
-            usermm_sys::kernel::poke(base + p * ps, 0x90);
+            usermm_sys::kernel::poke(cb + p * ps, 0x90);
         }
         if c.stats().resident_pages != 16 {
             return 6;
@@ -207,7 +245,7 @@ fn a_child_in_thread_space_where_the_parents_was_is_the_childs() {
         0
     })
     .unwrap();
-    assert_ne!(o, ChildExit::Exited(3), "the child's space was not placed where the parent's is: test nothing");
+    assert_ne!(o, ChildExit::Exited(3), "the child's space was not placed over the parent's range: tests nothing");
     assert_eq!(o, ChildExit::Exited(0));
     assert_eq!(s.stats().resident_pages, before, "the child made pages of the parent's space resident");
     for p in 0..16 {
