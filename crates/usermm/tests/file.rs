@@ -287,6 +287,47 @@ fn a_range_write_back_never_writes_a_slot_reclaim_freed() {
     let _ = std::fs::remove_file(_q);
 }
 
+/// A page a range write-back listed where it was, and that was parked
+/// (`MADV_COLD` here; background reclaim alike) before its copy, is
+/// written from where it is now. In a space that resolves its faults in the
+/// faulting thread, the copy (a kernel-mode access) cannot fault it back
+/// in (`EFAULT`), and the msync said `EIO` for a page that was only parked
+/// (found by the differential fuzzer's in-thread pass). Both fault modes.
+#[test]
+fn a_page_parked_during_a_range_write_back_is_written() {
+    const PAGES: usize = 64;
+    for flags in [0, UMM_F_INTHREAD_FAULTS] {
+        let (p, f) = temp_file("wb-parked", &vec![0u8; PAGES * PS]);
+        let s = common::open_mode(&Config { budget_bytes: 4 << 20, swap_bytes: 64 << 20, flags, ..Config::default() })
+            .unwrap();
+        let a = s.mmap(0, PAGES * PS, PROT_READ | PROT_WRITE, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
+        for round in 1..=3u8 {
+            for pg in 0..PAGES {
+                poke(a + pg * PS, pg as u8 ^ round);
+                poke(a + pg * PS + PS - 1, round);
+            }
+            s.inject_writeback_stall(100);
+            let r = std::thread::scope(|sc| {
+                sc.spawn(|| {
+                    std::thread::sleep(std::time::Duration::from_millis(30));
+                    s.madvise(a, PAGES * PS, MADV_COLD).unwrap();
+                });
+                s.msync(a, PAGES * PS, MS_SYNC)
+            });
+            s.inject_writeback_stall(0);
+            assert_eq!(r, Ok(()), "flags {flags:#x} round {round}: msync of pages parked meanwhile");
+            let c = contents(&p);
+            for pg in 0..PAGES {
+                let want = (pg as u8 ^ round, round);
+                assert_eq!((c[pg * PS], c[pg * PS + PS - 1]), want, "flags {flags:#x} round {round}: page {pg}");
+            }
+        }
+        s.validate();
+        s.close().unwrap();
+        let _ = std::fs::remove_file(p);
+    }
+}
+
 /// A streaming read of a file 4× the budget (`MADV_SEQUENTIAL`, read-only
 /// shared mapping): reclaim drops the clean pages where they are — nothing
 /// goes through the staging area, nothing is written — and every page reads

@@ -81,11 +81,53 @@ impl Inner {
                 std::thread::sleep(std::time::Duration::from_millis(stall.into()));
             }
         }
-        let results = self.write_pages(&claimed);
+        let mut claimed = claimed;
+        let mut results = self.write_pages(&claimed);
+        // Nothing left to write for these (their release is skipped).
+        let mut done = vec![false; claimed.len()];
+        // A page listed where it was, whose copy failed, may have been
+        // parked since (`MADV_COLD`, background reclaim: moved to staging).
+        // Where the copy's kernel-mode fault is served, it brings the page
+        // back; where it is not (in-thread faults: `EFAULT`), it fails, and
+        // msync said EIO for a page that was only parked (the fuzzer's
+        // in-thread pass). So a page parked now is claimed again and
+        // written from its slot. (A page still in place failed for real:
+        // its error stands. One evicted meanwhile was written by its
+        // eviction: `writeback_release` excuses it.)
+        for _ in 0..4 {
+            let failed: Vec<usize> = (0..claimed.len())
+                .filter(|&i| results[i].is_err() && claimed[i].staging.is_none() && !done[i])
+                .collect();
+            let mut again = Vec::new();
+            for i in failed {
+                let p = claimed[i].page;
+                // (Once a parking or eviction in flight is done with it.)
+                let mut c = self.settled_core_all(self.addr(p), self.page_size, true);
+                if c.page(p).state == usermm_core::page::PState::Inactive {
+                    match c.writeback_claim(PageRange::new(p.0, p.0 + 1), detached).pop() {
+                        Some(w) => again.push((i, w)),
+                        // (Clean: nothing to write any more.)
+                        None => done[i] = true,
+                    }
+                }
+            }
+            if again.is_empty() {
+                break;
+            }
+            for (i, w) in again {
+                results[i] = self.write_pages(std::slice::from_ref(&w)).pop().unwrap_or(Err(Errno::EIO));
+                claimed[i] = w;
+            }
+        }
         let first = {
             let mut c = lock(&self.core);
-            let released: Vec<Result<(), Errno>> =
-                claimed.iter().zip(results).map(|(w, res)| c.writeback_release(w, res)).collect();
+            let released: Vec<Result<(), Errno>> = claimed
+                .iter()
+                .zip(results)
+                .zip(&done)
+                .filter(|(_, &d)| !d)
+                .map(|((w, res), _)| c.writeback_release(w, res))
+                .collect();
             released.into_iter().find_map(|r| r.err())
         };
         self.settled.notify_all();
