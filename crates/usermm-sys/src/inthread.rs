@@ -85,7 +85,53 @@ const EMPTY: Slot = Slot {
 };
 static SLOTS: [Slot; MAX_SPACES] = [EMPTY; MAX_SPACES];
 /// Taken while a slot is claimed or the handler installed.
-static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static INSTALL: InstallLock = InstallLock(std::sync::atomic::AtomicBool::new(false));
+
+/// The lock behind `INSTALL`: a flag, so that a forked child can let go of
+/// it ([`after_fork_in_child`]). A thread of the parent may hold it at the
+/// fork (registering a space, `sigbus_action`); that thread does not exist
+/// in the child, and a `std::sync::Mutex` would stay locked there forever:
+/// the child's first in-thread space would hang in `register`. Holds are
+/// short (a table update, a `sigaction`), so waiters yield.
+struct InstallLock(std::sync::atomic::AtomicBool);
+
+struct InstallGuard;
+
+impl InstallLock {
+    fn lock(&self) -> InstallGuard {
+        while self.0.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            std::thread::yield_now();
+        }
+        InstallGuard
+    }
+}
+
+impl Drop for InstallGuard {
+    fn drop(&mut self) {
+        INSTALL.0.store(false, Ordering::Release);
+    }
+}
+
+/// Called by the `pthread_atfork` child handler
+/// ([`crate::thread::watch_forks`]): the child is single-threaded, so no
+/// holder of `INSTALL` exists there (async-signal-safe: one atomic store).
+pub(crate) fn after_fork_in_child() {
+    INSTALL.0.store(false, Ordering::Release);
+}
+
+/// Test hook: holds `INSTALL` for `ms` milliseconds on a thread of its
+/// own (as a thread registering a space holds it), returning once it is
+/// held.
+#[cfg(feature = "bench-helpers")]
+pub fn hold_install_lock_for_test(ms: u64) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _g = INSTALL.lock();
+        let _ = tx.send(());
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    });
+    let _ = rx.recv();
+}
 /// The program's SIGBUS disposition, chained to: two copies, `CUR` naming
 /// the one handlers read; a writer (under `INSTALL`) fills the other, then
 /// flips `CUR`.
@@ -113,7 +159,7 @@ fn old() -> libc::sigaction {
 /// previous one) instead of replacing it. Without in-thread spaces it is
 /// plain `sigaction`.
 pub fn sigbus_action(new: Option<&libc::sigaction>, old_out: Option<&mut libc::sigaction>) -> Result<(), crate::Errno> {
-    let _g = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = INSTALL.lock();
     // SAFETY: a zeroed sigaction is valid plain data.
     let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: reading the current action into a valid out-pointer.
@@ -148,7 +194,7 @@ pub struct Registration {
 /// in-thread faults.
 pub fn register(start: usize, end: usize, resolver: Shared) -> Result<Registration, crate::Errno> {
     let generation = crate::thread::watch_forks()?;
-    let _g = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = INSTALL.lock();
     install()?;
     for (i, s) in SLOTS.iter().enumerate() {
         let free = s.ctx.load(Ordering::Acquire).is_null() && s.users.load(Ordering::SeqCst) == 0;
@@ -179,13 +225,13 @@ pub fn register(start: usize, end: usize, resolver: Shared) -> Result<Registrati
 /// replaced it since (that handler becomes the one chained to), as a
 /// `register` does.
 pub fn reinstall() -> Result<(), crate::Errno> {
-    let _g = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = INSTALL.lock();
     install()
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let _g = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = INSTALL.lock();
         if crate::thread::fork_generation() != self.generation {
             // A forked child dropping the parent's registration: the slot
             // is passed over here and may be a child's own by now.

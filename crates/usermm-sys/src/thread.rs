@@ -127,8 +127,11 @@ static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// The `pthread_atfork` child handler. It runs in the child, single-threaded,
 /// right after `fork` returns there, before any other code of the child.
+/// It also lets go of the in-thread handler table's lock, which a parent
+/// thread may have held at the fork (`inthread::after_fork_in_child`).
 extern "C" fn on_fork_child() {
     FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
+    crate::inthread::after_fork_in_child();
 }
 
 /// Registers the fork handler (once per process) and returns the current
@@ -139,7 +142,7 @@ pub fn watch_forks() -> Result<u64, Errno> {
     static REGISTERED: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
     let r = *REGISTERED.get_or_init(|| {
         // SAFETY: `on_fork_child` is an `extern "C" fn()` that only performs
-        // an atomic add (async-signal-safe, as a child handler of a
+        // an atomic add and an atomic store (async-signal-safe, as a child handler of a
         // multithreaded process must be); it lives in this library for as
         // long as the library is loaded, and glibc's `pthread_atfork`
         // registers it against this object's `__dso_handle`, so an unload

@@ -254,3 +254,36 @@ fn a_child_in_thread_space_over_the_parents_range_is_the_childs() {
     }
     s.validate();
 }
+
+/// A child forked while another thread of the parent holds the lock of the
+/// in-thread handler table (registering a space, as the test hook does)
+/// opens an in-thread space of its own. The holder does not exist in the
+/// child: with a plain mutex the child's registration waited forever.
+#[test]
+fn a_child_forked_while_the_handler_table_is_locked_opens_an_in_thread_space() {
+    use usermm::consts::UMM_F_INTHREAD_FAULTS;
+    let cfg = Config { budget_bytes: 8 << 20, swap_bytes: 0, flags: UMM_F_INTHREAD_FAULTS, ..Config::default() };
+    // (The fork handler is registered by the first space.)
+    let s = common::open_mode(&cfg).unwrap();
+    usermm_sys::inthread::hold_install_lock_for_test(1500);
+    let o = fork_run(10, || {
+        let Ok(c) = Space::open(&cfg) else {
+            return 2;
+        };
+        let Ok(mut m) = c.map_anon(1 << 20) else {
+            return 3;
+        };
+        m.fill(0x33);
+        if !m.iter().all(|&b| b == 0x33) {
+            return 4;
+        }
+        drop(m);
+        if c.close().is_err() {
+            return 5;
+        }
+        0
+    })
+    .unwrap();
+    assert_eq!(o, ChildExit::Exited(0), "the child's in-thread space (a hang is SIGALRM)");
+    s.close().unwrap();
+}
