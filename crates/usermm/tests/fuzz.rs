@@ -688,6 +688,10 @@ struct Variant {
     /// usermm's background reclaim thread on (else reclaim is direct only,
     /// in faults and calls: deterministic, which the shrinker likes).
     background_reclaim: bool,
+    /// The test runs `USERMM_FUZZ_CALLS` divided by this many calls.
+    calls_divisor: usize,
+    /// The `#[test]` that runs it (named in the reproduction hint).
+    test: &'static str,
 }
 
 struct Sides {
@@ -1954,7 +1958,8 @@ fn total_calls() -> usize {
     std::env::var("USERMM_FUZZ_CALLS").ok().map_or(200_000, |s| s.trim().parse().expect("USERMM_FUZZ_CALLS: a number"))
 }
 
-fn fuzz(v: Variant, calls: usize) {
+fn fuzz(v: Variant) {
+    let calls = total_calls().div_ceil(v.calls_divisor);
     watchdog();
     let _swap = HostSwapGuard::acquire();
     let host_swap = _swap.0;
@@ -1972,14 +1977,26 @@ fn fuzz(v: Variant, calls: usize) {
         let s = seed.wrapping_add(SEQ_STRIDE.wrapping_mul(i as u64));
         let n = SEQ_CALLS.min(calls - done);
         *CURRENT.lock().unwrap_or_else(|e| e.into_inner()) =
-            format!("test {} sequence {i}: USERMM_FUZZ_SEED={s:#x} USERMM_FUZZ_CALLS={n}", v.name);
+            format!("test {} sequence {i}: USERMM_FUZZ_SEED={s:#x} USERMM_FUZZ_CALLS={}", v.test, n * v.calls_divisor);
         let (ops, run, d) = run_seq(v, s, n, None, host_swap);
         if let Some(d) = d {
             let failing = ops[..=d.index.min(ops.len() - 1)].to_vec();
+            // (The run's mode, as `tests/common` reads it, is part of it.)
+            let mode: String = ["USERMM_TEST_INTHREAD", "USERMM_TEST_FRAME_POOL"]
+                .iter()
+                .filter(|k| std::env::var(k).is_ok_and(|v| v == "1"))
+                .map(|k| format!("{k}=1 "))
+                .collect();
             let mut msg = format!(
-                "fuzz[{}]: DIVERGENCE in sequence {i} (USERMM_FUZZ_SEED={s:#x} USERMM_FUZZ_CALLS={n} reproduces it), \
-                 call {}: {}\n  {}\n  last calls (call / kernel / usermm):\n",
-                v.name, d.index, d.op, d.what
+                "fuzz[{}]: DIVERGENCE in sequence {i} ({mode}USERMM_FUZZ_SEED={s:#x} USERMM_FUZZ_CALLS={} \
+                 cargo test --release -p usermm --test fuzz {} reproduces it), call {}: {}\n  {}\n  last calls \
+                 (call / kernel / usermm):\n",
+                v.name,
+                n * v.calls_divisor,
+                v.test,
+                d.index,
+                d.op,
+                d.what
             );
             for (c, k, u) in run.log.iter().rev().take(8).rev() {
                 msg += &format!("    {c}  ->  {k} / {u}\n");
@@ -2016,14 +2033,26 @@ fn fuzz(v: Variant, calls: usize) {
 /// `USERMM_FUZZ_CALLS` calls.
 #[test]
 fn fuzz_lockstep() {
-    fuzz(Variant { name: "lockstep", fault_threads: 1, background_reclaim: false }, total_calls());
+    fuzz(Variant {
+        name: "lockstep",
+        fault_threads: 1,
+        background_reclaim: false,
+        calls_divisor: 1,
+        test: "fuzz_lockstep",
+    });
 }
 
 /// Two fault threads and the background reclaim thread (races between the
 /// handlers and reclaim).
 #[test]
 fn fuzz_two_fault_threads() {
-    fuzz(Variant { name: "two-fault-threads", fault_threads: 2, background_reclaim: true }, total_calls().div_ceil(4));
+    fuzz(Variant {
+        name: "two-fault-threads",
+        fault_threads: 2,
+        background_reclaim: true,
+        calls_divisor: 4,
+        test: "fuzz_two_fault_threads",
+    });
 }
 
 /// The deviation table names what it accepts, each with a reason.
