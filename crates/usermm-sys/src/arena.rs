@@ -897,10 +897,13 @@ impl Arena {
             // the read fails with EIO — seen as a spurious munmap EIO by
             // the fuzzer with a host swap file). `/proc/self/mem` where the
             // region is not readable (PROT_NONE, write-only: FOLL_FORCE).
+            // A page that cannot be read either way is `EFAULT`, whatever
+            // the reader said: the caller tells it from the file's errors
+            // (it may find the page elsewhere now and try again).
             if crate::ffi::copy_from_own_memory(&mut b[..len], addr).is_err() {
                 let pm = procmem.ok_or(Errno::EFAULT)?;
                 // SAFETY: `b` is our own buffer, writable for `len` bytes.
-                unsafe { pm.read(b.as_mut_ptr() as usize, addr, len) }?;
+                unsafe { pm.read(b.as_mut_ptr() as usize, addr, len) }.map_err(|_| Errno::EFAULT)?;
             }
             // SAFETY: `b` is our own buffer, readable for `len` bytes.
             let r = unsafe { pwrite_all(file.raw(), b.as_ptr() as usize, len, off) };

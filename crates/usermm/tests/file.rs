@@ -264,7 +264,7 @@ fn a_range_write_back_never_writes_a_slot_reclaim_freed() {
         }
         s.inject_writeback_stall(30);
         let stop = std::sync::atomic::AtomicBool::new(false);
-        std::thread::scope(|sc| {
+        let r = std::thread::scope(|sc| {
             sc.spawn(|| {
                 let mut i = 0;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -272,10 +272,14 @@ fn a_range_write_back_never_writes_a_slot_reclaim_freed() {
                     i += 1;
                 }
             });
-            s.msync(a, PAGES * PS, MS_ASYNC).unwrap();
+            // (The result is checked once the other thread is stopped: a
+            // panic here would leave the scope waiting for it forever.)
+            let r = s.msync(a, PAGES * PS, MS_ASYNC);
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            r
         });
         s.inject_writeback_stall(0);
+        assert_eq!(r, Ok(()), "round {round}: msync");
         let c = contents(&p);
         for pg in 0..PAGES {
             let want = (pg % 251) as u8 ^ round;

@@ -85,38 +85,42 @@ impl Inner {
         let mut results = self.write_pages(&claimed);
         // Nothing left to write for these (their release is skipped).
         let mut done = vec![false; claimed.len()];
-        // A page listed where it was, whose copy failed, may have been
-        // parked since (`MADV_COLD`, background reclaim: moved to staging).
-        // Where the copy's kernel-mode fault is served, it brings the page
-        // back; where it is not (in-thread faults: `EFAULT`), it fails, and
-        // msync said EIO for a page that was only parked (the fuzzer's
-        // in-thread pass). So a page parked now is claimed again and
-        // written from its slot. (A page still in place failed for real:
-        // its error stands. One evicted meanwhile was written by its
-        // eviction: `writeback_release` excuses it.)
+        // A page listed where it was whose copy failed (`EFAULT`: it was not
+        // there) was moved meanwhile: parked (`MADV_COLD`, background
+        // reclaim: moved to staging), or evicted and perhaps faulted back
+        // in since. Where the copy's kernel-mode fault is served it brings
+        // the page back; where it is not (in-thread faults), msync said
+        // EIO for a page that was only parked, or evicted (written) and
+        // back in place (the fuzzer's in-thread pass, the file tests in
+        // that mode). So the page is claimed again where it is now and
+        // written from there: its slot if parked, in place if back; one
+        // evicted is done (its eviction wrote it), one clean is too. A
+        // write that failed (the file's error, not `EFAULT`) keeps it.
         for _ in 0..4 {
             let failed: Vec<usize> = (0..claimed.len())
-                .filter(|&i| results[i].is_err() && claimed[i].staging.is_none() && !done[i])
+                .filter(|&i| results[i] == Err(Errno::EFAULT) && claimed[i].staging.is_none() && !done[i])
                 .collect();
-            let mut again = Vec::new();
+            if failed.is_empty() {
+                break;
+            }
             for i in failed {
                 let p = claimed[i].page;
                 // (Once a parking or eviction in flight is done with it.)
-                let mut c = self.settled_core_all(self.addr(p), self.page_size, true);
-                if c.page(p).state == usermm_core::page::PState::Inactive {
-                    match c.writeback_claim(PageRange::new(p.0, p.0 + 1), detached).pop() {
-                        Some(w) => again.push((i, w)),
-                        // (Clean: nothing to write any more.)
-                        None => done[i] = true,
+                let again = {
+                    let mut c = self.settled_core_all(self.addr(p), self.page_size, true);
+                    if c.page(p).state.holds_frame() {
+                        c.writeback_claim(PageRange::new(p.0, p.0 + 1), detached).pop()
+                    } else {
+                        None
                     }
+                };
+                match again {
+                    Some(w) => {
+                        results[i] = self.write_pages(std::slice::from_ref(&w)).pop().unwrap_or(Err(Errno::EIO));
+                        claimed[i] = w;
+                    }
+                    None => done[i] = true,
                 }
-            }
-            if again.is_empty() {
-                break;
-            }
-            for (i, w) in again {
-                results[i] = self.write_pages(std::slice::from_ref(&w)).pop().unwrap_or(Err(Errno::EIO));
-                claimed[i] = w;
             }
         }
         let first = {
