@@ -124,6 +124,27 @@ fn child_never_hangs_on_a_parent_space() {
     owned.take().unwrap().close().unwrap();
 }
 
+/// In a forked child: opens a space with `cfg` (in the run's mode), fills
+/// a 1 MiB mapping with `byte`, reads it back and closes the space;
+/// returns the child's exit code (0, or the step that failed).
+fn child_space_round_trip(cfg: &Config, byte: u8) -> i32 {
+    let Ok(c) = common::open_mode(cfg) else {
+        return 2;
+    };
+    let Ok(mut m) = c.map_anon(1 << 20) else {
+        return 3;
+    };
+    m.fill(byte);
+    if !m.iter().all(|&b| b == byte) {
+        return 4;
+    }
+    drop(m);
+    if c.close().is_err() {
+        return 5;
+    }
+    0
+}
+
 /// In the parent, nothing changes: a space keeps its generation, and a
 /// space opened in a child (after the fork) works there.
 #[test]
@@ -133,21 +154,7 @@ fn child_opens_its_own_space() {
         if s.check_owner() != Err(Errno::ESTALE) {
             return 1;
         }
-        let Ok(c) = common::open_mode(&Config { budget_bytes: 8 << 20, swap_bytes: 0, ..Config::default() }) else {
-            return 2;
-        };
-        let Ok(mut m) = c.map_anon(1 << 20) else {
-            return 3;
-        };
-        m.fill(0x11);
-        if !m.iter().all(|&b| b == 0x11) {
-            return 4;
-        }
-        drop(m);
-        if c.close().is_err() {
-            return 5;
-        }
-        0
+        child_space_round_trip(&Config { budget_bytes: 8 << 20, swap_bytes: 0, ..Config::default() }, 0x11)
     })
     .unwrap();
     assert_eq!(o, ChildExit::Exited(0));
@@ -266,24 +273,7 @@ fn a_child_forked_while_the_handler_table_is_locked_opens_an_in_thread_space() {
     // (The fork handler is registered by the first space.)
     let s = common::open_mode(&cfg).unwrap();
     usermm_sys::inthread::hold_install_lock_for_test(1500);
-    let o = fork_run(10, || {
-        let Ok(c) = Space::open(&cfg) else {
-            return 2;
-        };
-        let Ok(mut m) = c.map_anon(1 << 20) else {
-            return 3;
-        };
-        m.fill(0x33);
-        if !m.iter().all(|&b| b == 0x33) {
-            return 4;
-        }
-        drop(m);
-        if c.close().is_err() {
-            return 5;
-        }
-        0
-    })
-    .unwrap();
+    let o = fork_run(10, || child_space_round_trip(&cfg, 0x33)).unwrap();
     assert_eq!(o, ChildExit::Exited(0), "the child's in-thread space (a hang is SIGALRM)");
     s.close().unwrap();
 }

@@ -66,7 +66,7 @@ impl Inner {
     /// msync, munmap, DONTNEED, close). `detached` describes shared file
     /// ranges already removed from the region tree. Returns the first error.
     pub(super) fn writeback_range(&self, r: PageRange, detached: &[FileRange]) -> Result<Vec<u32>, Errno> {
-        let claimed = {
+        let mut claimed = {
             let bytes = r.pages() as usize * self.page_size;
             let mut c = self.settled_core_all(self.addr(r.start), bytes, true);
             c.writeback_claim(r, detached)
@@ -81,7 +81,6 @@ impl Inner {
                 std::thread::sleep(std::time::Duration::from_millis(stall.into()));
             }
         }
-        let mut claimed = claimed;
         let mut results = self.write_pages(&claimed);
         // Nothing left to write for these (their release is skipped).
         let mut done = vec![false; claimed.len()];
