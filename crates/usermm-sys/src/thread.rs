@@ -128,31 +128,112 @@ static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
 /// The `pthread_atfork` child handler. It runs in the child, single-threaded,
 /// right after `fork` returns there, before any other code of the child.
 /// It also lets go of the in-thread handler table's lock, which a parent
-/// thread may have held at the fork (`inthread::after_fork_in_child`).
+/// thread may have held at the fork (`inthread::after_fork_in_child`), and
+/// marks the handler registered: it runs only if it is (a parent thread may
+/// have been between `pthread_atfork` and marking it, see [`watch_forks`]).
 extern "C" fn on_fork_child() {
     FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
+    WATCH.store(WATCHED, Ordering::Release);
     crate::inthread::after_fork_in_child();
+}
+
+/// Whether the fork handler is registered: [`WATCHED`], 0 (not yet), or
+/// `pid << 2 | REGISTERING` while a thread of process `pid` registers it.
+/// Not a `OnceLock`: a fork while a parent thread is inside its
+/// initialisation leaves the child's copy "running" forever, and the
+/// child's first space would wait for it (the thread that would finish it
+/// did not come along). Here the child sees another process's pid, and
+/// registers the handler itself unless it ran in the child (then the
+/// registration happened before the fork: glibc holds its `atfork` lock
+/// across `fork`, and the handler marked it [`WATCHED`]).
+static WATCH: AtomicU64 = AtomicU64::new(0);
+const REGISTERING: u64 = 1;
+const WATCHED: u64 = 2;
+
+/// Test hook: how long a registration pauses with [`WATCH`] marked
+/// registering, before (`BEFORE`) and after (`AFTER`) its `pthread_atfork`
+/// (ms; 0: none). See [`hold_fork_watch_registration_for_test`].
+#[cfg(feature = "bench-helpers")]
+static HOLD_MS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+/// Set while a registration pauses for the test hook.
+#[cfg(feature = "bench-helpers")]
+static HOLDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The test hook's pause at point `i` of a registration (see [`HOLD_MS`]).
+#[cfg(feature = "bench-helpers")]
+fn hold_for_test(i: usize) {
+    let ms = HOLD_MS[i].swap(0, Ordering::Relaxed);
+    if ms > 0 {
+        HOLDING.store(true, Ordering::Release);
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        HOLDING.store(false, Ordering::Release);
+    }
 }
 
 /// Registers the fork handler (once per process) and returns the current
 /// fork generation. Call it before recording the generation of a new space,
 /// so that every later fork is counted. Fails only if `pthread_atfork` does
-/// (`ENOMEM`).
+/// (`ENOMEM`; a later call tries again).
 pub fn watch_forks() -> Result<u64, Errno> {
-    static REGISTERED: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    let r = *REGISTERED.get_or_init(|| {
+    loop {
+        let w = WATCH.load(Ordering::Acquire);
+        if w == WATCHED {
+            return Ok(fork_generation());
+        }
+        if w != 0 {
+            // SAFETY: getpid has no preconditions.
+            let pid = unsafe { libc::getpid() } as u64;
+            if w >> 2 == pid {
+                // Another thread of this process is registering it.
+                std::thread::yield_now();
+                continue;
+            }
+            // A thread of the parent was registering it at the fork, and
+            // had not yet when it forked (else the handler ran here): take over.
+        }
+        // SAFETY: as above.
+        let me = (unsafe { libc::getpid() } as u64) << 2 | REGISTERING;
+        if WATCH.compare_exchange(w, me, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+            continue;
+        }
+        #[cfg(feature = "bench-helpers")]
+        hold_for_test(0);
         // SAFETY: `on_fork_child` is an `extern "C" fn()` that only performs
-        // an atomic add and an atomic store (async-signal-safe, as a child handler of a
+        // atomic adds and stores (async-signal-safe, as a child handler of a
         // multithreaded process must be); it lives in this library for as
         // long as the library is loaded, and glibc's `pthread_atfork`
         // registers it against this object's `__dso_handle`, so an unload
         // unregisters it. The prepare and parent handlers are none.
-        unsafe { libc::pthread_atfork(None, None, Some(on_fork_child)) }
-    });
-    if r != 0 {
-        return Err(Errno(r));
+        let r = unsafe { libc::pthread_atfork(None, None, Some(on_fork_child)) };
+        #[cfg(feature = "bench-helpers")]
+        hold_for_test(1);
+        if r != 0 {
+            WATCH.store(0, Ordering::Release);
+            return Err(Errno(r));
+        }
+        // (A fork since `pthread_atfork` returned ran the handler in the
+        // child, which marked it there.)
+        WATCH.store(WATCHED, Ordering::Release);
+        return Ok(fork_generation());
     }
-    Ok(fork_generation())
+}
+
+/// Test hook: registers the fork handler on a thread of its own, which
+/// stays `ms` milliseconds inside the registration — before its
+/// `pthread_atfork` if `after_atfork` is false, after it otherwise —
+/// and returns once that thread is inside (a no-op wait if the handler is
+/// registered already). A test forks meanwhile: the child must not wait for
+/// a registration that no thread of its own is making.
+#[cfg(feature = "bench-helpers")]
+pub fn hold_fork_watch_registration_for_test(ms: u64, after_atfork: bool) -> std::thread::JoinHandle<()> {
+    HOLD_MS[after_atfork as usize].store(ms, Ordering::Relaxed);
+    let h = std::thread::spawn(|| {
+        let _ = watch_forks();
+    });
+    while !HOLDING.load(Ordering::Acquire) && !h.is_finished() {
+        std::thread::yield_now();
+    }
+    h
 }
 
 /// The current fork generation (see [`watch_forks`]).

@@ -277,3 +277,46 @@ fn a_child_forked_while_the_handler_table_is_locked_opens_an_in_thread_space() {
     assert_eq!(o, ChildExit::Exited(0), "the child's in-thread space (a hang is SIGALRM)");
     s.close().unwrap();
 }
+
+/// A fork while another thread registers usermm's fork handler (the first
+/// space's open, `usermm_sys::thread::watch_forks`): the child's own first
+/// space must not wait for that registration, which no thread of the child
+/// is making. It did while the registration was a `OnceLock`: the child's
+/// copy stayed "being initialised" forever. Both moments, before the
+/// parent's `pthread_atfork` (the child registers the handler itself) and
+/// after it (the handler ran in the child), each in a fresh process (the
+/// handler is registered once per process).
+#[test]
+fn a_child_forked_while_the_fork_handler_is_being_registered_opens_a_space() {
+    for after in ["0", "1"] {
+        let out = common::run_entry(
+            "entry_fork_during_the_fork_handler_registration",
+            &[("USERMM_TEST_AFTER_ATFORK", after.into())],
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("child exited 0, parent's later fork counted"),
+            "after_atfork={after}: {}\n{text}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+#[ignore = "run in a process of its own by a_child_forked_while_the_fork_handler_is_being_registered_opens_a_space"]
+fn entry_fork_during_the_fork_handler_registration() {
+    let after = std::env::var("USERMM_TEST_AFTER_ATFORK").as_deref() == Ok("1");
+    let cfg = Config { budget_bytes: 8 << 20, swap_bytes: 0, ..Config::default() };
+    let h = usermm_sys::thread::hold_fork_watch_registration_for_test(1500, after);
+    let o = fork_run(10, || child_space_round_trip(&cfg, 0x44)).unwrap();
+    h.join().unwrap();
+    assert_eq!(o, ChildExit::Exited(0), "the child's first space (a hang is SIGALRM)");
+    // The parent's registration completed: a later fork is counted, and
+    // the child finds the parent's space stale.
+    let s = common::open_mode(&cfg).unwrap();
+    let o = fork_run(10, || if s.check_owner() == Err(Errno::ESTALE) { 0 } else { 1 }).unwrap();
+    assert_eq!(o, ChildExit::Exited(0));
+    s.close().unwrap();
+    println!("child exited 0, parent's later fork counted");
+}

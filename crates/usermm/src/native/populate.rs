@@ -215,8 +215,18 @@ impl Inner {
     }
 }
 
-/// Whether the host's `mlock` of exec-only memory succeeds (asked once).
+/// Whether the host's `mlock` of exec-only memory succeeds (asked once; two
+/// threads asking at once both ask). Not a `OnceLock`: a fork while another
+/// thread initialised one would leave the child's copy waiting forever.
 fn host_mlock_exec_only_ok() -> bool {
-    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OK.get_or_init(|| usermm_sys::mem::host_mlock_exec_only().is_ok())
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static OK: AtomicU8 = AtomicU8::new(0); // 0: not asked; 1: yes; 2: no
+    match OK.load(Ordering::Relaxed) {
+        0 => {
+            let ok = usermm_sys::mem::host_mlock_exec_only().is_ok();
+            OK.store(if ok { 1 } else { 2 }, Ordering::Relaxed);
+            ok
+        }
+        v => v == 1,
+    }
 }

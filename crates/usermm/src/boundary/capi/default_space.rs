@@ -19,12 +19,18 @@ struct DefaultCell {
 /// The default space's cell of the current fork generation: a forked child
 /// gets a fresh cell (and so a fresh space, opened by its first call) and
 /// never waits on the parent's, whose `OnceLock` a parent thread may have
-/// been initialising at the fork. Cells are leaked, never freed: one per
+/// been initialising at the fork (every fork after the first call is
+/// counted: see `default_cell`). Cells are leaked, never freed: one per
 /// generation that called `umm_default_space`.
 static DEFAULT_CELL: AtomicPtr<DefaultCell> = AtomicPtr::new(std::ptr::null_mut());
 
 pub(super) fn default_cell() -> &'static OnceLock<Result<Space, Errno>> {
-    let generation = usermm_sys::thread::fork_generation();
+    // The fork handler is registered before a cell is made (the space's
+    // open would register it only inside the cell's initialisation): a
+    // fork while a thread initialises this generation's cell then always
+    // gives the child a new generation, and so a cell of its own. (If it
+    // cannot be registered, the open fails the same way.)
+    let generation = usermm_sys::thread::watch_forks().unwrap_or_else(|_| usermm_sys::thread::fork_generation());
     let mut cur = DEFAULT_CELL.load(Ordering::Acquire);
     loop {
         // SAFETY: DEFAULT_CELL holds NULL or a pointer from `Box::leak`
