@@ -98,8 +98,18 @@ fn bench_fault_writes_results() {
         }
     }
 
+    // The floor under in-thread faults: sparse rows only, and its table.
+    for v in ["sparse-read", "sparse-write"] {
+        for m in ["throughput", "p50", "p99", "max"] {
+            let k = ("floor (SIGBUS + one ioctl)".to_string(), v.to_string(), m.to_string());
+            assert!(seen.contains(&k), "missing floor {v} {m}");
+        }
+    }
+    assert!(!seen.iter().any(|(s, v, _)| s.starts_with("floor") && !v.starts_with("sparse")), "{seen:?}");
+
     let md = std::fs::read_to_string(out.join("report.md")).expect("report.md");
     assert!(md.contains("usermm userfaultfd mode"), "{md}");
+    assert!(md.contains("in-thread / floor"), "{md}");
     assert!(md.contains("PASS") || md.contains("FAIL"), "{md}");
     let svg = std::fs::read_to_string(out.join("fault-sparse-latency.svg")).expect("svg");
     assert!(svg.starts_with("<svg") && svg.contains("polyline"), "{svg}");

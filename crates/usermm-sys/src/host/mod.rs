@@ -29,6 +29,9 @@
 //!   seed's mlock variants and its SIGSEGV + `mprotect`/`mlock` batch
 //!   handler) and the check of how the host page cache holds the file
 //!   (4 KiB pages or large folios).
+//! - [`SigbusFloorMap`]: an anonymous mapping whose faults raise SIGBUS in
+//!   the faulting thread and are resolved by usermm's SIGBUS handler with
+//!   one ioctl each (the `fault` experiment's floor under in-thread faults).
 //!
 //! # Fault model
 //! Every call can fail with the errno the kernel gives; nothing here panics
@@ -44,6 +47,7 @@
 //! | `host/file.rs`       | `HostFileMap` and its lock calls, `fadvise`, `peek_*`      |
 //! | `host/segv.rs`       | `SegvBatchLocker` and its SIGSEGV handler                  |
 //! | `host/page_cache.rs` | `page_cache_layout` (`PageCacheLayout`, `FolioSample`), `resident_pages` |
+//! | `host/sigbus_floor.rs` | `SigbusFloorMap`: faults resolved in the faulting thread with one ioctl each |
 //!
 //! Everything is re-exported here: paths stay `usermm_sys::host::X`.
 
@@ -52,6 +56,7 @@ mod disk;
 mod file;
 mod page_cache;
 mod segv;
+mod sigbus_floor;
 mod usage;
 
 pub use anon::{map_unmap_pair, HostMap};
@@ -59,6 +64,7 @@ pub use disk::{disk_write_bandwidth, DiskWrite};
 pub use file::{fadvise, peek_u64, peek_u8, HostFileMap};
 pub use page_cache::{page_cache_layout, resident_pages, FolioSample, PageCacheLayout};
 pub use segv::SegvBatchLocker;
+pub use sigbus_floor::SigbusFloorMap;
 pub use usage::{process_faults, reset_peak_rss, rss_kib, thread_faults};
 
 /// The `posix_fadvise` advice values [`fadvise`] takes.
