@@ -65,13 +65,14 @@ pub struct SigbusFloorMap {
 }
 
 impl SigbusFloorMap {
-    /// Maps `len` bytes (`len > 0`, `MAP_NORESERVE`) and registers them.
-    /// `EINVAL`: the kernel has no `UFFD_FEATURE_SIGBUS`; `EPERM`: no
-    /// userfaultfd for this process; `ENOSPC`: the SIGBUS handler's table
-    /// is full (`inthread::MAX_SPACES`).
+    /// Maps `len` bytes (`len > 0`, `MAP_NORESERVE`) and registers them
+    /// (with a user-mode-only userfaultfd where that is all this process
+    /// may have, as a space falls back). `EINVAL`: the kernel has no
+    /// `UFFD_FEATURE_SIGBUS`; `EPERM`: no userfaultfd at all; `ENOSPC`: the
+    /// SIGBUS handler's table is full (`inthread::MAX_SPACES`).
     pub fn new(len: usize) -> Result<SigbusFloorMap, Errno> {
         let map = HostMap::anon(len, libc::MAP_NORESERVE)?;
-        let uffd = Uffd::open(true, false, true)?;
+        let uffd = Uffd::open(false, false, true)?;
         uffd.register_mode(map.addr(), map.len(), UFFDIO_REGISTER_MODE_MISSING)?;
         let floor = Floor { uffd, start: map.addr(), end: map.addr() + map.len() };
         let reg = crate::inthread::register(floor.start, floor.end, Arc::new(floor))?;
