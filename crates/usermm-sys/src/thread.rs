@@ -151,8 +151,8 @@ const REGISTERING: u64 = 1;
 const WATCHED: u64 = 2;
 
 /// Test hook: how long a registration pauses with [`WATCH`] marked
-/// registering, before (`BEFORE`) and after (`AFTER`) its `pthread_atfork`
-/// (ms; 0: none). See [`hold_fork_watch_registration_for_test`].
+/// registering, before its `pthread_atfork` (index 0) and after it (1), in
+/// ms (0: none). See [`hold_fork_watch_registration_for_test`].
 #[cfg(feature = "bench-helpers")]
 static HOLD_MS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 /// Set while a registration pauses for the test hook.
