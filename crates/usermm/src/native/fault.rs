@@ -21,6 +21,10 @@ pub(super) enum Resolved {
 pub(super) const SIGBUS: i32 = 7;
 pub(super) const SIGSEGV: i32 = 11;
 
+/// Spare page-table leaves a top-up hands the core at a time (see
+/// `Inner::refill_spares`).
+const SPARE_LEAVES_BATCH: usize = 16;
+
 std::thread_local! {
     /// Inside an in-thread resolve: `Some(signal to raise once the locks are
     /// let go)` (0: none); `None` elsewhere.
@@ -241,10 +245,24 @@ impl Inner {
     }
 
     /// Tops up the core's spare metadata buffers, allocated here with no
-    /// lock held (see `Core::add_spares`).
+    /// lock held (see `Core::add_spares`), [`SPARE_LEAVES_BATCH`] leaves at
+    /// a time: a fault that finds no spare leaf allocates one itself
+    /// (zeroed: 6 KiB of fresh memory, two page faults of the host's), and
+    /// a program that faults one page per leaf (a sparse touch, one page
+    /// per 2 MiB) uses a leaf every few microseconds — the first leaves
+    /// must reach the core before the whole top-up is made.
     pub(super) fn refill_spares(&self) {
-        let wanted = lock(&self.core).spares_wanted();
-        let spares = usermm_core::Spares::alloc(wanted);
-        lock(&self.core).add_spares(spares);
+        let (mut leaves, active, inactive) = lock(&self.core).spares_wanted();
+        let mut chunks = (active, inactive);
+        loop {
+            let n = leaves.min(SPARE_LEAVES_BATCH);
+            let spares = usermm_core::Spares::alloc((n, chunks.0, chunks.1));
+            lock(&self.core).add_spares(spares);
+            leaves -= n;
+            chunks = (0, 0);
+            if leaves == 0 {
+                return;
+            }
+        }
     }
 }
