@@ -99,7 +99,7 @@ const LEAF_MASK: u64 = LEAF_PAGES - 1;
 
 pub type Leaf = Box<[PageMeta; LEAF_PAGES as usize]>;
 
-/// Emptied leaves kept for reuse, at most (1 MiB of them): a fault then
+/// Emptied leaves kept for reuse, at most (2 MiB of them): a fault then
 /// finds a leaf without calling the allocator, whose heap growth (an
 /// `mprotect` of a thread arena) waits for the kernel's mmap lock — behind a
 /// concurrent `munmap`'s zap, for hundreds of microseconds.

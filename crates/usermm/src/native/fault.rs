@@ -247,7 +247,7 @@ impl Inner {
     /// Tops up the core's spare metadata buffers, allocated here with no
     /// lock held (see `Core::add_spares`), [`SPARE_LEAVES_BATCH`] leaves at
     /// a time: a fault that finds no spare leaf allocates one itself
-    /// (zeroed: 6 KiB of fresh memory, two page faults of the host's), and
+    /// (zeroed: 8 KiB of fresh memory, two page faults), and
     /// a program that faults one page per leaf (a sparse touch, one page
     /// per 2 MiB) uses a leaf every few microseconds — the first leaves
     /// must reach the core before the whole top-up is made.
