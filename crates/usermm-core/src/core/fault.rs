@@ -195,7 +195,6 @@ impl Core {
         write: bool,
         exact: bool,
     ) -> FaultPlan {
-        let reg = self.regions.find_mut(p).expect("region");
         if m.has(pf::POISONED) || (m.has(pf::PURGED) && m.has(pf::VOLATILE)) {
             return FaultPlan::Sigbus;
         }
@@ -203,6 +202,8 @@ impl Core {
             self.pressure = true;
             return FaultPlan::Reclaim { want: self.direct_reclaim_batch(populate) };
         }
+        // (One lookup for the whole plan: the borrow is of `regions` only.)
+        let reg = self.regions.find_mut(p).expect("region");
         // Fault-around: how many pages past (and around) `p`.
         let window = fault_around_window(reg, p, populate, exact);
         let mut run = PageRange::new(p.0, p.0 + 1);
@@ -221,7 +222,6 @@ impl Core {
                 grow_run(&self.pages, &mut run, block, free);
             }
         }
-        let reg = self.regions.find_mut(p).expect("region");
         if !populate && !write && reg.lock != LockMode::None && reg.file().is_some() {
             // Linux maps (and so locks, in a VM_LOCKONFAULT vma) the
             // whole fault-around window of a file read fault (64 KiB

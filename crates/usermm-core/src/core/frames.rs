@@ -32,10 +32,12 @@ impl Core {
 
     /// A page just became resident: lock it if its region is locked.
     pub(super) fn note_resident(&mut self, p: PageIdx) {
-        if self.regions.find(p).is_some_and(|r| r.writable()) {
+        // (One lookup: this runs for every page a fault fills.)
+        let (writable, locked) =
+            self.regions.find(p).map_or((false, false), |r| (r.writable(), r.lock != LockMode::None));
+        if writable {
             self.pages.update(p, |m| m.flags |= pf::MAYBE_DIRTY);
         }
-        let locked = self.regions.find(p).is_some_and(|r| r.lock != LockMode::None);
         if locked {
             if !self.pages.get(p).has(pf::LOCKED) {
                 self.pages.update(p, |m| m.flags |= pf::LOCKED);
