@@ -180,19 +180,17 @@ pub fn watch_forks() -> Result<u64, Errno> {
         if w == WATCHED {
             return Ok(fork_generation());
         }
-        if w != 0 {
-            // SAFETY: getpid has no preconditions.
-            let pid = unsafe { libc::getpid() } as u64;
-            if w >> 2 == pid {
-                // Another thread of this process is registering it.
-                std::thread::yield_now();
-                continue;
-            }
-            // A thread of the parent was registering it at the fork, and
-            // had not yet when it forked (else the handler ran here): take over.
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u64;
+        if w != 0 && w >> 2 == pid {
+            // Another thread of this process is registering it.
+            std::thread::yield_now();
+            continue;
         }
-        // SAFETY: as above.
-        let me = (unsafe { libc::getpid() } as u64) << 2 | REGISTERING;
+        // Not registered, or a thread of the parent was registering it at
+        // the fork and had not yet when it forked (else the handler ran
+        // here): register it.
+        let me = pid << 2 | REGISTERING;
         if WATCH.compare_exchange(w, me, Ordering::AcqRel, Ordering::Relaxed).is_err() {
             continue;
         }
