@@ -394,6 +394,11 @@ fn bench_farmem_writes_results() {
     let out = value(&rows, "usermm (redis)", "all", "wire_bytes_per_page_out");
     assert!((4096.0 + 32.0..6000.0).contains(&out), "{out}");
     assert!(value(&rows, "redis GET", "roundtrip", "p50") > 0.0);
+    // The goals' yardsticks: GETs interleaved with each single-server space's probes.
+    for row in ["redis GET (interleaved, handler)", "redis GET (interleaved, in-thread)"] {
+        assert!(value(&rows, row, "roundtrip", "p50") > 0.0, "{row}");
+        assert!(value(&rows, row, "roundtrip", "p99") >= value(&rows, row, "roundtrip", "p50"), "{row}");
+    }
 }
 
 #[test]

@@ -11,18 +11,23 @@
 //!   hand-off to a handler thread);
 //! - `usermm (redis cluster)`: the same with `swap_url` naming a 3-master
 //!   Redis Cluster (no replicas) the benchmark makes with `redis-cli`;
-//! - `redis GET` (latency only): `GET` of a value of one stored page's size
-//!   on the same server, through the same client, one at a time: random
-//!   values out of as many as the working set has pages (`roundtrip`, the
-//!   row the goals compare with: the same data the space stores, read as
-//!   the probes read it) and the same 64 values over and over
-//!   (`roundtrip-hot`: all in the CPU's caches, which no probe sees).
+//! - `redis GET (interleaved, handler)` and `redis GET (interleaved,
+//!   in-thread)` (latency only; the yardsticks of the round-trip goals):
+//!   `GET`s of random values of one stored page's size, out of as many as
+//!   the working set has pages, on the same server through a client of
+//!   its own, one at a time, timed in blocks alternated with the blocks of
+//!   `usermm (redis)`'s probes and of `usermm (redis, in-thread)`'s;
+//! - `redis GET` (latency only): the same GETs alone, after the spaces
+//!   (`roundtrip`), and the same 64 values over and over (`roundtrip-hot`:
+//!   all in the CPU's caches, which no probe sees).
 //!
 //! Besides the phases' throughput: the page round trip (after the phases,
 //! every page is paged out, a pause of 0.5 s and `probes`/4 untimed touches
 //! of pages in the first quarter, then `probes` random pages of the rest are
 //! touched one at a time, each timed: a fault, a read from the store, the
-//! install; the GETs get the same pause and warm-up), its p50
+//! install; the GETs get the same pause and warm-up; where GETs are
+//! interleaved, each of the `BLOCKS` blocks of probes and of GETs follows a
+//! pause of 3 ms and 8 untimed operations), its p50
 //! and p99, and the bytes on the wire (the server's
 //! `total_net_input_bytes`/`total_net_output_bytes`, per page swapped).
 //! - `kernel-memcg`: the kernel under the same limit, swapping to a swap
@@ -49,8 +54,20 @@ const REDIS: &str = "usermm (redis)";
 const REDIS_IT: &str = "usermm (redis, in-thread)";
 const CLUSTER: &str = "usermm (redis cluster)";
 const GET: &str = "redis GET";
+/// The GETs interleaved with `usermm (redis)`'s probes, and with
+/// `usermm (redis, in-thread)`'s: the yardsticks of the round-trip goals.
+const GET_H: &str = "redis GET (interleaved, handler)";
+const GET_IT: &str = "redis GET (interleaved, in-thread)";
 /// The pause before the round trips and the GETs are measured.
 const SETTLE: Duration = Duration::from_millis(500);
+/// The timed probes and the interleaved GETs come in this many blocks of
+/// each, alternated.
+const BLOCKS: usize = 8;
+/// Between two blocks: longer than a handler thread spins for its next
+/// fault (`SPIN_NS`, 0.1 ms), so that no GET runs beside a spinning handler.
+const BLOCK_PAUSE: Duration = Duration::from_millis(3);
+/// Untimed operations at the start of each block (after the pause).
+const BLOCK_WARMUP: usize = 8;
 
 pub fn params(full: bool) -> Params {
     Params::default()
@@ -181,6 +198,7 @@ fn space_run(
     probes: usize,
     servers: &[Server],
     flags: u32,
+    get: Option<(&Server, &str)>,
 ) -> Result<(), String> {
     let mut cfg = config(budget, sh.set + budget, Some(dir));
     cfg.swap_url = url;
@@ -212,29 +230,72 @@ fn space_run(
     // hundred milliseconds (a GET then takes 48–80 µs instead of 17), which
     // would measure the machine, not the path. The warm-up touches pages of
     // the first quarter, the timed probes the rest (each a real round trip).
+    // With `get`, GETs of values of the same size on the same server are
+    // timed in blocks alternated with the probes' (`BLOCKS`): a probe and a
+    // GET then meet the same placement of the program and the server on
+    // this VM's two vCPUs, which changes from run to run (a GET 19 µs with
+    // both on one vCPU, 61–67 µs on two) and otherwise decides the ratio.
     m.advise(MADV_PAGEOUT).map_err(|e| format!("{sys} pageout: {e:?}"))?;
     let pages = sh.set / PAGE;
     let quarter = (pages / 4).max(1);
     let mut rng = Rng::new(sh.seed ^ 0xfa);
+    let mut gets = match get {
+        Some((server, _)) => Some(GetValues::write(server, pages)?),
+        None => None,
+    };
     std::thread::sleep(SETTLE);
     for _ in 0..probes / 4 {
         std::hint::black_box(m[rng.below(quarter as u64) as usize * PAGE]);
+        if let Some(g) = &mut gets {
+            g.get(rng.below(quarter as u64) as usize)?;
+        }
     }
     let mut lat = Vec::with_capacity(probes);
-    let (in0, maj0) = (space.stats().swapins, space.stats().major_faults);
-    for _ in 0..probes {
-        let p = quarter + rng.below((pages - quarter) as u64) as usize;
-        let t0 = now_ns();
-        let v = m[p * PAGE];
-        lat.push((now_ns() - t0) as f64 / 1000.0);
-        std::hint::black_box(v);
+    let mut get_lat = Vec::with_capacity(probes);
+    // Pages read and major faults of the timed probes only.
+    let (mut read, mut major) = (0, 0);
+    for b in 0..BLOCKS {
+        let n = probes * (b + 1) / BLOCKS - probes * b / BLOCKS;
+        if gets.is_some() {
+            std::thread::sleep(BLOCK_PAUSE);
+            for _ in 0..BLOCK_WARMUP {
+                std::hint::black_box(m[(quarter + rng.below((pages - quarter) as u64) as usize) * PAGE]);
+            }
+        }
+        let s0 = space.stats();
+        for _ in 0..n {
+            let p = quarter + rng.below((pages - quarter) as u64) as usize;
+            let t0 = now_ns();
+            let v = m[p * PAGE];
+            lat.push((now_ns() - t0) as f64 / 1000.0);
+            std::hint::black_box(v);
+        }
+        let s1 = space.stats();
+        (read, major) = (read + s1.swapins - s0.swapins, major + s1.major_faults - s0.major_faults);
+        if let Some(g) = &mut gets {
+            std::thread::sleep(BLOCK_PAUSE);
+            for _ in 0..BLOCK_WARMUP {
+                g.get(quarter + rng.below((pages - quarter) as u64) as usize)?;
+            }
+            for _ in 0..n {
+                get_lat.push(g.get(quarter + rng.below((pages - quarter) as u64) as usize)?);
+            }
+        }
     }
     let (p50, p99, _) = p50_p99_max(&mut lat);
     e.add(sys, "roundtrip", "p50", "µs", p50);
     e.add(sys, "roundtrip", "p99", "µs", p99);
+    if let (Some((_, row)), false) = (get, get_lat.is_empty()) {
+        let (p50, p99, _) = p50_p99_max(&mut get_lat);
+        e.add(row, "roundtrip", "p50", "µs", p50);
+        e.add(row, "roundtrip", "p99", "µs", p99);
+    }
+    if let Some(g) = gets {
+        g.remove()?;
+    }
     let s = space.stats();
-    e.add(sys, "roundtrip", "pages_read_per_probe", "pages", (s.swapins - in0) as f64 / probes as f64);
-    e.add(sys, "roundtrip", "major_faults_per_probe", "faults", (s.major_faults - maj0) as f64 / probes as f64);
+    e.add(sys, "roundtrip", "pages_read_per_probe", "pages", read as f64 / probes as f64);
+    e.add(sys, "roundtrip", "major_faults_per_probe", "faults", major as f64 / probes as f64);
     drop(m);
     space.close().map_err(|e| format!("{sys} close: {e:?}"))?;
     if errors > 0 || s.swap_read_errors + s.swap_write_errors > 0 {
@@ -246,70 +307,95 @@ fn space_run(
     Ok(())
 }
 
-/// `GET` latency of a stored page's size on `server`, one at a time, in two
-/// variants (each after the same pause and warm-up as the round trips):
-/// - `roundtrip`, like for like with the space's probes: the server holds
-///   as many values of a stored page's size as the working set has pages
-///   (the same data the space stored), the warm-up reads values of the
-///   first quarter and the timed GETs random values of the rest, as the
-///   probes touch pages. The goals compare with this row.
-/// - `roundtrip-hot`: the same 64 values over and over (all in the CPU's
-///   caches), as this row measured before: a lower bound no probe of a
-///   paged-out working set sees.
-///
-/// The values are deleted again before it returns.
-fn get_latency(e: &mut Experiment, server: &Server, probes: usize, pages: usize, seed: u64) -> Result<(), String> {
-    let mut c = server.conn().map_err(|e| format!("connect: {e}"))?;
-    let value = vec![0x5au8; PAGE + 32];
-    let key = |k: usize| format!("bench-get:{k}");
-    for first in (0..pages).step_by(512) {
-        let mut p = redis::pipe();
-        for k in first..(first + 512).min(pages) {
-            p.cmd("SET").arg(key(k)).arg(&value).ignore();
-        }
-        p.query::<()>(&mut c).map_err(|e| format!("SET: {e}"))?;
+/// Values of a stored page's size on a server, as many as the working set
+/// has pages (the same data the space stores), read with `GET` one at a
+/// time through one connection; deleted again on `remove`.
+struct GetValues {
+    conn: redis::Connection,
+    value: Vec<u8>,
+    pages: usize,
+}
+
+impl GetValues {
+    fn key(k: usize) -> String {
+        format!("bench-get:{k}")
     }
-    let quarter = (pages / 4).max(1);
-    let mut rng = Rng::new(seed ^ 0x6e7);
-    let get = |c: &mut redis::Connection, k: usize| -> Result<f64, String> {
+
+    fn write(server: &Server, pages: usize) -> Result<GetValues, String> {
+        let mut conn = server.conn().map_err(|e| format!("connect: {e}"))?;
+        let value = vec![0x5au8; PAGE + 32];
+        for first in (0..pages).step_by(512) {
+            let mut p = redis::pipe();
+            for k in first..(first + 512).min(pages) {
+                p.cmd("SET").arg(Self::key(k)).arg(&value).ignore();
+            }
+            p.query::<()>(&mut conn).map_err(|e| format!("SET: {e}"))?;
+        }
+        Ok(GetValues { conn, value, pages })
+    }
+
+    /// One timed `GET` of value `k`, in µs; checks the value's length.
+    fn get(&mut self, k: usize) -> Result<f64, String> {
         let t0 = now_ns();
-        let v: Vec<u8> = redis::cmd("GET").arg(key(k)).query(c).map_err(|e| e.to_string())?;
+        let v: Vec<u8> = redis::cmd("GET").arg(Self::key(k)).query(&mut self.conn).map_err(|e| e.to_string())?;
         let ns = now_ns() - t0;
-        if v.len() != value.len() {
-            return Err(format!("GET {}: {} bytes, {} stored", key(k), v.len(), value.len()));
+        if v.len() != self.value.len() {
+            return Err(format!("GET {}: {} bytes, {} stored", Self::key(k), v.len(), self.value.len()));
         }
         Ok(ns as f64 / 1000.0)
-    };
+    }
+
+    fn remove(mut self) -> Result<(), String> {
+        for first in (0..self.pages).step_by(512) {
+            let mut p = redis::pipe();
+            for k in first..(first + 512).min(self.pages) {
+                p.cmd("UNLINK").arg(Self::key(k)).ignore();
+            }
+            p.query::<()>(&mut self.conn).map_err(|e| format!("UNLINK: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// `GET` latency of a stored page's size on `server`, one at a time and
+/// alone (no space open), in two variants (each after the same pause and
+/// warm-up as the round trips):
+/// - `roundtrip`: random values out of as many as the working set has
+///   pages; the warm-up reads values of the first quarter, the timed GETs
+///   random values of the rest, as the probes touch pages.
+/// - `roundtrip-hot`: the same 64 values over and over (all in the CPU's
+///   caches): a lower bound no probe of a paged-out working set sees.
+///
+/// The goals compare with the GETs interleaved with the probes
+/// (`space_run`); these rows show what a GET costs with nothing else
+/// running.
+fn get_latency(e: &mut Experiment, server: &Server, probes: usize, pages: usize, seed: u64) -> Result<(), String> {
+    let mut g = GetValues::write(server, pages)?;
+    let quarter = (pages / 4).max(1);
+    let mut rng = Rng::new(seed ^ 0x6e7);
     std::thread::sleep(SETTLE);
     for _ in 0..probes / 4 {
-        get(&mut c, rng.below(quarter as u64) as usize)?;
+        g.get(rng.below(quarter as u64) as usize)?;
     }
     let mut lat = Vec::with_capacity(probes);
     for _ in 0..probes {
-        lat.push(get(&mut c, quarter + rng.below((pages - quarter).max(1) as u64) as usize)?);
+        lat.push(g.get(quarter + rng.below((pages - quarter).max(1) as u64) as usize)?);
     }
     let (p50, p99, _) = p50_p99_max(&mut lat);
     e.add(GET, "roundtrip", "p50", "µs", p50);
     e.add(GET, "roundtrip", "p99", "µs", p99);
     std::thread::sleep(SETTLE);
     for i in 0..probes / 4 {
-        get(&mut c, i % 64)?;
+        g.get(i % 64)?;
     }
     lat.clear();
     for i in 0..probes {
-        lat.push(get(&mut c, i % 64)?);
+        lat.push(g.get(i % 64)?);
     }
     let (p50, p99, _) = p50_p99_max(&mut lat);
     e.add(GET, "roundtrip-hot", "p50", "µs", p50);
     e.add(GET, "roundtrip-hot", "p99", "µs", p99);
-    for first in (0..pages).step_by(512) {
-        let mut p = redis::pipe();
-        for k in first..(first + 512).min(pages) {
-            p.cmd("UNLINK").arg(key(k)).ignore();
-        }
-        p.query::<()>(&mut c).map_err(|e| format!("UNLINK: {e}"))?;
-    }
-    Ok(())
+    g.remove()
 }
 
 pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
@@ -385,7 +471,12 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
             };
             prog.say(&format!("{sys}, run {}/{runs}", r + 1));
             let flags = if sys == REDIS_IT { usermm::consts::UMM_F_INTHREAD_FAULTS } else { 0 };
-            space_run(&mut e, sys, sh, budget, url, &dir, probes, servers, flags)?;
+            let get = match (sys, &server) {
+                (REDIS, Some(s)) => Some((s, GET_H)),
+                (REDIS_IT, Some(s)) => Some((s, GET_IT)),
+                _ => None,
+            };
+            space_run(&mut e, sys, sh, budget, url, &dir, probes, servers, flags, get)?;
         }
         if let Some(s) = &server {
             prog.say(&format!("{GET}, run {}/{runs}", r + 1));
@@ -458,7 +549,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     goal(
         "page round trip p50 vs a single GET of the same size on the same server",
         REDIS,
-        GET,
+        GET_H,
         "roundtrip",
         "p50",
         false,
@@ -467,19 +558,25 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     goal(
         "page round trip p50 with faults resolved in the faulting thread (UMM_F_INTHREAD_FAULTS) vs a single GET",
         REDIS_IT,
-        GET,
+        GET_IT,
         "roundtrip",
         "p50",
         false,
         1.5,
     );
     let (cold, hot) = (e.med(GET, "roundtrip", "p50"), e.med(GET, "roundtrip-hot", "p50"));
+    let (gh, git) = (e.med(GET_H, "roundtrip", "p50"), e.med(GET_IT, "roundtrip", "p50"));
+    let (rh, rit) = (e.med(REDIS, "roundtrip", "p50"), e.med(REDIS_IT, "roundtrip", "p50"));
     e.notes.push(format!(
-        "The GETs the round trips are compared with read random values out of as many as the working set has \
-         pages ({cold:.2} µs p50); the same 64 values over and over take {hot:.2} µs (round trip ÷ that: {:.2}× \
-         through a handler thread, {:.2}× in-thread).",
-        e.med(REDIS, "roundtrip", "p50") / hot,
-        e.med(REDIS_IT, "roundtrip", "p50") / hot
+        "The round-trip goals compare each space's probes with GETs of random values of a stored page's size (out \
+         of as many as the working set has pages) timed in {BLOCKS} blocks alternated with the probes' blocks, on \
+         the same server in the same run: {gh:.2} µs p50 beside {REDIS}, {git:.2} µs beside {REDIS_IT}. The same \
+         GETs alone, after the spaces: {cold:.2} µs (round trip ÷ that: {:.2}× through a handler thread, {:.2}× \
+         in-thread); the same 64 values over and over: {hot:.2} µs ({:.2}×, {:.2}×).",
+        rh / cold,
+        rit / cold,
+        rh / hot,
+        rit / hot
     ));
     e.notes.push(format!(
         "Budget {} MiB, working set {} MiB; the Redis server is Debian's redis-server on loopback, no persistence. \
