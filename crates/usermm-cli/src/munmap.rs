@@ -45,6 +45,12 @@ pub fn params(full: bool) -> Params {
         .def("second_mib", Kind::Int, 32, "the second thread's own region in fault mode (MiB)")
         .def("mapunmap_kib", Kind::Int, 64, "the second thread's map/unmap size in mapunmap mode (KiB)")
         .def("settle_ms", Kind::Int, 50, "second thread's run time before the unmap starts (ms)")
+        .def(
+            "fifo",
+            Kind::Int,
+            1,
+            "1: also run the largest size's fault mode with every thread at SCHED_FIFO (kernel, usermm, spinner); 0: not",
+        )
 }
 
 /// One run's measurements.
@@ -83,6 +89,9 @@ fn around(
 ) -> Result<(u64, Vec<u64>), String> {
     let stop = AtomicBool::new(false);
     let started = AtomicBool::new(false);
+    if usermm_sys::thread::is_fifo() {
+        std::thread::sleep(RT_PERIOD);
+    }
     std::thread::scope(|sc| {
         let h = sc.spawn(|| second_thread(&stop, &started, op));
         while !started.load(Ordering::Acquire) && !h.is_finished() {
@@ -170,6 +179,34 @@ const SPINNER: &str = "spinner (kernel unmap)";
 /// the floor under the `usermm` rows' stalls, which a sliced zap may lower.
 const SPINNER_USERMM: &str = "spinner (usermm unmap)";
 
+/// The largest size's fault mode again with every thread of the run at
+/// `SCHED_FIFO` (the benchmark's thread is switched before the run; the
+/// second thread, the spinner and the space's threads inherit it): no
+/// `SCHED_OTHER` task preempts them, so these rows' stalls are the memory
+/// manager's own, not other tasks' time slices (on this VM a `kdamond` runs
+/// 2 ms every ~0.5 s and lands in most unmaps).
+const FIFO_KERNEL: &str = "kernel (SCHED_FIFO)";
+const FIFO_USERMM: &str = "usermm (SCHED_FIFO)";
+const FIFO_SPINNER: &str = "spinner (kernel unmap, SCHED_FIFO)";
+/// The lowest real-time priority: above every `SCHED_OTHER` task, below
+/// the kernel's own real-time threads.
+const FIFO_PRIORITY: i32 = 1;
+/// Before a `SCHED_FIFO` run's timed part: one period of the kernel's
+/// real-time throttling (`sched_rt_period_us`, 1 s), so that the untimed
+/// populate's CPU time does not count against the unmap's period (a
+/// throttled CPU would stop the run's threads for 50 ms).
+const RT_PERIOD: Duration = Duration::from_millis(1000);
+
+/// Runs `f` with the calling thread at `SCHED_FIFO` (what it creates
+/// inherits it), then gives it `SCHED_OTHER` back.
+fn at_fifo<T>(f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    usermm_sys::thread::set_fifo_priority(FIFO_PRIORITY)
+        .map_err(|e| format!("sched_setscheduler(SCHED_FIFO): {e:?}"))?;
+    let r = f();
+    let _ = usermm_sys::thread::set_normal_priority();
+    r
+}
+
 /// The gaps over 1 µs between two clock reads of a thread that does
 /// nothing else, `(start, length)`, until `stop`.
 fn spin_gaps(stop: &AtomicBool, started: &AtomicBool) -> Vec<(u64, u64)> {
@@ -208,6 +245,9 @@ fn spin_around(p: &Params, unmap: impl FnOnce() -> Result<(), String>) -> Result
     let settle = Duration::from_millis(p.int("settle_ms"));
     let stop = AtomicBool::new(false);
     let started = AtomicBool::new(false);
+    if usermm_sys::thread::is_fifo() {
+        std::thread::sleep(RT_PERIOD);
+    }
     let (gaps, t0, t1) = std::thread::scope(|sc| {
         let h = sc.spawn(|| spin_gaps(&stop, &started));
         while !started.load(Ordering::Acquire) {
@@ -377,6 +417,44 @@ fn goals(e: &mut Experiment, sizes: &[u64], modes: &[String]) {
     }
 }
 
+/// The goals and the note of the `SCHED_FIFO` rows (`why_not`: why they
+/// were not measured).
+fn fifo_goals_and_notes(e: &mut Experiment, sizes: &[u64], why_not: Option<&str>) {
+    let large = sizes.iter().max().copied().unwrap_or(0);
+    let v = variant(large, "fault");
+    if let Some(why) = why_not {
+        e.notes.push(format!("{FIFO_KERNEL}, {FIFO_USERMM} and {FIFO_SPINNER} not measured: {why}."));
+    }
+    for (what, metric, goal) in [("p99", "stall_p99", 50.0), ("worst", "stall_max", 500.0)] {
+        e.goals.push(Goal {
+            what: format!("{FIFO_USERMM}: second thread's fault stall {what}, {large} MiB unmap"),
+            how: format!("{FIFO_USERMM} {metric}, {v}"),
+            value: e.med(FIFO_USERMM, &v, metric),
+            unit: " µs".into(),
+            at_least: false,
+            threshold: goal,
+            goal,
+        });
+    }
+    e.goals.push(Goal {
+        what: format!("fault stall ≤ kernel's, {large} MiB, both at SCHED_FIFO"),
+        how: format!("{FIFO_USERMM}/{FIFO_KERNEL}, {v} stall_max"),
+        value: e.med(FIFO_USERMM, &v, "stall_max") / e.med(FIFO_KERNEL, &v, "stall_max"),
+        unit: "×".into(),
+        at_least: false,
+        threshold: 1.0,
+        goal: 1.0,
+    });
+    e.notes.push(format!(
+        "`{FIFO_KERNEL}`, `{FIFO_USERMM}`, `{FIFO_SPINNER}` (the largest size, fault mode): the same runs with every \
+         thread of the run at SCHED_FIFO priority {FIFO_PRIORITY} (the benchmark's thread, and what it starts: the \
+         second thread, the spinner, the space's handler and reclaim threads; the populate is followed by a 1 s pause, \
+         one period of the kernel's real-time throttling). No SCHED_OTHER task preempts them, so their stalls are the \
+         memory manager's and the machine's (the spinner's row), not other tasks' time slices: on this VM a `kdamond` \
+         runs for 2 ms every ~0.5 s, which the SCHED_OTHER rows' worst stalls catch in most runs."
+    ));
+}
+
 /// The notes: the setup, the counters, the seed's numbers.
 fn notes(e: &mut Experiment, sizes: &[u64], mapunmap_kib: u64) {
     e.notes.push(format!(
@@ -461,6 +539,8 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     }
     let mut e =
         Experiment::new("munmap", "seed 003: unmap a large populated region beside a busy second thread", p.pairs());
+    // Why the SCHED_FIFO rows are not measured, if they are not.
+    let mut fifo = (p.int("fifo") == 0).then(|| "--fifo=0".to_string());
     for &size in &sizes {
         for mode in &modes {
             for r in 0..runs {
@@ -483,11 +563,40 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
                     prog.say(&format!("{size} MiB, spinner beside usermm's unmap, run {}/{runs}", r + 1));
                     let out = spinner_run(size as usize * MIB, p, true)?;
                     record(&mut e, SPINNER_USERMM, &variant(size, mode), out);
+                    if fifo.is_none() {
+                        let bytes = size as usize * MIB;
+                        let order = if r.is_multiple_of(2) {
+                            [FIFO_KERNEL, FIFO_USERMM, FIFO_SPINNER]
+                        } else {
+                            [FIFO_SPINNER, FIFO_USERMM, FIFO_KERNEL]
+                        };
+                        for sys in order {
+                            prog.say(&format!("{size} MiB, second thread {mode}, {sys} run {}/{runs}", r + 1));
+                            let out = at_fifo(|| match sys {
+                                FIFO_KERNEL => kernel_run(bytes, mode, p),
+                                FIFO_USERMM => usermm_run(bytes, mode, p, 0),
+                                _ => spinner_run(bytes, p, false),
+                            });
+                            match out {
+                                Ok(out) => record(&mut e, sys, &variant(size, mode), out),
+                                // (Refused before anything ran: no privilege.)
+                                Err(why) if why.starts_with("sched_setscheduler") => {
+                                    prog.say(&format!("SCHED_FIFO rows not measured: {why}"));
+                                    fifo = Some(why);
+                                    break;
+                                }
+                                Err(why) => return Err(why),
+                            }
+                        }
+                    }
                 }
             }
         }
     }
     goals(&mut e, &sizes, &modes);
+    if modes.iter().any(|m| m == "fault") {
+        fifo_goals_and_notes(&mut e, &sizes, fifo.as_deref());
+    }
     notes(&mut e, &sizes, p.int("mapunmap_kib"));
     plots(&mut e, &sizes, &modes);
     Ok(e)

@@ -636,4 +636,14 @@ fn munmap_bench_has_both_fault_modes_and_the_kernel() {
             assert_eq!(has, present, "{sys} {v} stall_max");
         }
     }
+    // The same at SCHED_FIFO: root may set it (CI is root); otherwise the
+    // rows are left out (with a note).
+    for sys in ["kernel (SCHED_FIFO)", "usermm (SCHED_FIFO)", "spinner (kernel unmap, SCHED_FIFO)"] {
+        for (v, present) in [("32MiB-fault", am_root()), ("16MiB-fault", false), ("32MiB-mapunmap", false)] {
+            let has = rows.iter().any(|r| r.0 == sys && r.1 == v && r.2 == "stall_max");
+            assert_eq!(has, present, "{sys} {v} stall_max");
+        }
+    }
+    let hold = rows.iter().any(|r| r.0 == "usermm (SCHED_FIFO)" && r.1 == "32MiB-fault" && r.2 == "hold_max");
+    assert_eq!(hold, am_root(), "usermm (SCHED_FIFO) hold_max");
 }

@@ -113,6 +113,30 @@ pub fn set_idle_priority() -> Result<(), Errno> {
     check(unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) }).map(|_| ())
 }
 
+/// Gives the calling thread the `SCHED_FIFO` policy at `priority` (1..=99):
+/// no `SCHED_OTHER` task preempts it. Threads it creates from then on
+/// inherit the policy (glibc's default `PTHREAD_INHERIT_SCHED`). For
+/// latency measurements (`usermm bench munmap`): `EPERM` without
+/// `CAP_SYS_NICE` or an `RLIMIT_RTPRIO` that allows it.
+pub fn set_fifo_priority(priority: i32) -> Result<(), Errno> {
+    let param = libc::sched_param { sched_priority: priority };
+    // SAFETY: `param` is a valid sched_param; 0 is the calling thread.
+    check(unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) }).map(|_| ())
+}
+
+/// Gives the calling thread the default `SCHED_OTHER` policy back.
+pub fn set_normal_priority() -> Result<(), Errno> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid sched_param; 0 is the calling thread.
+    check(unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) }).map(|_| ())
+}
+
+/// Whether the calling thread runs at `SCHED_FIFO`.
+pub fn is_fifo() -> bool {
+    // SAFETY: no arguments besides the calling thread (0).
+    unsafe { libc::sched_getscheduler(0) == libc::SCHED_FIFO }
+}
+
 /// The fork generation of this process: 0 in the process that first loaded
 /// usermm, bumped in the child of every `fork` after [`watch_forks`] ran.
 ///
