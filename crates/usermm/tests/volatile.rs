@@ -38,6 +38,12 @@ fn volatile_pages_keep_data_and_take_no_fault() {
     }
     s.mvolatile(a, 64 * PS).unwrap();
     s.mvolatile(a, 64 * PS).unwrap(); // twice is harmless
+                                      // (A write fault-around window is committed, and counted, after its
+                                      // last piece is installed: the writes above may return first. mincore
+                                      // waits for the commit, as every introspection does.)
+    let mut vec = [0u8; 64];
+    s.mincore(a, 64 * PS, &mut vec).unwrap();
+    assert!(vec.iter().all(|b| b & 1 == 1), "every written page resident: {vec:?}");
     let faults = s.stats().faults;
     for p in 0..64 {
         assert_eq!(peek(a + p * PS), p as u8 + 1);
