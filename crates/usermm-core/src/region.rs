@@ -64,6 +64,11 @@ pub struct Region {
     pub next_fault: u64,
     /// Streaming detection: consecutive faults that hit `next_fault`.
     pub streak: u32,
+    /// Read-ahead: the page where the program was last seen waiting for a
+    /// page being read ahead, since its last fault that filled (it takes no
+    /// fault on pages read ahead, so this and `next_fault` are all that is
+    /// known of its position); 0 when none.
+    pub reader_at: u64,
     /// Swap-in read-around: where the last swap-in run of the region ended,
     /// and how many swap-in faults in a row landed there (see
     /// `window::swap_in_window`).

@@ -232,6 +232,7 @@ impl Core {
         }
         if !populate {
             reg.next_fault = run.end.0;
+            reg.reader_at = 0;
         }
         let file = reg.file().map(|f| (f, reg.file_page(run.start)));
         self.claim_frames(run.pages());

@@ -15,7 +15,7 @@
 //! range), and any chunk being zapped.
 
 use super::Core;
-use crate::page::{PageMeta, PageTable};
+use crate::page::{PState, PageMeta, PageTable};
 use crate::region::{Advice, LockMode, Region};
 use crate::types::{PageIdx, PageRange};
 
@@ -145,20 +145,66 @@ impl Core {
 
     /// The pages of a background read-in window from `p`: up to
     /// `MAX_WINDOW_PAGES`, never past its region (the next one may be
-    /// anonymous, or another file's).
+    /// anonymous, or another file's) nor into a page read or being read
+    /// (another thread's window: the read-in never waits for it).
     pub fn readahead_window(&self, p: PageIdx) -> u64 {
-        self.region_at(p).map_or(MAX_WINDOW_PAGES, |r| MAX_WINDOW_PAGES.min(r.range.end.0 - p.0))
+        let n = self.region_at(p).map_or(MAX_WINDOW_PAGES, |r| MAX_WINDOW_PAGES.min(r.range.end.0 - p.0));
+        (0..n).find(|&i| i > 0 && self.pages.get(PageIdx(p.0 + i)) != PageMeta::default()).unwrap_or(n)
     }
 
-    /// After a background read-in window `[here, next)` read in full:
-    /// whether the next window follows (the same file goes on, untouched,
-    /// and no more than `READAHEAD_DEPTH` windows past the program's last
-    /// fault in the region).
-    pub fn readahead_chains(&self, here: PageIdx, next: PageIdx) -> bool {
-        self.region_at(here).is_some_and(|r| {
-            r.file().is_some_and(|f| {
-                self.file_continues(next, f) && next.0.saturating_sub(r.next_fault) < READAHEAD_DEPTH * MAX_WINDOW_PAGES
-            })
-        })
+    /// After a background read-in window `[here, next)` read in full: where
+    /// the next window starts, if the stream goes on — the first untouched
+    /// page of the same region from `next` on (a window read meanwhile by a
+    /// handler, see `readahead_instead_of_wait`, is skipped), no more than
+    /// `READAHEAD_DEPTH` windows past where the program was last seen.
+    pub fn readahead_chains(&self, here: PageIdx, next: PageIdx) -> Option<PageIdx> {
+        let r = self.region_at(here)?;
+        r.file()?;
+        self.stream_next(r, next)
+    }
+
+    /// The first untouched page of `r` from `from` on, skipping pages being
+    /// read or already read, within `READAHEAD_DEPTH` windows of where the
+    /// program was last seen in the region (its last fault, or a fault on
+    /// a page being read ahead).
+    fn stream_next(&self, r: &Region, from: PageIdx) -> Option<PageIdx> {
+        let seen = r.next_fault.max(r.reader_at);
+        let limit = seen.saturating_add(READAHEAD_DEPTH * MAX_WINDOW_PAGES).min(r.range.end.0);
+        let mut q = from.0;
+        while q < limit {
+            let m = self.pages.get(PageIdx(q));
+            if m == PageMeta::default() {
+                return Some(PageIdx(q));
+            }
+            if !matches!(m.state, PState::Filling | PState::Resident) {
+                return None;
+            }
+            q += 1;
+        }
+        None
+    }
+
+    /// A fault found page `p` busy. When `p` is being read in by a stream's
+    /// read-ahead (a shared or private file region, sequential advice or a
+    /// sequential streak, not locked), the window a handler thread may read
+    /// instead of waiting idle for `p`: `[start, end)` from the next
+    /// untouched page of the stream. Two windows are then read at once (the
+    /// background thread's and this one), one per CPU. Notes where the
+    /// program is (`reader_at`), which lets the read-ahead run on (the
+    /// program takes no fault that fills in a stream read ahead of it).
+    pub fn readahead_instead_of_wait(&mut self, p: PageIdx) -> Option<(PageIdx, PageIdx)> {
+        if self.pages.get(p).state != PState::Filling {
+            return None;
+        }
+        let reg = self.regions.find_mut(p)?;
+        reg.file()?;
+        let streaming = reg.advice == Advice::Sequential || (reg.advice == Advice::Normal && reg.streak >= 3);
+        if !streaming || reg.lock != LockMode::None {
+            return None;
+        }
+        reg.reader_at = p.0;
+        let r = self.regions.find(p)?;
+        let q = self.stream_next(r, PageIdx(p.0 + 1))?;
+        Some((q, PageIdx(q.0 + self.readahead_window(q))))
     }
 }

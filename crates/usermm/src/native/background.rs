@@ -1,6 +1,7 @@
 //! The background thread: reclaim ahead of the program, spare metadata,
 //! `MADV_WILLNEED` read-in and file read-ahead chaining.
 
+use super::serve::{Caller, Next, Retries};
 use super::*;
 
 /// What a background reclaim round did.
@@ -53,12 +54,29 @@ impl Inner {
                 // Nothing evicted this time (the round only aged pages, or
                 // nothing is evictable): give the program a moment to touch
                 // what was just deactivated, instead of spinning.
-                Round::NothingEvicted => std::thread::sleep(std::time::Duration::from_millis(2)),
+                Round::NothingEvicted => self.pause(std::time::Duration::from_millis(2)),
                 // Nothing could be aged (the active list holds only pages
                 // that cannot leave, e.g. writable non-RW ones): wait for
                 // the program instead of spinning on a CPU.
-                Round::NothingAged => std::thread::sleep(std::time::Duration::from_millis(10)),
+                Round::NothingAged => self.pause(std::time::Duration::from_millis(10)),
             }
+        }
+    }
+
+    /// Waits `d` before the next reclaim round, or less when a read-in
+    /// (`MADV_WILLNEED`, a stream's read-ahead window) is queued meanwhile:
+    /// a stream must not wait for reclaim's pause (a plain 2 ms sleep here
+    /// kept the `outofcore` scan's read-ahead waiting 90 ms of every 800).
+    fn pause(&self, d: std::time::Duration) {
+        let until = std::time::Instant::now() + d;
+        let mut c = lock(&self.core);
+        // (Under the core lock, as a fill queues a window and then notifies.)
+        while lock(&self.willneed).is_empty() && !self.shutdown.load(Ordering::Relaxed) {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            c = self.reclaim_wanted.wait_timeout(c, left).unwrap_or_else(|e| e.into_inner()).0;
         }
     }
 
@@ -101,17 +119,57 @@ impl Inner {
                     let Some(here) = c.page_of(Addr(a as u64)) else { continue };
                     (here, c.readahead_window(here) as usize * self.page_size)
                 };
-                let (n, _) = self.populate(a, window, false);
-                let next = a + window;
-                let chain = n == window && {
+                let (n, whole) = self.read_ahead(a, window);
+                let next = a + n;
+                let chain = if whole {
                     let c = lock(&self.core);
-                    c.page_of(Addr(next as u64)).is_some_and(|q| c.readahead_chains(here, q))
+                    c.page_of(Addr(next as u64)).and_then(|q| c.readahead_chains(here, q)).map(|q| self.addr(q))
+                } else {
+                    None
                 };
-                if chain {
+                if let Some(next) = chain {
                     lock(&self.willneed).push(next);
                 }
             }
         }
+    }
+
+    /// Reads a stream's read-ahead window `[a, a+len)` in, as a read
+    /// populate would, but stops at a page another thread is reading (a
+    /// handler's window, `Core::readahead_instead_of_wait`) instead of
+    /// waiting for it: the read-in would otherwise sit idle for that whole
+    /// window. Returns the bytes read in (up to where it stopped) and
+    /// whether the stream goes on from there (all read, or stopped at
+    /// another thread's window; not after a failure).
+    fn read_ahead(&self, a: usize, len: usize) -> (usize, bool) {
+        let mm = self.read_mm();
+        let mut retries = Retries::default();
+        let mut done = 0;
+        while done < len {
+            if self.shutdown.load(Ordering::Relaxed) {
+                return (done, false);
+            }
+            let mut c = lock(&self.core);
+            let Some(p) = c.page_of(Addr((a + done) as u64)) else { return (done, false) };
+            let end = PageIdx(p.0 + ((len - done) / self.page_size) as u64);
+            match c.populate_step(p, end, false) {
+                // Already read: skipped.
+                None => {
+                    drop(c);
+                    done += self.page_size;
+                }
+                Some(FaultPlan::Busy) => return (done, true),
+                // (Every other plan is served, as a populate's: a plan may
+                // have claimed its pages.)
+                Some(plan) => match self.serve(c, &plan, a + done, false, Caller::Populate, &mm, &mut retries) {
+                    Next::Failed(_) => return (done, false),
+                    // (The loop plans the page again: a filled page is
+                    // skipped.)
+                    Next::Served | Next::Again(_) => {}
+                },
+            }
+        }
+        (done, true)
     }
 
     /// One background reclaim round when the core wants reclaim ahead or

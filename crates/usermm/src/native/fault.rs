@@ -196,6 +196,19 @@ impl Inner {
         let mut retries = Retries::default();
         loop {
             let plan = if wp { c.wp_fault(Addr(page_addr as u64)) } else { c.fault(Addr(page_addr as u64), write) };
+            if matches!(plan, FaultPlan::Busy) && !in_thread && tid.is_some() {
+                // A handler would wait idle for a page a stream's read-ahead
+                // is reading: it reads the stream's next window meanwhile.
+                // (The simulation's second thread, which may not wait,
+                // does the same.)
+                match self.read_ahead_instead(c, page_addr, mm) {
+                    Ok(g) => {
+                        c = g;
+                        continue;
+                    }
+                    Err(g) => c = g,
+                }
+            }
             if !wait_busy && matches!(plan, FaultPlan::Busy) {
                 return Resolved::Busy;
             }
@@ -207,6 +220,32 @@ impl Inner {
                 // (A fault reports its failures itself: `Failed` is a
                 // populate's.)
                 Next::Served | Next::Failed(_) => return Resolved::Served,
+            }
+        }
+    }
+
+    /// A handler's fault found the page at `page_addr` busy: if a stream's
+    /// read-ahead is reading it, reads the stream's next window now
+    /// (`Core::readahead_instead_of_wait`) and returns the core locked again
+    /// for the fault to be planned anew; else gives `c` back untouched.
+    fn read_ahead_instead<'a>(
+        &'a self,
+        mut c: MutexGuard<'a, Core>,
+        page_addr: usize,
+        mm: &RwLockReadGuard<'_, ()>,
+    ) -> Result<MutexGuard<'a, Core>, MutexGuard<'a, Core>> {
+        let Some(p) = c.page_of(Addr(page_addr as u64)) else { return Err(c) };
+        let Some((q, end)) = c.readahead_instead_of_wait(p) else { return Err(c) };
+        // A window that would need reclaim first is left to the background
+        // thread (that plan claims nothing); any other plan is served (it
+        // may have claimed pages).
+        match c.populate_step(q, end, false) {
+            None | Some(FaultPlan::Reclaim { .. } | FaultPlan::Busy | FaultPlan::Wake) => Err(c),
+            Some(plan) => {
+                match self.serve(c, &plan, self.addr(q), false, Caller::Populate, mm, &mut Retries::default()) {
+                    Next::Again(g) => Ok(g),
+                    Next::Served | Next::Failed(_) => Ok(lock(&self.core)),
+                }
             }
         }
     }

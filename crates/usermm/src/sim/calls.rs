@@ -90,9 +90,10 @@ impl Sim {
             MADV_POPULATE_READ,
             MADV_POPULATE_WRITE,
             MADV_NORMAL,
+            MADV_SEQUENTIAL,
             MADV_FREE,
             MADV_FREE,
-        ][self.rng.below(9) as usize];
+        ][self.rng.below(10) as usize];
         if ![MADV_DONTNEED, MADV_FREE].contains(&advice) {
             // Advice that changes no byte: the second thread may touch the
             // range meanwhile.
