@@ -38,7 +38,14 @@ impl SimPlatform {
             if one_in == 0 || !o.rng.chance(one_in) {
                 return;
             }
-            let p = o.rng.below(PAGES as u64) as usize;
+            // Now and then a page just past the step's: where a fill window
+            // around the step's page goes on (a stream's page being read,
+            // which a waiting handler reads ahead of: `read_ahead_instead`).
+            let p = if o.busy.1 > o.busy.0 && o.rng.chance(4) {
+                (o.busy.1 + o.rng.below(8) as usize).min(PAGES - 1)
+            } else {
+                o.rng.below(PAGES as u64) as usize
+            };
             if (o.busy.0..o.busy.1).contains(&p) {
                 return;
             }
