@@ -10,7 +10,7 @@ use usermm_core::consts::*;
 use usermm_core::page::PState;
 use usermm_core::{Addr, Core, CoreConfig, FaultPlan, FileMap, MmapReply, PageIdx, PageRange, MAX_WINDOW_PAGES};
 
-use common::{at, pages, BASE};
+use common::{at, pages};
 
 const FILE: u32 = 3;
 const N: u64 = 4096;
@@ -20,16 +20,12 @@ const W: u64 = MAX_WINDOW_PAGES;
 /// file of `N` pages at page 0, advised `advice`.
 fn stream(advice: i32, flags: i32) -> Core {
     let mut c = Core::new(CoreConfig {
-        base: BASE,
         reserve_pages: N + 64,
-        page_shift: 12,
         budget_pages: N,
         swap_slots: 0,
         staging_slots: 64,
-        max_regions: 100,
-        memlock_pages: u64::MAX,
-        mlock_allowed: true,
         exact_faults: false,
+        ..common::cfg()
     });
     let file = FileMap { id: FILE, writable: false, off_pages: 0 };
     match c.mmap_file(at(0), pages(N), PROT_READ, MAP_SHARED | MAP_FIXED | flags, file).unwrap() {

@@ -236,11 +236,11 @@ impl Inner {
     ) -> Result<MutexGuard<'a, Core>, MutexGuard<'a, Core>> {
         let Some(p) = c.page_of(Addr(page_addr as u64)) else { return Err(c) };
         let Some((q, end)) = c.readahead_instead_of_wait(p) else { return Err(c) };
-        // A window that would need reclaim first is left to the background
-        // thread (that plan claims nothing); any other plan is served (it
-        // may have claimed pages).
+        // A window that would need reclaim first, or that a zap holds, is
+        // left alone (neither plan claims anything: the fault waits as
+        // before); any other plan is served (it may have claimed pages).
         match c.populate_step(q, end, false) {
-            None | Some(FaultPlan::Reclaim { .. } | FaultPlan::Busy | FaultPlan::Wake) => Err(c),
+            None | Some(FaultPlan::Reclaim { .. } | FaultPlan::Busy) => Err(c),
             Some(plan) => {
                 match self.serve(c, &plan, self.addr(q), false, Caller::Populate, mm, &mut Retries::default()) {
                     Next::Again(g) => Ok(g),
