@@ -46,7 +46,14 @@ impl Inner {
         // faulting thread's CPU (`hand_off_wake`): done here, it cost the
         // handler 12 µs a window, against the 9 µs of the mapping itself.
         let c = lock(&self.core);
-        let handed = if caller.waits() { self.hand_off_wake(a, len) } else { None };
+        let handed = if self.delegates_wake(caller) {
+            self.hand_off_wake(a, len)
+        } else {
+            if caller.waits() {
+                let _ = self.plat.wake(a, len);
+            }
+            None
+        };
         if caller.waits() && (page_addr < a || page_addr >= a + len) {
             let _ = self.plat.wake(page_addr, self.page_size);
         }

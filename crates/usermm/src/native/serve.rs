@@ -58,6 +58,17 @@ pub(super) enum Next<'a> {
     Failed(Errno),
 }
 
+/// How old an answer of where a faulting thread runs may be
+/// (`Inner::delegates_wake`): a thread moves between CPUs far less often
+/// than it faults, and a read of it costs about 1 µs.
+const THREAD_CPU_AGE_NS: u64 = 100_000;
+
+thread_local! {
+    /// A handler thread's reader of where faulting threads run
+    /// (`Inner::delegates_wake`).
+    static THREAD_CPU: std::cell::RefCell<usermm_sys::thread::ThreadCpu> = std::cell::RefCell::default();
+}
+
 /// What one fault or populate step carries from plan to plan.
 #[derive(Default)]
 pub(super) struct Retries {
@@ -368,7 +379,7 @@ impl Inner {
         let c = lock(&self.core);
         let a = self.addr(run.start);
         // (In-thread faults: no thread waits, nothing to hand off.)
-        let delegate = !caller.in_thread() && self.wake_ahead.spinning();
+        let delegate = self.delegates_wake(caller);
         let bytes = if read { self.plat.swap_install(a, len, keep, !delegate).unwrap_or(0) } else { 0 };
         // (The commit below wakes what was not installed.)
         let handed = if delegate && bytes > 0 { self.hand_off_wake(a, bytes) } else { None };
@@ -436,7 +447,7 @@ impl Inner {
         if head == len {
             return self.plat.file_install(a, 0, len, true).unwrap_or(0);
         }
-        let delegate = self.wake_ahead.spinning();
+        let delegate = self.delegates_wake(caller);
         let n = self.plat.file_install(a, 0, head, !delegate).unwrap_or(0);
         if n < head {
             // (The commit wakes the whole run.)
@@ -519,6 +530,23 @@ impl Inner {
             let _ = self.plat.wake(a, len);
         }
         post
+    }
+
+    /// Whether the wake-up of the thread waiting for `caller`'s fault is
+    /// to be handed to the wake-ahead thread (`hand_off_wake`): it spins,
+    /// and the faulting thread waits on another CPU than this handler's.
+    /// Where the two share a CPU (the handler ran there once the thread
+    /// slept), the handler's own wake-up needs no interrupt and the thread
+    /// preempts it at once, while the wake-ahead thread, on the other CPU,
+    /// would have to interrupt this one. The thread's CPU is read from
+    /// `/proc` (`ThreadCpu`, about 1 µs).
+    pub(super) fn delegates_wake(&self, caller: Caller) -> bool {
+        let Caller::Fault { tid: Some(tid), in_thread: false, .. } = caller else { return false };
+        if !self.wake_ahead.spinning() {
+            return false;
+        }
+        let mine = usermm_sys::thread::current_cpu();
+        mine.is_none() || THREAD_CPU.with(|t| t.borrow_mut().of(tid, THREAD_CPU_AGE_NS)) != mine
     }
 
     /// Takes back a handed-off wake-up the wake-ahead thread has not taken
