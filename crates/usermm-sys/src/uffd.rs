@@ -460,6 +460,22 @@ pub fn poll2(fd: RawFd, wake_fd: RawFd, timeout_ms: i32) -> Result<bool, Errno> 
     Ok(p[0].revents & libc::POLLIN != 0)
 }
 
+/// Reads what the socket `fd` holds now into `buf`, without waiting
+/// (`recv` with `MSG_DONTWAIT`): `Ok(None)` when nothing is there yet (or
+/// a signal came first), `Ok(Some(0))` at the end of the stream.
+pub fn recv_now(fd: RawFd, buf: &mut [u8]) -> Result<Option<usize>, Errno> {
+    // SAFETY: `buf` is valid, writable memory of `buf.len()` bytes.
+    let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if r < 0 {
+        let e = crate::last_errno();
+        if e.0 == libc::EAGAIN || e.0 == libc::EWOULDBLOCK || e.0 == libc::EINTR {
+            return Ok(None);
+        }
+        return Err(e);
+    }
+    Ok(Some(r as usize))
+}
+
 /// How much of a range one resolving ioctl asks for. The whole rest at
 /// first; but the host refuses a range that spans two of its VMAs (`ENOENT`,
 /// or `EINVAL` for a move), and one usermm region can be two host VMAs (two
