@@ -393,40 +393,56 @@ pub fn current_cpu() -> Option<u32> {
 }
 
 /// Where other threads of this process last ran: field 39 (`processor`)
-/// of `/proc/self/task/TID/stat`, read through a file kept open for one
-/// thread at a time. A read costs about 1 µs on this VM (a `pread` that
-/// formats the whole line), so an answer younger than the caller's bound
-/// is given again instead.
+/// of `/proc/self/task/TID/stat`, read through a file kept open for each
+/// of the last [`ThreadCpu::THREADS`] threads asked about (a program's
+/// faulting threads take turns: one file for all would be opened again at
+/// every turn). A read costs about 1 µs on this VM (a `pread` that formats
+/// the whole line), so an answer younger than the caller's bound is given
+/// again instead.
 #[derive(Default)]
 pub struct ThreadCpu {
-    file: Option<(u32, std::fs::File)>,
+    /// The threads asked about, in the order they were first asked about.
+    threads: Vec<Watched>,
     buf: Vec<u8>,
-    /// The last answer: the thread, its CPU and when it was read.
-    last: Option<(u32, u32, u64)>,
 }
 
+/// A thread [`ThreadCpu`] keeps a file for: its id, its stat file, and the
+/// last answer (its CPU and when it was read).
+type Watched = (u32, std::fs::File, Option<(u32, u64)>);
+
 impl ThreadCpu {
+    /// How many threads' files are kept open.
+    pub const THREADS: usize = 8;
+
     /// The CPU thread `tid` last ran on, read at most `max_age_ns` ago;
     /// `None` when unknown (no such thread, or `/proc` not mounted).
     pub fn of(&mut self, tid: u32, max_age_ns: u64) -> Option<u32> {
         use std::os::unix::fs::FileExt;
         let now = crate::now_ns();
-        if let Some((t, cpu, at)) = self.last {
-            if t == tid && now.saturating_sub(at) < max_age_ns {
+        let i = match self.threads.iter().position(|t| t.0 == tid) {
+            Some(i) => i,
+            None => {
+                let f = std::fs::File::open(format!("/proc/self/task/{tid}/stat")).ok()?;
+                if self.threads.len() == Self::THREADS {
+                    self.threads.remove(0);
+                }
+                self.threads.push((tid, f, None));
+                self.threads.len() - 1
+            }
+        };
+        if let Some((cpu, at)) = self.threads[i].2 {
+            if now.saturating_sub(at) < max_age_ns {
                 return Some(cpu);
             }
         }
-        self.last = None;
-        if self.file.as_ref().is_none_or(|(t, _)| *t != tid) {
-            self.file = None;
-            let f = std::fs::File::open(format!("/proc/self/task/{tid}/stat")).ok()?;
-            self.file = Some((tid, f));
-        }
-        let (_, f) = self.file.as_ref()?;
         self.buf.resize(1024, 0);
-        let n = f.read_at(&mut self.buf, 0).ok()?;
-        let cpu = parse_stat_cpu(&self.buf[..n])?;
-        self.last = Some((tid, cpu, now));
+        let read = self.threads[i].1.read_at(&mut self.buf, 0).ok().and_then(|n| parse_stat_cpu(&self.buf[..n]));
+        let Some(cpu) = read else {
+            // (The thread is gone: its file with it.)
+            self.threads.remove(i);
+            return None;
+        };
+        self.threads[i].2 = Some((cpu, now));
         Some(cpu)
     }
 }
@@ -466,5 +482,34 @@ mod cpu_tests {
         // (A recent answer is given again, a stale one read again.)
         let c = t.of(me, 0);
         assert_eq!(t.of(me, u64::MAX), c);
+        // Threads taking turns each keep their file: at most `THREADS`.
+        let others: Vec<u32> =
+            (0..ThreadCpu::THREADS + 2).map(|_| std::thread::spawn(gettid)).map(|h| h.join().unwrap()).collect();
+        for &o in &others {
+            // (Gone threads: no answer, and nothing kept for them.)
+            assert_eq!(t.of(o, 0), None);
+        }
+        assert_eq!(t.threads.len(), 1);
+        // Two live threads asked about in turns: each keeps its own file.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = std::sync::Arc::new(std::sync::Barrier::new(3));
+        let live: Vec<_> = (0..2)
+            .map(|_| {
+                let (tx, stop) = (tx.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    tx.send(gettid()).unwrap();
+                    stop.wait();
+                })
+            })
+            .collect();
+        let tids = [rx.recv().unwrap(), rx.recv().unwrap()];
+        for _ in 0..3 {
+            for &o in &tids {
+                assert!(t.of(o, 0).is_some());
+            }
+        }
+        assert_eq!(t.threads.len(), 3);
+        stop.wait();
+        live.into_iter().for_each(|h| h.join().unwrap());
     }
 }
