@@ -266,9 +266,60 @@ pub(crate) struct Threads {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    if SERVES_FAULTS.with(std::cell::Cell::get) {
+        return lock_spinning(m);
+    }
     // A panic while holding the core lock is a bug; the state it left is
     // still the best there is, so keep serving rather than cascade.
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+thread_local! {
+    /// Whether a faulting thread waits on this thread's progress (a handler
+    /// thread, or a faulting thread resolving its own fault): its [`lock`]
+    /// tries for a while before it sleeps ([`lock_spinning`]).
+    static SERVES_FAULTS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// How long a thread that a faulting thread waits on tries for the core
+/// lock before it sleeps on it ([`lock_spinning`]): the longest holds by
+/// other threads are a large unmap's per-chunk bookkeeping (30–90 µs).
+const LOCK_SPIN_NS: u64 = 150_000;
+
+/// [`lock`] for a thread that a faulting thread waits on: tries for up to
+/// [`LOCK_SPIN_NS`], yielding now and then (to a holder queued on this
+/// CPU), before it sleeps on the lock. Sleeping there lets this vCPU halt,
+/// and on this VM the hypervisor then wakes it up to a millisecond late
+/// while a large unmap frees memory (`perf`: a handler blocked on the core
+/// lock held by the zap's chunk bookkeeping, woken 18 µs later, running
+/// again 0.9–1.5 ms later, the faulting thread waiting all that time;
+/// docs/design.md, "Seed 003"). Async-signal-safe (the in-thread SIGBUS
+/// handler takes the lock this way): an atomic try, the vDSO clock,
+/// `sched_yield`.
+fn lock_spinning<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    let mut until = 0;
+    let mut turn = 0u32;
+    loop {
+        match m.try_lock() {
+            Ok(g) => return g,
+            Err(std::sync::TryLockError::Poisoned(e)) => return e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+        let now = now_ns();
+        if until == 0 {
+            until = now + LOCK_SPIN_NS;
+        } else if now >= until {
+            return m.lock().unwrap_or_else(|e| e.into_inner());
+        }
+        turn = turn.wrapping_add(1);
+        if turn.is_multiple_of(8) {
+            std::thread::yield_now();
+        } else {
+            for _ in 0..32 {
+                std::hint::spin_loop();
+            }
+        }
+    }
 }
 
 impl Inner {

@@ -65,6 +65,7 @@ impl usermm_sys::inthread::Resolve for InThread {
         // heap's own memory would end the process).
         let _system = crate::heap::SystemOnly::enter();
         let outer = DEFERRED.with(|d| d.replace(Some(0)));
+        let spun = SERVES_FAULTS.with(|s| s.replace(true));
         let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mm = self.0.read_mm();
             let c = lock(&self.0.core);
@@ -75,6 +76,7 @@ impl usermm_sys::inthread::Resolve for InThread {
         // (A nested fault, from a program handler this one chained to,
         // restores the outer resolve's state.)
         let deferred = DEFERRED.with(|d| d.replace(outer)).unwrap_or(0);
+        SERVES_FAULTS.with(|s| s.set(spun));
         match served {
             Ok(Resolved::ProgramsSigbus) => Outcome::ProgramsSigbus,
             Ok(_) if deferred == SIGBUS => Outcome::TransientSigbus,
@@ -93,6 +95,7 @@ impl usermm_sys::inthread::Resolve for InThread {
 
 impl Inner {
     pub(super) fn handler_loop(&self) {
+        SERVES_FAULTS.with(|s| s.set(true));
         let mut msgs = [UffdMsg::default(); 32];
         while !self.shutdown.load(Ordering::Relaxed) {
             match self.plat.wait_events(&self.wake_fd, 200) {
