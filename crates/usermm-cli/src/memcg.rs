@@ -348,7 +348,15 @@ impl KernelLimit {
         std::fs::create_dir(&cg).map_err(|e| format!("mkdir {}: {e}", cg.display()))?;
         std::fs::write(cg.join("memory.limit_in_bytes"), self.limit_bytes.to_string())
             .map_err(|e| format!("{name}/memory.limit_in_bytes: {e}"))?;
-        let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+        // The running binary itself, through `/proc/self/exe`: its path may
+        // name another file by now (a rebuild while a report runs replaced
+        // it; the path then fails with ENOENT or runs other code).
+        let proc_exe = Path::new("/proc/self/exe");
+        let exe = if proc_exe.exists() {
+            proc_exe.to_path_buf()
+        } else {
+            std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?
+        };
         let mut child = Command::new(exe)
             .arg(CHILD_CMD)
             .args(args)
