@@ -43,6 +43,9 @@ use usermm_sys::now_ns;
 /// The longest the thread spins for one wake-up (a fault waiting on reclaim
 /// or on I/O may take longer: the CPU then idles as it would without it).
 const MAX_SPIN_NS: u64 = 2_000_000;
+/// How long the thread spins while only brief fills are in flight and none
+/// is served ([`WakeAhead::guard_brief`]): a small zero fill takes 2–50 µs.
+const BRIEF_SPIN_NS: u64 = 200_000;
 /// How long the thread goes on spinning after the last fault is served: a
 /// program faulting in a loop faults again within microseconds, and its CPU
 /// is then still awake.
@@ -52,6 +55,10 @@ const GRACE_NS: u64 = 100_000;
 pub(crate) struct WakeAhead {
     /// Faults read by handlers and not yet served.
     inflight: AtomicU32,
+    /// Of those, the brief ones (`guard_brief`).
+    brief: AtomicU32,
+    /// Faults served so far (`end`): the spinner's sign of progress.
+    served: AtomicU64,
     /// Threads that sleep (or are about to), counted under `lock`.
     sleepers: AtomicU32,
     lock: Mutex<()>,
@@ -88,6 +95,7 @@ impl WakeAhead {
             return;
         }
         self.inflight.fetch_sub(n, Ordering::SeqCst);
+        self.served.fetch_add(u64::from(n), Ordering::Relaxed);
     }
 
     /// `begin(1)` now and `end(1)` when the guard drops, if `waiting` (a
@@ -97,7 +105,22 @@ impl WakeAhead {
         if on {
             self.begin(1);
         }
-        Guard { wa: self, on }
+        Guard { wa: self, on, brief: false }
+    }
+
+    /// [`WakeAhead::guard`] for a fill that takes microseconds (a small
+    /// zero fill): while only such fills are in flight, the thread spins
+    /// at most [`BRIEF_SPIN_NS`] without one being served.
+    pub(crate) fn guard_brief(&self, waiting: bool) -> Guard<'_> {
+        let on = waiting && self.enabled.load(Ordering::Relaxed);
+        if on {
+            // (Counted after `inflight`, and uncounted before it: never
+            // more brief fills than fills, so a long fill is never taken
+            // for a brief one.)
+            self.begin(1);
+            self.brief.fetch_add(1, Ordering::SeqCst);
+        }
+        Guard { wa: self, on, brief: on }
     }
 
     /// Whether the thread spins now: a wake-up posted now is likely to be
@@ -161,9 +184,31 @@ impl WakeAhead {
                 self.spinning.store(true, Ordering::SeqCst);
                 let until = now_ns() + MAX_SPIN_NS;
                 let mut idle_since = 0;
+                // Since when faults have been in flight with none served
+                // (0: none in flight at the last look).
+                let mut busy_since = 0;
+                let mut served = self.served.load(Ordering::Relaxed);
                 loop {
                     let t = now_ns();
                     if t >= until {
+                        capped = true;
+                        break;
+                    }
+                    // Only brief fills in flight, and for longer than one
+                    // takes: the handler serving them is most likely
+                    // queued behind this thread on its CPU (the thread it
+                    // woke preempted it there, then faulted again and
+                    // slept), and a `SCHED_IDLE` thread keeps a CPU from a
+                    // queued thread until the scheduler's tick. Stop, so
+                    // that it runs (docs/design.md, "Wake-ahead").
+                    let inflight = self.inflight.load(Ordering::Relaxed);
+                    let now_served = self.served.load(Ordering::Relaxed);
+                    if inflight == 0 {
+                        busy_since = 0;
+                    } else if busy_since == 0 || now_served != served {
+                        busy_since = t;
+                        served = now_served;
+                    } else if t - busy_since >= BRIEF_SPIN_NS && self.brief.load(Ordering::Relaxed) >= inflight {
                         capped = true;
                         break;
                     }
@@ -217,10 +262,14 @@ impl WakeAhead {
 pub(crate) struct Guard<'a> {
     wa: &'a WakeAhead,
     on: bool,
+    brief: bool,
 }
 
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
+        if self.brief {
+            self.wa.brief.fetch_sub(1, Ordering::SeqCst);
+        }
         if self.on {
             self.wa.end(1);
         }
@@ -298,6 +347,49 @@ mod tests {
         until("the thread wakes", || wa.sleepers.load(Ordering::SeqCst) == 0);
         until("the thread gives up spinning at its cap", || wa.sleepers.load(Ordering::SeqCst) == 1);
         drop(g);
+        finish(&wa, &stop, t);
+    }
+
+    /// A brief fill held past `BRIEF_SPIN_NS` (its handler queued behind
+    /// the spinner) stops the spin long before the cap; a fill that reads
+    /// does not; nor does a brief one beside it.
+    #[test]
+    fn a_brief_fill_held_too_long_stops_the_spin_early() {
+        let (wa, stop, t, _) = start();
+        // How long the thread spins for a brief fill held 5 ms (watched
+        // without sleeping: the spin is short). The shortest of three
+        // tries, so that a preemption of this thread does not count.
+        let mut shortest = Duration::MAX;
+        for _ in 0..3 {
+            until("the thread sleeps", || wa.sleepers.load(Ordering::SeqCst) == 1);
+            let g = wa.guard_brief(true);
+            let t0 = Instant::now();
+            while !wa.spinning() {
+                assert!(t0.elapsed() < Duration::from_secs(5), "the thread never spun");
+                std::hint::spin_loop();
+            }
+            let t1 = Instant::now();
+            while wa.spinning() {
+                assert!(t1.elapsed() < Duration::from_secs(5), "the thread never stopped");
+                std::hint::spin_loop();
+            }
+            shortest = shortest.min(t1.elapsed());
+            std::thread::sleep(Duration::from_millis(5).saturating_sub(t0.elapsed()));
+            drop(g);
+        }
+        // 0.2 ms, well before the 2 ms cap.
+        assert!(shortest < Duration::from_nanos(MAX_SPIN_NS / 2), "spun {shortest:?}");
+        assert_eq!(wa.brief.load(Ordering::SeqCst), 0);
+        let long = wa.guard(true);
+        let brief = wa.guard_brief(true);
+        until("the thread wakes for the read", || wa.sleepers.load(Ordering::SeqCst) == 0);
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_nanos(BRIEF_SPIN_NS * 4) {
+            assert_eq!(wa.sleepers.load(Ordering::SeqCst), 0, "a fill that reads is in flight: the thread spins on");
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        drop(brief);
+        drop(long);
         finish(&wa, &stop, t);
     }
 

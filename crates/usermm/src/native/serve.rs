@@ -317,7 +317,7 @@ impl Inner {
         // this handler's (docs/design.md, "Wake-ahead"): `usermm bench
         // fault`, three interleaved pairs, sparse read p50 17.9-19.3 µs
         // without, 4.9-7.4 µs with (write 18.5-19.6 against 6.2-6.6).
-        let _awake = self.wake_ahead.guard(caller.waits() && !caller.in_thread());
+        let _awake = self.wake_ahead.guard_brief(caller.waits() && !caller.in_thread());
         let delegate = self.delegates_wake(caller);
         let done = if pooled {
             self.plat.zero_fill_pooled(a, len, !delegate)
