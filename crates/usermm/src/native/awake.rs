@@ -101,26 +101,28 @@ impl WakeAhead {
     /// `begin(1)` now and `end(1)` when the guard drops, if `waiting` (a
     /// thread waits for this fill), else nothing.
     pub(crate) fn guard(&self, waiting: bool) -> Guard<'_> {
-        let on = waiting && self.enabled.load(Ordering::Relaxed);
-        if on {
-            self.begin(1);
-        }
-        Guard { wa: self, on, brief: false }
+        self.guard_of(waiting, false)
     }
 
     /// [`WakeAhead::guard`] for a fill that takes microseconds (a small
     /// zero fill): while only such fills are in flight, the thread spins
     /// at most [`BRIEF_SPIN_NS`] without one being served.
     pub(crate) fn guard_brief(&self, waiting: bool) -> Guard<'_> {
+        self.guard_of(waiting, true)
+    }
+
+    fn guard_of(&self, waiting: bool, brief: bool) -> Guard<'_> {
         let on = waiting && self.enabled.load(Ordering::Relaxed);
         if on {
+            self.begin(1);
             // (Counted after `inflight`, and uncounted before it: never
             // more brief fills than fills, so a long fill is never taken
             // for a brief one.)
-            self.begin(1);
-            self.brief.fetch_add(1, Ordering::SeqCst);
+            if brief {
+                self.brief.fetch_add(1, Ordering::SeqCst);
+            }
         }
-        Guard { wa: self, on, brief: on }
+        Guard { wa: self, on, brief: on && brief }
     }
 
     /// Whether the thread spins now: a wake-up posted now is likely to be
