@@ -66,7 +66,8 @@ pub use mlock::lock_populate_errno;
 pub use plan::*;
 pub use reclaim::{OOM_ROUNDS, OOM_ROUNDS_BUSY};
 pub use window::{
-    BLOCK_MIN_REGION_PAGES, BLOCK_PAGES, FAULT_AROUND_BYTES, MAX_WINDOW_PAGES, READAHEAD_DEPTH, SWAP_CLUSTER_PAGES,
+    BLOCK_MIN_REGION_PAGES, BLOCK_PAGES, FAULT_AROUND_BYTES, IN_THREAD_ZERO_WINDOW_PAGES, MAX_WINDOW_PAGES,
+    READAHEAD_DEPTH, SWAP_CLUSTER_PAGES,
 };
 
 /// The highest user address on x86-64 with 4-level paging (Linux TASK_SIZE).

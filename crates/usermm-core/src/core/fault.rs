@@ -10,6 +10,7 @@
 
 use super::window::{
     dense_block, fault_around_window, file_fault_around_block, grow_run, swap_in_window, BLOCK_MIN_REGION_PAGES,
+    IN_THREAD_ZERO_WINDOW_PAGES, MAX_WINDOW_PAGES,
 };
 use super::{bad, transfer_for, Core, FaultPlan};
 use crate::consts::*;
@@ -21,7 +22,16 @@ use crate::types::{Addr, PageIdx, PageRange};
 impl Core {
     /// Plans the resolution of a fault at `a`.
     pub fn fault(&mut self, a: Addr, write: bool) -> FaultPlan {
-        self.fault_in(a, write, None)
+        self.fault_in(a, write, None, MAX_WINDOW_PAGES)
+    }
+
+    /// `fault` for a fault the faulting thread resolves itself (in-thread
+    /// mode): an anonymous write fault's zero-fill window takes at most
+    /// `IN_THREAD_ZERO_WINDOW_PAGES`, because the thread fills all of it
+    /// before it returns to the program (a handler thread wakes the program
+    /// after the piece it waits for and fills the rest meanwhile).
+    pub fn fault_in_thread(&mut self, a: Addr, write: bool) -> FaultPlan {
+        self.fault_in(a, write, None, IN_THREAD_ZERO_WINDOW_PAGES)
     }
 
     /// Plans one step of populating `[p, end)` (MADV_POPULATE_*): like a
@@ -29,7 +39,7 @@ impl Core {
     /// checked the range with `populate_check`. Returns `None` when `p` is
     /// already resident and mapped.
     pub fn populate_step(&mut self, p: PageIdx, end: PageIdx, write: bool) -> Option<FaultPlan> {
-        let plan = self.fault_in(self.addr_of(p), write, Some(end));
+        let plan = self.fault_in(self.addr_of(p), write, Some(end), MAX_WINDOW_PAGES);
         match plan {
             FaultPlan::Wake => None,
             other => Some(other),
@@ -69,7 +79,9 @@ impl Core {
         (segs, Ok(()))
     }
 
-    fn fault_in(&mut self, a: Addr, write: bool, populate: Option<PageIdx>) -> FaultPlan {
+    /// A fault or populate step at `a`; `zero_window`: the largest
+    /// anonymous zero-fill window (`fault_in_thread`).
+    fn fault_in(&mut self, a: Addr, write: bool, populate: Option<PageIdx>, zero_window: u64) -> FaultPlan {
         let Some(p) = self.page_of(a) else {
             return FaultPlan::Wake;
         };
@@ -131,7 +143,7 @@ impl Core {
                 FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked, wp }
             }
             PState::Swapped => self.plan_swap_in(p, m, region, free, populate.is_some(), write),
-            PState::Absent => self.plan_absent(p, m, region, free, populate.is_some(), write, exact),
+            PState::Absent => self.plan_absent(p, m, region, free, populate.is_some(), write, exact, zero_window),
             _ => unreachable!("busy handled above"),
         }
     }
@@ -194,6 +206,7 @@ impl Core {
         populate: bool,
         write: bool,
         exact: bool,
+        zero_window: u64,
     ) -> FaultPlan {
         if m.has(pf::POISONED) || (m.has(pf::PURGED) && m.has(pf::VOLATILE)) {
             return FaultPlan::Sigbus;
@@ -205,7 +218,10 @@ impl Core {
         // (One lookup for the whole plan: the borrow is of `regions` only.)
         let reg = self.regions.find_mut(p).expect("region");
         // Fault-around: how many pages past (and around) `p`.
-        let window = fault_around_window(reg, p, populate, exact);
+        let mut window = fault_around_window(reg, p, populate, exact);
+        if write && reg.file().is_none() {
+            window = window.min(zero_window);
+        }
         let mut run = PageRange::new(p.0, p.0 + 1);
         let limit = free.min(window);
         while run.pages() < limit && run.end < region.end && self.pages.get(run.end) == PageMeta::default() {

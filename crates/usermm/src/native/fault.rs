@@ -198,7 +198,15 @@ impl Inner {
         let caller = Caller::Fault { addr, tid, in_thread };
         let mut retries = Retries::default();
         loop {
-            let plan = if wp { c.wp_fault(Addr(page_addr as u64)) } else { c.fault(Addr(page_addr as u64), write) };
+            let a = Addr(page_addr as u64);
+            let plan = if wp {
+                c.wp_fault(a)
+            } else if in_thread {
+                // (This thread fills the whole window before it returns.)
+                c.fault_in_thread(a, write)
+            } else {
+                c.fault(a, write)
+            };
             if matches!(plan, FaultPlan::Busy) && !in_thread && tid.is_some() {
                 // A handler would wait idle for a page a stream's read-ahead
                 // is reading: it reads the stream's next window meanwhile.
