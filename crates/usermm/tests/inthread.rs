@@ -6,7 +6,8 @@
 //! handler thread; threads fault at once; a program's own SIGBUS handler
 //! gets the SIGBUS that are not a space's faults (a poisoned page), with
 //! the address, whether it was installed before or after the space opened;
-//! with no handler the process dies of SIGBUS; faults with the async
+//! with no handler the process dies of SIGBUS; a sequential writer's
+//! windows stop at the in-thread size; faults with the async
 //! signals blocked and from code on an alternate signal stack; and the
 //! documented cost: a kernel-mode access to a page that is not resident
 //! fails with `EFAULT`.
@@ -78,6 +79,32 @@ fn pages_come_in_in_the_faulting_thread_with_every_byte_right() {
     assert!(st.faults > 8192, "{st:?}");
     assert_eq!(st.swap_read_errors + st.swap_write_errors, 0, "{st:?}");
     assert!(st.resident_pages <= 1024, "the budget holds: {st:?}");
+    s.close().unwrap();
+}
+
+#[test]
+fn a_sequential_writer_fills_windows_of_at_most_the_in_thread_size() {
+    // The faulting thread fills its whole window before it goes on, so an
+    // in-thread write fault's zero-fill window stops at
+    // IN_THREAD_ZERO_WINDOW_PAGES; a handler thread's would grow to
+    // MAX_WINDOW_PAGES.
+    use usermm_core::{IN_THREAD_ZERO_WINDOW_PAGES as CAP, MAX_WINDOW_PAGES as MAX};
+    const { assert!(CAP < MAX) };
+    let s = space(8192, 0);
+    let pages = 4096;
+    let a = s.mmap(0, pages * PS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0).unwrap();
+    for p in 0..pages {
+        poke(a + p * PS, tag(p, 0));
+    }
+    let st = s.stats();
+    assert_eq!(st.zero_fills, pages as u64, "{st:?}");
+    // (Windows of the largest size would take fewer than pages / CAP.)
+    let faults = st.faults as usize;
+    assert!(faults >= pages / CAP as usize, "{faults} faults: windows over {CAP} pages");
+    assert!(faults <= pages / CAP as usize + 8, "{faults} faults: the windows did not grow");
+    for p in 0..pages {
+        assert_eq!(peek(a + p * PS), tag(p, 0), "page {p}");
+    }
     s.close().unwrap();
 }
 
