@@ -80,7 +80,7 @@ impl Core {
     }
 
     /// A fault or populate step at `a`; `zero_window`: the largest
-    /// anonymous zero-fill window (`fault_in_thread`).
+    /// zero-fill window of an anonymous write fault (`fault_in_thread`).
     fn fault_in(&mut self, a: Addr, write: bool, populate: Option<PageIdx>, zero_window: u64) -> FaultPlan {
         let Some(p) = self.page_of(a) else {
             return FaultPlan::Wake;

@@ -8,7 +8,9 @@
 //! largest window; a normal one takes one page until three faults in a row
 //! land where the last run ended (a streak), then blocks of `BLOCK_PAGES`
 //! doubling up to `MAX_WINDOW_PAGES`, and a large one fills a whole block on
-//! a second fault in it (`dense_block`). A swap-in clusters up to
+//! a second fault in it (`dense_block`); an anonymous write fault the
+//! faulting thread resolves itself stops at `IN_THREAD_ZERO_WINDOW_PAGES`
+//! (`Core::fault_in_thread`). A swap-in clusters up to
 //! `SWAP_CLUSTER_PAGES` consecutive slots. A read fault in a locked file
 //! region maps Linux's fault-around window (`file_fault_around_block`).
 //! Every window is bounded by the free frames, the region (or the populate
