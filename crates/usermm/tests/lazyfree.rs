@@ -156,6 +156,41 @@ fn clean_lazy_pages_are_discarded_before_any_dirty_page_is_swapped() {
     s.validate();
 }
 
+// MADV_PAGEOUT over lazily freed pages: the clean ones are discarded with
+// no I/O (read back as zeros), the ones written since are paged out as any
+// page (the kernel comparison is conformance.rs,
+// `pageout_discards_clean_lazily_freed_pages`). It kept all of them once,
+// swapped out and no longer lazily freed: 0 discards, 64 swap-outs.
+#[test]
+fn pageout_discards_clean_lazily_freed_pages_and_swaps_written_ones() {
+    let s = space(64, 64);
+    let a = anon(&s, 64 * PS);
+    fill(a, 64, 0x5);
+    s.madvise(a, 64 * PS, MADV_FREE).unwrap();
+    let written = |p: usize| p % 4 == 1;
+    for p in (0..64).filter(|&p| written(p)) {
+        poke(a + p * PS + 1, 0x6);
+    }
+    let before = s.stats();
+    s.madvise(a, 64 * PS, MADV_PAGEOUT).unwrap();
+    let after = s.stats();
+    assert_eq!(after.lazyfree_discards - before.lazyfree_discards, 48, "clean pages discarded: {after:?}");
+    assert_eq!(after.swapouts - before.swapouts, 16, "only the written pages go to swap: {after:?}");
+    assert_eq!(after.lazyfree_pages, 0, "{after:?}");
+    let mut st = vec![0u32; 64];
+    s.page_state(a, 64, &mut st).unwrap();
+    for (p, &x) in st.iter().enumerate() {
+        let want = if written(p) { UMM_PAGE_SWAPPED } else { 0 };
+        assert_eq!(x & (UMM_PAGE_SWAPPED | UMM_PAGE_RESIDENT | UMM_PAGE_LAZYFREE), want, "page {p}: {x:#x}");
+    }
+    for p in 0..64 {
+        let got = (peek(a + p * PS), peek(a + p * PS + 1), peek(a + p * PS + PS - 1));
+        let want = if written(p) { (0x5, 0x6, 0x5) } else { (0, 0, 0) };
+        assert_eq!(got, want, "page {p}");
+    }
+    s.validate();
+}
+
 #[test]
 fn swapped_in_page_freed_again_is_discardable_again() {
     // The seed's subtle case (the kernel had to clear PG_dirty for it).

@@ -7,7 +7,7 @@
 //! policy that chooses the pages is in `reclaim.rs`.
 
 use super::policy::forget_use;
-use super::{transfer_for, Core, Deactivate, Discard, Evict, FaultPlan, Writeback};
+use super::{transfer_for, Core, Deactivate, Discard, Evict, FaultPlan, ReclaimPlan, Writeback};
 use crate::consts::*;
 use crate::page::{pf, PState, PageMeta};
 use crate::region::{Kind, LockMode};
@@ -17,10 +17,28 @@ impl Core {
     /// Plans the deactivation (MADV_COLD) or deactivation-then-eviction
     /// (MADV_PAGEOUT) of the resident pages of `r`.
     pub fn deactivate_range(&mut self, r: PageRange) -> Vec<Deactivate> {
+        self.deactivate_range_for(r, false)
+    }
+
+    /// Plans the deactivation of the resident pages of `r` for
+    /// `MADV_PAGEOUT` (then `evict_range`): as `deactivate_range`, and
+    /// without swap the lazily freed pages the host can discard still go
+    /// (Linux's PAGEOUT on a swapless host discards clean lazily freed
+    /// pages and keeps the rest).
+    pub fn pageout_range(&mut self, r: PageRange) -> Vec<Deactivate> {
+        self.deactivate_range_for(r, true)
+    }
+
+    fn deactivate_range_for(&mut self, r: PageRange, pageout: bool) -> Vec<Deactivate> {
         let mut v = Vec::new();
         let Some(reg) = self.regions.find(r.start).cloned() else { return v };
-        // (Shared file pages go to their file: they need no swap.)
-        if reg.lock != LockMode::None || self.swap.capacity() == 0 && reg.kind != Kind::FileShared {
+        if reg.lock != LockMode::None {
+            return v;
+        }
+        // (Shared file pages go to their file: they need no swap. Lazily
+        // freed pages a page-out discards need none either.)
+        let lazy_only = self.swap.capacity() == 0 && reg.kind != Kind::FileShared;
+        if lazy_only && !(pageout && self.host_lazyfree) {
             return v;
         }
         if reg.writable() && reg.prot != PROT_READ | PROT_WRITE {
@@ -29,6 +47,9 @@ impl Core {
         let how = transfer_for(reg.prot);
         for (p, m) in self.pages.live_in(r) {
             if m.state != PState::Resident || m.has(pf::LOCKED) {
+                continue;
+            }
+            if lazy_only && !m.has(pf::LAZYFREE) {
                 continue;
             }
             let Some(slot) = self.staging.alloc() else { break };
@@ -59,17 +80,21 @@ impl Core {
     }
 
     /// Plans the eviction of every inactive page of `r` (MADV_PAGEOUT, after
-    /// `deactivate_range`), at most `max`.
+    /// `pageout_range`), at most `max`: `evict`, `writeback` and `discard`
+    /// of the plan.
     ///
     /// Parked pages of shared file regions go back to their files, never to
     /// swap (the second list, as reclaim plans them): a page of a file
     /// swapped here was lost to the file (munmap, msync and close write back
-    /// only resident and parked pages).
-    pub fn evict_range(&mut self, r: PageRange, max: usize) -> (Vec<Evict>, Vec<Writeback>) {
-        let mut v = Vec::new();
-        let mut wb = Vec::new();
+    /// only resident and parked pages). Lazily freed pages are discarded as
+    /// reclaim discards them (`discard_done`): the host drops a clean one
+    /// (no I/O; it reads back as zeros, as after Linux's PAGEOUT), and one
+    /// written since goes to swap like any page, or stays parked without
+    /// swap (Linux keeps it resident).
+    pub fn evict_range(&mut self, r: PageRange, max: usize) -> ReclaimPlan {
+        let mut plan = ReclaimPlan::default();
         for (p, m) in self.pages.live_in(r) {
-            if v.len() + wb.len() >= max {
+            if plan.evict.len() + plan.writeback.len() + plan.discard.len() >= max {
                 break;
             }
             if m.state != PState::Inactive || m.has(pf::VOLATILE) {
@@ -78,14 +103,21 @@ impl Core {
             if let Some(reg) = self.regions.find(p).filter(|g| g.kind == Kind::FileShared) {
                 let (file, file_page) = (reg.file().expect("file region"), reg.file_page(p));
                 self.pages.update(p, |m| m.state = PState::Evicting);
-                wb.push(Writeback { page: p, staging: Some(m.slot), file, file_page, clean: !m.has(pf::MAYBE_DIRTY) });
+                let clean = !m.has(pf::MAYBE_DIRTY);
+                plan.writeback.push(Writeback { page: p, staging: Some(m.slot), file, file_page, clean });
+                continue;
+            }
+            if m.has(pf::LAZYFREE) && self.host_lazyfree {
+                let swap = self.swap.alloc();
+                self.pages.update(p, |m| m.state = PState::Evicting);
+                plan.discard.push(Discard { page: p, staging: m.slot, swap });
                 continue;
             }
             let Some((swap, clean)) = self.evict_target(p) else { break };
             self.pages.update(p, |m| m.state = PState::Evicting);
-            v.push(Evict { page: p, staging: m.slot, swap, clean });
+            plan.evict.push(Evict { page: p, staging: m.slot, swap, clean });
         }
-        (v, wb)
+        plan
     }
 
     pub fn deactivate_done(&mut self, d: &Deactivate, ok: bool) {

@@ -128,16 +128,19 @@ impl Inner {
 
     /// Deactivates the mapped pages of `r`, then evicts every parked page of
     /// the range (also those parked before): shared file pages go to their
-    /// file, the others to swap.
+    /// file, lazily freed ones are discarded (or swapped, if written since),
+    /// the others go to swap.
     fn pageout_range(&self, r: PageRange) {
-        let ds = lock(&self.core).deactivate_range(r);
+        let ds = lock(&self.core).pageout_range(r);
         self.deactivate_all(&ds);
         loop {
-            let (evs, wbs) = lock(&self.core).evict_range(r, 1024);
-            if evs.is_empty() && wbs.is_empty() {
+            let plan = lock(&self.core).evict_range(r, 1024);
+            if plan.is_empty() {
                 break;
             }
-            if self.evict_all(&evs) + self.writeback_all(&wbs) == 0 {
+            let freed =
+                self.discard_all(&plan.discard) + self.evict_all(&plan.evict) + self.writeback_all(&plan.writeback);
+            if freed == 0 {
                 break;
             }
         }

@@ -83,6 +83,12 @@ pub trait Mm {
     fn munlock(&self, addr: usize, len: usize) -> Result<(), Errno>;
     /// The smaps text (whole process for the kernel, the space for usermm).
     fn smaps_text(&self) -> String;
+    /// Makes every page installed so far visible to the backend's reclaim:
+    /// the host kernel holds a just-faulted page in the faulting CPU's LRU
+    /// batch, where `MADV_FREE` does not mark it and `MADV_PAGEOUT` cannot
+    /// take it, and drains only the calling CPU's (a thread that migrated
+    /// leaves pages behind). usermm drains the host's batches itself.
+    fn drain_lru(&self, _addr: usize) {}
     /// Of the region containing `addr`: its `Locked:` kB and its lock
     /// VmFlags (`lo`, `lf`), as `"Locked: N kB lo lf"`, or `"unmapped"`.
     fn lock_info(&self, addr: usize) -> String {
@@ -219,6 +225,9 @@ impl Mm for KernelMm {
     fn smaps_text(&self) -> String {
         std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps")
     }
+    fn drain_lru(&self, addr: usize) {
+        usermm_sys::mem::lru_drain_all(addr).expect("lru_drain_all");
+    }
 }
 
 /// usermm, on a space of its own.
@@ -316,6 +325,25 @@ where
             reserve_bytes: 2 << 30,
             swap_bytes: 256 << 20,
             flags: 0,
+            ..Config::default()
+        })
+    };
+    conform_on(name, open, scenario)
+}
+
+/// [`conform`] on a space without swap: as on this swapless host, anonymous
+/// pages can only leave memory by being dropped (`MADV_PAGEOUT` keeps
+/// dirty ones resident), so residency after a page-out compares exactly.
+pub fn conform_swapless<F>(name: &str, scenario: F)
+where
+    F: Fn(&dyn Mm, &mut Transcript),
+{
+    let open = || {
+        UserMm::with(Config {
+            budget_bytes: 256 << 20,
+            reserve_bytes: 2 << 30,
+            swap_bytes: 0,
+            flags: UMM_F_EXACT_FAULTS,
             ..Config::default()
         })
     };
