@@ -315,7 +315,10 @@ int umm_mlock(umm_space *s, const void *addr, size_t len);
 
 /* mlock2(2) (seed 000): EINVAL unknown flags or a volatile page, ENOMEM holes
  * or over the lock limit, EPERM lock limit 0, EAGAIN budget cannot hold the
- * pages (nothing newly locked). MLOCK_ONFAULT: lock on first touch. */
+ * pages (nothing newly locked). MLOCK_ONFAULT: lock on first touch. A
+ * locked page swapped in leaves swap: its slot is freed and its stored copy
+ * overwritten (the swap file's page, a Redis server's value) before the call
+ * returns, or after a fault by the background thread. */
 int umm_mlock2(umm_space *s, const void *addr, size_t len, unsigned flags);
 
 /* munlock(2): clears both kinds of lock and uncharges; ENOMEM holes. */

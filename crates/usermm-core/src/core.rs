@@ -197,9 +197,14 @@ pub struct Core {
     release_granule: u32,
     /// Granules in which slots were freed since the last release plan.
     release_log: Vec<u32>,
-    /// Invariant: swap slots reserved by a release plan (allocated, no
-    /// page's).
+    /// Invariant: swap slots reserved by a release or scrub plan
+    /// (allocated, no page's).
     swap_reserved: u64,
+    /// Freed swap slots whose stored copy must be overwritten: the copies
+    /// of pages that came back into a locked region (`release.rs`,
+    /// `swap_scrub_plan`). A slot allocated again leaves the list (its
+    /// next page's write overwrites it).
+    scrub_log: Vec<u32>,
     /// Reclaim purges volatile pages before anything else
     /// (`set_purge_volatile_first`).
     purge_volatile_first: bool,
@@ -252,6 +257,7 @@ impl Core {
             release_granule: 0,
             release_log: Vec::new(),
             swap_reserved: 0,
+            scrub_log: Vec::new(),
             purge_volatile_first: false,
             lazyfree_max: u64::MAX,
             file_errors: Vec::new(),

@@ -211,6 +211,9 @@ pub(crate) trait Platform: Send + Sync {
     /// Gives back the store's copies of the runs `(first slot, slots)`,
     /// whole granules, none of them in use.
     fn swap_release(&self, runs: &[(u32, u32)]) -> Result<(), Errno>;
+    /// Overwrites the store's copies of `slots` (free, none in use) with
+    /// pages of zeros: a locked page's old copy must not stay readable.
+    fn swap_scrub(&self, slots: &[u32]) -> Result<(), Errno>;
     #[cfg(feature = "test-hooks")]
     /// The whole swap file (a test hook).
     fn swap_contents(&self, len: u64) -> Result<Vec<u8>, Errno>;
@@ -541,6 +544,27 @@ impl Platform for Native {
         let ps = self.page_size as u64;
         let bytes: Vec<(u64, u64)> = runs.iter().map(|&(s, n)| (u64::from(s) * ps, u64::from(n) * ps)).collect();
         swap.release(&bytes)
+    }
+    fn swap_scrub(&self, slots: &[u32]) -> Result<(), Errno> {
+        let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
+        // Runs of consecutive slots, one write each (a slot's write replaces
+        // all of it: the file's page, the Redis store's header and page).
+        // (Page-aligned, as the swap file's `O_DIRECT` writes want.)
+        let ps = self.page_size;
+        let buf = vec![0u8; 2 * ps];
+        let at = buf.as_ptr().align_offset(ps);
+        let zero = &buf[at..at + ps];
+        let mut i = 0;
+        while i < slots.len() {
+            let mut j = i + 1;
+            while j < slots.len() && slots[j] == slots[j - 1] + 1 && j - i < 64 {
+                j += 1;
+            }
+            let pages: Vec<&[u8]> = vec![zero; j - i];
+            swap.write(u64::from(slots[i]) * self.page_size as u64, &pages)?;
+            i = j;
+        }
+        Ok(())
     }
     #[cfg(feature = "test-hooks")]
     fn swap_contents(&self, len: u64) -> Result<Vec<u8>, Errno> {

@@ -167,6 +167,38 @@ fn locked_pages_are_never_evicted_or_written_to_swap() {
     s.validate();
 }
 
+// A page swapped out and then locked leaves swap: its slot is freed and
+// the swap file's copy overwritten before mlock returns (issue 45, item 7;
+// swapcache.rs checks every way there, and the Redis store). It stayed:
+// the marker was still in the swap file.
+#[test]
+fn a_swapped_page_locked_leaves_the_swap_file() {
+    let s = space(64, 64, usize::MAX);
+    let a = anon(&s, 16 * PS);
+    let marker = *b"SWAPPED-THEN-LOCKED-MARKER";
+    for p in 0..16 {
+        for (i, b) in marker.iter().enumerate() {
+            write(a + p * PS + i, *b);
+        }
+    }
+    s.madvise(a, 16 * PS, MADV_PAGEOUT).unwrap();
+    assert!(states(&s, a, 16).iter().all(|x| x & UMM_PAGE_SWAPPED != 0), "paged out");
+    let swap = s.swap_contents().unwrap();
+    assert!(swap.windows(marker.len()).any(|w| w == marker), "the pages are in the swap file");
+    s.mlock(a, 16 * PS).unwrap();
+    assert!(states(&s, a, 16)
+        .iter()
+        .all(|x| x & (UMM_PAGE_SWAPPED | UMM_PAGE_LOCKED | UMM_PAGE_RESIDENT) == UMM_PAGE_LOCKED | UMM_PAGE_RESIDENT));
+    let st = s.stats();
+    assert_eq!((st.swapped_pages, st.swap_cached_pages), (0, 0), "{st:?}");
+    let swap = s.swap_contents().unwrap();
+    assert!(!swap.windows(marker.len()).any(|w| w == marker), "a locked page's copy stayed in the swap file");
+    for p in 0..16 {
+        assert_eq!(usermm_sys::kernel::peek(a + p * PS), marker[0]);
+    }
+    s.validate();
+}
+
 #[test]
 fn onfault_read_maps_the_zero_page_and_locks_nothing_until_written() {
     let s = space(64, 64, usize::MAX);

@@ -147,3 +147,155 @@ fn copies_never_starve_dirty_pages_of_swap() {
     assert!(st.clean_evictions > 0, "{st:?}");
     s.validate();
 }
+
+// ----------------------------------------------------------------------
+// A locked page leaves swap (issue 45, item 7). Linux frees the swap slot
+// of a page it swaps into a locked region; usermm frees it too and
+// overwrites the store's copy, so that a locked secret is not left in the
+// swap file or on a Redis server (where a crash would leave it for good).
+// Each way a swapped (or swap-cached) page becomes locked and resident is
+// checked: the page is resident, locked and not swapped, no slot is kept
+// as its copy, and no byte of it is left in the store.
+
+/// A page's worth of a marker no other test writes.
+fn secret() -> Vec<u8> {
+    let tag = format!("LOCKED-SECRET-{}-{:?}|", std::process::id(), std::thread::current().id());
+    tag.bytes().cycle().take(PS).collect()
+}
+
+/// Whether the space's page store still holds `needle` anywhere: the swap
+/// file, or every value on the Redis server(s) of `USERMM_TEST_SWAP_URL`
+/// (each seed of a cluster, replicas included).
+fn store_holds(s: &usermm::Space, needle: &[u8]) -> bool {
+    let has = |v: &[u8]| v.windows(needle.len()).any(|w| w == needle);
+    let Some(url) = std::env::var("USERMM_TEST_SWAP_URL").ok().filter(|u| !u.is_empty()) else {
+        return has(&s.swap_contents().expect("the swap file"));
+    };
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let hosts: Vec<String> = if scheme == "redis+cluster" {
+        rest.split(['/', '?']).next().unwrap().split(',').map(str::to_string).collect()
+    } else {
+        vec![rest.split(['/', '?']).next().unwrap().to_string()]
+    };
+    hosts.iter().any(|h| {
+        let mut c = redis::Client::open(format!("redis://{h}/")).unwrap().get_connection().unwrap();
+        let keys: Vec<Vec<u8>> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+        keys.iter().any(|k| {
+            // (READONLY lets a cluster replica answer; a key of another
+            // test may be gone meanwhile.)
+            let _ = redis::cmd("READONLY").query::<()>(&mut c);
+            let v: Option<Vec<u8>> = redis::cmd("GET").arg(k).query(&mut c).unwrap_or(None);
+            v.is_some_and(|v| has(&v))
+        })
+    })
+}
+
+fn write_bytes(a: usize, data: &[u8]) {
+    for (i, &b) in data.iter().enumerate() {
+        poke(a + i, b);
+    }
+}
+
+/// Writes the secret into page `a`, pages it out, and checks that it is in
+/// swap (and in the store).
+fn swapped_secret(s: &usermm::Space, a: usize, prot: i32) -> Vec<u8> {
+    let sec = secret();
+    write_bytes(a, &sec);
+    if prot != RW {
+        s.mprotect(a, PS, prot).unwrap();
+    }
+    s.madvise(a, PS, MADV_PAGEOUT).unwrap();
+    assert_eq!(state(s, a) & (UMM_PAGE_SWAPPED | UMM_PAGE_RESIDENT), UMM_PAGE_SWAPPED, "paged out");
+    assert!(store_holds(s, &sec), "the secret is in the store before the lock");
+    sec
+}
+
+fn state(s: &usermm::Space, a: usize) -> u32 {
+    let mut st = [0u32];
+    s.page_state(a, 1, &mut st).unwrap();
+    st[0]
+}
+
+/// The page at `a` is locked, resident, out of swap, and its bytes are
+/// gone from the store (`wait`: the store is scrubbed by the background
+/// thread, after a fault; else by the call itself, before it returns).
+fn left_swap(s: &usermm::Space, a: usize, sec: &[u8], what: &str, wait: bool) {
+    let st = state(s, a);
+    assert_eq!(
+        st & (UMM_PAGE_RESIDENT | UMM_PAGE_LOCKED | UMM_PAGE_SWAPPED),
+        UMM_PAGE_RESIDENT | UMM_PAGE_LOCKED,
+        "{what}: {st:#x}"
+    );
+    let stats = s.stats();
+    assert_eq!((stats.swapped_pages, stats.swap_cached_pages), (0, 0), "{what}: no slot kept: {stats:?}");
+    let mut held = store_holds(s, sec);
+    for _ in 0..if wait { 500 } else { 0 } {
+        if !held {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        held = store_holds(s, sec);
+    }
+    assert!(!held, "{what}: the locked page's bytes are still in the store");
+    assert!((0..PS).all(|i| peek(a + i) == sec[i]), "{what}: the page's data");
+    s.validate();
+}
+
+#[test]
+fn a_swapped_page_locked_leaves_swap() {
+    let s = space(BUDGET, PAGES, 0);
+    let a = s.mmap(0, PS, RW, ANON, -1, 0).unwrap();
+    let sec = swapped_secret(&s, a, RW);
+    s.mlock(a, PS).unwrap();
+    left_swap(&s, a, &sec, "mlock", false);
+}
+
+#[test]
+fn a_swapped_read_only_page_locked_leaves_swap() {
+    // A read populate: the swap-in would have kept its slot as a copy.
+    let s = space(BUDGET, PAGES, 0);
+    let a = s.mmap(0, PS, RW, ANON, -1, 0).unwrap();
+    let sec = swapped_secret(&s, a, PROT_READ);
+    s.mlockall(MCL_CURRENT).unwrap();
+    left_swap(&s, a, &sec, "mlockall(MCL_CURRENT) of a read-only page", false);
+}
+
+#[test]
+fn a_swap_cached_page_locked_leaves_swap() {
+    let s = space(BUDGET, PAGES, 0);
+    let a = s.mmap(0, PS, RW, ANON, -1, 0).unwrap();
+    let sec = swapped_secret(&s, a, RW);
+    // Read back in: a clean swap-in keeps its slot as the page's copy.
+    assert_eq!(peek(a), sec[0]);
+    assert_eq!(s.stats().swap_cached_pages, 1, "the read kept a swap copy");
+    s.mlock2(a, PS, MLOCK_ONFAULT).unwrap();
+    left_swap(&s, a, &sec, "mlock2(MLOCK_ONFAULT) of a swap-cached page", false);
+}
+
+#[test]
+fn a_parked_swap_cached_page_locked_leaves_swap() {
+    let s = space(BUDGET, PAGES, 0);
+    let a = s.mmap(0, PS, RW, ANON, -1, 0).unwrap();
+    let sec = swapped_secret(&s, a, RW);
+    assert_eq!(peek(a), sec[0]);
+    s.madvise(a, PS, MADV_COLD).unwrap();
+    assert_ne!(state(&s, a) & UMM_PAGE_INACTIVE, 0, "parked");
+    assert_eq!(s.stats().swap_cached_pages, 1, "parked with its swap copy");
+    s.mlock(a, PS).unwrap();
+    left_swap(&s, a, &sec, "mlock of a parked swap-cached page", false);
+}
+
+#[test]
+fn a_swapped_page_faulted_into_a_lock_on_fault_range_leaves_swap() {
+    let s = space(BUDGET, PAGES, 0);
+    let a = s.mmap(0, 2 * PS, RW, ANON, -1, 0).unwrap();
+    let sec = swapped_secret(&s, a, RW);
+    let sec2 = swapped_secret(&s, a + PS, RW);
+    s.mlock2(a, 2 * PS, MLOCK_ONFAULT).unwrap();
+    assert_ne!(state(&s, a) & UMM_PAGE_SWAPPED, 0, "lock on fault swaps nothing in");
+    // A read fault, and a read populate.
+    assert_eq!(peek(a), sec[0]);
+    s.madvise(a + PS, PS, MADV_POPULATE_READ).unwrap();
+    left_swap(&s, a + PS, &sec2, "MADV_POPULATE_READ over a lock-on-fault range", false);
+    left_swap(&s, a, &sec, "a read fault in a lock-on-fault range", true);
+}

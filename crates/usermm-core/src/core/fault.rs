@@ -284,6 +284,9 @@ impl Core {
                 }
             }
             FaultPlan::SwapIn { run, slot, keep } => {
+                // Swapped into a locked region: the slots are freed and
+                // their stored copies overwritten (`swap_scrub_plan`).
+                let locked = self.regions.find(run.start).is_some_and(|r| r.lock != LockMode::None);
                 for q in run.start.0..run.end.0 {
                     let p = PageIdx(q);
                     let k = q - run.start.0;
@@ -293,6 +296,9 @@ impl Core {
                             self.swap_cached += 1;
                         } else {
                             self.free_swap_slot(s);
+                            if locked {
+                                self.scrub_log.push(s);
+                            }
                         }
                         self.swapped -= 1;
                         self.pages.update(p, |m| {

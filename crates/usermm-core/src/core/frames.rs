@@ -43,6 +43,8 @@ impl Core {
                 self.pages.update(p, |m| m.flags |= pf::LOCKED);
                 self.locked_pages += 1;
             }
+            // (A reactivated page, or a swap-in planned before the lock.)
+            self.uncache_locked(p);
         } else {
             self.push_active(p);
         }

@@ -122,6 +122,9 @@ impl Core {
             } else if m.state == PState::Resident && !m.has(pf::LOCKED) {
                 self.pages.update(p, |m| m.flags |= pf::LOCKED);
                 self.locked_pages += 1;
+                // A page swapped in and only read since: its swap copy
+                // goes (`swapcache.rs`).
+                self.uncache_locked(p);
             } else if m.state == PState::Inactive {
                 // Parked pages are resident: they must come back and be
                 // locked now (the executor maps them back).

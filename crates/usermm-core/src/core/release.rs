@@ -8,6 +8,11 @@
 //! eviction writes into them while the store deletes them — until
 //! `swap_release_done`. The swap file wants none of this (granule 0: nothing
 //! is logged).
+//!
+//! Separately, the slots of pages that came back into a locked region are
+//! *scrubbed*: their stored copies overwritten with a page of zeros
+//! (`swap_scrub_plan`), in every store, so that a locked page's data does
+//! not stay readable in swap (on a Redis server, for good after a crash).
 
 use super::*;
 
@@ -32,9 +37,40 @@ impl Core {
         }
     }
 
-    /// Whether granules with freed slots wait for `swap_release_plan`.
+    /// Whether granules with freed slots wait for `swap_release_plan`, or
+    /// slots for `swap_scrub_plan`.
     pub fn swap_release_pending(&self) -> bool {
-        !self.release_log.is_empty()
+        !self.release_log.is_empty() || !self.scrub_log.is_empty()
+    }
+
+    /// Up to `max` freed swap slots whose stored copy is to be overwritten
+    /// (the copies of pages now locked: `swapcache.rs`, `fill_done`),
+    /// reserved until `swap_scrub_done` so that no eviction writes there
+    /// meanwhile. A slot allocated again since is left out: its new page's
+    /// write overwrites it.
+    pub fn swap_scrub_plan(&mut self, max: usize) -> Vec<u32> {
+        self.scrub_log.sort_unstable();
+        self.scrub_log.dedup();
+        let take = self.scrub_log.len().min(max);
+        let mut out = Vec::new();
+        for s in self.scrub_log.drain(..take) {
+            if !self.swap.is_used(s) {
+                self.swap.take(s);
+                self.swap_reserved += 1;
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    /// The slots of a `swap_scrub_plan` are overwritten in the store (or
+    /// not: either way they are free again, and their granules logged for
+    /// `swap_release_plan`, which deletes a wholly free one).
+    pub fn swap_scrub_done(&mut self, slots: &[u32]) {
+        for &s in slots {
+            self.swap_reserved -= 1;
+            self.free_swap_slot(s);
+        }
     }
 
     /// Up to `max` granules whose slots are all free, reserved until

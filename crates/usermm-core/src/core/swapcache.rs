@@ -23,6 +23,13 @@
 //! and neither does one while swap is short of free slots (as Linux's
 //! `vm_swap_full`): a kept slot is one a dirty page cannot use.
 //!
+//! A locked page keeps no copy (a copy only serves an eviction, which a
+//! locked page never gets): a swap-in into a locked region keeps nothing,
+//! and a page with a copy that becomes locked — locked in place, mapped
+//! back by the lock call, or swapped in by a plan made before the lock —
+//! drops it when it is flagged `LOCKED`, and its slot is overwritten in the
+//! store (`swap_scrub_plan`): a locked secret does not stay in swap.
+//!
 //! Measured on the `reclaim` experiment's read-verify workloads (uniform,
 //! hot/cold, zipfian, scan): every eviction of a page only read since its
 //! swap-in wrote it again before, and those writes queued ahead of the
@@ -32,7 +39,7 @@
 
 use super::{Core, FaultPlan};
 use crate::page::PState;
-use crate::region::Kind;
+use crate::region::{Kind, LockMode};
 use crate::types::{Addr, PageIdx};
 
 impl Core {
@@ -44,10 +51,16 @@ impl Core {
 
     /// Whether a swap-in at page `p` for a fault (`write`: a write fault)
     /// keeps its slots as swap copies and is installed write-protected.
+    /// A locked page keeps none: it is never evicted, so the copy would
+    /// only keep its data in swap (Linux frees the swap slot of a page it
+    /// swaps into a locked region, `do_swap_page`'s `should_try_to_free_swap`).
     pub(super) fn keeps_swap_copy(&self, p: PageIdx, write: bool) -> bool {
         self.tracks_writes
             && !write
-            && self.regions.find(p).is_some_and(|r| r.kind != Kind::FileShared && !r.in_thread)
+            && self
+                .regions
+                .find(p)
+                .is_some_and(|r| r.kind != Kind::FileShared && !r.in_thread && r.lock == LockMode::None)
             && u64::from(self.swap.free()) > u64::from(self.swap.capacity()) / 8
     }
 
@@ -59,6 +72,17 @@ impl Core {
             self.free_swap_slot(m.cache - 1);
             self.swap_cached -= 1;
             self.pages.update(p, |m| m.cache = 0);
+        }
+    }
+
+    /// Drops page `p`'s swap copy because the page is locked: the slot is
+    /// freed and its stored copy overwritten (`swap_scrub_plan`), so that
+    /// a locked page's data does not stay in the store.
+    pub(super) fn uncache_locked(&mut self, p: PageIdx) {
+        let m = self.pages.get(p);
+        if m.cache != 0 {
+            self.uncache(p);
+            self.scrub_log.push(m.cache - 1);
         }
     }
 

@@ -85,6 +85,10 @@ impl Inner {
     /// them. A failure keeps the store's copies (overwritten when the
     /// slots are reused, deleted at close).
     pub(super) fn release_swap(&self) {
+        // Scrubbed first: a scrubbed slot's granule is then deleted with the
+        // others when wholly free (the other order could write a deleted
+        // chunk back).
+        self.scrub_swap();
         loop {
             let runs = lock(&self.core).swap_release_plan(1024);
             if runs.is_empty() {
@@ -93,6 +97,21 @@ impl Inner {
             // (Nothing is lost either way: the slots are free.)
             let _ = self.plat.swap_release(&runs);
             lock(&self.core).swap_release_done(&runs);
+        }
+    }
+
+    /// Overwrites the stored copies of freed swap slots whose pages came
+    /// back into a locked region (`Core::swap_scrub_plan`), reserved in the
+    /// core meanwhile. A failure leaves the copy (overwritten when the slot
+    /// is reused, deleted at close); the slots are free either way.
+    pub(super) fn scrub_swap(&self) {
+        loop {
+            let slots = lock(&self.core).swap_scrub_plan(256);
+            if slots.is_empty() {
+                return;
+            }
+            let _ = self.plat.swap_scrub(&slots);
+            lock(&self.core).swap_scrub_done(&slots);
         }
     }
 

@@ -49,9 +49,11 @@ impl Inner {
                 self.reactivate_parked(&mm, p);
             }
         }
-        if plan.result.is_ok() {
-            self.lock_populate(&plan, &full)?;
-        }
+        let populated = if plan.result.is_ok() { self.lock_populate(&plan, &full) } else { Ok(()) };
+        // The pages swapped back in (or locked with a swap copy) have left
+        // swap when the call returns: their stored copies are overwritten.
+        self.scrub_swap();
+        populated?;
         plan.result
     }
 
@@ -136,8 +138,16 @@ impl Inner {
     }
 
     /// `MADV_POPULATE_READ/WRITE` and `umm_populate`: returns the bytes
-    /// populated (from `addr`, a prefix of the range) and the result.
+    /// populated (from `addr`, a prefix of the range) and the result. The
+    /// pages it swapped into a locked region have left swap when it returns
+    /// (their stored copies overwritten: `scrub_swap`).
     pub fn populate(&self, addr: usize, len: usize, write: bool) -> (usize, Result<(), Errno>) {
+        let r = self.populate_range(addr, len, write);
+        self.scrub_swap();
+        r
+    }
+
+    fn populate_range(&self, addr: usize, len: usize, write: bool) -> (usize, Result<(), Errno>) {
         let mut mm = self.read_mm();
         let (segs, check) = lock(&self.core).populate_check(addr as u64, len as u64, write);
         let mut populated = 0usize;

@@ -559,6 +559,19 @@ impl Platform for SimPlatform {
         }
         Ok(())
     }
+    fn swap_scrub(&self, slots: &[u32]) -> Result<(), Errno> {
+        self.preempt();
+        let mut h = self.host();
+        if h.fail() {
+            return Err(Errno::EIO);
+        }
+        // Overwritten with zeros: a slot scrubbed while in use (a missing
+        // reservation) reads back wrong, and the simulation's check sees it.
+        for &s in slots {
+            h.swap.insert(u64::from(s), vec![0u8; PS].into_boxed_slice());
+        }
+        Ok(())
+    }
     fn swap_contents(&self, _len: u64) -> Result<Vec<u8>, Errno> {
         Ok(Vec::new())
     }
@@ -658,6 +671,7 @@ impl Platform for Shared {
         swap_write(slots: &[u32], off: u64) -> Result<(), Errno>;
         swap_release_granule() -> u32;
         swap_release(runs: &[(u32, u32)]) -> Result<(), Errno>;
+        swap_scrub(slots: &[u32]) -> Result<(), Errno>;
         swap_contents(len: u64) -> Result<Vec<u8>, Errno>;
         page_out_to_file(file: &MappedFile, src: Option<usize>, slot: Option<u32>, off: u64) -> Result<(), Errno>;
         sigbus(tid: u32, addr: usize) -> Result<(), Errno>;
