@@ -112,6 +112,9 @@ impl Core {
                         || self.held.iter().any(|h| h.contains(p)),
                     "locked page {p:?} outside a locked region"
                 );
+                // A locked page is never evicted: a swap copy would only
+                // keep its data in swap (`swapcache.rs`).
+                assert_eq!(m.cache, 0, "locked page {p:?} keeps a swap copy");
             }
         });
         assert_eq!(lp, self.locked_pages, "locked pages count");
