@@ -600,3 +600,86 @@ fn aging_ahead_needs_demand_and_reclaim_ahead_keeps_to_its_watermarks() {
     assert!((2..4).contains(&c.free_frames()), "{} free", c.free_frames());
     assert_eq!(c.reclaim_ahead_want(2, 4), 0, "between the watermarks, not refilling: nothing");
 }
+
+/// MADV_PAGEOUT over lazily freed pages (issue 45, item 6): each is
+/// discarded (the host drops a clean one: no I/O, it reads back as zeros),
+/// and one written since goes to swap like any page; without swap, only
+/// lazily freed pages leave, and a written one stays parked (resident),
+/// as Linux's PAGEOUT keeps it on a swapless host.
+#[test]
+fn pageout_discards_lazily_freed_pages() {
+    for swap in [true, false] {
+        let mut c = Core::new(CoreConfig { swap_slots: if swap { 64 } else { 0 }, ..cfg() });
+        c.set_host_lazyfree(true);
+        full(&mut c, 6);
+        madvise(&mut c, at(0), pages(4), MADV_FREE).unwrap();
+        let (ops, r) = c.madvise(at(0), pages(6), MADV_PAGEOUT);
+        assert_eq!((ops.clone(), r), (vec![usermm_core::AdviceOp::Pageout(PageRange::new(0, 6))], Ok(())));
+        let ds = c.pageout_range(PageRange::new(0, 6));
+        // Without swap the two pages never freed stay where they are.
+        assert_eq!(ds.len(), if swap { 6 } else { 4 }, "swap {swap}");
+        for d in &ds {
+            c.deactivate_done(d, true);
+        }
+        let plan = c.evict_range(PageRange::new(0, 6), usize::MAX);
+        assert_eq!(plan.discard.iter().map(|d| d.page.0).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+        assert_eq!(plan.evict.iter().map(|e| e.page.0).collect::<Vec<_>>(), if swap { vec![4, 5] } else { vec![] });
+        assert!(plan.discard.iter().all(|d| d.swap.is_some() == swap));
+        for e in &plan.evict {
+            c.evict_done(e, true);
+        }
+        // Pages 1 and 3 were written since the free: the host keeps them.
+        for d in &plan.discard {
+            let written = d.page.0 % 2 == 1;
+            c.discard_done(d, !written, written && swap);
+        }
+        c.validate();
+        let want = if swap { "_S_SSS" } else { "_I_IRR" };
+        assert_eq!(draw_pages(&c, 0, 6), want, "swap {swap}");
+        let s = c.stats();
+        assert_eq!((s.lazyfree_pages, s.counters.lazyfree_discards), (0, 2), "swap {swap}");
+        // Nothing more to page out: a written page without swap stays.
+        assert!(c.evict_range(PageRange::new(0, 6), usize::MAX).is_empty());
+    }
+}
+
+/// A page that comes back into a locked region keeps no swap copy, and its
+/// slot is scrubbed (issue 45, item 7): a clean swap-in's copy dropped when
+/// the page is locked in place, a swap-in into a locked region keeping none;
+/// each slot reserved while the store overwrites it, then free.
+#[test]
+fn a_locked_page_keeps_no_swap_copy_and_its_slot_is_scrubbed() {
+    let mut c = core();
+    c.set_tracks_writes(true);
+    full(&mut c, 3);
+    madvise(&mut c, at(0), pages(3), MADV_PAGEOUT).unwrap();
+    assert_eq!(draw_pages(&c, 0, 3), "SSS");
+    let slots: Vec<u32> = (0..3).map(|p| c.page(PageIdx(p)).slot).collect();
+    // A read fault keeps the slot as the page's copy.
+    let plan = fault(&mut c, 0, false);
+    assert_eq!(plan, FaultPlan::SwapIn { run: PageRange::new(0, 1), slot: slots[0], keep: true });
+    c.fill_done(&plan, 1);
+    assert_eq!(c.page(PageIdx(0)).cache, slots[0] + 1);
+    assert!(c.swap_scrub_plan(16).is_empty(), "an unlocked page's copy stays");
+    let lp = c.lock_range(at(0), pages(3), usermm_core::region::LockMode::OnFault);
+    assert_eq!(lp.result, Ok(()));
+    c.validate();
+    assert_eq!(c.page(PageIdx(0)).cache, 0, "locked in place: the copy goes");
+    // A read fault into the locked region keeps nothing.
+    let plan = fault(&mut c, 1, false);
+    assert_eq!(plan, FaultPlan::SwapIn { run: PageRange::new(1, 2), slot: slots[1], keep: false });
+    c.fill_done(&plan, 1);
+    c.validate();
+    let scrub = c.swap_scrub_plan(16);
+    assert_eq!(scrub, vec![slots[0], slots[1]]);
+    c.validate();
+    // Reserved meanwhile: a new eviction cannot take them.
+    assert_eq!(c.swap_scrub_plan(16), vec![]);
+    c.swap_scrub_done(&scrub);
+    c.validate();
+    // Page 2 is still swapped (lock on fault swaps nothing in); its slot is
+    // its own.
+    assert_eq!(draw_pages(&c, 0, 3), "RRS");
+    let s = c.stats();
+    assert_eq!((s.swapped_pages, s.swap_cached_pages, s.locked_pages), (1, 0, 2));
+}

@@ -150,16 +150,20 @@ pub fn madvise(c: &mut Core, addr: u64, len: u64, advice: i32) -> Result<(), Err
                 }
             }
             AdviceOp::Pageout(r) => {
-                for d in c.deactivate_range(r) {
+                for d in c.pageout_range(r) {
                     c.deactivate_done(&d, true);
                 }
                 // Linux reclaims every page of the range, including those
-                // that were already inactive.
-                let ps: Vec<PageIdx> =
-                    (r.start.0..r.end.0).map(PageIdx).filter(|p| c.page(*p).state == PState::Inactive).collect();
-                for e in c.evict_pages(&ps) {
-                    c.evict_done(&e, true);
+                // that were already inactive (as the executor: one plan;
+                // lazily freed pages are clean here, and discarded).
+                let plan = c.evict_range(r, usize::MAX);
+                for e in &plan.evict {
+                    c.evict_done(e, true);
                 }
+                for d in &plan.discard {
+                    c.discard_done(d, true, false);
+                }
+                assert!(plan.writeback.is_empty(), "no file regions here");
             }
             AdviceOp::Poison(r) => {
                 zap(c, r);
