@@ -205,6 +205,10 @@ pub struct Core {
     /// `swap_scrub_plan`). A slot allocated again leaves the list (its
     /// next page's write overwrites it).
     scrub_log: Vec<u32>,
+    /// Slots whose scrub failed, for the next `swap_scrub_plan` (not
+    /// counted as pending work: a store that keeps failing must not keep
+    /// the background thread awake).
+    scrub_retry: Vec<u32>,
     /// Reclaim purges volatile pages before anything else
     /// (`set_purge_volatile_first`).
     purge_volatile_first: bool,
@@ -258,6 +262,7 @@ impl Core {
             release_log: Vec::new(),
             swap_reserved: 0,
             scrub_log: Vec::new(),
+            scrub_retry: Vec::new(),
             purge_volatile_first: false,
             lazyfree_max: u64::MAX,
             file_errors: Vec::new(),

@@ -675,8 +675,14 @@ fn a_locked_page_keeps_no_swap_copy_and_its_slot_is_scrubbed() {
     c.validate();
     // Reserved meanwhile: a new eviction cannot take them.
     assert_eq!(c.swap_scrub_plan(16), vec![]);
-    c.swap_scrub_done(&scrub);
+    // A failed scrub is planned again; a done one is not.
+    c.swap_scrub_done(&scrub, false);
     c.validate();
+    let scrub = c.swap_scrub_plan(16);
+    assert_eq!(scrub, vec![slots[0], slots[1]]);
+    c.swap_scrub_done(&scrub, true);
+    c.validate();
+    assert_eq!(c.swap_scrub_plan(16), vec![]);
     // Page 2 is still swapped (lock on fault swaps nothing in); its slot is
     // its own.
     assert_eq!(draw_pages(&c, 0, 3), "RRS");

@@ -49,6 +49,7 @@ impl Core {
     /// meanwhile. A slot allocated again since is left out: its new page's
     /// write overwrites it.
     pub fn swap_scrub_plan(&mut self, max: usize) -> Vec<u32> {
+        self.scrub_log.append(&mut self.scrub_retry);
         self.scrub_log.sort_unstable();
         self.scrub_log.dedup();
         let take = self.scrub_log.len().min(max);
@@ -63,13 +64,18 @@ impl Core {
         out
     }
 
-    /// The slots of a `swap_scrub_plan` are overwritten in the store (or
-    /// not: either way they are free again, and their granules logged for
-    /// `swap_release_plan`, which deletes a wholly free one).
-    pub fn swap_scrub_done(&mut self, slots: &[u32]) {
+    /// The slots of a `swap_scrub_plan` are overwritten in the store
+    /// (`ok`) or not: either way they are free again, and their granules
+    /// logged for `swap_release_plan`, which deletes a wholly free one. A
+    /// failed scrub is kept for the next plan (unless a page takes the
+    /// slot first), without counting as pending work.
+    pub fn swap_scrub_done(&mut self, slots: &[u32], ok: bool) {
         for &s in slots {
             self.swap_reserved -= 1;
             self.free_swap_slot(s);
+        }
+        if !ok {
+            self.scrub_retry.extend_from_slice(slots);
         }
     }
 

@@ -102,16 +102,21 @@ impl Inner {
 
     /// Overwrites the stored copies of freed swap slots whose pages came
     /// back into a locked region (`Core::swap_scrub_plan`), reserved in the
-    /// core meanwhile. A failure leaves the copy (overwritten when the slot
-    /// is reused, deleted at close); the slots are free either way.
+    /// core meanwhile. A failure ends the call and keeps the slots for the
+    /// next one (a lock call, a populate, the background thread's next
+    /// round); the slots are free either way, and one a page takes first is
+    /// overwritten by its write.
     pub(super) fn scrub_swap(&self) {
         loop {
             let slots = lock(&self.core).swap_scrub_plan(256);
             if slots.is_empty() {
                 return;
             }
-            let _ = self.plat.swap_scrub(&slots);
-            lock(&self.core).swap_scrub_done(&slots);
+            let ok = self.plat.swap_scrub(&slots).is_ok();
+            lock(&self.core).swap_scrub_done(&slots, ok);
+            if !ok {
+                return;
+            }
         }
     }
 
