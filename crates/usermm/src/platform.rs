@@ -211,6 +211,13 @@ pub(crate) trait Platform: Send + Sync {
     /// Gives back the store's copies of the runs `(first slot, slots)`,
     /// whole granules, none of them in use.
     fn swap_release(&self, runs: &[(u32, u32)]) -> Result<(), Errno>;
+    /// Whether the store wants to hear that the space is alive
+    /// (`PageStore::keep_alive_due`).
+    fn swap_keep_alive_due(&self) -> bool {
+        false
+    }
+    /// Tells the store the space is alive (`PageStore::keep_alive`).
+    fn swap_keep_alive(&self) {}
     #[cfg(feature = "test-hooks")]
     /// The whole swap file (a test hook).
     fn swap_contents(&self, len: u64) -> Result<Vec<u8>, Errno>;
@@ -541,6 +548,14 @@ impl Platform for Native {
         let ps = self.page_size as u64;
         let bytes: Vec<(u64, u64)> = runs.iter().map(|&(s, n)| (u64::from(s) * ps, u64::from(n) * ps)).collect();
         swap.release(&bytes)
+    }
+    fn swap_keep_alive_due(&self) -> bool {
+        self.swap.as_ref().is_some_and(|s| s.keep_alive_due())
+    }
+    fn swap_keep_alive(&self) {
+        if let Some(s) = &self.swap {
+            s.keep_alive()
+        }
     }
     #[cfg(feature = "test-hooks")]
     fn swap_contents(&self, len: u64) -> Result<Vec<u8>, Errno> {
