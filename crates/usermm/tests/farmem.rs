@@ -430,7 +430,9 @@ fn a_never_closed_spaces_keys_go_when_its_process_exits() {
     assert!(held > 0, "no page of the child's on the server while it ran");
     assert!(log.contains("child: page 0 read at exit, 0 bad bytes"), "{log}");
     assert_eq!(status.code(), Some(0), "the child's exit: {status:?}");
+    let t0 = Instant::now();
     let gone = eventually(|| srv.dbsize() == 0);
+    eprintln!("the keys were gone {:?} after the child's exit was seen", t0.elapsed());
     assert!(gone, "keys left 10 s after the child exited: {:?}", srv.keys("*"));
 }
 

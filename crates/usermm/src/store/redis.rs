@@ -8,7 +8,8 @@
 //!   `ASK` redirections, re-reads the map when it changes, and retries (with
 //!   backoff, about 10 s in all) while a failover is under way.
 //!
-//! OPTIONS: `prefix=P`, `timeout_ms=T` (default 2,000), `replicas=N`
+//! OPTIONS: `prefix=P`, `timeout_ms=T` (default 2,000), `lease_ms=L`
+//! (default 30,000: below), `replicas=N`
 //! (default 0: a write is acknowledged only once `WAIT` says N replicas of
 //! the node have it — the issue's `swap_replicas`), `failover_ms=F` (default
 //! 10,000: how long a read from a cluster keeps trying, with a fresh slot map,
@@ -33,6 +34,12 @@
 //! - Opening the space deletes every key under the prefix (left by a space
 //!   with the same prefix that crashed; a cluster's by enumerating the
 //!   space's possible keys, group by group); closing it deletes them too.
+//! - A space never closed has its keys deleted once its process has exited
+//!   (the exit hook, [`at_exit_hook`]); a space whose process was killed
+//!   outright, by the first space that opens on the server after its lease
+//!   (`{usermm}lease:P`, `lease_ms`, refreshed by the background thread)
+//!   has lapsed, unless a connection named after it is still open
+//!   ([`RedisStore::reap_dead`]).
 //! - Every command has a timeout: a node that is down, slow, out of memory
 //!   (`OOM command not allowed`), short of replicas, or that returns a value
 //!   that does not check out is an error — for a read, the faulting thread's
