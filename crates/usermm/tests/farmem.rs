@@ -4,7 +4,11 @@
 //!
 //! Checked: pages round-trip byte for byte under pressure, from several
 //! threads; the space's keys are deleted at close, and a crashed space's
-//! keys (same prefix) at the next open; a store that refuses writes (out of
+//! keys (same prefix) at the next open; a process that exits without
+//! closing its space leaves no key (its exit handlers still read swapped
+//! pages), one killed outright leaves them until the first open after its
+//! lease lapsed, one stopped keeps them, and a forked child's exit leaves
+//! the parent's alone; a store that refuses writes (out of
 //! memory) keeps pages resident and loses nothing; a corrupted value and a
 //! server that is gone give the faulting thread SIGBUS, never wrong data;
 //! in a cluster, a killed master loses nothing with `replicas=1`, and
@@ -434,6 +438,37 @@ fn a_never_closed_spaces_keys_go_when_its_process_exits() {
     let gone = eventually(|| srv.dbsize() == 0);
     eprintln!("the keys were gone {:?} after the child's exit was seen", t0.elapsed());
     assert!(gone, "keys left 10 s after the child exited: {:?}", srv.keys("*"));
+}
+
+/// A child forked without `exec` that leaves through `exit(3)` runs the
+/// exit handlers it inherited: they must not delete the keys of the
+/// parent's spaces (each store records the fork generation that opened
+/// it), and the parent reads its pages back.
+#[test]
+fn a_forked_childs_exit_leaves_the_parents_keys_alone() {
+    let srv = Server::start(&[]);
+    let s = space(1 << 20, 16 << 20, srv.url("forked:"));
+    let mut m = s.map_anon(16 * PAGE).expect("mmap");
+    fill(&mut m, 8, 1);
+    let st = pageout_all(&s, &mut m);
+    assert!(st.iter().all(|&b| b & UMM_PAGE_SWAPPED != 0), "not all swapped out");
+    let held = srv.keys("forked:*").len();
+    assert!(held > 0, "no page on the server");
+    let exit = usermm_sys::thread::fork_run(10, || {
+        // SAFETY: exit(3) in the forked child: its exit handlers (usermm's
+        // among them) run on the one thread the child has.
+        unsafe { libc::exit(0) }
+    })
+    .expect("fork");
+    assert_eq!(exit, usermm_sys::thread::ChildExit::Exited(0));
+    // A reaper started by the child would have deleted the keys within a
+    // millisecond of its end (`docs/design.md`, "Page stores"): give it
+    // half a second to do the wrong thing.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(srv.keys("forked:*").len(), held, "the parent's keys were deleted by the child's exit");
+    assert_eq!(bad_in(&m, 8, 1), 0, "the parent's pages");
+    drop(m);
+    s.validate();
 }
 
 /// A child killed outright (SIGKILL) leaves its keys; once its lease has

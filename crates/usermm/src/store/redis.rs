@@ -496,8 +496,8 @@ impl RedisStore {
             if entries.is_empty() {
                 return Ok(());
             }
-            let connected: Option<String> =
-                if self.cluster() { None } else { redis::cmd("CLIENT").arg("LIST").query(c.link()).ok() };
+            // (Asked once, and only if a lease has lapsed.)
+            let mut connected: Option<Option<String>> = None;
             for (prefix, v) in entries {
                 if prefix == self.prefix {
                     continue;
@@ -509,6 +509,13 @@ impl RedisStore {
                     continue;
                 }
                 let name = format!("name={}", client_name(u64::from_str_radix(id, 16).unwrap_or(0)));
+                let connected = connected.get_or_insert_with(|| {
+                    if self.cluster() {
+                        None
+                    } else {
+                        redis::cmd("CLIENT").arg("LIST").query(c.link()).ok()
+                    }
+                });
                 if connected.as_deref().is_some_and(|l| l.split_whitespace().any(|f| f == name)) {
                     continue;
                 }
