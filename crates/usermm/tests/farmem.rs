@@ -555,6 +555,29 @@ fn pages_round_trip_through_a_cluster() {
     assert_eq!(cl.total_keys(), 0, "the space's keys outlived it");
 }
 
+/// A cluster has no `SCAN` across nodes nor one `CLIENT LIST`: a child
+/// killed outright leaves its keys on the masters, and the first space
+/// opened after its lease lapsed deletes every key the child could have had
+/// (the registry says how many slots), wherever they lie.
+#[test]
+fn a_killed_spaces_keys_go_from_a_cluster_at_the_next_open() {
+    let cl = Cluster::start(3, 0);
+    let seeds: Vec<String> = cl.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+    let url = format!("redis+cluster://{}/?timeout_ms=1000&lease_ms=300", seeds.join(","));
+    let on_masters = |pattern: &str| -> usize { cl.masters().iter().map(|&i| cl.nodes[i].keys(pattern).len()).sum() };
+    let mut run = start_child("1", url.clone());
+    assert!(run.log.contains("child: page 0 SWAPPED"), "the child could not set up the scenario:\n{}", run.log);
+    run.child.kill().expect("SIGKILL");
+    run.child.wait().expect("wait");
+    let left = on_masters("{usermm:*");
+    assert!(left > 0, "no key of the killed child's to delete");
+    assert!(eventually(|| on_masters("{usermm}lease:*") == 0), "the killed child's lease never lapsed");
+    let next = space(4 << 20, 16 << 20, url);
+    assert_eq!(on_masters("{usermm:*"), 0, "keys of the killed child's ({left}) outlived the next open");
+    drop(next);
+    assert_eq!(cl.total_keys(), 0, "keys left once the next space closed");
+}
+
 /// A master is killed while threads write and read pages through the
 /// cluster, with `replicas=1` (a write counts only once a replica has it):
 /// its replica takes over, reads wait the failover out, and no byte is lost.
