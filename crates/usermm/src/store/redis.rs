@@ -950,7 +950,12 @@ mod tests {
         );
         let u = parse("redis://h:1", 0xab).unwrap();
         assert!(u.prefix.starts_with("usermm:") && u.prefix.ends_with(":00000000000000ab:"), "{}", u.prefix);
-        assert_eq!((u.timeout, u.replicas), (Duration::from_millis(2000), 0));
+        assert_eq!((u.timeout, u.replicas, u.lease), (Duration::from_millis(2000), 0, DEFAULT_LEASE));
+        assert_eq!(parse("redis://h:1?lease_ms=250", 0).unwrap().lease, Duration::from_millis(250));
+        assert_eq!(parse("redis://h:1?lease_ms=0", 0).unwrap().lease, Duration::ZERO);
+        assert_eq!(parse("redis://h:1?lease_ms=soon", 0).err(), Some(Errno::EINVAL));
+        assert_ne!(lease_key("usermm:h:1:ab:"), "usermm:h:1:ab:lease", "a lease must not match its prefix");
+        assert!(!lease_key("p:").starts_with("p:") && !REGISTRY.starts_with("usermm:"));
         let u = parse("redis+cluster://a:1,b:2,c:3/?prefix=p:", 0).unwrap();
         assert_eq!(u.nodes, ["redis://a:1/", "redis://b:2/", "redis://c:3/"]);
         assert!(u.cluster);
