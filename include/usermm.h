@@ -208,7 +208,11 @@ struct umm_config {
     const char *swap_url;   /* a page store instead of the swap file, e.g.
                              * "redis://127.0.0.1:6379/?prefix=app:" (Redis or
                              * Valkey; docs/design.md "Page stores"); NULL: the
-                             * swap file. swap_bytes still bounds what goes there. */
+                             * swap file. swap_bytes still bounds what goes there.
+                             * The space's keys go at umm_close, after the
+                             * process exits if it never closes it, and, if it
+                             * is killed, at the next open on the server once
+                             * its lease (lease_ms=, 30 s) has lapsed. */
 };
 
 /* Filled by umm_mnovolatile when `out` is not NULL. */

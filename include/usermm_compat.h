@@ -66,6 +66,10 @@
  * and every redirected call fails with EINVAL (mmap returns MAP_FAILED).
  * The default space is never closed: at exit its memory simply goes away,
  * so write shared file mappings back with msync or munmap before exiting.
+ * Its swap file has no name and goes with the process; the keys of a
+ * USERMM_SWAP_URL server are deleted once the process has gone, exit
+ * handlers and all (a process killed outright: at the next open on that
+ * server after its lease lapsed; docs/design.md, "Page stores").
  * umm_close(umm_default_space()) is EINVAL.
  *
  * After fork, the child's first redirected call opens a default space of the

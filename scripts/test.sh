@@ -9,19 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The far-memory tests (crates/usermm/tests/farmem.rs) start redis-server
-# processes of their own on loopback ports.
-if ! command -v redis-server >/dev/null 2>&1; then
-  echo "== installing redis-server (the far-memory tests start their own servers)"
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -q redis-server >/dev/null 2>&1 \
-      || { apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null; }
-  fi
-  if ! command -v redis-server >/dev/null 2>&1; then
-    echo "FATAL: redis-server is not installed and could not be (apt-get install redis-server)" >&2
-    exit 1
-  fi
-fi
+# processes of their own on loopback ports (scripts/install-deps.sh).
+. scripts/install-deps.sh
+usermm_install_deps || { echo "FATAL: the far-memory tests need redis-server" >&2; exit 1; }
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

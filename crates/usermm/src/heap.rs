@@ -253,7 +253,9 @@ enum ConfigFrom {
 ///   memory is not inherited: SIGSEGV), so it must only `exec` (as
 ///   `std::process::Command` does, through `posix_spawn`). Its own new
 ///   allocations come from the system allocator.
-/// - The space is never closed: at exit its memory simply goes away.
+/// - The space is never closed: at exit its memory simply goes away (its
+///   swap file has no name; a Redis store's keys are deleted once the
+///   process has gone: `docs/design.md`, "Page stores").
 pub struct GlobalHeap {
     config: ConfigFrom,
     space: OnceLock<Result<Space, Errno>>,

@@ -214,6 +214,13 @@ pub(crate) trait Platform: Send + Sync {
     /// Overwrites the store's copies of `slots` (free, none in use) with
     /// pages of zeros: a locked page's old copy must not stay readable.
     fn swap_scrub(&self, slots: &[u32]) -> Result<(), Errno>;
+    /// Whether the store wants to hear that the space is alive
+    /// (`PageStore::keep_alive_due`).
+    fn swap_keep_alive_due(&self) -> bool {
+        false
+    }
+    /// Tells the store the space is alive (`PageStore::keep_alive`).
+    fn swap_keep_alive(&self) {}
     #[cfg(feature = "test-hooks")]
     /// The whole swap file (a test hook).
     fn swap_contents(&self, len: u64) -> Result<Vec<u8>, Errno>;
@@ -565,6 +572,14 @@ impl Platform for Native {
             i = j;
         }
         Ok(())
+    }
+    fn swap_keep_alive_due(&self) -> bool {
+        self.swap.as_ref().is_some_and(|s| s.keep_alive_due())
+    }
+    fn swap_keep_alive(&self) {
+        if let Some(s) = &self.swap {
+            s.keep_alive()
+        }
     }
     #[cfg(feature = "test-hooks")]
     fn swap_contents(&self, len: u64) -> Result<Vec<u8>, Errno> {

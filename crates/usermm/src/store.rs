@@ -50,6 +50,14 @@ pub(crate) trait PageStore: Send + Sync {
     fn release(&self, _runs: &[(u64, u64)]) -> Result<(), Errno> {
         Ok(())
     }
+    /// Whether [`PageStore::keep_alive`] is due (cheap: asked on every
+    /// turn of the space's background thread).
+    fn keep_alive_due(&self) -> bool {
+        false
+    }
+    /// Tells the store the space is alive (a remote store's lease, which
+    /// lets other spaces delete the keys of a process killed outright).
+    fn keep_alive(&self) {}
     /// The first `len` bytes, as a file (a test hook; only the swap file
     /// has it).
     #[cfg(feature = "test-hooks")]

@@ -10,6 +10,8 @@
 //! `cargo build -p usermm` into a separate target directory (the running
 //! `cargo test` holds the lock on its own).
 
+mod redis_server;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -164,6 +166,29 @@ fn compat_header_routes_malloc_to_the_default_space() {
     // The double free was refused, with a message.
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("bad or double free"), "{stderr}");
+}
+
+/// The same program swapping its heap to a Redis server
+/// (`USERMM_SWAP_URL`, default prefix): it never closes its default space,
+/// and once it has exited no key of it is left on the server.
+#[test]
+fn a_malloc_program_leaves_no_key_on_its_redis_server() {
+    let srv = redis_server::Server::start(&[]);
+    let exe = compile_shared("test_malloc.c", "test_malloc_redis", &["-lpthread"]);
+    let url = format!("redis://127.0.0.1:{}/?timeout_ms=2000", srv.port);
+    let o = command(&exe).env("USERMM_SWAP_URL", &url).output().unwrap();
+    assert!(assert_verdict("test_malloc (redis)", &o) >= 40);
+    let t0 = std::time::Instant::now();
+    while srv.dbsize() > 0 && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let left = srv.keys("*");
+    assert!(
+        left.is_empty(),
+        "{} keys left 10 s after the program exited, e.g. {:?}",
+        left.len(),
+        &left[..left.len().min(3)]
+    );
 }
 
 #[test]

@@ -4,7 +4,11 @@
 //!
 //! Checked: pages round-trip byte for byte under pressure, from several
 //! threads; the space's keys are deleted at close, and a crashed space's
-//! keys (same prefix) at the next open; a store that refuses writes (out of
+//! keys (same prefix) at the next open; a process that exits without
+//! closing its space leaves no key (its exit handlers still read swapped
+//! pages), one killed outright leaves them until the first open after its
+//! lease lapsed, one stopped keeps them, and a forked child's exit leaves
+//! the parent's alone; a store that refuses writes (out of
 //! memory) keeps pages resident and loses nothing; a corrupted value and a
 //! server that is gone give the faulting thread SIGBUS, never wrong data;
 //! in a cluster, a killed master loses nothing with `replicas=1`, and
@@ -230,11 +234,33 @@ const CHILD_TEST: &str = "child_farmem_scenario";
 /// scenario could not be set up. With `USERMM_FARMEM_CHILD=count` the
 /// SIGBUS is caught instead: the touching thread is parked in the handler
 /// and the child prints the space's stats and exits with 4.
+/// With `USERMM_FARMEM_CHILD=exit` the child exits (`exit(0)`) without
+/// closing its space once told to go on; an exit handler registered before
+/// the space was opened (so it runs after usermm's) then reads the swapped
+/// page 0 back: exit status 2 if it read wrong bytes (SIGBUS if it could not
+/// read it at all).
 #[test]
 #[ignore = "child-process entry point of the failure tests"]
 fn child_farmem_scenario() {
     let Ok(mode) = std::env::var(CHILD_ENV) else { return };
     let url = std::env::var(URL_ENV).expect("URL");
+    static PAGE0: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    extern "C" fn read_page0_at_exit() {
+        let a = PAGE0.load(std::sync::atomic::Ordering::Relaxed);
+        if a != 0 {
+            // SAFETY: page 0 of the leaked mapping, never unmapped.
+            let page = unsafe { std::slice::from_raw_parts(a as *const u8, PAGE) };
+            let bad = bad_bytes(page, 9 << 32, 1);
+            eprintln!("child: page 0 read at exit, {bad} bad bytes");
+            if bad != 0 {
+                // SAFETY: _exit ends the process (no exit handler again).
+                unsafe { libc::_exit(2) };
+            }
+        }
+    }
+    if mode == "exit" {
+        usermm_sys::exit::at_exit(read_page0_at_exit).expect("atexit");
+    }
     // (Leaked: the process ends without dropping them.)
     let s: &'static Space = Box::leak(Box::new(space(4 << 20, 16 << 20, url)));
     let mut m = s.map_anon(16 * PAGE).expect("mmap");
@@ -247,6 +273,11 @@ fn child_farmem_scenario() {
     eprintln!("child: page 0 SWAPPED");
     let mut line = [0u8; 1];
     let _ = std::io::stdin().read(&mut line);
+    if mode == "exit" {
+        PAGE0.store(m.addr(), std::sync::atomic::Ordering::Relaxed);
+        std::mem::forget(m);
+        std::process::exit(0);
+    }
     sigbus_default().expect("sigaction");
     if mode == "count" {
         // (The parked thread holds no lock of the space: a thread that a
@@ -277,9 +308,17 @@ fn run_child(url: String, breaks: impl FnOnce()) -> (ExitStatus, String) {
     run_child_as("1", url, breaks)
 }
 
-/// [`run_child`] in `mode` (`USERMM_FARMEM_CHILD`).
-fn run_child_as(mode: &str, url: String, breaks: impl FnOnce()) -> (ExitStatus, String) {
-    use std::io::{BufRead, Write};
+/// A child started in `mode` against the store at `url`, its stderr, and
+/// what it wrote there up to "child: page 0 SWAPPED" (all of it, if it
+/// never said so).
+struct ChildRun {
+    child: std::process::Child,
+    err: std::io::BufReader<std::process::ChildStderr>,
+    log: String,
+}
+
+fn start_child(mode: &str, url: String) -> ChildRun {
+    use std::io::BufRead;
     let exe = std::env::current_exe().expect("current_exe");
     let mut child = Command::new(exe)
         .args(["--exact", CHILD_TEST, "--ignored", "--nocapture", "--test-threads=1"])
@@ -299,9 +338,18 @@ fn run_child_as(mode: &str, url: String, breaks: impl FnOnce()) -> (ExitStatus, 
         }
         log.push_str(&l);
         if l.contains("child: page 0 SWAPPED") {
-            breaks();
             break;
         }
+    }
+    ChildRun { child, err, log }
+}
+
+/// [`run_child`] in `mode` (`USERMM_FARMEM_CHILD`).
+fn run_child_as(mode: &str, url: String, breaks: impl FnOnce()) -> (ExitStatus, String) {
+    use std::io::Write;
+    let ChildRun { mut child, mut err, mut log } = start_child(mode, url);
+    if log.contains("child: page 0 SWAPPED") {
+        breaks();
     }
     let mut stdin = child.stdin.take().unwrap();
     let _ = stdin.write_all(b"g");
@@ -361,6 +409,130 @@ fn the_child_reads_its_page_back_from_a_healthy_server() {
     assert_eq!(status.code(), Some(0));
 }
 
+/// Waits (up to 10 s) until `cond` holds; whether it did.
+fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    let t0 = Instant::now();
+    while !cond() {
+        if t0.elapsed() > Duration::from_secs(10) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// A space that is never closed, with the default prefix (it carries the
+/// pid): once the process exits, nothing of it stays on the server — and an
+/// exit handler that runs after usermm's still reads its swapped page back.
+#[test]
+fn a_never_closed_spaces_keys_go_when_its_process_exits() {
+    let srv = Server::start(&[]);
+    let url = format!("redis://127.0.0.1:{}/?timeout_ms=1000", srv.port);
+    let mut held = 0;
+    let (status, log) = run_child_as("exit", url, || held = srv.keys("usermm:*").len());
+    assert!(log.contains("child: page 0 SWAPPED"), "the child could not set up the scenario");
+    assert!(held > 0, "no page of the child's on the server while it ran");
+    assert!(log.contains("child: page 0 read at exit, 0 bad bytes"), "{log}");
+    assert_eq!(status.code(), Some(0), "the child's exit: {status:?}");
+    let t0 = Instant::now();
+    let gone = eventually(|| srv.dbsize() == 0);
+    eprintln!("the keys were gone {:?} after the child's exit was seen", t0.elapsed());
+    assert!(gone, "keys left 10 s after the child exited: {:?}", srv.keys("*"));
+}
+
+/// A child forked without `exec` that leaves through `exit(3)` runs the
+/// exit handlers it inherited: they must not delete the keys of the
+/// parent's spaces (each store records the fork generation that opened
+/// it), and the parent reads its pages back.
+#[test]
+fn a_forked_childs_exit_leaves_the_parents_keys_alone() {
+    let srv = Server::start(&[]);
+    let s = space(1 << 20, 16 << 20, srv.url("forked:"));
+    let mut m = s.map_anon(16 * PAGE).expect("mmap");
+    fill(&mut m, 8, 1);
+    let st = pageout_all(&s, &mut m);
+    assert!(st.iter().all(|&b| b & UMM_PAGE_SWAPPED != 0), "not all swapped out");
+    let held = srv.keys("forked:*").len();
+    assert!(held > 0, "no page on the server");
+    let exit = usermm_sys::thread::fork_run(10, || {
+        // SAFETY: exit(3) in the forked child: its exit handlers (usermm's
+        // among them) run on the one thread the child has.
+        unsafe { libc::exit(0) }
+    })
+    .expect("fork");
+    assert_eq!(exit, usermm_sys::thread::ChildExit::Exited(0));
+    // A reaper started by the child would have deleted the keys within a
+    // millisecond of its end (`docs/design.md`, "Page stores"): give it
+    // half a second to do the wrong thing.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(srv.keys("forked:*").len(), held, "the parent's keys were deleted by the child's exit");
+    assert_eq!(bad_in(&m, 8, 1), 0, "the parent's pages");
+    drop(m);
+    s.validate();
+}
+
+/// A child killed outright (SIGKILL) leaves its keys; once its lease has
+/// lapsed, the next space opened on the server deletes them (and leaves a
+/// live one's alone).
+#[test]
+fn a_killed_spaces_keys_go_at_the_next_open_after_its_lease() {
+    let srv = Server::start(&[]);
+    let url = format!("redis://127.0.0.1:{}/?timeout_ms=1000&lease_ms=300", srv.port);
+    // A live space of another process would look the same: this one is
+    // held open (and its lease refreshed) throughout.
+    let live = space(4 << 20, 16 << 20, srv.url("live:"));
+    let mut lm = live.map_anon(16 * PAGE).expect("mmap");
+    fill(&mut lm, 4, 1);
+    pageout_all(&live, &mut lm);
+    let live_keys = srv.keys("live:*").len();
+    assert!(live_keys > 0, "no page of the live space on the server");
+    let mut run = start_child("1", url.clone());
+    assert!(run.log.contains("child: page 0 SWAPPED"), "the child could not set up the scenario:\n{}", run.log);
+    run.child.kill().expect("SIGKILL");
+    let status = run.child.wait().expect("wait");
+    assert_eq!(status.signal(), Some(libc::SIGKILL));
+    let left = srv.keys("usermm:*").len();
+    assert!(left > 0, "no key of the killed child's to delete");
+    // Its lease lapses (no process refreshes it).
+    assert!(eventually(|| srv.keys("{usermm}lease:usermm:*").is_empty()), "the killed child's lease never lapsed");
+    let next = space(4 << 20, 16 << 20, url);
+    let after = srv.keys("usermm:*");
+    assert!(after.is_empty(), "{} of the killed child's {left} keys outlived the next open: {after:?}", after.len());
+    assert_eq!(srv.keys("live:*").len(), live_keys, "the live space's keys were deleted");
+    assert_eq!(bad_in(&lm, 4, 1), 0, "the live space's pages");
+    drop(next);
+    drop(lm);
+    live.close().unwrap();
+    assert_eq!(srv.dbsize(), 0, "keys left after both spaces closed: {:?}", srv.keys("*"));
+}
+
+/// A process stopped for longer than its lease (SIGSTOP) still has its
+/// connections: the next space opened leaves its keys, and once continued
+/// it reads its page back.
+#[test]
+fn a_stopped_process_keeps_its_pages_past_its_lease() {
+    use std::io::Write;
+    let srv = Server::start(&[]);
+    let url = format!("redis://127.0.0.1:{}/?timeout_ms=1000&lease_ms=300", srv.port);
+    let mut run = start_child("1", url.clone());
+    assert!(run.log.contains("child: page 0 SWAPPED"), "the child could not set up the scenario:\n{}", run.log);
+    let pid = run.child.id() as i32;
+    usermm_sys::process::kill(pid, libc::SIGSTOP).expect("SIGSTOP");
+    let held = srv.keys("usermm:*").len();
+    assert!(eventually(|| srv.keys("{usermm}lease:usermm:*").is_empty()), "the stopped child's lease never lapsed");
+    let next = space(4 << 20, 16 << 20, url);
+    assert_eq!(srv.keys("usermm:*").len(), held, "the stopped child's keys were deleted");
+    drop(next);
+    usermm_sys::process::kill(pid, libc::SIGCONT).expect("SIGCONT");
+    let mut stdin = run.child.stdin.take().unwrap();
+    let _ = stdin.write_all(b"g");
+    drop(stdin);
+    let status = run.child.wait().expect("wait");
+    let _ = run.err.read_to_string(&mut run.log);
+    assert!(run.log.contains("child: read page 0, 0 bad bytes"), "{}", run.log);
+    assert_eq!(status.code(), Some(0));
+}
+
 #[test]
 fn pages_round_trip_through_a_cluster() {
     let cl = Cluster::start(3, 1);
@@ -381,6 +553,29 @@ fn pages_round_trip_through_a_cluster() {
     drop(m);
     s.close().unwrap();
     assert_eq!(cl.total_keys(), 0, "the space's keys outlived it");
+}
+
+/// A cluster has no `SCAN` across nodes nor one `CLIENT LIST`: a child
+/// killed outright leaves its keys on the masters, and the first space
+/// opened after its lease lapsed deletes every key the child could have had
+/// (the registry says how many slots), wherever they lie.
+#[test]
+fn a_killed_spaces_keys_go_from_a_cluster_at_the_next_open() {
+    let cl = Cluster::start(3, 0);
+    let seeds: Vec<String> = cl.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+    let url = format!("redis+cluster://{}/?timeout_ms=1000&lease_ms=300", seeds.join(","));
+    let on_masters = |pattern: &str| -> usize { cl.masters().iter().map(|&i| cl.nodes[i].keys(pattern).len()).sum() };
+    let mut run = start_child("1", url.clone());
+    assert!(run.log.contains("child: page 0 SWAPPED"), "the child could not set up the scenario:\n{}", run.log);
+    run.child.kill().expect("SIGKILL");
+    run.child.wait().expect("wait");
+    let left = on_masters("{usermm:*");
+    assert!(left > 0, "no key of the killed child's to delete");
+    assert!(eventually(|| on_masters("{usermm}lease:*") == 0), "the killed child's lease never lapsed");
+    let next = space(4 << 20, 16 << 20, url);
+    assert_eq!(on_masters("{usermm:*"), 0, "keys of the killed child's ({left}) outlived the next open");
+    drop(next);
+    assert_eq!(cl.total_keys(), 0, "keys left once the next space closed");
 }
 
 /// A master is killed while threads write and read pages through the

@@ -5,16 +5,29 @@
 //!
 //! Checked: allocations land in the space's reservation; a working set 4×
 //! the budget keeps every byte; zeroed allocations read zeros on reused
-//! memory; threads allocate at once; a child process can be spawned.
+//! memory; threads allocate at once; a child process can be spawned; a
+//! child whose heap swaps to a Redis server leaves no key there once it has
+//! exited (it never closes its space).
+
+mod redis_server;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use usermm::{Config, GlobalHeap};
 
+/// Set in the child of [`a_heap_swapping_to_redis_leaves_no_key_after_exit`]:
+/// its heap's page store.
+const SWAP_URL_ENV: &str = "USERMM_GLOBAL_HEAP_TEST_SWAP_URL";
+
 #[global_allocator]
-static HEAP: GlobalHeap =
-    GlobalHeap::new(|| Config { budget_bytes: 32 << 20, swap_bytes: 1 << 30, ..Config::default() });
+static HEAP: GlobalHeap = GlobalHeap::new(|| Config {
+    budget_bytes: 32 << 20,
+    swap_bytes: 1 << 30,
+    swap_url: std::env::var(SWAP_URL_ENV).ok(),
+    ..Config::default()
+});
 
 fn in_space(p: *const u8) -> bool {
     let (base, len) = HEAP.with_space(|sp| sp.reservation()).expect("the global heap's space is open");
@@ -94,4 +107,51 @@ fn a_child_process_can_be_spawned() {
     let out = std::process::Command::new("echo").arg("spawned").output().expect("spawn echo");
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "spawned");
+}
+
+/// The child side of [`a_heap_swapping_to_redis_leaves_no_key_after_exit`]
+/// (nothing unless `USERMM_GLOBAL_HEAP_TEST_SWAP_URL` is set): 64 MiB of
+/// values, twice the budget, so that most of the heap is on the server;
+/// then the harness exits (`exit(3)`) with the space open, as every
+/// program on a `GlobalHeap` does.
+#[test]
+#[ignore = "child-process entry point"]
+fn child_swaps_its_heap_to_redis() {
+    if std::env::var(SWAP_URL_ENV).is_err() {
+        return;
+    }
+    let v: Vec<Vec<u64>> = (0..16_384u64).map(|k| (0..512).map(|i| k ^ i).collect()).collect();
+    let bad: usize = v
+        .iter()
+        .enumerate()
+        .map(|(k, w)| w.iter().enumerate().filter(|&(i, &x)| x != k as u64 ^ i as u64).count())
+        .sum();
+    let st = HEAP.stats().expect("the heap's space");
+    eprintln!("child: {bad} bad, {} pages swapped out", st.swapouts);
+    assert!(bad == 0 && st.swapouts > 0, "{st:?}");
+    std::mem::forget(v);
+}
+
+#[test]
+fn a_heap_swapping_to_redis_leaves_no_key_after_exit() {
+    let srv = redis_server::Server::start(&[]);
+    let exe = std::env::current_exe().expect("current_exe");
+    let out = std::process::Command::new(exe)
+        .args(["--exact", "child_swaps_its_heap_to_redis", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(SWAP_URL_ENV, format!("redis://127.0.0.1:{}/?timeout_ms=2000", srv.port))
+        .output()
+        .expect("spawn the child");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("child: 0 bad"), "the child: {}\n{err}", out.status);
+    let t0 = Instant::now();
+    while srv.dbsize() > 0 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left = srv.keys("*");
+    assert!(
+        left.is_empty(),
+        "{} keys left 10 s after the child exited, e.g. {:?}",
+        left.len(),
+        &left[..left.len().min(3)]
+    );
 }

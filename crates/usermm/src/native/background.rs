@@ -29,6 +29,13 @@ impl Inner {
                         c = lock(&self.core);
                         continue;
                     }
+                    if self.plat.swap_keep_alive_due() {
+                        // (No I/O under the core lock.)
+                        drop(c);
+                        self.plat.swap_keep_alive();
+                        c = lock(&self.core);
+                        continue;
+                    }
                     let need = reclaim
                         && (c.reclaim_ahead_want(self.low_watermark, self.high_watermark) > 0 || c.needs_aging());
                     if need || c.swap_release_pending() || !lock(&self.willneed).is_empty() {

@@ -8,7 +8,8 @@
 //!   `ASK` redirections, re-reads the map when it changes, and retries (with
 //!   backoff, about 10 s in all) while a failover is under way.
 //!
-//! OPTIONS: `prefix=P`, `timeout_ms=T` (default 2,000), `replicas=N`
+//! OPTIONS: `prefix=P`, `timeout_ms=T` (default 2,000), `lease_ms=L`
+//! (default 30,000: below), `replicas=N`
 //! (default 0: a write is acknowledged only once `WAIT` says N replicas of
 //! the node have it — the issue's `swap_replicas`), `failover_ms=F` (default
 //! 10,000: how long a read from a cluster keeps trying, with a fresh slot map,
@@ -33,6 +34,12 @@
 //! - Opening the space deletes every key under the prefix (left by a space
 //!   with the same prefix that crashed; a cluster's by enumerating the
 //!   space's possible keys, group by group); closing it deletes them too.
+//! - A space never closed has its keys deleted once its process has exited
+//!   (the exit hook, [`at_exit_hook`]); a space whose process was killed
+//!   outright, by the first space that opens on the server after its lease
+//!   (`{usermm}lease:P`, `lease_ms`, refreshed by the background thread)
+//!   has lapsed, unless a connection named after it is still open
+//!   ([`RedisStore::reap_dead`]).
 //! - Every command has a timeout: a node that is down, slow, out of memory
 //!   (`OOM command not allowed`), short of replicas, or that returns a value
 //!   that does not check out is an error — for a read, the faulting thread's
@@ -40,6 +47,7 @@
 //! - Connections are pooled (one per thread doing I/O at a time); a
 //!   connection that failed is dropped and a new one made on next use.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -112,6 +120,13 @@ pub(crate) struct RedisStore {
     /// that a [`Link`] serves ([`PageStore::read_polls`], asked on every
     /// small swap-in).
     reads_poll: bool,
+    /// How long the space's lease lasts unrefreshed (0: no lease).
+    lease: Duration,
+    /// When the lease is next refreshed (`usermm_sys::now_ns`; `u64::MAX`:
+    /// never, no lease was taken).
+    lease_next_ns: AtomicU64,
+    /// Whether a refresh found the lease lapsed (said once on stderr).
+    lease_lapsed: AtomicBool,
     /// The URL without credentials, for messages.
     pub(crate) shown: String,
 }
@@ -137,6 +152,9 @@ struct Url {
     timeout: Duration,
     replicas: u32,
     failover: Duration,
+    /// How long the space's lease lasts unless refreshed (`lease_ms`);
+    /// zero: no lease (the keys of a process killed outright stay).
+    lease: Duration,
 }
 
 fn parse(url: &str, space: u64) -> Result<Url, Errno> {
@@ -157,6 +175,7 @@ fn parse(url: &str, space: u64) -> Result<Url, Errno> {
     let mut timeout = Duration::from_millis(2000);
     let mut replicas = 0;
     let mut failover = Duration::from_millis(10_000);
+    let mut lease = DEFAULT_LEASE;
     for kv in query.split('&').filter(|s| !s.is_empty()) {
         let (k, v) = kv.split_once('=').ok_or(Errno::EINVAL)?;
         match k {
@@ -164,6 +183,7 @@ fn parse(url: &str, space: u64) -> Result<Url, Errno> {
             "timeout_ms" => timeout = Duration::from_millis(v.parse::<u64>().map_err(|_| Errno::EINVAL)?.max(1)),
             "replicas" => replicas = v.parse::<u32>().map_err(|_| Errno::EINVAL)?,
             "failover_ms" => failover = Duration::from_millis(v.parse::<u64>().map_err(|_| Errno::EINVAL)?),
+            "lease_ms" => lease = Duration::from_millis(v.parse::<u64>().map_err(|_| Errno::EINVAL)?),
             _ => return Err(Errno::EINVAL),
         }
     }
@@ -175,7 +195,7 @@ fn parse(url: &str, space: u64) -> Result<Url, Errno> {
         // A brace would change the cluster's hash tag.
         return Err(Errno::EINVAL);
     }
-    Ok(Url { nodes, cluster, prefix, timeout, replicas, failover })
+    Ok(Url { nodes, cluster, prefix, timeout, replicas, failover, lease })
 }
 
 /// The cluster hash slot of `key` (CRC16/XMODEM of its hash tag, mod 16384).
@@ -216,13 +236,27 @@ fn io_error(_e: &redis::RedisError) -> Errno {
 }
 
 impl RedisStore {
-    /// Connects to the server or cluster of `url` (checking it answers) and
-    /// deletes the keys a crashed space with the same prefix left behind.
-    /// `slots`: the most slots the space uses; `poll_replies`: a read waits
-    /// for its reply by polling the socket for a while first ([`Link`]).
+    /// Connects to the server or cluster of `url` (checking it answers),
+    /// deletes the keys of dead spaces ([`RedisStore::reap_dead`]) and those
+    /// a crashed space with the same prefix left behind, and takes the
+    /// space's lease. `slots`: the most slots the space uses;
+    /// `poll_replies`: a read waits for its reply by polling the socket for
+    /// a while first ([`Link`]).
     pub(crate) fn open(url: &str, page: usize, slots: u64, poll_replies: bool) -> Result<RedisStore, Errno> {
         let space = random_id();
         let u = parse(url, space)?;
+        let s = Self::build(&u, page, slots, poll_replies, space)?;
+        s.with_conn(|c| redis::cmd("PING").query::<String>(c.link()).map(drop))
+            .inspect_err(|_| eprintln!("usermm: swap_url {}: the server does not answer", s.shown))?;
+        s.reap_dead();
+        s.register();
+        s.delete_all()?;
+        s.track(url);
+        Ok(s)
+    }
+
+    /// The store of `u` for space `space`, with no I/O yet.
+    fn build(u: &Url, page: usize, slots: u64, poll_replies: bool, space: u64) -> Result<RedisStore, Errno> {
         let shown = u
             .nodes
             .iter()
@@ -252,11 +286,11 @@ impl RedisStore {
         };
         let reads_poll =
             poll_replies && matches!(&backend, Backend::Single(c) if Link::serves(c.get_connection_info()));
-        let s = RedisStore {
+        Ok(RedisStore {
             reads_poll,
             backend,
             pool: Mutex::new(Vec::new()),
-            prefix: u.prefix,
+            prefix: u.prefix.clone(),
             space,
             page,
             slots,
@@ -264,24 +298,30 @@ impl RedisStore {
             replicas: u.replicas,
             failover: u.failover,
             poll_replies,
+            lease: u.lease,
+            lease_next_ns: AtomicU64::new(u64::MAX),
+            lease_lapsed: AtomicBool::new(false),
             shown,
-        };
-        s.with_conn(|c| redis::cmd("PING").query::<String>(c.link()).map(drop))
-            .inspect_err(|_| eprintln!("usermm: swap_url {}: the server does not answer", s.shown))?;
-        s.delete_all()?;
-        Ok(s)
+        })
     }
 
     fn connect(&self) -> Result<Conn, Errno> {
         match &self.backend {
             Backend::Single(client) => {
-                if let Some(link) = Link::connect(client.get_connection_info(), self.timeout, self.poll_replies) {
-                    return Ok(Conn::Own(link.map_err(|e| io_error(&e))?, Vec::new()));
-                }
-                let c = client.get_connection_with_timeout(self.timeout).map_err(|e| io_error(&e))?;
-                c.set_read_timeout(Some(self.timeout)).map_err(|e| io_error(&e))?;
-                c.set_write_timeout(Some(self.timeout)).map_err(|e| io_error(&e))?;
-                Ok(Conn::Single(Box::new(c), Vec::new()))
+                let mut c = match Link::connect(client.get_connection_info(), self.timeout, self.poll_replies) {
+                    Some(link) => Conn::Own(link.map_err(|e| io_error(&e))?, Vec::new()),
+                    None => {
+                        let c = client.get_connection_with_timeout(self.timeout).map_err(|e| io_error(&e))?;
+                        c.set_read_timeout(Some(self.timeout)).map_err(|e| io_error(&e))?;
+                        c.set_write_timeout(Some(self.timeout)).map_err(|e| io_error(&e))?;
+                        Conn::Single(Box::new(c), Vec::new())
+                    }
+                };
+                // Named after the space, so that another space reaping
+                // dead ones sees this one connected ([`RedisStore::reap_dead`]);
+                // a server that refuses the name only loses that check.
+                let _ = redis::cmd("CLIENT").arg("SETNAME").arg(client_name(self.space)).query::<()>(c.link());
+                Ok(c)
             }
             Backend::Cluster(client) => Ok(Conn::Cluster(Box::new(client.get_connection().map_err(|e| io_error(&e))?))),
         }
@@ -329,10 +369,15 @@ impl RedisStore {
 
     /// The key of chunk `chunk` (slots `chunk × CHUNK` …).
     fn key(&self, chunk: u64) -> String {
+        self.key_of(&self.prefix, chunk)
+    }
+
+    /// The key of chunk `chunk` of the space with prefix `prefix`.
+    fn key_of(&self, prefix: &str, chunk: u64) -> String {
         if self.cluster() {
-            format!("{{{}{}}}{chunk}", self.prefix, chunk * CHUNK / GROUP)
+            format!("{{{}{}}}{chunk}", prefix, chunk * CHUNK / GROUP)
         } else {
-            format!("{}{chunk}", self.prefix)
+            format!("{prefix}{chunk}")
         }
     }
 
@@ -343,18 +388,25 @@ impl RedisStore {
 
     /// Deletes every key under the prefix.
     fn delete_all(&self) -> Result<(), Errno> {
+        self.delete_prefix(&self.prefix, self.slots)
+    }
+
+    /// Deletes every key of the space with prefix `prefix` and `slots`
+    /// slots.
+    fn delete_prefix(&self, prefix: &str, slots: u64) -> Result<(), Errno> {
         if self.cluster() {
             // No cluster-wide SCAN: every key the space can have, a group
             // (one hash slot) per command.
-            let chunks = self.slots.div_ceil(CHUNK);
-            for g in 0..self.slots.div_ceil(GROUP) {
+            let chunks = slots.div_ceil(CHUNK);
+            for g in 0..slots.div_ceil(GROUP) {
                 let per = GROUP / CHUNK;
-                let keys: Vec<String> = (g * per..((g + 1) * per).min(chunks)).map(|k| self.key(k)).collect();
+                let keys: Vec<String> =
+                    (g * per..((g + 1) * per).min(chunks)).map(|k| self.key_of(prefix, k)).collect();
                 self.with_conn(|c| redis::cmd("UNLINK").arg(&keys).query::<u64>(c.link()))?;
             }
             return Ok(());
         }
-        let pattern = format!("{}*", glob_escape(&self.prefix));
+        let pattern = format!("{}*", glob_escape(prefix));
         self.with_conn(|c| {
             let c = c.link();
             let mut cursor = 0u64;
@@ -370,6 +422,166 @@ impl RedisStore {
                 cursor = next;
             }
         })
+    }
+
+    /// Takes the space's lease (`{usermm}lease:P`, expiring after `lease`)
+    /// and enters the space in the registry (`{usermm}spaces`: prefix →
+    /// slots and space id), in that order, so that a space reaping dead
+    /// ones never finds this one registered without its lease. A lease held
+    /// by a reaper of an earlier space with the same prefix is waited for
+    /// (up to 10 s). Best effort: a server that refuses (an ACL confined to
+    /// the prefix) only loses the clean-up after a crash, said on stderr.
+    fn register(&self) {
+        if self.lease.is_zero() {
+            return;
+        }
+        let ms = self.lease.as_millis() as u64;
+        let lease = lease_key(&self.prefix);
+        let t0 = std::time::Instant::now();
+        let r = self.with_conn(|c| {
+            loop {
+                let took: Option<String> =
+                    redis::cmd("SET").arg(&lease).arg(self.space).arg("PX").arg(ms).arg("NX").query(c.link())?;
+                if took.is_some() {
+                    break;
+                }
+                let holder: Option<String> = redis::cmd("GET").arg(&lease).query(c.link())?;
+                if holder.as_deref() != Some(REAPING) || t0.elapsed() > Duration::from_secs(10) {
+                    // Another space with this prefix (one at a time, the
+                    // docs say), or a reaper that took too long.
+                    redis::cmd("SET").arg(&lease).arg(self.space).arg("PX").arg(ms).query::<()>(c.link())?;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            redis::cmd("HSET")
+                .arg(REGISTRY)
+                .arg(&self.prefix)
+                .arg(format!("{} {:016x}", self.slots, self.space))
+                .query::<u64>(c.link())
+                .map(drop)
+        });
+        match r {
+            Ok(()) => self.lease_next_ns.store(usermm_sys::now_ns() + refresh_ns(self.lease), Ordering::Relaxed),
+            Err(e) => eprintln!(
+                "usermm: swap_url {}: cannot take the space's lease ({e}); its keys outlive a crash of the process",
+                self.shown
+            ),
+        }
+    }
+
+    /// Leaves the registry and gives the lease up (after the keys are gone:
+    /// a process that dies in between leaves its entry to the next reaper).
+    fn unregister(&self) {
+        if self.lease.is_zero() {
+            return;
+        }
+        let _ = self.with_conn(|c| {
+            redis::cmd("HDEL").arg(REGISTRY).arg(&self.prefix).query::<u64>(c.link())?;
+            redis::cmd("DEL").arg(lease_key(&self.prefix)).query::<u64>(c.link()).map(drop)
+        });
+    }
+
+    /// Deletes the keys of every registered space that is dead: its lease
+    /// lapsed (it was not refreshed for `lease_ms`) and, on one server, no
+    /// connection named after it is open (`CLIENT LIST`: a process stopped
+    /// longer than its lease still has its connections, and keeps its
+    /// pages). A dead space's lease is taken (`NX`, marked as a reaper's)
+    /// while its keys are deleted, so that two reapers, or a reaper and a
+    /// new space with the same prefix, do not meet. Best effort: a failure
+    /// leaves the dead space to the next open.
+    fn reap_dead(&self) {
+        let _ = self.with_conn(|c| {
+            let entries: Vec<(String, String)> = redis::cmd("HGETALL").arg(REGISTRY).query(c.link())?;
+            if entries.is_empty() {
+                return Ok(());
+            }
+            // (Asked once, and only if a lease has lapsed.)
+            let mut connected: Option<Option<String>> = None;
+            for (prefix, v) in entries {
+                if prefix == self.prefix {
+                    continue;
+                }
+                let (slots, id) = v.split_once(' ').unwrap_or((&v, ""));
+                let Ok(slots) = slots.parse::<u64>() else { continue };
+                let lease = lease_key(&prefix);
+                if redis::cmd("EXISTS").arg(&lease).query::<u64>(c.link())? > 0 {
+                    continue;
+                }
+                let name = format!("name={}", client_name(u64::from_str_radix(id, 16).unwrap_or(0)));
+                let connected = connected.get_or_insert_with(|| {
+                    if self.cluster() {
+                        None
+                    } else {
+                        redis::cmd("CLIENT").arg("LIST").query(c.link()).ok()
+                    }
+                });
+                if connected.as_deref().is_some_and(|l| l.split_whitespace().any(|f| f == name)) {
+                    continue;
+                }
+                let took: Option<String> =
+                    redis::cmd("SET").arg(&lease).arg(REAPING).arg("PX").arg(60_000).arg("NX").query(c.link())?;
+                if took.is_none() {
+                    continue;
+                }
+                // (On another connection: this one is held.)
+                if self.delete_prefix(&prefix, slots).is_ok() {
+                    redis::cmd("HDEL").arg(REGISTRY).arg(&prefix).query::<u64>(c.link())?;
+                }
+                redis::cmd("DEL").arg(&lease).query::<u64>(c.link())?;
+            }
+            Ok(())
+        });
+    }
+
+    /// Whether the lease is due for a refresh (a clock read).
+    pub(crate) fn lease_due(&self) -> bool {
+        usermm_sys::now_ns() >= self.lease_next_ns.load(Ordering::Relaxed)
+    }
+
+    /// Refreshes the lease (every third of `lease_ms`, from the space's
+    /// background thread). A lease found lapsed — the process was stopped
+    /// or starved for longer than `lease_ms`, or the server lost it — is
+    /// said on stderr (once) and taken again; if a reaper deleted the
+    /// space's pages meanwhile, they read as errors (SIGBUS).
+    pub(crate) fn refresh_lease(&self) {
+        self.lease_next_ns.store(usermm_sys::now_ns() + refresh_ns(self.lease), Ordering::Relaxed);
+        let ms = self.lease.as_millis() as u64;
+        let r = self.with_conn(|c| {
+            redis::cmd("SET").arg(lease_key(&self.prefix)).arg(self.space).arg("PX").arg(ms).arg("XX").query(c.link())
+        });
+        if let Ok(None::<String>) = r {
+            if !self.lease_lapsed.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "usermm: swap_url {}: the space's lease had lapsed (not refreshed for lease_ms={ms}); taken again",
+                    self.shown
+                );
+            }
+            self.register();
+        }
+    }
+
+    /// Enters this store in the list that the exit hook reaps
+    /// ([`at_exit_hook`]), registering the hook once.
+    fn track(&self, url: &str) {
+        // (Allocated from the system allocator: the reaper, a forked copy
+        // of the process, has no space memory.)
+        let _system = crate::heap::SystemOnly::enter();
+        static HOOK: std::sync::Once = std::sync::Once::new();
+        HOOK.call_once(|| {
+            if let Err(e) = usermm_sys::exit::at_exit(at_exit_hook) {
+                eprintln!("usermm: cannot register the page stores' exit hook ({e})");
+            }
+        });
+        let r = Reap {
+            space: self.space,
+            url: url.to_string(),
+            prefix: self.prefix.clone(),
+            slots: self.slots,
+            page: self.page,
+            generation: usermm_sys::thread::fork_generation(),
+        };
+        LIVE.lock().unwrap_or_else(|e| e.into_inner()).push(r);
     }
 
     /// The writes of `pages` as slots `first`, `first + 1`, … (each behind
@@ -570,6 +782,14 @@ impl PageStore for RedisStore {
         CHUNK as u32
     }
 
+    fn keep_alive_due(&self) -> bool {
+        self.lease_due()
+    }
+
+    fn keep_alive(&self) {
+        self.refresh_lease()
+    }
+
     fn release(&self, runs: &[(u64, u64)]) -> Result<(), Errno> {
         // The chunks wholly inside the runs, unlinked per group (one hash
         // slot in a cluster), up to 1,024 keys per command.
@@ -630,7 +850,90 @@ impl Drop for RedisStore {
         if let Err(e) = self.delete_all() {
             eprintln!("usermm: swap_url {}: could not delete the space's keys at close ({e})", self.shown);
         }
+        self.unregister();
+        let _system = crate::heap::SystemOnly::enter();
+        LIVE.lock().unwrap_or_else(|e| e.into_inner()).retain(|r| r.space != self.space);
     }
+}
+
+/// The registry of spaces on a server: a hash, prefix → "slots id".
+/// (Braces: no prefix has any, so no space's keys can match these names,
+/// and in a cluster they share one hash slot.)
+const REGISTRY: &str = "{usermm}spaces";
+/// A lease's value while a reaper deletes the keys of its dead space.
+const REAPING: &str = "reaping";
+/// `lease_ms`'s default: the bound on how long the keys of a process killed
+/// outright stay before the next space opened on the server deletes them.
+const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// The lease key of the space with prefix `prefix`.
+fn lease_key(prefix: &str) -> String {
+    format!("{{usermm}}lease:{prefix}")
+}
+
+/// How often a lease of `lease` is refreshed: three times per lease.
+fn refresh_ns(lease: Duration) -> u64 {
+    (lease.as_nanos() / 3).min(u64::MAX as u128) as u64
+}
+
+/// The name of space `space`'s connections (`CLIENT SETNAME`).
+fn client_name(space: u64) -> String {
+    format!("usermm-{space:016x}")
+}
+
+/// What the exit hook needs of a store that is still open: all of it
+/// allocated from the system allocator.
+struct Reap {
+    space: u64,
+    url: String,
+    prefix: String,
+    slots: u64,
+    page: usize,
+    /// The fork generation that opened it: a forked child's exit must not
+    /// reap its parent's spaces.
+    generation: u64,
+}
+
+/// The stores open in this process (for the exit hook).
+static LIVE: Mutex<Vec<Reap>> = Mutex::new(Vec::new());
+
+/// At exit (`atexit`): the keys of every store this process opened and
+/// never closed — `usermm_compat.h`'s default space, a `GlobalHeap`'s, any
+/// space leaked — are deleted by a process of their own once this one has
+/// gone (`usermm_sys::exit::run_after_exit`), not now: other exit
+/// handlers, thread-local destructors and threads still running may touch
+/// pages that are swapped out, and those must still read back. If no such
+/// process can be made, the keys go when the lease lapses.
+extern "C" fn at_exit_hook() {
+    let _ = std::panic::catch_unwind(|| {
+        let _system = crate::heap::SystemOnly::enter();
+        let generation = usermm_sys::thread::fork_generation();
+        let mine: Vec<Reap> = std::mem::take(&mut *LIVE.lock().unwrap_or_else(|e| e.into_inner()))
+            .into_iter()
+            .filter(|r| r.generation == generation)
+            .collect();
+        if mine.is_empty() {
+            return;
+        }
+        if let Err(e) = usermm_sys::exit::run_after_exit(|| mine.iter().for_each(reap_after_exit)) {
+            eprintln!("usermm: cannot delete the page store's keys after exit ({e}): they go when the lease lapses");
+        }
+    });
+}
+
+/// In the process that outlives the one that opened it: deletes the keys of
+/// the store `r` and its registry entry, on connections of its own (the
+/// pool's lock may have been held by another thread at the fork).
+fn reap_after_exit(r: &Reap) {
+    let Ok(mut u) = parse(&r.url, r.space) else { return };
+    u.prefix = r.prefix.clone();
+    let Ok(s) = RedisStore::build(&u, r.page, r.slots, false, r.space) else { return };
+    if s.delete_all().is_ok() {
+        s.unregister();
+    }
+    // (Not dropped: its `Drop` would delete the keys again and take the
+    // list's lock.)
+    std::mem::forget(s);
 }
 
 #[cfg(test)]
@@ -647,7 +950,12 @@ mod tests {
         );
         let u = parse("redis://h:1", 0xab).unwrap();
         assert!(u.prefix.starts_with("usermm:") && u.prefix.ends_with(":00000000000000ab:"), "{}", u.prefix);
-        assert_eq!((u.timeout, u.replicas), (Duration::from_millis(2000), 0));
+        assert_eq!((u.timeout, u.replicas, u.lease), (Duration::from_millis(2000), 0, DEFAULT_LEASE));
+        assert_eq!(parse("redis://h:1?lease_ms=250", 0).unwrap().lease, Duration::from_millis(250));
+        assert_eq!(parse("redis://h:1?lease_ms=0", 0).unwrap().lease, Duration::ZERO);
+        assert_eq!(parse("redis://h:1?lease_ms=soon", 0).err(), Some(Errno::EINVAL));
+        assert_ne!(lease_key("usermm:h:1:ab:"), "usermm:h:1:ab:lease", "a lease must not match its prefix");
+        assert!(!lease_key("p:").starts_with("p:") && !REGISTRY.starts_with("usermm:"));
         let u = parse("redis+cluster://a:1,b:2,c:3/?prefix=p:", 0).unwrap();
         assert_eq!(u.nodes, ["redis://a:1/", "redis://b:2/", "redis://c:3/"]);
         assert!(u.cluster);

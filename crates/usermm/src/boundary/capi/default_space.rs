@@ -113,7 +113,8 @@ pub(crate) fn config_from_env() -> Result<Config, Errno> {
 /// `umm_default_space`: the process-wide default space, opened once (the
 /// first caller opens it; concurrent callers wait) from the `USERMM_*`
 /// environment. NULL + errno if it could not be opened (a message says why,
-/// once, on stderr). It is never closed. A forked child's first call opens
+/// once, on stderr). It is never closed (its swap file, or its Redis keys,
+/// go after the process exits: `store/redis.rs`). A forked child's first call opens
 /// the child's own default space (the parent's is stale there).
 #[no_mangle]
 pub extern "C" fn umm_default_space() -> *mut umm_space {
