@@ -288,10 +288,15 @@ umm_space *umm_open(const struct umm_config *cfg);
 int umm_close(umm_space *s);
 
 /*
- * mmap(2) (SPEC 3): MAP_FAILED + errno. EINVAL: not exactly one of
- * MAP_PRIVATE/MAP_SHARED, len 0, unaligned off; EBADF/EACCES: the fd;
- * EEXIST: MAP_FIXED_NOREPLACE over a region; ENOMEM: no room or too many
- * regions; EAGAIN/EPERM: MAP_LOCKED beyond the lock limit.
+ * mmap(2) (SPEC 3): MAP_FAILED + errno, in Linux's order. EINVAL: unaligned
+ * off (first), len 0, not exactly one of MAP_PRIVATE/MAP_SHARED; EBADF: the
+ * fd is not open, or is O_PATH (checked right after off); EEXIST:
+ * MAP_FIXED_NOREPLACE over a region; ENOMEM: no room or too many regions;
+ * EAGAIN/EPERM: MAP_LOCKED beyond the lock limit; EOVERFLOW: a file mapping
+ * that would end past the largest file offset (a negative off, or one near
+ * INT64_MAX); EOPNOTSUPP: MAP_SHARED_VALIDATE with an unknown flag, or
+ * MAP_SYNC; EACCES: the fd's access mode; ENODEV: not a regular file or
+ * block device.
  */
 void *umm_mmap(umm_space *s, void *addr, size_t len, int prot, int flags, int fd, off_t off);
 
