@@ -1691,3 +1691,52 @@ fn linux_msync_wrapping_lengths() {
         t.unit("msync one page", mm.msync(b, PAGE, MS_SYNC));
     });
 }
+
+/// Issue 45, neighbours of the bad inputs: protection bits mmap ignores,
+/// flags it ignores, and `MAP_GROWSDOWN`, which only private anonymous
+/// memory may have (`EINVAL` after the descriptor's checks for a file).
+/// (`MAP_DROPPABLE` is not built: a deviation.)
+#[test]
+fn mmap_flag_and_protection_sweep() {
+    let path = std::env::temp_dir().join(format!("usermm-conform-flags-{}", std::process::id()));
+    conform("mmap_flag_and_protection_sweep", |mm, t| {
+        use std::os::fd::AsRawFd;
+        let f = small_folio_file(&path, 8);
+        let fd = f.as_raw_fd();
+        let b = mm.base();
+        let a = b + 16 * PAGE;
+        for (what, prot, flags) in [
+            ("prot 0x100", PROT_READ | 0x100, FIXED_PRIVATE),
+            ("prot 0x08 (SEM)", PROT_READ | 0x08, FIXED_PRIVATE),
+            ("prot GROWSDOWN", PROT_READ | 0x0100_0000, FIXED_PRIVATE),
+            ("prot GROWSUP", PROT_READ | 0x0200_0000, FIXED_PRIVATE),
+            ("hugetlb", RW, FIXED_PRIVATE | MAP_HUGETLB),
+            ("growsdown shared", RW, FIXED_SHARED | MAP_GROWSDOWN),
+            ("growsdown private", RW, FIXED_PRIVATE | MAP_GROWSDOWN),
+            ("validate anon sync", RW, MAP_SHARED_VALIDATE | MAP_ANONYMOUS | MAP_FIXED | MAP_SYNC),
+            ("type 4", RW, 0x04 | MAP_ANONYMOUS | MAP_FIXED),
+            ("uninit", RW, FIXED_PRIVATE | MAP_UNINITIALIZED),
+            ("stack", RW, FIXED_PRIVATE | MAP_STACK),
+            ("noreserve", RW, FIXED_PRIVATE | MAP_NORESERVE),
+        ] {
+            t.addr(what, mm.mmap(a, PAGE, prot, flags, 0));
+            let _ = mm.munmap(a, PAGE);
+        }
+        for (what, prot, flags) in [
+            ("file hugetlb", PROT_READ, MAP_PRIVATE | MAP_FIXED | MAP_HUGETLB),
+            ("file hugetlb len0", PROT_READ, MAP_PRIVATE | MAP_FIXED | MAP_HUGETLB),
+            ("file growsdown private", PROT_READ, MAP_PRIVATE | MAP_FIXED | MAP_GROWSDOWN),
+            ("file growsdown shared", PROT_READ, MAP_SHARED | MAP_FIXED | MAP_GROWSDOWN),
+            ("file prot GROWSDOWN", PROT_READ | 0x0100_0000, MAP_PRIVATE | MAP_FIXED),
+            ("file exec", PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED),
+            ("file prot none shared", PROT_NONE, MAP_SHARED | MAP_FIXED),
+            ("file write only shared", PROT_WRITE, MAP_SHARED | MAP_FIXED),
+        ] {
+            let len = if what.ends_with("len0") { 0 } else { PAGE };
+            t.addr(what, mm.mmap_fd(a, len, prot, flags, fd, 0));
+            let _ = mm.munmap(a, PAGE);
+        }
+        t.layout("layout", mm);
+    });
+    let _ = std::fs::remove_file(&path);
+}

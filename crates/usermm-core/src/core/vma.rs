@@ -23,13 +23,16 @@ use crate::types::{PageIdx, PageRange};
 /// with an unknown flag `EOPNOTSUPP`), a file mapping only through
 /// `mmap_file`, a shared writable file mapping only of a descriptor open
 /// for writing, any file mapping only of one open for reading (`EACCES`)
-/// and of a file type that can be mapped (`ENODEV`). Whether the mapping
-/// is shared.
+/// and of a file type that can be mapped (`ENODEV`), `MAP_GROWSDOWN` only
+/// on private anonymous memory (`EINVAL`). Whether the mapping is shared.
 fn mmap_type_checked(prot: i32, flags: i32, file: Option<&FileMap>) -> Result<bool, Errno> {
     let shared = mmap_shared(flags, file)?;
     if flags & MAP_ANONYMOUS == 0 && file.is_none() {
         // The executor maps files through `mmap_file`.
         return bad(Errno::ENODEV);
+    }
+    if file.is_none() && shared && flags & MAP_GROWSDOWN != 0 {
+        return bad(Errno::EINVAL);
     }
     if let Some(f) = file {
         if shared && prot & PROT_WRITE != 0 && !f.writable {
@@ -40,6 +43,10 @@ fn mmap_type_checked(prot: i32, flags: i32, file: Option<&FileMap>) -> Result<bo
         }
         if !f.mappable {
             return bad(Errno::ENODEV);
+        }
+        // Only private anonymous memory may grow down.
+        if flags & MAP_GROWSDOWN != 0 {
+            return bad(Errno::EINVAL);
         }
         // The file system's own mmap (ext4's, xfs's) refuses MAP_SYNC on a
         // file that is not on a DAX device, and usermm's copies never are
