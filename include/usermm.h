@@ -295,8 +295,8 @@ int umm_close(umm_space *s);
  * EAGAIN/EPERM: MAP_LOCKED beyond the lock limit; EOVERFLOW: a file mapping
  * that would end past the largest file offset (a negative off, or one near
  * INT64_MAX); EOPNOTSUPP: MAP_SHARED_VALIDATE with an unknown flag, or
- * MAP_SYNC; EACCES: the fd's access mode; ENODEV: not a regular file or
- * block device.
+ * MAP_SYNC; EACCES: the fd's access mode; ENODEV: not a regular file, a
+ * block device or /dev/zero (which maps as anonymous memory).
  */
 void *umm_mmap(umm_space *s, void *addr, size_t len, int prot, int flags, int fd, off_t off);
 

@@ -364,9 +364,12 @@ pub struct MappedFile {
     fd: OwnedFd,
     pub readable: bool,
     pub writable: bool,
-    /// Whether the file's type can be mapped: a regular file or a block
-    /// device (Linux: `ENODEV` for the others usermm does not serve).
+    /// Whether the file's type can be mapped: a regular file, a block
+    /// device, or `/dev/zero` (Linux: `ENODEV` for the others usermm does
+    /// not serve).
     pub mappable: bool,
+    /// Whether the file is `/dev/zero`, whose mappings are anonymous memory.
+    pub zero: bool,
     /// Linux's `file_mmap_size_max`: the end no mapping of the file may
     /// pass (`MAX_LFS_FILESIZE` for regular files, block devices and
     /// sockets, `ULONG_MAX` for the rest).
@@ -429,8 +432,10 @@ impl MappedFile {
         // SAFETY: as above.
         check(unsafe { libc::fstat(fd, &mut st) })?;
         let kind = st.st_mode & libc::S_IFMT;
-        let mappable = kind == libc::S_IFREG || kind == libc::S_IFBLK;
-        let size_max_bytes = if mappable || kind == libc::S_IFSOCK { i64::MAX as u64 } else { u64::MAX };
+        let zero = kind == libc::S_IFCHR && libc::major(st.st_rdev) == 1 && libc::minor(st.st_rdev) == 5;
+        let lfs = kind == libc::S_IFREG || kind == libc::S_IFBLK;
+        let mappable = lfs || zero;
+        let size_max_bytes = if lfs || kind == libc::S_IFSOCK { i64::MAX as u64 } else { u64::MAX };
         let acc = fl & libc::O_ACCMODE;
         let readable = acc == libc::O_RDONLY || acc == libc::O_RDWR;
         // A descriptor opened O_APPEND cannot back a shared writable mapping
@@ -447,6 +452,7 @@ impl MappedFile {
             readable,
             writable,
             mappable,
+            zero,
             size_max_bytes,
             dev: st.st_dev,
             ino: st.st_ino,

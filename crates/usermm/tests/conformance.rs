@@ -1740,3 +1740,42 @@ fn mmap_flag_and_protection_sweep() {
     });
     let _ = std::fs::remove_file(&path);
 }
+
+/// Issue 45, found by the sweep: `/dev/zero` maps as anonymous memory
+/// (private: private anonymous; shared: shared anonymous), with a
+/// descriptor's checks (`EACCES` not readable, or shared writable of a
+/// read-only one).
+#[test]
+fn dev_zero_maps_as_anonymous_memory() {
+    conform("dev_zero_maps_as_anonymous_memory", |mm, t| {
+        use std::os::fd::AsRawFd;
+        let rw = std::fs::OpenOptions::new().read(true).write(true).open("/dev/zero").unwrap();
+        let ro = std::fs::File::open("/dev/zero").unwrap();
+        let wo = std::fs::OpenOptions::new().write(true).open("/dev/zero").unwrap();
+        let b = mm.base();
+        let p = MAP_PRIVATE | MAP_FIXED;
+        let sh = MAP_SHARED | MAP_FIXED;
+        let private = t.addr("private", mm.mmap_fd(b, 4 * PAGE, RW, p, rw.as_raw_fd(), 0));
+        let shared = t.addr("shared", mm.mmap_fd(b + 8 * PAGE, 4 * PAGE, RW, sh, rw.as_raw_fd(), 0));
+        t.addr("private of read-only", mm.mmap_fd(b + 16 * PAGE, PAGE, RW, p, ro.as_raw_fd(), 0));
+        t.addr("shared writable of read-only", mm.mmap_fd(b + 20 * PAGE, PAGE, RW, sh, ro.as_raw_fd(), 0));
+        t.addr("private of write-only", mm.mmap_fd(b + 20 * PAGE, PAGE, PROT_READ, p, wo.as_raw_fd(), 0));
+        t.addr("offset -4096", mm.mmap_fd(b + 20 * PAGE, PAGE, PROT_READ, p, ro.as_raw_fd(), -(PAGE as i64)));
+        // Touched only where mapped (a refusal is in the transcript).
+        if private.is_some() && shared.is_some() {
+            t.mincore("fresh", mm.mincore(b, 4 * PAGE));
+            t.note(format!("zeros {:?}", dump(mm, b, 4)));
+            fill(mm, b, 4, |i| 1 + i as u8);
+            fill(mm, b + 8 * PAGE, 4, |i| 9 + i as u8);
+            t.note(format!("private {:?}", dump(mm, b, 4)));
+            t.note(format!("shared {:?}", dump(mm, b + 8 * PAGE, 4)));
+            t.mincore("private written", mm.mincore(b, 4 * PAGE));
+            t.mincore("shared written", mm.mincore(b + 8 * PAGE, 4 * PAGE));
+            t.unit("dontneed private", mm.madvise(b, 4 * PAGE, MADV_DONTNEED));
+            t.note(format!("private after dontneed {:?}", dump(mm, b, 4)));
+        }
+        t.unit("free private", mm.madvise(b + 16 * PAGE, PAGE, MADV_FREE));
+        t.unit("free shared", mm.madvise(b + 8 * PAGE, PAGE, MADV_FREE));
+        t.layout("layout", mm);
+    });
+}

@@ -51,7 +51,7 @@ fn mmap_type_checked(prot: i32, flags: i32, file: Option<&FileMap>) -> Result<bo
         // The file system's own mmap (ext4's, xfs's) refuses MAP_SYNC on a
         // file that is not on a DAX device, and usermm's copies never are
         // (with any type: Linux keeps the bit when MAP_SHARED drops it).
-        if flags & MAP_SYNC != 0 {
+        if flags & MAP_SYNC != 0 && !f.zero {
             return bad(Errno::EOPNOTSUPP);
         }
     }
@@ -103,6 +103,8 @@ impl Core {
             file_mmap_ok(f, f.off_pages.checked_mul(1 << shift), pages << shift)?;
         }
         let shared = mmap_type_checked(prot, flags, file.as_ref())?;
+        // `/dev/zero`, checked as a file, maps as anonymous memory.
+        let file = file.filter(|f| !f.zero);
         let Some(start) = self.mmap_place(addr, pages, fixed_range)? else {
             return Ok(MmapReply::Busy);
         };

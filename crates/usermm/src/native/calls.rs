@@ -37,7 +37,9 @@ impl Inner {
             None
         };
         let result = self.mmap_locked(addr, len, prot, flags, off, file.as_ref());
-        if result.is_err() && file.is_some() {
+        // A refused file, or `/dev/zero` (mapped as anonymous memory), is no
+        // region's: its entry goes.
+        if file.as_ref().is_some_and(|(_, f)| result.is_err() || f.zero) {
             self.release_files();
         }
         result
@@ -66,6 +68,7 @@ impl Inner {
                         writable: f.writable,
                         readable: f.readable,
                         mappable: f.mappable,
+                        zero: f.zero,
                         size_max_bytes: f.size_max_bytes,
                         off_pages: off as u64 / self.page_size as u64,
                     },
