@@ -292,10 +292,15 @@ umm_space *umm_open(const struct umm_config *cfg);
 int umm_close(umm_space *s);
 
 /*
- * mmap(2) (SPEC 3): MAP_FAILED + errno. EINVAL: not exactly one of
- * MAP_PRIVATE/MAP_SHARED, len 0, unaligned off; EBADF/EACCES: the fd;
- * EEXIST: MAP_FIXED_NOREPLACE over a region; ENOMEM: no room or too many
- * regions; EAGAIN/EPERM: MAP_LOCKED beyond the lock limit.
+ * mmap(2) (SPEC 3): MAP_FAILED + errno, in Linux's order. EINVAL: unaligned
+ * off (first), len 0, not exactly one of MAP_PRIVATE/MAP_SHARED; EBADF: the
+ * fd is not open, or is O_PATH (checked right after off); EEXIST:
+ * MAP_FIXED_NOREPLACE over a region; ENOMEM: no room or too many regions;
+ * EAGAIN/EPERM: MAP_LOCKED beyond the lock limit; EOVERFLOW: a file mapping
+ * that would end past the largest file offset (a negative off, or one near
+ * INT64_MAX); EOPNOTSUPP: MAP_SHARED_VALIDATE with an unknown flag, or
+ * MAP_SYNC; EACCES: the fd's access mode; ENODEV: not a regular file, a
+ * block device or /dev/zero (which maps as anonymous memory).
  */
 void *umm_mmap(umm_space *s, void *addr, size_t len, int prot, int flags, int fd, off_t off);
 
@@ -430,18 +435,24 @@ umm_space *umm_default_space(void);
  * returns NULL, and on failure leaves p alone; umm_calloc zeroes and fails
  * with ENOMEM when n * size overflows; umm_aligned_alloc takes a power of
  * two up to 1 GiB (EINVAL otherwise). Failure: NULL + ENOMEM (EINVAL for a
- * NULL space). umm_free(s, NULL) does nothing; a pointer that is not a live
- * block (double free, or never allocated here) is refused with a message
- * on stderr, once, and nothing is freed -- though, as with free(3), a
- * pointer inside the space that no call here returned is undefined.
- * Freed blocks of 64 KiB or more give their whole pages back with
- * MADV_FREE; freed large blocks are unmapped. */
+ * NULL space). umm_free(s, NULL) does nothing. A pointer that is not a live
+ * block -- freed already (a double free, of a block of any size), never
+ * allocated here, or pointing into a block rather than at its start -- is
+ * refused, never a crash: umm_free frees nothing (and writes a message on
+ * stderr, once a process), umm_realloc returns NULL with errno EINVAL and
+ * leaves everything alone, umm_malloc_usable_size returns 0. Two limits,
+ * as with free(3): a freed pointer that a later allocation returned again
+ * is live again, and a pointer into the heap's memory that no call here
+ * returned (e.g. into a block, where the block's own bytes happen to form
+ * a valid header) is undefined. Freed blocks of 64 KiB or more give their
+ * whole pages back with MADV_FREE; freed large blocks are unmapped. */
 void *umm_malloc(umm_space *s, size_t size);
 void *umm_calloc(umm_space *s, size_t n, size_t size);
 void *umm_realloc(umm_space *s, void *p, size_t size);
 void *umm_aligned_alloc(umm_space *s, size_t align, size_t size);
 void umm_free(umm_space *s, void *p);
-/* The size the block was asked with; 0 for NULL or a non-block. */
+/* The size the block was asked with; 0 for NULL or a pointer that is not a
+ * live block (a freed one included). */
 size_t umm_malloc_usable_size(umm_space *s, void *p);
 /* 1 if p lies in the space's reservation (umm_free's, not libc's), else 0. */
 int umm_heap_owns(umm_space *s, const void *p);

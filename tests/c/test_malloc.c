@@ -9,7 +9,8 @@
  * its heap is swapped out while every byte is checked. It also checks the
  * LTP mlock01 case (mlock of a malloc'd buffer locks space memory), C
  * library pointers through the redirected free/realloc, a refused double
- * free, and two threads allocating and freeing at once.
+ * free (also of blocks of 256 KiB and more, whose memory the first free
+ * unmapped), and two threads allocating and freeing at once.
  *
  * The last line of output is "N passed, M failed"; the exit status is 0 only
  * when nothing failed.
@@ -246,6 +247,77 @@ static void own_space(void) {
     CHECK(umm_close(s) == 0);
 }
 
+/* Frees, reallocs and usable sizes of pointers that are not live blocks are
+ * refused (umm_free: nothing freed; umm_realloc: NULL + EINVAL;
+ * umm_malloc_usable_size: 0), never a crash, whatever the block's size:
+ * a large block (256 KiB or more) is a region of its own that its first
+ * free unmapped, so its header must not be read again. */
+static void refused_after_free(void) {
+    struct umm_config c;
+    umm_config_init(&c);
+    c.budget_bytes = 8u << 20;
+    c.swap_bytes = 64u << 20;
+    umm_space *s = umm_open(&c);
+    CHECK(s != NULL);
+    if (!s)
+        return;
+    static const size_t sizes[] = {1, 100, 100u << 10, (256u << 10) - 16, 256u << 10, 1u << 20, 5u << 20};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        for (int aligned = 0; aligned < 2; aligned++) {
+            size_t n = sizes[k];
+            unsigned char *p = aligned ? umm_aligned_alloc(s, 4096, n) : umm_malloc(s, n);
+            CHECK(p != NULL);
+            if (!p)
+                continue;
+            fill(p, k, n);
+            CHECK(wrong(p, k, n) == 0 && umm_malloc_usable_size(s, p) == n);
+            umm_free(s, p);
+            CHECK(umm_malloc_usable_size(s, p) == 0);
+            errno = 0;
+            CHECK(umm_realloc(s, p, n + 1) == NULL && errno == EINVAL);
+            CHECK(umm_realloc(s, p, 0) == NULL);
+            umm_free(s, p);
+            /* The heap goes on working, and a new block of the same size
+             * is whole. */
+            unsigned char *q = umm_malloc(s, n);
+            CHECK(q != NULL);
+            if (q) {
+                fill(q, k + 1, n);
+                CHECK(wrong(q, k + 1, n) == 0);
+                umm_free(s, q);
+            }
+        }
+    }
+    /* A pointer into the middle of a live large block, and one into a
+     * region that is no block (mapped, then unmapped): refused. */
+    unsigned char *big = umm_malloc(s, 1u << 20);
+    CHECK(big != NULL);
+    if (big) {
+        fill(big, 7, 1u << 20);
+        umm_free(s, big + 8192);
+        CHECK(umm_malloc_usable_size(s, big + 8192) == 0);
+        CHECK(wrong(big, 7, 1u << 20) == 0 && umm_malloc_usable_size(s, big) == 1u << 20);
+        /* Grown in place or moved, then shrunk: still one live block. */
+        big = umm_realloc(s, big, 3u << 20);
+        CHECK(big != NULL && wrong(big, 7, 1u << 20) == 0);
+        big = umm_realloc(s, big, 300u << 10);
+        CHECK(big != NULL && wrong(big, 7, 300u << 10) == 0 && umm_malloc_usable_size(s, big) == 300u << 10);
+        umm_free(s, big);
+        CHECK(umm_malloc_usable_size(s, big) == 0);
+        umm_free(s, big);
+    }
+    unsigned char *m = umm_mmap(s, NULL, 1u << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(m != MAP_FAILED);
+    if (m != MAP_FAILED) {
+        CHECK(umm_munmap(s, m, 1u << 20) == 0);
+        umm_free(s, m + 64);
+        CHECK(umm_malloc_usable_size(s, m + 64) == 0);
+    }
+    struct umm_stats st = stats(s);
+    CHECK(st.resident_pages <= st.budget_pages);
+    CHECK(umm_close(s) == 0);
+}
+
 int main(void) {
     setenv("USERMM_BUDGET_BYTES", "4m", 0);
     setenv("USERMM_SWAP_BYTES", "256M", 0);
@@ -254,6 +326,7 @@ int main(void) {
     under_pressure();
     threads();
     own_space();
+    refused_after_free();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

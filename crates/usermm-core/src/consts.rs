@@ -33,15 +33,27 @@ pub const UMM_MAP_LOCKONFAULT: i32 = 0x0800_0000;
 /// use this bit (and ignores it).
 pub const UMM_MAP_INTHREAD: i32 = 0x1000_0000;
 
-/// The flags `MAP_SHARED_VALIDATE` accepts (Linux `LEGACY_MAP_MASK` plus the
-/// validated ones).
+/// `MAP_32BIT` (x86-64).
+pub const MAP_32BIT: i32 = 0x40;
+/// `MAP_UNINITIALIZED` (honoured on no-MMU kernels only).
+pub const MAP_UNINITIALIZED: i32 = 0x400_0000;
+/// `MAP_HUGE_2MB` and `MAP_HUGE_1GB`: sizes for `MAP_HUGETLB`, in the bits
+/// from 26 (`MAP_HUGE_SHIFT`).
+pub const MAP_HUGE_2MB: i32 = 21 << 26;
+pub const MAP_HUGE_1GB: i32 = 30 << 26;
+
+/// The flags `MAP_SHARED_VALIDATE` accepts on any file (Linux's
+/// `LEGACY_MAP_MASK`; a file system that supports `MAP_SYNC` adds it).
 pub const LEGACY_MAP_MASK: i32 = MAP_SHARED
     | MAP_PRIVATE
     | MAP_FIXED
     | MAP_ANONYMOUS
     | MAP_DENYWRITE
     | MAP_EXECUTABLE
-    | 0x40 /* MAP_UNINITIALIZED on nommu, ignored */
+    | MAP_32BIT
+    | MAP_UNINITIALIZED
+    | MAP_HUGE_2MB
+    | MAP_HUGE_1GB
     | MAP_GROWSDOWN
     | MAP_LOCKED
     | MAP_NORESERVE

@@ -27,7 +27,7 @@ fn stream(advice: i32, flags: i32) -> Core {
         exact_faults: false,
         ..common::cfg()
     });
-    let file = FileMap { id: FILE, writable: false, off_pages: 0 };
+    let file = FileMap::regular(FILE, false, 0);
     match c.mmap_file(at(0), pages(N), PROT_READ, MAP_SHARED | MAP_FIXED | flags, file).unwrap() {
         MmapReply::Done(_) => {}
         MmapReply::Busy => panic!("nothing is being unmapped"),

@@ -73,12 +73,6 @@ pub fn write_fd(fd: i32, data: &[u8]) -> Result<(), crate::Errno> {
     Ok(())
 }
 
-/// Whether `fd` is an open descriptor (for `EBADF`).
-pub fn fd_is_open(fd: i32) -> bool {
-    // SAFETY: F_GETFD takes no pointer.
-    fd >= 0 && unsafe { libc::fcntl(fd, libc::F_GETFD) } >= 0
-}
-
 /// A byte slice over memory a space mapped.
 ///
 /// # Safety

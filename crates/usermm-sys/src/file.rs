@@ -364,6 +364,16 @@ pub struct MappedFile {
     fd: OwnedFd,
     pub readable: bool,
     pub writable: bool,
+    /// Whether the file's type can be mapped: a regular file, a block
+    /// device, or `/dev/zero` (Linux: `ENODEV` for the others usermm does
+    /// not serve).
+    pub mappable: bool,
+    /// Whether the file is `/dev/zero`, whose mappings are anonymous memory.
+    pub zero: bool,
+    /// Linux's `file_mmap_size_max`: the end no mapping of the file may
+    /// pass (`MAX_LFS_FILESIZE` for regular files, block devices and
+    /// sockets, `ULONG_MAX` for the rest).
+    pub size_max_bytes: u64,
     pub dev: u64,
     pub ino: u64,
     pub path: String,
@@ -403,16 +413,18 @@ fn nofile_limit() -> u64 {
 }
 
 impl MappedFile {
-    /// Checks `fd` as Linux's mmap does and keeps a duplicate: `EBADF` if it
-    /// is not open, `ENODEV` if it cannot be mapped (not a regular file or a
-    /// block device), `EACCES` if it is not open for reading.
+    /// Takes `fd` as Linux's mmap takes it (`fget`, before any other check
+    /// but the offset's alignment): `EBADF` if it is not open or is an
+    /// `O_PATH` descriptor. Keeps a duplicate, and records what mmap checks
+    /// later (readable, writable, a type that can be mapped, the largest
+    /// end), which the core decides in Linux's order.
     pub fn from_fd(fd: RawFd, keep_cache: bool) -> Result<MappedFile, Errno> {
         if fd < 0 {
             return Err(Errno::EBADF);
         }
         // SAFETY: F_GETFL takes no pointer.
         let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        if fl < 0 {
+        if fl < 0 || fl & libc::O_PATH != 0 {
             return Err(Errno::EBADF);
         }
         // SAFETY: `st` is a valid out-pointer for fstat.
@@ -420,15 +432,14 @@ impl MappedFile {
         // SAFETY: as above.
         check(unsafe { libc::fstat(fd, &mut st) })?;
         let kind = st.st_mode & libc::S_IFMT;
-        if kind != libc::S_IFREG && kind != libc::S_IFBLK {
-            return Err(Errno::ENODEV);
-        }
+        let zero = kind == libc::S_IFCHR && libc::major(st.st_rdev) == 1 && libc::minor(st.st_rdev) == 5;
+        let lfs = kind == libc::S_IFREG || kind == libc::S_IFBLK;
+        let mappable = lfs || zero;
+        let size_max_bytes = if lfs || kind == libc::S_IFSOCK { i64::MAX as u64 } else { u64::MAX };
         let acc = fl & libc::O_ACCMODE;
         let readable = acc == libc::O_RDONLY || acc == libc::O_RDWR;
-        if !readable {
-            return Err(Errno::EACCES);
-        }
-        // A descriptor opened O_APPEND cannot back a shared writable mapping.
+        // A descriptor opened O_APPEND cannot back a shared writable mapping
+        // (a deviation: usermm's write-back would append).
         let writable = acc == libc::O_RDWR && fl & libc::O_APPEND == 0;
         // SAFETY: F_DUPFD_CLOEXEC takes its argument by value.
         let dup = check(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) })?;
@@ -440,6 +451,9 @@ impl MappedFile {
             fd: unsafe { OwnedFd::from_raw_fd(dup) },
             readable,
             writable,
+            mappable,
+            zero,
+            size_max_bytes,
             dev: st.st_dev,
             ino: st.st_ino,
             path,

@@ -355,22 +355,26 @@ impl Space {
     }
 
     /// `mincore`: fills `vec` (one byte per page; bit 0 is "resident"). `vec`
-    /// must hold `ceil(len / page_size)` bytes (`EFAULT` otherwise).
+    /// must hold `ceil(len / page_size)` bytes; a shorter one is `EFAULT` as
+    /// a vector that ends in unmapped memory is on Linux, which copies each
+    /// region's bytes out before it looks past the region: unless the range
+    /// runs into a hole (`ENOMEM`) within the pages `vec` holds.
     pub fn mincore(&self, addr: usize, len: usize, vec: &mut [u8]) -> Result<(), Errno> {
         self.check_owner()?;
         // Never allocate more than the reservation has pages: a longer range
         // ends in a hole anyway (ENOMEM), which the core reports.
         let pages = len.div_ceil(self.inner.page_size).min(self.reserve_pages());
-        // Start from the caller's bytes: Linux leaves the bytes past a hole
-        // untouched.
-        let mut tmp = vec![0u8; pages];
-        let n = vec.len().min(pages);
-        tmp[..n].copy_from_slice(&vec[..n]);
+        // The core writes 0 or 1 for each page before the first hole; the
+        // pages after it keep this byte.
+        const UNFILLED: u8 = 0xff;
+        let mut tmp = vec![UNFILLED; pages];
         let r = self.inner.settled_core(addr, len).mincore(addr as u64, len as u64, &mut tmp);
-        if r.is_ok() && vec.len() < pages {
+        let filled = tmp.iter().position(|&b| b == UNFILLED).unwrap_or(pages);
+        if filled > vec.len() {
             return Err(Errno::EFAULT);
         }
-        vec[..n].copy_from_slice(&tmp[..n]);
+        // Linux leaves the bytes past a hole untouched.
+        vec[..filled].copy_from_slice(&tmp[..filled]);
         r
     }
 

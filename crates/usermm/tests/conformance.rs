@@ -458,6 +458,40 @@ fn mincore_errors() {
     });
 }
 
+/// Issue 45: the vector's errors. A vector too short for the pages before
+/// the first hole (NULL, or one that ends in unmapped memory) is `EFAULT`,
+/// even when the range then runs into a hole: Linux copies each region's
+/// bytes out before it looks past the region. A hole first is `ENOMEM`.
+///
+/// ```text
+///   A A A A . . . .  B B      (A: 4 pages, a hole of 4, B: 2 pages)
+/// ```
+#[test]
+fn mincore_vector_errors() {
+    conform("mincore_vector_errors", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("A", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        let _ = t.addr("B", mm.mmap(b + 8 * PAGE, 2 * PAGE, RW, FIXED_PRIVATE, 0));
+        mm.write_byte(b, 1);
+        mm.write_byte(b + 8 * PAGE, 1);
+        t.mincore("NULL over A", mm.mincore_short(b, 4 * PAGE, 0));
+        t.mincore("NULL over part of A", mm.mincore_short(b + PAGE, PAGE, 0));
+        t.mincore("NULL over A and the hole", mm.mincore_short(b, 6 * PAGE, 0));
+        t.mincore("NULL over A, the hole and B", mm.mincore_short(b, 10 * PAGE, 0));
+        t.mincore("NULL over the hole", mm.mincore_short(b + 4 * PAGE, PAGE, 0));
+        t.mincore("NULL over the hole and B", mm.mincore_short(b + 4 * PAGE, 6 * PAGE, 0));
+        t.mincore("NULL, len 0", mm.mincore_short(b, 0, 0));
+        t.mincore("NULL, len 0 in the hole", mm.mincore_short(b + 4 * PAGE, 0, 0));
+        t.mincore("NULL, unaligned", mm.mincore_short(b + 1, PAGE, 0));
+        t.mincore("2 of 4 over A", mm.mincore_short(b, 4 * PAGE, 2));
+        t.mincore("2 of 6 over A and the hole", mm.mincore_short(b, 6 * PAGE, 2));
+        t.mincore("4 of 6 over A and the hole", mm.mincore_short(b, 6 * PAGE, 4));
+        t.mincore("4 of 10 over A, the hole and B", mm.mincore_short(b, 10 * PAGE, 4));
+        t.mincore("1 of 2 over B", mm.mincore_short(b + 8 * PAGE, 2 * PAGE, 1));
+        t.mincore("2 of 2 over B", mm.mincore_short(b + 8 * PAGE, 2 * PAGE, 2));
+    });
+}
+
 #[test]
 fn mincore_residency_after_touching_random() {
     conform("mincore_residency_after_touching_random", |mm, t| {
@@ -1275,6 +1309,146 @@ fn file_mmap_type_is_checked_after_the_address() {
     });
 }
 
+/// Issue 45: a file mapping's descriptor errors, in Linux's order: the
+/// descriptor first (`EBADF` for one that is closed or `O_PATH`, whatever
+/// the length or type), then the length, the address and the lock limit,
+/// then the type (`EINVAL`, `EOPNOTSUPP`), the access (`EACCES`: shared
+/// writable needs a writer, every mapping a reader) and the file type
+/// (`ENODEV`).
+#[test]
+fn file_mmap_descriptor_errors() {
+    let path = std::env::temp_dir().join(format!("usermm-conform-fderr-{}", std::process::id()));
+    conform("file_mmap_descriptor_errors", |mm, t| {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = small_folio_file(&path, 8);
+        let open = |o: &mut std::fs::OpenOptions| o.open(&path).unwrap();
+        let ro = open(std::fs::OpenOptions::new().read(true));
+        let wo = open(std::fs::OpenOptions::new().write(true));
+        let opath = open(std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH));
+        let dir = std::fs::File::open(std::env::temp_dir()).unwrap();
+        let (pr, pw) = {
+            let mut p = [0; 2];
+            // SAFETY: `p` holds two descriptors.
+            assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+            // SAFETY: both are new descriptors we own.
+            unsafe {
+                use std::os::fd::FromRawFd;
+                (std::fs::File::from_raw_fd(p[0]), std::fs::File::from_raw_fd(p[1]))
+            }
+        };
+        // Far above any descriptor the process holds (usermm duplicates
+        // descriptors at the lowest free number).
+        let closed = 999_999;
+        let b = mm.base();
+        let a = b + 16 * PAGE;
+        let p = MAP_PRIVATE | MAP_FIXED;
+        let sh = MAP_SHARED | MAP_FIXED;
+        let _ = t.addr("anon", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        for (name, fd) in [
+            ("O_PATH", opath.as_raw_fd()),
+            ("closed", closed),
+            ("-1", -1),
+            ("O_WRONLY", wo.as_raw_fd()),
+            ("O_RDONLY", ro.as_raw_fd()),
+            ("O_RDWR", f.as_raw_fd()),
+            ("pipe read end", pr.as_raw_fd()),
+            ("pipe write end", pw.as_raw_fd()),
+            ("directory", dir.as_raw_fd()),
+        ] {
+            // Each call over the hole at `a` (what maps is unmapped again).
+            let mut at_a = |what: &str, flags: i32, prot: i32, len: usize, off: i64| {
+                t.addr(&format!("{name}: {what}"), mm.mmap_fd(a, len, prot, flags, fd, off));
+                let _ = mm.munmap(a, PAGE);
+            };
+            at_a("private", p, PROT_READ, PAGE, 0);
+            at_a("shared read", sh, PROT_READ, PAGE, 0);
+            at_a("shared read-write", sh, RW, PAGE, 0);
+            at_a("len 0", p, PROT_READ, 0, 0);
+            at_a("no type", MAP_FIXED, PROT_READ, PAGE, 0);
+            at_a("type 0xf", MAP_FIXED | 0xf, PROT_READ, PAGE, 0);
+            at_a("unaligned offset", p, PROT_READ, PAGE, 1);
+            let v = MAP_SHARED_VALIDATE | MAP_FIXED;
+            for bit in [MAP_SYNC, MAP_FIXED_NOREPLACE, MAP_32BIT, 0x20_0000, MAP_UNINITIALIZED, MAP_HUGE_2MB] {
+                at_a(&format!("validate, {bit:#x}"), v | bit, PROT_READ, PAGE, 0);
+            }
+            at_a("shared, MAP_SYNC", sh | MAP_SYNC, PROT_READ, PAGE, 0);
+            at_a("private, MAP_SYNC", p | MAP_SYNC, PROT_READ, PAGE, 0);
+            t.addr(&format!("{name}: unaligned address"), mm.mmap_fd(a + 1, PAGE, RW, sh, fd, 0));
+            let nr = MAP_SHARED | MAP_FIXED_NOREPLACE;
+            t.addr(&format!("{name}: noreplace over anon"), mm.mmap_fd(b, PAGE, RW, nr, fd, 0));
+            // A refused descriptor leaves what was there (a readable one
+            // replaces it).
+            t.addr(&format!("{name}: fixed over anon"), mm.mmap_fd(b + PAGE, PAGE, PROT_READ, p, fd, 0));
+            t.layout("layout", mm);
+            let _ = mm.munmap(a, PAGE);
+        }
+        t.addr("anon: private, MAP_SYNC", mm.mmap(a, PAGE, RW, FIXED_PRIVATE | MAP_SYNC, 0));
+        t.addr("anon: shared, MAP_SYNC", mm.mmap(a + PAGE, PAGE, RW, FIXED_SHARED | MAP_SYNC, 0));
+        t.layout("layout", mm);
+    });
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Issue 45: a file mapping's offset. Unaligned is `EINVAL` before
+/// anything; a mapping that would end past the largest file offset
+/// (`i64::MAX`: a negative offset, one near `i64::MAX`) is `EOVERFLOW`,
+/// after the length, address and lock checks and before the type and the
+/// descriptor's access; an anonymous mapping ignores its offset.
+#[test]
+fn file_mmap_offset_errors() {
+    let path = std::env::temp_dir().join(format!("usermm-conform-offerr-{}", std::process::id()));
+    conform("file_mmap_offset_errors", |mm, t| {
+        use std::os::fd::AsRawFd;
+        let f = small_folio_file(&path, 8);
+        let wo = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let dir = std::fs::File::open(std::env::temp_dir()).unwrap();
+        let fd = f.as_raw_fd();
+        let b = mm.base();
+        let a = b + 16 * PAGE;
+        let p = MAP_PRIVATE | MAP_FIXED;
+        let top = i64::MAX - (PAGE as i64 - 1); // the last page-aligned offset
+        let _ = t.addr("anon", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        for (name, off) in [
+            ("-4096", -(PAGE as i64)),
+            ("-1", -1),
+            ("i64::MIN", i64::MIN),
+            ("i64::MAX", i64::MAX),
+            ("last page", top),
+            ("second last page", top - PAGE as i64),
+            ("1 << 62", 1 << 62),
+        ] {
+            for pages in [1, 2] {
+                let r = t.addr(&format!("{name}, {pages} pages"), mm.mmap_fd(a, pages * PAGE, PROT_READ, p, fd, off));
+                if r.is_some() {
+                    t.layout("layout", mm);
+                    let _ = mm.munmap(a, pages * PAGE);
+                }
+            }
+        }
+        let neg = -(PAGE as i64);
+        t.addr("-4096, shared", mm.mmap_fd(a, PAGE, PROT_READ, MAP_SHARED | MAP_FIXED, fd, neg));
+        t.addr("-4096, len 0", mm.mmap_fd(a, 0, PROT_READ, p, fd, neg));
+        t.addr("-4096, huge len", mm.mmap_fd(a, usize::MAX - 2 * PAGE + 1, PROT_READ, p, fd, neg));
+        t.addr("-4096, unaligned address", mm.mmap_fd(a + 1, PAGE, PROT_READ, p, fd, neg));
+        let nr = MAP_PRIVATE | MAP_FIXED_NOREPLACE;
+        t.addr("-4096, noreplace over anon", mm.mmap_fd(b, PAGE, PROT_READ, nr, fd, neg));
+        t.addr("-4096, no type", mm.mmap_fd(a, PAGE, PROT_READ, MAP_FIXED, fd, neg));
+        t.addr("-4096, O_WRONLY", mm.mmap_fd(a, PAGE, PROT_READ, p, wo.as_raw_fd(), neg));
+        t.addr("-4096, directory", mm.mmap_fd(a, PAGE, PROT_READ, p, dir.as_raw_fd(), neg));
+        t.addr("-4096, shared read-write of O_RDONLY", {
+            let ro = std::fs::File::open(&path).unwrap();
+            mm.mmap_fd(a, PAGE, RW, MAP_SHARED | MAP_FIXED, ro.as_raw_fd(), neg)
+        });
+        t.addr("-4096, closed", mm.mmap_fd(a, PAGE, PROT_READ, p, -1, neg));
+        t.addr("anon, -4096", mm.mmap(a, PAGE, RW, FIXED_PRIVATE, neg));
+        t.addr("anon, i64::MIN", mm.mmap(a + PAGE, PAGE, RW, FIXED_PRIVATE, i64::MIN));
+        t.addr("anon, -1", mm.mmap(a + 2 * PAGE, PAGE, RW, FIXED_PRIVATE, -1));
+        t.layout("layout", mm);
+    });
+    let _ = std::fs::remove_file(&path);
+}
+
 #[test]
 fn mlock_onfault_file_locks_the_fault_around_window() {
     let path = std::env::temp_dir().join(format!("usermm-conform-lof-{}", std::process::id()));
@@ -1557,5 +1731,93 @@ fn linux_msync_wrapping_lengths() {
         t.unit("msync SIZE_MAX - 4095", mm.msync(b, usize::MAX - 4095, MS_ASYNC));
         t.unit("msync past the end", mm.msync(b, usize::MAX - 2 * PAGE, MS_SYNC));
         t.unit("msync one page", mm.msync(b, PAGE, MS_SYNC));
+    });
+}
+
+/// Issue 45, neighbours of the bad inputs: protection bits mmap ignores,
+/// flags it ignores, and `MAP_GROWSDOWN`, which only private anonymous
+/// memory may have (`EINVAL` after the descriptor's checks for a file).
+/// (`MAP_DROPPABLE` is not built: a deviation.)
+#[test]
+fn mmap_flag_and_protection_sweep() {
+    let path = std::env::temp_dir().join(format!("usermm-conform-flags-{}", std::process::id()));
+    conform("mmap_flag_and_protection_sweep", |mm, t| {
+        use std::os::fd::AsRawFd;
+        let f = small_folio_file(&path, 8);
+        let fd = f.as_raw_fd();
+        let b = mm.base();
+        let a = b + 16 * PAGE;
+        for (what, prot, flags) in [
+            ("prot 0x100", PROT_READ | 0x100, FIXED_PRIVATE),
+            ("prot 0x08 (SEM)", PROT_READ | 0x08, FIXED_PRIVATE),
+            ("prot GROWSDOWN", PROT_READ | 0x0100_0000, FIXED_PRIVATE),
+            ("prot GROWSUP", PROT_READ | 0x0200_0000, FIXED_PRIVATE),
+            ("hugetlb", RW, FIXED_PRIVATE | MAP_HUGETLB),
+            ("growsdown shared", RW, FIXED_SHARED | MAP_GROWSDOWN),
+            ("growsdown private", RW, FIXED_PRIVATE | MAP_GROWSDOWN),
+            ("validate anon sync", RW, MAP_SHARED_VALIDATE | MAP_ANONYMOUS | MAP_FIXED | MAP_SYNC),
+            ("type 4", RW, 0x04 | MAP_ANONYMOUS | MAP_FIXED),
+            ("uninit", RW, FIXED_PRIVATE | MAP_UNINITIALIZED),
+            ("stack", RW, FIXED_PRIVATE | MAP_STACK),
+            ("noreserve", RW, FIXED_PRIVATE | MAP_NORESERVE),
+        ] {
+            t.addr(what, mm.mmap(a, PAGE, prot, flags, 0));
+            let _ = mm.munmap(a, PAGE);
+        }
+        for (what, prot, flags) in [
+            ("file hugetlb", PROT_READ, MAP_PRIVATE | MAP_FIXED | MAP_HUGETLB),
+            ("file hugetlb len0", PROT_READ, MAP_PRIVATE | MAP_FIXED | MAP_HUGETLB),
+            ("file growsdown private", PROT_READ, MAP_PRIVATE | MAP_FIXED | MAP_GROWSDOWN),
+            ("file growsdown shared", PROT_READ, MAP_SHARED | MAP_FIXED | MAP_GROWSDOWN),
+            ("file prot GROWSDOWN", PROT_READ | 0x0100_0000, MAP_PRIVATE | MAP_FIXED),
+            ("file exec", PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED),
+            ("file prot none shared", PROT_NONE, MAP_SHARED | MAP_FIXED),
+            ("file write only shared", PROT_WRITE, MAP_SHARED | MAP_FIXED),
+        ] {
+            let len = if what.ends_with("len0") { 0 } else { PAGE };
+            t.addr(what, mm.mmap_fd(a, len, prot, flags, fd, 0));
+            let _ = mm.munmap(a, PAGE);
+        }
+        t.layout("layout", mm);
+    });
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Issue 45, found by the sweep: `/dev/zero` maps as anonymous memory
+/// (private: private anonymous; shared: shared anonymous), with a
+/// descriptor's checks (`EACCES` not readable, or shared writable of a
+/// read-only one).
+#[test]
+fn dev_zero_maps_as_anonymous_memory() {
+    conform("dev_zero_maps_as_anonymous_memory", |mm, t| {
+        use std::os::fd::AsRawFd;
+        let rw = std::fs::OpenOptions::new().read(true).write(true).open("/dev/zero").unwrap();
+        let ro = std::fs::File::open("/dev/zero").unwrap();
+        let wo = std::fs::OpenOptions::new().write(true).open("/dev/zero").unwrap();
+        let b = mm.base();
+        let p = MAP_PRIVATE | MAP_FIXED;
+        let sh = MAP_SHARED | MAP_FIXED;
+        let private = t.addr("private", mm.mmap_fd(b, 4 * PAGE, RW, p, rw.as_raw_fd(), 0));
+        let shared = t.addr("shared", mm.mmap_fd(b + 8 * PAGE, 4 * PAGE, RW, sh, rw.as_raw_fd(), 0));
+        t.addr("private of read-only", mm.mmap_fd(b + 16 * PAGE, PAGE, RW, p, ro.as_raw_fd(), 0));
+        t.addr("shared writable of read-only", mm.mmap_fd(b + 20 * PAGE, PAGE, RW, sh, ro.as_raw_fd(), 0));
+        t.addr("private of write-only", mm.mmap_fd(b + 20 * PAGE, PAGE, PROT_READ, p, wo.as_raw_fd(), 0));
+        t.addr("offset -4096", mm.mmap_fd(b + 20 * PAGE, PAGE, PROT_READ, p, ro.as_raw_fd(), -(PAGE as i64)));
+        // Touched only where mapped (a refusal is in the transcript).
+        if private.is_some() && shared.is_some() {
+            t.mincore("fresh", mm.mincore(b, 4 * PAGE));
+            t.note(format!("zeros {:?}", dump(mm, b, 4)));
+            fill(mm, b, 4, |i| 1 + i as u8);
+            fill(mm, b + 8 * PAGE, 4, |i| 9 + i as u8);
+            t.note(format!("private {:?}", dump(mm, b, 4)));
+            t.note(format!("shared {:?}", dump(mm, b + 8 * PAGE, 4)));
+            t.mincore("private written", mm.mincore(b, 4 * PAGE));
+            t.mincore("shared written", mm.mincore(b + 8 * PAGE, 4 * PAGE));
+            t.unit("dontneed private", mm.madvise(b, 4 * PAGE, MADV_DONTNEED));
+            t.note(format!("private after dontneed {:?}", dump(mm, b, 4)));
+        }
+        t.unit("free private", mm.madvise(b + 16 * PAGE, PAGE, MADV_FREE));
+        t.unit("free shared", mm.madvise(b + 8 * PAGE, PAGE, MADV_FREE));
+        t.layout("layout", mm);
     });
 }

@@ -148,8 +148,34 @@ pub struct FileMap {
     pub id: u32,
     /// Whether the descriptor is open for writing.
     pub writable: bool,
+    /// Whether the descriptor is open for reading (`EACCES` otherwise).
+    pub readable: bool,
+    /// Whether the file's type can be mapped (`ENODEV` otherwise).
+    pub mappable: bool,
+    /// The file is `/dev/zero`: once checked, the mapping is anonymous
+    /// memory (private, or shared), as Linux's `mmap_zero` makes it.
+    pub zero: bool,
+    /// The end no mapping of the file may pass, in bytes (Linux's
+    /// `file_mmap_size_max`; `EOVERFLOW` past it).
+    pub size_max_bytes: u64,
     /// The mapping's offset in the file, in pages.
     pub off_pages: u64,
+}
+
+impl FileMap {
+    /// A mappable, readable file's description (`size_max_bytes` that of a
+    /// regular file).
+    pub fn regular(id: u32, writable: bool, off_pages: u64) -> FileMap {
+        FileMap {
+            id,
+            writable,
+            readable: true,
+            mappable: true,
+            zero: false,
+            size_max_bytes: i64::MAX as u64,
+            off_pages,
+        }
+    }
 }
 
 /// One page of a shared file region to write to its file.

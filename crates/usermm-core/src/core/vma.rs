@@ -18,23 +18,55 @@ use crate::page::pf;
 use crate::region::{Advice, Kind, LockMode, Region, FILE_OBJECT};
 use crate::types::{PageIdx, PageRange};
 
-/// `mmap`'s mapping-type checks: `MAP_SHARED` or `MAP_PRIVATE`, a file
-/// mapping only through `mmap_file`, and a shared writable file mapping
-/// only of a descriptor open for writing. Whether the mapping is shared.
+/// `mmap`'s mapping-type checks, in Linux's order (`do_mmap`'s switch on
+/// the type): `MAP_SHARED` or `MAP_PRIVATE` (`EINVAL`; `MAP_SHARED_VALIDATE`
+/// with an unknown flag `EOPNOTSUPP`), a file mapping only through
+/// `mmap_file`, a shared writable file mapping only of a descriptor open
+/// for writing, any file mapping only of one open for reading (`EACCES`)
+/// and of a file type that can be mapped (`ENODEV`), `MAP_GROWSDOWN` only
+/// on private anonymous memory (`EINVAL`). Whether the mapping is shared.
 fn mmap_type_checked(prot: i32, flags: i32, file: Option<&FileMap>) -> Result<bool, Errno> {
-    let shared = mmap_shared(flags)?;
+    let shared = mmap_shared(flags, file)?;
     if flags & MAP_ANONYMOUS == 0 && file.is_none() {
         // The executor maps files through `mmap_file`.
         return bad(Errno::ENODEV);
     }
+    if file.is_none() && shared && flags & MAP_GROWSDOWN != 0 {
+        return bad(Errno::EINVAL);
+    }
     if let Some(f) = file {
-        // Linux: a shared writable mapping needs a descriptor open for
-        // writing.
         if shared && prot & PROT_WRITE != 0 && !f.writable {
             return bad(Errno::EACCES);
         }
+        if !f.readable {
+            return bad(Errno::EACCES);
+        }
+        if !f.mappable {
+            return bad(Errno::ENODEV);
+        }
+        // Only private anonymous memory may grow down.
+        if flags & MAP_GROWSDOWN != 0 {
+            return bad(Errno::EINVAL);
+        }
+        // The file system's own mmap (ext4's, xfs's) refuses MAP_SYNC on a
+        // file that is not on a DAX device, and usermm's copies never are
+        // (with any type: Linux keeps the bit when MAP_SHARED drops it).
+        if flags & MAP_SYNC != 0 && !f.zero {
+            return bad(Errno::EOPNOTSUPP);
+        }
     }
     Ok(shared)
+}
+
+/// Linux's `file_mmap_ok`: whether a mapping of `len` bytes at `off` bytes
+/// ends within what the file allows (`EOVERFLOW` otherwise).
+fn file_mmap_ok(f: &FileMap, off: Option<u64>, len: u64) -> Result<(), Errno> {
+    let end_ok = |off: u64| f.size_max_bytes.checked_sub(len).is_some_and(|room| off <= room);
+    if off.is_some_and(end_ok) {
+        Ok(())
+    } else {
+        bad(Errno::EOVERFLOW)
+    }
 }
 
 impl Core {
@@ -60,12 +92,19 @@ impl Core {
         file: Option<FileMap>,
     ) -> Result<MmapReply, Errno> {
         // Linux's order (do_mmap): the length, the offset, the address
-        // (alignment, MAP_FIXED_NOREPLACE overlap), the lock limit, and only
-        // then the mapping type and the file's checks.
+        // (alignment, MAP_FIXED_NOREPLACE overlap), the lock limit, the
+        // file's size limit, and only then the mapping type and the
+        // descriptor's checks.
         let pages = self.mmap_pages(len, flags, file.as_ref())?;
         let fixed_range = self.mmap_fixed_range(addr, pages, flags)?;
         let lock = self.mmap_lock_checked(flags, pages)?;
+        if let Some(f) = &file {
+            let shift = self.cfg.page_shift;
+            file_mmap_ok(f, f.off_pages.checked_mul(1 << shift), pages << shift)?;
+        }
         let shared = mmap_type_checked(prot, flags, file.as_ref())?;
+        // `/dev/zero`, checked as a file, maps as anonymous memory.
+        let file = file.filter(|f| !f.zero);
         let Some(start) = self.mmap_place(addr, pages, fixed_range)? else {
             return Ok(MmapReply::Busy);
         };
@@ -458,7 +497,7 @@ impl Core {
 
 /// Whether a mapping's type is shared (`MAP_SHARED`, or a valid
 /// `MAP_SHARED_VALIDATE`); Linux's errors for the others.
-fn mmap_shared(flags: i32) -> Result<bool, Errno> {
+fn mmap_shared(flags: i32, file: Option<&FileMap>) -> Result<bool, Errno> {
     match flags & MAP_TYPE {
         MAP_SHARED => Ok(true),
         MAP_PRIVATE => Ok(false),
@@ -468,14 +507,12 @@ fn mmap_shared(flags: i32) -> Result<bool, Errno> {
             if flags & MAP_ANONYMOUS != 0 {
                 return bad(Errno::EINVAL);
             }
-            if flags
-                & !(LEGACY_MAP_MASK
-                    | MAP_FIXED_NOREPLACE
-                    | UMM_MAP_LOCKONFAULT
-                    | UMM_MAP_INTHREAD
-                    | MAP_SHARED_VALIDATE)
-                != 0
-            {
+            // Regular files are taken to be on a file system that offers
+            // MAP_SYNC (ext4, xfs): it passes here and fails at the end
+            // (`mmap_type_checked`). `MAP_FIXED_NOREPLACE` is not in
+            // Linux's mask.
+            let sync = if file.is_some_and(|f| f.mappable) { MAP_SYNC } else { 0 };
+            if flags & !(LEGACY_MAP_MASK | sync | UMM_MAP_LOCKONFAULT | UMM_MAP_INTHREAD | MAP_SHARED_VALIDATE) != 0 {
                 return bad(Errno::EOPNOTSUPP);
             }
             Ok(true)

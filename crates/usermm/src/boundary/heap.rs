@@ -4,6 +4,7 @@
 //! `Allocator` for [`Heap`]).
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard};
 
@@ -31,12 +32,30 @@ struct Arenas {
     /// under the lock: no atomic operation on the fast path).
     live: u64,
     live_bytes: u64,
+    /// The live large allocations: their region's base and length in
+    /// bytes. Invariant: an entry's region is mapped (an entry is added
+    /// after its `mmap` and removed before its `munmap`, both under this
+    /// lock), so memory an entry covers can be read while the lock is held.
+    /// Changed only with [`SystemOnly`] entered: a [`GlobalHeap`] must not
+    /// allocate the map's nodes from itself while its lock is held.
+    large: BTreeMap<usize, usize>,
 }
 
 impl Arenas {
     fn contains(&self, p: usize) -> bool {
         let i = self.spans[..self.n].partition_point(|&(b, _)| b <= p);
         i > 0 && p - self.spans[i - 1].0 < self.spans[i - 1].1
+    }
+
+    /// Whether `p` lies in a live large allocation's region.
+    fn in_large(&self, p: usize) -> bool {
+        self.large.range(..=p).next_back().is_some_and(|(&b, &len)| p - b < len)
+    }
+
+    /// Whether `p` lies in memory the heap holds mapped: an arena (never
+    /// unmapped) or a live large allocation.
+    fn holds(&self, p: usize) -> bool {
+        self.contains(p) || self.in_large(p)
     }
 }
 
@@ -70,6 +89,7 @@ impl HeapCore {
                 last: 0,
                 live: 0,
                 live_bytes: 0,
+                large: BTreeMap::new(),
             }),
             counters: Counters::new(),
         }
@@ -165,18 +185,58 @@ impl HeapCore {
         let len = size.checked_next_multiple_of(sp.page_size())?;
         let _system = SystemOnly::enter();
         let addr = sp.mmap(0, len, RW, ANON, -1, 0).ok()?;
+        self.lock().large.insert(addr, len);
         self.counters.large_bytes.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
         self.counters.large_regions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         NonNull::new(addr as *mut u8)
     }
 
-    fn unmap_large(&self, sp: &Space, addr: usize, size: usize) {
-        let len = size.next_multiple_of(sp.page_size());
+    /// Unmaps a large allocation's region of `len` bytes, already removed
+    /// from [`Arenas::large`].
+    fn unmap_large(&self, sp: &Space, addr: usize, len: usize) {
         let _system = SystemOnly::enter();
         if sp.munmap(addr, len).is_ok() {
             self.counters.large_bytes.fetch_sub(len as u64, std::sync::atomic::Ordering::Relaxed);
             self.counters.large_regions.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
+    }
+
+    /// Runs `f` under the heap's lock if `addr` lies in memory the heap
+    /// holds mapped (an arena, or a live large allocation), so that `f` may
+    /// read it: a freed large allocation's memory is unmapped. `None` (and
+    /// `f` not run) otherwise.
+    pub(crate) fn with_held<R>(&self, addr: usize, f: impl FnOnce() -> R) -> Option<R> {
+        let a = self.lock();
+        a.holds(addr).then(f)
+    }
+
+    /// Frees the allocation that `block` names, under one hold of the lock:
+    /// `block` runs only if `at` lies in memory the heap holds mapped (see
+    /// [`HeapCore::with_held`]) and returns the allocation's pointer and
+    /// layout, or `None` to refuse. Whether it was freed: `false` when `at`
+    /// is not held, `block` refused, or the pointer is neither in an arena
+    /// nor a live large allocation's start.
+    ///
+    /// # Safety
+    /// A pointer and layout `block` returns that lie in an arena are a live
+    /// allocation of this heap with that layout (a large one is checked
+    /// against [`Arenas::large`]).
+    pub(crate) unsafe fn dealloc_checked(
+        &self,
+        sp: &Space,
+        at: usize,
+        block: impl FnOnce() -> Option<(*mut u8, Layout)>,
+    ) -> bool {
+        if sp.check_owner().is_err() {
+            return false;
+        }
+        let a = self.lock();
+        if !a.holds(at) {
+            return false;
+        }
+        let Some((ptr, layout)) = block() else { return false };
+        // SAFETY: the caller's.
+        unsafe { self.dealloc_locked(sp, a, ptr, layout) }
     }
 
     /// Frees `ptr`.
@@ -190,13 +250,27 @@ impl HeapCore {
             // A forked child: the parent's heap is not there to free into.
             return;
         }
+        let a = self.lock();
+        // SAFETY: the caller's.
+        unsafe { self.dealloc_locked(sp, a, ptr, layout) };
+    }
+
+    /// [`HeapCore::dealloc`] with the lock held (and released here).
+    /// Whether `ptr` was freed: a pointer neither in an arena nor the start
+    /// of a live large allocation is left alone.
+    ///
+    /// # Safety
+    /// As for [`HeapCore::dealloc`], for a pointer in an arena.
+    unsafe fn dealloc_locked(&self, sp: &Space, mut a: MutexGuard<'_, Arenas>, ptr: *mut u8, layout: Layout) -> bool {
         let layout = nonzero(layout);
-        let mut a = self.lock();
         if !a.contains(ptr as usize) {
+            // Removing may free the map's nodes, which came from the system
+            // allocator (they were allocated with `SystemOnly` entered).
+            let Some(len) = a.large.remove(&(ptr as usize)) else { return false };
             drop(a);
             self.counters.freed(layout.size());
-            self.unmap_large(sp, ptr as usize, layout.size());
-            return;
+            self.unmap_large(sp, ptr as usize, len);
+            return true;
         }
         a.live -= 1;
         a.live_bytes -= layout.size() as u64;
@@ -213,6 +287,7 @@ impl HeapCore {
                 }
             }
         }
+        true
     }
 
     /// Resizes `ptr` to `new_size` bytes (same alignment), in place when it
@@ -241,8 +316,12 @@ impl HeapCore {
             }
             drop(a);
         } else {
+            let Some(&len) = a.large.get(&(ptr as usize)) else {
+                // Not a live allocation: the caller broke the contract.
+                return None;
+            };
             drop(a);
-            if let Some(p) = self.resize_large(sp, ptr, old.size(), new.size()) {
+            if let Some(p) = self.resize_large(sp, ptr, len, new.size()) {
                 self.counters.freed(old.size());
                 self.counters.allocated(new.size());
                 return Some(p);
@@ -259,16 +338,27 @@ impl HeapCore {
         Some(p)
     }
 
-    /// A large allocation's region resized in place: its tail unmapped, or
-    /// the pages after it mapped when nothing is there.
-    fn resize_large(&self, sp: &Space, ptr: *mut u8, old: usize, new: usize) -> Option<NonNull<u8>> {
+    /// A large allocation's region (`old_len` bytes) resized in place for
+    /// `new` bytes: its tail unmapped, or the pages after it mapped when
+    /// nothing is there. [`Arenas::large`] follows: shrunk before the
+    /// tail is unmapped, grown after the pages are mapped.
+    fn resize_large(&self, sp: &Space, ptr: *mut u8, old_len: usize, new: usize) -> Option<NonNull<u8>> {
         let page = sp.page_size();
-        let (old_len, new_len) = (old.next_multiple_of(page), new.checked_next_multiple_of(page)?);
+        let new_len = new.checked_next_multiple_of(page)?;
         let addr = ptr as usize;
         let _system = SystemOnly::enter();
+        let set_len = |len: usize| {
+            if let Some(l) = self.lock().large.get_mut(&addr) {
+                *l = len;
+            }
+        };
         use std::sync::atomic::Ordering::Relaxed;
         if new_len < old_len {
-            sp.munmap(addr + new_len, old_len - new_len).ok()?;
+            set_len(new_len);
+            if sp.munmap(addr + new_len, old_len - new_len).is_err() {
+                set_len(old_len);
+                return None;
+            }
             self.counters.large_bytes.fetch_sub((old_len - new_len) as u64, Relaxed);
         } else if new_len > old_len {
             let more = new_len - old_len;
@@ -277,6 +367,7 @@ impl HeapCore {
                 let _ = sp.munmap(at, more);
                 return None;
             }
+            set_len(new_len);
             self.counters.large_bytes.fetch_add(more as u64, Relaxed);
         }
         NonNull::new(ptr)

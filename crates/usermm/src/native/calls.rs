@@ -9,33 +9,19 @@ impl Inner {
         if off & (self.page_size as i64 - 1) != 0 {
             return Err(Errno::EINVAL);
         }
-        if flags & MAP_ANONYMOUS == 0 && !usermm_sys::ffi::fd_is_open(fd) && flags & MAP_TYPE != 0 {
-            // Linux checks the type first (EINVAL), then the descriptor.
-            let t = flags & MAP_TYPE;
-            if t == MAP_SHARED || t == MAP_PRIVATE || t == MAP_SHARED_VALIDATE {
-                if len == 0 {
-                    return Err(Errno::EINVAL);
-                }
-                return Err(Errno::EBADF);
-            }
-        }
-        // A file mapping: Linux's checks on the descriptor (after the length
-        // and type), then the space keeps a duplicate of it.
+        // A file mapping: Linux takes the descriptor before any other check
+        // but the offset's alignment (`EBADF` for one that is not open, or
+        // is `O_PATH`); the core then checks the rest in do_mmap's order,
+        // the descriptor's access and type last. The space keeps a
+        // duplicate of it.
         let file = if flags & MAP_ANONYMOUS == 0 {
-            let t = flags & MAP_TYPE;
-            if len == 0 || !(t == MAP_SHARED || t == MAP_PRIVATE || t == MAP_SHARED_VALIDATE) {
-                // Linux checks a file mapping's type after the address
-                // (MAP_FIXED_NOREPLACE's EEXIST) and the lock limit: the
-                // core's order, which ends in EINVAL for this type (it never
-                // maps with an invalid type).
-                let r = lock(&self.core).mmap(addr as u64, len as u64, prot, flags | MAP_ANONYMOUS);
-                return Err(r.err().unwrap_or(Errno::EINVAL));
-            }
             let f = MappedFile::from_fd(fd, self.keep_file_cache)?;
             // One entry (and one descriptor) per open file, however many
             // regions map it: 100,000 regions of one file need one fd.
             let mut files = lock(&self.files);
-            let same = files.iter().find(|(_, e)| e.dev == f.dev && e.ino == f.ino && e.writable == f.writable);
+            let same = files.iter().find(|(_, e)| {
+                e.dev == f.dev && e.ino == f.ino && e.writable == f.writable && e.readable == f.readable
+            });
             let (id, f) = match same {
                 Some((id, e)) => (*id, e.clone()),
                 None => {
@@ -51,7 +37,9 @@ impl Inner {
             None
         };
         let result = self.mmap_locked(addr, len, prot, flags, off, file.as_ref());
-        if result.is_err() && file.is_some() {
+        // A refused file, or `/dev/zero` (mapped as anonymous memory), is no
+        // region's: its entry goes.
+        if file.as_ref().is_some_and(|(_, f)| result.is_err() || f.zero) {
             self.release_files();
         }
         result
@@ -75,7 +63,15 @@ impl Inner {
                     len as u64,
                     prot,
                     flags,
-                    FileMap { id: *id, writable: f.writable, off_pages: off as u64 / self.page_size as u64 },
+                    FileMap {
+                        id: *id,
+                        writable: f.writable,
+                        readable: f.readable,
+                        mappable: f.mappable,
+                        zero: f.zero,
+                        size_max_bytes: f.size_max_bytes,
+                        off_pages: off as u64 / self.page_size as u64,
+                    },
                 ),
                 None => lock(&self.core).mmap(addr as u64, len as u64, prot, flags),
             }?;

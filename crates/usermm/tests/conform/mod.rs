@@ -39,6 +39,10 @@ pub trait Mm {
     fn madvise(&self, addr: usize, len: usize, advice: i32) -> Result<(), Errno>;
     /// `mincore`: on error only the errno is compared.
     fn mincore(&self, addr: usize, len: usize) -> Result<Vec<u8>, Errno>;
+    /// `mincore` into a vector of only `vec_len` bytes, whatever the
+    /// range's page count: the kernel's with unmapped memory right after
+    /// the vector (a NULL vector for 0), usermm's with a slice that long.
+    fn mincore_short(&self, addr: usize, len: usize, vec_len: usize) -> Result<Vec<u8>, Errno>;
     /// `msync(addr, len, flags)`.
     fn msync(&self, addr: usize, len: usize, flags: i32) -> Result<(), Errno>;
     /// User-mode loads of `out.len()` bytes from `addr` (the range must be
@@ -189,6 +193,33 @@ impl Mm for KernelMm {
     fn mincore(&self, addr: usize, len: usize) -> Result<Vec<u8>, Errno> {
         kernel::mincore(addr, len)
     }
+    fn mincore_short(&self, addr: usize, len: usize, vec_len: usize) -> Result<Vec<u8>, Errno> {
+        assert!(vec_len <= PAGE);
+        // Two pages of our own, the second unmapped again: the vector ends
+        // where the first one does.
+        // SAFETY: a fresh anonymous mapping, outside the arena, ours alone.
+        let m = unsafe { libc::mmap(std::ptr::null_mut(), 2 * PAGE, RW, ANON_PRIVATE, -1, 0) };
+        assert_ne!(m, libc::MAP_FAILED);
+        let m = m as usize;
+        // SAFETY: the second page of the mapping just made.
+        assert_eq!(unsafe { libc::munmap((m + PAGE) as *mut libc::c_void, PAGE) }, 0);
+        let vec = if vec_len == 0 { 0 } else { m + PAGE - vec_len };
+        // SAFETY: mincore writes at most `vec_len` bytes at `vec` before it
+        // faults on the unmapped page (EFAULT); it changes no mapping.
+        let r = unsafe { libc::syscall(libc::SYS_mincore, addr, len, vec) };
+        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        let mut out = vec![0u8; vec_len];
+        if vec_len > 0 {
+            // SAFETY: `[vec, vec + vec_len)` lies in the first page, mapped.
+            out.copy_from_slice(unsafe { std::slice::from_raw_parts(vec as *const u8, vec_len) });
+        }
+        // SAFETY: the first page, ours.
+        unsafe { libc::munmap(m as *mut libc::c_void, PAGE) };
+        if r < 0 {
+            return Err(Errno(e));
+        }
+        Ok(out)
+    }
     fn msync(&self, addr: usize, len: usize, flags: i32) -> Result<(), Errno> {
         // msync only writes pages back; it changes no memory. The range is
         // still kept inside the arena (or overflowing: rejected unseen).
@@ -276,6 +307,10 @@ impl Mm for UserMm {
     }
     fn mincore(&self, addr: usize, len: usize) -> Result<Vec<u8>, Errno> {
         let mut v = vec![0u8; len.div_ceil(self.space.page_size())];
+        self.space.mincore(addr, len, &mut v).map(|_| v)
+    }
+    fn mincore_short(&self, addr: usize, len: usize, vec_len: usize) -> Result<Vec<u8>, Errno> {
+        let mut v = vec![0u8; vec_len];
         self.space.mincore(addr, len, &mut v).map(|_| v)
     }
     fn msync(&self, addr: usize, len: usize, flags: i32) -> Result<(), Errno> {

@@ -4,12 +4,16 @@
 //!
 //! C frees without a size, so each allocation carries a 16-byte header
 //! right before the pointer returned: the size asked for and a check word
-//! (the alignment, mixed with the size and a constant). A free whose check
-//! word is wrong (not from `umm_malloc`, or freed already: a free clears it)
-//! is refused: a message on stderr, nothing freed, nothing corrupted. Unlike
-//! the other calls of the ABI, these read and write the header directly
-//! (as `free(3)` does): a pointer inside the space's reservation that no
-//! call here returned is undefined behaviour, as it is for `free(3)`.
+//! (the alignment, mixed with the size and a constant). A header is read
+//! only under the heap's lock and only where the heap holds memory mapped
+//! (an arena, or a live large allocation's region): a freed large block's
+//! region is unmapped, so its header must not be read. A pointer outside
+//! that memory, or whose check word is wrong (not from `umm_malloc`, or
+//! freed already: a free clears it), is refused: a message on stderr,
+//! nothing freed, nothing corrupted. Unlike the other calls of the ABI,
+//! these read and write the header directly (as `free(3)` does): a pointer
+//! into an arena that no call here returned is undefined behaviour, as it
+//! is for `free(3)`.
 
 use std::alloc::Layout;
 use std::ffi::{c_int, c_void};
@@ -56,8 +60,12 @@ fn alloc(sp: &Space, size: usize, align: usize, zeroed: bool) -> Result<*mut c_v
 /// The `(size, align)` in `p`'s header, `None` if the check word is wrong.
 ///
 /// # Safety
-/// `p` is in the space's reservation and its 16 bytes before are mapped
-/// (true of every pointer `alloc` returned and not yet freed).
+/// The 16 bytes before `p` are mapped: the heap holds them (an arena, or a
+/// live large allocation) and its lock is held ([`HeapCore::with_held`],
+/// [`HeapCore::dealloc_checked`]).
+///
+/// [`HeapCore::with_held`]: crate::boundary::heap::HeapCore::with_held
+/// [`HeapCore::dealloc_checked`]: crate::boundary::heap::HeapCore::dealloc_checked
 unsafe fn header(p: usize) -> Option<(usize, usize)> {
     // SAFETY: the caller's.
     let (size, check) = unsafe {
@@ -91,28 +99,39 @@ fn free(sp: &Space, p: usize) {
     if !in_space(sp, p) {
         return refuse("umm_free", p);
     }
-    // SAFETY: in the reservation; the caller passes what `alloc` returned
-    // (`umm_free`'s contract).
-    let Some((size, align)) = (unsafe { header(p) }) else { return refuse("umm_free", p) };
-    let Ok(l) = outer(size, align) else { return refuse("umm_free", p) };
+    // The header is read, checked and cleared under the same hold of the
+    // heap's lock as the free, and only if the heap holds its memory.
+    let block = || {
+        // SAFETY: `dealloc_checked` runs this under the lock, the header's
+        // memory held.
+        let (size, align) = unsafe { header(p) }?;
+        let l = outer(size, align).ok()?;
+        // SAFETY: as above; clearing the check word makes a second free
+        // fail the check.
+        unsafe { ((p - HEADER) as *mut usize).add(1).write(0) };
+        Some(((p - align) as *mut u8, l))
+    };
     // SAFETY: the header checked out: `p - align` is a live allocation of
-    // `l`; clearing the check word makes a second free fail the check.
-    unsafe {
-        ((p - HEADER) as *mut usize).add(1).write(0);
-        sp.heap.dealloc(sp, (p - align) as *mut u8, l);
+    // `l` (a large one is checked against the heap's set of them).
+    if !unsafe { sp.heap.dealloc_checked(sp, p - HEADER, block) } {
+        refuse("umm_free", p);
     }
+}
+
+/// `p`'s header, read under the heap's lock if the heap holds its memory.
+fn held_header(sp: &Space, p: usize) -> Option<(usize, usize)> {
+    if !in_space(sp, p) {
+        return None;
+    }
+    // SAFETY: `with_held` runs this under the lock, the header's memory held.
+    sp.heap.with_held(p - HEADER, || unsafe { header(p) }).flatten()
 }
 
 fn realloc(sp: &Space, p: usize, size: usize) -> Result<*mut c_void, Errno> {
     if p == 0 {
         return alloc(sp, size, MIN_ALIGN, false);
     }
-    if !in_space(sp, p) {
-        refuse("umm_realloc", p);
-        return Err(Errno::EINVAL);
-    }
-    // SAFETY: as in `free`.
-    let Some((old, align)) = (unsafe { header(p) }) else {
+    let Some((old, align)) = held_header(sp, p) else {
         refuse("umm_realloc", p);
         return Err(Errno::EINVAL);
     };
@@ -230,14 +249,7 @@ pub unsafe extern "C" fn umm_free(s: *mut umm_space, p: *mut c_void) {
 pub unsafe extern "C" fn umm_malloc_usable_size(s: *mut umm_space, p: *mut c_void) -> usize {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
     let sp = unsafe { space(s) };
-    guard(0, || {
-        let p = p as usize;
-        if p == 0 || !in_space(sp?, p) {
-            return Ok(0);
-        }
-        // SAFETY: as in `free`.
-        Ok(unsafe { header(p) }.map_or(0, |(size, _)| size))
-    })
+    guard(0, || Ok(held_header(sp?, p as usize).map_or(0, |(size, _)| size)))
 }
 
 /// `umm_heap_owns`: 1 if `p` lies in the space's reservation (so a free of
