@@ -19,7 +19,7 @@
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering::Relaxed};
 
 use usermm::capi::{
     umm_aligned_alloc, umm_calloc, umm_free, umm_malloc, umm_malloc_usable_size, umm_realloc, umm_space,
@@ -366,6 +366,38 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
         }
         libc_usable_size(p).unwrap_or(0)
     })
+}
+
+/// The copy of stderr the exit report goes to (-1: none, use fd 2).
+static REPORT_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// The lowest descriptor the copy may take: far above the ones a program
+/// opens first (some count on getting 3, 4, …).
+const REPORT_FD_MIN: c_int = 500;
+
+/// Keeps a copy of stderr (close-on-exec) for the exit report.
+pub(crate) fn keep_stderr() {
+    // SAFETY: `fcntl(F_DUPFD_CLOEXEC)` only makes a new descriptor.
+    let fd = unsafe { libc::fcntl(2, libc::F_DUPFD_CLOEXEC, REPORT_FD_MIN) };
+    REPORT_FD.store(fd, Relaxed);
+}
+
+/// Writes `text` to the copy of stderr (or to stderr) in as few writes as
+/// it takes.
+pub(crate) fn write_report(text: &str) {
+    let fd = match REPORT_FD.load(Relaxed) {
+        -1 => 2,
+        fd => fd,
+    };
+    let mut rest = text.as_bytes();
+    while !rest.is_empty() {
+        // SAFETY: `rest` is valid for reads of its length.
+        let n = unsafe { libc::write(fd, rest.as_ptr().cast(), rest.len()) };
+        if n <= 0 {
+            return;
+        }
+        rest = &rest[n as usize..];
+    }
 }
 
 extern "C" fn constructor() {

@@ -126,7 +126,13 @@ fn init() -> bool {
         END.store(base + len, Relaxed);
     }
     READY.store(true, Relaxed);
-    STATS.load(Relaxed) || VERBOSE.load(Relaxed)
+    let report = STATS.load(Relaxed) || VERBOSE.load(Relaxed);
+    if report {
+        // The program may close its stderr before the report is written
+        // (coreutils' `close_stdout` at exit does): keep a copy.
+        boundary::keep_stderr();
+    }
+    report
 }
 
 /// Whether `p` lies in the space's reservation (so it is the heap's).
@@ -168,16 +174,19 @@ fn report() {
     let (who, pid) = (who.trim(), std::process::id());
     let Some((s, h, page)) = HEAP.with_space(|sp| (sp.stats(), sp.heap().stats(), sp.page_size() as u64)) else {
         if VERBOSE.load(Relaxed) {
-            eprintln!("usermm run: pid {pid} ({who}): no space (it could not be opened, or this is a forked child)");
+            boundary::write_report(&format!(
+                "usermm run: pid {pid} ({who}): no space (it could not be opened, or this is a forked child)\n"
+            ));
         }
         return;
     };
+    let mut out = String::new();
     if STATS.load(Relaxed) || VERBOSE.load(Relaxed) {
-        eprintln!(
+        out += &format!(
             "usermm run: pid {pid} ({who}): stats: budget_bytes={} resident_bytes={} resident_bytes_max={} \
              swapped_bytes={} faults={} major_faults={} zero_fills={} swapins={} swapouts={} evictions={} \
              lazyfree_discards={} oom_sigbus={} heap_live_bytes={} heap_live_allocations={} heap_arena_bytes={} \
-             heap_large_bytes={}",
+             heap_large_bytes={}\n",
             s.budget_pages * page,
             s.resident_pages * page,
             s.resident_pages_max * page,
@@ -198,9 +207,9 @@ fn report() {
     }
     if VERBOSE.load(Relaxed) {
         let c = |a: &AtomicU64| a.load(Relaxed);
-        eprintln!(
+        out += &format!(
             "usermm run: pid {pid} ({who}): allocations: space={} libc_before_open={} libc_usermm_threads={} \
-             libc_forked_child={} libc_refused_by_space={} child_frees_dropped={} moved_by_realloc={}",
+             libc_forked_child={} libc_refused_by_space={} child_frees_dropped={} moved_by_realloc={}\n",
             c(&COUNTS.space),
             c(&COUNTS.early),
             c(&COUNTS.usermm),
@@ -210,4 +219,5 @@ fn report() {
             c(&COUNTS.moved),
         );
     }
+    boundary::write_report(&out);
 }
