@@ -19,7 +19,7 @@
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize, Ordering::Relaxed};
 
 use usermm::capi::{
     umm_aligned_alloc, umm_calloc, umm_free, umm_malloc, umm_malloc_usable_size, umm_realloc, umm_space,
@@ -400,10 +400,98 @@ pub(crate) fn write_report(text: &str) {
     }
 }
 
+/// The SIGSEGV action a forked child had before [`child_segv`] (a leaked
+/// `sigaction`; NULL: none saved).
+static OLD_SEGV: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Appends `n` in decimal (`base` 10) or hex (16) to `buf` at `*at`.
+fn put_num(buf: &mut [u8], at: &mut usize, mut n: usize, base: usize) {
+    let mut digits = [0u8; 20];
+    let mut k = 0;
+    loop {
+        digits[k] = b"0123456789abcdef"[n % base];
+        k += 1;
+        n /= base;
+        if n == 0 {
+            break;
+        }
+    }
+    while k > 0 && *at < buf.len() {
+        k -= 1;
+        buf[*at] = digits[k];
+        *at += 1;
+    }
+}
+
+fn put(buf: &mut [u8], at: &mut usize, s: &[u8]) {
+    let n = s.len().min(buf.len() - *at);
+    buf[*at..*at + n].copy_from_slice(&s[..n]);
+    *at += n;
+}
+
+/// A forked child's first SIGSEGV: if it is a touch of the parent's heap
+/// (not inherited: the space is not), says so on stderr; then puts the
+/// child's own SIGSEGV action back and returns, so the access faults again
+/// under it (by default: death by SIGSEGV, as without this handler).
+/// Async-signal-safe: atomics, `write`, `sigaction`, no allocation.
+extern "C" fn child_segv(_sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_void) {
+    // SAFETY: the kernel passes a valid siginfo for a SA_SIGINFO handler.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    if in_space(addr) {
+        let mut buf = [0u8; 256];
+        let mut at = 0;
+        put(&mut buf, &mut at, b"usermm run: pid ");
+        // SAFETY: getpid has no preconditions.
+        put_num(&mut buf, &mut at, unsafe { libc::getpid() } as usize, 10);
+        put(&mut buf, &mut at, b": a forked child touched its parent's heap at 0x");
+        put_num(&mut buf, &mut at, addr, 16);
+        put(&mut buf, &mut at, b" (SIGSEGV): a child gets no space; it must exec before touching the heap\n");
+        // SAFETY: `buf[..at]` is valid for reads.
+        unsafe { libc::write(2, buf.as_ptr().cast(), at) };
+    }
+    let old = OLD_SEGV.load(Relaxed);
+    // SAFETY: `old` is NULL or the leaked action saved by `after_fork_child`;
+    // resetting to SIG_DFL has no preconditions.
+    unsafe {
+        if old.is_null() {
+            libc::signal(libc::SIGSEGV, libc::SIG_DFL);
+        } else {
+            libc::sigaction(libc::SIGSEGV, old, std::ptr::null_mut());
+        }
+    }
+}
+
+/// `pthread_atfork`'s child handler: when the parent had a space, the
+/// child's first SIGSEGV goes through [`child_segv`].
+extern "C" fn after_fork_child() {
+    guard((), || {
+        if !crate::had_space() {
+            return;
+        }
+        // SAFETY: plain-data structs, initialised before use; `old` is
+        // leaked (once per fork) so the handler may read it at any time.
+        unsafe {
+            let old: &'static mut libc::sigaction = Box::leak(Box::new(std::mem::zeroed()));
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = child_segv as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO;
+            libc::sigemptyset(&mut sa.sa_mask);
+            if libc::sigaction(libc::SIGSEGV, &sa, old) == 0 {
+                OLD_SEGV.store(old, Relaxed);
+            }
+        }
+    });
+}
+
 extern "C" fn constructor() {
-    if guard(false, crate::init) {
-        // SAFETY: `at_exit` is a plain `extern "C" fn()` that never unwinds.
-        unsafe { libc::atexit(at_exit) };
+    let report = guard(false, crate::init);
+    // SAFETY: `at_exit` and `after_fork_child` are plain `extern "C"`
+    // functions that never unwind.
+    unsafe {
+        if report {
+            libc::atexit(at_exit);
+        }
+        libc::pthread_atfork(None, None, Some(after_fork_child));
     }
 }
 

@@ -135,6 +135,11 @@ fn init() -> bool {
     report
 }
 
+/// Whether this process (or the parent it was forked from) opened a space.
+fn had_space() -> bool {
+    BASE.load(Relaxed) != 0
+}
+
 /// Whether `p` lies in the space's reservation (so it is the heap's).
 fn in_space(p: usize) -> bool {
     p >= BASE.load(Relaxed) && p < END.load(Relaxed)
