@@ -196,6 +196,82 @@ fn a_c_program_4x_its_budget_swaps_and_reads_back_every_byte() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Four threads allocating, checking, growing and freeing each other's
+/// blocks, small and large, about 3× the budget in all.
+const THREADS_C: &str = r#"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#define T 4
+#define N 2048
+static unsigned char *slots[T][N];
+static size_t sizes[T][N];
+static pthread_barrier_t bar;
+static int bad;
+static unsigned rnd(unsigned *s) { *s = *s * 1103515245 + 12345; return *s >> 8; }
+static void *work(void *arg) {
+    int t = (int)(long)arg;
+    unsigned s = 1234 + t;
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N; i++) {
+            size_t n = 64 + rnd(&s) % 8000;
+            if (rnd(&s) % 50 == 0) n = 300000 + rnd(&s) % 100000;
+            unsigned char *p = malloc(n);
+            if (!p) { __sync_fetch_and_add(&bad, 1); return NULL; }
+            memset(p, (t * 31 + i + round) & 0xff, n);
+            slots[t][i] = p; sizes[t][i] = n;
+        }
+        pthread_barrier_wait(&bar);
+        int o = (t + 1) % T;
+        for (int i = 0; i < N; i++) {
+            unsigned char *p = slots[o][i]; size_t n = sizes[o][i];
+            unsigned char want = (o * 31 + i + round) & 0xff;
+            if (p[0] != want || p[n / 2] != want || p[n - 1] != want) __sync_fetch_and_add(&bad, 1);
+            if (i % 2) { p = realloc(p, n * 2); if (!p || p[n - 1] != want) __sync_fetch_and_add(&bad, 1); }
+            free(p);
+        }
+        pthread_barrier_wait(&bar);
+    }
+    return NULL;
+}
+int main(void) {
+    pthread_t th[T];
+    pthread_barrier_init(&bar, NULL, T);
+    for (long t = 0; t < T; t++) pthread_create(&th[t], NULL, work, (void *)t);
+    for (int t = 0; t < T; t++) pthread_join(th[t], NULL);
+    printf("bad %d\n", bad);
+    return bad != 0;
+}
+"#;
+
+/// Hung before `pthread_create` was wrapped: glibc `calloc`s a new thread's
+/// TLS vector, which then lived on the space, was evicted, and was read by
+/// `__tls_get_addr` in usermm's own code while it held the space's mm lock
+/// that the fault handler needed.
+#[test]
+fn threads_allocating_and_freeing_each_others_blocks_4x_the_budget() {
+    let dir = tmpdir("threads");
+    let exe = gcc(&dir, "mt", THREADS_C, &["-pthread"]);
+    let mut c = usermm_run(&["--budget", "16m", "--stats", "--"]);
+    c.arg(&exe);
+    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(240) {
+            let _ = child.kill();
+            panic!("usermm run -- mt hung (4 minutes)");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, "bad 0\n");
+    assert_swapped(&stderr, "mt", 16 << 20);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn cpython_builds_and_checks_a_dict_4x_its_budget() {
     let py = need("python3");

@@ -243,8 +243,9 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     })
 }
 
-/// `realloc(3)`: a block of the space's is resized there; a block of the C
-/// library's is moved onto the space when the space serves this thread.
+/// `realloc(3)`: a block of the space's is resized there, a block of the C
+/// library's by the C library (never moved onto the space: glibc grows a
+/// thread's TLS vector with `realloc`, and that must stay off the space).
 ///
 /// # Safety
 /// As for [`free`].
@@ -261,22 +262,6 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
                 set_errno(libc::ENOMEM);
                 std::ptr::null_mut()
             });
-        }
-        if size > 0 {
-            if let Some(old) = libc_usable_size(p) {
-                // SAFETY: `h` is a live handle (the space `on_space` lends).
-                if let Some(q) = space_alloc(|h| unsafe { umm_malloc(h, size) }) {
-                    // SAFETY: `p` is a live glibc block of `old` usable
-                    // bytes, `q` a new one of `size`: distinct, each at least
-                    // the smaller size; `p` is freed once, by its allocator.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, old.min(size));
-                        __libc_free(p);
-                    }
-                    COUNTS.moved.fetch_add(1, Relaxed);
-                    return q;
-                }
-            }
         }
         // SAFETY: outside the reservation, the block is glibc's.
         unsafe { __libc_realloc(p, size) }
@@ -348,6 +333,50 @@ pub extern "C" fn pvalloc(size: usize) -> *mut c_void {
             std::ptr::null_mut()
         }
     })
+}
+
+/// glibc's `pthread_create` (the exported name is this library's): 0 until
+/// looked up, 1 when it is not there.
+static LIBC_PTHREAD_CREATE: AtomicUsize = AtomicUsize::new(0);
+
+type PthreadCreate = unsafe extern "C" fn(
+    *mut libc::pthread_t,
+    *const libc::pthread_attr_t,
+    extern "C" fn(*mut c_void) -> *mut c_void,
+    *mut c_void,
+) -> c_int;
+
+/// `pthread_create(3)`, glibc's, with every allocation it makes coming from
+/// the C library: the new thread's TLS vector (`dtv`, which glibc `calloc`s
+/// here) is read by every `__tls_get_addr`, also by usermm's own code while
+/// it holds the space's locks; on the space, an evicted `dtv` page would make
+/// that access fault while the fault handler waits for those locks.
+///
+/// # Safety
+/// `pthread_create(3)`'s contract.
+#[no_mangle]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut libc::pthread_t,
+    attr: *const libc::pthread_attr_t,
+    start: extern "C" fn(*mut c_void) -> *mut c_void,
+    arg: *mut c_void,
+) -> c_int {
+    let mut f = LIBC_PTHREAD_CREATE.load(Relaxed);
+    if f == 0 {
+        const NAME: &[u8] = b"pthread_create\0";
+        // SAFETY: `NAME` is NUL-terminated.
+        let sym = unsafe { libc::dlsym(libc::RTLD_NEXT, NAME.as_ptr() as *const c_char) };
+        f = if sym.is_null() { 1 } else { sym as usize };
+        LIBC_PTHREAD_CREATE.store(f, Relaxed);
+    }
+    if f == 1 {
+        return libc::ENOSYS;
+    }
+    // SAFETY: `f` is glibc's `pthread_create`, of this signature.
+    let real: PthreadCreate = unsafe { std::mem::transmute(f) };
+    let _libc = crate::LibcOnly::enter();
+    // SAFETY: the caller's promises, forwarded.
+    unsafe { real(thread, attr, start, arg) }
 }
 
 /// `malloc_usable_size(3)`: for a block of the space's, the size asked for.

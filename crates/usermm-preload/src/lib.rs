@@ -57,6 +57,7 @@
 
 mod boundary;
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 use usermm::{GlobalHeap, Space};
@@ -89,8 +90,6 @@ struct Counts {
     refused: AtomicU64,
     /// Frees of the parent's blocks in a forked child (nothing freed).
     child_frees: AtomicU64,
-    /// C-library blocks moved onto the space by `realloc`.
-    moved: AtomicU64,
 }
 
 static COUNTS: Counts = Counts {
@@ -100,7 +99,6 @@ static COUNTS: Counts = Counts {
     child: AtomicU64::new(0),
     refused: AtomicU64::new(0),
     child_frees: AtomicU64::new(0),
-    moved: AtomicU64::new(0),
 };
 
 /// Whether `USERMM_RUN_STATS` / `USERMM_RUN_VERBOSE` asked for the exit
@@ -145,6 +143,28 @@ fn in_space(p: usize) -> bool {
     p >= BASE.load(Relaxed) && p < END.load(Relaxed)
 }
 
+thread_local! {
+    /// How deep this thread is in code whose allocations must come from the
+    /// C library (`pthread_create`).
+    static LIBC_ONLY: Cell<u32> = const { Cell::new(0) };
+}
+
+/// While alive, this thread's allocations come from the C library.
+struct LibcOnly(());
+
+impl LibcOnly {
+    fn enter() -> LibcOnly {
+        LIBC_ONLY.with(|d| d.set(d.get() + 1));
+        LibcOnly(())
+    }
+}
+
+impl Drop for LibcOnly {
+    fn drop(&mut self) {
+        LIBC_ONLY.with(|d| d.set(d.get() - 1));
+    }
+}
+
 /// Runs `f` on the space when this allocation is the space's to serve (see
 /// the module docs); `None` sends it to the C library. Allocations `f` makes
 /// itself go to the C library.
@@ -153,7 +173,7 @@ fn on_space<R>(f: impl FnOnce(&Space) -> R) -> Option<R> {
         COUNTS.early.fetch_add(1, Relaxed);
         return None;
     }
-    if usermm::heap::thread_is_system_only() {
+    if usermm::heap::thread_is_system_only() || LIBC_ONLY.try_with(|d| d.get() > 0).unwrap_or(true) {
         COUNTS.usermm.fetch_add(1, Relaxed);
         return None;
     }
@@ -214,14 +234,13 @@ fn report() {
         let c = |a: &AtomicU64| a.load(Relaxed);
         out += &format!(
             "usermm run: pid {pid} ({who}): allocations: space={} libc_before_open={} libc_usermm_threads={} \
-             libc_forked_child={} libc_refused_by_space={} child_frees_dropped={} moved_by_realloc={}\n",
+             libc_forked_child={} libc_refused_by_space={} child_frees_dropped={}\n",
             c(&COUNTS.space),
             c(&COUNTS.early),
             c(&COUNTS.usermm),
             c(&COUNTS.child),
             c(&COUNTS.refused),
             c(&COUNTS.child_frees),
-            c(&COUNTS.moved),
         );
     }
     boundary::write_report(&out);
