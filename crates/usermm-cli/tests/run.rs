@@ -517,3 +517,28 @@ fn children_that_exec_run_and_inherit_the_preload() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("a forked child touched its parent's heap"), "{out:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn run_help_lists_every_option() {
+    let out = output(Command::new(BIN).args(["run", "--help"]));
+    assert!(out.status.success(), "{out:?}");
+    let h = String::from_utf8_lossy(&out.stdout);
+    for w in [
+        "--budget",
+        "--swap-bytes",
+        "--swap-dir",
+        "--swap-url",
+        "--memlock",
+        "--inthread",
+        "--frame-pool",
+        "--stats",
+        "--verbose",
+        "--no-inherit",
+        "USERMM_BUDGET_BYTES",
+        "128 + the signal",
+    ] {
+        assert!(h.contains(w), "usermm run --help lacks {w}:\n{h}");
+    }
+    let top = output(Command::new(BIN).arg("--help"));
+    assert!(String::from_utf8_lossy(&top.stdout).contains("usermm run [OPTIONS] -- PROGRAM"));
+}
