@@ -260,10 +260,6 @@ pub(crate) fn main(args: &[OsString]) -> ExitCode {
         let base = std::env::var("USERMM_FLAGS").ok().and_then(|v| parse_flags(&v)).unwrap_or(0);
         cmd.env("USERMM_FLAGS", (base | o.flags).to_string());
     }
-    // Blocked before the spawn, so that no SIGTERM between the spawn and the
-    // forwarding thread kills `usermm` alone; `Command` starts the child
-    // with an empty signal mask (tested: `sigterm_to_usermm_reaches_the_program`).
-    let blocked = usermm_sys::process::block_termination_signals().is_ok();
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -271,9 +267,7 @@ pub(crate) fn main(args: &[OsString]) -> ExitCode {
             return ExitCode::from(EXIT_CANNOT_RUN);
         }
     };
-    if blocked {
-        forward_termination(child.id() as i32);
-    }
+    forward_termination(child.id() as i32);
     match child.wait() {
         Ok(st) => ExitCode::from(exit_byte(st)),
         Err(e) => {
@@ -304,10 +298,13 @@ fn exit_byte(st: std::process::ExitStatus) -> u8 {
 }
 
 /// From now on SIGTERM sent to `usermm` goes to the program, and SIGINT is
-/// left to the program alone (the terminal sends it to both). SIGINT and
-/// SIGTERM are blocked in the calling thread, so the forwarding thread
-/// inherits the mask and no thread takes the default action.
+/// left to the program alone (the terminal sends it to both).
 fn forward_termination(pid: i32) {
+    // Blocked in this thread before the forwarding thread starts, so that
+    // it inherits the mask and no thread takes the default action.
+    if usermm_sys::process::block_termination_signals().is_err() {
+        return;
+    }
     std::thread::spawn(move || loop {
         let sig = usermm_sys::process::wait_termination_signal();
         if sig == SIGTERM {
