@@ -4,6 +4,7 @@
 //! ```text
 //! usermm report [--full] [--out DIR] [--runs N]
 //! usermm bench NAME [--full] [--out DIR] [--PARAM=VALUE ...]
+//! usermm run [OPTIONS] -- PROGRAM [ARGS...]
 //! ```
 //!
 //! Exit status: 0 on success, 1 when an experiment failed to run, 2 on a
@@ -26,6 +27,7 @@ mod params;
 mod populate;
 mod reclaim;
 mod report;
+mod run;
 mod svg;
 mod volatile;
 
@@ -117,6 +119,8 @@ fn help() -> String {
          overrides every experiment's number of measured runs.\n  \
          usermm bench NAME [--full] [--out DIR] [--PARAM=VALUE ...]\n      \
          Runs one experiment with every parameter exposed; writes the same files for it alone.\n  \
+         usermm run [OPTIONS] -- PROGRAM [ARGS...]\n      \
+         Runs a program you already have with its heap on a space ('usermm run --help').\n  \
          usermm --help\n\nEXPERIMENTS AND PARAMETERS (quick default / full default):\n",
     );
     for d in &EXPERIMENTS {
@@ -300,7 +304,13 @@ fn plan(cmd: &Cmd) -> Result<Vec<(usize, Params)>, String> {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let os_args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    // `usermm run`: its own options, and the program's arguments as they are
+    // (not necessarily UTF-8).
+    if os_args.first().is_some_and(|a| a == "run") {
+        return run::main(&os_args[1..]);
+    }
+    let args: Vec<String> = os_args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
     // The kernel-memcg child (re-executed by the benchmark, see memcg.rs).
     if args.first().map(String::as_str) == Some(memcg::CHILD_CMD) {
         return memcg_child_main(&args);

@@ -188,6 +188,16 @@ pub(crate) fn system_only() -> bool {
     SYSTEM_ONLY.try_with(|d| d.get() > 0).unwrap_or(true)
 }
 
+/// Whether the calling thread's allocations must not come from a space's
+/// heap: one of usermm's own threads (a fault handler that allocated on
+/// the heap it serves could fault on it and wait on itself), or a thread
+/// inside a heap's slow path or [`GlobalHeap::with_space`]. An allocator
+/// that stands in for the C library's `malloc` (the `usermm run` preload
+/// library) sends such allocations to the C library's own allocator.
+pub fn thread_is_system_only() -> bool {
+    system_only()
+}
+
 /// A [`Space`]'s heap as an `allocator_api2` `Allocator` (and so for
 /// hashbrown's collections): see the [module docs](self).
 ///

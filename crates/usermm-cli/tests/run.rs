@@ -1,0 +1,544 @@
+//! `usermm run`: real programs nobody here wrote (CPython, the SQLite
+//! shell, a Redis server) and a C program built at test time, each with a
+//! working set about 4× the budget, under `usermm run --budget`: their
+//! output must be right (compared with the same run without usermm where
+//! there is one) and the space must really have swapped (`--stats`:
+//! `swapouts` > 0). Also: exit status and death by signal passed on, SIGTERM
+//! forwarded, children started by `system`, `posix_spawn`, `popen`,
+//! `fork`+`exec` and Python's `subprocess` run, `--no-inherit`, a static
+//! binary refused with a clear message.
+//!
+//! The preload library is `target/release/libusermm_preload.so`, built by
+//! `cargo build --release` (scripts/test.sh does it before the tests; `cargo
+//! test` alone does not build a cdylib). A missing or stale library fails
+//! the tests, saying so. The programs (`gcc`, `python3`, `sqlite3`,
+//! `redis-server`) are installed by scripts/test.sh; a missing one fails.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+const BIN: &str = env!("CARGO_BIN_EXE_usermm");
+
+fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("usermm-run-test-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+fn newest_source(dir: &Path) -> SystemTime {
+    let mut t = SystemTime::UNIX_EPOCH;
+    for e in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten() {
+        let p = e.path();
+        let m = if p.is_dir() { newest_source(&p) } else { e.metadata().and_then(|m| m.modified()).unwrap() };
+        t = t.max(m);
+    }
+    t
+}
+
+/// Fails unless the preload library beside the binary is there and newer
+/// than its sources (and usermm's).
+fn check_preload() {
+    let lib = Path::new(BIN).with_file_name("libusermm_preload.so");
+    let built = std::fs::metadata(&lib)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("{}: {e}: run `cargo build --release -p usermm-preload` first", lib.display()));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for src in ["usermm-preload/src", "usermm/src"] {
+        assert!(
+            newest_source(&root.join(src)) <= built,
+            "{} is older than crates/{src}: run `cargo build --release -p usermm-preload` first",
+            lib.display()
+        );
+    }
+}
+
+fn usermm_run(args: &[&str]) -> Command {
+    check_preload();
+    let mut c = Command::new(BIN);
+    c.arg("run").args(args);
+    c
+}
+
+fn output(c: &mut Command) -> Output {
+    c.output().unwrap_or_else(|e| panic!("cannot run {c:?}: {e}"))
+}
+
+/// A program the test needs, in `$PATH` (scripts/test.sh installs it).
+fn need(prog: &str) -> PathBuf {
+    for p in ["/usr/bin", "/bin", "/usr/local/bin"] {
+        let c = Path::new(p).join(prog);
+        if c.is_file() {
+            return c;
+        }
+    }
+    panic!("{prog} is not installed (scripts/test.sh installs it: apt-get install {prog})")
+}
+
+/// The `--stats` line of the process named `comm`: its `key=value` pairs.
+fn stats(stderr: &str, comm: &str) -> HashMap<String, u64> {
+    let tag = format!("({comm}): stats: ");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("usermm run: pid ") && l.contains(&tag))
+        .unwrap_or_else(|| panic!("no stats line for {comm} on stderr:\n{stderr}"));
+    let rest = &line[line.find(&tag).unwrap() + tag.len()..];
+    rest.split_whitespace()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or_else(|| panic!("bad stats field {kv:?} in {line}"));
+            (k.to_string(), v.parse().unwrap_or_else(|_| panic!("bad stats value {kv:?} in {line}")))
+        })
+        .collect()
+}
+
+fn assert_swapped(stderr: &str, comm: &str, budget: u64) -> HashMap<String, u64> {
+    let s = stats(stderr, comm);
+    assert_eq!(s["budget_bytes"], budget, "{s:?}");
+    assert!(s["swapouts"] > 0 && s["swapins"] > 0, "{comm} did not swap: {s:?}");
+    assert!(s["resident_bytes_max"] <= budget, "{comm} over its budget: {s:?}");
+    assert_eq!(s["oom_sigbus"], 0, "{s:?}");
+    s
+}
+
+fn gcc(dir: &Path, name: &str, src: &str, extra: &[&str]) -> PathBuf {
+    let c = dir.join(format!("{name}.c"));
+    std::fs::write(&c, src).unwrap();
+    let exe = dir.join(name);
+    let out = output(&mut {
+        let mut g = Command::new(need("gcc"));
+        g.args(["-O2", "-Wall", "-o"]).arg(&exe).arg(&c).args(extra);
+        g
+    });
+    assert!(out.status.success(), "gcc {name}: {}", String::from_utf8_lossy(&out.stderr));
+    exe
+}
+
+/// A C working set of 4× the budget through every call of the malloc
+/// family, each block checked after the others have pushed it out.
+const WORKING_SET_C: &str = r#"
+#include <malloc.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N 2048               /* blocks of 16 KiB (the heap's arenas): 32 MiB */
+#define BIG 16               /* blocks of 2 MiB (regions of their own): 32 MiB */
+static unsigned char *small[N], *big[BIG];
+
+static void fill(unsigned char *p, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i += 64) p[i] = (unsigned char)(seed * 31 + i / 64);
+}
+static int check(const unsigned char *p, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i += 64) if (p[i] != (unsigned char)(seed * 31 + i / 64)) return 0;
+    return 1;
+}
+
+int main(void) {
+    for (int i = 0; i < N; i++) {
+        small[i] = (i % 3 == 0) ? calloc(1, 16384) : malloc(16384);
+        if (!small[i]) return 10;
+        if (i % 3 == 0) for (int j = 0; j < 16384; j += 512) if (small[i][j]) return 11;
+        fill(small[i], 16384, i);
+    }
+    for (int i = 0; i < BIG; i++) {
+        void *p;
+        if (posix_memalign(&p, 4096, 2 << 20) || ((uintptr_t)p & 4095)) return 12;
+        big[i] = p;
+        fill(big[i], 2 << 20, 5000 + i);
+    }
+    /* Grow every other small block (its bytes must follow it), free a quarter. */
+    for (int i = 0; i < N; i += 2) {
+        unsigned char *q = realloc(small[i], 24576);
+        if (!q) return 13;
+        small[i] = q;
+        if (malloc_usable_size(q) < 24576) return 14;
+    }
+    for (int i = 0; i < N; i += 4) { free(small[i]); small[i] = NULL; }
+    unsigned long sum = 0;
+    for (int i = 0; i < N; i++) {
+        if (!small[i]) continue;
+        if (!check(small[i], 16384, i)) { printf("bad small %d\n", i); return 15; }
+        sum += small[i][64];
+    }
+    for (int i = 0; i < BIG; i++) {
+        if (!check(big[i], 2 << 20, 5000 + i)) { printf("bad big %d\n", i); return 16; }
+        sum += big[i][4096];
+        free(big[i]);
+    }
+    char *s = strdup("strdup'd"); /* the C library allocating on our behalf */
+    printf("ok %lu %s\n", sum, s);
+    free(s);
+    for (int i = 0; i < N; i++) free(small[i]);
+    return 0;
+}
+"#;
+
+#[test]
+fn a_c_program_4x_its_budget_swaps_and_reads_back_every_byte() {
+    let dir = tmpdir("c");
+    let exe = gcc(&dir, "ws", WORKING_SET_C, &[]);
+    let plain = output(&mut Command::new(&exe));
+    assert!(plain.status.success(), "{plain:?}");
+    let budget = 16u64 << 20;
+    let out = output(usermm_run(&["--budget", "16m", "--stats", "--verbose", "--"]).arg(&exe));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, String::from_utf8_lossy(&plain.stdout));
+    assert!(stdout.starts_with("ok ") && stdout.contains("strdup'd"), "{stdout}");
+    let s = assert_swapped(&stderr, "ws", budget);
+    assert!(s["heap_arena_bytes"] >= 32 << 20, "{s:?}");
+    assert!(stderr.contains("allocations: space="), "--verbose said nothing:\n{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Four threads allocating, checking, growing and freeing each other's
+/// blocks, small and large, about 3× the budget in all.
+const THREADS_C: &str = r#"
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#define T 4
+#define N 2048
+static unsigned char *slots[T][N];
+static size_t sizes[T][N];
+static pthread_barrier_t bar;
+static int bad;
+static unsigned rnd(unsigned *s) { *s = *s * 1103515245 + 12345; return *s >> 8; }
+static void *work(void *arg) {
+    int t = (int)(long)arg;
+    unsigned s = 1234 + t;
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N; i++) {
+            size_t n = 64 + rnd(&s) % 8000;
+            if (rnd(&s) % 50 == 0) n = 300000 + rnd(&s) % 100000;
+            unsigned char *p = malloc(n);
+            if (!p) { __sync_fetch_and_add(&bad, 1); return NULL; }
+            memset(p, (t * 31 + i + round) & 0xff, n);
+            slots[t][i] = p; sizes[t][i] = n;
+        }
+        pthread_barrier_wait(&bar);
+        int o = (t + 1) % T;
+        for (int i = 0; i < N; i++) {
+            unsigned char *p = slots[o][i]; size_t n = sizes[o][i];
+            unsigned char want = (o * 31 + i + round) & 0xff;
+            if (p[0] != want || p[n / 2] != want || p[n - 1] != want) __sync_fetch_and_add(&bad, 1);
+            if (i % 2) { p = realloc(p, n * 2); if (!p || p[n - 1] != want) __sync_fetch_and_add(&bad, 1); }
+            free(p);
+        }
+        pthread_barrier_wait(&bar);
+    }
+    return NULL;
+}
+int main(void) {
+    pthread_t th[T];
+    pthread_barrier_init(&bar, NULL, T);
+    for (long t = 0; t < T; t++) pthread_create(&th[t], NULL, work, (void *)t);
+    for (int t = 0; t < T; t++) pthread_join(th[t], NULL);
+    printf("bad %d\n", bad);
+    return bad != 0;
+}
+"#;
+
+/// Hung before `pthread_create` was wrapped: glibc `calloc`s a new thread's
+/// TLS vector, which then lived on the space, was evicted, and was read by
+/// `__tls_get_addr` in usermm's own code while it held the space's mm lock
+/// that the fault handler needed.
+#[test]
+fn threads_allocating_and_freeing_each_others_blocks_4x_the_budget() {
+    let dir = tmpdir("threads");
+    let exe = gcc(&dir, "mt", THREADS_C, &["-pthread"]);
+    let mut c = usermm_run(&["--budget", "16m", "--stats", "--"]);
+    c.arg(&exe);
+    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(240) {
+            let _ = child.kill();
+            panic!("usermm run -- mt hung (4 minutes)");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, "bad 0\n");
+    assert_swapped(&stderr, "mt", 16 << 20);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn cpython_builds_and_checks_a_dict_4x_its_budget() {
+    let py = need("python3");
+    // 64 Ki values of 1 KiB (64 MiB) in a dict, half of them again in a list.
+    let script = r#"
+n = 64 * 1024
+d = {i: (b"%08d" % i) * 128 for i in range(n)}
+lst = [d[i] for i in range(0, n, 2)]
+ok = all(d[i][:8] == b"%08d" % i and len(d[i]) == 1024 for i in range(n))
+ok = ok and all(v[:8] == b"%08d" % (2 * j) for j, v in enumerate(lst))
+print("ok" if ok else "BAD", len(d), len(lst))
+"#;
+    let out = output(usermm_run(&["--budget", "16m", "--stats", "--"]).arg(&py).args(["-c", script]));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, "ok 65536 32768\n");
+    assert_swapped(&stderr, "python3", 16 << 20);
+}
+
+#[test]
+fn the_sqlite_shell_answers_as_without_usermm_on_a_database_larger_than_the_budget() {
+    let sqlite = need("sqlite3");
+    let dir = tmpdir("sqlite");
+    let db = dir.join("t.db");
+    // About 24 MiB of rows and an index, built without usermm.
+    let make = "CREATE TABLE t(id INTEGER PRIMARY KEY, k TEXT, v BLOB);
+        WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM c WHERE i < 20000)
+        INSERT INTO t SELECT i, printf('key%08d', (i*7919) % 20000), zeroblob(1000) || randomblob(100) FROM c;
+        CREATE INDEX tk ON t(k);";
+    let out = output(&mut {
+        let mut c = Command::new(&sqlite);
+        c.arg(&db).arg(make);
+        c
+    });
+    assert!(out.status.success(), "{out:?}");
+    assert!(std::fs::metadata(&db).unwrap().len() > 20 << 20);
+    // A page cache of 64 MiB: the whole database ends up in the heap.
+    let query = "PRAGMA cache_size=-65536;
+        PRAGMA integrity_check;
+        SELECT count(*), sum(length(v)), min(k), max(k), hex(md5) FROM t, (SELECT sum(id * length(v)) AS md5 FROM t);
+        SELECT k, hex(substr(v, 1001, 4)) FROM t ORDER BY k LIMIT 3 OFFSET 10000;
+        SELECT count(*) FROM t a JOIN t b ON a.k = b.k WHERE a.id % 3 = 0;
+        SELECT sum(length(v)) FROM t WHERE id % 2 = 0;";
+    let run = |c: &mut Command| output(c.arg(&db).arg(query));
+    let plain = run(&mut Command::new(&sqlite));
+    assert!(plain.status.success(), "{plain:?}");
+    let plain_out = String::from_utf8_lossy(&plain.stdout).into_owned();
+    assert!(plain_out.starts_with("ok\n20000|"), "{plain_out}");
+    let mut c = usermm_run(&["--budget", "8m", "--stats", "--"]);
+    c.arg(&sqlite);
+    let out = run(&mut c);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}\n{stderr}", out.status);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), plain_out, "stderr:\n{stderr}");
+    assert_swapped(&stderr, "sqlite3", 8 << 20);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One RESP request and its reply line (and bulk body, if any).
+fn redis_call(r: &mut BufReader<TcpStream>, args: &[&[u8]]) -> Vec<u8> {
+    let mut req = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        req.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        req.extend_from_slice(a);
+        req.extend_from_slice(b"\r\n");
+    }
+    r.get_mut().write_all(&req).unwrap();
+    redis_reply(r)
+}
+
+fn redis_reply(r: &mut BufReader<TcpStream>) -> Vec<u8> {
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    if let Some(n) = line.strip_prefix('$') {
+        let n: i64 = n.trim().parse().unwrap();
+        if n < 0 {
+            return b"(nil)".to_vec();
+        }
+        let mut body = vec![0u8; n as usize + 2];
+        r.read_exact(&mut body).unwrap();
+        body.truncate(n as usize);
+        return body;
+    }
+    line.trim_end().as_bytes().to_vec()
+}
+
+#[test]
+fn a_redis_server_keeps_values_4x_its_budget() {
+    let server = need("redis-server");
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dir = tmpdir("redis");
+    let mut c = usermm_run(&["--budget", "16m", "--stats", "--"]);
+    c.arg(&server)
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let t0 = Instant::now();
+    let conn = loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => break s,
+            Err(e) if t0.elapsed() < Duration::from_secs(20) => {
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => {
+                let _ = child.kill();
+                panic!("redis-server under usermm run did not listen on {port}: {e}")
+            }
+        }
+    };
+    conn.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut r = BufReader::new(conn);
+    // 16 Ki values of 4 KiB: 64 MiB.
+    let value = |i: usize| format!("{i:08}").repeat(512).into_bytes();
+    let n = 16 * 1024;
+    for i in 0..n {
+        assert_eq!(redis_call(&mut r, &[b"SET", format!("k{i}").as_bytes(), &value(i)]), b"+OK");
+    }
+    for i in (0..n).step_by(5) {
+        assert!(redis_call(&mut r, &[b"GET", format!("k{i}").as_bytes()]) == value(i), "value {i} differs");
+    }
+    assert_eq!(redis_call(&mut r, &[b"DBSIZE"]), format!(":{n}").as_bytes());
+    let _ = redis_call(&mut r, &[b"SHUTDOWN", b"NOSAVE"]);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}\n{stderr}", out.status);
+    assert_swapped(&stderr, "redis-server", 16 << 20);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn exit_status_and_death_by_signal_are_passed_on() {
+    let out = output(&mut usermm_run(&["--", "sh", "-c", "exit 42"]));
+    assert_eq!(out.status.code(), Some(42), "{out:?}");
+    let out = output(&mut usermm_run(&["--", "sh", "-c", "kill -SEGV $$"]));
+    assert_eq!(out.status.code(), Some(128 + 11), "{out:?}");
+    let out = output(&mut usermm_run(&["--", "usermm-no-such-program"]));
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found"), "{out:?}");
+    let out = output(&mut usermm_run(&["--budget", "lots", "--", "true"]));
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+#[test]
+fn sigterm_to_usermm_reaches_the_program() {
+    let mut child = usermm_run(&["--", "sleep", "30"]).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let k = output(&mut {
+        let mut k = Command::new("kill");
+        k.args(["-TERM", &child.id().to_string()]);
+        k
+    });
+    assert!(k.status.success(), "{k:?}");
+    let t0 = Instant::now();
+    let st = child.wait().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert_eq!(st.code(), Some(128 + 15), "{st:?}");
+}
+
+#[test]
+fn a_static_binary_is_refused_with_a_clear_message() {
+    let dir = tmpdir("static");
+    let exe = gcc(&dir, "st", "int main(void) { return 0; }\n", &["-static"]);
+    let out = output(usermm_run(&["--"]).arg(&exe));
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("statically linked") && stderr.contains("LD_PRELOAD"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Children that `exec`: `system`, `posix_spawn`, `popen`, `fork` + `execv`.
+const SPAWN_C: &str = r#"
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+extern char **environ;
+int main(void) {
+    char *keep = strdup("the parent's heap");
+    fflush(stdout);
+    if (system("echo from-system") != 0) return 10;
+    pid_t pid;
+    char *argv[] = {"echo", "from-posix-spawn", NULL};
+    int st;
+    if (posix_spawnp(&pid, "echo", NULL, NULL, argv, environ) != 0) return 11;
+    if (waitpid(pid, &st, 0) != pid || st != 0) return 12;
+    FILE *p = popen("echo from-popen", "r");
+    char line[64] = {0};
+    if (!p || !fgets(line, sizeof line, p) || pclose(p) != 0) return 13;
+    fputs(line, stdout);
+    fflush(stdout);
+    char *fargv[] = {"/bin/echo", "from-fork-exec", NULL};
+    pid = fork();
+    if (pid == 0) { execv(fargv[0], fargv); _exit(127); }
+    if (waitpid(pid, &st, 0) != pid || st != 0) return 14;
+    printf("%s\n", keep);
+    free(keep);
+    return 0;
+}
+"#;
+
+#[test]
+fn children_that_exec_run_and_inherit_the_preload() {
+    let dir = tmpdir("spawn");
+    let exe = gcc(&dir, "spawner", SPAWN_C, &[]);
+    let out = output(usermm_run(&["--budget", "16m", "--stats", "--"]).arg(&exe));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, "from-system\nfrom-posix-spawn\nfrom-popen\nfrom-fork-exec\nthe parent's heap\n");
+    // The exec'd children ran preloaded, each on a space of its own.
+    stats(&stderr, "spawner");
+    stats(&stderr, "echo");
+    // Python's subprocess.
+    let py = need("python3");
+    let out = output(usermm_run(&["--"]).arg(&py).args([
+        "-c",
+        "import subprocess, os; print(subprocess.run(['echo', 'sub'], capture_output=True, text=True).stdout.strip(), os.system('true'))",
+    ]));
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "sub 0\n");
+    // --no-inherit: the program itself is preloaded (its stats line), what
+    // it runs is not. (A shell would not do here: dash ends with `_exit`,
+    // which runs no exit handler, so it prints no stats.)
+    let out = output(usermm_run(&["--no-inherit", "--stats", "--"]).arg(&py).args([
+        "-c",
+        "import subprocess; print(subprocess.run(['sh', '-c', 'echo \"[$LD_PRELOAD]\"'], capture_output=True, text=True).stdout.strip())",
+    ]));
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "[]\n");
+    stats(&String::from_utf8_lossy(&out.stderr), "python3");
+    let out = output(&mut usermm_run(&["--", "sh", "-c", "echo \"[$LD_PRELOAD]\""]));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("libusermm_preload.so"), "{out:?}");
+    // Not yet (the limit docs/design.md names): a forked child that touches
+    // its parent's heap without exec'ing first, as a shell's `$(...)` does,
+    // dies of SIGSEGV, and says why.
+    let out = output(&mut usermm_run(&["--", "sh", "-c", "echo \"[$(echo x)]\""]));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "[]\n", "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("a forked child touched its parent's heap"), "{out:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn run_help_lists_every_option() {
+    let out = output(Command::new(BIN).args(["run", "--help"]));
+    assert!(out.status.success(), "{out:?}");
+    let h = String::from_utf8_lossy(&out.stdout);
+    for w in [
+        "--budget",
+        "--swap-bytes",
+        "--swap-dir",
+        "--swap-url",
+        "--memlock",
+        "--inthread",
+        "--frame-pool",
+        "--stats",
+        "--verbose",
+        "--no-inherit",
+        "USERMM_BUDGET_BYTES",
+        "128 + the signal",
+    ] {
+        assert!(h.contains(w), "usermm run --help lacks {w}:\n{h}");
+    }
+    let top = output(Command::new(BIN).arg("--help"));
+    assert!(String::from_utf8_lossy(&top.stdout).contains("usermm run [OPTIONS] -- PROGRAM"));
+}
