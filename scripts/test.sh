@@ -9,34 +9,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # The far-memory tests (crates/usermm/tests/farmem.rs) start redis-server
-# processes of their own on loopback ports (scripts/install-deps.sh).
+# processes of their own on loopback ports; `usermm run`'s tests
+# (crates/usermm-cli/tests/run.rs) run programs nobody here wrote under it:
+# the Debian CPython, SQLite shell and Redis server (scripts/install-deps.sh).
 . scripts/install-deps.sh
-usermm_install_deps || { echo "FATAL: the far-memory tests need redis-server" >&2; exit 1; }
-
-# `usermm run`'s tests (crates/usermm-cli/tests/run.rs) run programs nobody
-# here wrote under it: the Debian CPython and SQLite shell (and the Redis
-# server above), from /usr/bin.
-for pkg in python3 sqlite3; do
-  if [ ! -x "/usr/bin/$pkg" ]; then
-    echo "== installing $pkg (usermm run's tests run it)"
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-      export DEBIAN_FRONTEND=noninteractive
-      apt-get install -y -q "$pkg" >/dev/null 2>&1 \
-        || { apt-get update -q >/dev/null && apt-get install -y -q "$pkg" >/dev/null; }
-    fi
-    if [ ! -x "/usr/bin/$pkg" ]; then
-      echo "FATAL: /usr/bin/$pkg is not installed and could not be (apt-get install $pkg)" >&2
-      exit 1
-    fi
-  fi
-done
+usermm_install_deps || { echo "FATAL: the tests need the packages above" >&2; exit 1; }
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --release -- -D warnings
 echo "== cargo clippy -D warnings: the libraries a program links (no test hooks, no bench helpers)"
-cargo clippy -p usermm -p usermm-sys -p usermm-core --lib --release -- -D warnings
+cargo clippy -p usermm -p usermm-sys -p usermm-core -p usermm-preload --lib --release -- -D warnings
 echo "== cargo build --release (also the preload library usermm run's tests need)"
 cargo build --release --workspace
 echo "== cargo test -p usermm-core (debug build: every debug_assert! checked)"
