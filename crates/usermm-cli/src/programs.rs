@@ -60,17 +60,17 @@ const NO_LIMIT_BYTES: usize = 1 << 50;
 pub fn params(full: bool) -> Params {
     Params::default()
         .def("programs", Kind::Text, "python,sqlite,redis", "programs to run, comma-separated (python, sqlite, redis)")
-        .def("python_kib_values", Kind::Int, if full { 256 } else { 16 }, "CPython: Ki values of 1 KiB in the dict")
+        .def("python_kib_values", Kind::Int, if full { 256 } else { 32 }, "CPython: Ki values of 1 KiB in the dict")
         .def(
             "sqlite_rows",
             Kind::Int,
-            if full { 200_000 } else { 10_000 },
+            if full { 200_000 } else { 20_000 },
             "SQLite: rows of about 1.1 KiB in the database",
         )
-        .def("redis_kib_values", Kind::Int, if full { 64 } else { 4 }, "Redis: Ki values of 4 KiB set and read back")
+        .def("redis_kib_values", Kind::Int, if full { 64 } else { 8 }, "Redis: Ki values of 4 KiB set and read back")
         .def("budget_pct", Kind::Int, 25, "usermm's budget, % of the program's heap peak")
         .def("fits_budget_mib", Kind::Int, if full { 8192 } else { 1024 }, "budget of the fitting usermm row (MiB)")
-        .def("runs", Kind::Int, 3, "measured runs (after one calibration round)")
+        .def("runs", Kind::Int, if full { 5 } else { 3 }, "measured runs (after one calibration round)")
         .def("swap_dir", Kind::Text, default_swap_dir(), "directory of the swap files")
 }
 
@@ -356,6 +356,7 @@ fn run_all(
     let nolimit = KernelLimit::setup(NO_LIMIT_BYTES, 0, swap_dir);
     if let Err(why) = &nolimit {
         say.say(&format!("kernel rows: not measured: {why}"));
+        e.notes.push(format!("{MEMCG} and {NOLIMIT}: not measured: {why}."));
     }
     let mut limits_rows = Vec::new();
     let mut summary = Vec::new();
@@ -390,7 +391,8 @@ fn run_all(
         for (k, v) in [("heap_peak", heap_peak), ("budget", budget), ("memcg_limit", limit_bytes)] {
             e.add("calibration", name, k, "MiB", v as f64 / MIB as f64);
         }
-        let limit = if nolimit.is_ok() { KernelLimit::setup(limit_bytes, swap_bytes, swap_dir) } else { nolimit_err() };
+        let mut limit =
+            if nolimit.is_ok() { KernelLimit::setup(limit_bytes, swap_bytes, swap_dir) } else { nolimit_err() };
         if let Err(why) = &limit {
             say.say(&format!("{MEMCG}: not measured: {why}"));
         }
@@ -408,7 +410,20 @@ fn run_all(
                     USERMM_REDIS => run_usermm(&prog, sys, budget, &redis_swap)?,
                     FITS => run_usermm(&prog, sys, fits_budget, &fits_swap)?,
                     MEMCG => match &limit {
-                        Ok(l) => run_kernel(&prog, sys, l)?,
+                        Ok(l) => match run_kernel(&prog, sys, l) {
+                            Ok(s) => s,
+                            // The kernel could not run the program at this
+                            // limit (its OOM killer took the child every
+                            // try): said, counted, no comparison with it.
+                            Err(why) if why.contains(memcg::OOM_FAILURE) => {
+                                say.say(&format!("{MEMCG}: not measured: {why}"));
+                                e.add(MEMCG, name, "oom_killed_children", "children", memcg::OOM_TRIES as f64);
+                                e.notes.push(format!("{MEMCG} {name} not measured: {why}"));
+                                limit = Err(why);
+                                continue;
+                            }
+                            Err(why) => return Err(why),
+                        },
                         Err(_) => continue,
                     },
                     _ => match &nolimit {
