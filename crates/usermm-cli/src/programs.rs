@@ -174,7 +174,19 @@ fn prepare(name: &str, p: &Params, dir: &Path) -> Result<Prog, String> {
             let d = dir.join("redis");
             std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
             let mut argv: Vec<OsString> = vec![need("redis-server")?.into()];
-            for a in ["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"] {
+            for a in [
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--loglevel",
+                "warning",
+                "--dir",
+            ] {
                 argv.push(a.into());
             }
             argv.push(d.into());
@@ -237,8 +249,14 @@ fn redis_client(port: u16, n: usize) -> Result<f64, String> {
         Ok(t.elapsed().as_secs_f64())
     };
     let r = work(&mut con);
-    // The server exits: its connection drops without a reply.
-    let _ = redis::cmd("SHUTDOWN").arg("NOSAVE").query::<()>(&mut con);
+    // The server exits: its connection drops without a reply. After an
+    // error the connection may be unusable: a fresh one then, so that the
+    // server does not outlive the run (its parent waits for it).
+    if redis::cmd("SHUTDOWN").arg("NOSAVE").query::<()>(&mut con).is_ok() || r.is_err() {
+        if let Ok(mut c) = client.get_connection() {
+            let _ = redis::cmd("SHUTDOWN").arg("NOSAVE").query::<()>(&mut c);
+        }
+    }
     r
 }
 
