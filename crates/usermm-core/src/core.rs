@@ -200,6 +200,9 @@ pub struct Core {
     /// Invariant: swap slots reserved by a release plan (allocated, no
     /// page's).
     swap_reserved: u64,
+    /// The page store refuses writes and is backed off from
+    /// (`set_swap_writes_paused`): evictions that need a write wait.
+    swap_paused: bool,
     /// Reclaim purges volatile pages before anything else
     /// (`set_purge_volatile_first`).
     purge_volatile_first: bool,
@@ -252,6 +255,7 @@ impl Core {
             release_granule: 0,
             release_log: Vec::new(),
             swap_reserved: 0,
+            swap_paused: false,
             purge_volatile_first: false,
             lazyfree_max: u64::MAX,
             file_errors: Vec::new(),
