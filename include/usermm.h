@@ -263,6 +263,11 @@ struct umm_stats {
     uint64_t swap_direct_io;      /* 1: swap I/O bypasses the page cache */
     uint64_t host_refusals;       /* zaps the host refused at first (pages locked
                                      behind usermm's back): unlocked or replaced */
+    uint64_t swap_write_fails;    /* swap store writes (one call, a run of up to
+                                     256 pages) that failed */
+    uint64_t swap_backoff_ms;     /* the store refuses writes: pause before it is
+                                     tried again (1 ms doubling to 1,000; its pages
+                                     stay resident meanwhile); 0: it takes writes */
 };
 
 /* Fills *cfg with the defaults (size = sizeof, swap_dir = NULL). NULL is
