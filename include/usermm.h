@@ -250,7 +250,7 @@ struct umm_stats {
     uint64_t lazyfree_discards;   /* lazily freed pages discarded */
     uint64_t volatile_purges;     /* volatile pages purged */
     uint64_t evictions;           /* pages made non-resident by reclaim */
-    uint64_t oom_sigbus;          /* faults that got no frame (SIGBUS) */
+    uint64_t oom_sigbus;          /* faults that got no frame: one SIGBUS each */
     uint64_t write_lock_hold_ns_max; /* longest exclusive hold of the region lock */
     /* usermm's own fields: */
     uint64_t inactive_pages;      /* resident pages on the inactive list */
