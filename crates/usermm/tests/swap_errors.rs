@@ -393,6 +393,7 @@ fn touch_out_of_memory(
             TOUCHING.with(|t| t.set(target));
             compiler_fence(Ordering::SeqCst);
             OOM_T0_NS.store(usermm_sys::now_ns(), Ordering::SeqCst);
+            compiler_fence(Ordering::SeqCst);
             poke(target, 1);
             compiler_fence(Ordering::SeqCst);
             TOUCHING.with(|t| t.set(0));
@@ -407,10 +408,8 @@ fn touch_out_of_memory(
         toucher.join().unwrap();
         stop.store(true, Ordering::SeqCst);
     });
+    // (Read while the recorder is installed: the next test's resets them.)
     let r = rec.record();
-    OOM_FREE.store(0, Ordering::SeqCst);
-    *OOM_SPACE.lock().unwrap() = None;
-    drop(rec);
     let first = OOM_FIRST_NS.load(Ordering::SeqCst);
     let t = OomTouch {
         sigbus: r.count,
@@ -418,6 +417,9 @@ fn touch_out_of_memory(
         first_ms: first.saturating_sub(OOM_T0_NS.load(Ordering::SeqCst)) as f64 / 1e6,
         other_call_max_ms: other_max_ns.load(Ordering::SeqCst) as f64 / 1e6,
     };
+    OOM_FREE.store(0, Ordering::SeqCst);
+    *OOM_SPACE.lock().unwrap() = None;
+    drop(rec);
     eprintln!("{t:?}; stats {:?}", s.stats());
     t
 }
@@ -591,7 +593,10 @@ fn a_full_swap_file_system_is_backed_off_until_it_has_room() {
     fill(&mut a, 3, 1);
     let mut b = s.map_anon(1 << 20).expect("mmap b");
     let (lo, len) = s.reservation();
-    let rec = SigbusRecorder::install(lo, lo + len).expect("install SIGBUS recorder");
+    // (A millisecond's nap in the handler before the retry: a writer that
+    // retries at once takes a CPU from the tests running beside it.)
+    let rec = SigbusRecorder::install_with(lo, lo + len, |_| std::thread::sleep(Duration::from_millis(1)))
+        .expect("install SIGBUS recorder");
     let done = AtomicBool::new(false);
     std::thread::scope(|sc| {
         let b = &mut b;
