@@ -254,7 +254,7 @@ struct umm_stats {
     uint64_t lazyfree_discards;   /* lazily freed pages discarded */
     uint64_t volatile_purges;     /* volatile pages purged */
     uint64_t evictions;           /* pages made non-resident by reclaim */
-    uint64_t oom_sigbus;          /* faults that got no frame (SIGBUS) */
+    uint64_t oom_sigbus;          /* faults that got no frame: one SIGBUS each */
     uint64_t write_lock_hold_ns_max; /* longest exclusive hold of the region lock */
     /* usermm's own fields: */
     uint64_t inactive_pages;      /* resident pages on the inactive list */
@@ -267,6 +267,11 @@ struct umm_stats {
     uint64_t swap_direct_io;      /* 1: swap I/O bypasses the page cache */
     uint64_t host_refusals;       /* zaps the host refused at first (pages locked
                                      behind usermm's back): unlocked or replaced */
+    uint64_t swap_write_fails;    /* swap store writes (one call, a run of up to
+                                     256 pages) that failed */
+    uint64_t swap_backoff_ms;     /* the store refuses writes: pause before it is
+                                     tried again (1 ms doubling to 1,000; its pages
+                                     stay resident meanwhile); 0: it takes writes */
 };
 
 /* Fills *cfg with the defaults (size = sizeof, swap_dir = NULL). NULL is

@@ -209,6 +209,9 @@ pub struct Core {
     /// counted as pending work: a store that keeps failing must not keep
     /// the background thread awake).
     scrub_retry: Vec<u32>,
+    /// The page store refuses writes and is backed off from
+    /// (`set_swap_writes_paused`): evictions that need a write wait.
+    swap_paused: bool,
     /// Reclaim purges volatile pages before anything else
     /// (`set_purge_volatile_first`).
     purge_volatile_first: bool,
@@ -263,6 +266,7 @@ impl Core {
             swap_reserved: 0,
             scrub_log: Vec::new(),
             scrub_retry: Vec::new(),
+            swap_paused: false,
             purge_volatile_first: false,
             lazyfree_max: u64::MAX,
             file_errors: Vec::new(),

@@ -112,6 +112,10 @@ pub struct PageTable {
     pages: u64,
     /// Empty leaves ready for reuse (see [`SPARE_LEAVES_MAX`]).
     spare: Vec<Leaf>,
+    /// Invariant: the number of pages in a busy state ([`PState::busy`]):
+    /// work in flight, whose end may free frames (what an out-of-memory
+    /// decision waits for).
+    busy: u64,
 }
 
 impl PageTable {
@@ -119,7 +123,7 @@ impl PageTable {
         let n = pages.div_ceil(LEAF_PAGES) as usize;
         let mut leaves = Vec::with_capacity(n);
         leaves.resize_with(n, || None);
-        PageTable { leaves, live: vec![0; n], pages, spare: Vec::new() }
+        PageTable { leaves, live: vec![0; n], pages, spare: Vec::new(), busy: 0 }
     }
 
     /// A new, empty leaf (the executor allocates them outside its locks and
@@ -147,6 +151,11 @@ impl PageTable {
         self.pages
     }
 
+    /// How many pages are busy (being filled, parked, evicted or zapped).
+    pub fn busy(&self) -> u64 {
+        self.busy
+    }
+
     pub fn get(&self, p: PageIdx) -> PageMeta {
         let l = (p.0 >> LEAF_SHIFT) as usize;
         match &self.leaves[l] {
@@ -159,6 +168,12 @@ impl PageTable {
         let l = (p.0 >> LEAF_SHIFT) as usize;
         let i = (p.0 & LEAF_MASK) as usize;
         let empty = PageMeta::default();
+        let was_busy = self.get(p).state.busy();
+        match (was_busy, m.state.busy()) {
+            (false, true) => self.busy += 1,
+            (true, false) => self.busy -= 1,
+            _ => {}
+        }
         match &mut self.leaves[l] {
             Some(leaf) => {
                 let was = leaf[i] != empty;
@@ -232,15 +247,18 @@ impl PageTable {
 
     /// Checks the leaf invariant.
     pub fn validate(&self) {
+        let mut busy = 0;
         for (l, leaf) in self.leaves.iter().enumerate() {
             match leaf {
                 Some(leaf) => {
                     let n = leaf.iter().filter(|m| **m != PageMeta::default()).count();
                     assert_eq!(n, self.live[l] as usize, "leaf {l} live count");
                     assert!(n > 0, "empty leaf {l} kept");
+                    busy += leaf.iter().filter(|m| m.state.busy()).count() as u64;
                 }
                 None => assert_eq!(self.live[l], 0),
             }
         }
+        assert_eq!(busy, self.busy, "busy page count");
     }
 }

@@ -170,6 +170,25 @@ pub fn host_pageout(addr: usize, len: usize) -> Result<(), Errno> {
     Ok(())
 }
 
+extern "C" fn ignore_nudge(_sig: libc::c_int) {}
+
+/// Interrupts thread `tid` of this process with a signal whose handler does
+/// nothing (SIGUSR2, installed here without `SA_RESTART`): a thread blocked
+/// in a userfaultfd fault leaves it and faults again, as any signal makes
+/// it (a timer's, a profiler's).
+pub fn nudge_thread(tid: u32) -> Result<(), Errno> {
+    // SAFETY: sigaction is plain data; zeroed is a valid value (empty mask,
+    // no flags); the handler does nothing, which is async-signal-safe.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    let handler: extern "C" fn(libc::c_int) = ignore_nudge;
+    act.sa_sigaction = handler as usize;
+    // SAFETY: `act` is valid; the old disposition is not wanted.
+    check(unsafe { libc::sigaction(libc::SIGUSR2, &act, std::ptr::null_mut()) })?;
+    // SAFETY: tgkill takes its arguments by value.
+    check(unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid as libc::c_long, libc::SIGUSR2) } as i32)?;
+    Ok(())
+}
+
 /// Kills the calling process with SIGKILL at once (for crash-consistency
 /// tests: nothing after this point runs, no destructor, no flush).
 pub fn kill_self() -> ! {

@@ -89,6 +89,20 @@ impl EventFd {
     }
 }
 
+/// Whether signal `sig` is pending for thread `tid` of this process and
+/// not blocked by it (`SigPnd` and `SigBlk` of
+/// `/proc/self/task/<tid>/status`): a signal queued to the thread
+/// (`sigbus_thread`) that it has not taken yet, though it can. `None`
+/// when the thread is gone or the file cannot be read.
+pub fn signal_pending_unblocked(tid: u32, sig: i32) -> Option<bool> {
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+    let mask = |key: &str| {
+        status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+    };
+    let bit = 1u64 << (sig - 1);
+    Some(mask("SigPnd:")? & bit != 0 && mask("SigBlk:")? & bit == 0)
+}
+
 /// Pins the calling thread to CPU `cpu` (best effort; errors are ignored by
 /// callers because pinning is only a latency optimisation).
 pub fn pin_to_cpu(cpu: usize) -> Result<(), Errno> {

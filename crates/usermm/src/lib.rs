@@ -458,6 +458,8 @@ impl Space {
             user_mode_only: self.inner.user_mode_only as u64,
             swap_direct_io: self.inner.plat.swap_direct_io() as u64,
             host_refusals: self.inner.host_refusals.load(std::sync::atomic::Ordering::Relaxed),
+            swap_write_fails: self.inner.swap_write_fails.load(std::sync::atomic::Ordering::Relaxed),
+            swap_backoff_ms: self.inner.store_backoff_ms(),
             host_unreported_moves: self.inner.host_unreported_moves.load(std::sync::atomic::Ordering::Relaxed),
             swap_cached_pages: s.swap_cached_pages,
             clean_evictions: c.clean_evictions,
@@ -523,8 +525,8 @@ impl Space {
 
     #[cfg(feature = "test-hooks")]
     /// Test hook: a handler that decides a transient SIGBUS (a failed swap
-    /// read) waits `ms` milliseconds before queuing it, as a preempted
-    /// handler thread would.
+    /// read, no frame) waits `ms` milliseconds before queuing it, as a
+    /// preempted handler thread would.
     pub fn inject_signal_stall(&self, ms: u32) {
         self.inner.inject_signal_stall_ms.store(ms, std::sync::atomic::Ordering::SeqCst);
     }

@@ -167,6 +167,28 @@ pub(crate) struct Inner {
     /// elsewhere before it tries again (µs; 5 ms, 0 in the simulation,
     /// where nothing runs meanwhile).
     oom_wait_us: AtomicU64,
+    /// The page store's write back-off (`native/reclaim.rs`, "A store that
+    /// refuses writes"): the first pause after a failed write (ns; 0 in
+    /// the simulation, whose runs must not depend on the clock: no pause),
+    /// the pause now (0: the store takes writes), and when writes are tried
+    /// again.
+    store_backoff_first_ns: AtomicU64,
+    pub(super) store_backoff_ns: AtomicU64,
+    pub(super) store_retry_at_ns: AtomicU64,
+    /// Store writes (one call, a run of up to 256 pages) that failed.
+    pub swap_write_fails: AtomicU64,
+    /// Threads sent a fault's signal (`report`), one entry a thread (the
+    /// last signal): a message of such a thread read before it took the
+    /// signal was for the fault the signal answers (`native/fault.rs`,
+    /// "Answered faults").
+    pub(super) signalled: Mutex<Vec<fault::Signalled>>,
+    /// Batches of fault messages read so far: the number of each batch
+    /// orders its reads against the observations that a thread took its
+    /// signal (`fault::Signalled::taken`).
+    pub(super) read_batches: AtomicU64,
+    /// Whether `signalled` is kept: not in the simulation, whose faults are
+    /// served in the touching step (no messages, nothing to answer twice).
+    pub(super) tracks_signals: AtomicBool,
     /// Test hook: a bug to inject, so that the simulation shows it catches
     /// one (`SIM_BUG_*`; 0: none).
     #[cfg(feature = "test-hooks")]
@@ -551,6 +573,13 @@ impl Inner {
             high_watermark: high,
             inject_read_errors: AtomicU32::new(0),
             oom_wait_us: AtomicU64::new(5_000),
+            store_backoff_first_ns: AtomicU64::new(reclaim::STORE_BACKOFF_FIRST_NS),
+            store_backoff_ns: AtomicU64::new(0),
+            store_retry_at_ns: AtomicU64::new(0),
+            swap_write_fails: AtomicU64::new(0),
+            signalled: Mutex::new(Vec::new()),
+            read_batches: AtomicU64::new(0),
+            tracks_signals: AtomicBool::new(true),
             #[cfg(feature = "test-hooks")]
             sim_bug: AtomicU32::new(0),
             #[cfg(feature = "test-hooks")]
@@ -631,6 +660,19 @@ impl Inner {
     #[cfg(feature = "test-hooks")]
     pub(crate) fn set_oom_wait_us(&self, us: u64) {
         self.oom_wait_us.store(us, Ordering::Relaxed);
+    }
+
+    /// The first pause of the store's write back-off (0: none; the
+    /// simulation's runs must not depend on the clock).
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn set_store_backoff_first_ns(&self, ns: u64) {
+        self.store_backoff_first_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Stops keeping `signalled` (the simulation: see `tracks_signals`).
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn set_tracks_signals(&self, on: bool) {
+        self.tracks_signals.store(on, Ordering::Relaxed);
     }
 
     /// `Core::validate` under the region lock (shared) and the core lock.

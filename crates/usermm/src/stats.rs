@@ -45,6 +45,15 @@ pub struct Stats {
     /// `mlock` syscall): the range was unlocked, or replaced by a fresh
     /// mapping, so that no old byte is ever seen again.
     pub host_refusals: u64,
+    /// Store writes (a call writing a run of up to 256 pages) that failed:
+    /// with `swap_backoff_ms`, how a swap file system that is full or a
+    /// Redis server that is down shows (`swap_write_errors` counts the
+    /// pages those writes kept resident).
+    pub swap_write_fails: u64,
+    /// While the page store refuses writes: the pause before it is tried
+    /// again (ms, doubling with each failure up to 1,000; its pages stay
+    /// resident meanwhile); 0 when it takes writes.
+    pub swap_backoff_ms: u64,
     /// Pages a host `UFFDIO_MOVE` moved without saying so (it answered an
     /// error or a shorter count; found in the host's page tables and taken
     /// as moved, see `Arena::moved_unreported`). Not in `struct umm_stats`.

@@ -6,21 +6,34 @@
 //! - a failed swap *read* raises SIGBUS in the faulting thread (it never
 //!   reads wrong data): checked in a child process that dies of it, and
 //!   in-process with a recording SIGBUS handler (whose return retries the
-//!   access, which then succeeds).
+//!   access, which then succeeds);
+//! - a fault that can get no frame (the budget locked, swap full, the page
+//!   store down) gets exactly one SIGBUS, within 100 ms, and another
+//!   thread's `umm_mmap` does not wait for it; one whose thread faulted
+//!   twice for the access (woken by another signal) too;
+//! - a store that refuses writes (swap on a full file system) is backed off
+//!   from, says so in `umm_stats`, and is written again once it has room.
 
 mod common;
 mod paging;
 mod pattern;
+mod redis_server;
 
 use std::io::Read;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use paging::{bad_in, fill, pageout_all, states, PAGE};
 use pattern::bad_bytes;
-use usermm::consts::{MADV_PAGEOUT, UMM_PAGE_INACTIVE, UMM_PAGE_RESIDENT, UMM_PAGE_SWAPPED};
+use usermm::consts::{
+    MADV_PAGEOUT, MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE, UMM_PAGE_INACTIVE, UMM_PAGE_RESIDENT,
+    UMM_PAGE_SWAPPED,
+};
 use usermm::{Config, Space};
+use usermm_sys::kernel::poke;
 use usermm_sys::testing::{sigbus_default, SigbusRecorder};
 use usermm_sys::thread::SIGBUS_TRANSIENT_SI_CODE;
 
@@ -285,5 +298,352 @@ fn transient_sigbus_never_arrives_after_the_access() {
     assert_eq!(r.count, 1, "one SIGBUS for one injected read error");
     assert_eq!(LATE.load(std::sync::atomic::Ordering::SeqCst), 0, "a SIGBUS arrived after its access: {r:?}");
     drop(m);
+    s.validate();
+}
+
+// ---------------------------------------------------------------------
+// Out of memory: one SIGBUS per failed fault, soon, and nothing else waits
+// (issue 45 items 1 and 2); a store that refuses writes (item 3).
+// ---------------------------------------------------------------------
+
+/// The space a failed fault's SIGBUS handler frees memory in, and what it
+/// frees (`OOM_FREE`, `OOM_FREE_LEN` bytes; 0: nothing more).
+static OOM_SPACE: std::sync::Mutex<Option<Arc<Space>>> = std::sync::Mutex::new(None);
+static OOM_FREE: AtomicUsize = AtomicUsize::new(0);
+static OOM_FREE_LEN: AtomicUsize = AtomicUsize::new(0);
+/// When the touch began and the first SIGBUS came (`now_ns`).
+static OOM_T0_NS: AtomicU64 = AtomicU64::new(0);
+static OOM_FIRST_NS: AtomicU64 = AtomicU64::new(0);
+/// SIGBUSes that arrived while their thread was not touching their page.
+static OOM_LATE: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The page this thread is touching now (0: none).
+    static TOUCHING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The SIGBUS handler's part: a SIGBUS must come while its thread touches
+/// that page; the first frees `OOM_FREE` (munmap: the touching thread holds
+/// no usermm lock), so that the retried access finds a frame.
+fn on_oom_sigbus(addr: usize) {
+    if TOUCHING.with(|t| t.get()) != addr & !(PAGE - 1) {
+        OOM_LATE.fetch_add(1, Ordering::SeqCst);
+        return;
+    }
+    let _ = OOM_FIRST_NS.compare_exchange(0, usermm_sys::now_ns(), Ordering::SeqCst, Ordering::SeqCst);
+    let free = OOM_FREE.swap(0, Ordering::SeqCst);
+    if free != 0 {
+        // (The test's thread holds this lock only before and after the
+        // touch.)
+        let s = OOM_SPACE.lock().unwrap().clone();
+        if let Some(s) = s {
+            let _ = s.munmap(free, OOM_FREE_LEN.load(Ordering::SeqCst));
+        }
+    }
+}
+
+/// What one touch that found no frame came to.
+#[derive(Debug)]
+struct OomTouch {
+    /// SIGBUSes the touching thread took for it.
+    sigbus: u64,
+    /// SIGBUSes that came when it was no longer touching the page.
+    late: u64,
+    /// From the touch to the first SIGBUS.
+    first_ms: f64,
+    /// The longest `umm_mmap` + `umm_munmap` of another thread meanwhile.
+    other_call_max_ms: f64,
+}
+
+/// Touches `target` (no frame to be had for it) on a thread of its own,
+/// while another thread maps and unmaps a page in a loop; the SIGBUS
+/// handler frees `[free, free + free_len)` so that the retried touch
+/// succeeds. `during(tid)` runs on the test's thread 50 ms into the touch.
+fn touch_out_of_memory(
+    s: &Arc<Space>,
+    target: usize,
+    free: usize,
+    free_len: usize,
+    during: impl FnOnce(u32),
+) -> OomTouch {
+    let (lo, len) = s.reservation();
+    // (The statics are set once the recorder is installed: it is one at a
+    // time, and tests run in parallel.)
+    let rec = SigbusRecorder::install_with(lo, lo + len, on_oom_sigbus).expect("install SIGBUS recorder");
+    *OOM_SPACE.lock().unwrap() = Some(Arc::clone(s));
+    OOM_FREE_LEN.store(free_len, Ordering::SeqCst);
+    OOM_FREE.store(free, Ordering::SeqCst);
+    OOM_FIRST_NS.store(0, Ordering::SeqCst);
+    OOM_LATE.store(0, Ordering::SeqCst);
+    let stop = AtomicBool::new(false);
+    let other_max_ns = AtomicU64::new(0);
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while !stop.load(Ordering::SeqCst) {
+                let t = Instant::now();
+                let a = s.mmap(0, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0).expect("mmap");
+                s.munmap(a, PAGE).expect("munmap");
+                other_max_ns.fetch_max(t.elapsed().as_nanos() as u64, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        let toucher = sc.spawn(|| {
+            tid_tx.send(usermm_sys::thread::gettid()).unwrap();
+            TOUCHING.with(|t| t.set(target));
+            compiler_fence(Ordering::SeqCst);
+            OOM_T0_NS.store(usermm_sys::now_ns(), Ordering::SeqCst);
+            compiler_fence(Ordering::SeqCst);
+            poke(target, 1);
+            compiler_fence(Ordering::SeqCst);
+            TOUCHING.with(|t| t.set(0));
+            // Another call, and time: a late SIGBUS would land here.
+            let a = s.mmap(0, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0).expect("mmap");
+            std::thread::sleep(Duration::from_millis(500));
+            s.munmap(a, PAGE).expect("munmap");
+        });
+        let tid = tid_rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        during(tid);
+        toucher.join().unwrap();
+        stop.store(true, Ordering::SeqCst);
+    });
+    // (Read while the recorder is installed: the next test's resets them.)
+    let r = rec.record();
+    let first = OOM_FIRST_NS.load(Ordering::SeqCst);
+    let t = OomTouch {
+        sigbus: r.count,
+        late: OOM_LATE.load(Ordering::SeqCst),
+        first_ms: first.saturating_sub(OOM_T0_NS.load(Ordering::SeqCst)) as f64 / 1e6,
+        other_call_max_ms: other_max_ns.load(Ordering::SeqCst) as f64 / 1e6,
+    };
+    OOM_FREE.store(0, Ordering::SeqCst);
+    *OOM_SPACE.lock().unwrap() = None;
+    drop(rec);
+    eprintln!("{t:?}; stats {:?}", s.stats());
+    t
+}
+
+/// The bound on a failed fault's SIGBUS and on another thread's call
+/// meanwhile (issue 45: 100 ms; 5.1 s, 1.4-2.0 s and 4.8-4.9 s were
+/// seen). Generous against the milliseconds it takes: a loaded 2-vCPU
+/// machine can hold a thread off its CPU for tens of them.
+const OOM_BOUND_MS: f64 = 100.0;
+
+fn assert_one_sigbus_soon(t: &OomTouch, s: &Space) {
+    assert_eq!(t.late, 0, "a SIGBUS came after its access: {t:?}");
+    assert_eq!(t.sigbus, 1, "one failed fault, one SIGBUS: {t:?}");
+    assert_eq!(s.stats().oom_sigbus, 1, "{t:?}");
+    assert!(t.first_ms < OOM_BOUND_MS, "the SIGBUS took {:.1} ms", t.first_ms);
+    assert!(t.other_call_max_ms < OOM_BOUND_MS, "another thread's mmap waited {:.1} ms", t.other_call_max_ms);
+}
+
+fn map_rw(s: &Space, pages: usize) -> usize {
+    s.mmap(0, pages * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0).expect("mmap")
+}
+
+/// The budget full of locked pages: the fault is out of memory at once
+/// (it waited 50 rounds of 5 ms, 0.25 s, for nothing; pinned pages that
+/// are not counted locked made it 5 s).
+#[test]
+fn out_of_memory_with_the_budget_locked_is_one_sigbus_within_100ms() {
+    let s = Arc::new(space(64 * PAGE, 1 << 20));
+    let l = map_rw(&s, 64);
+    s.mlock(l, 64 * PAGE).expect("mlock");
+    let b = map_rw(&s, 16);
+    let t = touch_out_of_memory(&s, b, l, PAGE, |_| {});
+    assert_one_sigbus_soon(&t, &s);
+}
+
+/// Swap full (`swap_bytes` used up) and the budget full of pages that
+/// could only go there.
+#[test]
+fn out_of_memory_with_swap_full_is_one_sigbus_within_100ms() {
+    let s = Arc::new(space(64 * PAGE, 64 * PAGE));
+    let a = map_rw(&s, 128);
+    for p in 0..128 {
+        poke(a + p * PAGE, 1);
+    }
+    assert_eq!(s.stats().swapped_pages, 64, "swap not full");
+    let b = map_rw(&s, 16);
+    let t = touch_out_of_memory(&s, b, a, 128 * PAGE, |_| {});
+    assert_one_sigbus_soon(&t, &s);
+}
+
+/// The page store down (a Redis server killed): every write fails, so
+/// nothing can be evicted; the fault is out of memory after the store's
+/// first few tries (it retried the write for 5 s, 32,000 times).
+#[test]
+fn out_of_memory_with_the_store_down_is_one_sigbus_within_100ms() {
+    let mut srv = redis_server::Server::start(&[]);
+    let cfg = Config {
+        budget_bytes: 64 * PAGE,
+        swap_bytes: 1 << 20,
+        swap_url: Some(srv.url("usermm-oom-test:")),
+        ..Config::default()
+    };
+    let s = Arc::new(common::open(&cfg));
+    let a = map_rw(&s, 128);
+    for p in 0..128 {
+        poke(a + p * PAGE, 1);
+    }
+    assert!(s.stats().swapped_pages > 0, "nothing went to the server");
+    srv.kill();
+    // Until a write has failed (one sent just as the server died may be
+    // taken for done).
+    let t0 = Instant::now();
+    while s.stats().swap_write_fails == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no write failed with the server killed");
+        s.madvise(a, 128 * PAGE, MADV_PAGEOUT).expect("MADV_PAGEOUT");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The frames reclaim freed ahead before the server died, used up
+    // (none comes back: nothing can be evicted).
+    let b = map_rw(&s, 64);
+    let mut next = b;
+    loop {
+        while s.stats().resident_pages < s.stats().budget_pages {
+            poke(next, 1);
+            // (Every other page: no fault-around window, which a stream
+            // of faults grows, reaches the page touched below.)
+            next += 2 * PAGE;
+        }
+        // (An eviction in flight when the server died may still free one.)
+        std::thread::sleep(Duration::from_millis(50));
+        if s.stats().resident_pages == s.stats().budget_pages {
+            break;
+        }
+    }
+    let t = touch_out_of_memory(&s, b + 63 * PAGE, a, 128 * PAGE, |_| {});
+    assert_one_sigbus_soon(&t, &s);
+    assert!(s.stats().swap_write_fails > 0, "the store was never tried");
+}
+
+/// Item 1: the faulting thread leaves its fault and faults again while a
+/// handler decides its SIGBUS (any signal does that: here a no-op SIGUSR2
+/// 50 ms into a 200 ms stall of the deciding handler), so a second handler
+/// reads a second message for the same access. It gets one SIGBUS, not
+/// one per message (the second came after the thread had recovered from
+/// the first: in its next `umm_mmap`, or once its handler returned).
+#[test]
+fn a_thread_that_faults_twice_for_one_access_gets_one_sigbus() {
+    let cfg = Config { budget_bytes: 64 * PAGE, swap_bytes: 1 << 20, fault_threads: 2, ..Config::default() };
+    let s = Arc::new(common::open(&cfg));
+    let l = map_rw(&s, 64);
+    s.mlock(l, 64 * PAGE).expect("mlock");
+    let b = map_rw(&s, 16);
+    s.inject_signal_stall(200);
+    let t = touch_out_of_memory(&s, b, l, PAGE, |tid| {
+        usermm_sys::testing::nudge_thread(tid).expect("nudge");
+    });
+    s.inject_signal_stall(0);
+    assert_eq!(t.late, 0, "a SIGBUS came after its access: {t:?}");
+    assert_eq!(t.sigbus, 1, "one failed fault, one SIGBUS: {t:?}");
+    assert_eq!(s.stats().oom_sigbus, 1, "{t:?}");
+}
+
+/// A 16 MiB tmpfs mounted for a test, unmounted on drop.
+struct SmallFs(std::path::PathBuf);
+
+impl SmallFs {
+    fn mount(name: &str) -> SmallFs {
+        let dir = std::env::temp_dir().join(format!("usermm-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let st = Command::new("mount").args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"]).arg(&dir).status();
+        assert!(st.is_ok_and(|s| s.success()), "mount -t tmpfs (this test needs root)");
+        SmallFs(dir)
+    }
+
+    /// Fills the file system up with one file (`filler`).
+    fn fill_up(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.0.join("filler")).unwrap();
+        let chunk = vec![0x5au8; 64 << 10];
+        while f.write_all(&chunk).is_ok() {}
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Item 3: swap on a file system that is full. Every write fails: the
+/// store is backed off from (a few tries a second, where it was retried
+/// some 35,000 times a second), the pages stay resident with their data,
+/// `umm_stats` says so (`swap_backoff_ms`, `swap_write_fails`), and a fault
+/// short of frames meanwhile gets SIGBUS (and retries). Once the file
+/// system has room, the pages go out again and reclaim resumes: the
+/// faulting thread gets its frames, every byte reads back.
+#[test]
+fn a_full_swap_file_system_is_backed_off_until_it_has_room() {
+    let fs = SmallFs::mount("fullswap");
+    fs.fill_up();
+    let mut cfg = common::with_test_store(Config {
+        budget_bytes: 4 << 20, // 1,024 pages
+        swap_bytes: 64 << 20,
+        swap_dir: Some(fs.0.clone()),
+        ..Config::default()
+    });
+    cfg.swap_url = None; // the file system is the point
+    let s = Space::open(&cfg).expect("open");
+    let mut a = s.map_anon(4 << 20).expect("mmap a");
+    fill(&mut a, 3, 1);
+    let mut b = s.map_anon(1 << 20).expect("mmap b");
+    let (lo, len) = s.reservation();
+    // (A millisecond's nap in the handler before the retry: a writer that
+    // retries at once takes a CPU from the tests running beside it.)
+    let rec = SigbusRecorder::install_with(lo, lo + len, |_| std::thread::sleep(Duration::from_millis(1)))
+        .expect("install SIGBUS recorder");
+    let done = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        let b = &mut b;
+        let done = &done;
+        sc.spawn(move || {
+            // Needs frames: evictions, which cannot be written until the
+            // file system has room (SIGBUS meanwhile; the handler returns
+            // and the touch is retried).
+            fill(b, 4, 1);
+            done.store(true, Ordering::SeqCst);
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let before = s.stats();
+        let t0 = Instant::now();
+        std::thread::sleep(Duration::from_secs(2));
+        let after = s.stats();
+        let secs = t0.elapsed().as_secs_f64();
+        let sigbus = rec.record().count;
+        let finished_full = done.load(Ordering::SeqCst);
+        // Room again: reclaim resumes and the writer finishes (before any
+        // assertion: the writer cannot finish otherwise).
+        std::fs::remove_file(fs.0.join("filler")).unwrap();
+        let t1 = Instant::now();
+        while !done.load(Ordering::SeqCst) && t1.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let resumed = done.load(Ordering::SeqCst);
+        eprintln!("resumed {resumed} after {:?}", t1.elapsed());
+        let rate = (after.swap_write_fails - before.swap_write_fails) as f64 / secs;
+        eprintln!("full: {rate:.1} failed writes a second; {sigbus} SIGBUS; stats {after:?}");
+        assert!(resumed, "reclaim did not resume once the file system had room");
+        assert!(!finished_full, "the writer got its frames with the file system full");
+        assert!(after.swap_write_fails > 0, "no write was tried");
+        assert!(rate <= 200.0, "{rate:.1} failed writes a second: no back-off");
+        assert!(after.swap_backoff_ms > 0, "umm_stats does not say the store is backed off from");
+        assert_eq!(after.swapouts, 0);
+        assert_eq!(after.resident_pages, after.budget_pages, "pages left memory without being written");
+        assert!(sigbus > 0 && after.oom_sigbus > 0, "the writer got no SIGBUS while memory was full");
+    });
+    drop(rec);
+    let st = s.stats();
+    eprintln!("after: {st:?}");
+    assert!(st.swapouts > 0, "nothing went out once there was room");
+    assert_eq!(st.swap_backoff_ms, 0, "still backing off from a store that takes writes");
+    assert_eq!(bad_in(&a, 3, 1), 0, "region a");
+    assert_eq!(bad_in(&b, 4, 1), 0, "region b");
+    drop(a);
+    drop(b);
     s.validate();
 }

@@ -24,39 +24,79 @@ use crate::consts::*;
 use crate::page::{pf, PState};
 use crate::region::{Advice, Kind, LockMode};
 
-/// Empty reclaim rounds before a fault is out of memory when reclaim is
-/// hopeless (see `Core::out_of_memory`).
-pub const OOM_ROUNDS: u32 = 50;
+/// Empty reclaim rounds, with no work in flight anywhere, before a fault
+/// is out of memory although reclaim is not hopeless (pages the policy
+/// still grants trips past the active list's head, pages that cannot be
+/// parked): each round is up to four plans, and a page earns at most a few
+/// trips (see `Core::out_of_memory`).
+pub const OOM_ROUNDS: u32 = 16;
 /// Rounds of no progress after which a fault or populate gives up even
-/// though resident pages are not all locked (5 s with the host's 5 ms
-/// waits).
+/// though work is still in flight (5 s with the host's 5 ms waits): pages
+/// stayed busy for seconds, something is wrong, and a SIGBUS beats a hang.
 pub const OOM_ROUNDS_BUSY: u32 = 1000;
 /// Frames a populate that finds none reclaims at once.
 const POPULATE_RECLAIM_BATCH: u64 = 64;
 
 impl Core {
     /// Whether reclaim can free nothing however long it is waited for:
-    /// every resident page is locked, or there is no swap or it is full
-    /// (what clean pages there were, earlier rounds dropped). Short of that, a
-    /// reclaim that frees nothing only met pages in flight (being filled,
-    /// written back, parked by another thread), which settle: not an
-    /// out-of-memory condition (a SIGBUS there, on a busy 2-vCPU machine,
-    /// was raised with most of the budget evictable).
+    /// every resident page is locked, or there is no swap room (full, or
+    /// the page store refuses writes and is being backed off from:
+    /// `set_swap_writes_paused`). What clean pages there were, the round
+    /// that found the fault short of frames dropped.
     pub fn reclaim_hopeless(&self) -> bool {
-        self.resident <= self.locked_pages || self.swap.free() == 0
+        self.resident <= self.locked_pages || self.swap.free() == 0 || self.swap_paused
+    }
+
+    /// Whether any page is being worked on (filled, parked, evicted,
+    /// written back, zapped): work whose end may free frames or make pages
+    /// reclaimable, which a fault short of frames waits for rather than
+    /// being out of memory.
+    pub fn reclaim_in_flight(&self) -> bool {
+        self.pages.busy() > 0 || !self.zapping.is_empty()
     }
 
     /// Whether a fault or populate that has found no frame after `rounds`
-    /// empty reclaim rounds (each followed by a short wait for reclaim in
-    /// flight elsewhere, 5 ms on the host) is out of memory: after one
-    /// round when nothing could ever be reclaimed (no swap, nothing to
-    /// purge, discard or drop, and no free frame); after `OOM_ROUNDS` when
-    /// reclaim is hopeless; else only after `OOM_ROUNDS_BUSY` (pages stayed
-    /// in flight for seconds: something is wrong, and a SIGBUS beats a
-    /// hang). The executor gives up with [`Failure::OutOfMemory`](super::Failure::OutOfMemory).
+    /// empty reclaim rounds is out of memory: after one round when nothing
+    /// could ever be reclaimed (no swap, nothing to purge, discard or drop);
+    /// when no work is in flight anywhere (`reclaim_in_flight`), after one
+    /// round when reclaim is hopeless and after `OOM_ROUNDS` otherwise;
+    /// with work in flight only after `OOM_ROUNDS_BUSY` (the executor waits
+    /// for it to settle between rounds). The decision needs no clock: a
+    /// budget full of locked pages, a full swap or a page store that
+    /// refuses writes is out of memory at once, not after a wait (the
+    /// faulting thread's SIGBUS within a millisecond, where waiting 50
+    /// rounds of 5 ms had made it 0.25 s, and 5 s behind a failing store).
+    /// The executor gives up with [`Failure::OutOfMemory`](super::Failure::OutOfMemory).
     pub fn out_of_memory(&self, rounds: u32) -> bool {
-        (rounds > 0 && self.free_frames() == 0 && self.nothing_reclaimable())
-            || (rounds > OOM_ROUNDS && (self.reclaim_hopeless() || rounds > OOM_ROUNDS_BUSY))
+        if rounds == 0 {
+            return false;
+        }
+        if self.free_frames() == 0 && self.nothing_reclaimable() {
+            return true;
+        }
+        if rounds > OOM_ROUNDS_BUSY {
+            return true;
+        }
+        !self.reclaim_in_flight() && (self.reclaim_hopeless() || rounds > OOM_ROUNDS)
+    }
+
+    /// Whether the page store refuses writes and the executor backs off
+    /// from it: no eviction that needs a write is planned, no page parked
+    /// for one, and reclaim is hopeless once nothing else can leave
+    /// (`reclaim_hopeless`).
+    pub fn set_swap_writes_paused(&mut self, on: bool) {
+        self.swap_paused = on;
+    }
+
+    /// Whether reclaim could free a frame were the store taking writes:
+    /// not every resident page is locked, and swap has room.
+    pub fn reclaim_possible_but_for_store(&self) -> bool {
+        self.resident > self.locked_pages && self.swap.free() > 0
+    }
+
+    /// See [`Core::set_swap_writes_paused`].
+    pub fn swap_writes_paused(&self) -> bool {
+        self.swap_paused
     }
 
     /// Whether reclaim has nothing it could ever take: no swap (anonymous
@@ -155,6 +195,11 @@ impl Core {
                 plan.discard.push(Discard { page: p, staging: m.slot, swap });
                 continue;
             }
+            if self.swap_paused && m.cache == 0 {
+                // The store refuses writes (backing off): it stays parked.
+                kept.push((p, g));
+                continue;
+            }
             let Some((swap, clean)) = self.evict_target(p) else {
                 kept.push((p, g));
                 continue;
@@ -221,7 +266,7 @@ impl Core {
             if !m.has(pf::VOLATILE)
                 && reg.kind != Kind::FileShared
                 && m.cache == 0
-                && self.swap.free() as u64 <= plan.deactivate.len() as u64
+                && (self.swap_paused || self.swap.free() as u64 <= plan.deactivate.len() as u64)
             {
                 // No swap room: only volatile pages can leave.
                 self.lru.active.push_back((p, g));

@@ -182,8 +182,8 @@ mod tests {
 
     #[test]
     fn stats_layout_matches_header() {
-        // The header's struct: size_t size + 19 SPEC fields + 8 of usermm's.
-        assert_eq!(STATS_WORDS, 19 + 9);
+        // The header's struct: size_t size + 19 SPEC fields + 11 of usermm's.
+        assert_eq!(STATS_WORDS, 19 + 11);
         assert_eq!(stats_words(&Stats::default()).len(), STATS_WORDS);
         // SPEC §2's struct is 72 bytes on x86-64; usermm's own fields follow.
         assert_eq!(SPEC_CONFIG_SIZE, 72);

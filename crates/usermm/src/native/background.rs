@@ -36,7 +36,12 @@ impl Inner {
                         c = lock(&self.core);
                         continue;
                     }
+                    // (While the page store is backed off from, no
+                    // reclaim ahead: it would only meet pages that wait for
+                    // a write. Woken when the next try is due.)
+                    let paused = self.store_retry_due(&mut c);
                     let need = reclaim
+                        && !paused
                         && (c.reclaim_ahead_want(self.low_watermark, self.high_watermark) > 0 || c.needs_aging());
                     if need || c.swap_release_pending() || !lock(&self.willneed).is_empty() {
                         break;
@@ -44,11 +49,9 @@ impl Inner {
                     // (Under the core lock, as fills set it: a fill after
                     // this pokes again.)
                     self.bg_poked.store(false, Ordering::Relaxed);
-                    c = self
-                        .reclaim_wanted
-                        .wait_timeout(c, std::time::Duration::from_millis(100))
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
+                    let idle = std::time::Duration::from_millis(100);
+                    let wait = if paused { self.store_retry_in().map_or(idle, |d| d.min(idle)) } else { idle };
+                    c = self.reclaim_wanted.wait_timeout(c, wait).unwrap_or_else(|e| e.into_inner()).0;
                 }
             }
             self.serve_willneed();

@@ -25,7 +25,30 @@ pub(super) const SIGSEGV: i32 = 11;
 /// `Inner::refill_spares`).
 const SPARE_LEAVES_BATCH: usize = 16;
 
+/// A thread sent a fault's signal (`Inner::signalled`).
+#[derive(Clone, Copy)]
+pub(crate) struct Signalled {
+    tid: u32,
+    sig: i32,
+    /// `Some(b)` once the thread was seen to have taken the signal, when
+    /// `b` batches of messages had been read: messages of later batches
+    /// are new faults, those of batches up to `b` may have been read before
+    /// it took it.
+    taken: Option<u64>,
+}
+
+impl Signalled {
+    /// Whether a message of the thread from read batch `batch` was for
+    /// the fault this signal answers.
+    fn answers(&self, batch: u64) -> bool {
+        self.taken.is_none_or(|b| batch <= b)
+    }
+}
+
 std::thread_local! {
+    /// The read batch of the fault message this handler thread serves
+    /// (`u64::MAX`: none, the newest).
+    static BATCH: std::cell::Cell<u64> = const { std::cell::Cell::new(u64::MAX) };
     /// Inside an in-thread resolve: `Some(signal to raise once the locks are
     /// let go)` (0: none); `None` elsewhere.
     static DEFERRED: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
@@ -111,10 +134,19 @@ impl Inner {
             // runnable thread queued on its CPU (the program) runs first.
             let mut spin_until = 0;
             loop {
+                let batch = self.next_read_batch();
+                BATCH.with(|b| b.set(batch));
                 let n = self.plat.read_events(&mut msgs).unwrap_or(0);
                 if n > 0 {
                     for m in &msgs[..n] {
                         if m.event != UFFD_EVENT_PAGEFAULT {
+                            continue;
+                        }
+                        if self.answered(m.ptid, batch) {
+                            // Its fault was answered by a signal the thread
+                            // has not taken: no second one. (A wake-up in
+                            // case it has meanwhile: it faults again.)
+                            let _ = self.plat.wake(m.address as usize & !(self.page_size - 1), self.page_size);
                             continue;
                         }
                         if m.flags & UFFD_PAGEFAULT_FLAG_WP != 0 {
@@ -142,6 +174,66 @@ impl Inner {
                 self.spinning.store(false, Ordering::Release);
             }
         }
+    }
+
+    /// The number of the batch of fault messages about to be read, after
+    /// noting which signalled threads have taken their signal (`/proc`'s
+    /// `SigPnd`; only while one may not have): see `answered`.
+    fn next_read_batch(&self) -> u64 {
+        let mut s = lock(&self.signalled);
+        if s.iter().any(|e| e.taken.is_none()) {
+            let now = self.read_batches.load(Ordering::SeqCst);
+            for e in s.iter_mut().filter(|e| e.taken.is_none()) {
+                if usermm_sys::thread::signal_pending_unblocked(e.tid, e.sig) != Some(true) {
+                    e.taken = Some(now);
+                }
+            }
+        }
+        drop(s);
+        self.read_batches.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Whether a fault message of thread `tid`, read in batch `batch`, was
+    /// answered already by a signal (`report`).
+    ///
+    /// # Answered faults
+    /// A thread leaves a userfaultfd fault whenever it is woken, by a
+    /// signal of any kind too, and faults again at once: a second message
+    /// for the same access, while the first stays with the handler that
+    /// read it. Two handlers could then each decide a SIGBUS (no frame, an
+    /// unreadable page) for one access: the thread took the first,
+    /// recovered from it (a handler that jumps out of the access) and got
+    /// the second inside another call. A thread is in one fault at a time
+    /// and leaves it once a signal is queued to it, so every message of it
+    /// read before it took that signal was for the fault the signal
+    /// answered: those get no signal of their own (`signal_sent`). Whether
+    /// it has taken it is looked up before each read (`next_read_batch`):
+    /// a message read after that is a new fault (a handler that returned
+    /// retries the access). A message of a batch read before the look-up
+    /// saw the signal taken counts as answered even if it came after: the
+    /// thread is woken and faults again, into a later batch.
+    fn answered(&self, tid: u32, batch: u64) -> bool {
+        lock(&self.signalled).iter().any(|e| e.tid == tid && e.answers(batch))
+    }
+
+    /// Records that thread `tid` is sent `sig` for the fault of the message
+    /// being served, and returns true; false when an earlier signal
+    /// answers that fault (see `answered`): it is not sent.
+    pub(super) fn signal_sent(&self, tid: u32, sig: i32) -> bool {
+        if !self.tracks_signals.load(Ordering::Relaxed) {
+            return true;
+        }
+        let batch = BATCH.with(|b| b.get());
+        let mut s = lock(&self.signalled);
+        if let Some(e) = s.iter_mut().find(|e| e.tid == tid) {
+            if e.answers(batch) {
+                return false;
+            }
+            *e = Signalled { tid, sig, taken: None };
+        } else {
+            s.push(Signalled { tid, sig, taken: None });
+        }
+        true
     }
 
     /// Resolves a fault at `addr` (or a read-in when `tid` is None): plans

@@ -1,8 +1,38 @@
 //! Reclaim execution: deactivation into staging, eviction to swap or file,
 //! discards of lazily freed pages, drops of clean file pages, purges of
 //! volatile pages.
+//!
+//! # A store that refuses writes
+//!
+//! A failed store write (the swap file's file system is full, the Redis
+//! server is down or out of memory) keeps its pages resident, and the
+//! store is backed off from: no write is tried for a pause that starts at
+//! [`STORE_BACKOFF_FIRST_NS`] and doubles with each failure in a row up to
+//! [`STORE_BACKOFF_MAX_NS`], and the core plans no eviction that needs a
+//! write meanwhile (`Core::set_swap_writes_paused`), so reclaim is hopeless
+//! unless something else can leave and a fault short of frames is out of
+//! memory at once. (Retried at every reclaim round, a full 16 MiB swap file
+//! system took 4.0-4.7 million failing writes in two minutes.) Once the
+//! pause is over the next reclaim round tries again (the background thread
+//! wakes for it); the first write that goes through ends the back-off. A
+//! fault short of frames waits for a retry due within
+//! [`STORE_RETRY_WAIT_NS`] of its start (a store that failed a few writes
+//! and recovers costs it a few milliseconds, not a SIGBUS).
 
+use super::serve::Retries;
 use super::*;
+
+/// The first pause after a failed store write.
+pub(super) const STORE_BACKOFF_FIRST_NS: u64 = 1_000_000;
+/// The longest pause between two tries of a store that keeps failing: at
+/// most one failing write a second once it is reached (about a dozen in
+/// the first two seconds).
+const STORE_BACKOFF_MAX_NS: u64 = 1_000_000_000;
+/// How long after its start a fault short of frames still waits for the
+/// store's next try rather than being out of memory: pauses of 1, 2, 4, 8
+/// and 16 ms fit (five failures in a row), so a fault behind a store that
+/// is down gets its SIGBUS within about 30 ms.
+const STORE_RETRY_WAIT_NS: u64 = 40_000_000;
 
 impl Inner {
     /// Reclaims up to `want` frames for a fault that found none (direct
@@ -17,7 +47,11 @@ impl Inner {
     pub(super) fn reclaim_rounds(&self, _mm: &RwLockReadGuard<'_, ()>, want: u64, direct: bool) -> u64 {
         let mut freed = 0;
         for _round in 0..4 {
-            let plan = lock(&self.core).reclaim_plan(want - freed);
+            let plan = {
+                let mut c = lock(&self.core);
+                self.store_retry_due(&mut c);
+                c.reclaim_plan(want - freed)
+            };
             if plan.is_empty() {
                 break;
             }
@@ -135,6 +169,7 @@ impl Inner {
             return 0;
         }
         let mut outcome = Vec::with_capacity(ds.len());
+        let mut tried = StoreTried::default();
         self.plat.drain_host_lru();
         for d in ds {
             if self.plat.discard_slot(d.staging) {
@@ -142,8 +177,8 @@ impl Inner {
                 continue;
             }
             let written = match d.swap {
-                Some(slot) if self.plat.has_swap() && !take_one(&self.inject_write_errors) => {
-                    self.plat.swap_write(&[d.staging], self.swap_off(slot)).is_ok()
+                Some(slot) => {
+                    self.store_write(&[d.staging], self.swap_off(slot), &mut tried)
                         && self.plat.drop_slots(d.staging, 1).is_ok()
                 }
                 _ => false,
@@ -151,6 +186,7 @@ impl Inner {
             outcome.push((false, written));
         }
         let mut c = lock(&self.core);
+        self.store_tried(&mut c, tried);
         let mut freed = 0;
         for (d, &(dropped, written)) in ds.iter().zip(&outcome) {
             c.discard_done(d, dropped, written);
@@ -227,6 +263,7 @@ impl Inner {
         self.drop_staging(evs, &clean, &mut ok);
         let mut order: Vec<usize> = (0..evs.len()).filter(|&i| !evs[i].clean).collect();
         order.sort_by_key(|&i| evs[i].swap);
+        let mut tried = StoreTried::default();
         let mut i = 0;
         while i < order.len() {
             let mut j = i + 1;
@@ -234,9 +271,9 @@ impl Inner {
                 j += 1;
             }
             let slots: Vec<u32> = order[i..j].iter().map(|&k| evs[k].staging).collect();
-            let written = self.plat.has_swap()
-                && !take_one(&self.inject_write_errors)
-                && self.plat.swap_write(&slots, self.swap_off(evs[order[i]].swap)).is_ok();
+            // (After a failure the rest of the runs are not tried: the
+            // store is backed off from.)
+            let written = self.store_write(&slots, self.swap_off(evs[order[i]].swap), &mut tried);
             // The simulation's injected bug: a failed swap write taken for
             // a successful one (the page's data is lost).
             #[cfg(feature = "test-hooks")]
@@ -247,6 +284,7 @@ impl Inner {
             i = j;
         }
         let mut c = lock(&self.core);
+        self.store_tried(&mut c, tried);
         let mut freed = 0;
         for (e, ok) in evs.iter().zip(&ok) {
             c.evict_done(e, *ok);
@@ -271,5 +309,91 @@ impl Inner {
             }
             a = b;
         }
+    }
+}
+
+/// What the store writes of one reclaim step did.
+#[derive(Default, Clone, Copy)]
+pub(super) struct StoreTried {
+    ok: bool,
+    failed: bool,
+}
+
+impl Inner {
+    /// Writes the staging slots `slots` to the store at `off`, unless the
+    /// store is backed off from ("A store that refuses writes", above);
+    /// records the outcome in `tried` and, for a failure, starts or
+    /// lengthens the back-off.
+    fn store_write(&self, slots: &[u32], off: u64, tried: &mut StoreTried) -> bool {
+        if !self.plat.has_swap() || self.store_backing_off() {
+            return false;
+        }
+        let ok = !take_one(&self.inject_write_errors) && self.plat.swap_write(slots, off).is_ok();
+        if ok {
+            tried.ok = true;
+            self.store_backoff_ns.store(0, Ordering::Relaxed);
+        } else {
+            tried.failed = true;
+            self.swap_write_fails.fetch_add(1, Ordering::Relaxed);
+            let first = self.store_backoff_first_ns.load(Ordering::Relaxed);
+            let was = self.store_backoff_ns.load(Ordering::Relaxed);
+            let pause = if was == 0 { first } else { (was * 2).min(STORE_BACKOFF_MAX_NS) };
+            self.store_retry_at_ns.store(now_ns() + pause, Ordering::Relaxed);
+            self.store_backoff_ns.store(pause, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    /// The back-off's pause now, in ms (0: the store takes writes; the
+    /// pause is over once its retry found the store working again).
+    pub(crate) fn store_backoff_ms(&self) -> u64 {
+        self.store_backoff_ns.load(Ordering::Relaxed) / 1_000_000
+    }
+
+    /// Whether no store write is to be tried now (a pause is running).
+    fn store_backing_off(&self) -> bool {
+        self.store_backoff_ns.load(Ordering::Relaxed) > 0 && now_ns() < self.store_retry_at_ns.load(Ordering::Relaxed)
+    }
+
+    /// Tells the core what a reclaim step's store writes found: a failure
+    /// pauses the planning of writes, a success ends the pause.
+    fn store_tried(&self, c: &mut Core, tried: StoreTried) {
+        if tried.failed && self.store_backoff_ns.load(Ordering::Relaxed) > 0 {
+            c.set_swap_writes_paused(true);
+        } else if tried.ok {
+            c.set_swap_writes_paused(false);
+        }
+    }
+
+    /// Ends the core's pause of store writes once the back-off's pause is
+    /// over, so that the next reclaim round tries the store again; returns
+    /// whether writes are still paused.
+    pub(super) fn store_retry_due(&self, c: &mut Core) -> bool {
+        if c.swap_writes_paused() && !self.store_backing_off() {
+            c.set_swap_writes_paused(false);
+        }
+        c.swap_writes_paused()
+    }
+
+    /// How long from now until the store is tried again, while writes are
+    /// paused.
+    pub(super) fn store_retry_in(&self) -> Option<std::time::Duration> {
+        if !self.store_backing_off() {
+            return None;
+        }
+        let left = self.store_retry_at_ns.load(Ordering::Relaxed).saturating_sub(now_ns());
+        Some(std::time::Duration::from_nanos(left))
+    }
+
+    /// For a fault or populate the core finds out of memory (`c`): whether
+    /// only the store's back-off stands in the way and its next try is due
+    /// within `STORE_RETRY_WAIT_NS` of the fault's start (`st`); then how
+    /// long to wait for it.
+    pub(super) fn store_retry_wait(&self, c: &Core, st: &Retries) -> Option<std::time::Duration> {
+        if !c.swap_writes_paused() || !c.reclaim_possible_but_for_store() {
+            return None;
+        }
+        let at = self.store_retry_at_ns.load(Ordering::Relaxed);
+        (at <= st.since_ns() + STORE_RETRY_WAIT_NS).then(|| self.store_retry_in()).flatten()
     }
 }

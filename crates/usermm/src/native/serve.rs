@@ -76,6 +76,16 @@ pub(super) struct Retries {
     reclaim_rounds: u32,
     /// A poison marker could not be placed: raise SIGBUS directly.
     poison_failed: bool,
+    /// When the first reclaim for this fault or step began (ns; 0: none
+    /// yet).
+    since_ns: u64,
+}
+
+impl Retries {
+    /// When the first reclaim for this fault or step began.
+    pub(super) fn since_ns(&self) -> u64 {
+        self.since_ns
+    }
 }
 
 impl Inner {
@@ -225,7 +235,7 @@ impl Inner {
             // The host refused (out of its map count): the signal itself,
             // or the thread would fault forever.
             if let Some(t) = tid {
-                if !super::fault::defer_signal(super::fault::SIGSEGV) {
+                if !super::fault::defer_signal(super::fault::SIGSEGV) && self.signal_sent(t, super::fault::SIGSEGV) {
                     let _ = self.plat.sigsegv(t, addr);
                 }
             }
@@ -245,7 +255,18 @@ impl Inner {
         caller: Caller,
         st: &mut Retries,
     ) -> Next<'a> {
+        if st.since_ns == 0 {
+            st.since_ns = now_ns();
+        }
+        self.store_retry_due(&mut c);
         if c.out_of_memory(st.reclaim_rounds) {
+            if let Some(d) = self.store_retry_wait(&c, st) {
+                // Only the store's back-off stands in the way, and it is
+                // tried again soon: wait for that (see `native/reclaim.rs`,
+                // "A store that refuses writes").
+                let c = self.settled.wait_timeout(c, d).unwrap_or_else(|e| e.into_inner()).0;
+                return Next::Again(c);
+            }
             // Decided on a plan made under this hold of the core lock, and
             // reported before it is let go: the page is neither resident nor
             // being filled, so a faulting thread is still in this fault (or
@@ -257,12 +278,15 @@ impl Inner {
         let freed = self.reclaim_locked(mm, want);
         let mut c = lock(&self.core);
         if freed == 0 && c.free_frames() == 0 {
-            // Nothing freed this time, but other reclaim may be in flight
-            // (the pages it holds are busy, so this plan could not take
-            // them): wait for it to settle before trying again. Only no
-            // progress for a while is out of memory.
+            // Nothing freed this time. Work in flight elsewhere (pages
+            // other reclaim holds busy, which this plan could not take, or
+            // fills and zaps that may give frames back) is waited for, a
+            // settle at a time; with none, the core decides at once on the
+            // next plan (`Core::out_of_memory`).
             st.reclaim_rounds += 1;
-            c = self.wait_settled(c);
+            if c.reclaim_in_flight() {
+                c = self.wait_settled(c);
+            }
         }
         Next::Again(c)
     }
@@ -623,23 +647,26 @@ impl Inner {
         match failure {
             Failure::NotFilled => {}
             Failure::Gone => {
-                if !super::fault::defer_signal(super::fault::SIGSEGV) {
+                if !super::fault::defer_signal(super::fault::SIGSEGV) && self.signal_sent(t, super::fault::SIGSEGV) {
                     let _ = self.plat.sigsegv(t, addr);
                 }
             }
             Failure::OutOfMemory | Failure::Poisoned | Failure::Unreadable => {
-                if failure == Failure::OutOfMemory {
-                    // The kernel would OOM-kill; we raise SIGBUS.
-                    c.fault_oom();
-                }
                 #[cfg(feature = "test-hooks")]
                 {
                     let stall = self.inject_signal_stall_ms.load(Ordering::Relaxed);
-                    if stall > 0 && failure == Failure::Unreadable {
+                    if stall > 0 && matches!(failure, Failure::Unreadable | Failure::OutOfMemory) {
                         std::thread::sleep(std::time::Duration::from_millis(stall.into()));
                     }
                 }
-                if !super::fault::defer_signal(super::fault::SIGBUS) {
+                let deferred = super::fault::defer_signal(super::fault::SIGBUS);
+                // (Not when a signal sent before answers this fault.)
+                let sent = deferred || self.signal_sent(t, super::fault::SIGBUS);
+                if sent && failure == Failure::OutOfMemory {
+                    // The kernel would OOM-kill; we raise SIGBUS.
+                    c.fault_oom();
+                }
+                if sent && !deferred {
                     let _ = self.plat.sigbus(t, addr);
                 }
             }

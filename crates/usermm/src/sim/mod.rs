@@ -350,6 +350,8 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
     );
     let inner = Inner::build(&cfg, Box::new(Shared(plat.clone())), false, None).map_err(|e| format!("{what}: {e}"))?;
     inner.set_oom_wait_us(0);
+    inner.set_store_backoff_first_ns(0);
+    inner.set_tracks_signals(false);
     let _ = plat.inner.set(Arc::downgrade(&inner));
     if bug == Some(Bug::LostSwapWrite) {
         inner.sim_bug.store(crate::native::SIM_BUG_LOST_SWAP_WRITE, std::sync::atomic::Ordering::Relaxed);

@@ -43,11 +43,13 @@ pub(super) fn stats_words(s: &Stats) -> [u64; STATS_WORDS] {
         s.user_mode_only,
         s.swap_direct_io,
         s.host_refusals,
+        s.swap_write_fails,
+        s.swap_backoff_ms,
     ]
 }
 
 /// Fields of `struct umm_stats` after `size`.
-pub const STATS_WORDS: usize = 28;
+pub const STATS_WORDS: usize = 30;
 /// `sizeof(struct umm_stats)` in this library's version of the header.
 pub const STATS_SIZE: usize = 8 * (1 + STATS_WORDS);
 
