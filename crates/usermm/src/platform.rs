@@ -219,6 +219,11 @@ pub(crate) trait Platform: Send + Sync {
     fn swap_keep_alive_due(&self) -> bool {
         false
     }
+    /// How long a failing page store may take to come back by itself
+    /// (`PageStore::outage_wait`).
+    fn swap_outage_wait(&self) -> Option<std::time::Duration> {
+        None
+    }
     /// Tells the store the space is alive (`PageStore::keep_alive`).
     fn swap_keep_alive(&self) {}
     #[cfg(feature = "test-hooks")]
@@ -575,6 +580,9 @@ impl Platform for Native {
     }
     fn swap_keep_alive_due(&self) -> bool {
         self.swap.as_ref().is_some_and(|s| s.keep_alive_due())
+    }
+    fn swap_outage_wait(&self) -> Option<std::time::Duration> {
+        self.swap.as_ref().and_then(|s| s.outage_wait())
     }
     fn swap_keep_alive(&self) {
         if let Some(s) = &self.swap {

@@ -58,6 +58,15 @@ pub(crate) trait PageStore: Send + Sync {
     /// Tells the store the space is alive (a remote store's lease, which
     /// lets other spaces delete the keys of a process killed outright).
     fn keep_alive(&self) {}
+    /// How long a store whose writes fail may take to come back by itself
+    /// (`None`: it does not, as far as the store knows): a fault short of
+    /// frames behind it waits that long for the back-off's next try before
+    /// it is out of memory. A Redis Cluster with replicas promotes one when
+    /// a master dies (its `failover_ms`); a single server or a swap file
+    /// that refuses writes stays down until someone acts.
+    fn outage_wait(&self) -> Option<std::time::Duration> {
+        None
+    }
     /// The first `len` bytes, as a file (a test hook; only the swap file
     /// has it).
     #[cfg(feature = "test-hooks")]

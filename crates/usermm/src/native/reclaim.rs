@@ -31,7 +31,9 @@ const STORE_BACKOFF_MAX_NS: u64 = 1_000_000_000;
 /// How long after its start a fault short of frames still waits for the
 /// store's next try rather than being out of memory: pauses of 1, 2, 4, 8
 /// and 16 ms fit (five failures in a row), so a fault behind a store that
-/// is down gets its SIGBUS within about 30 ms.
+/// is down gets its SIGBUS within about 30 ms. A store that comes back by
+/// itself (a Redis Cluster with replicas, during a failover:
+/// `PageStore::outage_wait`) is waited for that long instead.
 const STORE_RETRY_WAIT_NS: u64 = 40_000_000;
 
 impl Inner {
@@ -394,6 +396,10 @@ impl Inner {
             return None;
         }
         let at = self.store_retry_at_ns.load(Ordering::Relaxed);
-        (at <= st.since_ns() + STORE_RETRY_WAIT_NS).then(|| self.store_retry_in()).flatten()
+        let wait_ns = self
+            .plat
+            .swap_outage_wait()
+            .map_or(STORE_RETRY_WAIT_NS, |d| (d.as_nanos() as u64).max(STORE_RETRY_WAIT_NS));
+        (at <= st.since_ns() + wait_ns).then(|| self.store_retry_in()).flatten()
     }
 }

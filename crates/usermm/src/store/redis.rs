@@ -655,6 +655,11 @@ impl RedisStore {
 }
 
 impl PageStore for RedisStore {
+    fn outage_wait(&self) -> Option<Duration> {
+        // A replica is promoted within the cluster's node timeout; reads
+        // wait as long (`read_retrying`).
+        (self.cluster() && self.replicas > 0).then_some(self.failover)
+    }
     fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), Errno> {
         let first = off / self.page as u64;
         let n = buf.len() / self.page;
