@@ -801,7 +801,15 @@ unsafe extern "C" fn own_mremap(o: *mut c_void, ol: usize, nl: usize, f: c_int, 
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn own_syscall(nr: c_long, a1: c_long, a2: c_long, a3: c_long, a4: c_long, a5: c_long, a6: c_long) -> c_long {
+unsafe extern "C" fn own_syscall(
+    nr: c_long,
+    a1: c_long,
+    a2: c_long,
+    a3: c_long,
+    a4: c_long,
+    a5: c_long,
+    a6: c_long,
+) -> c_long {
     // SAFETY: the caller's promises.
     ret(unsafe { sys(nr, a1 as usize, a2 as usize, a3 as usize, a4 as usize, a5 as usize, a6 as usize) })
 }
@@ -875,7 +883,11 @@ fn range_call(
         count(w);
         return ret(kernel(addr, len)) as c_int;
     }
-    if len == 0 || addr.checked_add(len).is_none() || addr % PAGE != 0 || place(addr, len) == Place::Outside {
+    if len == 0 || addr.checked_add(len).is_none() || !addr.is_multiple_of(PAGE) {
+        count(Why::Invalid);
+        return ret(kernel(addr, len)) as c_int;
+    }
+    if place(addr, len) == Place::Outside {
         count(Why::Outside);
         return ret(kernel(addr, len)) as c_int;
     }
@@ -1161,13 +1173,20 @@ extern "C" fn program_mremap(o: *mut c_void, ol: usize, nl: usize, flags: c_int,
 /// range unmapped. Only anonymous regions of one protection are moved; a
 /// lock on the old range is not carried over; `MREMAP_DONTUNMAP` and
 /// `old_len == 0` are `EINVAL`.
-fn space_mremap(sp: &Space, old: usize, old_len: usize, new_len: usize, flags: c_int, to: usize) -> Result<usize, Errno> {
+fn space_mremap(
+    sp: &Space,
+    old: usize,
+    old_len: usize,
+    new_len: usize,
+    flags: c_int,
+    to: usize,
+) -> Result<usize, Errno> {
     let page = sp.page_size();
     let (maymove, fixed) = (flags & libc::MREMAP_MAYMOVE != 0, flags & libc::MREMAP_FIXED != 0);
     if flags & !(libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0
         || flags & libc::MREMAP_DONTUNMAP != 0
-        || old % page != 0
-        || (fixed && (!maymove || to % page != 0))
+        || !old.is_multiple_of(page)
+        || (fixed && (!maymove || !to.is_multiple_of(page)))
     {
         return Err(Errno::EINVAL);
     }
@@ -1216,7 +1235,15 @@ fn space_mremap(sp: &Space, old: usize, old_len: usize, new_len: usize, flags: c
 }
 
 #[allow(clippy::too_many_arguments)]
-extern "C" fn program_syscall(nr: c_long, a1: c_long, a2: c_long, a3: c_long, a4: c_long, a5: c_long, a6: c_long) -> c_long {
+extern "C" fn program_syscall(
+    nr: c_long,
+    a1: c_long,
+    a2: c_long,
+    a3: c_long,
+    a4: c_long,
+    a5: c_long,
+    a6: c_long,
+) -> c_long {
     let p = |v: c_long| v as *mut c_void;
     match nr {
         libc::SYS_mmap => program_mmap(p(a1), a2 as usize, a3 as c_int, a4 as c_int, a5 as c_int, a6) as c_long,

@@ -279,6 +279,9 @@ pub(crate) enum Why {
     FixedOutside,
     /// A range call (or the part of one) outside the reservation.
     Outside,
+    /// A range call the kernel refuses before looking at the range (an
+    /// unaligned address, a zero or overflowing length): the kernel says so.
+    Invalid,
     /// An anonymous `mmap` the space refused (`ENOMEM`): the kernel's.
     Refused,
     /// A `MAP_FIXED` or `mremap` that straddles the reservation's edge:
@@ -286,7 +289,7 @@ pub(crate) enum Why {
     Straddling,
 }
 
-const WHY_NAMES: [&str; 12] = [
+const WHY_NAMES: [&str; 13] = [
     "space",
     "kernel_before_open",
     "kernel_usermm",
@@ -297,12 +300,13 @@ const WHY_NAMES: [&str; 12] = [
     "kernel_map_32bit",
     "kernel_fixed_outside",
     "kernel_outside",
+    "kernel_invalid_arguments",
     "kernel_refused_by_space",
     "refused_straddling",
 ];
 
 /// Memory calls by where they went, for `--verbose`.
-static MEM_COUNTS: [AtomicU64; 12] = [const { AtomicU64::new(0) }; 12];
+static MEM_COUNTS: [AtomicU64; 13] = [const { AtomicU64::new(0) }; 13];
 
 pub(crate) fn count(why: Why) {
     MEM_COUNTS[why as usize].fetch_add(1, Relaxed);
