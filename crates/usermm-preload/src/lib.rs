@@ -40,6 +40,28 @@
 //!   use the C library's allocator directly (its `#[global_allocator]`),
 //!   never the exported `malloc`.
 //!
+//! # The memory calls
+//! It also exports `mmap`, `mmap64`, `munmap`, `mremap`, `mprotect`,
+//! `madvise`, `posix_madvise`, `mlock`, `mlock2`, `munlock`, `mlockall`,
+//! `munlockall`, `mincore`, `msync` and `syscall` (for those numbers):
+//! - a call from this library's own code (usermm's host calls) goes to the
+//!   kernel by a raw system call: the exported names are trampolines that
+//!   look at their return address (`boundary.rs`);
+//! - so does every call before the space is open, from usermm's threads,
+//!   re-entrant or in a forked child (`program_call`);
+//! - a program's anonymous `mmap` is the space's (`route_mmap`: files,
+//!   hugetlb, stacks, `MAP_32BIT`, `MAP_FIXED` outside the reservation are
+//!   the kernel's; straddling its edge is `ENOMEM`), and an `ENOMEM` from
+//!   the space for one without a fixed address falls back to the kernel;
+//! - a range call is cut at the reservation's edges (`pieces`): inside,
+//!   the space's call; outside, the kernel's;
+//! - `mremap` of a space region is done here (shrink in place, grow in
+//!   place with `MAP_FIXED_NOREPLACE`, or map, copy, unmap);
+//! - `mlockall` locks the space's regions through the space and the other
+//!   mappings with one kernel `mlock2` each.
+//!
+//! Each call is counted by where it went (`Why`); `--verbose` prints it.
+//!
 //! # Configuration (environment, set by `usermm run`)
 //! The space: the `USERMM_*` variables of `usermm_compat.h`
 //! (`USERMM_BUDGET_BYTES`, `USERMM_SWAP_BYTES`, `USERMM_SWAP_DIR`,
