@@ -6,7 +6,10 @@
 //! `swapouts` > 0). Also: exit status and death by signal passed on, SIGTERM
 //! forwarded, children started by `system`, `posix_spawn`, `popen`,
 //! `fork`+`exec` and Python's `subprocess` run, `--no-inherit`, a static
-//! binary refused with a clear message.
+//! binary refused with a clear message. The memory calls (`mmap`,
+//! `munmap`, `mprotect`, `madvise`, `mincore`, `mlock*`, `mremap`, `msync`,
+//! `syscall` for them): a C program and CPython's `mmap` module, each
+//! compared with the same run without usermm, and threads mapping at once.
 //!
 //! The preload library is `target/release/libusermm_preload.so`, built by
 //! `cargo build --release` (scripts/test.sh does it before the tests; `cargo
@@ -427,6 +430,66 @@ fn a_c_programs_memory_calls_are_the_spaces_and_answer_as_the_kernel() {
     let calls = memory_calls(&stderr, "mc");
     assert!(calls["space"] >= 30, "the space served too few calls: {calls:?}");
     assert_eq!(calls["kernel_usermm"] + calls["kernel_before_open"] + calls["refused_straddling"], 0, "{calls:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Four threads mapping, touching, checking, lazily freeing and unmapping
+/// anonymous memory at once (up to 28 MiB live under a 16 MiB budget),
+/// then `mlockall(MCL_CURRENT)` over the space and the kernel's mappings.
+const THREADS_MMAP_C: &str = r#"
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+static int bad;
+static void *work(void *a) {
+    for (int i = 0; i < 48; i++) {
+        size_t n = (1 + (i % 7)) << 20;
+        unsigned char *p = mmap(NULL, n, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) { __sync_fetch_and_add(&bad, 1); continue; }
+        for (size_t j = 0; j < n; j += 4096) p[j] = (unsigned char)(j >> 12) + (long)a;
+        for (size_t j = 0; j < n; j += 4096) if (p[j] != (unsigned char)((j >> 12) + (long)a)) __sync_fetch_and_add(&bad, 1);
+        if (i % 3 == 0) madvise(p, n / 2, MADV_FREE);
+        munmap(p, n);
+    }
+    return NULL;
+}
+int main(void) {
+    pthread_t t[4];
+    for (long i = 0; i < 4; i++) pthread_create(&t[i], NULL, work, (void *)i);
+    for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+    char *q = mmap(NULL, 1 << 20, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0);
+    q[0] = 1;
+    int r = mlockall(MCL_CURRENT);
+    int r2 = munlockall();
+    printf("bad %d mlockall %d munlockall %d\n", bad, r, r2);
+    return 0;
+}
+"#;
+
+#[test]
+fn threads_mapping_and_unmapping_at_once_under_the_budget() {
+    let dir = tmpdir("mmap-threads");
+    let exe = gcc(&dir, "tm", THREADS_MMAP_C, &["-pthread"]);
+    let mut c = usermm_run(&["--budget", "16m", "--stats", "--verbose", "--"]);
+    c.arg(&exe);
+    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("usermm run -- tm hung (2 minutes)");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, "bad 0 mlockall 0 munlockall 0\n");
+    let s = stats(&stderr, "tm");
+    assert!(s["swapouts"] > 0 && s["resident_bytes_max"] <= 16 << 20, "{s:?}");
+    assert!(memory_calls(&stderr, "tm")["space"] >= 4 * 48 * 2, "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
