@@ -236,7 +236,7 @@ fn report() {
             "usermm run: pid {pid} ({who}): stats: budget_bytes={} resident_bytes={} resident_bytes_max={} \
              swapped_bytes={} faults={} major_faults={} zero_fills={} swapins={} swapouts={} evictions={} \
              lazyfree_discards={} oom_sigbus={} heap_live_bytes={} heap_live_allocations={} heap_arena_bytes={} \
-             heap_large_bytes={}\n",
+             heap_large_bytes={} regions={}\n",
             s.budget_pages * page,
             s.resident_pages * page,
             s.resident_pages_max * page,
@@ -253,6 +253,7 @@ fn report() {
             h.live_allocations,
             h.arena_bytes,
             h.large_bytes,
+            s.regions,
         );
     }
     if VERBOSE.load(Relaxed) {
