@@ -25,6 +25,7 @@ mod munmap;
 mod outofcore;
 mod params;
 mod populate;
+mod programs;
 mod reclaim;
 mod report;
 mod run;
@@ -45,7 +46,7 @@ struct ExpDef {
     run: fn(&Params, &Progress) -> Result<Experiment, String>,
 }
 
-const EXPERIMENTS: [ExpDef; 10] = [
+const EXPERIMENTS: [ExpDef; 11] = [
     ExpDef {
         name: "fault",
         about: "first touch of a fresh region (seq/random/sparse × read/write): throughput, sparse latency",
@@ -105,6 +106,12 @@ const EXPERIMENTS: [ExpDef; 10] = [
         about: "far memory: the reclaim phases swapping to the local swap file and to a Redis server it starts; page round trip vs GET, bytes on the wire",
         params: reclaim::farmem::params,
         run: reclaim::farmem::run,
+    },
+    ExpDef {
+        name: "programs",
+        about: "usermm run on CPython, the SQLite shell and a Redis server: time under usermm (swap file, Redis) vs the kernel in a memory cgroup of the same limit, and with no limit",
+        params: programs::params,
+        run: programs::run,
     },
 ];
 
@@ -274,6 +281,7 @@ fn memcg_child_main(args: &[String]) -> ExitCode {
         Some("reclaim") => reclaim::kernel_memcg_child(&args[2..]),
         Some("outofcore") => outofcore::kernel_memcg_child(&args[2..]),
         Some("heap") => heap::kernel_memcg_child(&args[2..]),
+        Some("programs") => programs::kernel_memcg_child(&args[2..]),
         other => Err(format!("unknown child experiment {other:?}")),
     };
     match r {

@@ -236,6 +236,8 @@ pub struct ChildRun {
     /// Children the kernel's OOM killer killed in their group before this
     /// one ran to the end (each was run again in a fresh group).
     pub oom_kills: u32,
+    /// From the go byte to the child reaped (the run that ended).
+    pub elapsed_ns: u64,
 }
 
 /// How often a child the OOM killer killed is run again before the run is
@@ -371,6 +373,7 @@ impl KernelLimit {
         let mut stdin = child.stdin.take().expect("piped stdin");
         stdin.write_all(b"g").map_err(|e| format!("release the child: {e}"))?;
         drop(stdin);
+        let t_go = Instant::now();
         let mut stdout = String::new();
         child
             .stdout
@@ -383,6 +386,7 @@ impl KernelLimit {
             Piece::Child(pid) => wait_child(*pid).map_err(|e| format!("wait for the child: {e:?}")),
             _ => unreachable!(),
         })?;
+        let elapsed_ns = t_go.elapsed().as_nanos() as u64;
         let counter = |f: &str| -> u64 {
             std::fs::read_to_string(cg.join(f)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
         };
@@ -405,7 +409,7 @@ impl KernelLimit {
         if !stdout.lines().any(|l| l.starts_with("cgroup ") && l.contains(&format!("/{name}"))) {
             return Err(format!("the child was not in memory group {name}: {stdout}"));
         }
-        Ok(Attempt::Done(ChildRun { stdout, peak_charge_bytes, failcnt, oom_kills: 0 }))
+        Ok(Attempt::Done(ChildRun { stdout, peak_charge_bytes, failcnt, oom_kills: 0, elapsed_ns }))
     }
 }
 

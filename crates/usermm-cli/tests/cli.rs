@@ -157,6 +157,9 @@ fn help_lists_every_experiment_and_parameter() {
         "--data-mib",
         "farmem",
         "--probes",
+        "programs",
+        "--python-kib-values",
+        "--fits-budget-mib",
         "--slow-runs",
         "--size-mib",
         "--budget-mib",
@@ -398,6 +401,46 @@ fn bench_farmem_writes_results() {
     for row in ["redis GET (interleaved, handler)", "redis GET (interleaved, in-thread)"] {
         assert!(value(&rows, row, "roundtrip", "p50") > 0.0, "{row}");
         assert!(value(&rows, row, "roundtrip", "p99") >= value(&rows, row, "roundtrip", "p50"), "{row}");
+    }
+}
+
+/// `usermm bench programs` at a tiny size: every program has a time on
+/// every system (the kernel's under a limit where root can set one up),
+/// and usermm's runs under the budget swapped. The ratios' values are not
+/// checked (they are measurements); their goals are there.
+#[test]
+fn bench_programs_writes_results() {
+    let _bench = bench_lock();
+    let args = [
+        "programs",
+        "--python-kib-values=4",
+        "--sqlite-rows=2000",
+        "--redis-kib-values=1",
+        "--fits-budget-mib=256",
+        "--runs=1",
+    ];
+    let (pid, rows) = bench_rows_pid("programs", &args);
+    let mut systems = vec!["usermm", "usermm-redis", "usermm (budget > working set)"];
+    if am_root() {
+        systems.push("kernel (no limit, upper bound)");
+        let left = memcg_leftovers(pid, &swap_dir());
+        assert!(left.is_empty(), "the benchmark left behind: {left:?}");
+    }
+    for prog in ["python", "sqlite", "redis"] {
+        let mut systems = systems.clone();
+        if am_root() && !rows.iter().any(|r| r.0 == "kernel-memcg" && r.1 == prog && r.2 == "oom_killed_children") {
+            systems.push("kernel-memcg");
+        }
+        for sys in systems {
+            let t = value(&rows, sys, prog, "time");
+            assert!(t.is_finite() && t > 0.0, "{sys} {prog}: {t}");
+        }
+        for sys in ["usermm", "usermm-redis"] {
+            assert!(value(&rows, sys, prog, "swapouts") > 0.0, "{sys} {prog} did not swap");
+        }
+        for k in ["heap_peak", "budget", "memcg_limit"] {
+            assert!(value(&rows, "calibration", prog, k) > 0.0, "{prog} {k}");
+        }
     }
 }
 

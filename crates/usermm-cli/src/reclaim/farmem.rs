@@ -81,8 +81,8 @@ pub fn params(full: bool) -> Params {
 }
 
 /// A `redis-server` on a free loopback port; stopped on drop.
-struct Server {
-    port: u16,
+pub(crate) struct Server {
+    pub(crate) port: u16,
     child: Child,
     dir: PathBuf,
 }
@@ -90,7 +90,7 @@ struct Server {
 impl Server {
     /// On a free port whose cluster bus port (+10,000) is free too; again on
     /// another if the server exits at once (the port was taken meanwhile).
-    fn start(extra: &[&str]) -> Result<Server, String> {
+    pub(crate) fn start(extra: &[&str]) -> Result<Server, String> {
         let mut last = String::new();
         for _ in 0..20 {
             let port = usermm_sys::testing::free_cluster_port().map_err(|e| format!("no free port: {e}"))?;
