@@ -6,7 +6,10 @@
 //! `swapouts` > 0). Also: exit status and death by signal passed on, SIGTERM
 //! forwarded, children started by `system`, `posix_spawn`, `popen`,
 //! `fork`+`exec` and Python's `subprocess` run, `--no-inherit`, a static
-//! binary refused with a clear message.
+//! binary refused with a clear message. The memory calls (`mmap`,
+//! `munmap`, `mprotect`, `madvise`, `mincore`, `mlock*`, `mremap`, `msync`,
+//! `syscall` for them): a C program and CPython's `mmap` module, each
+//! compared with the same run without usermm, and threads mapping at once.
 //!
 //! The preload library is `target/release/libusermm_preload.so`, built by
 //! `cargo build --release` (scripts/test.sh does it before the tests; `cargo
@@ -270,6 +273,279 @@ fn threads_allocating_and_freeing_each_others_blocks_4x_the_budget() {
     assert_eq!(stdout, "bad 0\n");
     assert_swapped(&stderr, "mt", 16 << 20);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every memory call of a program on anonymous memory 4× the budget —
+/// `mmap`, `munmap`, `mprotect`, `madvise`, `posix_madvise`, `mincore`,
+/// `mlock`, `munlock`, `mremap`, `mlockall`, raw `syscall(SYS_mmap, …)`,
+/// `syscall(SYS_mlock2, …)` and friends — with the results and errno values
+/// it prints, which must be the same without usermm.
+const MEMORY_CALLS_C: &str = r#"
+#define _GNU_SOURCE
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MB (1L << 20)
+#define N (64 * MB) /* 4x the budget of the test */
+#define P 4096L
+
+static sigjmp_buf jb;
+static void on_segv(int sig) { (void)sig; siglongjmp(jb, 1); }
+/* 1 if a write to p faults */
+static int write_faults(volatile char *p) {
+    if (sigsetjmp(jb, 1)) return 1;
+    *p = 1;
+    return 0;
+}
+static void say(const char *what, long r) {
+    if (r == -1) printf("%s: -1 %s\n", what, strerrorname_np(errno));
+    else printf("%s: %ld\n", what, r);
+    errno = 0;
+}
+
+int main(void) {
+    signal(SIGSEGV, on_segv);
+    char *p = mmap(NULL, N, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) { perror("mmap"); return 1; }
+    for (long i = 0; i < N / P; i++) { p[i * P] = (char)(i * 7 + 1); p[i * P + 100] = (char)i; }
+    long bad = 0;
+    for (long i = 0; i < N / P; i++) bad += p[i * P] != (char)(i * 7 + 1) || p[i * P + 100] != (char)i;
+    printf("written and read back, bad %ld\n", bad);
+
+    say("madvise DONTNEED", madvise(p, MB, MADV_DONTNEED));
+    printf("after DONTNEED %d %d\n", p[0], p[MB - P]);
+    say("madvise FREE", madvise(p + MB, MB, MADV_FREE));
+    printf("after FREE ok %d\n", p[MB] == 0 || p[MB] == (char)(256 * 7 + 1));
+    say("madvise bad advice", madvise(p, P, 12345));
+    say("madvise unaligned", madvise(p + 1, P, MADV_NORMAL));
+    say("posix_madvise WILLNEED", posix_madvise(p, MB, POSIX_MADV_WILLNEED));
+    say("posix_madvise bad", posix_madvise(p, MB, 999));
+
+    unsigned char vec[16];
+    p[5 * MB] = 9;
+    say("mincore", mincore(p + 5 * MB, P, vec));
+    printf("mincore touched page resident %d\n", vec[0] & 1);
+    say("mincore unaligned", mincore(p + 5 * MB + 1, P, vec));
+
+    say("mprotect READ", mprotect(p + 2 * MB, P, PROT_READ));
+    printf("write to read-only faults %d, reads %d\n", write_faults(p + 2 * MB), p[2 * MB]);
+    say("mprotect RW", mprotect(p + 2 * MB, P, PROT_READ | PROT_WRITE));
+    printf("write to read-write faults %d\n", write_faults(p + 2 * MB));
+    say("mprotect bad prot", mprotect(p, P, 0x100));
+
+    say("mlock", mlock(p + 3 * MB + 5, 16 * P));
+    say("munlock", munlock(p + 3 * MB, 16 * P));
+    say("syscall mlock2 ONFAULT", syscall(SYS_mlock2, p + 3 * MB, 16 * P, MLOCK_ONFAULT));
+    say("syscall mlock2 bad flags", syscall(SYS_mlock2, p + 3 * MB, P, 0x8));
+    say("syscall munlock", syscall(SYS_munlock, p + 3 * MB, 16 * P));
+    printf("locked range reads %d\n", p[3 * MB] == (char)(768 * 7 + 1));
+
+    char *q = (char *)syscall(SYS_mmap, NULL, 4 * MB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    printf("syscall mmap ok %d\n", q != MAP_FAILED);
+    memset(q, 0x5a, 4 * MB);
+    printf("syscall mmap reads %d\n", q[4 * MB - 1] == 0x5a && q[0] == 0x5a);
+    say("syscall msync", syscall(SYS_msync, q, P, MS_SYNC));
+    say("syscall madvise DONTNEED", syscall(SYS_madvise, q, P, MADV_DONTNEED));
+    printf("q[0] after DONTNEED %d\n", q[0]);
+    say("syscall mprotect", syscall(SYS_mprotect, q, P, PROT_READ));
+    say("syscall munmap", syscall(SYS_munmap, q, 4 * MB));
+    say("syscall getpid is positive", syscall(SYS_getpid) > 0);
+
+    /* mremap: grow (moving if need be), shrink, and the errors */
+    char *r = mmap(NULL, MB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    for (long i = 0; i < MB; i += P) r[i] = (char)(i / P + 3);
+    char *r2 = mremap(r, MB, 8 * MB, MREMAP_MAYMOVE);
+    printf("mremap grow ok %d\n", r2 != MAP_FAILED);
+    bad = 0;
+    for (long i = 0; i < MB; i += P) bad += r2[i] != (char)(i / P + 3);
+    for (long i = MB; i < 8 * MB; i += P) bad += r2[i] != 0;
+    memset(r2 + MB, 7, 7 * MB);
+    printf("mremap kept the bytes, bad %ld\n", bad);
+    char *r3 = mremap(r2, 8 * MB, 2 * MB, 0);
+    printf("mremap shrink in place %d, reads %d %d\n", r3 == r2, r3[0] == 3, r3[2 * MB - 1] == 7);
+    printf("shrunk tail faults %d\n", write_faults(r3 + 2 * MB));
+    errno = 0;
+    say("mremap unaligned", (long)mremap(r3 + 1, P, 2 * P, MREMAP_MAYMOVE));
+    say("mremap FIXED without MAYMOVE", (long)mremap(r3, P, 2 * P, MREMAP_FIXED, r3 + 4 * MB));
+    say("munmap mremapped", munmap(r3, 2 * MB));
+
+    /* holes and bad arguments */
+    say("munmap middle", munmap(p + 10 * MB, MB));
+    printf("unmapped faults %d\n", write_faults(p + 10 * MB));
+    say("madvise over a hole", madvise(p + 9 * MB, 3 * MB, MADV_WILLNEED));
+    say("mprotect over a hole", mprotect(p + 9 * MB, 3 * MB, PROT_READ | PROT_WRITE));
+    say("mlock over a hole", mlock(p + 9 * MB, 3 * MB));
+    say("mincore over a hole", mincore(p + 10 * MB, P, vec));
+    say("msync over a hole", msync(p + 10 * MB, P, MS_ASYNC));
+    say("munmap unaligned", munmap(p + 1, P));
+    say("munmap zero length", munmap(p, 0));
+    say("munmap hole again", munmap(p + 10 * MB, MB));
+
+    /* the rest of the big mapping still reads back */
+    bad = 0;
+    for (long i = 12 * MB / P; i < N / P; i++) bad += p[i * P] != (char)(i * 7 + 1) || p[i * P + 100] != (char)i;
+    printf("read back again, bad %ld\n", bad);
+
+    /* a child that execs */
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) { execl("/bin/echo", "echo", "child ran", (char *)NULL); _exit(127); }
+    int st;
+    waitpid(pid, &st, 0);
+    printf("child exit %d\n", WEXITSTATUS(st));
+    say("munmap all", munmap(p, N));
+
+    say("mlockall 0", mlockall(0));
+    say("mlockall ONFAULT alone", mlockall(MCL_ONFAULT));
+    say("mlockall CURRENT|ONFAULT", mlockall(MCL_CURRENT | MCL_ONFAULT));
+    say("munlockall", munlockall());
+    return 0;
+}
+"#;
+
+/// The program's memory calls are the space's (issue 46): its anonymous
+/// mapping 4× the budget swaps, and every call answers as the kernel does
+/// for the same program.
+#[test]
+fn a_c_programs_memory_calls_are_the_spaces_and_answer_as_the_kernel() {
+    let dir = tmpdir("memcalls");
+    let exe = gcc(&dir, "mc", MEMORY_CALLS_C, &[]);
+    let plain = output(&mut Command::new(&exe));
+    assert!(plain.status.success(), "{plain:?}");
+    let plain_out = String::from_utf8_lossy(&plain.stdout);
+    assert!(plain_out.contains("read back again, bad 0\n"), "{plain_out}");
+    let out = output(usermm_run(&["--budget", "16m", "--stats", "--verbose", "--"]).arg(&exe));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, plain_out, "stderr:\n{stderr}");
+    assert_swapped(&stderr, "mc", 16 << 20);
+    let calls = memory_calls(&stderr, "mc");
+    assert!(calls["space"] >= 30, "the space served too few calls: {calls:?}");
+    assert_eq!(calls["kernel_usermm"] + calls["kernel_before_open"] + calls["refused_straddling"], 0, "{calls:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Four threads mapping, touching, checking, lazily freeing and unmapping
+/// anonymous memory at once (up to 28 MiB live under a 16 MiB budget),
+/// then `mlockall(MCL_CURRENT)` over the space and the kernel's mappings.
+const THREADS_MMAP_C: &str = r#"
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+static int bad;
+static void *work(void *a) {
+    for (int i = 0; i < 48; i++) {
+        size_t n = (1 + (i % 7)) << 20;
+        unsigned char *p = mmap(NULL, n, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) { __sync_fetch_and_add(&bad, 1); continue; }
+        for (size_t j = 0; j < n; j += 4096) p[j] = (unsigned char)(j >> 12) + (long)a;
+        for (size_t j = 0; j < n; j += 4096) if (p[j] != (unsigned char)((j >> 12) + (long)a)) __sync_fetch_and_add(&bad, 1);
+        if (i % 3 == 0) madvise(p, n / 2, MADV_FREE);
+        munmap(p, n);
+    }
+    return NULL;
+}
+int main(void) {
+    pthread_t t[4];
+    for (long i = 0; i < 4; i++) pthread_create(&t[i], NULL, work, (void *)i);
+    for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+    char *q = mmap(NULL, 1 << 20, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0);
+    q[0] = 1;
+    int r = mlockall(MCL_CURRENT);
+    int r2 = munlockall();
+    printf("bad %d mlockall %d munlockall %d\n", bad, r, r2);
+    return 0;
+}
+"#;
+
+#[test]
+fn threads_mapping_and_unmapping_at_once_under_the_budget() {
+    let dir = tmpdir("mmap-threads");
+    let exe = gcc(&dir, "tm", THREADS_MMAP_C, &["-pthread"]);
+    let mut c = usermm_run(&["--budget", "16m", "--stats", "--verbose", "--"]);
+    c.arg(&exe);
+    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("usermm run -- tm hung (2 minutes)");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, "bad 0 mlockall 0 munlockall 0\n");
+    let s = stats(&stderr, "tm");
+    assert!(s["swapouts"] > 0 && s["resident_bytes_max"] <= 16 << 20, "{s:?}");
+    // The 1 MiB mapping `main` keeps (merged with the heap's arena when
+    // the two are adjacent).
+    assert!(s["regions"] >= 1, "{s:?}");
+    assert!(memory_calls(&stderr, "tm")["space"] >= 4 * 48 * 2, "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The `memory calls:` line of `--verbose` for `comm`.
+fn memory_calls(stderr: &str, comm: &str) -> HashMap<String, u64> {
+    let tag = format!("({comm}): memory calls: ");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains(&tag))
+        .unwrap_or_else(|| panic!("no memory calls line for {comm} on stderr:\n{stderr}"));
+    line[line.find(&tag).unwrap() + tag.len()..]
+        .split_whitespace()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap();
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+/// Python's standard library: `mmap.mmap` of anonymous memory 4× the
+/// budget, `madvise`, `resize` (an `mremap`), answering as without usermm.
+#[test]
+fn cpython_mmap_and_madvise_4x_the_budget_answer_as_without_usermm() {
+    let py = need("python3");
+    let script = r#"
+import mmap
+n = 64 << 20
+m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE)
+val = lambda i: (i // 4096 * 7 + 1) & 255
+for i in range(0, n, 4096):
+    m[i] = val(i)
+m.madvise(mmap.MADV_DONTNEED, 0, 1 << 20)
+print("dontneed", m[0], m[4096], m[1 << 20] == val(1 << 20))
+m.madvise(mmap.MADV_FREE, 1 << 20, 1 << 20)
+m.madvise(mmap.MADV_WILLNEED, 2 << 20, 1 << 20)
+try:
+    m.madvise(mmap.MADV_DONTNEED, 1, 4096)
+except OSError as e:
+    print("unaligned errno", e.errno)
+print("bad", sum(1 for i in range(2 << 20, n, 4096) if m[i] != val(i)))
+m.resize(n + (8 << 20))
+print("resized", len(m), sum(1 for i in range(2 << 20, n, 4096) if m[i] != val(i)), m[n + 4096])
+m.close()
+"#;
+    let plain = output(Command::new(&py).args(["-c", script]));
+    assert!(plain.status.success(), "{plain:?}");
+    let out = output(usermm_run(&["--budget", "16m", "--stats", "--verbose", "--"]).arg(&py).args(["-c", script]));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, String::from_utf8_lossy(&plain.stdout));
+    assert!(stdout.contains("bad 0\n"), "{stdout}");
+    assert_swapped(&stderr, "python3", 16 << 20);
+    assert!(memory_calls(&stderr, "python3")["space"] >= 5, "{stderr}");
 }
 
 #[test]

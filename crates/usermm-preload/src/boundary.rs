@@ -17,7 +17,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicUsize, Ordering::Relaxed};
 
@@ -533,3 +533,733 @@ extern "C" fn at_exit() {
 #[used]
 #[link_section = ".init_array"]
 static CONSTRUCTOR: extern "C" fn() = constructor;
+
+// ---------------------------------------------------------------------------
+// The memory calls. Each exported name is a naked trampoline that looks at
+// its return address: a call from this library's own code (usermm's host
+// calls, Rust's std — e.g. a new thread's signal stack) goes straight to the
+// kernel (`own_*`, a raw system call), anything else through the routing
+// policy of `lib.rs` (`program_*`). usermm's code calls `mmap`, `madvise`,
+// `syscall`… by their plain names, which now resolve to these: without the
+// check a handler thread's zap of its own reservation would come back into
+// the space it serves. The policy also sends usermm's threads and re-entrant
+// calls to the kernel (belt and braces, for a tail call whose return
+// address is outside).
+
+use crate::{count, pieces, place, program_call, region_at, route_mmap, with_space, MapRoute, Place, Why};
+use libc::c_long;
+use usermm::Errno;
+
+/// `[OWN_LO, OWN_HI)`: this library's mapping (its code and data), found by
+/// [`find_own_range`]. Both 0 until then: no call is "ours", and every call
+/// goes through the policy, which sends it to the kernel until the space
+/// is open.
+static OWN_LO: AtomicUsize = AtomicUsize::new(0);
+static OWN_HI: AtomicUsize = AtomicUsize::new(0);
+
+/// Finds this library's mapping from its ELF program headers.
+pub(crate) fn find_own_range() {
+    // SAFETY: plain data, filled by `dladdr` (which does not allocate).
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: the address of one of this library's functions.
+    if unsafe { libc::dladdr(constructor as *const () as *const c_void, &mut info) } == 0 || info.dli_fbase.is_null() {
+        return;
+    }
+    let base = info.dli_fbase as usize;
+    // SAFETY: the dynamic loader maps an object's ELF header and program
+    // headers at its base (the first `PT_LOAD` segment of the file, as the
+    // linker lays out a shared object); they stay mapped while it is loaded.
+    let eh = unsafe { &*(base as *const libc::Elf64_Ehdr) };
+    let (mut lo, mut hi) = (usize::MAX, 0usize);
+    for i in 0..eh.e_phnum as usize {
+        let at = base + eh.e_phoff as usize + i * eh.e_phentsize as usize;
+        // SAFETY: as above: the `e_phnum` headers from `e_phoff`.
+        let ph = unsafe { &*(at as *const libc::Elf64_Phdr) };
+        if ph.p_type == libc::PT_LOAD {
+            lo = lo.min(ph.p_vaddr as usize);
+            hi = hi.max((ph.p_vaddr + ph.p_memsz) as usize);
+        }
+    }
+    if lo < hi {
+        OWN_LO.store(base + lo, Relaxed);
+        OWN_HI.store(base + hi, Relaxed);
+    }
+}
+
+/// A raw system call: the kernel's result (`-errno` on failure).
+///
+/// # Safety
+/// The system call's own contract (e.g. `munmap` must not remove memory
+/// that Rust code still refers to).
+#[allow(clippy::too_many_arguments)]
+unsafe fn sys(nr: c_long, a1: usize, a2: usize, a3: usize, a4: usize, a5: usize, a6: usize) -> c_long {
+    let r: c_long;
+    // SAFETY: the x86-64 system call convention (rax number and result,
+    // rdi rsi rdx r10 r8 r9 arguments, rcx and r11 clobbered); the rest is
+    // the caller's promise.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") nr => r,
+            in("rdi") a1, in("rsi") a2, in("rdx") a3, in("r10") a4, in("r8") a5, in("r9") a6,
+            lateout("rcx") _, lateout("r11") _,
+            options(nostack),
+        );
+    }
+    r
+}
+
+/// `syscall(2)`'s convention: -1 with errno set for a failure.
+fn ret(r: c_long) -> c_long {
+    if (-4095..0).contains(&r) {
+        set_errno(-r as c_int);
+        -1
+    } else {
+        r
+    }
+}
+
+fn errno() -> c_int {
+    // SAFETY: as in `set_errno`.
+    unsafe { *libc::__errno_location() }
+}
+
+fn fail<T>(e: c_int, v: T) -> T {
+    set_errno(e);
+    v
+}
+
+macro_rules! interpose {
+    ($(#[$m:meta])* fn $name:ident($($a:ident: $t:ty),*) -> $r:ty => $own:ident, $program:ident) => {
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// The C function's contract.
+        #[no_mangle]
+        #[unsafe(naked)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> $r {
+            // A call whose return address lies in this library is usermm's
+            // own: `own_*`; any other goes through the policy. Only r11 (a
+            // scratch register of the C convention) is used, so the
+            // arguments reach either function untouched.
+            std::arch::naked_asm!(
+                "mov r11, qword ptr [rsp]",
+                "cmp r11, qword ptr [rip + {lo}]",
+                "jb 2f",
+                "cmp r11, qword ptr [rip + {hi}]",
+                "jae 2f",
+                "jmp {own}",
+                "2:",
+                "jmp {program}",
+                lo = sym OWN_LO,
+                hi = sym OWN_HI,
+                own = sym $own,
+                program = sym $program,
+            )
+        }
+    };
+}
+
+interpose!(
+    /// `mmap(2)`.
+    fn mmap(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void
+        => own_mmap, program_mmap
+);
+interpose!(
+    /// `mmap64(2)` (the same as `mmap` on x86-64).
+    fn mmap64(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void
+        => own_mmap, program_mmap
+);
+interpose!(
+    /// `munmap(2)`.
+    fn munmap(addr: *mut c_void, len: usize) -> c_int => own_munmap, program_munmap
+);
+interpose!(
+    /// `mprotect(2)`.
+    fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int => own_mprotect, program_mprotect
+);
+interpose!(
+    /// `madvise(2)`.
+    fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int => own_madvise, program_madvise
+);
+interpose!(
+    /// `posix_madvise(3)`: returns the error number, leaves errno alone.
+    fn posix_madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int
+        => own_posix_madvise, program_posix_madvise
+);
+interpose!(
+    /// `mlock(2)`.
+    fn mlock(addr: *const c_void, len: usize) -> c_int => own_mlock, program_mlock
+);
+interpose!(
+    /// `mlock2(2)`.
+    fn mlock2(addr: *const c_void, len: usize, flags: c_uint) -> c_int => own_mlock2, program_mlock2
+);
+interpose!(
+    /// `munlock(2)`.
+    fn munlock(addr: *const c_void, len: usize) -> c_int => own_munlock, program_munlock
+);
+interpose!(
+    /// `mlockall(2)`.
+    fn mlockall(flags: c_int) -> c_int => own_mlockall, program_mlockall
+);
+interpose!(
+    /// `munlockall(2)`.
+    fn munlockall() -> c_int => own_munlockall, program_munlockall
+);
+interpose!(
+    /// `mincore(2)`.
+    fn mincore(addr: *mut c_void, len: usize, vec: *mut u8) -> c_int => own_mincore, program_mincore
+);
+interpose!(
+    /// `msync(2)`.
+    fn msync(addr: *mut c_void, len: usize, flags: c_int) -> c_int => own_msync, program_msync
+);
+interpose!(
+    /// `mremap(2)` (variadic in C: the fifth argument, `new_address`, is
+    /// read only with `MREMAP_FIXED`, and sits in r8 either way).
+    fn mremap(old: *mut c_void, old_len: usize, new_len: usize, flags: c_int, new_addr: *mut c_void) -> *mut c_void
+        => own_mremap, program_mremap
+);
+interpose!(
+    /// `syscall(2)` (variadic in C: six `long` arguments are read, as
+    /// glibc's does; the x86-64 convention passes them the same way).
+    fn syscall(nr: c_long, a1: c_long, a2: c_long, a3: c_long, a4: c_long, a5: c_long, a6: c_long) -> c_long
+        => own_syscall, program_syscall
+);
+
+// usermm's own calls: the kernel's, as glibc makes them.
+
+unsafe extern "C" fn own_mmap(a: *mut c_void, l: usize, p: c_int, f: c_int, fd: c_int, o: i64) -> *mut c_void {
+    // SAFETY: the caller's (usermm's) promises.
+    kernel_mmap(a as usize, l, p, f, fd, o)
+}
+
+unsafe extern "C" fn own_munmap(a: *mut c_void, l: usize) -> c_int {
+    // SAFETY: the caller's promises.
+    ret(unsafe { sys(libc::SYS_munmap, a as usize, l, 0, 0, 0, 0) }) as c_int
+}
+
+unsafe extern "C" fn own_mprotect(a: *mut c_void, l: usize, p: c_int) -> c_int {
+    // SAFETY: the caller's promises.
+    ret(unsafe { sys(libc::SYS_mprotect, a as usize, l, p as usize, 0, 0, 0) }) as c_int
+}
+
+unsafe extern "C" fn own_madvise(a: *mut c_void, l: usize, adv: c_int) -> c_int {
+    // SAFETY: the caller's promises.
+    ret(unsafe { sys(libc::SYS_madvise, a as usize, l, adv as usize, 0, 0, 0) }) as c_int
+}
+
+unsafe extern "C" fn own_posix_madvise(a: *mut c_void, l: usize, adv: c_int) -> c_int {
+    // glibc ignores POSIX_MADV_DONTNEED (it would be MADV_DONTNEED, which
+    // drops data POSIX says to keep).
+    if adv == libc::POSIX_MADV_DONTNEED {
+        return 0;
+    }
+    // SAFETY: the caller's promises.
+    -(unsafe { sys(libc::SYS_madvise, a as usize, l, adv as usize, 0, 0, 0) }) as c_int
+}
+
+unsafe extern "C" fn own_mlock(a: *const c_void, l: usize) -> c_int {
+    // SAFETY: locking changes no memory.
+    ret(unsafe { sys(libc::SYS_mlock, a as usize, l, 0, 0, 0, 0) }) as c_int
+}
+
+unsafe extern "C" fn own_mlock2(a: *const c_void, l: usize, f: c_uint) -> c_int {
+    // SAFETY: locking changes no memory.
+    ret(unsafe { sys(libc::SYS_mlock2, a as usize, l, f as usize, 0, 0, 0) }) as c_int
+}
+
+unsafe extern "C" fn own_munlock(a: *const c_void, l: usize) -> c_int {
+    // SAFETY: unlocking changes no memory.
+    ret(unsafe { sys(libc::SYS_munlock, a as usize, l, 0, 0, 0, 0) }) as c_int
+}
+
+unsafe extern "C" fn own_mlockall(f: c_int) -> c_int {
+    // SAFETY: locking changes no memory.
+    ret(unsafe { sys(libc::SYS_mlockall, f as usize, 0, 0, 0, 0, 0) }) as c_int
+}
+
+unsafe extern "C" fn own_munlockall() -> c_int {
+    // SAFETY: unlocking changes no memory.
+    ret(unsafe { sys(libc::SYS_munlockall, 0, 0, 0, 0, 0, 0) }) as c_int
+}
+
+unsafe extern "C" fn own_mincore(a: *mut c_void, l: usize, v: *mut u8) -> c_int {
+    // SAFETY: the caller's promises (`v` holds a byte per page).
+    ret(unsafe { sys(libc::SYS_mincore, a as usize, l, v as usize, 0, 0, 0) }) as c_int
+}
+
+unsafe extern "C" fn own_msync(a: *mut c_void, l: usize, f: c_int) -> c_int {
+    // SAFETY: the caller's promises.
+    ret(unsafe { sys(libc::SYS_msync, a as usize, l, f as usize, 0, 0, 0) }) as c_int
+}
+
+unsafe extern "C" fn own_mremap(o: *mut c_void, ol: usize, nl: usize, f: c_int, n: *mut c_void) -> *mut c_void {
+    // SAFETY: the caller's promises.
+    ret(unsafe { sys(libc::SYS_mremap, o as usize, ol, nl, f as usize, n as usize, 0) }) as *mut c_void
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn own_syscall(
+    nr: c_long,
+    a1: c_long,
+    a2: c_long,
+    a3: c_long,
+    a4: c_long,
+    a5: c_long,
+    a6: c_long,
+) -> c_long {
+    // SAFETY: the caller's promises.
+    ret(unsafe { sys(nr, a1 as usize, a2 as usize, a3 as usize, a4 as usize, a5 as usize, a6 as usize) })
+}
+
+fn kernel_mmap(a: usize, l: usize, p: c_int, f: c_int, fd: c_int, o: i64) -> *mut c_void {
+    // SAFETY: a new mapping replaces memory only with MAP_FIXED, which the
+    // program asked for (the policy never sends a MAP_FIXED inside the
+    // reservation here while the space is open).
+    ret(unsafe { sys(libc::SYS_mmap, a, l, p as usize, f as usize, fd as usize, o as usize) }) as *mut c_void
+}
+
+/// A kernel range call's result as an errno (0: success).
+fn kernel_errno(r: c_long) -> c_int {
+    if (-4095..0).contains(&r) {
+        -r as c_int
+    } else {
+        0
+    }
+}
+
+// The program's calls: the policy of `lib.rs`.
+
+extern "C" fn program_mmap(a: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int, off: i64) -> *mut c_void {
+    guard(libc::MAP_FAILED, || {
+        let a = a as usize;
+        let why = match program_call() {
+            Err(w) => w,
+            Ok(()) => match route_mmap(a, len, flags) {
+                MapRoute::Space => match with_space(|sp| sp.mmap(a, len, prot, flags, fd, off)) {
+                    Ok(Ok(p)) => {
+                        count(Why::Space);
+                        return p as *mut c_void;
+                    }
+                    Ok(Err(e)) if e == Errno::ENOMEM && flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) == 0 => {
+                        Why::Refused
+                    }
+                    Ok(Err(e)) => {
+                        count(Why::Space);
+                        return fail(e.0, libc::MAP_FAILED);
+                    }
+                    Err(w) => w,
+                },
+                MapRoute::Kernel(w) => w,
+                MapRoute::Fail(e, w) => {
+                    count(w);
+                    return fail(e, libc::MAP_FAILED);
+                }
+            },
+        };
+        count(why);
+        kernel_mmap(a, len, prot, flags, fd, off)
+    })
+}
+
+/// A range call: the pieces of `[addr, addr + len)` outside the reservation
+/// go to the kernel (`kernel`, which returns the raw result), the piece
+/// inside to the space (`space`), in address order. With `all`, every
+/// piece is acted on whatever the others gave (as Linux's `munmap` and
+/// `madvise` act on every mapped part), otherwise the first failure stops
+/// the rest (as Linux's `mprotect` and `mlock` stop at a hole). A call that
+/// fails before looking at the range (an unaligned address, a zero or
+/// overflowing length) goes to the kernel whole, which says so.
+fn range_call(
+    addr: usize,
+    len: usize,
+    all: bool,
+    kernel: impl Fn(usize, usize) -> c_long,
+    space: impl Fn(&Space, usize, usize) -> Result<(), Errno>,
+) -> c_int {
+    if let Err(w) = program_call() {
+        count(w);
+        return ret(kernel(addr, len)) as c_int;
+    }
+    if len == 0 || addr.checked_add(len).is_none() || !addr.is_multiple_of(PAGE) {
+        count(Why::Invalid);
+        return ret(kernel(addr, len)) as c_int;
+    }
+    if place(addr, len) == Place::Outside {
+        count(Why::Outside);
+        return ret(kernel(addr, len)) as c_int;
+    }
+    let mut first = 0;
+    for (a, l, inside) in pieces(addr, len) {
+        let e = if inside {
+            match with_space(|sp| space(sp, a, l)) {
+                Ok(r) => {
+                    count(Why::Space);
+                    r.err().map_or(0, |e| e.0)
+                }
+                Err(w) => {
+                    count(w);
+                    kernel_errno(kernel(a, l))
+                }
+            }
+        } else {
+            count(Why::Outside);
+            kernel_errno(kernel(a, l))
+        };
+        if e != 0 {
+            if first == 0 {
+                first = e;
+            }
+            if !all {
+                break;
+            }
+        }
+    }
+    if first != 0 {
+        fail(first, -1)
+    } else {
+        0
+    }
+}
+
+extern "C" fn program_munmap(a: *mut c_void, len: usize) -> c_int {
+    guard(-1, || {
+        range_call(
+            a as usize,
+            len,
+            true,
+            // SAFETY: the program's own unmap of memory outside the
+            // reservation (the pieces never reach into it).
+            |a, l| unsafe { sys(libc::SYS_munmap, a, l, 0, 0, 0, 0) },
+            |sp, a, l| sp.munmap(a, l),
+        )
+    })
+}
+
+extern "C" fn program_mprotect(a: *mut c_void, len: usize, prot: c_int) -> c_int {
+    guard(-1, || {
+        range_call(
+            a as usize,
+            len,
+            false,
+            // SAFETY: as in `program_munmap`.
+            |a, l| unsafe { sys(libc::SYS_mprotect, a, l, prot as usize, 0, 0, 0) },
+            |sp, a, l| sp.mprotect(a, l, prot),
+        )
+    })
+}
+
+fn madvise_call(a: usize, len: usize, advice: c_int) -> c_int {
+    range_call(
+        a,
+        len,
+        true,
+        // SAFETY: as in `program_munmap`.
+        |a, l| unsafe { sys(libc::SYS_madvise, a, l, advice as usize, 0, 0, 0) },
+        |sp, a, l| sp.madvise(a, l, advice),
+    )
+}
+
+extern "C" fn program_madvise(a: *mut c_void, len: usize, advice: c_int) -> c_int {
+    guard(-1, || madvise_call(a as usize, len, advice))
+}
+
+extern "C" fn program_posix_madvise(a: *mut c_void, len: usize, advice: c_int) -> c_int {
+    guard(libc::ENOMEM, || {
+        if advice == libc::POSIX_MADV_DONTNEED {
+            return 0;
+        }
+        let saved = errno();
+        let r = madvise_call(a as usize, len, advice);
+        let e = if r == 0 { 0 } else { errno() };
+        set_errno(saved);
+        e
+    })
+}
+
+/// The mlock family's range: the address rounded down to a page, the length
+/// widened to match (Linux's rule).
+fn lock_range(a: *const c_void, len: usize) -> (usize, usize) {
+    let a = a as usize;
+    let start = a & !(PAGE - 1);
+    (start, len.saturating_add(a - start))
+}
+
+extern "C" fn program_mlock(a: *const c_void, len: usize) -> c_int {
+    program_mlock2(a, len, 0)
+}
+
+extern "C" fn program_mlock2(a: *const c_void, len: usize, flags: c_uint) -> c_int {
+    guard(-1, || {
+        let (a, len) = lock_range(a, len);
+        range_call(
+            a,
+            len,
+            false,
+            // SAFETY: locking changes no memory.
+            |a, l| unsafe { sys(libc::SYS_mlock2, a, l, flags as usize, 0, 0, 0) },
+            |sp, a, l| sp.mlock2(a, l, flags),
+        )
+    })
+}
+
+extern "C" fn program_munlock(a: *const c_void, len: usize) -> c_int {
+    guard(-1, || {
+        let (a, len) = lock_range(a, len);
+        range_call(
+            a,
+            len,
+            false,
+            // SAFETY: unlocking changes no memory.
+            |a, l| unsafe { sys(libc::SYS_munlock, a, l, 0, 0, 0, 0) },
+            |sp, a, l| sp.munlock(a, l),
+        )
+    })
+}
+
+extern "C" fn program_mincore(a: *mut c_void, len: usize, vec: *mut u8) -> c_int {
+    guard(-1, || {
+        let base = a as usize;
+        range_call(
+            base,
+            len,
+            false,
+            // SAFETY: `vec` holds a byte per page of the whole range (the
+            // program's promise), so from the piece's page on too.
+            |a, l| unsafe { sys(libc::SYS_mincore, a, l, vec.add((a - base) / PAGE) as usize, 0, 0, 0) },
+            |sp, a, l| {
+                // SAFETY: as above; the space writes only within the slice.
+                let v = unsafe { std::slice::from_raw_parts_mut(vec.add((a - base) / PAGE), l.div_ceil(PAGE)) };
+                sp.mincore(a, l, v)
+            },
+        )
+    })
+}
+
+extern "C" fn program_msync(a: *mut c_void, len: usize, flags: c_int) -> c_int {
+    guard(-1, || {
+        range_call(
+            a as usize,
+            len,
+            false,
+            // SAFETY: msync changes no memory.
+            |a, l| unsafe { sys(libc::SYS_msync, a, l, flags as usize, 0, 0, 0) },
+            |sp, a, l| sp.msync(a, l, flags),
+        )
+    })
+}
+
+/// `mlockall`: the space's regions through the space (`umm_mlockall`), every
+/// other mapping of the process through the kernel, one `mlock2` per line of
+/// `/proc/self/maps` (the kernel's own `mlockall(MCL_CURRENT)` would lock
+/// and populate the space's reservation behind usermm's back, and
+/// `MCL_FUTURE` would lock usermm's own later host mappings). So
+/// `MCL_FUTURE` holds for the space's later regions only.
+extern "C" fn program_mlockall(flags: c_int) -> c_int {
+    guard(-1, || {
+        if let Err(w) = program_call() {
+            count(w);
+            // SAFETY: locking changes no memory.
+            return ret(unsafe { sys(libc::SYS_mlockall, flags as usize, 0, 0, 0, 0, 0) }) as c_int;
+        }
+        let r = with_space(|sp| {
+            sp.mlockall(flags)?;
+            if flags & libc::MCL_CURRENT == 0 {
+                return Ok(());
+            }
+            let onfault = if flags & libc::MCL_ONFAULT != 0 { libc::MLOCK_ONFAULT as usize } else { 0 };
+            let maps = std::fs::read_to_string("/proc/self/maps").map_err(|_| Errno::ENOMEM)?;
+            for line in maps.lines() {
+                let Some((range, rest)) = line.split_once(' ') else { continue };
+                let Some((a, b)) = range.split_once('-') else { continue };
+                let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else { continue };
+                // Inaccessible mappings (guard pages, other reservations)
+                // are locked by Linux but never populated: left alone.
+                if place(a, b - a) != Place::Outside || rest.starts_with("---") || line.ends_with("[vsyscall]") {
+                    continue;
+                }
+                // SAFETY: locking changes no memory.
+                let e = kernel_errno(unsafe { sys(libc::SYS_mlock2, a, b - a, onfault, 0, 0, 0) });
+                if e != 0 && e != libc::ENOMEM {
+                    return Err(Errno(e));
+                }
+            }
+            Ok(())
+        });
+        match r {
+            Ok(Ok(())) => {
+                count(Why::Space);
+                0
+            }
+            Ok(Err(e)) => {
+                count(Why::Space);
+                fail(e.0, -1)
+            }
+            Err(w) => {
+                count(w);
+                // SAFETY: locking changes no memory.
+                ret(unsafe { sys(libc::SYS_mlockall, flags as usize, 0, 0, 0, 0, 0) }) as c_int
+            }
+        }
+    })
+}
+
+extern "C" fn program_munlockall() -> c_int {
+    guard(-1, || {
+        // SAFETY: unlocking changes no memory; the space's own host locks
+        // go too, and the space's call below clears every lock they stood
+        // for.
+        let r = ret(unsafe { sys(libc::SYS_munlockall, 0, 0, 0, 0, 0, 0) }) as c_int;
+        if program_call().is_err() {
+            return r;
+        }
+        match with_space(|sp| sp.munlockall()) {
+            Ok(Err(e)) => fail(e.0, -1),
+            _ => r,
+        }
+    })
+}
+
+extern "C" fn program_mremap(o: *mut c_void, ol: usize, nl: usize, flags: c_int, n: *mut c_void) -> *mut c_void {
+    guard(libc::MAP_FAILED, || {
+        let (o, n) = (o as usize, n as usize);
+        // SAFETY: the program's own mremap of memory outside the
+        // reservation (checked below before this runs).
+        let kernel = || ret(unsafe { sys(libc::SYS_mremap, o, ol, nl, flags as usize, n, 0) }) as *mut c_void;
+        if let Err(w) = program_call() {
+            count(w);
+            return kernel();
+        }
+        let fixed = flags & libc::MREMAP_FIXED != 0;
+        match place(o, ol) {
+            Place::Outside if fixed && place(n, nl) != Place::Outside => {
+                count(Why::Straddling);
+                fail(libc::EINVAL, libc::MAP_FAILED)
+            }
+            Place::Outside => {
+                count(Why::Outside);
+                kernel()
+            }
+            // Linux: the old range must lie in one mapping.
+            Place::Straddling => {
+                count(Why::Straddling);
+                fail(libc::EFAULT, libc::MAP_FAILED)
+            }
+            Place::Inside if fixed && place(n, nl) != Place::Inside => {
+                count(Why::Straddling);
+                fail(libc::EINVAL, libc::MAP_FAILED)
+            }
+            Place::Inside => match with_space(|sp| space_mremap(sp, o, ol, nl, flags, n)) {
+                Ok(r) => {
+                    count(Why::Space);
+                    r.map_or_else(|e| fail(e.0, libc::MAP_FAILED), |a| a as *mut c_void)
+                }
+                Err(w) => {
+                    count(w);
+                    kernel()
+                }
+            },
+        }
+    })
+}
+
+/// `mremap` of a space region, which the space has no call for: a shrink
+/// unmaps the tail; a grow maps the pages right after the region
+/// (`MAP_FIXED_NOREPLACE`) when they are free; otherwise (with
+/// `MREMAP_MAYMOVE`, or `MREMAP_FIXED`) a new region is mapped, the bytes
+/// copied (faulting in the old pages, each through the budget) and the old
+/// range unmapped. Only anonymous regions of one protection are moved; a
+/// lock on the old range is not carried over; `MREMAP_DONTUNMAP` and
+/// `old_len == 0` are `EINVAL`.
+fn space_mremap(
+    sp: &Space,
+    old: usize,
+    old_len: usize,
+    new_len: usize,
+    flags: c_int,
+    to: usize,
+) -> Result<usize, Errno> {
+    let page = sp.page_size();
+    let (maymove, fixed) = (flags & libc::MREMAP_MAYMOVE != 0, flags & libc::MREMAP_FIXED != 0);
+    if flags & !(libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0
+        || flags & libc::MREMAP_DONTUNMAP != 0
+        || !old.is_multiple_of(page)
+        || (fixed && (!maymove || !to.is_multiple_of(page)))
+    {
+        return Err(Errno::EINVAL);
+    }
+    let round = |n: usize| n.checked_next_multiple_of(page).ok_or(Errno::EINVAL);
+    let (old_len, new_len) = (round(old_len)?, round(new_len)?);
+    if old_len == 0 || new_len == 0 {
+        return Err(Errno::EINVAL);
+    }
+    if fixed && to < old + old_len && old < to + new_len {
+        return Err(Errno::EINVAL);
+    }
+    let (prot, shared, end) = region_at(&sp.smaps(), old).ok_or(Errno::EFAULT)?;
+    if old + old_len > end {
+        return Err(Errno::EFAULT);
+    }
+    let kind = if shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE } | libc::MAP_ANONYMOUS;
+    if !fixed {
+        if new_len <= old_len {
+            if new_len < old_len {
+                sp.munmap(old + new_len, old_len - new_len)?;
+            }
+            return Ok(old);
+        }
+        let grow = new_len - old_len;
+        if old + old_len == end && sp.mmap(end, grow, prot, kind | libc::MAP_FIXED_NOREPLACE, -1, 0).is_ok() {
+            return Ok(old);
+        }
+        if !maymove {
+            return Err(Errno::ENOMEM);
+        }
+    }
+    let rw = libc::PROT_READ | libc::PROT_WRITE;
+    let new = sp.mmap(to, new_len, rw, kind | if fixed { libc::MAP_FIXED } else { 0 }, -1, 0)?;
+    if prot & libc::PROT_READ == 0 {
+        sp.mprotect(old, old_len, prot | libc::PROT_READ)?;
+    }
+    // SAFETY: both ranges are mapped regions of the space, readable (old)
+    // and writable (new), and disjoint (a fresh region, or a fixed target
+    // checked above); their pages fault in through the space's handler.
+    unsafe { std::ptr::copy_nonoverlapping(old as *const u8, new as *mut u8, old_len.min(new_len)) };
+    if prot != rw {
+        sp.mprotect(new, new_len, prot)?;
+    }
+    sp.munmap(old, old_len)?;
+    Ok(new)
+}
+
+#[allow(clippy::too_many_arguments)]
+extern "C" fn program_syscall(
+    nr: c_long,
+    a1: c_long,
+    a2: c_long,
+    a3: c_long,
+    a4: c_long,
+    a5: c_long,
+    a6: c_long,
+) -> c_long {
+    let p = |v: c_long| v as *mut c_void;
+    match nr {
+        libc::SYS_mmap => program_mmap(p(a1), a2 as usize, a3 as c_int, a4 as c_int, a5 as c_int, a6) as c_long,
+        libc::SYS_mprotect => program_mprotect(p(a1), a2 as usize, a3 as c_int) as c_long,
+        libc::SYS_munmap => program_munmap(p(a1), a2 as usize) as c_long,
+        libc::SYS_mremap => program_mremap(p(a1), a2 as usize, a3 as usize, a4 as c_int, p(a5)) as c_long,
+        libc::SYS_msync => program_msync(p(a1), a2 as usize, a3 as c_int) as c_long,
+        libc::SYS_mincore => program_mincore(p(a1), a2 as usize, a3 as *mut u8) as c_long,
+        libc::SYS_madvise => program_madvise(p(a1), a2 as usize, a3 as c_int) as c_long,
+        libc::SYS_mlock => program_mlock(p(a1), a2 as usize) as c_long,
+        libc::SYS_munlock => program_munlock(p(a1), a2 as usize) as c_long,
+        libc::SYS_mlockall => program_mlockall(a1 as c_int) as c_long,
+        libc::SYS_munlockall => program_munlockall() as c_long,
+        libc::SYS_mlock2 => program_mlock2(p(a1), a2 as usize, a3 as c_uint) as c_long,
+        // SAFETY: the program's own call, passed on as glibc's `syscall`
+        // would.
+        _ => ret(unsafe { sys(nr, a1 as usize, a2 as usize, a3 as usize, a4 as usize, a5 as usize, a6 as usize) }),
+    }
+}

@@ -40,6 +40,28 @@
 //!   use the C library's allocator directly (its `#[global_allocator]`),
 //!   never the exported `malloc`.
 //!
+//! # The memory calls
+//! It also exports `mmap`, `mmap64`, `munmap`, `mremap`, `mprotect`,
+//! `madvise`, `posix_madvise`, `mlock`, `mlock2`, `munlock`, `mlockall`,
+//! `munlockall`, `mincore`, `msync` and `syscall` (for those numbers):
+//! - a call from this library's own code (usermm's host calls) goes to the
+//!   kernel by a raw system call: the exported names are trampolines that
+//!   look at their return address (`boundary.rs`);
+//! - so does every call before the space is open, from usermm's threads,
+//!   re-entrant or in a forked child (`program_call`);
+//! - a program's anonymous `mmap` is the space's (`route_mmap`: files,
+//!   hugetlb, stacks, `MAP_32BIT`, `MAP_FIXED` outside the reservation are
+//!   the kernel's; straddling its edge is `ENOMEM`), and an `ENOMEM` from
+//!   the space for one without a fixed address falls back to the kernel;
+//! - a range call is cut at the reservation's edges (`pieces`): inside,
+//!   the space's call; outside, the kernel's;
+//! - `mremap` of a space region is done here (shrink in place, grow in
+//!   place with `MAP_FIXED_NOREPLACE`, or map, copy, unmap);
+//! - `mlockall` locks the space's regions through the space and the other
+//!   mappings with one kernel `mlock2` each.
+//!
+//! Each call is counted by where it went (`Why`); `--verbose` prints it.
+//!
 //! # Configuration (environment, set by `usermm run`)
 //! The space: the `USERMM_*` variables of `usermm_compat.h`
 //! (`USERMM_BUDGET_BYTES`, `USERMM_SWAP_BYTES`, `USERMM_SWAP_DIR`,
@@ -113,6 +135,9 @@ fn env_on(name: &str) -> bool {
 /// The constructor's work: read this library's options, drop `LD_PRELOAD`
 /// if asked, open the space. Returns whether the exit report is wanted.
 fn init() -> bool {
+    // First: usermm's own memory calls (its threads' first ones included)
+    // must be told from the program's before anything else runs.
+    boundary::find_own_range();
     STATS.store(env_on("USERMM_RUN_STATS"), Relaxed);
     VERBOSE.store(env_on("USERMM_RUN_VERBOSE"), Relaxed);
     if env_on("USERMM_RUN_NO_INHERIT") {
@@ -211,7 +236,7 @@ fn report() {
             "usermm run: pid {pid} ({who}): stats: budget_bytes={} resident_bytes={} resident_bytes_max={} \
              swapped_bytes={} faults={} major_faults={} zero_fills={} swapins={} swapouts={} evictions={} \
              lazyfree_discards={} oom_sigbus={} heap_live_bytes={} heap_live_allocations={} heap_arena_bytes={} \
-             heap_large_bytes={}\n",
+             heap_large_bytes={} regions={}\n",
             s.budget_pages * page,
             s.resident_pages * page,
             s.resident_pages_max * page,
@@ -228,6 +253,7 @@ fn report() {
             h.live_allocations,
             h.arena_bytes,
             h.large_bytes,
+            s.regions,
         );
     }
     if VERBOSE.load(Relaxed) {
@@ -242,6 +268,206 @@ fn report() {
             c(&COUNTS.refused),
             c(&COUNTS.child_frees),
         );
+        out += &format!("usermm run: pid {pid} ({who}): memory calls:{}\n", mem_report());
     }
     boundary::write_report(&out);
+}
+
+// ---------------------------------------------------------------------------
+// The memory calls (`mmap`, `munmap`, `mprotect`, `madvise`, `mlock*`,
+// `mincore`, `msync`, `mremap`, and `syscall` for their numbers): the
+// routing policy. The exported functions are in `boundary.rs`.
+
+/// Why a memory call of the program went to the kernel, or was refused
+/// (indexes of [`MEM_COUNTS`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Why {
+    /// Served by the space.
+    Space = 0,
+    /// Before the space was open, or it could not be opened.
+    BeforeOpen,
+    /// A call by usermm's own code or threads, or a re-entrant one.
+    Usermm,
+    /// A forked child (no space there).
+    Child,
+    /// A file or device mapping.
+    File,
+    /// `MAP_HUGETLB`.
+    Hugetlb,
+    /// `MAP_STACK` or `MAP_GROWSDOWN`: thread stacks stay with the kernel.
+    Stack,
+    /// `MAP_32BIT`: the reservation is not in the low 2 GiB.
+    Low32,
+    /// `MAP_FIXED`/`MAP_FIXED_NOREPLACE` outside the reservation.
+    FixedOutside,
+    /// A range call (or the part of one) outside the reservation.
+    Outside,
+    /// A range call the kernel refuses before looking at the range (an
+    /// unaligned address, a zero or overflowing length): the kernel says so.
+    Invalid,
+    /// An anonymous `mmap` the space refused (`ENOMEM`): the kernel's.
+    Refused,
+    /// A `MAP_FIXED` or `mremap` that straddles the reservation's edge:
+    /// refused (`ENOMEM`/`EINVAL`/`EFAULT`), neither side served.
+    Straddling,
+}
+
+const WHY_NAMES: [&str; 13] = [
+    "space",
+    "kernel_before_open",
+    "kernel_usermm",
+    "kernel_forked_child",
+    "kernel_file",
+    "kernel_hugetlb",
+    "kernel_stack",
+    "kernel_map_32bit",
+    "kernel_fixed_outside",
+    "kernel_outside",
+    "kernel_invalid_arguments",
+    "kernel_refused_by_space",
+    "refused_straddling",
+];
+
+/// Memory calls by where they went, for `--verbose`.
+static MEM_COUNTS: [AtomicU64; 13] = [const { AtomicU64::new(0) }; 13];
+
+pub(crate) fn count(why: Why) {
+    MEM_COUNTS[why as usize].fetch_add(1, Relaxed);
+}
+
+/// Where a range lies against the space's reservation.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Place {
+    Inside,
+    Outside,
+    Straddling,
+}
+
+/// Where `[addr, addr + len)` lies against `[base, end)`.
+fn place_in(addr: usize, len: usize, base: usize, end: usize) -> Place {
+    let stop = addr.saturating_add(len);
+    if stop <= base || addr >= end {
+        Place::Outside
+    } else if addr >= base && stop <= end {
+        Place::Inside
+    } else {
+        Place::Straddling
+    }
+}
+
+pub(crate) fn place(addr: usize, len: usize) -> Place {
+    place_in(addr, len.max(1), BASE.load(Relaxed), END.load(Relaxed))
+}
+
+/// Whether a memory call of this thread may go to the space at all: the
+/// space is open and this is a program thread outside usermm. `Err` names
+/// why not (and is not counted yet).
+pub(crate) fn program_call() -> Result<(), Why> {
+    if !READY.load(Relaxed) || BASE.load(Relaxed) == 0 {
+        return Err(Why::BeforeOpen);
+    }
+    if usermm::heap::thread_is_system_only() || LIBC_ONLY.try_with(|d| d.get() > 0).unwrap_or(true) {
+        return Err(Why::Usermm);
+    }
+    Ok(())
+}
+
+/// Runs `f` on the space for a memory call; `Err(Why::Child)` in a forked
+/// child. The thread is marked re-entrant meanwhile, so usermm's own host
+/// calls inside go to the kernel.
+pub(crate) fn with_space<R>(f: impl FnOnce(&Space) -> R) -> Result<R, Why> {
+    HEAP.with_space(f).ok_or(Why::Child)
+}
+
+/// Where a program's `mmap` goes, when [`program_call`] allows the space.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum MapRoute {
+    Space,
+    Kernel(Why),
+    /// Refused with this errno.
+    Fail(i32, Why),
+}
+
+pub(crate) fn route_mmap(addr: usize, len: usize, flags: i32) -> MapRoute {
+    use usermm::consts::*;
+    if flags & MAP_ANONYMOUS == 0 {
+        return MapRoute::Kernel(Why::File);
+    }
+    if flags & MAP_HUGETLB != 0 {
+        return MapRoute::Kernel(Why::Hugetlb);
+    }
+    if flags & (MAP_STACK | MAP_GROWSDOWN) != 0 {
+        return MapRoute::Kernel(Why::Stack);
+    }
+    if flags & MAP_32BIT != 0 {
+        return MapRoute::Kernel(Why::Low32);
+    }
+    if flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0 {
+        return match place(addr, len) {
+            Place::Inside => MapRoute::Space,
+            Place::Outside => MapRoute::Kernel(Why::FixedOutside),
+            // The kernel would map over part of the reservation; the space
+            // cannot map outside it.
+            Place::Straddling => MapRoute::Fail(libc::ENOMEM, Why::Straddling),
+        };
+    }
+    MapRoute::Space
+}
+
+/// A piece of a range call: `(start, len, in_space)`.
+pub(crate) type Piece = (usize, usize, bool);
+
+/// `[addr, addr + len)` cut at the reservation's edges, in address order
+/// (at most three pieces: below, inside, above).
+pub(crate) fn pieces(addr: usize, len: usize) -> Vec<Piece> {
+    pieces_in(addr, len, BASE.load(Relaxed), END.load(Relaxed))
+}
+
+fn pieces_in(addr: usize, len: usize, base: usize, end: usize) -> Vec<Piece> {
+    let stop = addr + len;
+    let mut out = Vec::with_capacity(3);
+    let mut at = addr;
+    for (edge, inside) in [(base, false), (end, true), (usize::MAX, false)] {
+        let to = edge.clamp(at, stop);
+        if to > at {
+            out.push((at, to - at, inside));
+            at = to;
+        }
+    }
+    out
+}
+
+/// The protection and sharing of the space region that holds `addr`, and
+/// the region's end, read from the space's smaps (`start-end rwxp …`).
+pub(crate) fn region_at(smaps: &str, addr: usize) -> Option<(i32, bool, usize)> {
+    for line in smaps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else { continue };
+        let Some((a, b)) = range.split_once('-') else { continue };
+        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else { continue };
+        let p = perms.as_bytes();
+        if p.len() != 4 || !(a <= addr && addr < b) {
+            continue;
+        }
+        let mut prot = 0;
+        if p[0] == b'r' {
+            prot |= libc::PROT_READ;
+        }
+        if p[1] == b'w' {
+            prot |= libc::PROT_WRITE;
+        }
+        if p[2] == b'x' {
+            prot |= libc::PROT_EXEC;
+        }
+        return Some((prot, p[3] == b's', b));
+    }
+    None
+}
+
+fn mem_report() -> String {
+    let mut s = String::new();
+    for (name, c) in WHY_NAMES.iter().zip(MEM_COUNTS.iter()) {
+        s += &format!(" {name}={}", c.load(Relaxed));
+    }
+    s
 }
