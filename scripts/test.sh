@@ -23,6 +23,11 @@ echo "== cargo clippy -D warnings: the libraries a program links (no test hooks,
 cargo clippy -p usermm -p usermm-sys -p usermm-core -p usermm-preload --lib --release -- -D warnings
 echo "== cargo build --release (also the preload library usermm run's tests need)"
 cargo build --release --workspace
+echo "== the README's first command: scripts/demo.sh (CPython under usermm run at a quarter of its working set)"
+demo_out=$(scripts/demo.sh 2>&1) || { echo "$demo_out"; echo "FATAL: scripts/demo.sh failed" >&2; exit 1; }
+echo "$demo_out" | grep -E '^(python3:|== what usermm did)'
+echo "$demo_out" | grep -q '^python3: every value checks' || { echo "FATAL: the demo's values did not check" >&2; exit 1; }
+echo "$demo_out" | grep -Eq ' [1-9][0-9]* pages swapped out' || { echo "FATAL: the demo swapped nothing" >&2; exit 1; }
 echo "== cargo test -p usermm-core (debug build: every debug_assert! checked)"
 cargo test -p usermm-core
 echo "== cargo test --release"
