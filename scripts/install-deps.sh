@@ -35,6 +35,50 @@ usermm_install_deps() {
   usermm_install_pkg sqlite3 /usr/bin/sqlite3 || return 1
 }
 
+# usermm_sqlite_source BASE: SQLite's source tree as its own configure makes
+# it on this machine, for the test that runs SQLite's `speedtest1` under
+# `usermm run` (crates/usermm-cli/tests/run.rs). The tree is Debian's source
+# package `sqlite3` (its `.orig` tarball: upstream's tree, none of Debian's
+# patches, so configure turns on HAVE_MALLOC_USABLE_SIZE on glibc, which
+# Debian's own libsqlite3 patches out), fetched with `apt-get source` through
+# a private list of the system's Debian archives as `deb-src`, unpacked into
+# BASE/sqlite3-VERSION, configured (`./configure --disable-tcl`) and with its
+# amalgamation made (`make sqlite3.c`, which needs tclsh). Kept for the next
+# run; prints the tree's directory.
+usermm_sqlite_source() {
+  local base=$1 dir apt
+  dir=$(ls -d "$base"/sqlite3-*/ 2>/dev/null | head -1)
+  dir=${dir%/}
+  if [ -n "$dir" ] && [ -f "$dir/sqlite3.c" ] && [ -f "$dir/sqlite_cfg.h" ] && [ -f "$dir/test/speedtest1.c" ]; then
+    echo "$dir"
+    return 0
+  fi
+  usermm_install_pkg tcl /usr/bin/tclsh >&2 || return 1
+  echo "== fetching and configuring SQLite's source (Debian source package sqlite3) into $base" >&2
+  apt=$base/apt
+  rm -rf "$apt" && mkdir -p "$apt/sources.list.d" "$apt/lists/partial" "$apt/dl"
+  # The system's archives, as deb-src (one-line and deb822 formats).
+  sed -n 's/^deb \(.*\)/deb-src \1/p' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null >"$apt/sources.list" || true
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] && sed 's/^Types:.*/Types: deb-src/' "$f" >"$apt/sources.list.d/$(basename "$f")"
+  done
+  local opts=(-o "Dir::Etc::sourcelist=$apt/sources.list" -o "Dir::Etc::sourceparts=$apt/sources.list.d"
+    -o "Dir::State::Lists=$apt/lists" -o APT::Sandbox::User=root -q)
+  apt-get "${opts[@]}" update >"$apt/update.log" 2>&1 \
+    && (cd "$apt/dl" && apt-get "${opts[@]}" source --download-only sqlite3 >"$apt/source.log" 2>&1) \
+    || { echo "apt-get source sqlite3 failed: $(tail -3 "$apt/update.log" "$apt/source.log" 2>/dev/null)" >&2; return 1; }
+  local orig
+  orig=$(ls "$apt"/dl/sqlite3_*.orig.tar.* 2>/dev/null | grep -v -- '-www' | head -1)
+  [ -n "$orig" ] || { echo "no sqlite3 .orig tarball in $apt/dl" >&2; return 1; }
+  tar -xf "$orig" -C "$base" || return 1
+  dir=$(ls -d "$base"/sqlite3-*/ | head -1)
+  dir=${dir%/}
+  (cd "$dir" && ./configure --disable-tcl >configure.log 2>&1 && make sqlite3.c >make.log 2>&1) \
+    || { echo "SQLite's configure or make sqlite3.c failed in $dir (see configure.log, make.log there)" >&2; return 1; }
+  rm -rf "$apt"
+  echo "$dir"
+}
+
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   usermm_install_deps
 fi

@@ -14,6 +14,9 @@ cd "$(dirname "$0")/.."
 # the Debian CPython, SQLite shell and Redis server (scripts/install-deps.sh).
 . scripts/install-deps.sh
 usermm_install_deps || { echo "FATAL: the tests need the packages above" >&2; exit 1; }
+# SQLite's source tree, configured by its own configure (the speedtest1 test).
+mkdir -p target/upstream
+usermm_sqlite_source target/upstream >/dev/null || { echo "FATAL: the speedtest1 test needs SQLite's source (above)" >&2; exit 1; }
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

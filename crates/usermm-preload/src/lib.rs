@@ -33,9 +33,9 @@
 //!   the space's reservation it is the heap's, anywhere else the C
 //!   library's. In a forked child a free of the parent's block frees
 //!   nothing (the block is not there); a `realloc` of one fails (`ENOMEM`).
-//! - A `realloc` of a C-library block by a program thread moves it onto the
-//!   space (so a buffer allocated before the space opened and grown later
-//!   ends up under the budget).
+//! - A `realloc` of a C-library block stays with the C library (glibc grows
+//!   a thread's TLS vector with `realloc`; on the space it could hang
+//!   usermm's own code, see `boundary.rs`, `pthread_create`).
 //! - The library's own Rust allocations (and the usermm crate's inside it)
 //!   use the C library's allocator directly (its `#[global_allocator]`),
 //!   never the exported `malloc`.
@@ -61,6 +61,14 @@
 //!   mappings with one kernel `mlock2` each.
 //!
 //! Each call is counted by where it went (`Why`); `--verbose` prints it.
+//!
+//! # SIGBUS's action
+//! It also exports `sigaction` and `signal`: a program's call for SIGBUS
+//! goes to `umm_sigbus_action`, so that with faults resolved in the
+//! faulting thread (`--inthread`: each fault on the space a SIGBUS) the
+//! program's handler is the one usermm's chains to, not its replacement.
+//! Other signals, usermm's own calls (by return address, as above) and
+//! calls before the space is open are the C library's.
 //!
 //! # Configuration (environment, set by `usermm run`)
 //! The space: the `USERMM_*` variables of `usermm_compat.h`
@@ -138,6 +146,8 @@ fn init() -> bool {
     // First: usermm's own memory calls (its threads' first ones included)
     // must be told from the program's before anything else runs.
     boundary::find_own_range();
+    // And the C library's signal functions, before any handler may need them.
+    boundary::find_signal_calls();
     STATS.store(env_on("USERMM_RUN_STATS"), Relaxed);
     VERBOSE.store(env_on("USERMM_RUN_VERBOSE"), Relaxed);
     if env_on("USERMM_RUN_NO_INHERIT") {

@@ -81,7 +81,7 @@ pub use introspect::{
 pub use lifecycle::{umm_close, umm_config_init, umm_open};
 pub use lock::{umm_mlock, umm_mlock2, umm_mlockall, umm_munlock, umm_munlockall};
 pub use memory::{umm_madvise, umm_mmap, umm_mprotect, umm_msync, umm_munmap};
-pub use volatile::{umm_mnovolatile, umm_mvolatile, umm_populate};
+pub use volatile::{umm_mnovolatile, umm_mvolatile, umm_populate, umm_sigbus_action};
 
 /// The opaque `umm_space` of the C ABI (really a [`Space`]).
 #[allow(non_camel_case_types)]
