@@ -58,9 +58,10 @@ pub(crate) fn help() -> &'static str {
      EXIT STATUS: the program's; 128+N if signal N killed it; 127 if PROGRAM is not found; 126 if\n\
      it cannot run under the preload (statically linked, 32-bit, no preload library) or cannot be\n\
      started; 2 on a usage error.\n\n\
-     LIMITS (this version): only the heap is on the space (mmap, stacks and files stay with the\n\
-     kernel); a forked child that touches its parent's heap without exec'ing first dies of SIGSEGV\n\
-     (posix_spawn, system(), Python's subprocess work; a shell's fork without exec does not).\n"
+     LIMITS (this version): the heap and anonymous mmaps are on the space (stacks and files stay\n\
+     with the kernel); a forked child gets a space of its own for its new memory, but a child that\n\
+     touches its parent's heap or mappings without exec'ing first dies of SIGSEGV (posix_spawn,\n\
+     system(), Python's subprocess work; a shell's fork without exec does not).\n"
 }
 
 /// `usermm run`'s options.

@@ -438,6 +438,63 @@ fn a_c_programs_memory_calls_are_the_spaces_and_answer_as_the_kernel() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `MAP_FIXED` mappings of every kind over an anonymous mapping (the
+/// space's): a shared file window, a stack that grows down, a private file
+/// copy. The kernel must never map inside the space's reservation, so each
+/// is the space's; what the program sees must be what it sees without
+/// usermm.
+const FIXED_INSIDE_C: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    long pg = 4096;
+    int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || ftruncate(fd, 4 * pg)) return 1;
+    char *a = mmap(NULL, 16 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (a == MAP_FAILED) return 2;
+    memset(a, 'a', 16 * pg);
+    char *f = mmap(a + 2 * pg, 4 * pg, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+    printf("file window at +%ld: %d\n", f == MAP_FAILED ? -1L : (long)(f - a), f == MAP_FAILED ? -1 : f[0]);
+    strcpy(f + pg, "through the window");
+    if (msync(f, 4 * pg, MS_SYNC)) return 3;
+    char buf[32] = {0};
+    if (pread(fd, buf, 18, pg) != 18) return 4;
+    printf("file reads: %s\n", buf);
+    char *s = mmap(a + 8 * pg, 2 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_GROWSDOWN, -1, 0);
+    printf("stack at +%ld: %d\n", s == MAP_FAILED ? -1L : (long)(s - a), s == MAP_FAILED ? -1 : s[0]);
+    s[pg] = 's';
+    char *p = mmap(a + 12 * pg, pg, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, pg);
+    printf("private copy at +%ld: %s\n", p == MAP_FAILED ? -1L : (long)(p - a), p == MAP_FAILED ? "" : p);
+    printf("around: %c %c %c\n", a[pg], a[7 * pg], a[15 * pg]);
+    if (munmap(a, 16 * pg)) return 5;
+    return 0;
+}
+"#;
+
+#[test]
+fn fixed_mappings_of_any_kind_inside_the_reservation_are_the_spaces() {
+    let dir = tmpdir("fixedinside");
+    let exe = gcc(&dir, "fixedin", FIXED_INSIDE_C, &[]);
+    let file = dir.join("window");
+    let plain = output(Command::new(&exe).arg(&file));
+    assert!(plain.status.success(), "{plain:?}");
+    let plain_out = String::from_utf8_lossy(&plain.stdout);
+    assert!(plain_out.contains("file reads: through the window\n"), "{plain_out}");
+    let out = output(usermm_run(&["--budget", "16m", "--verbose", "--"]).arg(&exe).arg(&file));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, plain_out, "stderr:\n{stderr}");
+    let calls = memory_calls(&stderr, "fixedin");
+    // The anonymous mapping and the three fixed ones, then msync and munmap.
+    assert!(calls["space"] >= 6, "{calls:?}");
+    assert_eq!(calls["kernel_file"] + calls["kernel_stack"], 0, "{calls:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Four threads mapping, touching, checking, lazily freeing and unmapping
 /// anonymous memory at once (up to 28 MiB live under a 16 MiB budget),
 /// then `mlockall(MCL_CURRENT)` over the space and the kernel's mappings.
@@ -1139,6 +1196,117 @@ fn children_that_exec_run_and_inherit_the_preload() {
     let out = output(&mut usermm_run(&["--", "sh", "-c", "echo \"[$(echo x)]\""]));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "[]\n", "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("a forked child touched its parent's heap"), "{out:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A forked child (and grandchild) that allocates and maps without
+/// exec'ing: its new memory is on a space of its own; its parent's stream
+/// and environment (changed after the space opened) survive the fork; the
+/// parent's heap stays unreachable (a mapping with no access, which the
+/// child's calls treat as a hole), never another block's bytes.
+const FORKER_C: &str = r#"
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Whether p lies in a mapping with no access ("---p" in /proc/self/maps). */
+static int noaccess(const void *p) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    int r = -1;
+    while (f && fgets(line, sizeof line, f)) {
+        uintptr_t a, b;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &a, &b, perms) == 3 && a <= (uintptr_t)p && (uintptr_t)p < b)
+            r = strcmp(perms, "---p") == 0;
+    }
+    if (f) fclose(f);
+    return r == 1;
+}
+
+/* New memory of this process: malloc, an anonymous mapping locked, checked
+   resident, unlocked and unmapped. */
+static int new_memory(void) {
+    char *c = malloc(64);
+    size_t len = 1 << 20;
+    unsigned char vec[256];
+    if (!c) return 1;
+    strcpy(c, "new");
+    char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return 2;
+    memset(m, 7, len);
+    if (mlock(m, len) || mincore(m, len, vec)) return 3;
+    for (int i = 0; i < 256; i++) if (!(vec[i] & 1) || m[i * 4096] != 7) return 4;
+    if (munlock(m, len) || munmap(m, len)) return 5;
+    if (noaccess(c)) return 6;
+    free(c);
+    return 0;
+}
+
+int main(void) {
+    char *parent = malloc(64);
+    strcpy(parent, "the parent's heap");
+    FILE *keep = fopen("/proc/self/maps", "r");
+    if (!keep || setenv("FORKER_VAR", "set after the space opened", 1)) return 1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        const char *v = getenv("FORKER_VAR");
+        if (!v || strcmp(v, "set after the space opened")) _exit(10);
+        int r = new_memory();
+        if (r) _exit(10 + r);
+        void *page = (void *)((uintptr_t)parent & ~(uintptr_t)4095);
+        if (!noaccess(parent)) _exit(20);
+        if (mprotect(page, 4096, PROT_READ) != -1 || errno != ENOMEM) _exit(21);
+        if (madvise(page, 4096, MADV_DONTNEED) != -1 || errno != ENOMEM) _exit(22);
+        if (munmap(page, 4096) != 0 || !noaccess(parent)) _exit(23);
+        free(parent);
+        char *mine = malloc(64);
+        pid_t g = fork();
+        if (g == 0) exit(new_memory() || !noaccess(parent) || !noaccess(mine) ? 30 : 0);
+        int st;
+        if (waitpid(g, &st, 0) != g || !WIFEXITED(st) || WEXITSTATUS(st)) _exit(31);
+        printf("child ok\n");
+        exit(0);
+    }
+    int st;
+    if (waitpid(pid, &st, 0) != pid) return 2;
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+        printf("child status %#x\n", st);
+        return 3;
+    }
+    printf("%s\n", parent);
+    fclose(keep);
+    return 0;
+}
+"#;
+
+#[test]
+fn a_forked_child_allocates_and_maps_on_a_space_of_its_own() {
+    let dir = tmpdir("forker");
+    let exe = gcc(&dir, "forker", FORKER_C, &[]);
+    let out = output(usermm_run(&["--budget", "16m", "--verbose", "--"]).arg(&exe));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, "child ok\nthe parent's heap\n", "{stderr}");
+    // Three processes, each with a space: the parent's calls (none but
+    // malloc) and the child's and grandchild's (mmap, mlock, mincore,
+    // munlock, munmap) each counted on their own.
+    let calls: Vec<u64> = stderr
+        .lines()
+        .filter_map(|l| l.split_once("(forker): memory calls: space="))
+        .map(|(_, r)| r.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(calls.len(), 3, "{stderr}");
+    assert!(calls.iter().filter(|&&n| n >= 5).count() == 2, "{calls:?}\n{stderr}");
+    assert_eq!(stderr.matches("(forker): stats: ").count(), 3, "{stderr}");
+    // The child's free of its parent's block freed nothing.
+    assert!(stderr.contains("child_frees_dropped=1"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -26,7 +26,7 @@ use usermm::capi::{
 };
 use usermm::Space;
 
-use crate::{for_block, in_space, on_space, COUNTS};
+use crate::{for_block, in_ancestors, in_space, on_space, COUNTS};
 
 extern "C" {
     // glibc's own allocator under its public names' feet, exported
@@ -228,13 +228,15 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
         if p.is_null() {
             return;
         }
+        if in_ancestors(p as usize) {
+            // A forked child: the parent's block is not here to free.
+            COUNTS.child_frees.fetch_add(1, Relaxed);
+            return;
+        }
         if in_space(p as usize) {
             // SAFETY: `h` is a live handle; `p` lies in its reservation, so
             // the heap handed it out (the caller's promise).
-            if for_block(|sp| unsafe { umm_free(handle(sp), p) }).is_none() {
-                // A forked child: the parent's block is not here to free.
-                COUNTS.child_frees.fetch_add(1, Relaxed);
-            }
+            for_block(|sp| unsafe { umm_free(handle(sp), p) });
             return;
         }
         // SAFETY: outside the reservation, the block is glibc's (the
@@ -255,10 +257,14 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
         if p.is_null() {
             return malloc(size);
         }
+        if in_ancestors(p as usize) {
+            // A forked child: the parent's block cannot be read.
+            set_errno(libc::ENOMEM);
+            return std::ptr::null_mut();
+        }
         if in_space(p as usize) {
             // SAFETY: as in `free`.
             return for_block(|sp| unsafe { umm_realloc(handle(sp), p, size) }).unwrap_or_else(|| {
-                // A forked child: the parent's block cannot be read.
                 set_errno(libc::ENOMEM);
                 std::ptr::null_mut()
             });
@@ -379,6 +385,130 @@ pub unsafe extern "C" fn pthread_create(
     unsafe { real(thread, attr, start, arg) }
 }
 
+/// The C library's function `name` (NUL-terminated), found with
+/// `dlsym(RTLD_NEXT)` once and kept in `cache` (0: not looked up yet, 1:
+/// not there). Called with [`crate::LibcOnly`] entered: `dlsym` may
+/// `calloc`.
+fn next_fn(cache: &AtomicUsize, name: &[u8]) -> Option<usize> {
+    let mut f = cache.load(Relaxed);
+    if f == 0 {
+        // SAFETY: `name` is NUL-terminated (the callers' literals).
+        let sym = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr() as *const c_char) };
+        f = if sym.is_null() { 1 } else { sym as usize };
+        cache.store(f, Relaxed);
+    }
+    (f != 1).then_some(f)
+}
+
+/// glibc's `cookie_io_functions_t` (four function pointers), passed by value
+/// to `fopencookie`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CookieIoFunctions {
+    read: usize,
+    write: usize,
+    seek: usize,
+    close: usize,
+}
+
+/// Exports a C library function that allocates memory a forked child
+/// touches before it can do anything else, calling glibc's with every
+/// allocation it makes coming from the C library (`$fail` when glibc has
+/// no such function):
+/// - the streams (`fopen` and the others that make a `FILE`): glibc's
+///   `fork` walks every open stream in the child (`fresetlockfiles`,
+///   before any `pthread_atfork` handler runs) and resets the lock inside
+///   it; a stream on the space, which the child does not have, killed
+///   every child forked while one was open (LTP's harness forks its test
+///   with a `setmntent` stream open). A stream's buffer, allocated at its
+///   first read or write, stays the program's;
+/// - the environment (`setenv`, `putenv`, `unsetenv`, `clearenv`): a
+///   changed environment is an array glibc allocates, which `getenv` and
+///   `execvp` in the child read (LTP's harness `putenv`s before it forks).
+macro_rules! libc_only {
+    ($fail:expr; $(#[$doc:meta])* $name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// The C library function's own contract.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            static NEXT: AtomicUsize = AtomicUsize::new(0);
+            let _libc = crate::LibcOnly::enter();
+            let Some(f) = next_fn(&NEXT, concat!(stringify!($name), "\0").as_bytes()) else {
+                set_errno(libc::ENOSYS);
+                return $fail;
+            };
+            // SAFETY: `f` is the C library's function of this name, of
+            // this signature (its header's).
+            let real: unsafe extern "C" fn($($ty),*) -> $ret = unsafe { std::mem::transmute(f) };
+            // SAFETY: the caller's promises, forwarded.
+            unsafe { real($($arg),*) }
+        }
+    };
+}
+
+libc_only!(std::ptr::null_mut();
+    /// `fopen(3)`, the C library's (see `libc_only!`).
+    fopen(path: *const c_char, mode: *const c_char) -> *mut libc::FILE
+);
+libc_only!(std::ptr::null_mut();
+    /// `fopen64(3)`, the C library's.
+    fopen64(path: *const c_char, mode: *const c_char) -> *mut libc::FILE
+);
+libc_only!(std::ptr::null_mut();
+    /// `fdopen(3)`, the C library's.
+    fdopen(fd: c_int, mode: *const c_char) -> *mut libc::FILE
+);
+libc_only!(std::ptr::null_mut();
+    /// `popen(3)`, the C library's.
+    popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE
+);
+libc_only!(std::ptr::null_mut();
+    /// `fopencookie(3)`, the C library's.
+    fopencookie(cookie: *mut c_void, mode: *const c_char, funcs: CookieIoFunctions) -> *mut libc::FILE
+);
+libc_only!(std::ptr::null_mut();
+    /// `fmemopen(3)`, the C library's (the stream; a buffer it allocates
+    /// for a NULL `buf` too).
+    fmemopen(buf: *mut c_void, size: usize, mode: *const c_char) -> *mut libc::FILE
+);
+libc_only!(std::ptr::null_mut();
+    /// `open_memstream(3)`, the C library's (the stream; the buffer it
+    /// grows is the C library's too, and the program frees it by address).
+    open_memstream(ptr: *mut *mut c_char, size: *mut usize) -> *mut libc::FILE
+);
+libc_only!(std::ptr::null_mut();
+    /// `setmntent(3)`, the C library's (its `fopen` inside glibc does not
+    /// come through this library's).
+    setmntent(file: *const c_char, mode: *const c_char) -> *mut libc::FILE
+);
+libc_only!(std::ptr::null_mut();
+    /// `tmpfile(3)`, the C library's.
+    tmpfile() -> *mut libc::FILE
+);
+libc_only!(std::ptr::null_mut();
+    /// `tmpfile64(3)`, the C library's.
+    tmpfile64() -> *mut libc::FILE
+);
+
+libc_only!(-1;
+    /// `setenv(3)`, the C library's (see `libc_only!`).
+    setenv(name: *const c_char, value: *const c_char, overwrite: c_int) -> c_int
+);
+libc_only!(-1;
+    /// `putenv(3)`, the C library's.
+    putenv(string: *mut c_char) -> c_int
+);
+libc_only!(-1;
+    /// `unsetenv(3)`, the C library's.
+    unsetenv(name: *const c_char) -> c_int
+);
+libc_only!(-1;
+    /// `clearenv(3)`, the C library's.
+    clearenv() -> c_int
+);
+
 /// `malloc_usable_size(3)`: for a block of the space's, the size asked for.
 ///
 /// # Safety
@@ -386,7 +516,7 @@ pub unsafe extern "C" fn pthread_create(
 #[no_mangle]
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
     guard(0, || {
-        if p.is_null() {
+        if p.is_null() || in_ancestors(p as usize) {
             return 0;
         }
         if in_space(p as usize) {
@@ -466,7 +596,7 @@ fn put(buf: &mut [u8], at: &mut usize, s: &[u8]) {
 extern "C" fn child_segv(_sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_void) {
     // SAFETY: the kernel passes a valid siginfo for a SA_SIGINFO handler.
     let addr = unsafe { (*info).si_addr() } as usize;
-    if in_space(addr) {
+    if in_ancestors(addr) {
         let mut buf = [0u8; 256];
         let mut at = 0;
         put(&mut buf, &mut at, b"usermm run: pid ");
@@ -490,11 +620,33 @@ extern "C" fn child_segv(_sig: c_int, info: *mut libc::siginfo_t, _ctx: *mut c_v
     }
 }
 
-/// `pthread_atfork`'s child handler: when the parent had a space, the
-/// child's first SIGSEGV goes through [`child_segv`].
+/// `pthread_atfork`'s child handler: the child is a generation further
+/// (`lib.rs`); the reservations of its parent's space and its ancestors'
+/// get a mapping with no access each, so nothing else is placed there; and
+/// when the parent had a space, the child's first SIGSEGV goes through
+/// [`child_segv`].
 extern "C" fn after_fork_child() {
     guard((), || {
-        if !crate::had_space() {
+        let ranges = crate::after_fork_child();
+        for &(base, end) in &ranges {
+            // SAFETY: a fresh mapping with no access over a range that holds
+            // no mapping in the child (the reservation is `MADV_DONTFORK`),
+            // or the ancestors' placeholders already there (then
+            // `MAP_FIXED_NOREPLACE` fails with `EEXIST` and changes nothing).
+            unsafe {
+                sys(
+                    libc::SYS_mmap,
+                    base,
+                    end - base,
+                    libc::PROT_NONE as usize,
+                    (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE)
+                        as usize,
+                    usize::MAX,
+                    0,
+                )
+            };
+        }
+        if ranges.is_empty() {
             return;
         }
         // SAFETY: plain-data structs, initialised before use; `old` is
@@ -505,7 +657,12 @@ extern "C" fn after_fork_child() {
             sa.sa_sigaction = child_segv as *const () as usize;
             sa.sa_flags = libc::SA_SIGINFO;
             libc::sigemptyset(&mut sa.sa_mask);
-            if libc::sigaction(libc::SIGSEGV, &sa, old) == 0 {
+            if libc::sigaction(libc::SIGSEGV, &sa, old) == 0 && old.sa_sigaction != sa.sa_sigaction {
+                // A parent that was a forked child itself may still have
+                // its own one-shot handler in place: then the action to
+                // put back is the one it saved (`OLD_SEGV`, inherited), not
+                // this handler again (which would catch the same fault
+                // forever).
                 OLD_SEGV.store(old, Relaxed);
             }
         }
@@ -869,13 +1026,16 @@ extern "C" fn program_mmap(a: *mut c_void, len: usize, prot: c_int, flags: c_int
 /// inside to the space (`space`), in address order. With `all`, every
 /// piece is acted on whatever the others gave (as Linux's `munmap` and
 /// `madvise` act on every mapped part), otherwise the first failure stops
-/// the rest (as Linux's `mprotect` and `mlock` stop at a hole). A call that
-/// fails before looking at the range (an unaligned address, a zero or
-/// overflowing length) goes to the kernel whole, which says so.
+/// the rest (as Linux's `mprotect` and `mlock` stop at a hole). In a forked
+/// child a range that overlaps its parent's memory is a hole: 0 with
+/// `hole_ok` (`munmap`), `ENOMEM` otherwise. A call that fails before
+/// looking at the range (an unaligned address, a zero or overflowing
+/// length) goes to the kernel whole, which says so.
 fn range_call(
     addr: usize,
     len: usize,
     all: bool,
+    hole_ok: bool,
     kernel: impl Fn(usize, usize) -> c_long,
     space: impl Fn(&Space, usize, usize) -> Result<(), Errno>,
 ) -> c_int {
@@ -886,6 +1046,13 @@ fn range_call(
     if len == 0 || addr.checked_add(len).is_none() || !addr.is_multiple_of(PAGE) {
         count(Why::Invalid);
         return ret(kernel(addr, len)) as c_int;
+    }
+    if crate::overlaps_ancestors(addr, len) {
+        // A forked child's call on its parent's memory, which is not here:
+        // a hole (`munmap` of one is fine, every other call `ENOMEM`). The
+        // placeholder there must stay (`after_fork_child`).
+        count(Why::Child);
+        return if hole_ok { 0 } else { fail(libc::ENOMEM, -1) };
     }
     if place(addr, len) == Place::Outside {
         count(Why::Outside);
@@ -930,6 +1097,7 @@ extern "C" fn program_munmap(a: *mut c_void, len: usize) -> c_int {
             a as usize,
             len,
             true,
+            true,
             // SAFETY: the program's own unmap of memory outside the
             // reservation (the pieces never reach into it).
             |a, l| unsafe { sys(libc::SYS_munmap, a, l, 0, 0, 0, 0) },
@@ -944,6 +1112,7 @@ extern "C" fn program_mprotect(a: *mut c_void, len: usize, prot: c_int) -> c_int
             a as usize,
             len,
             false,
+            false,
             // SAFETY: as in `program_munmap`.
             |a, l| unsafe { sys(libc::SYS_mprotect, a, l, prot as usize, 0, 0, 0) },
             |sp, a, l| sp.mprotect(a, l, prot),
@@ -956,6 +1125,7 @@ fn madvise_call(a: usize, len: usize, advice: c_int) -> c_int {
         a,
         len,
         true,
+        false,
         // SAFETY: as in `program_munmap`.
         |a, l| unsafe { sys(libc::SYS_madvise, a, l, advice as usize, 0, 0, 0) },
         |sp, a, l| sp.madvise(a, l, advice),
@@ -998,6 +1168,7 @@ extern "C" fn program_mlock2(a: *const c_void, len: usize, flags: c_uint) -> c_i
             a,
             len,
             false,
+            false,
             // SAFETY: locking changes no memory.
             |a, l| unsafe { sys(libc::SYS_mlock2, a, l, flags as usize, 0, 0, 0) },
             |sp, a, l| sp.mlock2(a, l, flags),
@@ -1012,6 +1183,7 @@ extern "C" fn program_munlock(a: *const c_void, len: usize) -> c_int {
             a,
             len,
             false,
+            false,
             // SAFETY: unlocking changes no memory.
             |a, l| unsafe { sys(libc::SYS_munlock, a, l, 0, 0, 0, 0) },
             |sp, a, l| sp.munlock(a, l),
@@ -1025,6 +1197,7 @@ extern "C" fn program_mincore(a: *mut c_void, len: usize, vec: *mut u8) -> c_int
         range_call(
             base,
             len,
+            false,
             false,
             // SAFETY: `vec` holds a byte per page of the whole range (the
             // program's promise), so from the piece's page on too.
@@ -1043,6 +1216,7 @@ extern "C" fn program_msync(a: *mut c_void, len: usize, flags: c_int) -> c_int {
         range_call(
             a as usize,
             len,
+            false,
             false,
             // SAFETY: msync changes no memory.
             |a, l| unsafe { sys(libc::SYS_msync, a, l, flags as usize, 0, 0, 0) },
@@ -1133,6 +1307,15 @@ extern "C" fn program_mremap(o: *mut c_void, ol: usize, nl: usize, flags: c_int,
             return kernel();
         }
         let fixed = flags & libc::MREMAP_FIXED != 0;
+        if crate::overlaps_ancestors(o, ol.max(1)) || (fixed && crate::overlaps_ancestors(n, nl.max(1))) {
+            // A forked child's call on its parent's memory, which is not
+            // here (`range_call`): the old range is not mapped.
+            count(Why::Child);
+            return fail(
+                if crate::overlaps_ancestors(o, ol.max(1)) { libc::EFAULT } else { libc::EINVAL },
+                libc::MAP_FAILED,
+            );
+        }
         match place(o, ol) {
             Place::Outside if fixed && place(n, nl) != Place::Outside => {
                 count(Why::Straddling);

@@ -12,11 +12,11 @@
 //! no size).
 //!
 //! # What goes where
-//! - An allocation goes to the space's heap when the space is open, the
-//!   process is the one that opened it (not a forked child) and the
-//!   calling thread is a program thread outside usermm. Everything else
-//!   goes to the C library's own allocator (`__libc_malloc` and friends,
-//!   which glibc exports for allocators that stand in for it):
+//! - An allocation goes to the space's heap when the process's space is
+//!   open (see "Forked children" for a child's) and the calling thread is
+//!   a program thread outside usermm. Everything else goes to the C
+//!   library's own allocator (`__libc_malloc` and friends, which glibc
+//!   exports for allocators that stand in for it):
 //!   - allocations before the space is open (the dynamic loader's, `dlsym`'s
 //!     `calloc`, other libraries' constructors) and while it opens;
 //!   - allocations by usermm's own threads (fault handlers, background
@@ -24,14 +24,16 @@
 //!     serves could fault on it and wait on itself;
 //!   - allocations made inside a call of this library (re-entrant ones:
 //!     [`GlobalHeap::with_space`] marks the thread for its duration);
-//!   - allocations in a forked child, which has no space (the parent's is
-//!     not mapped there: a touch is SIGSEGV); a child that `exec`s gets the
-//!     preload again (unless `--no-inherit`) and a space of its own;
+//!   - allocations inside the C library functions that make a stream
+//!     (`fopen`, `fdopen`, `popen`, `setmntent`, …) or change the
+//!     environment (`setenv`, `putenv`, …), which this library wraps: a
+//!     forked child touches both before it can do anything else (glibc's
+//!     `fork` resets the lock of every open stream in the child);
 //!   - allocations the space refuses (its reservation or region limit
 //!     full): counted, and listed by `--verbose`.
 //! - A `free`, `realloc` or `malloc_usable_size` goes by address: inside
 //!   the space's reservation it is the heap's, anywhere else the C
-//!   library's. In a forked child a free of the parent's block frees
+//!   library's. In a forked child a free of an ancestor's block frees
 //!   nothing (the block is not there); a `realloc` of one fails (`ENOMEM`).
 //! - A `realloc` of a C-library block stays with the C library (glibc grows
 //!   a thread's TLS vector with `realloc`; on the space it could hang
@@ -39,6 +41,22 @@
 //! - The library's own Rust allocations (and the usermm crate's inside it)
 //!   use the C library's allocator directly (its `#[global_allocator]`),
 //!   never the exported `malloc`.
+//!
+//! # Forked children
+//! A forked child has none of its parent's space (the reservation is
+//! `MADV_DONTFORK`: a touch of the parent's heap or mappings is SIGSEGV).
+//! Its own new memory goes on a space of its own: the `pthread_atfork`
+//! child handler moves the process one *generation* on (a space and a
+//! reservation per generation, `GENERATIONS` deep; deeper children get
+//! none, and their calls are the kernel's), and the child's first
+//! allocation or memory call opens its space (a child that only `exec`s
+//! opens none; the exec'd program gets the preload again, unless
+//! `--no-inherit`). The handler also maps the reservations of the parent
+//! and its ancestors with no access, so the child's space (or anything the
+//! kernel places) never lands where a pointer into the parent's memory
+//! points: a touch stays SIGSEGV, never another block's bytes; and the
+//! child's range calls on them see a hole (`munmap` 0, the others
+//! `ENOMEM`, `mremap` `EFAULT`).
 //!
 //! # The memory calls
 //! It also exports `mmap`, `mmap64`, `munmap`, `mremap`, `mprotect`,
@@ -48,10 +66,12 @@
 //!   kernel by a raw system call: the exported names are trampolines that
 //!   look at their return address (`boundary.rs`);
 //! - so does every call before the space is open, from usermm's threads,
-//!   re-entrant or in a forked child (`program_call`);
+//!   re-entrant, or in a forked child past the last generation
+//!   (`program_call`);
 //! - a program's anonymous `mmap` is the space's (`route_mmap`: files,
 //!   hugetlb, stacks, `MAP_32BIT`, `MAP_FIXED` outside the reservation are
-//!   the kernel's; straddling its edge is `ENOMEM`), and an `ENOMEM` from
+//!   the kernel's; `MAP_FIXED` inside it is the space's whatever its kind,
+//!   straddling its edge is `ENOMEM`), and an `ENOMEM` from
 //!   the space for one without a fixed address falls back to the kernel;
 //! - a range call is cut at the reservation's edges (`pieces`): inside,
 //!   the space's call; outside, the kernel's;
@@ -92,8 +112,24 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 use usermm::{GlobalHeap, Space};
 
-/// The space and its heap, opened by the library's constructor.
-static HEAP: GlobalHeap = GlobalHeap::from_env();
+/// How many generations of forked children get a space of their own: a
+/// process `GENERATIONS` forks deep (or deeper) gets none, and its calls go
+/// to the kernel as before.
+const GENERATIONS: usize = 8;
+
+/// The space and its heap of each fork generation: `HEAPS[0]` is opened by
+/// the library's constructor, `HEAPS[g]` by a process `g` forks deep, on
+/// its first allocation or memory call (see "Forked children" in the
+/// module docs). A process uses `HEAPS[generation()]` only.
+static HEAPS: [GlobalHeap; GENERATIONS] = [const { GlobalHeap::from_env() }; GENERATIONS];
+
+/// This process's fork generation (0: the process the preload started in),
+/// bumped by the `pthread_atfork` child handler.
+static GENERATION: AtomicUsize = AtomicUsize::new(0);
+
+fn generation() -> usize {
+    GENERATION.load(Relaxed)
+}
 
 /// Set by the constructor once it has tried to open the space: until then
 /// every allocation is the C library's (the space is opened from the
@@ -101,10 +137,35 @@ static HEAP: GlobalHeap = GlobalHeap::from_env();
 /// another library's constructor).
 static READY: AtomicBool = AtomicBool::new(false);
 
-/// The space's reservation `[BASE, END)` (0, 0 until it is open): a block
-/// inside it is the heap's.
-static BASE: AtomicUsize = AtomicUsize::new(0);
-static END: AtomicUsize = AtomicUsize::new(0);
+/// The reservation `[start, end)` of each generation's space (0, 0 until it
+/// is open): `RANGES[generation()]` is this process's (a block inside it is
+/// the heap's), the ones before it its ancestors' (not mapped here: a
+/// placeholder with no access keeps them free of anything else).
+static RANGES: [(AtomicUsize, AtomicUsize); GENERATIONS] =
+    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; GENERATIONS];
+
+/// This process's reservation, `(0, 0)` while it has no space.
+fn own_range() -> (usize, usize) {
+    match RANGES.get(generation()) {
+        Some((b, e)) => (b.load(Relaxed), e.load(Relaxed)),
+        None => (0, 0),
+    }
+}
+
+/// Runs `f` on this process's space, opening it if this is a forked child
+/// whose space is not open yet, and records its reservation.
+fn space_call<R>(f: impl FnOnce(&Space) -> R) -> Option<R> {
+    let g = generation();
+    HEAPS.get(g)?.with_space(|sp| {
+        let (b, e) = &RANGES[g];
+        if b.load(Relaxed) == 0 {
+            let (base, len) = sp.reservation();
+            e.store(base + len, Relaxed);
+            b.store(base, Relaxed);
+        }
+        f(sp)
+    })
+}
 
 /// Where allocations went, for `--verbose`.
 struct Counts {
@@ -154,10 +215,7 @@ fn init() -> bool {
         // The constructor runs before the program's own code and threads.
         std::env::remove_var("LD_PRELOAD");
     }
-    if let Some((base, len)) = HEAP.with_space(Space::reservation) {
-        BASE.store(base, Relaxed);
-        END.store(base + len, Relaxed);
-    }
+    space_call(|_| ());
     READY.store(true, Relaxed);
     let report = STATS.load(Relaxed) || VERBOSE.load(Relaxed);
     if report {
@@ -168,14 +226,43 @@ fn init() -> bool {
     report
 }
 
-/// Whether this process (or the parent it was forked from) opened a space.
-fn had_space() -> bool {
-    BASE.load(Relaxed) != 0
+/// Whether `p` lies in this process's space's reservation (so it is the
+/// heap's).
+fn in_space(p: usize) -> bool {
+    let (base, end) = own_range();
+    p >= base && p < end
 }
 
-/// Whether `p` lies in the space's reservation (so it is the heap's).
-fn in_space(p: usize) -> bool {
-    p >= BASE.load(Relaxed) && p < END.load(Relaxed)
+/// Whether `p` lies in the reservation of an ancestor's space (this process
+/// is a forked child, and the memory is not here).
+fn in_ancestors(p: usize) -> bool {
+    RANGES.iter().take(generation()).any(|(b, e)| p >= b.load(Relaxed) && p < e.load(Relaxed))
+}
+
+/// Whether `[a, a + len)` overlaps an ancestor's reservation.
+fn overlaps_ancestors(a: usize, len: usize) -> bool {
+    let stop = a.saturating_add(len);
+    RANGES.iter().take(generation()).any(|(b, e)| a < e.load(Relaxed) && b.load(Relaxed) < stop)
+}
+
+/// The `pthread_atfork` child handler's work: the child is one generation
+/// further, has no space yet (its first allocation or memory call opens
+/// one), and gets the reservations of this process and its ancestors as
+/// ranges with no access, so that its own space (and any mapping the
+/// kernel places) never lands where a pointer into its parent's memory
+/// could reach it: a touch stays SIGSEGV, never another block's bytes.
+/// Returns the ranges to cover (at most [`GENERATIONS`]).
+fn after_fork_child() -> Vec<(usize, usize)> {
+    let g = generation();
+    GENERATION.store(g + 1, Relaxed);
+    // The counts `--verbose` prints are the child's own.
+    for c in [&COUNTS.space, &COUNTS.early, &COUNTS.usermm, &COUNTS.child, &COUNTS.refused, &COUNTS.child_frees]
+        .into_iter()
+        .chain(MEM_COUNTS.iter())
+    {
+        c.store(0, Relaxed);
+    }
+    RANGES.iter().take(g + 1).map(|(b, e)| (b.load(Relaxed), e.load(Relaxed))).filter(|&(b, e)| b < e).collect()
 }
 
 thread_local! {
@@ -212,19 +299,18 @@ fn on_space<R>(f: impl FnOnce(&Space) -> R) -> Option<R> {
         COUNTS.usermm.fetch_add(1, Relaxed);
         return None;
     }
-    let r = HEAP.with_space(f);
+    let r = space_call(f);
     if r.is_none() {
-        let c = if BASE.load(Relaxed) != 0 { &COUNTS.child } else { &COUNTS.early };
+        let c = if generation() > 0 { &COUNTS.child } else { &COUNTS.early };
         c.fetch_add(1, Relaxed);
     }
     r
 }
 
 /// Runs `f` on the space for a block that lies in it (a free, a resize, a
-/// size query), whatever the thread; `None` in a forked child, where the
-/// block is not there.
+/// size query), whatever the thread.
 fn for_block<R>(f: impl FnOnce(&Space) -> R) -> Option<R> {
-    HEAP.with_space(f)
+    space_call(f)
 }
 
 /// The exit report (`--stats`, `--verbose`) on stderr: one line of the
@@ -232,16 +318,21 @@ fn for_block<R>(f: impl FnOnce(&Space) -> R) -> Option<R> {
 fn report() {
     let who = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
     let (who, pid) = (who.trim(), std::process::id());
-    let Some((s, h, page)) = HEAP.with_space(|sp| (sp.stats(), sp.heap().stats(), sp.page_size() as u64)) else {
-        if VERBOSE.load(Relaxed) {
-            boundary::write_report(&format!(
-                "usermm run: pid {pid} ({who}): no space (it could not be opened, or this is a forked child)\n"
-            ));
-        }
-        return;
-    };
+    // A forked child that never allocated nor called has no space: the
+    // report does not open one.
+    let stats =
+        if own_range().0 != 0 { space_call(|sp| (sp.stats(), sp.heap().stats(), sp.page_size() as u64)) } else { None };
     let mut out = String::new();
-    if STATS.load(Relaxed) || VERBOSE.load(Relaxed) {
+    if stats.is_none() {
+        if !VERBOSE.load(Relaxed) {
+            return;
+        }
+        out += &format!(
+            "usermm run: pid {pid} ({who}): no space (it could not be opened, or this forked child made no call \
+             that needed one)\n"
+        );
+    }
+    if let Some((s, h, page)) = stats {
         out += &format!(
             "usermm run: pid {pid} ({who}): stats: budget_bytes={} resident_bytes={} resident_bytes_max={} \
              swapped_bytes={} faults={} major_faults={} zero_fills={} swapins={} swapouts={} evictions={} \
@@ -366,27 +457,35 @@ fn place_in(addr: usize, len: usize, base: usize, end: usize) -> Place {
 }
 
 pub(crate) fn place(addr: usize, len: usize) -> Place {
-    place_in(addr, len.max(1), BASE.load(Relaxed), END.load(Relaxed))
+    let (base, end) = own_range();
+    place_in(addr, len.max(1), base, end)
 }
 
 /// Whether a memory call of this thread may go to the space at all: the
 /// space is open and this is a program thread outside usermm. `Err` names
 /// why not (and is not counted yet).
 pub(crate) fn program_call() -> Result<(), Why> {
-    if !READY.load(Relaxed) || BASE.load(Relaxed) == 0 {
+    if !READY.load(Relaxed) {
         return Err(Why::BeforeOpen);
     }
     if usermm::heap::thread_is_system_only() || LIBC_ONLY.try_with(|d| d.get() > 0).unwrap_or(true) {
         return Err(Why::Usermm);
     }
+    if own_range().0 == 0 {
+        // The constructor's space could not be opened (generation 0), or a
+        // forked child's is opened now.
+        if generation() == 0 || space_call(|_| ()).is_none() {
+            return Err(if generation() == 0 { Why::BeforeOpen } else { Why::Child });
+        }
+    }
     Ok(())
 }
 
-/// Runs `f` on the space for a memory call; `Err(Why::Child)` in a forked
-/// child. The thread is marked re-entrant meanwhile, so usermm's own host
-/// calls inside go to the kernel.
+/// Runs `f` on the space for a memory call; `Err(Why::Child)` when this
+/// process has none. The thread is marked re-entrant meanwhile, so usermm's
+/// own host calls inside go to the kernel.
 pub(crate) fn with_space<R>(f: impl FnOnce(&Space) -> R) -> Result<R, Why> {
-    HEAP.with_space(f).ok_or(Why::Child)
+    space_call(f).ok_or(Why::Child)
 }
 
 /// Where a program's `mmap` goes, when [`program_call`] allows the space.
@@ -400,6 +499,21 @@ pub(crate) enum MapRoute {
 
 pub(crate) fn route_mmap(addr: usize, len: usize, flags: i32) -> MapRoute {
     use usermm::consts::*;
+    if flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0 {
+        match place(addr, len) {
+            // Whatever its kind (a file, a stack): the kernel must never map
+            // inside the reservation, behind the space's back (its regions
+            // and the host mapping would disagree, and the space could map
+            // a region of its own over the program's later). The space
+            // serves files and stacks (which do not grow), and refuses
+            // hugetlb (`EINVAL`).
+            Place::Inside => return MapRoute::Space,
+            // The kernel would map over part of the reservation; the space
+            // cannot map outside it.
+            Place::Straddling => return MapRoute::Fail(libc::ENOMEM, Why::Straddling),
+            Place::Outside => {}
+        }
+    }
     if flags & MAP_ANONYMOUS == 0 {
         return MapRoute::Kernel(Why::File);
     }
@@ -413,13 +527,7 @@ pub(crate) fn route_mmap(addr: usize, len: usize, flags: i32) -> MapRoute {
         return MapRoute::Kernel(Why::Low32);
     }
     if flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0 {
-        return match place(addr, len) {
-            Place::Inside => MapRoute::Space,
-            Place::Outside => MapRoute::Kernel(Why::FixedOutside),
-            // The kernel would map over part of the reservation; the space
-            // cannot map outside it.
-            Place::Straddling => MapRoute::Fail(libc::ENOMEM, Why::Straddling),
-        };
+        return MapRoute::Kernel(Why::FixedOutside);
     }
     MapRoute::Space
 }
@@ -430,7 +538,8 @@ pub(crate) type Piece = (usize, usize, bool);
 /// `[addr, addr + len)` cut at the reservation's edges, in address order
 /// (at most three pieces: below, inside, above).
 pub(crate) fn pieces(addr: usize, len: usize) -> Vec<Piece> {
-    pieces_in(addr, len, BASE.load(Relaxed), END.load(Relaxed))
+    let (base, end) = own_range();
+    pieces_in(addr, len, base, end)
 }
 
 fn pieces_in(addr: usize, len: usize, base: usize, end: usize) -> Vec<Piece> {
