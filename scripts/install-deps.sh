@@ -8,6 +8,14 @@
 #                            program `usermm run`'s tests run
 #   python3, sqlite3         programs `usermm run`'s tests run
 #                            (crates/usermm-cli/tests/run.rs), from /usr/bin
+#   libcap-dev               the kernel selftest mlock-random-test links -lcap
+#                            (crates/usermm-cli/tests/upstream_kernel_mm.rs)
+#   linux-source-6.12        the kernel's sources, whose mm selftests that
+#                            test extracts and builds (scripts/test.sh only:
+#                            usermm_install_kernel_source)
+#                            (/usr/src/linux-source-6.12.tar.xz, ~150 MB;
+#                            a later linux-source-6.N where 6.12 is not in
+#                            the archive)
 
 # usermm_install_pkg PACKAGE PATH...: installs PACKAGE unless every PATH is
 # an executable already.
@@ -29,10 +37,60 @@ usermm_install_pkg() {
   done
 }
 
+# usermm_install_file PACKAGE PATH: installs PACKAGE unless PATH exists (a
+# header, a library).
+usermm_install_file() {
+  local pkg=$1 p=$2
+  [ -e "$p" ] && return 0
+  echo "== installing $pkg"
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$pkg" >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$pkg" >/dev/null; }
+  fi
+  [ -e "$p" ] || { echo "$p is missing and could not be installed (as root: apt-get install $pkg)" >&2; return 1; }
+}
+
+# usermm_install_kernel_source: installs Debian's linux-source-6.12 (the
+# tarball /usr/src/linux-source-6.12.tar.xz, which the kernel mm selftests
+# test reads) unless a tarball of 6.12 or later is in /usr/src, without the
+# package's recommendations (a kernel build's tools). Where the archive has
+# no linux-source-6.12, the newest linux-source-6.N it has, N >= 12 (6.1's
+# selftests are not the ones the test builds); the test compares against
+# 6.12's results and says which version it built.
+usermm_install_kernel_source() {
+  local pkg=linux-source-6.12 t
+  for t in /usr/src/linux-source-6.*.tar.xz; do
+    if [ -e "$t" ] && [ "$(usermm_minor "$t")" -ge 12 ]; then return 0; fi
+  done
+  if command -v apt-cache >/dev/null 2>&1 && [ -z "$(apt-cache pkgnames "$pkg" 2>/dev/null | grep -x "$pkg")" ]; then
+    t=$(apt-cache pkgnames linux-source-6. 2>/dev/null | while read -r p; do
+      [ "$(usermm_minor "$p")" -lt 12 ] || echo "$p"; done | sort -V | tail -n 1) || t=
+    [ -n "$t" ] && pkg=$t
+  fi
+  echo "== installing $pkg (~150 MB)"
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$pkg" >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null \
+        && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$pkg" >/dev/null; }
+  fi
+  if [ ! -e "/usr/src/$pkg.tar.xz" ]; then
+    echo "/usr/src/$pkg.tar.xz is missing and could not be installed (as root: apt-get install $pkg)" >&2
+    return 1
+  fi
+}
+
+# usermm_minor NAME: N of a linux-source-6.N name or path (0 if none).
+usermm_minor() {
+  local n=${1##*linux-source-6.}
+  n=${n%%.tar.xz}
+  case $n in '' | *[!0-9]*) echo 0 ;; *) echo "$n" ;; esac
+}
+
 usermm_install_deps() {
   usermm_install_pkg redis-server /usr/bin/redis-server /usr/bin/redis-cli || return 1
   usermm_install_pkg python3 /usr/bin/python3 || return 1
   usermm_install_pkg sqlite3 /usr/bin/sqlite3 || return 1
+  usermm_install_file libcap-dev /usr/include/sys/capability.h || return 1
 }
 
 # usermm_sqlite_source BASE: SQLite's source tree as its own configure makes
@@ -80,5 +138,5 @@ usermm_sqlite_source() {
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
-  usermm_install_deps
+  usermm_install_deps && usermm_install_kernel_source
 fi

@@ -11,9 +11,12 @@ cd "$(dirname "$0")/.."
 # The far-memory tests (crates/usermm/tests/farmem.rs) start redis-server
 # processes of their own on loopback ports; `usermm run`'s tests
 # (crates/usermm-cli/tests/run.rs) run programs nobody here wrote under it:
-# the Debian CPython, SQLite shell and Redis server (scripts/install-deps.sh).
+# the Debian CPython, SQLite shell and Redis server (scripts/install-deps.sh);
+# crates/usermm-cli/tests/upstream_kernel_mm.rs builds the kernel's mm
+# selftests from Debian's linux-source-6.12.
 . scripts/install-deps.sh
-usermm_install_deps || { echo "FATAL: the tests need the packages above" >&2; exit 1; }
+usermm_install_deps && usermm_install_kernel_source \
+  || { echo "FATAL: the tests need the packages above" >&2; exit 1; }
 # SQLite's source tree, configured by its own configure (the speedtest1 test).
 mkdir -p target/upstream
 usermm_sqlite_source target/upstream >/dev/null || { echo "FATAL: the speedtest1 test needs SQLite's source (above)" >&2; exit 1; }

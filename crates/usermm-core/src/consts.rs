@@ -11,6 +11,9 @@ pub const PROT_MASK: i32 = PROT_READ | PROT_WRITE | PROT_EXEC;
 pub const MAP_SHARED: i32 = 0x01;
 pub const MAP_PRIVATE: i32 = 0x02;
 pub const MAP_SHARED_VALIDATE: i32 = 0x03;
+/// Droppable private anonymous memory (Linux 6.11): a mapping type a space
+/// does not build (`EINVAL`, as an unknown type).
+pub const MAP_DROPPABLE: i32 = 0x08;
 pub const MAP_TYPE: i32 = 0x0f;
 pub const MAP_FIXED: i32 = 0x10;
 pub const MAP_ANONYMOUS: i32 = 0x20;

@@ -1203,12 +1203,45 @@ extern "C" fn program_mincore(a: *mut c_void, len: usize, vec: *mut u8) -> c_int
             // program's promise), so from the piece's page on too.
             |a, l| unsafe { sys(libc::SYS_mincore, a, l, vec.add((a - base) / PAGE) as usize, 0, 0, 0) },
             |sp, a, l| {
-                // SAFETY: as above; the space writes only within the slice.
-                let v = unsafe { std::slice::from_raw_parts_mut(vec.add((a - base) / PAGE), l.div_ceil(PAGE)) };
-                sp.mincore(a, l, v)
+                // Into a buffer of ours first: a bad `vec` is `EFAULT`, as
+                // the kernel's copy to the program gives, never a SIGSEGV
+                // here.
+                let mut v = vec![0u8; l.div_ceil(PAGE)];
+                sp.mincore(a, l, &mut v)?;
+                copy_to_program(sp, vec.wrapping_add((a - base) / PAGE), &v)
             },
         )
     })
+}
+
+/// Copies `src` to the program's `dst` as the kernel copies a system
+/// call's result out: `EFAULT` when `dst` is not mapped writable. The
+/// kernel writes it (`process_vm_writev` to this process), so a bad address
+/// is an error, not a fault in this library; inside the reservation, where
+/// the kernel cannot fault a page in for itself when the space resolves
+/// faults in the faulting thread, the space's own regions say whether
+/// `dst` is writable and this thread writes it.
+fn copy_to_program(sp: &Space, dst: *mut u8, src: &[u8]) -> Result<(), Errno> {
+    let local = libc::iovec { iov_base: src.as_ptr() as *mut c_void, iov_len: src.len() };
+    let remote = libc::iovec { iov_base: dst.cast(), iov_len: src.len() };
+    // SAFETY: the kernel reads `src` (ours, `src.len()` bytes) and writes
+    // the program's range only if it is mapped writable, else fails.
+    let n = unsafe { libc::process_vm_writev(libc::getpid(), &local, 1, &remote, 1, 0) };
+    if n == src.len() as isize {
+        return Ok(());
+    }
+    let at = dst as usize;
+    if place(at, src.len()) == Place::Inside {
+        if let Some((prot, _, end)) = region_at(&sp.smaps(), at) {
+            if prot & libc::PROT_WRITE != 0 && at + src.len() <= end {
+                // SAFETY: the space maps `dst..dst + len` writable (its
+                // faults are served, in this thread or a handler's).
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+                return Ok(());
+            }
+        }
+    }
+    Err(Errno::EFAULT)
 }
 
 extern "C" fn program_msync(a: *mut c_void, len: usize, flags: c_int) -> c_int {
@@ -1354,8 +1387,12 @@ extern "C" fn program_mremap(o: *mut c_void, ol: usize, nl: usize, flags: c_int,
 /// `MREMAP_MAYMOVE`, or `MREMAP_FIXED`) a new region is mapped, the bytes
 /// copied (faulting in the old pages, each through the budget) and the old
 /// range unmapped. Only anonymous regions of one protection are moved; a
-/// lock on the old range is not carried over; `MREMAP_DONTUNMAP` and
-/// `old_len == 0` are `EINVAL`.
+/// lock on the old range is not carried over; `old_len == 0` is `EINVAL`.
+/// `MREMAP_DONTUNMAP` (Linux's rules: with `MREMAP_MAYMOVE`, same length)
+/// always moves, and then leaves the old range mapped, unlocked and empty
+/// (its pages dropped, reading as zeros), as Linux leaves a private one;
+/// on a shared region it is `EINVAL`: the new region could not share the
+/// old one's pages.
 fn space_mremap(
     sp: &Space,
     old: usize,
@@ -1366,8 +1403,8 @@ fn space_mremap(
 ) -> Result<usize, Errno> {
     let page = sp.page_size();
     let (maymove, fixed) = (flags & libc::MREMAP_MAYMOVE != 0, flags & libc::MREMAP_FIXED != 0);
+    let dontunmap = flags & libc::MREMAP_DONTUNMAP != 0;
     if flags & !(libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP) != 0
-        || flags & libc::MREMAP_DONTUNMAP != 0
         || !old.is_multiple_of(page)
         || (fixed && (!maymove || !to.is_multiple_of(page)))
     {
@@ -1375,7 +1412,7 @@ fn space_mremap(
     }
     let round = |n: usize| n.checked_next_multiple_of(page).ok_or(Errno::EINVAL);
     let (old_len, new_len) = (round(old_len)?, round(new_len)?);
-    if old_len == 0 || new_len == 0 {
+    if old_len == 0 || new_len == 0 || (dontunmap && (!maymove || old_len != new_len)) {
         return Err(Errno::EINVAL);
     }
     if fixed && to < old + old_len && old < to + new_len {
@@ -1385,8 +1422,11 @@ fn space_mremap(
     if old + old_len > end {
         return Err(Errno::EFAULT);
     }
+    if dontunmap && shared {
+        return Err(Errno::EINVAL);
+    }
     let kind = if shared { libc::MAP_SHARED } else { libc::MAP_PRIVATE } | libc::MAP_ANONYMOUS;
-    if !fixed {
+    if !fixed && !dontunmap {
         if new_len <= old_len {
             if new_len < old_len {
                 sp.munmap(old + new_len, old_len - new_len)?;
@@ -1412,6 +1452,16 @@ fn space_mremap(
     unsafe { std::ptr::copy_nonoverlapping(old as *const u8, new as *mut u8, old_len.min(new_len)) };
     if prot != rw {
         sp.mprotect(new, new_len, prot)?;
+    }
+    if dontunmap {
+        // Linux clears the old range's lock and moves its pages away: what
+        // stays is an empty mapping of the old protection.
+        sp.munlock(old, old_len)?;
+        sp.madvise(old, old_len, libc::MADV_DONTNEED)?;
+        if prot & libc::PROT_READ == 0 {
+            sp.mprotect(old, old_len, prot)?;
+        }
+        return Ok(new);
     }
     sp.munmap(old, old_len)?;
     Ok(new)

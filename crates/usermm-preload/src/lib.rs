@@ -69,9 +69,9 @@
 //!   re-entrant, or in a forked child past the last generation
 //!   (`program_call`);
 //! - a program's anonymous `mmap` is the space's (`route_mmap`: files,
-//!   hugetlb, stacks, `MAP_32BIT`, `MAP_FIXED` outside the reservation are
-//!   the kernel's; `MAP_FIXED` inside it is the space's whatever its kind,
-//!   straddling its edge is `ENOMEM`), and an `ENOMEM` from
+//!   hugetlb, stacks, `MAP_32BIT`, `MAP_DROPPABLE`, `MAP_FIXED` outside the
+//!   reservation are the kernel's; `MAP_FIXED` inside it is the space's
+//!   whatever its kind, straddling its edge is `ENOMEM`), and an `ENOMEM` from
 //!   the space for one without a fixed address falls back to the kernel;
 //! - a range call is cut at the reservation's edges (`pieces`): inside,
 //!   the space's call; outside, the kernel's;
@@ -411,9 +411,13 @@ pub(crate) enum Why {
     /// A `MAP_FIXED` or `mremap` that straddles the reservation's edge:
     /// refused (`ENOMEM`/`EINVAL`/`EFAULT`), neither side served.
     Straddling,
+    /// `MAP_DROPPABLE` (mapping type `0x08`): memory the kernel may drop
+    /// under pressure, which a space does not build; the kernel's mapping
+    /// behaves as Linux's (mlock leaves it unlocked, …).
+    Droppable,
 }
 
-const WHY_NAMES: [&str; 13] = [
+const WHY_NAMES: [&str; 14] = [
     "space",
     "kernel_before_open",
     "kernel_usermm",
@@ -427,10 +431,11 @@ const WHY_NAMES: [&str; 13] = [
     "kernel_invalid_arguments",
     "kernel_refused_by_space",
     "refused_straddling",
+    "kernel_droppable",
 ];
 
 /// Memory calls by where they went, for `--verbose`.
-static MEM_COUNTS: [AtomicU64; 13] = [const { AtomicU64::new(0) }; 13];
+static MEM_COUNTS: [AtomicU64; 14] = [const { AtomicU64::new(0) }; 14];
 
 pub(crate) fn count(why: Why) {
     MEM_COUNTS[why as usize].fetch_add(1, Relaxed);
@@ -513,6 +518,9 @@ pub(crate) fn route_mmap(addr: usize, len: usize, flags: i32) -> MapRoute {
             Place::Straddling => return MapRoute::Fail(libc::ENOMEM, Why::Straddling),
             Place::Outside => {}
         }
+    }
+    if flags & MAP_TYPE == MAP_DROPPABLE {
+        return MapRoute::Kernel(Why::Droppable);
     }
     if flags & MAP_ANONYMOUS == 0 {
         return MapRoute::Kernel(Why::File);
