@@ -100,7 +100,8 @@ static END: AtomicUsize = AtomicUsize::new(0);
 
 /// Where allocations went, for `--verbose`.
 struct Counts {
-    /// Allocations served by the space's heap.
+    /// Allocations served by the space's heap (counted with `--verbose`
+    /// only).
     space: AtomicU64,
     /// Allocations before the space was open (or when it could not be).
     early: AtomicU64,
@@ -156,6 +157,13 @@ fn init() -> bool {
         boundary::keep_stderr();
     }
     report
+}
+
+/// Whether allocations served by the space are counted: only for
+/// `--verbose`, which reports them (one shared counter on every `malloc`
+/// would make threads fight over its cache line).
+fn counting_space() -> bool {
+    VERBOSE.load(Relaxed)
 }
 
 /// Whether this process (or the parent it was forked from) opened a space.

@@ -48,6 +48,8 @@ use std::sync::OnceLock;
 
 use crate::{Config, Errno, Space, Stats};
 
+pub(crate) mod small;
+
 /// Allocations of at least this many bytes are regions of their own.
 pub const LARGE_BYTES: usize = 256 << 10;
 /// A free of at least this many bytes inside an arena lazily frees the
@@ -65,6 +67,85 @@ pub const MAX_ARENAS: usize = 1024;
 /// before its whole pages are lazily freed (talc keeps a gap's list links
 /// at its low end and its size at its high end, a few words each).
 pub(crate) const TAG_MARGIN: usize = 64;
+
+/// The largest small block: allocations up to this size (at an alignment
+/// up to a page) come from size classes in slabs.
+pub const SMALL_MAX_BYTES: usize = 16 << 10;
+/// A slab's size (and alignment from the reservation's base).
+pub const SLAB_BYTES: usize = 1 << SLAB_SHIFT;
+pub(crate) const SLAB_SHIFT: usize = 16;
+/// Size classes: 16..128 in steps of 16, then four per doubling up to
+/// [`SMALL_MAX_BYTES`] (jemalloc's spacing: at most 25% of a block is
+/// rounding).
+pub(crate) const NCLASSES: usize = 8 + 4 * 7;
+
+const CLASS_SIZES: [u32; NCLASSES] = {
+    let mut t = [0u32; NCLASSES];
+    let mut i = 0;
+    while i < 8 {
+        t[i] = 16 * (i as u32 + 1);
+        i += 1;
+    }
+    let mut k = 7;
+    while i < NCLASSES {
+        let mut j = 1;
+        while j <= 4 {
+            t[i] = (1 << k) + j * (1 << (k - 2));
+            i += 1;
+            j += 1;
+        }
+        k += 1;
+    }
+    t
+};
+
+/// The block size of class `c`.
+#[inline]
+pub(crate) fn class_size(c: usize) -> usize {
+    CLASS_SIZES[c] as usize
+}
+
+/// Blocks per slab of class `c`.
+#[inline]
+pub(crate) fn slab_slots(c: usize) -> usize {
+    SLAB_BYTES / class_size(c)
+}
+
+/// How many blocks of class `c` a thread caches at most: 32, fewer for
+/// blocks above 1 KiB (at most 32 KiB of a class, at least 4 blocks).
+#[inline]
+pub(crate) fn cache_cap(c: usize) -> usize {
+    (32 * 1024 / class_size(c)).clamp(4, small::CACHE_MAX)
+}
+
+/// The smallest class that holds `size` bytes (1..=[`SMALL_MAX_BYTES`]).
+#[inline]
+fn class_of(size: usize) -> usize {
+    if size <= 128 {
+        return size.max(1).div_ceil(16) - 1;
+    }
+    let k = (usize::BITS - 1 - (size - 1).leading_zeros()) as usize;
+    8 + (k - 7) * 4 + ((size - 1 - (1 << k)) >> (k - 2))
+}
+
+/// The class for a block of `size` bytes at `align`: the smallest class
+/// that holds it whose size is a multiple of `align` (blocks lie at
+/// multiples of their size from a slab's start, which is page aligned).
+/// `None` for blocks the slabs do not serve.
+#[inline]
+pub(crate) fn small_class(size: usize, align: usize, page: usize) -> Option<usize> {
+    if size > SMALL_MAX_BYTES || align > page {
+        return None;
+    }
+    let mut c = class_of(size.max(align));
+    while !class_size(c).is_multiple_of(align) {
+        c += 1;
+        if c == NCLASSES {
+            return None;
+        }
+    }
+    Some(c)
+}
 
 /// What a heap holds, from its own counters (the space's [`Stats`] say what
 /// of it is resident, swapped or lazily freed).
@@ -230,6 +311,13 @@ impl<'a> Heap<'a> {
     pub fn stats(&self) -> HeapStats {
         self.space.heap.stats()
     }
+
+    /// Gives the small blocks the calling thread keeps cached for this heap
+    /// back to their slabs, and lazily frees the slabs left wholly free (a
+    /// thread's exit does the same).
+    pub fn flush_thread_cache(&self) {
+        self.space.heap.flush_thread_cache(self.space);
+    }
 }
 
 /// Where a [`GlobalHeap`] takes its space's configuration from.
@@ -393,6 +481,32 @@ mod tests {
         // Unaligned: whole pages only.
         assert_eq!(free_run_pages(0x10010, 4 * page, page), Some((0x11000, 2 * page)));
         assert_eq!(free_run_pages(0x10000, 10, page), None);
+    }
+
+    #[test]
+    fn size_classes_hold_their_sizes_with_little_rounding() {
+        assert_eq!(class_size(NCLASSES - 1), SMALL_MAX_BYTES);
+        let mut last = 0;
+        for c in 0..NCLASSES {
+            assert!(class_size(c) > last && class_size(c).is_multiple_of(16), "{c}");
+            last = class_size(c);
+            assert!(slab_slots(c) >= 4 && slab_slots(c) <= SLAB_BYTES / 16);
+            assert!((4..=small::CACHE_MAX).contains(&cache_cap(c)));
+        }
+        for size in 1..=SMALL_MAX_BYTES {
+            let c = class_of(size);
+            assert!(class_size(c) >= size, "{size}");
+            assert!(c == 0 || class_size(c - 1) < size, "{size}: not the smallest");
+            assert!(size <= 128 || class_size(c) * 4 <= size * 5 + 64, "{size}: {} rounds too much", class_size(c));
+        }
+        assert_eq!(small_class(SMALL_MAX_BYTES + 1, 16, 4096), None);
+        assert_eq!(small_class(100, 8192, 4096), None);
+        for align in [16, 32, 64, 128, 256, 512, 1024, 2048, 4096] {
+            for size in [1, 100, 1000, 5000, 9000, 12288] {
+                let c = small_class(size, align, 4096).unwrap();
+                assert!(class_size(c) >= size && class_size(c).is_multiple_of(align), "{size} {align}");
+            }
+        }
     }
 
     #[test]

@@ -116,13 +116,14 @@ impl Space {
     pub fn open(cfg: &Config) -> Result<Space, Errno> {
         let fork_generation = usermm_sys::thread::watch_forks()?;
         let (inner, threads) = Inner::open(cfg)?;
+        let heap = boundary::heap::HeapCore::new(inner.base, inner.reserve_len);
         Ok(Space {
             inner,
             threads: Some(threads),
             fork_generation,
             owned: std::sync::Mutex::new(Vec::new()),
             own_gate: std::sync::RwLock::new(()),
-            heap: boundary::heap::HeapCore::new(),
+            heap,
         })
     }
 
