@@ -8,8 +8,9 @@
 //! new`/`delete` call `malloc`/`free`) — and serves them from the heap of
 //! one space (a [`GlobalHeap`] configured by the `USERMM_*` environment,
 //! as `usermm_compat.h`'s default space is), through the C heap calls
-//! (`umm_malloc` and friends: a 16-byte header per block, so `free` needs
-//! no size).
+//! (`umm_malloc` and friends: a block up to 16 KiB is told by its address
+//! from the heap's side table, a larger one by a 16-byte header, so `free`
+//! needs no size).
 //!
 //! # What goes where
 //! - An allocation goes to the space's heap when the space is open, the

@@ -11,7 +11,14 @@
 //! plain names in `usermm_compat.h`).
 //!
 //! # How it works
-//! - **Small and medium allocations** come from [talc](https://docs.rs/talc),
+//! - **Small allocations** (up to [`SMALL_MAX_BYTES`], at an alignment up
+//!   to a page) come from 36 size classes served from slabs of
+//!   [`SLAB_BYTES`], each slab one class's, with a per-thread cache of
+//!   blocks per class in front (no lock on the common path). What a free
+//!   needs (the class, whether the block is live) is in a side table
+//!   indexed by slab, not in the block: a free reads and writes nothing of
+//!   the block, and a double free is refused. See `heap/small.rs`.
+//! - **Medium allocations** come from [talc](https://docs.rs/talc),
 //!   a boundary-tagged, binned allocator that only ever manages memory it is
 //!   handed (`claim`) and never calls the host. The heap hands it *arenas*:
 //!   private anonymous regions of the space, the first [`FIRST_ARENA_BYTES`],
@@ -22,15 +29,16 @@
 //!   gives its pages and swap slots back to the space at once; shrinking one
 //!   unmaps its tail; growing one maps the pages after it when they are free
 //!   (`MAP_FIXED_NOREPLACE`), with no copy.
-//! - **Freed runs inside arenas** go back with `MADV_FREE`: when a free
-//!   releases at least [`FREE_RUN_BYTES`], the whole pages inside it (clear
-//!   of talc's boundary tags at either end) are lazily freed. `MADV_FREE`
-//!   rather than `MADV_DONTNEED` because the heap reuses memory soon and
-//!   often: lazily freed pages are reused with no fault and no zeroing while
-//!   the space has room, and reclaim drops them first, without writing them
-//!   to swap, when it has not (seed 001's point). Smaller frees that merge
-//!   into a large free run are not returned (as glibc, which trims only the
-//!   top of its heap).
+//! - **Freed memory** goes back with `MADV_FREE`: a slab whose every block
+//!   is free again (when its class has another slab with room), and inside
+//!   arenas, when a free releases at least [`FREE_RUN_BYTES`], the whole
+//!   pages inside it (clear of talc's boundary tags at either end).
+//!   `MADV_FREE` rather than `MADV_DONTNEED` because the heap reuses memory
+//!   soon and often: lazily freed pages are reused with no fault and no
+//!   zeroing while the space has room, and reclaim drops them first,
+//!   without writing them to swap, when it has not (seed 001's point).
+//!   Smaller frees that merge into a large free run are not returned (as
+//!   glibc, which trims only the top of its heap).
 //!
 //! # Deadlocks it cannot have
 //! The heap's lock is never held while the heap calls into a space on behalf

@@ -261,6 +261,7 @@ fn classes_keep_to_pages_of_their_own() {
         let n = [24usize, 4096 + 8, 48, 100][i % 4];
         // SAFETY: a live handle.
         let p = unsafe { umm_malloc(s, n) } as usize;
+        // SAFETY: a live handle and block.
         let usable = unsafe { umm_malloc_usable_size(s, p as *mut c_void) };
         for pg in (p / page)..=((p + usable - 1) / page) {
             let class = *pages.entry(pg).or_insert(usable);
@@ -318,7 +319,7 @@ fn threads_trade_small_blocks_under_pressure() {
                 let mut rng = Rng::new(77 + t);
                 for i in 0..60_000u64 {
                     let r = rng.next();
-                    if bytes.load(Ordering::Relaxed) > 64 << 20 || r % 3 == 0 {
+                    if bytes.load(Ordering::Relaxed) > 64 << 20 || r.is_multiple_of(3) {
                         let got = {
                             let mut p = pool.lock().unwrap();
                             let len = p.len();
