@@ -107,10 +107,29 @@ const CLASS_SIZES: [u32; NCLASSES] = {
     t
 };
 
+/// `ceil(2^32 / size)` of each class: `(off * m) >> 32` is `off / size`
+/// exactly for every offset in a slab (`off * size < 2^32`).
+const CLASS_RECIPROCALS: [u64; NCLASSES] = {
+    let mut t = [0u64; NCLASSES];
+    let mut i = 0;
+    while i < NCLASSES {
+        t[i] = (1u64 << 32).div_ceil(CLASS_SIZES[i] as u64);
+        i += 1;
+    }
+    t
+};
+
 /// The block size of class `c`.
 #[inline]
 pub(crate) fn class_size(c: usize) -> usize {
     CLASS_SIZES[c] as usize
+}
+
+/// `off / class_size(c)` for an offset inside a slab, with no division.
+#[inline]
+pub(crate) fn slot_of(c: usize, off: usize) -> usize {
+    debug_assert!(off < SLAB_BYTES);
+    ((off as u64 * CLASS_RECIPROCALS[c]) >> 32) as usize
 }
 
 /// Blocks per slab of class `c`.
@@ -123,8 +142,25 @@ pub(crate) fn slab_slots(c: usize) -> usize {
 /// blocks above 1 KiB (at most 32 KiB of a class, at least 4 blocks).
 #[inline]
 pub(crate) fn cache_cap(c: usize) -> usize {
-    (32 * 1024 / class_size(c)).clamp(4, small::CACHE_MAX)
+    CACHE_CAPS[c] as usize
 }
+
+const CACHE_CAPS: [u8; NCLASSES] = {
+    let mut t = [0u8; NCLASSES];
+    let mut i = 0;
+    while i < NCLASSES {
+        let n = 32 * 1024 / CLASS_SIZES[i] as usize;
+        t[i] = if n < 4 {
+            4
+        } else if n > small::CACHE_MAX {
+            small::CACHE_MAX as u8
+        } else {
+            n as u8
+        };
+        i += 1;
+    }
+    t
+};
 
 /// The smallest class that holds `size` bytes (1..=[`SMALL_MAX_BYTES`]).
 #[inline]
@@ -506,6 +542,11 @@ mod tests {
             assert!(class_size(c) >= size, "{size}");
             assert!(c == 0 || class_size(c - 1) < size, "{size}: not the smallest");
             assert!(size <= 128 || class_size(c) * 4 <= size * 5 + 64, "{size}: {} rounds too much", class_size(c));
+        }
+        for c in 0..NCLASSES {
+            for off in (0..SLAB_BYTES).step_by(16) {
+                assert_eq!(slot_of(c, off), off / class_size(c), "{c} {off}");
+            }
         }
         assert_eq!(small_class(SMALL_MAX_BYTES + 1, 16, 4096), None);
         assert_eq!(small_class(100, 8192, 4096), None);

@@ -48,7 +48,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-use super::{cache_cap, class_size, slab_slots, SystemOnly, NCLASSES, SLAB_BYTES, SLAB_SHIFT};
+use super::{cache_cap, class_size, slab_slots, slot_of, SystemOnly, NCLASSES, SLAB_BYTES, SLAB_SHIFT};
 use crate::consts::{MADV_FREE, MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
 use crate::Space;
 
@@ -213,7 +213,7 @@ impl Small {
             }
         };
         let (m, slab) = self.shared.meta(p).expect("a cached block lies in a carved slab");
-        let i = (p - slab) / class_size(class);
+        let i = slot_of(class, p - slab);
         let old = m.live[i / 64].fetch_or(1 << (i % 64), AcqRel);
         debug_assert_eq!(old & (1 << (i % 64)), 0, "a cached block was live");
         Some(p)
@@ -339,13 +339,12 @@ impl Shared {
             return Err(SmallFree::NotSmall);
         }
         let class = c as usize - 1;
-        let size = class_size(class) as u32;
-        let off = (p - slab) as u32;
-        let i = off / size;
-        if !off.is_multiple_of(size) || i as usize >= slab_slots(class) {
+        let off = p - slab;
+        let i = slot_of(class, off);
+        if i * class_size(class) != off || i >= slab_slots(class) {
             return Err(SmallFree::Refused);
         }
-        Ok((m, slab, class, i as usize))
+        Ok((m, slab, class, i))
     }
 
     /// Moves up to `out.len()` avail blocks of `class` into `out` (carving
@@ -392,14 +391,13 @@ impl Shared {
     /// [`Shared::purge`]).
     fn give(&self, class: usize, blocks: &[usize]) -> bool {
         let _system = SystemOnly::enter();
-        let size = class_size(class);
         let slots = slab_slots(class) as u32;
         let mut released = false;
         let mut bin = self.bins[class].0.lock();
         for &p in blocks {
             let (m, start) = self.meta(p).expect("a cached block lies in a carved slab");
             let slab = ((start - self.base) >> SLAB_SHIFT) as u32 + 1;
-            let i = (p - start) / size;
+            let i = slot_of(class, p - start);
             let old = m.avail[i / 64].fetch_or(1 << (i % 64), Relaxed);
             debug_assert_eq!(old & (1 << (i % 64)), 0, "a block given back twice");
             let n = m.avail_n.load(Relaxed) + 1;
