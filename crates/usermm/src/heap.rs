@@ -195,17 +195,20 @@ pub(crate) fn small_class(size: usize, align: usize, page: usize) -> Option<usiz
 /// of it is resident, swapped or lazily freed).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HeapStats {
-    /// Bytes of the arenas mapped for small and medium allocations.
+    /// Bytes of the arenas mapped for medium allocations and of the slab
+    /// segments mapped for small ones.
     pub arena_bytes: u64,
-    /// Arenas mapped.
+    /// Arenas and slab segments mapped.
     pub arenas: u64,
     /// Bytes of the regions of live large allocations.
     pub large_bytes: u64,
     /// Live large allocations (one region each).
     pub large_regions: u64,
-    /// Bytes requested by live allocations (both kinds).
+    /// Bytes of live allocations: the size asked, for small ones their
+    /// size class's (counted from the slabs' side table when asked).
     pub live_bytes: u64,
-    /// Live allocations (both kinds).
+    /// Live allocations (every kind; blocks in threads' caches are not
+    /// live).
     pub live_allocations: u64,
     /// Bytes given back to the space with `MADV_FREE` so far.
     pub lazily_freed_bytes: u64,
@@ -288,6 +291,7 @@ thread_local! {
 pub(crate) struct SystemOnly(());
 
 impl SystemOnly {
+    #[inline]
     pub(crate) fn enter() -> SystemOnly {
         SYSTEM_ONLY.with(|d| d.set(d.get() + 1));
         SystemOnly(())
@@ -295,6 +299,7 @@ impl SystemOnly {
 }
 
 impl Drop for SystemOnly {
+    #[inline]
     fn drop(&mut self) {
         SYSTEM_ONLY.with(|d| d.set(d.get() - 1));
     }
@@ -308,6 +313,7 @@ pub(crate) fn mark_usermm_thread() {
 }
 
 /// Whether this thread's allocations must come from the system allocator.
+#[inline]
 pub(crate) fn system_only() -> bool {
     // A thread tearing down its thread-locals counts as system-only.
     SYSTEM_ONLY.try_with(|d| d.get() > 0).unwrap_or(true)
@@ -319,6 +325,7 @@ pub(crate) fn system_only() -> bool {
 /// inside a heap's slow path or [`GlobalHeap::with_space`]. An allocator
 /// that stands in for the C library's `malloc` (the `usermm run` preload
 /// library) sends such allocations to the C library's own allocator.
+#[inline]
 pub fn thread_is_system_only() -> bool {
     system_only()
 }
@@ -436,10 +443,20 @@ impl GlobalHeap {
     /// The space, opened on first use; `None` if it could not be opened,
     /// while another thread is opening it, or in a forked child
     /// (allocations then come from the system allocator).
+    #[inline]
     pub(crate) fn space(&self) -> Option<&Space> {
         if let Some(r) = self.space.get() {
             return r.as_ref().ok().filter(|sp| sp.check_owner().is_ok());
         }
+        self.open_space()
+    }
+
+    /// [`GlobalHeap::space`]'s first call. Out of line and cold: a `Space`
+    /// is tens of KiB, and a frame that holds one (probed page by page on
+    /// every call) would cost the fast path more than the allocation.
+    #[cold]
+    #[inline(never)]
+    fn open_space(&self) -> Option<&Space> {
         // One thread opens the space; others (among them the space's own
         // threads, which std allocates for while starting them) use the
         // system allocator meanwhile instead of waiting for it.

@@ -129,6 +129,7 @@ impl Space {
 
     /// `Err(ESTALE)` in a process forked after the space was opened (see
     /// [`Space`]'s "fork"); an atomic load, checked before any lock.
+    #[inline]
     pub fn check_owner(&self) -> Result<(), Errno> {
         if usermm_sys::thread::fork_generation() != self.fork_generation {
             return Err(Errno::ESTALE);
@@ -170,11 +171,13 @@ impl Space {
     }
 
     /// The space's page size in bytes.
+    #[inline]
     pub fn page_size(&self) -> usize {
         self.inner.page_size
     }
 
     /// The reserved range `(start, len)`.
+    #[inline]
     pub fn reservation(&self) -> (usize, usize) {
         (self.inner.base, self.inner.reserve_len)
     }
