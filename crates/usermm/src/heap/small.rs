@@ -113,7 +113,8 @@ struct Pool {
     /// Released slabs not yet lazily freed (released without a space at
     /// hand: a thread's exit). They are not handed out before.
     dirty: Vec<u32>,
-    /// Every segment `(start, len)`, for the counters.
+    /// Every segment's slabs `(start, len)`, for the counters (the part
+    /// of the segment from its first slab boundary).
     segments: Vec<(usize, usize)>,
 }
 
@@ -460,7 +461,7 @@ impl Shared {
                         .mmap(0, len + SLAB_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
                         .ok()?;
                     let at = self.base + (addr - self.base).next_multiple_of(SLAB_BYTES);
-                    pool.segments.push((addr, len + SLAB_BYTES));
+                    pool.segments.push((at, len));
                     (pool.at, pool.end, pool.last) = (at, at + len, len);
                     self.segment_bytes.fetch_add((len + SLAB_BYTES) as u64, Relaxed);
                     self.segments.fetch_add(1, Relaxed);
