@@ -432,8 +432,10 @@ int umm_debug_inject_swap_errors(umm_space *s, unsigned reads, unsigned writes);
 umm_space *umm_default_space(void);
 
 /* usermm extension: a heap on the space (docs/design.md, "A heap on a
- * space"). Blocks come from arenas of the space (talc) or, from 256 KiB,
- * from regions of their own, so they live under the space's budget,
+ * space"). Blocks up to 16 KiB come from size classes on slabs of the
+ * space (a per-thread cache in front), larger ones from arenas of the
+ * space (talc) or, from 256 KiB, from regions of their own, so they live
+ * under the space's budget,
  * reclaim, swap and locks like any of its memory. Semantics of malloc(3)
  * and friends: 16-byte alignment; umm_malloc(s, 0) gives a unique pointer;
  * umm_realloc(s, NULL, n) is umm_malloc, umm_realloc(s, p, 0) frees p and
@@ -449,15 +451,18 @@ umm_space *umm_default_space(void);
  * as with free(3): a freed pointer that a later allocation returned again
  * is live again, and a pointer into the heap's memory that no call here
  * returned (e.g. into a block, where the block's own bytes happen to form
- * a valid header) is undefined. Freed blocks of 64 KiB or more give their
- * whole pages back with MADV_FREE; freed large blocks are unmapped. */
+ * a valid header) is undefined. A double free that races with a thread
+ * reusing the block's emptied slab may go unnoticed. Slabs left wholly
+ * free and freed blocks of 64 KiB or more give their whole pages back
+ * with MADV_FREE; freed large blocks are unmapped. */
 void *umm_malloc(umm_space *s, size_t size);
 void *umm_calloc(umm_space *s, size_t n, size_t size);
 void *umm_realloc(umm_space *s, void *p, size_t size);
 void *umm_aligned_alloc(umm_space *s, size_t align, size_t size);
 void umm_free(umm_space *s, void *p);
-/* The size the block was asked with; 0 for NULL or a pointer that is not a
- * live block (a freed one included). */
+/* At least the size the block was asked with, all of it usable: the size
+ * class's for blocks up to 16 KiB, the size asked above; 0 for NULL or a
+ * pointer that is not a live block (a freed one included). */
 size_t umm_malloc_usable_size(umm_space *s, void *p);
 /* 1 if p lies in the space's reservation (umm_free's, not libc's), else 0. */
 int umm_heap_owns(umm_space *s, const void *p);

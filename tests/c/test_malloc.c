@@ -151,7 +151,7 @@ static void semantics(void) {
     CHECK(calloc(SIZE_MAX / 2, 4) == NULL && errno == ENOMEM);
     CHECK(umm_malloc_usable_size(s, NULL) == 0);
     void *u = malloc(123);
-    CHECK(umm_malloc_usable_size(s, u) == 123);
+    CHECK(umm_malloc_usable_size(s, u) >= 123);
     CHECK(umm_heap_owns(s, u) == 1);
     /* realloc(p, 0) frees p and returns NULL (glibc). */
     CHECK(realloc(u, 0) == NULL);
@@ -270,7 +270,7 @@ static void refused_after_free(void) {
             if (!p)
                 continue;
             fill(p, k, n);
-            CHECK(wrong(p, k, n) == 0 && umm_malloc_usable_size(s, p) == n);
+            CHECK(wrong(p, k, n) == 0 && umm_malloc_usable_size(s, p) >= n);
             umm_free(s, p);
             CHECK(umm_malloc_usable_size(s, p) == 0);
             errno = 0;

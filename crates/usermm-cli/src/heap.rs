@@ -9,6 +9,9 @@
 //!   One untimed warm-up pass first, so that both allocators work on memory
 //!   they already have. `usermm` is a space with a budget far above the
 //!   window; `kernel` is the system allocator (glibc malloc).
+//! - `alloc-free-threads`: the same, in `threads` threads at once on one
+//!   allocator (each its own window and `alloc_ops` operations): ns per
+//!   operation of each thread, averaged over the threads.
 //! - `hashmap` (the `hashmap` example's program): a hashbrown
 //!   `HashMap<u64, Vec<u8>>` whose values (64..2048 bytes, `data_mib` in
 //!   all) are built (`build`: inserts/s) and then looked up at random
@@ -40,6 +43,7 @@ pub fn params(full: bool) -> Params {
         .def("queries", Kind::Int, if full { 400_000 } else { 40_000 }, "random lookups after the build")
         .def("alloc_ops", Kind::Int, if full { 20_000_000 } else { 2_000_000 }, "alloc-free operations per run")
         .def("alloc_slots", Kind::Int, 4096, "live blocks of the alloc-free window")
+        .def("threads", Kind::Int, 2, "threads of the alloc-free-threads variant")
         .def("runs", Kind::Int, if full { 5 } else { 3 }, "measured runs (systems alternate run by run)")
         .def("swap_dir", Kind::Text, default_swap_dir(), "directory of the swap files")
         .def("seed", Kind::Int, 5, "PRNG seed of value sizes and lookups")
@@ -119,6 +123,17 @@ fn alloc_free<A: Allocator>(a: &A, ops: u64, slots: usize, seed: u64) -> f64 {
     ns as f64 / ops.max(1) as f64
 }
 
+/// `alloc_free` in `threads` threads at once on `a`: each thread's ns per
+/// operation, averaged.
+fn alloc_free_threads<A: Allocator + Sync>(a: &A, threads: usize, ops: u64, slots: usize, seed: u64) -> f64 {
+    let sum: f64 = std::thread::scope(|s| {
+        let hs: Vec<_> =
+            (0..threads).map(|t| s.spawn(move || alloc_free(a, ops, slots, seed + 1000 * t as u64))).collect();
+        hs.into_iter().map(|h| h.join().expect("an alloc-free thread panicked")).sum()
+    });
+    sum / threads as f64
+}
+
 /// `n` operations: each frees a random slot's block, allocates one of
 /// 16..1024 bytes and writes its first byte. Returns the ns taken.
 fn alloc_free_pass<'a, A: Allocator>(a: &'a A, live: &mut [Option<AVec<u8, &'a A>>], rng: &mut Rng, n: u64) -> u64 {
@@ -195,6 +210,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     let queries = p.int("queries");
     let ops = p.int("alloc_ops");
     let slots = p.int("alloc_slots").max(1) as usize;
+    let threads = p.int("threads").max(1) as usize;
     let runs = p.int("runs").max(1) as usize;
     let dir = p.text("swap_dir");
     let seed = p.int("seed");
@@ -225,6 +241,15 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
                 alloc_free(&Global, ops, slots, s)
             };
             e.add(sys, "alloc-free", "ns_per_op", "ns", ns);
+        }
+        for sys in order {
+            prog.say(&format!("alloc-free-threads {sys} ({threads} threads), {which}"));
+            let ns = if sys == "usermm" {
+                alloc_free_threads(&sp.heap(), threads, ops, slots, s)
+            } else {
+                alloc_free_threads(&Global, threads, ops, slots, s)
+            };
+            e.add(sys, "alloc-free-threads", "ns_per_op", "ns", ns);
         }
         drop(sp);
         // hashmap: usermm and kernel-memcg alternate; the unlimited kernel last.
@@ -289,7 +314,8 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     summary(&mut e, measured);
     goals(&mut e, measured);
     e.notes.push(format!(
-        "alloc-free: {ops} operations over {slots} live blocks of 16..1024 bytes after an untimed warm-up of a quarter of that; \
+        "alloc-free: {ops} operations over {slots} live blocks of 16..1024 bytes after an untimed warm-up of a quarter of that \
+         (alloc-free-threads: the same in {threads} threads at once, each its own window; ns per operation of a thread); \
          usermm is the heap of a space with a 1 GiB budget (no pressure), kernel the system allocator (glibc malloc) on the \
          kernel's memory. hashmap: a hashbrown HashMap<u64, Vec<u8>> with {} MiB of values (64..2048 bytes each) built, then \
          {queries} random lookups each checking every byte; usermm and {MEMCG} under the same {} MiB ({}% of the data); \
@@ -305,9 +331,9 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     Ok(e)
 }
 
-/// usermm's own goals (the issue that asked for this experiment set none):
-/// the heap's alloc/free within 2× glibc's on memory both already have
-/// (goal: as fast), and the HashMap under the same limit at least half as
+/// usermm's own goals: the heap's alloc/free within 1.5× glibc's on memory
+/// both already have, on one thread and per operation on several (issue
+/// 48; goal: as fast), and the HashMap under the same limit at least half as
 /// fast as the kernel's swap when looking up (goal: as fast) and 0.8× when
 /// building.
 fn goals(e: &mut Experiment, memcg_measured: bool) {
@@ -316,7 +342,15 @@ fn goals(e: &mut Experiment, memcg_measured: bool) {
         "alloc-free",
         "ns_per_op",
         false,
-        2.0,
+        1.5,
+        1.0,
+    );
+    e.ratio_goal(
+        "alloc/free ns per operation vs the system allocator, threads at once (no pressure)",
+        "alloc-free-threads",
+        "ns_per_op",
+        false,
+        1.5,
         1.0,
     );
     if memcg_measured {
@@ -344,12 +378,15 @@ fn goals(e: &mut Experiment, memcg_measured: bool) {
 /// The ratios side by side.
 fn summary(e: &mut Experiment, memcg_measured: bool) {
     let ratio = |e: &Experiment, sys: &str, base: &str, v: &str, m: &str| fmt_num(e.med(sys, v, m) / e.med(base, v, m));
-    let mut rows = vec![vec![
-        "alloc-free ns/op".to_string(),
-        fmt_num(e.med("usermm", "alloc-free", "ns_per_op")),
-        fmt_num(e.med("kernel", "alloc-free", "ns_per_op")),
-        format!("{}× (kernel: system allocator)", ratio(e, "usermm", "kernel", "alloc-free", "ns_per_op")),
-    ]];
+    let mut rows = Vec::new();
+    for v in ["alloc-free", "alloc-free-threads"] {
+        rows.push(vec![
+            format!("{v} ns/op"),
+            fmt_num(e.med("usermm", v, "ns_per_op")),
+            fmt_num(e.med("kernel", v, "ns_per_op")),
+            format!("{}× (kernel: system allocator)", ratio(e, "usermm", "kernel", v, "ns_per_op")),
+        ]);
+    }
     for (v, unit) in [("build", "inserts/s"), ("query", "lookups/s")] {
         rows.push(vec![
             format!("hashmap {v} {unit}"),

@@ -30,6 +30,9 @@
 //! equal to a run without usermm, every Redis value read back): a wrong run
 //! is an error.
 //!
+//! Swap-ins (pages read back from swap): usermm's `--stats`; for
+//! `kernel-memcg`, the machine's `pswpin` across the run (machine-wide).
+//!
 //! Round 0 is the calibration (not recorded): the fitting usermm run gives
 //! the heap peak (`resident_bytes_max` of `--stats`), the unlimited kernel
 //! run the group's peak charge.
@@ -90,6 +93,9 @@ struct Sample {
     secs: f64,
     /// From usermm's `--stats`.
     swapouts: u64,
+    /// Pages read back from swap: usermm's `--stats`; for the kernel, the
+    /// machine's `pswpin` across the run.
+    swapins: u64,
     heap_peak_bytes: u64,
     /// From the memory group.
     charge_peak_bytes: u64,
@@ -301,6 +307,7 @@ fn run_usermm(prog: &Prog, sys: &str, budget: usize, swap: &[String]) -> Result<
     Ok(Sample {
         secs,
         swapouts: stats(&stderr, "swapouts")?,
+        swapins: stats(&stderr, "swapins")?,
         heap_peak_bytes: stats(&stderr, "resident_bytes_max")?,
         charge_peak_bytes: 0,
     })
@@ -310,6 +317,7 @@ fn run_usermm(prog: &Prog, sys: &str, budget: usize, swap: &[String]) -> Result<
 fn run_kernel(prog: &Prog, sys: &str, limit: &KernelLimit) -> Result<Sample, String> {
     let mut args = vec!["programs".to_string()];
     args.extend(prog.argv.iter().map(|a| a.to_string_lossy().into_owned()));
+    let (_, pswpin0, _) = memcg::vmstat_reclaim();
     let (child, client) = std::thread::scope(|s| {
         let client = prog.redis.map(|(port, n)| s.spawn(move || redis_client(port, n)));
         let child = limit.run_child(&args);
@@ -322,7 +330,14 @@ fn run_kernel(prog: &Prog, sys: &str, limit: &KernelLimit) -> Result<Sample, Str
         None => c.elapsed_ns as f64 / 1e9,
     };
     check_stdout(prog, sys, &stdout)?;
-    Ok(Sample { secs, swapouts: 0, heap_peak_bytes: 0, charge_peak_bytes: c.peak_charge_bytes })
+    let (_, pswpin1, _) = memcg::vmstat_reclaim();
+    Ok(Sample {
+        secs,
+        swapouts: 0,
+        swapins: pswpin1.saturating_sub(pswpin0),
+        heap_peak_bytes: 0,
+        charge_peak_bytes: c.peak_charge_bytes,
+    })
 }
 
 /// `usermm __kernel-memcg-child programs PROGRAM ARGS…`: waits for the go
@@ -452,6 +467,9 @@ fn run_all(
                 e.add(sys, name, "time", "s", s.secs);
                 if sys == USERMM || sys == USERMM_REDIS {
                     e.add(sys, name, "swapouts", "pages", s.swapouts as f64);
+                }
+                if sys == USERMM || sys == USERMM_REDIS || sys == MEMCG {
+                    e.add(sys, name, "swapins", "pages", s.swapins as f64);
                 }
             }
         }

@@ -8,8 +8,9 @@
 //! new`/`delete` call `malloc`/`free`) — and serves them from the heap of
 //! one space (a [`GlobalHeap`] configured by the `USERMM_*` environment,
 //! as `usermm_compat.h`'s default space is), through the C heap calls
-//! (`umm_malloc` and friends: a 16-byte header per block, so `free` needs
-//! no size).
+//! (`umm_malloc` and friends: a block up to 16 KiB is told by its address
+//! from the heap's side table, a larger one by a 16-byte header, so `free`
+//! needs no size).
 //!
 //! # What goes where
 //! - An allocation goes to the space's heap when the process's space is
@@ -169,7 +170,8 @@ fn space_call<R>(f: impl FnOnce(&Space) -> R) -> Option<R> {
 
 /// Where allocations went, for `--verbose`.
 struct Counts {
-    /// Allocations served by the space's heap.
+    /// Allocations served by the space's heap (counted with `--verbose`
+    /// only).
     space: AtomicU64,
     /// Allocations before the space was open (or when it could not be).
     early: AtomicU64,
@@ -224,6 +226,13 @@ fn init() -> bool {
         boundary::keep_stderr();
     }
     report
+}
+
+/// Whether allocations served by the space are counted: only for
+/// `--verbose`, which reports them (one shared counter on every `malloc`
+/// would make threads fight over its cache line).
+fn counting_space() -> bool {
+    VERBOSE.load(Relaxed)
 }
 
 /// Whether `p` lies in this process's space's reservation (so it is the

@@ -273,6 +273,7 @@ pub fn hold_fork_watch_registration_for_test(ms: u64, after_atfork: bool) -> std
 }
 
 /// The current fork generation (see [`watch_forks`]).
+#[inline]
 pub fn fork_generation() -> u64 {
     FORK_GENERATION.load(Ordering::Relaxed)
 }

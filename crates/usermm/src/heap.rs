@@ -11,7 +11,14 @@
 //! plain names in `usermm_compat.h`).
 //!
 //! # How it works
-//! - **Small and medium allocations** come from [talc](https://docs.rs/talc),
+//! - **Small allocations** (up to [`SMALL_MAX_BYTES`], at an alignment up
+//!   to a page) come from 36 size classes served from slabs of
+//!   [`SLAB_BYTES`], each slab one class's, with a per-thread cache of
+//!   blocks per class in front (no lock on the common path). What a free
+//!   needs (the class, whether the block is live) is in a side table
+//!   indexed by slab, not in the block: a free reads and writes nothing of
+//!   the block, and a double free is refused. See `heap/small.rs`.
+//! - **Medium allocations** come from [talc](https://docs.rs/talc),
 //!   a boundary-tagged, binned allocator that only ever manages memory it is
 //!   handed (`claim`) and never calls the host. The heap hands it *arenas*:
 //!   private anonymous regions of the space, the first [`FIRST_ARENA_BYTES`],
@@ -22,15 +29,16 @@
 //!   gives its pages and swap slots back to the space at once; shrinking one
 //!   unmaps its tail; growing one maps the pages after it when they are free
 //!   (`MAP_FIXED_NOREPLACE`), with no copy.
-//! - **Freed runs inside arenas** go back with `MADV_FREE`: when a free
-//!   releases at least [`FREE_RUN_BYTES`], the whole pages inside it (clear
-//!   of talc's boundary tags at either end) are lazily freed. `MADV_FREE`
-//!   rather than `MADV_DONTNEED` because the heap reuses memory soon and
-//!   often: lazily freed pages are reused with no fault and no zeroing while
-//!   the space has room, and reclaim drops them first, without writing them
-//!   to swap, when it has not (seed 001's point). Smaller frees that merge
-//!   into a large free run are not returned (as glibc, which trims only the
-//!   top of its heap).
+//! - **Freed memory** goes back with `MADV_FREE`: a slab whose every block
+//!   is free again (when its class has another slab with room), and inside
+//!   arenas, when a free releases at least [`FREE_RUN_BYTES`], the whole
+//!   pages inside it (clear of talc's boundary tags at either end).
+//!   `MADV_FREE` rather than `MADV_DONTNEED` because the heap reuses memory
+//!   soon and often: lazily freed pages are reused with no fault and no
+//!   zeroing while the space has room, and reclaim drops them first,
+//!   without writing them to swap, when it has not (seed 001's point).
+//!   Smaller frees that merge into a large free run are not returned (as
+//!   glibc, which trims only the top of its heap).
 //!
 //! # Deadlocks it cannot have
 //! The heap's lock is never held while the heap calls into a space on behalf
@@ -47,6 +55,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use crate::{Config, Errno, Space, Stats};
+
+pub(crate) mod small;
 
 /// Allocations of at least this many bytes are regions of their own.
 pub const LARGE_BYTES: usize = 256 << 10;
@@ -66,21 +76,139 @@ pub const MAX_ARENAS: usize = 1024;
 /// at its low end and its size at its high end, a few words each).
 pub(crate) const TAG_MARGIN: usize = 64;
 
+/// The largest small block: allocations up to this size (at an alignment
+/// up to a page) come from size classes in slabs.
+pub const SMALL_MAX_BYTES: usize = 16 << 10;
+/// A slab's size (and alignment from the reservation's base).
+pub const SLAB_BYTES: usize = 1 << SLAB_SHIFT;
+pub(crate) const SLAB_SHIFT: usize = 16;
+/// Size classes: 16..128 in steps of 16, then four per doubling up to
+/// [`SMALL_MAX_BYTES`] (jemalloc's spacing: at most 25% of a block is
+/// rounding).
+pub(crate) const NCLASSES: usize = 8 + 4 * 7;
+
+const CLASS_SIZES: [u32; NCLASSES] = {
+    let mut t = [0u32; NCLASSES];
+    let mut i = 0;
+    while i < 8 {
+        t[i] = 16 * (i as u32 + 1);
+        i += 1;
+    }
+    let mut k = 7;
+    while i < NCLASSES {
+        let mut j = 1;
+        while j <= 4 {
+            t[i] = (1 << k) + j * (1 << (k - 2));
+            i += 1;
+            j += 1;
+        }
+        k += 1;
+    }
+    t
+};
+
+/// `ceil(2^32 / size)` of each class: `(off * m) >> 32` is `off / size`
+/// exactly for every offset in a slab (`off * size < 2^32`).
+const CLASS_RECIPROCALS: [u64; NCLASSES] = {
+    let mut t = [0u64; NCLASSES];
+    let mut i = 0;
+    while i < NCLASSES {
+        t[i] = (1u64 << 32).div_ceil(CLASS_SIZES[i] as u64);
+        i += 1;
+    }
+    t
+};
+
+/// The block size of class `c`.
+#[inline]
+pub(crate) fn class_size(c: usize) -> usize {
+    CLASS_SIZES[c] as usize
+}
+
+/// `off / class_size(c)` for an offset inside a slab, with no division.
+#[inline]
+pub(crate) fn slot_of(c: usize, off: usize) -> usize {
+    debug_assert!(off < SLAB_BYTES);
+    ((off as u64 * CLASS_RECIPROCALS[c]) >> 32) as usize
+}
+
+/// Blocks per slab of class `c`.
+#[inline]
+pub(crate) fn slab_slots(c: usize) -> usize {
+    SLAB_BYTES / class_size(c)
+}
+
+/// How many blocks of class `c` a thread caches at most: 32, fewer for
+/// blocks above 1 KiB (at most 32 KiB of a class, at least 4 blocks).
+#[inline]
+pub(crate) fn cache_cap(c: usize) -> usize {
+    CACHE_CAPS[c] as usize
+}
+
+const CACHE_CAPS: [u8; NCLASSES] = {
+    let mut t = [0u8; NCLASSES];
+    let mut i = 0;
+    while i < NCLASSES {
+        let n = 32 * 1024 / CLASS_SIZES[i] as usize;
+        t[i] = if n < 4 {
+            4
+        } else if n > small::CACHE_MAX {
+            small::CACHE_MAX as u8
+        } else {
+            n as u8
+        };
+        i += 1;
+    }
+    t
+};
+
+/// The smallest class that holds `size` bytes (1..=[`SMALL_MAX_BYTES`]).
+#[inline]
+fn class_of(size: usize) -> usize {
+    if size <= 128 {
+        return size.max(1).div_ceil(16) - 1;
+    }
+    let k = (usize::BITS - 1 - (size - 1).leading_zeros()) as usize;
+    8 + (k - 7) * 4 + ((size - 1 - (1 << k)) >> (k - 2))
+}
+
+/// The class for a block of `size` bytes at `align`: the smallest class
+/// that holds it whose size is a multiple of `align` (blocks lie at
+/// multiples of their size from a slab's start, which is page aligned).
+/// `None` for blocks the slabs do not serve.
+#[inline]
+pub(crate) fn small_class(size: usize, align: usize, page: usize) -> Option<usize> {
+    if size > SMALL_MAX_BYTES || align > page {
+        return None;
+    }
+    let mut c = class_of(size.max(align));
+    while !class_size(c).is_multiple_of(align) {
+        c += 1;
+        if c == NCLASSES {
+            return None;
+        }
+    }
+    Some(c)
+}
+
 /// What a heap holds, from its own counters (the space's [`Stats`] say what
 /// of it is resident, swapped or lazily freed).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HeapStats {
-    /// Bytes of the arenas mapped for small and medium allocations.
+    /// Bytes of the arenas mapped for medium allocations and of the slab
+    /// segments mapped for small ones.
     pub arena_bytes: u64,
-    /// Arenas mapped.
+    /// Arenas and slab segments mapped.
     pub arenas: u64,
     /// Bytes of the regions of live large allocations.
     pub large_bytes: u64,
     /// Live large allocations (one region each).
     pub large_regions: u64,
-    /// Bytes requested by live allocations (both kinds).
+    /// Bytes of live allocations: the size asked, for small ones their
+    /// size class's (counted from the slabs' side table when asked).
     pub live_bytes: u64,
-    /// Live allocations (both kinds).
+    /// Live allocations (every kind; blocks in threads' caches are not
+    /// live).
     pub live_allocations: u64,
     /// Bytes given back to the space with `MADV_FREE` so far.
     pub lazily_freed_bytes: u64,
@@ -163,6 +291,7 @@ thread_local! {
 pub(crate) struct SystemOnly(());
 
 impl SystemOnly {
+    #[inline]
     pub(crate) fn enter() -> SystemOnly {
         SYSTEM_ONLY.with(|d| d.set(d.get() + 1));
         SystemOnly(())
@@ -170,6 +299,7 @@ impl SystemOnly {
 }
 
 impl Drop for SystemOnly {
+    #[inline]
     fn drop(&mut self) {
         SYSTEM_ONLY.with(|d| d.set(d.get() - 1));
     }
@@ -183,6 +313,7 @@ pub(crate) fn mark_usermm_thread() {
 }
 
 /// Whether this thread's allocations must come from the system allocator.
+#[inline]
 pub(crate) fn system_only() -> bool {
     // A thread tearing down its thread-locals counts as system-only.
     SYSTEM_ONLY.try_with(|d| d.get() > 0).unwrap_or(true)
@@ -194,6 +325,7 @@ pub(crate) fn system_only() -> bool {
 /// inside a heap's slow path or [`GlobalHeap::with_space`]. An allocator
 /// that stands in for the C library's `malloc` (the `usermm run` preload
 /// library) sends such allocations to the C library's own allocator.
+#[inline]
 pub fn thread_is_system_only() -> bool {
     system_only()
 }
@@ -229,6 +361,13 @@ impl<'a> Heap<'a> {
     /// The heap's own counters.
     pub fn stats(&self) -> HeapStats {
         self.space.heap.stats()
+    }
+
+    /// Gives the small blocks the calling thread keeps cached for this heap
+    /// back to their slabs, and lazily frees the slabs left wholly free (a
+    /// thread's exit does the same).
+    pub fn flush_thread_cache(&self) {
+        self.space.heap.flush_thread_cache(self.space);
     }
 }
 
@@ -304,10 +443,20 @@ impl GlobalHeap {
     /// The space, opened on first use; `None` if it could not be opened,
     /// while another thread is opening it, or in a forked child
     /// (allocations then come from the system allocator).
+    #[inline]
     pub(crate) fn space(&self) -> Option<&Space> {
         if let Some(r) = self.space.get() {
             return r.as_ref().ok().filter(|sp| sp.check_owner().is_ok());
         }
+        self.open_space()
+    }
+
+    /// [`GlobalHeap::space`]'s first call. Out of line and cold: a `Space`
+    /// is tens of KiB, and a frame that holds one (probed page by page on
+    /// every call) would cost the fast path more than the allocation.
+    #[cold]
+    #[inline(never)]
+    fn open_space(&self) -> Option<&Space> {
         // One thread opens the space; others (among them the space's own
         // threads, which std allocates for while starting them) use the
         // system allocator meanwhile instead of waiting for it.
@@ -393,6 +542,37 @@ mod tests {
         // Unaligned: whole pages only.
         assert_eq!(free_run_pages(0x10010, 4 * page, page), Some((0x11000, 2 * page)));
         assert_eq!(free_run_pages(0x10000, 10, page), None);
+    }
+
+    #[test]
+    fn size_classes_hold_their_sizes_with_little_rounding() {
+        assert_eq!(class_size(NCLASSES - 1), SMALL_MAX_BYTES);
+        let mut last = 0;
+        for c in 0..NCLASSES {
+            assert!(class_size(c) > last && class_size(c).is_multiple_of(16), "{c}");
+            last = class_size(c);
+            assert!(slab_slots(c) >= 4 && slab_slots(c) <= SLAB_BYTES / 16);
+            assert!((4..=small::CACHE_MAX).contains(&cache_cap(c)));
+        }
+        for size in 1..=SMALL_MAX_BYTES {
+            let c = class_of(size);
+            assert!(class_size(c) >= size, "{size}");
+            assert!(c == 0 || class_size(c - 1) < size, "{size}: not the smallest");
+            assert!(size <= 128 || class_size(c) * 4 <= size * 5 + 64, "{size}: {} rounds too much", class_size(c));
+        }
+        for c in 0..NCLASSES {
+            for off in (0..SLAB_BYTES).step_by(16) {
+                assert_eq!(slot_of(c, off), off / class_size(c), "{c} {off}");
+            }
+        }
+        assert_eq!(small_class(SMALL_MAX_BYTES + 1, 16, 4096), None);
+        assert_eq!(small_class(100, 8192, 4096), None);
+        for align in [16, 32, 64, 128, 256, 512, 1024, 2048, 4096] {
+            for size in [1, 100, 1000, 5000, 9000, 12288] {
+                let c = small_class(size, align, 4096).unwrap();
+                assert!(class_size(c) >= size && class_size(c).is_multiple_of(align), "{size} {align}");
+            }
+        }
     }
 
     #[test]

@@ -116,18 +116,20 @@ impl Space {
     pub fn open(cfg: &Config) -> Result<Space, Errno> {
         let fork_generation = usermm_sys::thread::watch_forks()?;
         let (inner, threads) = Inner::open(cfg)?;
+        let heap = boundary::heap::HeapCore::new(inner.base, inner.reserve_len);
         Ok(Space {
             inner,
             threads: Some(threads),
             fork_generation,
             owned: std::sync::Mutex::new(Vec::new()),
             own_gate: std::sync::RwLock::new(()),
-            heap: boundary::heap::HeapCore::new(),
+            heap,
         })
     }
 
     /// `Err(ESTALE)` in a process forked after the space was opened (see
     /// [`Space`]'s "fork"); an atomic load, checked before any lock.
+    #[inline]
     pub fn check_owner(&self) -> Result<(), Errno> {
         if usermm_sys::thread::fork_generation() != self.fork_generation {
             return Err(Errno::ESTALE);
@@ -169,11 +171,13 @@ impl Space {
     }
 
     /// The space's page size in bytes.
+    #[inline]
     pub fn page_size(&self) -> usize {
         self.inner.page_size
     }
 
     /// The reserved range `(start, len)`.
+    #[inline]
     pub fn reservation(&self) -> (usize, usize) {
         (self.inner.base, self.inner.reserve_len)
     }

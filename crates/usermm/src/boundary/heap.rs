@@ -14,9 +14,10 @@ use talc::source::Manual;
 use talc::DefaultBinning;
 
 use crate::consts::{MADV_FREE, MAP_ANONYMOUS, MAP_FIXED_NOREPLACE, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+use crate::heap::small::{Small, SmallFree};
 use crate::heap::{
-    free_run_pages, next_arena_bytes, system_only, Counters, GlobalHeap, Heap, HeapStats, SystemOnly, FREE_RUN_BYTES,
-    LARGE_BYTES, MAX_ARENAS,
+    class_size, free_run_pages, next_arena_bytes, small_class, system_only, Counters, GlobalHeap, Heap, HeapStats,
+    SystemOnly, FREE_RUN_BYTES, LARGE_BYTES, MAX_ARENAS,
 };
 use crate::Space;
 
@@ -62,6 +63,10 @@ impl Arenas {
 /// A space's heap: see `heap.rs`. Every method takes the space it belongs
 /// to (the space owns its heap).
 pub(crate) struct HeapCore {
+    /// Small blocks: size classes in slabs, per-thread caches (no lock on
+    /// the common path).
+    small: Small,
+    /// Medium blocks (talc) and the large ones' set.
     arenas: Mutex<Arenas>,
     counters: Counters,
 }
@@ -80,8 +85,10 @@ const RW: i32 = PROT_READ | PROT_WRITE;
 const ANON: i32 = MAP_PRIVATE | MAP_ANONYMOUS;
 
 impl HeapCore {
-    pub(crate) const fn new() -> HeapCore {
+    /// The heap of a space whose reservation is `[base, base + len)`.
+    pub(crate) fn new(base: usize, len: usize) -> HeapCore {
         HeapCore {
+            small: Small::new(base, len),
             arenas: Mutex::new(Arenas {
                 talc: Talc::new(Manual),
                 spans: [(0, 0); MAX_ARENAS],
@@ -99,9 +106,19 @@ impl HeapCore {
     /// arenas' from under the lock.
     pub(crate) fn stats(&self) -> HeapStats {
         let mut s = self.counters.snapshot();
-        let a = self.lock();
-        s.live_allocations += a.live;
-        s.live_bytes += a.live_bytes;
+        {
+            let a = self.lock();
+            s.live_allocations += a.live;
+            s.live_bytes += a.live_bytes;
+        }
+        let (n, bytes) = self.small.live();
+        s.live_allocations += n;
+        s.live_bytes += bytes;
+        use std::sync::atomic::Ordering::Relaxed;
+        let sh = self.small.shared();
+        s.arena_bytes += sh.segment_bytes.load(Relaxed);
+        s.arenas += sh.segments.load(Relaxed);
+        s.lazily_freed_bytes += sh.lazily_freed_bytes.load(Relaxed);
         s
     }
 
@@ -111,10 +128,18 @@ impl HeapCore {
 
     /// Allocates `layout`; also says whether the memory is a fresh region
     /// (and so reads as zeros). `None` when the space gives no more memory
-    /// (or in a forked child).
-    fn alloc_inner(&self, sp: &Space, layout: Layout) -> Option<(NonNull<u8>, bool)> {
+    /// (or in a forked child). `slabs`: whether a small layout may come
+    /// from a slab (the C calls' blocks with a header may not: a free tells
+    /// slab blocks by address).
+    fn alloc_inner(&self, sp: &Space, layout: Layout, slabs: bool) -> Option<(NonNull<u8>, bool)> {
         sp.check_owner().ok()?;
         let layout = nonzero(layout);
+        if let Some(class) = small_class(layout.size(), layout.align(), sp.page_size()).filter(|_| slabs) {
+            if let Some(p) = self.small.alloc(sp, class) {
+                return NonNull::new(p as *mut u8).map(|p| (p, false));
+            }
+            // No room for a new slab: try the arenas.
+        }
         if layout.size() >= LARGE_BYTES && layout.align() <= sp.page_size() {
             if let Some(p) = self.map_large(sp, layout.size()) {
                 self.counters.allocated(layout.size());
@@ -136,11 +161,24 @@ impl HeapCore {
     }
 
     pub(crate) fn alloc(&self, sp: &Space, layout: Layout) -> Option<NonNull<u8>> {
-        self.alloc_inner(sp, layout).map(|(p, _)| p)
+        self.alloc_inner(sp, layout, true).map(|(p, _)| p)
     }
 
     pub(crate) fn alloc_zeroed(&self, sp: &Space, layout: Layout) -> Option<NonNull<u8>> {
-        let (p, fresh) = self.alloc_inner(sp, layout)?;
+        self.alloc_zeroed_in(sp, layout, true)
+    }
+
+    /// A block for a C allocation with a header: never from a slab.
+    pub(crate) fn alloc_headed(&self, sp: &Space, layout: Layout, zeroed: bool) -> Option<NonNull<u8>> {
+        if zeroed {
+            self.alloc_zeroed_in(sp, layout, false)
+        } else {
+            self.alloc_inner(sp, layout, false).map(|(p, _)| p)
+        }
+    }
+
+    fn alloc_zeroed_in(&self, sp: &Space, layout: Layout, slabs: bool) -> Option<NonNull<u8>> {
+        let (p, fresh) = self.alloc_inner(sp, layout, slabs)?;
         if !fresh {
             // SAFETY: `p` is a new allocation of at least `layout.size()`
             // bytes, ours to write.
@@ -201,6 +239,49 @@ impl HeapCore {
         }
     }
 
+    /// A small block of at least `size` bytes (16-byte aligned) for the C
+    /// calls, which tell small blocks by address ([`HeapCore::free_small`]):
+    /// `None` when `size` is not small; `Some(None)` when the space has no
+    /// room for it.
+    pub(crate) fn alloc_small(&self, sp: &Space, size: usize, zeroed: bool) -> Option<Option<NonNull<u8>>> {
+        let class = small_class(size.max(1), 16, sp.page_size())?;
+        if sp.check_owner().is_err() {
+            return Some(None);
+        }
+        let Some(p) = self.small.alloc(sp, class).and_then(|p| NonNull::new(p as *mut u8)) else { return Some(None) };
+        if zeroed {
+            // SAFETY: `p` is a new block of `class_size(class)` bytes, ours
+            // to write.
+            unsafe { p.as_ptr().write_bytes(0, class_size(class)) };
+        }
+        Some(Some(p))
+    }
+
+    /// The class a C block of `size` bytes gets (`None`: not small).
+    pub(crate) fn alloc_small_class(&self, sp: &Space, size: usize) -> Option<usize> {
+        small_class(size.max(1), 16, sp.page_size())
+    }
+
+    /// Frees `p` if it lies in a slab (see [`SmallFree`]): the free of a C
+    /// block reads nothing of the block.
+    pub(crate) fn free_small(&self, sp: &Space, p: usize) -> SmallFree {
+        if sp.check_owner().is_err() {
+            return SmallFree::Refused;
+        }
+        self.small.free(Some(sp), p)
+    }
+
+    /// The usable size of the live small block at `p`; `Err` as for
+    /// [`HeapCore::free_small`].
+    pub(crate) fn small_usable(&self, p: usize) -> Result<usize, SmallFree> {
+        self.small.live_class(p).map(class_size)
+    }
+
+    /// Gives the calling thread's cached small blocks back to their slabs.
+    pub(crate) fn flush_thread_cache(&self, sp: &Space) {
+        self.small.flush_thread_cache(sp);
+    }
+
     /// Runs `f` under the heap's lock if `addr` lies in memory the heap
     /// holds mapped (an arena, or a live large allocation), so that `f` may
     /// read it: a freed large allocation's memory is unmapped. `None` (and
@@ -248,6 +329,9 @@ impl HeapCore {
     pub(crate) unsafe fn dealloc(&self, sp: &Space, ptr: *mut u8, layout: Layout) {
         if sp.check_owner().is_err() {
             // A forked child: the parent's heap is not there to free into.
+            return;
+        }
+        if self.small.free(Some(sp), ptr as usize) != SmallFree::NotSmall {
             return;
         }
         let a = self.lock();
@@ -304,9 +388,50 @@ impl HeapCore {
         layout: Layout,
         new_size: usize,
     ) -> Option<NonNull<u8>> {
+        // SAFETY: the caller's.
+        unsafe { self.realloc_in(sp, ptr, layout, new_size, true) }
+    }
+
+    /// [`HeapCore::realloc`] of a C block with a header (never moved into
+    /// a slab).
+    ///
+    /// # Safety
+    /// As for [`HeapCore::dealloc`].
+    pub(crate) unsafe fn realloc_headed(
+        &self,
+        sp: &Space,
+        ptr: *mut u8,
+        layout: Layout,
+        new_size: usize,
+    ) -> Option<NonNull<u8>> {
+        // SAFETY: the caller's.
+        unsafe { self.realloc_in(sp, ptr, layout, new_size, false) }
+    }
+
+    /// # Safety
+    /// As for [`HeapCore::dealloc`].
+    unsafe fn realloc_in(
+        &self,
+        sp: &Space,
+        ptr: *mut u8,
+        layout: Layout,
+        new_size: usize,
+        slabs: bool,
+    ) -> Option<NonNull<u8>> {
         sp.check_owner().ok()?;
         let old = nonzero(layout);
         let new = Layout::from_size_align(new_size.max(1), old.align()).ok()?;
+        if let Ok(class) = self.small.live_class(ptr as usize) {
+            if small_class(new.size(), new.align(), sp.page_size()) == Some(class) {
+                return NonNull::new(ptr);
+            }
+            let p = self.alloc(sp, new)?;
+            // SAFETY: both allocations are live and distinct; the old one
+            // has at least `old.size()` bytes, the new one `new.size()`.
+            unsafe { std::ptr::copy_nonoverlapping(ptr, p.as_ptr(), old.size().min(new.size())) };
+            self.small.free(Some(sp), ptr as usize);
+            return Some(p);
+        }
         let mut a = self.lock();
         if a.contains(ptr as usize) {
             // SAFETY: the caller's; the new size is nonzero.
@@ -328,7 +453,7 @@ impl HeapCore {
             }
         }
         // Move it: allocate, copy, free.
-        let p = self.alloc(sp, new)?;
+        let (p, _) = self.alloc_inner(sp, new, slabs)?;
         // SAFETY: both allocations are live, distinct, and at least the
         // smaller size long.
         unsafe {

@@ -2,7 +2,13 @@
 //! `umm_aligned_alloc`, `umm_free`, `umm_malloc_usable_size`,
 //! `umm_heap_owns` (the heap itself is `heap.rs` and `boundary/heap.rs`).
 //!
-//! C frees without a size, so each allocation carries a 16-byte header
+//! Small blocks (up to `SMALL_MAX_BYTES`, at the default alignment) come
+//! from the heap's slabs, which tell a block's size class and whether it is
+//! live from a side table indexed by address: no header, and a free (or a
+//! double free, refused) reads and writes nothing of the block. Usable size:
+//! the class's size.
+//!
+//! Every other block (aligned ones, medium, large) carries a 16-byte header
 //! right before the pointer returned: the size asked for and a check word
 //! (the alignment, mixed with the size and a constant). A header is read
 //! only under the heap's lock and only where the heap holds memory mapped
@@ -20,6 +26,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{guard, space, umm_space};
+use crate::heap::small::SmallFree;
 use crate::{Errno, Space};
 
 const HEADER: usize = 16;
@@ -42,9 +49,14 @@ fn outer(size: usize, align: usize) -> Result<Layout, Errno> {
 }
 
 fn alloc(sp: &Space, size: usize, align: usize, zeroed: bool) -> Result<*mut c_void, Errno> {
+    if align <= MIN_ALIGN {
+        if let Some(p) = sp.heap.alloc_small(sp, size, zeroed) {
+            return p.map(|p| p.as_ptr() as *mut c_void).ok_or(Errno::ENOMEM);
+        }
+    }
     let align = align.max(MIN_ALIGN);
     let l = outer(size, align)?;
-    let base = if zeroed { sp.heap.alloc_zeroed(sp, l) } else { sp.heap.alloc(sp, l) }.ok_or(Errno::ENOMEM)?;
+    let base = sp.heap.alloc_headed(sp, l, zeroed).ok_or(Errno::ENOMEM)?;
     let user = base.as_ptr() as usize + align;
     // SAFETY: `[base, base + align + size)` is a new allocation, ours to
     // write; the header's 16 bytes lie in its first `align` (≥ 16) bytes,
@@ -85,18 +97,28 @@ fn refuse(what: &str, p: usize) {
     }
 }
 
-/// Whether `p` may be one of the heap's: inside the reservation, at least
-/// a header past its start.
+/// Whether `p` lies inside the reservation.
 fn in_space(sp: &Space, p: usize) -> bool {
     let (base, len) = sp.reservation();
-    p.wrapping_sub(base) < len && p - base >= HEADER
+    p.wrapping_sub(base) < len
+}
+
+/// Whether `p` may be a block with a header: inside the reservation, at
+/// least a header past its start.
+fn may_have_header(sp: &Space, p: usize) -> bool {
+    in_space(sp, p) && p - sp.reservation().0 >= HEADER
 }
 
 fn free(sp: &Space, p: usize) {
     if p == 0 {
         return;
     }
-    if !in_space(sp, p) {
+    match sp.heap.free_small(sp, p) {
+        SmallFree::Freed(_) => return,
+        SmallFree::Refused => return refuse("umm_free", p),
+        SmallFree::NotSmall => {}
+    }
+    if !may_have_header(sp, p) {
         return refuse("umm_free", p);
     }
     // The header is read, checked and cleared under the same hold of the
@@ -120,7 +142,7 @@ fn free(sp: &Space, p: usize) {
 
 /// `p`'s header, read under the heap's lock if the heap holds its memory.
 fn held_header(sp: &Space, p: usize) -> Option<(usize, usize)> {
-    if !in_space(sp, p) {
+    if !may_have_header(sp, p) {
         return None;
     }
     // SAFETY: `with_held` runs this under the lock, the header's memory held.
@@ -131,6 +153,24 @@ fn realloc(sp: &Space, p: usize, size: usize) -> Result<*mut c_void, Errno> {
     if p == 0 {
         return alloc(sp, size, MIN_ALIGN, false);
     }
+    match sp.heap.small_usable(p) {
+        Ok(usable) => {
+            // Kept when the new size has the same class; moved otherwise.
+            if sp.heap.alloc_small_class(sp, size) == sp.heap.alloc_small_class(sp, usable) {
+                return Ok(p as *mut c_void);
+            }
+            let q = alloc(sp, size, MIN_ALIGN, false)?;
+            // SAFETY: both live, distinct, each at least the smaller size.
+            unsafe { std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, usable.min(size)) };
+            free(sp, p);
+            return Ok(q);
+        }
+        Err(SmallFree::Refused) => {
+            refuse("umm_realloc", p);
+            return Err(Errno::EINVAL);
+        }
+        Err(_) => {}
+    }
     let Some((old, align)) = held_header(sp, p) else {
         refuse("umm_realloc", p);
         return Err(Errno::EINVAL);
@@ -139,7 +179,7 @@ fn realloc(sp: &Space, p: usize, size: usize) -> Result<*mut c_void, Errno> {
     if align == MIN_ALIGN {
         // SAFETY: the header checked out: `p - align` is a live allocation
         // of `outer(old, align)`.
-        let base = unsafe { sp.heap.realloc(sp, (p - align) as *mut u8, outer(old, align)?, new_outer.size()) }
+        let base = unsafe { sp.heap.realloc_headed(sp, (p - align) as *mut u8, outer(old, align)?, new_outer.size()) }
             .ok_or(Errno::ENOMEM)?;
         let user = base.as_ptr() as usize + align;
         // SAFETY: the (possibly moved) allocation's header, ours to write.
@@ -240,8 +280,8 @@ pub unsafe extern "C" fn umm_free(s: *mut umm_space, p: *mut c_void) {
     })
 }
 
-/// `umm_malloc_usable_size`: the size asked for (0 for NULL or a pointer
-/// that is not a live allocation).
+/// `umm_malloc_usable_size`: a small block's class size, another block's
+/// size asked for (0 for NULL or a pointer that is not a live allocation).
 ///
 /// # Safety
 /// As for [`umm_free`].
@@ -249,7 +289,14 @@ pub unsafe extern "C" fn umm_free(s: *mut umm_space, p: *mut c_void) {
 pub unsafe extern "C" fn umm_malloc_usable_size(s: *mut umm_space, p: *mut c_void) -> usize {
     // SAFETY: `s` is NULL or a live handle (this function's contract).
     let sp = unsafe { space(s) };
-    guard(0, || Ok(held_header(sp?, p as usize).map_or(0, |(size, _)| size)))
+    guard(0, || {
+        let (sp, p) = (sp?, p as usize);
+        Ok(match sp.heap.small_usable(p) {
+            Ok(usable) => usable,
+            Err(SmallFree::Refused) => 0,
+            Err(_) => held_header(sp, p).map_or(0, |(size, _)| size),
+        })
+    })
 }
 
 /// `umm_heap_owns`: 1 if `p` lies in the space's reservation (so a free of

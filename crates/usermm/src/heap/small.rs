@@ -1,0 +1,564 @@
+//! Small blocks: size classes served from slabs, with per-thread caches.
+//!
+//! ```text
+//!  reservation  |..talc arena..|S S S S S S S S|....large....|S S S S|
+//!                               \ slab segment /              (64 KiB slabs)
+//!  slab (class 64 B):  [b0][b1][b2] ... [b1023]    blocks only, no headers
+//!  side table:  slab number -> SlabMeta { class, live bits, avail bits }
+//!  thread cache: per class, a stack of block addresses (in TLS)
+//! ```
+//!
+//! - A *slab* is [`SLAB_BYTES`] of the space, aligned to that size from the
+//!   reservation's base, carved from a *slab segment* (a region mapped for
+//!   slabs) and given to one size class at a time, so that blocks of one
+//!   class share pages only with their own class.
+//! - Everything a free needs is in the side table ([`SlabMeta`], in the
+//!   system allocator's memory, never in the space): the class, and two
+//!   bitmaps over the slab's slots. Neither an allocation nor a free reads
+//!   or writes the block itself, so freeing a swapped-out block does not
+//!   swap it in.
+//! - A slot is in one of three states: *live* (the program has it: its bit
+//!   in `live` is set), *cached* (in a thread cache: neither bit), *avail*
+//!   (in its slab, for any thread: its bit in `avail` set, under its class's
+//!   lock). Invariant: no slot has both bits set. A free clears the live bit
+//!   with one atomic operation and refuses the block when the bit was
+//!   already clear (a double free, or a pointer that was never handed out):
+//!   nothing else of the heap changes.
+//! - Each thread keeps up to [`cache_cap`] blocks per class (a stack of
+//!   addresses in its thread-local storage: no lock, no shared cache line on
+//!   the common path). An empty stack is refilled from its class's slabs
+//!   (half full, under the class's lock), a full one gives its older half
+//!   back. A thread's cache goes back when it exits (its TLS destructor), or
+//!   when the thread turns to another space's heap. A thread that frees
+//!   another's block keeps it in its own cache (as jemalloc's tcache).
+//! - A slab whose every slot is back in it (avail) is released when its
+//!   class has another slab with room: its class cleared, its pages lazily
+//!   freed (`MADV_FREE`, outside every lock, before any class can have it
+//!   again), and it is reused by whichever class needs a slab next.
+//! - Slab segments are never unmapped, so the side table's entry of an
+//!   address never goes away.
+//!
+//! The cache of a thread names its heap by an `Arc` of the heap's shared
+//! state, so a cache flushed after its space was closed updates only side
+//! tables that are still allocated, and touches no memory of the space.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::*};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use super::{cache_cap, class_size, slab_slots, slot_of, SystemOnly, NCLASSES, SLAB_BYTES, SLAB_SHIFT};
+use crate::consts::{MADV_FREE, MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+use crate::Space;
+
+/// Slabs per chunk of the side table (chunks are allocated as slabs are
+/// carved in their address range: 4 MiB of reservation each).
+const CHUNK_SLABS: usize = 64;
+/// The most slots of a slab (the smallest class).
+const MAX_SLOTS: usize = SLAB_BYTES / 16;
+const WORDS: usize = MAX_SLOTS / 64;
+/// The first slab segment's size; each next one doubles up to
+/// [`MAX_SEGMENT_BYTES`].
+const FIRST_SEGMENT_BYTES: usize = 1 << 20;
+const MAX_SEGMENT_BYTES: usize = 32 << 20;
+/// "No slab" in the partial lists (slab numbers are stored plus one).
+const NIL: u32 = 0;
+/// The most blocks any class's cache holds.
+pub(crate) const CACHE_MAX: usize = 32;
+
+/// One slab's side-table entry.
+struct SlabMeta {
+    /// The class plus one; 0 when the slab is not carved for a class.
+    class: AtomicU8,
+    /// Live slots: set by an allocation, cleared by a free.
+    live: [AtomicU64; WORDS],
+    /// Avail slots, changed only under the class's lock (atomics so the
+    /// entry can be shared; `Relaxed`, the lock orders them).
+    avail: [AtomicU64; WORDS],
+    avail_n: AtomicU32,
+    /// The class's partial list (slab numbers plus one), under its lock.
+    next: AtomicU32,
+    prev: AtomicU32,
+}
+
+impl SlabMeta {
+    fn new() -> SlabMeta {
+        SlabMeta {
+            class: AtomicU8::new(0),
+            live: [const { AtomicU64::new(0) }; WORDS],
+            avail: [const { AtomicU64::new(0) }; WORDS],
+            avail_n: AtomicU32::new(0),
+            next: AtomicU32::new(NIL),
+            prev: AtomicU32::new(NIL),
+        }
+    }
+}
+
+/// A class's share of the slabs, under its lock: the slabs with avail
+/// slots (a doubly linked list through [`SlabMeta::next`]/`prev`).
+struct Bin {
+    head: u32,
+}
+
+/// Where new slabs come from.
+struct Pool {
+    /// The current segment's uncarved part `[at, end)`.
+    at: usize,
+    end: usize,
+    /// The last segment's length (the next doubles it).
+    last: usize,
+    /// Released slabs whose pages were lazily freed (or never touched).
+    clean: Vec<u32>,
+    /// Released slabs not yet lazily freed (released without a space at
+    /// hand: a thread's exit). They are not handed out before.
+    dirty: Vec<u32>,
+    /// Every segment's slabs `(start, len)`, for the counters (the part
+    /// of the segment from its first slab boundary).
+    segments: Vec<(usize, usize)>,
+}
+
+/// The state of one heap's small blocks that threads' caches share.
+pub(crate) struct Shared {
+    base: usize,
+    len: usize,
+    chunks: Box<[OnceLock<Box<[SlabMeta]>>]>,
+    bins: Box<[CachePadded<Mutex<Bin>>]>,
+    pool: Mutex<Pool>,
+    /// Bytes of the slab segments, and bytes given back with `MADV_FREE`.
+    pub(crate) segment_bytes: AtomicU64,
+    pub(crate) segments: AtomicU64,
+    pub(crate) lazily_freed_bytes: AtomicU64,
+}
+
+#[repr(align(128))]
+struct CachePadded<T>(T);
+
+/// What a free of an address found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SmallFree {
+    /// Not in a slab: the heap's other kinds of block.
+    NotSmall,
+    /// In a slab but not a live block's start (double free, or never
+    /// handed out): nothing freed.
+    Refused,
+    /// Freed; the block's class size.
+    Freed(usize),
+}
+
+/// A heap's small blocks (the handle the heap keeps).
+pub(crate) struct Small {
+    shared: Arc<Shared>,
+}
+
+impl Small {
+    /// Small blocks for the reservation `[base, base + len)`.
+    pub(crate) fn new(base: usize, len: usize) -> Small {
+        let _system = SystemOnly::enter();
+        let slabs = len >> SLAB_SHIFT;
+        let chunks = (0..slabs.div_ceil(CHUNK_SLABS)).map(|_| OnceLock::new()).collect();
+        Small {
+            shared: Arc::new(Shared {
+                base,
+                len,
+                chunks,
+                bins: (0..NCLASSES).map(|_| CachePadded(Mutex::new(Bin { head: NIL }))).collect(),
+                pool: Mutex::new(Pool {
+                    at: 0,
+                    end: 0,
+                    last: 0,
+                    clean: Vec::new(),
+                    dirty: Vec::new(),
+                    segments: Vec::new(),
+                }),
+                segment_bytes: AtomicU64::new(0),
+                segments: AtomicU64::new(0),
+                lazily_freed_bytes: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// A block of `class`, marked live; `None` when the space has no room
+    /// for a new slab.
+    pub(crate) fn alloc(&self, sp: &Space, class: usize) -> Option<usize> {
+        let got = CACHE.try_with(|c| {
+            let Ok(mut c) = c.try_borrow_mut() else { return Err(()) };
+            c.adopt(&self.shared);
+            let cap = cache_cap(class);
+            let bin = &mut c.bins[class];
+            if bin.n == 0 {
+                let want = (cap / 2).max(1);
+                let n = self.shared.take(sp, class, &mut bin.blocks[..want]);
+                bin.n = n as u32;
+            }
+            if bin.n == 0 {
+                return Ok(None);
+            }
+            bin.n -= 1;
+            Ok(Some(bin.blocks[bin.n as usize]))
+        });
+        let p = match got {
+            Ok(Ok(p)) => p?,
+            // No cache (the thread is tearing down its thread-locals, or
+            // this is a re-entrant call): straight from the slabs.
+            _ => {
+                let mut one = [0usize; 1];
+                if self.shared.take(sp, class, &mut one) == 0 {
+                    return None;
+                }
+                one[0]
+            }
+        };
+        let (m, slab) = self.shared.meta(p).expect("a cached block lies in a carved slab");
+        let i = slot_of(class, p - slab);
+        let old = m.live[i / 64].fetch_or(1 << (i % 64), AcqRel);
+        debug_assert_eq!(old & (1 << (i % 64)), 0, "a cached block was live");
+        Some(p)
+    }
+
+    /// The class of the slab block that starts at `p` and is live, without
+    /// changing anything: `Ok(class)`, `Err(SmallFree::NotSmall)` outside every
+    /// carved slab, `Err(SmallFree::Refused)` for any other address in one.
+    pub(crate) fn live_class(&self, p: usize) -> Result<usize, SmallFree> {
+        let (m, _, class, i) = self.shared.slot(p)?;
+        if m.live[i / 64].load(Acquire) & (1 << (i % 64)) == 0 {
+            return Err(SmallFree::Refused);
+        }
+        Ok(class)
+    }
+
+    /// Frees the block at `p` (see [`SmallFree`]). `sp` is the space when the
+    /// caller has it (a slab released on the way is then lazily freed now).
+    pub(crate) fn free(&self, sp: Option<&Space>, p: usize) -> SmallFree {
+        let (m, _, class, i) = match self.shared.slot(p) {
+            Ok(s) => s,
+            Err(f) => return f,
+        };
+        let bit = 1u64 << (i % 64);
+        if m.live[i / 64].fetch_and(!bit, AcqRel) & bit == 0 {
+            return SmallFree::Refused;
+        }
+        let pushed = CACHE.try_with(|c| {
+            let Ok(mut c) = c.try_borrow_mut() else { return false };
+            c.adopt(&self.shared);
+            let cap = cache_cap(class);
+            let bin = &mut c.bins[class];
+            if bin.n as usize >= cap {
+                // Give the older half back.
+                let half = cap / 2;
+                if self.shared.give(class, &bin.blocks[..half]) {
+                    if let Some(sp) = sp {
+                        self.shared.purge(sp);
+                    }
+                }
+                bin.blocks.copy_within(half..cap, 0);
+                bin.n -= half as u32;
+            }
+            bin.blocks[bin.n as usize] = p;
+            bin.n += 1;
+            true
+        });
+        if !pushed.unwrap_or(false) && self.shared.give(class, &[p]) {
+            if let Some(sp) = sp {
+                self.shared.purge(sp);
+            }
+        }
+        SmallFree::Freed(class_size(class))
+    }
+
+    /// Gives the calling thread's cached blocks of this heap back to their
+    /// slabs (tests; a thread's exit does it by itself).
+    pub(crate) fn flush_thread_cache(&self, sp: &Space) {
+        let _ = CACHE.try_with(|c| {
+            if let Ok(mut c) = c.try_borrow_mut() {
+                if c.owner.as_ref().is_some_and(|o| Arc::ptr_eq(o, &self.shared)) {
+                    c.flush();
+                }
+            }
+        });
+        self.shared.purge(sp);
+    }
+
+    /// `(live blocks, their bytes at class size)`, from the side table (a
+    /// walk of every carved slab: for statistics, not for a hot path).
+    pub(crate) fn live(&self) -> (u64, u64) {
+        let s = &self.shared;
+        let segments: Vec<(usize, usize)> = {
+            let _system = SystemOnly::enter();
+            s.pool.lock().segments.clone()
+        };
+        let (mut n, mut bytes) = (0u64, 0u64);
+        for (start, len) in segments {
+            let mut at = start;
+            while at + SLAB_BYTES <= start + len {
+                if let Some((m, _)) = s.meta(at) {
+                    let c = m.class.load(Acquire);
+                    if c != 0 {
+                        let k: u64 = m.live.iter().map(|w| w.load(Relaxed).count_ones() as u64).sum();
+                        n += k;
+                        bytes += k * class_size(c as usize - 1) as u64;
+                    }
+                }
+                at += SLAB_BYTES;
+            }
+        }
+        (n, bytes)
+    }
+}
+
+impl Shared {
+    /// The side-table entry of the slab holding `p` and the slab's start;
+    /// `None` outside the reservation or where no slab was ever carved.
+    fn meta(&self, p: usize) -> Option<(&SlabMeta, usize)> {
+        let off = p.wrapping_sub(self.base);
+        if off >= self.len {
+            return None;
+        }
+        let s = off >> SLAB_SHIFT;
+        let chunk = self.chunks[s / CHUNK_SLABS].get()?;
+        Some((&chunk[s % CHUNK_SLABS], self.base + (s << SLAB_SHIFT)))
+    }
+
+    fn meta_of(&self, slab: u32) -> &SlabMeta {
+        let s = slab as usize - 1;
+        &self.chunks[s / CHUNK_SLABS].get().expect("a listed slab's chunk")[s % CHUNK_SLABS]
+    }
+
+    fn slab_start(&self, slab: u32) -> usize {
+        self.base + ((slab as usize - 1) << SLAB_SHIFT)
+    }
+
+    /// The slot `p` starts: `(entry, slab start, class, slot)`.
+    fn slot(&self, p: usize) -> Result<(&SlabMeta, usize, usize, usize), SmallFree> {
+        let (m, slab) = self.meta(p).ok_or(SmallFree::NotSmall)?;
+        let c = m.class.load(Acquire);
+        if c == 0 {
+            return Err(SmallFree::NotSmall);
+        }
+        let class = c as usize - 1;
+        let off = p - slab;
+        let i = slot_of(class, off);
+        if i * class_size(class) != off || i >= slab_slots(class) {
+            return Err(SmallFree::Refused);
+        }
+        Ok((m, slab, class, i))
+    }
+
+    /// Moves up to `out.len()` avail blocks of `class` into `out` (carving
+    /// a new slab when the class has none); how many.
+    fn take(&self, sp: &Space, class: usize, out: &mut [usize]) -> usize {
+        let _system = SystemOnly::enter();
+        let size = class_size(class);
+        let mut bin = self.bins[class].0.lock();
+        let mut got = 0;
+        while got < out.len() {
+            if bin.head == NIL {
+                let Some(slab) = self.carve(sp, class) else { break };
+                self.link(&mut bin, slab);
+            }
+            let slab = bin.head;
+            let m = self.meta_of(slab);
+            let start = self.slab_start(slab);
+            let mut taken = 0u32;
+            for (w, word) in m.avail.iter().enumerate() {
+                let mut bits = word.load(Relaxed);
+                while bits != 0 && got < out.len() {
+                    let b = bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    out[got] = start + (w * 64 + b) * size;
+                    got += 1;
+                    taken += 1;
+                }
+                word.store(bits, Relaxed);
+                if got == out.len() {
+                    break;
+                }
+            }
+            let left = m.avail_n.load(Relaxed) - taken;
+            m.avail_n.store(left, Relaxed);
+            if left == 0 {
+                self.unlink(&mut bin, slab);
+            }
+        }
+        got
+    }
+
+    /// Puts `blocks` of `class` (not live, in no cache) back in their
+    /// slabs; whether a slab was released on the way (to be lazily freed by
+    /// [`Shared::purge`]).
+    fn give(&self, class: usize, blocks: &[usize]) -> bool {
+        let _system = SystemOnly::enter();
+        let slots = slab_slots(class) as u32;
+        let mut released = false;
+        let mut bin = self.bins[class].0.lock();
+        for &p in blocks {
+            let (m, start) = self.meta(p).expect("a cached block lies in a carved slab");
+            let slab = ((start - self.base) >> SLAB_SHIFT) as u32 + 1;
+            let i = slot_of(class, p - start);
+            let old = m.avail[i / 64].fetch_or(1 << (i % 64), Relaxed);
+            debug_assert_eq!(old & (1 << (i % 64)), 0, "a block given back twice");
+            let n = m.avail_n.load(Relaxed) + 1;
+            m.avail_n.store(n, Relaxed);
+            if n == 1 {
+                self.link(&mut bin, slab);
+            }
+            // Wholly avail, and the class has another slab with room:
+            // release it.
+            if n == slots && (bin.head != slab || m.next.load(Relaxed) != NIL) {
+                self.unlink(&mut bin, slab);
+                for w in &m.avail {
+                    w.store(0, Relaxed);
+                }
+                m.avail_n.store(0, Relaxed);
+                m.class.store(0, Release);
+                self.pool.lock().dirty.push(slab);
+                released = true;
+            }
+        }
+        released
+    }
+
+    /// Lazily frees the released slabs' pages and makes them reusable.
+    fn purge(&self, sp: &Space) {
+        let _system = SystemOnly::enter();
+        let mut dirty = std::mem::take(&mut self.pool.lock().dirty);
+        if dirty.is_empty() {
+            return;
+        }
+        dirty.sort_unstable();
+        let mut i = 0;
+        while i < dirty.len() {
+            let mut j = i + 1;
+            while j < dirty.len() && dirty[j] == dirty[j - 1] + 1 {
+                j += 1;
+            }
+            let len = (j - i) * SLAB_BYTES;
+            if sp.madvise(self.slab_start(dirty[i]), len, MADV_FREE).is_ok() {
+                self.lazily_freed_bytes.fetch_add(len as u64, Relaxed);
+            }
+            i = j;
+        }
+        self.pool.lock().clean.extend_from_slice(&dirty);
+    }
+
+    /// A slab for `class`: a released one, or a new one from a segment
+    /// (mapping the next segment when the current one is used up).
+    /// Called under the class's lock, with [`SystemOnly`] entered.
+    fn carve(&self, sp: &Space, class: usize) -> Option<u32> {
+        let mut pool = self.pool.lock();
+        let slab = match pool.clean.pop().or_else(|| pool.dirty.pop()) {
+            Some(s) => s,
+            None => {
+                if pool.at + SLAB_BYTES > pool.end {
+                    let len = if pool.last == 0 { FIRST_SEGMENT_BYTES } else { (pool.last * 2).min(MAX_SEGMENT_BYTES) };
+                    // Room to start at a slab boundary (the slack is never
+                    // touched, so it costs no memory).
+                    let addr = sp
+                        .mmap(0, len + SLAB_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                        .ok()?;
+                    let at = self.base + (addr - self.base).next_multiple_of(SLAB_BYTES);
+                    pool.segments.push((at, len));
+                    (pool.at, pool.end, pool.last) = (at, at + len, len);
+                    self.segment_bytes.fetch_add((len + SLAB_BYTES) as u64, Relaxed);
+                    self.segments.fetch_add(1, Relaxed);
+                }
+                let at = pool.at;
+                pool.at += SLAB_BYTES;
+                ((at - self.base) >> SLAB_SHIFT) as u32 + 1
+            }
+        };
+        drop(pool);
+        let s = slab as usize - 1;
+        let chunk = self.chunks[s / CHUNK_SLABS].get_or_init(|| (0..CHUNK_SLABS).map(|_| SlabMeta::new()).collect());
+        let m = &chunk[s % CHUNK_SLABS];
+        let slots = slab_slots(class);
+        for (w, word) in m.avail.iter().enumerate() {
+            let n = slots.saturating_sub(w * 64).min(64);
+            word.store(if n == 64 { u64::MAX } else { (1u64 << n) - 1 }, Relaxed);
+        }
+        debug_assert!(m.live.iter().all(|w| w.load(Relaxed) == 0), "a new slab has live blocks");
+        m.avail_n.store(slots as u32, Relaxed);
+        m.class.store(class as u8 + 1, Release);
+        Some(slab)
+    }
+
+    fn link(&self, bin: &mut Bin, slab: u32) {
+        let m = self.meta_of(slab);
+        m.prev.store(NIL, Relaxed);
+        m.next.store(bin.head, Relaxed);
+        if bin.head != NIL {
+            self.meta_of(bin.head).prev.store(slab, Relaxed);
+        }
+        bin.head = slab;
+    }
+
+    fn unlink(&self, bin: &mut Bin, slab: u32) {
+        let m = self.meta_of(slab);
+        let (prev, next) = (m.prev.load(Relaxed), m.next.load(Relaxed));
+        if prev == NIL {
+            bin.head = next;
+        } else {
+            self.meta_of(prev).next.store(next, Relaxed);
+        }
+        if next != NIL {
+            self.meta_of(next).prev.store(prev, Relaxed);
+        }
+        m.prev.store(NIL, Relaxed);
+        m.next.store(NIL, Relaxed);
+    }
+}
+
+#[derive(Clone, Copy)]
+struct CacheBin {
+    n: u32,
+    blocks: [usize; CACHE_MAX],
+}
+
+/// One thread's cached blocks, all of one heap's (`owner`).
+struct Cache {
+    owner: Option<Arc<Shared>>,
+    bins: [CacheBin; NCLASSES],
+}
+
+impl Cache {
+    /// Makes `shared` the cache's heap, giving another heap's blocks back.
+    #[inline]
+    fn adopt(&mut self, shared: &Arc<Shared>) {
+        if self.owner.as_ref().is_some_and(|o| Arc::ptr_eq(o, shared)) {
+            return;
+        }
+        let _system = SystemOnly::enter();
+        self.flush();
+        self.owner = Some(Arc::clone(shared));
+    }
+
+    /// Gives every cached block back to its slabs (their pages are lazily
+    /// freed by the heap's next call that has its space).
+    fn flush(&mut self) {
+        let Some(owner) = &self.owner else { return };
+        for (class, bin) in self.bins.iter_mut().enumerate() {
+            if bin.n > 0 {
+                owner.give(class, &bin.blocks[..bin.n as usize]);
+                bin.n = 0;
+            }
+        }
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        let _system = SystemOnly::enter();
+        self.flush();
+        self.owner = None;
+    }
+}
+
+thread_local! {
+    static CACHE: RefCell<Cache> = const {
+        RefCell::new(Cache { owner: None, bins: [CacheBin { n: 0, blocks: [0; CACHE_MAX] }; NCLASSES] })
+    };
+}
