@@ -104,7 +104,8 @@ usermm_install_deps() {
 # amalgamation made (`make sqlite3.c`, which needs tclsh). Kept for the next
 # run; prints the tree's directory.
 usermm_sqlite_source() {
-  local base=$1 dir apt
+  local base dir apt
+  mkdir -p "$1" && base=$(cd "$1" && pwd) || return 1
   dir=$(ls -d "$base"/sqlite3-*/ 2>/dev/null | head -1)
   dir=${dir%/}
   if [ -n "$dir" ] && [ -f "$dir/sqlite3.c" ] && [ -f "$dir/sqlite_cfg.h" ] && [ -f "$dir/test/speedtest1.c" ]; then
