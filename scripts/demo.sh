@@ -34,7 +34,7 @@ cat "$dir/err" >&2
 stats=$(grep -o 'stats: .*' "$dir/err" | tail -1)
 get() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" <<<" ${stats#stats: }"; }
 mib() { echo $(( ($1 + 524288) / 1048576 )); }
-echo "== what usermm did: the heap reached $(mib $(( $(get resident_bytes) + $(get swapped_bytes) ))) MiB" \
-  "under a budget of $(mib "$(get budget_bytes)") MiB (resident at most $(mib "$(get resident_bytes_max)") MiB);" \
-  "$(get swapouts) pages swapped out, $(get swapins) swapped in, $(get faults) faults served;" \
+echo "== what usermm did: a budget of $(mib "$(get budget_bytes)") MiB (resident at most $(mib "$(get resident_bytes_max)") MiB)" \
+  "for a dict of $values Ki values of 1 KiB; $(get swapouts) pages ($(mib $(( $(get swapouts) * 4096 ))) MiB) swapped out," \
+  "$(get swapins) ($(mib $(( $(get swapins) * 4096 ))) MiB) swapped in, $(get faults) faults served;" \
   "$(awk "BEGIN { printf \"%.1f\", $end - $start }") s"

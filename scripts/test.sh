@@ -33,7 +33,7 @@ echo "== the README's first command: scripts/demo.sh (CPython under usermm run a
 demo_out=$(scripts/demo.sh 2>&1) || { echo "$demo_out"; echo "FATAL: scripts/demo.sh failed" >&2; exit 1; }
 echo "$demo_out" | grep -E '^(python3:|== what usermm did)'
 echo "$demo_out" | grep -q '^python3: every value checks' || { echo "FATAL: the demo's values did not check" >&2; exit 1; }
-echo "$demo_out" | grep -Eq ' [1-9][0-9]* pages swapped out' || { echo "FATAL: the demo swapped nothing" >&2; exit 1; }
+echo "$demo_out" | grep -Eq ' [1-9][0-9]* pages \([0-9]+ MiB\) swapped out' || { echo "FATAL: the demo swapped nothing" >&2; exit 1; }
 echo "== cargo test -p usermm-core (debug build: every debug_assert! checked)"
 cargo test -p usermm-core
 echo "== cargo test --release"
