@@ -70,10 +70,10 @@ pub struct Region {
     /// known of its position); 0 when none.
     pub reader_at: u64,
     /// Swap-in read-around: where the last swap-in run of the region ended,
-    /// and the read-around window of its last swap-in fault, in pages (see
+    /// and how many swap-in faults in a row landed there (see
     /// `window::swap_in_window`).
     pub swap_next: u64,
-    pub swap_window: u32,
+    pub swap_streak: u32,
     /// Whether `PROT_WRITE` may be set (false for a shared mapping of a
     /// descriptor not open for writing: mprotect says EACCES).
     pub may_write: bool,

@@ -344,7 +344,7 @@ fn report() {
     if let Some((s, h, page)) = stats {
         out += &format!(
             "usermm run: pid {pid} ({who}): stats: budget_bytes={} resident_bytes={} resident_bytes_max={} \
-             swapped_bytes={} faults={} major_faults={} minor_faults={} zero_fills={} swapins={} swapouts={} evictions={} \
+             swapped_bytes={} faults={} major_faults={} zero_fills={} swapins={} swapouts={} evictions={} \
              lazyfree_discards={} oom_sigbus={} heap_live_bytes={} heap_live_allocations={} heap_arena_bytes={} \
              heap_large_bytes={} regions={}\n",
             s.budget_pages * page,
@@ -353,7 +353,6 @@ fn report() {
             s.swapped_pages * page,
             s.faults,
             s.major_faults,
-            s.minor_faults,
             s.zero_fills,
             s.swapins,
             s.swapouts,

@@ -136,46 +136,6 @@ impl SwapFile {
         }
     }
 
-    /// Reads pages scattered over the file into `buf`, one page of
-    /// `buf.len() / offs.len()` bytes from each offset of `offs`, in order:
-    /// each run of consecutive offsets is one read, and the runs go to the
-    /// disk together on a ring of `rings` (`RingPool::pread_many_polled`);
-    /// where that cannot be, one after the other.
-    pub fn read_pages_polled(&self, buf: &mut [u8], offs: &[u64], rings: &RingPool) -> Result<(), Errno> {
-        if offs.is_empty() {
-            return Ok(());
-        }
-        let ps = buf.len() / offs.len();
-        let mut runs: Vec<(usize, usize, u64)> = Vec::new();
-        for (k, &off) in offs.iter().enumerate() {
-            match runs.last_mut() {
-                Some((_, len, o)) if *o + *len as u64 == off => *len += ps,
-                _ => runs.push((k * ps, ps, off)),
-            }
-        }
-        if runs.len() == 1 {
-            return self.read_at_polled(buf, offs[0], rings);
-        }
-        let base = buf.as_mut_ptr() as usize;
-        for group in runs.chunks(crate::ring::RING_ENTRIES as usize) {
-            let reads: Vec<(usize, usize, u64)> = group.iter().map(|&(at, len, off)| (base + at, len, off)).collect();
-            // SAFETY: the reads cover disjoint parts of `buf`, a live slice
-            // borrowed mutably for the call: nothing else touches it until
-            // every read has completed.
-            let done = unsafe { rings.pread_many_polled(self.fd.as_raw_fd(), &reads) };
-            for (i, &(at, len, off)) in group.iter().enumerate() {
-                match done.as_ref().map(|d| d[i]) {
-                    Some(Ok(n)) if n == len => {}
-                    Some(Err(e)) if e != Errno::EINTR && e != Errno::EAGAIN => return Err(e),
-                    // Short, not taken, or no ring: this run as `read_at`
-                    // reads it.
-                    _ => self.read_at(&mut buf[at..at + len], off)?,
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Writes `pages`, in order, at `off` in one call.
     pub fn write_at(&self, pages: &[&[u8]], off: u64) -> Result<(), Errno> {
         let bufs: Vec<(usize, usize)> = pages.iter().map(|p| (p.as_ptr() as usize, p.len())).collect();
@@ -680,49 +640,5 @@ impl MappedFile {
         unsafe {
             libc::posix_fadvise(self.fd.as_raw_fd(), off as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED)
         };
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scattered_pages_read_together_land_in_order() {
-        const PS: usize = 4096;
-        let dir = std::env::temp_dir();
-        let f = SwapFile::create(&dir.to_string_lossy(), 64 * PS as u64).expect("swap file");
-        // Page k of the file is filled with byte k + 1 (aligned buffers:
-        // the file may be O_DIRECT).
-        let src = crate::mem::map_rw(64 * PS).expect("map");
-        // SAFETY: a fresh private mapping of 64 pages, ours alone.
-        let all = unsafe { std::slice::from_raw_parts_mut(src as *mut u8, 64 * PS) };
-        for (k, page) in all.chunks_mut(PS).enumerate() {
-            page.fill(k as u8 + 1);
-        }
-        let pages: Vec<&[u8]> = all.chunks(PS).collect();
-        f.write_at(&pages, 0).expect("write");
-        let rings = RingPool::new();
-        let dst = crate::mem::map_rw(48 * PS).expect("map");
-        // SAFETY: a fresh private mapping of 48 pages, ours alone.
-        let buf = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, 48 * PS) };
-        // Runs of neighbouring pages, backwards and scattered; then more
-        // runs than a ring takes at once (every other page).
-        let cases: [Vec<u64>; 3] =
-            [vec![5, 6, 7, 2, 40, 41, 9], vec![3], (0..40).map(|k| (2 * k) % 64 + (k / 32)).collect()];
-        for pages in cases {
-            let offs: Vec<u64> = pages.iter().map(|&k| k * PS as u64).collect();
-            let b = &mut buf[..offs.len() * PS];
-            b.fill(0);
-            f.read_pages_polled(b, &offs, &rings).expect("read");
-            for (i, &k) in pages.iter().enumerate() {
-                assert!(b[i * PS..(i + 1) * PS].iter().all(|&x| x == k as u8 + 1), "page {i} of {pages:?}");
-            }
-        }
-        // SAFETY: the mappings are no longer used.
-        unsafe {
-            crate::mem::unmap(src, 64 * PS).unwrap();
-            crate::mem::unmap(dst, 48 * PS).unwrap();
-        }
     }
 }

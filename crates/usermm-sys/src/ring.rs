@@ -75,7 +75,7 @@ impl RingPool {
                 // A fork child's copy of its parent's ring: closed here
                 // (the child's descriptor and mappings only).
                 Some(_) => {}
-                None => match IoUring::new(RING_ENTRIES) {
+                None => match IoUring::new(4) {
                     Ok(ring) => break Ring { ring, pid },
                     Err(_) => {
                         self.unavailable.store(true, Ordering::Relaxed);
@@ -97,130 +97,6 @@ impl RingPool {
             Done::NotSubmitted => None,
         }
     }
-}
-
-/// Reads a ring takes at once ([`RingPool::pread_many_polled`]): a
-/// swap-in's read-around window (`usermm-core`'s `SWAP_CLUSTER_PAGES`)
-/// scattered over as many runs of slots.
-pub const RING_ENTRIES: u32 = 32;
-
-impl RingPool {
-    /// Reads each `(dst, len, off)` of `reads` (at most [`RING_ENTRIES`])
-    /// from `fd`, all submitted at once on one ring and waited for
-    /// together, polled as [`RingPool::pread_polled`]: the disk serves them
-    /// side by side, so a scattered read-around costs about one read's
-    /// latency. Returns, per read, the count (short at the end of the
-    /// file) or the error, or `None` if no ring is to be had or the kernel
-    /// did not take the reads (the caller reads with `pread`). Never
-    /// returns while the kernel may still write into a `dst`.
-    ///
-    /// # Safety
-    /// Every `[dst, dst+len)` must be writable memory that nothing else
-    /// reads or writes until this returns; no two overlap.
-    pub unsafe fn pread_many_polled(
-        &self,
-        fd: i32,
-        reads: &[(usize, usize, u64)],
-    ) -> Option<Vec<Result<usize, Errno>>> {
-        if self.unavailable.load(Ordering::Relaxed) || reads.is_empty() || reads.len() > RING_ENTRIES as usize {
-            return None;
-        }
-        let pid = std::process::id();
-        let mut r = loop {
-            let popped = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-            match popped {
-                Some(r) if r.pid == pid => break r,
-                Some(_) => {}
-                None => match IoUring::new(RING_ENTRIES) {
-                    Ok(ring) => break Ring { ring, pid },
-                    Err(_) => {
-                        self.unavailable.store(true, Ordering::Relaxed);
-                        return None;
-                    }
-                },
-            }
-        };
-        // SAFETY: the caller's guarantee on the buffers; every submitted
-        // read is reaped before this returns.
-        match unsafe { read_many(&mut r.ring, fd, reads, POLL_NS) } {
-            Some(res) => {
-                self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(r);
-                Some(res)
-            }
-            None => None,
-        }
-    }
-}
-
-/// The reads of `reads` on `ring` (which has nothing in flight), submitted
-/// together and all waited for; `None` when the kernel took none of them
-/// (the ring is then dropped by the caller: entries may sit unsubmitted).
-///
-/// # Safety
-/// As [`RingPool::pread_many_polled`].
-unsafe fn read_many(
-    ring: &mut IoUring,
-    fd: i32,
-    reads: &[(usize, usize, u64)],
-    poll_ns: u64,
-) -> Option<Vec<Result<usize, Errno>>> {
-    let mut res: Vec<Option<Result<usize, Errno>>> = vec![None; reads.len()];
-    for (i, &(dst, len, off)) in reads.iter().enumerate() {
-        let Ok(len32) = u32::try_from(len) else {
-            res[i] = Some(Err(Errno::EINVAL));
-            continue;
-        };
-        let sqe = opcode::Read::new(types::Fd(fd), dst as *mut u8, len32).offset(off).build().user_data(i as u64);
-        // SAFETY: the buffer stays valid and untouched until the completion
-        // is reaped below (the caller's guarantee), or the ring is closed.
-        if unsafe { ring.submission().push(&sqe) }.is_err() {
-            res[i] = Some(Err(Errno::EAGAIN));
-        }
-    }
-    let queued = res.iter().filter(|r| r.is_none()).count();
-    let mut submitted = 0;
-    while submitted < queued {
-        match ring.submit() {
-            Ok(n) if n >= 1 => submitted += n,
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-            _ => break,
-        }
-    }
-    if submitted == 0 && queued > 0 {
-        return None;
-    }
-    // (Entries the kernel did not take stay queued: the caller's ring is
-    // closed below by the `None` path only when none was taken; with some
-    // taken, the rest are reaped as failures once the taken ones are in.)
-    let mut left = submitted;
-    let until = crate::now_ns() + poll_ns;
-    while left > 0 {
-        let mut got = 0;
-        for c in ring.completion() {
-            let i = c.user_data() as usize;
-            let r = c.result();
-            res[i] = Some(if r < 0 { Err(Errno(-r)) } else { Ok(r as usize) });
-            got += 1;
-        }
-        left -= got;
-        if left == 0 {
-            break;
-        }
-        if got == 0 {
-            if crate::now_ns() < until {
-                std::thread::yield_now();
-            } else {
-                let _ = ring.submitter().submit_and_wait(1);
-            }
-        }
-    }
-    if submitted < queued {
-        // Some entries were never taken: the ring must not be reused with
-        // them queued; reported as not read (the caller reads them with
-        // `pread`) and the ring is given up.
-        return None;
-    }
-    Some(res.into_iter().map(|r| r.unwrap_or(Err(Errno::EAGAIN))).collect())
 }
 
 /// How [`read_one`] ended.

@@ -61,11 +61,9 @@ pub(crate) trait Platform: Send + Sync {
     fn zero_map(&self, dst: usize, len: usize) -> Result<usize, Errno>;
     /// As `zero_map`, waking the waiters if `wake`.
     fn zero_map_wake(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
-    /// Reads the swap pages at `offs` (one page from each offset, in order:
-    /// the pages of a read-around need not be neighbours in swap) into the
-    /// program range at `dst` (`len` bytes: `offs.len()` pages),
+    /// Reads `len` bytes of swap at `off` into the program range at `dst`,
     /// write-protected if `wp` (see `tracks_writes`).
-    fn swap_in(&self, offs: &[u64], dst: usize, len: usize, wp: bool) -> Result<usize, Errno>;
+    fn swap_in(&self, off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno>;
     /// As `zero_fill_wake`, with frames from the space's pool where it
     /// has enough (recycled, zeroed, moved in: `Arena::zero_fill_pooled`).
     /// Only for a plainly read-write, unlocked region.
@@ -75,11 +73,10 @@ pub(crate) trait Platform: Send + Sync {
     /// Frames in the pool now, and pages installed from it so far.
     fn pool_stats(&self) -> (u64, u64);
     /// The first half of a swap-in installed under the core lock: reads
-    /// the `len` bytes of swap at `offs` (a page at each, as `swap_in`)
-    /// into this thread's buffer, or, if
+    /// `len` bytes of swap at `off` into this thread's buffer, or, if
     /// `pooled` (a read-write, unlocked region, not write-protected), into
     /// frames of the space's pool where it has enough.
-    fn swap_read(&self, offs: &[u64], len: usize, pooled: bool) -> Result<(), Errno>;
+    fn swap_read(&self, off: u64, len: usize, pooled: bool) -> Result<(), Errno>;
     /// The second half: installs what this thread's last `swap_read` read
     /// at `dst`, write-protected if `wp`, waking the waiters if `wake`.
     fn swap_install(&self, dst: usize, len: usize, wp: bool, wake: bool) -> Result<usize, Errno>;
@@ -356,9 +353,9 @@ impl Platform for Native {
     fn zero_map_wake(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
         self.arena.zero_map_wake(&self.uffd, dst, len, wake)
     }
-    fn swap_in(&self, offs: &[u64], dst: usize, len: usize, wp: bool) -> Result<usize, Errno> {
+    fn swap_in(&self, off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno> {
         let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
-        with_bounce(len, |b| self.arena.store_in(&self.uffd, dst, len, wp, b, |buf| swap.read_pages(offs, buf)))
+        with_bounce(len, |b| self.arena.store_in(&self.uffd, dst, len, wp, b, |buf| swap.read(off, buf)))
             .unwrap_or(Err(Errno::ENOMEM))
     }
     fn zero_fill_pooled(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
@@ -370,19 +367,18 @@ impl Platform for Native {
     fn pool_stats(&self) -> (u64, u64) {
         (self.arena.pool_frames() as u64, self.arena.pool_installed())
     }
-    fn swap_read(&self, offs: &[u64], len: usize, pooled: bool) -> Result<(), Errno> {
+    fn swap_read(&self, off: u64, len: usize, pooled: bool) -> Result<(), Errno> {
         let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
         if let Some(old) = TAKEN.with(|t| t.take()) {
             self.arena.drop_taken(old);
         }
         if pooled {
-            if let Some(taken) = self.arena.store_read_pooled(len, |buf| swap.read_pages(offs, buf))? {
+            if let Some(taken) = self.arena.store_read_pooled(len, |buf| swap.read(off, buf))? {
                 TAKEN.with(|t| t.set(Some(taken)));
                 return Ok(());
             }
         }
-        with_bounce(len, |b| self.arena.store_read(len, b, |buf| swap.read_pages(offs, buf)))
-            .unwrap_or(Err(Errno::ENOMEM))
+        with_bounce(len, |b| self.arena.store_read(len, b, |buf| swap.read(off, buf))).unwrap_or(Err(Errno::ENOMEM))
     }
     fn swap_install(&self, dst: usize, len: usize, wp: bool, wake: bool) -> Result<usize, Errno> {
         if let Some(taken) = TAKEN.with(|t| t.take()) {

@@ -29,26 +29,6 @@ use usermm_sys::ring::RingPool;
 pub(crate) trait PageStore: Send + Sync {
     /// Reads `buf.len()` bytes (whole pages) stored at `off`.
     fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), Errno>;
-    /// Reads one page from each offset of `offs` into `buf`, in order
-    /// (`buf.len() / offs.len()` bytes a page): a swap-in's read-around,
-    /// whose pages are neighbours in the program's range but not always in
-    /// the store. By default each run of consecutive offsets is one `read`.
-    fn read_pages(&self, offs: &[u64], buf: &mut [u8]) -> Result<(), Errno> {
-        if offs.is_empty() {
-            return Ok(());
-        }
-        let ps = buf.len() / offs.len();
-        let mut k = 0;
-        while k < offs.len() {
-            let mut j = k + 1;
-            while j < offs.len() && offs[j] == offs[j - 1] + ps as u64 {
-                j += 1;
-            }
-            self.read(offs[k], &mut buf[k * ps..j * ps])?;
-            k = j;
-        }
-        Ok(())
-    }
     /// Writes `pages` (each one page) at `off`, `off + page_size`, ….
     fn write(&self, off: u64, pages: &[&[u8]]) -> Result<(), Errno>;
     /// Whether reads and writes bypass the host's page cache.
@@ -105,9 +85,6 @@ pub(crate) struct LocalFile {
 impl PageStore for LocalFile {
     fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), Errno> {
         self.file.read_at_polled(buf, off, &self.rings)
-    }
-    fn read_pages(&self, offs: &[u64], buf: &mut [u8]) -> Result<(), Errno> {
-        self.file.read_pages_polled(buf, offs, &self.rings)
     }
     fn write(&self, off: u64, pages: &[&[u8]]) -> Result<(), Errno> {
         self.file.write_at(pages, off)

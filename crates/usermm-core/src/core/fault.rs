@@ -176,7 +176,7 @@ impl Core {
         let mut run = PageRange::new(p.0, p.0 + 1);
         while run.pages() < limit && run.end < region.end {
             let n = self.pages.get(run.end);
-            if n.state != PState::Swapped {
+            if n.state != PState::Swapped || n.slot != m.slot + run.pages() as u32 {
                 break;
             }
             run.end.0 += 1;
@@ -283,7 +283,7 @@ impl Core {
                     self.counters.zero_fills += installed;
                 }
             }
-            FaultPlan::SwapIn { run, keep, .. } => {
+            FaultPlan::SwapIn { run, slot, keep } => {
                 // Swapped into a locked region: the slots are freed and
                 // their stored copies overwritten (`swap_scrub_plan`).
                 let locked = self.regions.find(run.start).is_some_and(|r| r.lock != LockMode::None);
@@ -291,7 +291,7 @@ impl Core {
                     let p = PageIdx(q);
                     let k = q - run.start.0;
                     if k < installed {
-                        let s = self.pages.get(p).slot;
+                        let s = slot + k as u32;
                         if keep {
                             self.swap_cached += 1;
                         } else {
@@ -366,13 +366,6 @@ impl Core {
             }
             _ => {}
         }
-    }
-
-    /// The swap slots of the pages of a planned swap-in `run`, in order
-    /// (the pages of a read-around are neighbours in the program's range,
-    /// not always in swap).
-    pub fn swap_in_slots(&self, run: PageRange) -> Vec<u32> {
-        (run.start.0..run.end.0).map(|q| self.pages.get(PageIdx(q)).slot).collect()
     }
 
     /// Counts a fault that could get no frame (SIGBUS raised).

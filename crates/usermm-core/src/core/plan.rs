@@ -65,13 +65,11 @@ pub enum FaultPlan {
     Reclaim { want: u64 },
     /// Install zero pages on `run` (claimed, frames charged).
     ZeroFill { run: PageRange },
-    /// Read the swapped pages of `run` from their swap slots and install
-    /// them (claimed, frames charged); `slot` is the faulting page's (the
-    /// run's first). A run longer than one page is the read-around
-    /// (`window::swap_in_window`): its pages are neighbours in the region,
-    /// each in a slot of its own, not necessarily neighbouring
-    /// (`Core::swap_in_slots`). With `keep`, the pages are installed
-    /// write-protected and keep their slots as swap copies (`swapcache.rs`).
+    /// Read the consecutive swap slots `slot..` into the pages of `run`
+    /// (claimed, frames charged). A run longer than one page is swap-in
+    /// clustering: the evictor wrote neighbours to neighbouring slots.
+    /// With `keep`, the pages are installed write-protected and keep their
+    /// slots as swap copies (`swapcache.rs`).
     SwapIn { run: PageRange, slot: u32, keep: bool },
     /// A write to a write-protected page (its swap copy already dropped):
     /// lift the protection and wake the writer (page claimed).

@@ -286,7 +286,7 @@ impl Core {
             streak: 0,
             reader_at: 0,
             swap_next: u64::MAX,
-            swap_window: 1,
+            swap_streak: 0,
             may_write: file.is_none_or(|f| f.writable || !shared),
             in_thread: flags & UMM_MAP_INTHREAD != 0,
         });
@@ -311,7 +311,7 @@ impl Core {
             streak: 0,
             reader_at: 0,
             swap_next: u64::MAX,
-            swap_window: 1,
+            swap_streak: 0,
             may_write: true,
             in_thread: flags & UMM_MAP_INTHREAD != 0,
         };

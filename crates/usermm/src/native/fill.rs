@@ -60,19 +60,13 @@ impl Inner {
 
     /// Reads `run` from swap at `slot`, write-protected if `wp` (the pages
     /// keep their swap copies); returns how many pages were installed.
-    pub(super) fn swap_in(&self, run: PageRange, offs: &[u64], wp: bool) -> u64 {
+    pub(super) fn swap_in(&self, run: PageRange, slot: u32, wp: bool) -> u64 {
         if !self.plat.has_swap() || take_one(&self.inject_read_errors) {
             return 0;
         }
         let ps = self.page_size;
         let len = run.pages() as usize * ps;
-        self.plat.swap_in(offs, self.addr(run.start), len, wp).map(|n| (n / ps) as u64).unwrap_or(0)
-    }
-
-    /// The swap offsets of the pages of a planned swap-in `run` (one per
-    /// page: a read-around's pages need not be neighbours in swap).
-    pub(super) fn swap_offs(&self, c: &Core, run: PageRange) -> Vec<u64> {
-        c.swap_in_slots(run).into_iter().map(|s| self.swap_off(s)).collect()
+        self.plat.swap_in(self.swap_off(slot), self.addr(run.start), len, wp).map(|n| (n / ps) as u64).unwrap_or(0)
     }
 
     /// Reads file pages into `run` (its first page is file page

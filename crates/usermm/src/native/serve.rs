@@ -181,21 +181,19 @@ impl Inner {
                 }
                 r
             }
-            FaultPlan::SwapIn { run, keep, .. } if run.pages() <= SMALL_FILL_PAGES => {
+            FaultPlan::SwapIn { run, slot, keep } if run.pages() <= SMALL_FILL_PAGES => {
                 let pooled = !keep && self.frame_pool && pool_fits(&c, run);
-                let offs = self.swap_offs(&c, run);
                 drop(c);
                 // (Not while the read polls for its reply: see
                 // `serve_small_swap_in`.)
                 let polls = self.plat.swap_read_polls();
                 let _awake = self.wake_ahead.guard(caller.waits() && !caller.in_thread() && !polls);
-                self.serve_small_swap_in(plan, run, &offs, keep, pooled, page_addr, caller)
+                self.serve_small_swap_in(plan, run, slot, keep, pooled, page_addr, caller)
             }
-            FaultPlan::SwapIn { run, keep, .. } => {
-                let offs = self.swap_offs(&c, run);
+            FaultPlan::SwapIn { run, slot, keep } => {
                 drop(c);
                 let _awake = self.wake_ahead.guard(caller.waits() && !caller.in_thread());
-                let n = self.swap_in(run, &offs, keep);
+                let n = self.swap_in(run, slot, keep);
                 self.finish_fill(plan, run, n, page_addr, caller, None)
             }
             FaultPlan::Unprotect { .. } => {
@@ -402,7 +400,7 @@ impl Inner {
         &self,
         plan: &FaultPlan,
         run: PageRange,
-        offs: &[u64],
+        slot: u32,
         keep: bool,
         pooled: bool,
         page_addr: usize,
@@ -412,7 +410,7 @@ impl Inner {
         let len = run.pages() as usize * ps;
         let read = self.plat.has_swap()
             && !take_one(&self.inject_read_errors)
-            && self.plat.swap_read(offs, len, pooled).is_ok();
+            && self.plat.swap_read(self.swap_off(slot), len, pooled).is_ok();
         let c = lock(&self.core);
         let a = self.addr(run.start);
         // (In-thread faults: no thread waits, nothing to hand off.)

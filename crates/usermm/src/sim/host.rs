@@ -239,18 +239,16 @@ impl Platform for SimPlatform {
         Self::check(dst, len)?;
         Ok(self.host().install(dst, vec![Pg::Zero; len / PS]))
     }
-    fn swap_in(&self, offs: &[u64], dst: usize, len: usize, wp: bool) -> Result<usize, Errno> {
+    fn swap_in(&self, off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno> {
         self.preempt();
         Self::check(dst, len)?;
         let mut h = self.host();
         if h.fail() {
             return Err(Errno::EIO);
         }
-        let pages = offs
-            .iter()
-            .take(len / PS)
-            .map(|&off| Pg::Data(h.swap.get(&(off / PS as u64)).cloned().unwrap_or_else(zeros)))
-            .collect();
+        let first = off / PS as u64;
+        let pages =
+            (0..(len / PS) as u64).map(|k| Pg::Data(h.swap.get(&(first + k)).cloned().unwrap_or_else(zeros))).collect();
         let done = h.install(dst, pages);
         if wp && h.tracks_writes {
             let p0 = page_of(dst);
@@ -266,17 +264,15 @@ impl Platform for SimPlatform {
     fn pool_stats(&self) -> (u64, u64) {
         (0, 0)
     }
-    fn swap_read(&self, offs: &[u64], len: usize, _pooled: bool) -> Result<(), Errno> {
+    fn swap_read(&self, off: u64, len: usize, _pooled: bool) -> Result<(), Errno> {
         self.preempt();
         let mut h = self.host();
         if h.fail() {
             return Err(Errno::EIO);
         }
-        let pages: Vec<Pg> = offs
-            .iter()
-            .take(len / PS)
-            .map(|&off| Pg::Data(h.swap.get(&(off / PS as u64)).cloned().unwrap_or_else(zeros)))
-            .collect();
+        let first = off / PS as u64;
+        let pages: Vec<Pg> =
+            (0..(len / PS) as u64).map(|k| Pg::Data(h.swap.get(&(first + k)).cloned().unwrap_or_else(zeros))).collect();
         SWAP_READ.with(|r| *r.borrow_mut() = pages);
         Ok(())
     }
@@ -639,8 +635,8 @@ impl Platform for Shared {
         zero_fill_wake(dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
         zero_map(dst: usize, len: usize) -> Result<usize, Errno>;
         zero_map_wake(dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
-        swap_in(offs: &[u64], dst: usize, len: usize, wp: bool) -> Result<usize, Errno>;
-        swap_read(offs: &[u64], len: usize, pooled: bool) -> Result<(), Errno>;
+        swap_in(off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno>;
+        swap_read(off: u64, len: usize, pooled: bool) -> Result<(), Errno>;
         zero_fill_pooled(dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
         pool_trim(max: u64) -> ();
         pool_stats() -> (u64, u64);
