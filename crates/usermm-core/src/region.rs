@@ -69,11 +69,14 @@ pub struct Region {
     /// fault on pages read ahead, so this and `next_fault` are all that is
     /// known of its position); 0 when none.
     pub reader_at: u64,
-    /// Swap-in read-around: where the last swap-in run of the region ended,
-    /// and how many swap-in faults in a row landed there (see
+    /// Swap-in read-around: where the last swap-in run of the region ended
+    /// and where it started, how many swap-in faults in a row landed just
+    /// past one end (a stream), and whether that stream runs backwards (see
     /// `window::swap_in_window`).
     pub swap_next: u64,
+    pub swap_back: u64,
     pub swap_streak: u32,
+    pub swap_backwards: bool,
     /// Whether `PROT_WRITE` may be set (false for a shared mapping of a
     /// descriptor not open for writing: mprotect says EACCES).
     pub may_write: bool,

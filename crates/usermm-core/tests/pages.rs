@@ -195,6 +195,69 @@ fn a_fault_on_a_swapped_page_swaps_it_in() {
     assert_eq!((s.resident_pages, s.swapped_pages, s.counters.swapins, s.counters.major_faults), (3, 1, 1, 1));
 }
 
+/// Swaps out pages `[0, n)` of a full mapping in address order; returns
+/// their slots (consecutive, as one eviction writes them).
+fn swapped_in_order(c: &mut Core, n: u64) -> Vec<u32> {
+    full(c, n);
+    madvise(c, at(0), pages(n), MADV_PAGEOUT).unwrap();
+    let slots: Vec<u32> = (0..n).map(|p| c.page(PageIdx(p)).slot).collect();
+    assert!(slots.windows(2).all(|w| w[1] == w[0] + 1), "PAGEOUT wrote the pages in order: {slots:?}");
+    slots
+}
+
+/// Serves a planned swap-in in full; returns its run.
+fn swap_in(c: &mut Core, p: u64) -> PageRange {
+    let plan = fault(c, p, false);
+    let FaultPlan::SwapIn { run, slot, .. } = plan else { panic!("page {p}: {plan:?}") };
+    assert_eq!(slot, c.page(run.start).slot, "the plan names the run's first slot");
+    assert!(run.contains(PageIdx(p)));
+    c.fill_done(&plan, run.pages());
+    c.validate();
+    run
+}
+
+#[test]
+fn a_swap_in_stream_reads_ahead_forwards() {
+    let mut c = core();
+    swapped_in_order(&mut c, 16);
+    // One page, then the window doubles at each fault where the last run ended.
+    assert_eq!(swap_in(&mut c, 0), PageRange::new(0, 1));
+    assert_eq!(swap_in(&mut c, 1), PageRange::new(1, 3));
+    assert_eq!(swap_in(&mut c, 3), PageRange::new(3, 7));
+    assert_eq!(swap_in(&mut c, 7), PageRange::new(7, 15));
+    // A fault elsewhere reads its page alone.
+    madvise(&mut c, at(0), pages(4), MADV_PAGEOUT).unwrap();
+    assert_eq!(swap_in(&mut c, 2), PageRange::new(2, 3));
+}
+
+#[test]
+fn a_swap_in_stream_reads_ahead_backwards() {
+    let mut c = core();
+    swapped_in_order(&mut c, 16);
+    // A program walking its pages downwards (freeing a list from its end):
+    // the window doubles at each fault just before the last run, and grows
+    // downwards.
+    assert_eq!(swap_in(&mut c, 15), PageRange::new(15, 16));
+    assert_eq!(swap_in(&mut c, 14), PageRange::new(13, 15));
+    assert_eq!(swap_in(&mut c, 12), PageRange::new(9, 13));
+    assert_eq!(swap_in(&mut c, 8), PageRange::new(1, 9));
+    assert_eq!(swap_in(&mut c, 0), PageRange::new(0, 1), "the window stops at the region's start");
+    assert_eq!(draw_pages(&c, 0, 16), "RRRRRRRRRRRRRRRR");
+    let s = c.stats();
+    assert_eq!((s.counters.swapins, s.counters.major_faults), (16, 5));
+}
+
+#[test]
+fn a_backward_swap_in_stops_at_a_slot_out_of_order() {
+    let mut c = core();
+    swapped_in_order(&mut c, 8);
+    // Page 5 swapped again: it takes a new slot, out of the run's order.
+    assert_eq!(swap_in(&mut c, 5), PageRange::new(5, 6));
+    madvise(&mut c, at(5), PS, MADV_PAGEOUT).unwrap();
+    assert_eq!(swap_in(&mut c, 7), PageRange::new(7, 8));
+    assert_eq!(swap_in(&mut c, 6), PageRange::new(6, 7), "page 5's slot does not follow page 6's");
+}
+
 #[test]
 fn a_swapped_page_with_a_full_budget_asks_for_reclaim_first() {
     let mut c = core();

@@ -171,25 +171,40 @@ impl Core {
             self.pressure = true;
             return FaultPlan::Reclaim { want: self.direct_reclaim_batch(populate) };
         }
-        let window = swap_in_window(reg, p, populate);
+        let (window, backwards) = swap_in_window(reg, p, populate);
         let limit = free.min(window);
+        // The run's pages sit in consecutive slots, in address order:
+        // `slot` is its first page's.
         let mut run = PageRange::new(p.0, p.0 + 1);
-        while run.pages() < limit && run.end < region.end {
-            let n = self.pages.get(run.end);
-            if n.state != PState::Swapped || n.slot != m.slot + run.pages() as u32 {
-                break;
+        let mut slot = m.slot;
+        if backwards {
+            while run.pages() < limit && run.start > region.start && slot > 0 {
+                let n = self.pages.get(PageIdx(run.start.0 - 1));
+                if n.state != PState::Swapped || n.slot != slot - 1 {
+                    break;
+                }
+                run.start.0 -= 1;
+                slot -= 1;
             }
-            run.end.0 += 1;
+        } else {
+            while run.pages() < limit && run.end < region.end {
+                let n = self.pages.get(run.end);
+                if n.state != PState::Swapped || n.slot != m.slot + run.pages() as u32 {
+                    break;
+                }
+                run.end.0 += 1;
+            }
         }
         if let Some(reg) = self.regions.find_mut(p) {
             reg.swap_next = run.end.0;
+            reg.swap_back = run.start.0;
         }
         let keep = self.keeps_swap_copy(p, write);
         self.claim_frames(run.pages());
         for q in run.start.0..run.end.0 {
             self.pages.update(PageIdx(q), |m| m.state = PState::Filling);
         }
-        FaultPlan::SwapIn { run, slot: m.slot, keep }
+        FaultPlan::SwapIn { run, slot, keep }
     }
 
     /// A fault on a page never filled (or dropped): SIGBUS if poisoned or

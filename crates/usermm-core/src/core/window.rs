@@ -57,27 +57,35 @@ pub(super) fn grow_run(pages: &PageTable, run: &mut PageRange, block: PageRange,
 }
 
 /// How many consecutive swap slots a fault on swapped page `p` of `reg`
-/// reads (a populate takes the largest window). Under normal advice the
-/// read-around pays for itself: a fault where the region's last swap-in run
-/// ended (a stream) doubles the window, 2, 4, … up to
-/// `SWAP_CLUSTER_PAGES`; any other fault reads the page alone, so random
-/// access reads no neighbour it will not use (a fixed 32-slot cluster read
-/// 9.2× the kernel's pages on the `reclaim` hot/cold workload). The caller
-/// records where the run ended (`swap_next`).
-pub(super) fn swap_in_window(reg: &mut Region, p: PageIdx, populate: bool) -> u64 {
+/// reads, and whether the run grows backwards from `p` (a populate takes
+/// the largest window, forwards). Under normal advice the read-around pays
+/// for itself: a fault just past either end of the region's last swap-in
+/// run (a stream, forwards or backwards) doubles the window, 2, 4, … up to
+/// `SWAP_CLUSTER_PAGES`, in the stream's direction; any other fault reads
+/// the page alone, so random access reads no neighbour it will not use (a
+/// fixed 32-slot cluster read 9.2× the kernel's pages on the `reclaim`
+/// hot/cold workload). A program that walks its objects backwards (frees a
+/// list from its end, say) streams as well as one that walks them forwards,
+/// as the kernel's swap read-ahead follows the direction of the faults. The
+/// caller records the run's ends (`swap_next`, `swap_back`).
+pub(super) fn swap_in_window(reg: &mut Region, p: PageIdx, populate: bool) -> (u64, bool) {
     if populate {
-        MAX_WINDOW_PAGES
+        (MAX_WINDOW_PAGES, false)
     } else if reg.advice == Advice::Random || reg.lock != LockMode::None {
-        1
+        (1, false)
     } else if reg.advice == Advice::Sequential {
-        MAX_WINDOW_PAGES
+        (MAX_WINDOW_PAGES, false)
     } else {
-        if p.0 == reg.swap_next {
+        let forwards = p.0 == reg.swap_next;
+        let backwards = reg.swap_back != u64::MAX && p.0 + 1 == reg.swap_back;
+        if forwards || backwards {
             reg.swap_streak = reg.swap_streak.saturating_add(1);
+            reg.swap_backwards = backwards && !forwards;
         } else {
             reg.swap_streak = 0;
+            reg.swap_backwards = false;
         }
-        (1u64 << reg.swap_streak.min(6)).min(SWAP_CLUSTER_PAGES)
+        ((1u64 << reg.swap_streak.min(6)).min(SWAP_CLUSTER_PAGES), reg.swap_backwards)
     }
 }
 

@@ -49,7 +49,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 
 use super::{cache_cap, class_size, slab_slots, slot_of, SystemOnly, NCLASSES, SLAB_BYTES, SLAB_SHIFT};
-use crate::consts::{MADV_FREE, MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+use crate::consts::{MADV_FREE, MADV_POPULATE_WRITE, MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
 use crate::Space;
 
 /// Slabs per chunk of the side table (chunks are allocated as slabs are
@@ -99,6 +99,9 @@ impl SlabMeta {
 /// slots (a doubly linked list through [`SlabMeta::next`]/`prev`).
 struct Bin {
     head: u32,
+    /// Slabs this class took so far: from its second on, a slab is
+    /// populated as it is taken ([`Shared::carve`]).
+    carved: u32,
 }
 
 /// Where new slabs come from.
@@ -162,7 +165,7 @@ impl Small {
                 base,
                 len,
                 chunks,
-                bins: (0..NCLASSES).map(|_| CachePadded(Mutex::new(Bin { head: NIL }))).collect(),
+                bins: (0..NCLASSES).map(|_| CachePadded(Mutex::new(Bin { head: NIL, carved: 0 }))).collect(),
                 pool: Mutex::new(Pool {
                     at: 0,
                     end: 0,
@@ -193,6 +196,12 @@ impl Small {
             if bin.n == 0 {
                 let want = (cap / 2).max(1);
                 let n = self.shared.take(sp, class, &mut bin.blocks[..want]);
+                // Taken in address order, handed out from the end: reversed,
+                // a run of allocations gets ascending addresses, so a
+                // program that walks its objects in the order it made them
+                // walks its pages forwards (and the space's fault-around and
+                // swap read-around see a stream).
+                bin.blocks[..n].reverse();
                 bin.n = n as u32;
             }
             if bin.n == 0 {
@@ -357,7 +366,8 @@ impl Shared {
         let mut got = 0;
         while got < out.len() {
             if bin.head == NIL {
-                let Some(slab) = self.carve(sp, class) else { break };
+                let Some(slab) = self.carve(sp, class, bin.carved > 0) else { break };
+                bin.carved = bin.carved.saturating_add(1);
                 self.link(&mut bin, slab);
             }
             let slab = bin.head;
@@ -448,7 +458,11 @@ impl Shared {
     /// A slab for `class`: a released one, or a new one from a segment
     /// (mapping the next segment when the current one is used up).
     /// Called under the class's lock, with [`SystemOnly`] entered.
-    fn carve(&self, sp: &Space, class: usize) -> Option<u32> {
+    /// `busy`: the class took a slab before, so this one will fill too: its
+    /// pages are populated at once, one call instead of a fault per page
+    /// (a class's first slab faults page by page, so a class used once
+    /// costs only the pages it touches).
+    fn carve(&self, sp: &Space, class: usize, busy: bool) -> Option<u32> {
         let mut pool = self.pool.lock();
         let slab = match pool.clean.pop().or_else(|| pool.dirty.pop()) {
             Some(s) => s,
@@ -472,6 +486,10 @@ impl Shared {
             }
         };
         drop(pool);
+        if busy {
+            // (A failure leaves the pages to fault as they are touched.)
+            let _ = sp.populate(self.slab_start(slab), SLAB_BYTES, MADV_POPULATE_WRITE);
+        }
         let s = slab as usize - 1;
         let chunk = self.chunks[s / CHUNK_SLABS].get_or_init(|| (0..CHUNK_SLABS).map(|_| SlabMeta::new()).collect());
         let m = &chunk[s % CHUNK_SLABS];
