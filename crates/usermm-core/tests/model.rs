@@ -18,7 +18,7 @@
 //!
 //! Reproduce a failure with `MODEL_SEED=<seed> cargo test --test model`;
 //! proptest draws and shrinks sequences too (`proptest_sequences_match_the_oracle`);
-//! search longer with `MODEL_SEEDS=<count>` (300 by default).
+//! search longer with `MODEL_SEEDS=<count>` (10,000 by default; 300 steps each).
 
 mod common;
 

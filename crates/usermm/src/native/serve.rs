@@ -374,8 +374,7 @@ impl Inner {
         let n = (bytes / self.page_size) as u64;
         c.fill_done(plan, n);
         self.after_fill(&mut c);
-        let r =
-            if self.covers(run, n, page_addr) { Next::Served } else { self.report(&mut c, caller, plan.unfilled()) };
+        let r = self.outcome(&mut c, plan, run, n, page_addr, caller);
         drop(c);
         if n < run.pages() {
             self.wake_run(run, page_addr);
@@ -614,8 +613,7 @@ impl Inner {
             (Caller::Fault { .. }, Some(f)) => c.readahead_after_fault(run, n, f),
             _ => None,
         };
-        let r =
-            if self.covers(run, n, page_addr) { Next::Served } else { self.report(&mut c, caller, plan.unfilled()) };
+        let r = self.outcome(&mut c, plan, run, n, page_addr, caller);
         drop(c);
         // Wake only after the commit (the pages were installed without
         // waking): the woken thread must see them committed (e.g. locked),
@@ -627,6 +625,32 @@ impl Inner {
             self.reclaim_wanted.notify_all();
         }
         r
+    }
+
+    /// What a fill of `n` pages (a prefix of `run`) did for the page at
+    /// `page_addr`: served if it covers it; else a failure to report — the
+    /// plan's own (a read error) when nothing went in, but a retry when some
+    /// pages did: the read succeeded, and the install stopped short of the
+    /// page (a backward swap-in run ends at the faulting page, and a copy
+    /// the host cut short, its memory map changing, installs a prefix).
+    /// The page was given back to its old state by the commit; the thread
+    /// faults again.
+    fn outcome<'a>(
+        &self,
+        c: &mut MutexGuard<'a, Core>,
+        plan: &FaultPlan,
+        run: PageRange,
+        n: u64,
+        page_addr: usize,
+        caller: Caller,
+    ) -> Next<'a> {
+        if self.covers(run, n, page_addr) {
+            Next::Served
+        } else if n > 0 {
+            self.report(c, caller, Failure::NotFilled)
+        } else {
+            self.report(c, caller, plan.unfilled())
+        }
     }
 
     /// Whether `n` pages installed from `run.start` cover the page at
