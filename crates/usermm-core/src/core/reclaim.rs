@@ -153,6 +153,7 @@ impl Core {
         let mut locked = Vec::new();
         let mut scanned = 0;
         let scan_max = self.lru.inactive.len();
+        let first = plan.evict.len();
         while ((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64) < want && scanned < scan_max {
             scanned += 1;
             let Some((p, g)) = self.lru.inactive.pop_front() else { break };
@@ -213,6 +214,7 @@ impl Core {
         for e in locked {
             self.lru.inactive.push_back(e);
         }
+        self.slots_in_address_order(&mut plan.evict[first..]);
     }
 
     /// Refills the inactive list from the head of the active list (more
@@ -420,6 +422,42 @@ impl Core {
             POPULATE_RECLAIM_BATCH
         } else {
             (self.cfg.budget_pages / 8).clamp(1, 16)
+        }
+    }
+}
+
+impl Core {
+    /// Puts a round's evictions in address order and gives the dirty ones
+    /// their new slots in that order (the same slots, reassigned): whichever
+    /// order the program left its pages in (the LRU's), neighbouring pages
+    /// land in neighbouring slots, so the swap read-around reads a stream
+    /// back with one read whether the program walks it forwards or
+    /// backwards (SQLite's page cache, scanned downwards and evicted
+    /// downwards, took a swap fault per page when the slots followed the
+    /// LRU). A clean page beside a dirty one of the round is written too,
+    /// to a new slot (its swap copy dropped): a page the program only read,
+    /// left at its old slot, would split the stream's run there (SQLite's
+    /// page headers, one page in nine: 17k swap faults, against 11k with
+    /// runs that skip nothing). The writes follow the slots, so runs of
+    /// consecutive slots still go out with one write each; a clean page
+    /// with no dirty neighbour keeps its copy and writes nothing.
+    fn slots_in_address_order(&mut self, evict: &mut [Evict]) {
+        evict.sort_unstable_by_key(|e| e.page);
+        for i in 0..evict.len() {
+            let beside_dirty = |j: usize| evict[j].page.0.abs_diff(evict[i].page.0) == 1 && !evict[j].clean;
+            let neighbour = (i > 0 && beside_dirty(i - 1)) || (i + 1 < evict.len() && beside_dirty(i + 1));
+            if !evict[i].clean || !neighbour {
+                continue;
+            }
+            let Some(slot) = self.swap.alloc() else { break };
+            self.uncache(evict[i].page);
+            evict[i].clean = false;
+            evict[i].swap = slot;
+        }
+        let mut slots: Vec<u32> = evict.iter().filter(|e| !e.clean).map(|e| e.swap).collect();
+        slots.sort_unstable();
+        for (e, s) in evict.iter_mut().filter(|e| !e.clean).zip(slots) {
+            e.swap = s;
         }
     }
 }

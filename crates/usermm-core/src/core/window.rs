@@ -32,6 +32,13 @@ pub const MAX_WINDOW_PAGES: u64 = 256;
 /// 4 GiB unmap ran beside it (docs/design.md, "Faults in the faulting thread").
 pub const IN_THREAD_ZERO_WINDOW_PAGES: u64 = 128;
 
+/// How far past the end of a region's last swap-in run a fault still
+/// continues its stream, in pages: a page the stream skips (one the program
+/// only read, whose swap copy kept its old slot when it was evicted clean
+/// between rewritten neighbours) is read on its own, and must not end the
+/// stream.
+pub const STREAM_GAP_PAGES: u64 = 4;
+
 /// Swap-in cluster for `MADV_NORMAL` regions, in pages.
 pub const SWAP_CLUSTER_PAGES: u64 = 32;
 
@@ -60,7 +67,8 @@ pub(super) fn grow_run(pages: &PageTable, run: &mut PageRange, block: PageRange,
 /// reads, and whether the run grows backwards from `p` (a populate takes
 /// the largest window, forwards). Under normal advice the read-around pays
 /// for itself: a fault just past either end of the region's last swap-in
-/// run (a stream, forwards or backwards) doubles the window, 2, 4, … up to
+/// run (within `STREAM_GAP_PAGES`: a stream, forwards or backwards) doubles
+/// the window, 2, 4, … up to
 /// `SWAP_CLUSTER_PAGES`, in the stream's direction; any other fault reads
 /// the page alone, so random access reads no neighbour it will not use (a
 /// fixed 32-slot cluster read 9.2× the kernel's pages on the `reclaim`
@@ -76,8 +84,8 @@ pub(super) fn swap_in_window(reg: &mut Region, p: PageIdx, populate: bool) -> (u
     } else if reg.advice == Advice::Sequential {
         (MAX_WINDOW_PAGES, false)
     } else {
-        let forwards = p.0 == reg.swap_next;
-        let backwards = reg.swap_back != u64::MAX && p.0 + 1 == reg.swap_back;
+        let forwards = p.0 >= reg.swap_next && p.0 - reg.swap_next < STREAM_GAP_PAGES;
+        let backwards = reg.swap_back != u64::MAX && p.0 < reg.swap_back && reg.swap_back - p.0 <= STREAM_GAP_PAGES;
         if forwards || backwards {
             reg.swap_streak = reg.swap_streak.saturating_add(1);
             reg.swap_backwards = backwards && !forwards;
