@@ -185,14 +185,18 @@ impl Inner {
                 let pooled = !keep && self.frame_pool && pool_fits(&c, run);
                 drop(c);
                 // (Not while the read polls for its reply: see
-                // `serve_small_swap_in`.)
+                // `serve_small_swap_in`. Nor for a read-around run: its read
+                // takes longer than the spin pays for, and the spinner then
+                // holds the CPU the reclaimer's writes want: CPython's and
+                // SQLite's streams under usermm run took 10-15% longer with it.)
                 let polls = self.plat.swap_read_polls();
-                let _awake = self.wake_ahead.guard(caller.waits() && !caller.in_thread() && !polls);
+                let single = run.pages() == 1;
+                let _awake = self.wake_ahead.guard(caller.waits() && !caller.in_thread() && !polls && single);
                 self.serve_small_swap_in(plan, run, slot, keep, pooled, page_addr, caller)
             }
             FaultPlan::SwapIn { run, slot, keep } => {
                 drop(c);
-                let _awake = self.wake_ahead.guard(caller.waits() && !caller.in_thread());
+                // (No wake-ahead for a read-around run: see above.)
                 let n = self.swap_in(run, slot, keep);
                 self.finish_fill(plan, run, n, page_addr, caller, None)
             }
