@@ -4,11 +4,14 @@
 
 mod common;
 
-use usermm_core::{Addr, Core, CoreConfig, FaultPlan, PageRange, IN_THREAD_ZERO_WINDOW_PAGES, MAX_WINDOW_PAGES};
+use usermm_core::{
+    Addr, Core, CoreConfig, FaultPlan, PageRange, IN_THREAD_ZERO_WINDOW_PAGES, MAX_WINDOW_PAGES, SMALL_BLOCK_PAGES,
+};
 
 use common::{at, map_at};
 
-/// (Below `BLOCK_MIN_REGION_PAGES`: no dense-block fill on a second fault.)
+/// (Below `BLOCK_MIN_REGION_PAGES`: a second fault fills a block of
+/// `SMALL_BLOCK_PAGES`.)
 const N: u64 = 4096;
 
 /// A core with room for every window and one anonymous region of `N`
@@ -43,16 +46,39 @@ fn sequential(c: &mut Core, write: bool, in_thread: bool, faults: usize) -> Vec<
 #[test]
 fn a_handler_served_writer_reaches_the_largest_window() {
     let runs = sequential(&mut core(), true, false, 10);
-    assert_eq!(runs[..3], [1, 1, 1], "one page until the streak");
+    // The second fault fills the rest of its block; then one page until
+    // the streak.
+    assert_eq!(runs[..3], [1, SMALL_BLOCK_PAGES - 1, 1]);
     assert_eq!(*runs.iter().max().unwrap(), MAX_WINDOW_PAGES);
     assert_eq!(*runs.last().unwrap(), MAX_WINDOW_PAGES);
+}
+
+#[test]
+fn a_second_fault_in_a_block_fills_the_block_a_first_does_not() {
+    let mut c = core();
+    let touch = |c: &mut Core, p: u64| {
+        let plan = c.fault(Addr(at(p)), true);
+        let FaultPlan::ZeroFill { run } = plan else { panic!("{plan:?}") };
+        c.fill_done(&plan, run.pages());
+        c.validate();
+        run
+    };
+    // Scattered first touches of blocks: a page each.
+    let b = SMALL_BLOCK_PAGES;
+    assert_eq!(touch(&mut c, 5), PageRange::new(5, 6));
+    assert_eq!(touch(&mut c, 3 * b + 2), PageRange::new(3 * b + 2, 3 * b + 3));
+    // A second in the first block fills its untouched pages around it.
+    assert_eq!(touch(&mut c, 9), PageRange::new(6, b));
+    assert_eq!(touch(&mut c, 1), PageRange::new(0, 5));
 }
 
 #[test]
 fn an_in_thread_writer_stops_at_the_in_thread_window() {
     const { assert!(IN_THREAD_ZERO_WINDOW_PAGES < MAX_WINDOW_PAGES) };
     let runs = sequential(&mut core(), true, true, 10);
-    assert_eq!(runs[..3], [1, 1, 1], "one page until the streak");
+    // The second fault fills the rest of its block; then one page until
+    // the streak.
+    assert_eq!(runs[..3], [1, SMALL_BLOCK_PAGES - 1, 1]);
     assert_eq!(*runs.iter().max().unwrap(), IN_THREAD_ZERO_WINDOW_PAGES);
     assert_eq!(*runs.last().unwrap(), IN_THREAD_ZERO_WINDOW_PAGES, "the streak goes on: the window stays");
 }

@@ -533,8 +533,11 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> usize {
 static REPORT_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// The lowest descriptor the copy may take: far above the ones a program
-/// opens first (some count on getting 3, 4, …).
-const REPORT_FD_MIN: c_int = 500;
+/// opens first (some count on getting 3, 4, …), and below 64, the size of a
+/// process's first descriptor table: growing it in a process with threads
+/// (the space's) waits for an RCU grace period, which took 10-13 ms at
+/// every start here with the copy at 500.
+const REPORT_FD_MIN: c_int = 60;
 
 /// Keeps a copy of stderr (close-on-exec) for the exit report.
 pub(crate) fn keep_stderr() {

@@ -9,8 +9,8 @@
 //! touched one is the window policy (constants and helpers in `window.rs`).
 
 use super::window::{
-    dense_block, fault_around_window, file_fault_around_block, grow_run, swap_in_window, BLOCK_MIN_REGION_PAGES,
-    IN_THREAD_ZERO_WINDOW_PAGES, MAX_WINDOW_PAGES,
+    dense_block, fault_around_window, file_fault_around_block, grow_run, swap_in_window, IN_THREAD_ZERO_WINDOW_PAGES,
+    MAX_WINDOW_PAGES,
 };
 use super::{bad, transfer_for, Core, FaultPlan};
 use crate::consts::*;
@@ -242,13 +242,7 @@ impl Core {
         while run.pages() < limit && run.end < region.end && self.pages.get(run.end) == PageMeta::default() {
             run.end.0 += 1;
         }
-        if window == 1
-            && !populate
-            && !exact
-            && reg.advice == Advice::Normal
-            && reg.lock == LockMode::None
-            && region.pages() >= BLOCK_MIN_REGION_PAGES
-        {
+        if window == 1 && !populate && !exact && reg.advice == Advice::Normal && reg.lock == LockMode::None {
             if let Some(block) = dense_block(&self.pages, p, region) {
                 grow_run(&self.pages, &mut run, block, free);
             }

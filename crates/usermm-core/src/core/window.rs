@@ -7,8 +7,8 @@
 //! `exact_faults` take the touched page alone; a sequential region takes the
 //! largest window; a normal one takes one page until three faults in a row
 //! land where the last run ended (a streak), then blocks of `BLOCK_PAGES`
-//! doubling up to `MAX_WINDOW_PAGES`, and a large one fills a whole block on
-//! a second fault in it (`dense_block`); an anonymous write fault the
+//! doubling up to `MAX_WINDOW_PAGES`, and any fills a whole block on a
+//! second fault in it (`dense_block`); an anonymous write fault the
 //! faulting thread resolves itself stops at `IN_THREAD_ZERO_WINDOW_PAGES`
 //! (`Core::fault_in_thread`). A swap-in clusters up to
 //! `SWAP_CLUSTER_PAGES` consecutive slots. A read fault in a locked file
@@ -49,8 +49,17 @@ pub const BLOCK_PAGES: u64 = 64;
 /// fault in a file mapping maps, and so locks in a lock-on-fault region.
 pub const FAULT_AROUND_BYTES: u64 = 64 << 10;
 
-/// Regions at least this large (pages) get block fault-around on dense access.
+/// Regions at least this large (pages) get blocks of `BLOCK_PAGES` on dense
+/// access; smaller ones blocks of `SMALL_BLOCK_PAGES`.
 pub const BLOCK_MIN_REGION_PAGES: u64 = 8192;
+
+/// Dense-access block of a region smaller than `BLOCK_MIN_REGION_PAGES`, in
+/// pages (64 KiB, Linux's `fault_around_bytes` and a 64 KiB mTHP): an
+/// allocator's arena (CPython's pools of 16 KiB, a heap's slabs) touches a
+/// page here and there in a block, then the rest of it; a fault per page
+/// was most of what `usermm run` added to a program's start (CPython: 163
+/// of 310 handler faults in its own arenas, 2 a block with the rule).
+pub const SMALL_BLOCK_PAGES: u64 = 16;
 
 /// Grows `run` backwards and forwards over untouched pages, within `block`
 /// and up to `max` pages.
@@ -126,12 +135,14 @@ pub(super) fn fault_around_window(reg: &mut Region, p: PageIdx, populate: bool, 
     }
 }
 
-/// Dense access in a large region: a second fault in an aligned block of
-/// `BLOCK_PAGES` fills the block (like a 64 KiB mTHP). Returns the block
-/// around `p`, within `region`, if a page of it is already live.
+/// Dense access: a second fault in an aligned block (`BLOCK_PAGES` in a
+/// large region, `SMALL_BLOCK_PAGES` in another) fills the block, as an
+/// mTHP would. Returns the block around `p`, within `region`, if a page of
+/// it is already live.
 pub(super) fn dense_block(pages: &PageTable, p: PageIdx, region: PageRange) -> Option<PageRange> {
-    let b0 = (p.0 / BLOCK_PAGES) * BLOCK_PAGES;
-    let block = PageRange::new(b0, b0 + BLOCK_PAGES).intersect(&region);
+    let n = if region.pages() >= BLOCK_MIN_REGION_PAGES { BLOCK_PAGES } else { SMALL_BLOCK_PAGES };
+    let b0 = (p.0 / n) * n;
+    let block = PageRange::new(b0, b0 + n).intersect(&region);
     let mut seen = false;
     pages.for_each_live(block, |_, _| seen = true);
     seen.then_some(block)
