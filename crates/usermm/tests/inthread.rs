@@ -77,9 +77,10 @@ fn pages_come_in_in_the_faulting_thread_with_every_byte_right() {
     let st = s.stats();
     assert!(st.swapouts > 4096 && st.swapins > 4096, "the data must really have been swapped: {st:?}");
     // Every page was a fault of its own on the first pass (a zero fill);
-    // later passes fault swapped pages in, several at a time where the
-    // read-around follows the pass.
-    assert!(st.zero_fills >= 4096 && st.major_faults > 1024, "{st:?}");
+    // later passes fault swapped pages in, several at a time: the
+    // read-around follows the passes, forwards and backwards.
+    assert!(st.zero_fills >= 4096 && st.major_faults > 0, "{st:?}");
+    assert!(st.major_faults * 4 < st.swapins, "the passes read around their faults: {st:?}");
     assert_eq!(st.swap_read_errors + st.swap_write_errors, 0, "{st:?}");
     assert!(st.resident_pages <= 1024, "the budget holds: {st:?}");
     s.close().unwrap();

@@ -142,10 +142,7 @@ impl Core {
                 let wp = m.cache != 0 && !checked && !write;
                 FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked, wp }
             }
-            PState::Swapped => {
-                let in_thread = zero_window == IN_THREAD_ZERO_WINDOW_PAGES && populate.is_none();
-                self.plan_swap_in(p, m, region, free, populate.is_some(), write, in_thread)
-            }
+            PState::Swapped => self.plan_swap_in(p, m, region, free, populate.is_some(), write),
             PState::Absent => self.plan_absent(p, m, region, free, populate.is_some(), write, exact, zero_window),
             _ => unreachable!("busy handled above"),
         }
@@ -160,7 +157,6 @@ impl Core {
     /// A fault on a swapped page: a swap-in of it and the swapped
     /// neighbours that follow it in swap (up to the read-around window and
     /// the free frames), or reclaim first.
-    #[allow(clippy::too_many_arguments)]
     fn plan_swap_in(
         &mut self,
         p: PageIdx,
@@ -169,17 +165,13 @@ impl Core {
         free: u64,
         populate: bool,
         write: bool,
-        in_thread: bool,
     ) -> FaultPlan {
         let reg = self.regions.find_mut(p).expect("region");
         if free == 0 {
             self.pressure = true;
             return FaultPlan::Reclaim { want: self.direct_reclaim_batch(populate) };
         }
-        // A fault the faulting thread resolves itself reads its page alone
-        // (`in_thread`): its stress test died of SIGBUS with read-around runs,
-        // a cause not yet found.
-        let (window, backwards) = if in_thread { (1, false) } else { swap_in_window(reg, p, populate) };
+        let (window, backwards) = swap_in_window(reg, p, populate);
         let limit = free.min(window);
         // The run's pages sit in consecutive slots, in address order:
         // `slot` is its first page's.
