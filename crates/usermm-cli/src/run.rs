@@ -61,7 +61,8 @@ pub(crate) fn help() -> &'static str {
      LIMITS (this version): the heap and anonymous mmaps are on the space (stacks and files stay\n\
      with the kernel); a forked child gets a space of its own for its new memory, but a child that\n\
      touches its parent's heap or mappings without exec'ing first dies of SIGSEGV (posix_spawn,\n\
-     system(), Python's subprocess work; a shell's fork without exec does not).\n"
+     system(), Python's subprocess work). A shell (sh, bash, dash, zsh, ksh, mksh, ash, busybox) keeps\n\
+     the kernel's memory, so that its forks work; the programs it execs get a space (wrapper scripts).\n"
 }
 
 /// `usermm run`'s options.

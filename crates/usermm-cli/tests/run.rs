@@ -667,6 +667,35 @@ m.close()
     assert!(memory_calls(&stderr, "python3")["space"] >= 5, "{stderr}");
 }
 
+/// A wrapper script in front of the program (pyenv's `python3` shim is
+/// one): the shell forks for `$(…)` and pipelines and its children run on
+/// its heap, so the shell keeps the C library's; the program it execs gets
+/// a space and swaps.
+#[test]
+fn a_shell_wrapper_that_forks_then_execs_cpython_4x_its_budget() {
+    let py = need("python3");
+    let dir = tmpdir("wrapper");
+    let wrapper = dir.join("python3");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/bash\nset -e\nname=\"$(basename \"$0\")\"\nver=$(echo 3 | tr -d '\\n')\n[ \"$name$ver\" = python33 ]\nexec {} \"$@\"\n",
+            py.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let script = "n = 64 * 1024\nd = {i: (b'%08d' % i) * 128 for i in range(n)}\n\
+                  print('ok' if all(d[i][:8] == b'%08d' % i for i in range(n)) else 'BAD', len(d))\n";
+    let out = output(usermm_run(&["--budget", "16m", "--stats", "--"]).arg(&wrapper).args(["-c", script]));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, "ok 65536\n", "{stderr}");
+    assert!(!stderr.contains("touched its parent's heap"), "{stderr}");
+    assert_swapped(&stderr, "python3", 16 << 20);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn cpython_builds_and_checks_a_dict_4x_its_budget() {
     let py = need("python3");

@@ -217,6 +217,14 @@ fn init() -> bool {
         // The constructor runs before the program's own code and threads.
         std::env::remove_var("LD_PRELOAD");
     }
+    // A shell keeps the C library's heap and the kernel's memory: it forks
+    // for every `$(…)` and pipeline, and the child runs on its parent's
+    // heap without exec'ing (a space's child may not: issue 49), while the
+    // programs it execs get a space each (a wrapper script such as pyenv's
+    // `python3` shim, `sh -c`, `make`'s recipes).
+    if is_shell() {
+        return false;
+    }
     space_call(|_| ());
     READY.store(true, Relaxed);
     let report = STATS.load(Relaxed) || VERBOSE.load(Relaxed);
@@ -226,6 +234,18 @@ fn init() -> bool {
         boundary::keep_stderr();
     }
     report
+}
+
+/// The shells whose processes keep the kernel's memory (see `init`).
+const SHELLS: [&str; 8] = ["sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox"];
+
+/// Whether this process's program is a shell (`SHELLS`, by the name of
+/// `/proc/self/exe`).
+fn is_shell() -> bool {
+    std::fs::read_link("/proc/self/exe")
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .is_some_and(|n| SHELLS.contains(&n.as_str()))
 }
 
 /// Whether allocations served by the space are counted: only for
