@@ -327,7 +327,16 @@ impl Inner {
     /// records the outcome in `tried` and, for a failure, starts or
     /// lengthens the back-off.
     fn store_write(&self, slots: &[u32], off: u64, tried: &mut StoreTried) -> bool {
-        if !self.plat.has_swap() || self.store_backing_off() {
+        if !self.plat.has_swap() {
+            return false;
+        }
+        if self.store_backing_off() {
+            // Another thread's write failed since this round was planned
+            // (the pause was over then): the pause holds for this round too,
+            // so that a fault short of frames waits for the store's next try
+            // (`store_retry_wait`) instead of counting rounds that could
+            // not free anything toward out-of-memory.
+            tried.failed = true;
             return false;
         }
         let ok = !take_one(&self.inject_write_errors) && self.plat.swap_write(slots, off).is_ok();
@@ -392,7 +401,7 @@ impl Inner {
     /// within `STORE_RETRY_WAIT_NS` of the fault's start (`st`); then how
     /// long to wait for it.
     pub(super) fn store_retry_wait(&self, c: &Core, st: &Retries) -> Option<std::time::Duration> {
-        if !c.swap_writes_paused() || !c.reclaim_possible_but_for_store() {
+        if !(c.swap_writes_paused() || self.store_backing_off()) || !c.reclaim_possible_but_for_store() {
             return None;
         }
         let at = self.store_retry_at_ns.load(Ordering::Relaxed);

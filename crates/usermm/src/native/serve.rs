@@ -269,6 +269,12 @@ impl Inner {
                 // tried again soon: wait for that (see `native/reclaim.rs`,
                 // "A store that refuses writes").
                 let c = self.settled.wait_timeout(c, d).unwrap_or_else(|e| e.into_inner()).0;
+                // The rounds the pause left empty do not count against the
+                // store's next try (else a fault that waited for it gives up
+                // right after, untried: the in-thread stress test's SIGBUS
+                // while a cluster failed over). The wait stays bounded by
+                // the fault's start (`store_retry_wait`).
+                st.reclaim_rounds = 0;
                 return Next::Again(c);
             }
             // Decided on a plan made under this hold of the core lock, and
