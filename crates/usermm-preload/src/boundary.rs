@@ -380,11 +380,28 @@ pub unsafe extern "C" fn pthread_create(
     if f == 1 {
         return libc::ENOSYS;
     }
+    if crate::has_ancestors() {
+        // SAFETY: reads the current locale; no preconditions.
+        std::hint::black_box(unsafe { __ctype_get_mb_cur_max() });
+    }
     // SAFETY: `f` is glibc's `pthread_create`, of this signature.
     let real: PthreadCreate = unsafe { std::mem::transmute(f) };
     let _libc = crate::LibcOnly::enter();
     // SAFETY: the caller's promises, forwarded.
     unsafe { real(thread, attr, start, arg) }
+}
+
+extern "C" {
+    /// glibc's `MB_CUR_MAX`: reads the current locale's `LC_CTYPE` data.
+    ///
+    /// In a forked child, [`pthread_create`] calls it first: the C library's
+    /// `start_thread` reads that same data in every new thread before
+    /// anything else, with every signal blocked, so a locale that
+    /// `setlocale` allocated on the parent's heap (CPython's, any program's
+    /// that calls `setlocale(LC_ALL, "")`) kills the process there with no
+    /// handler run. Read here first, the touch raises SIGSEGV in the calling
+    /// thread, where [`child_segv`] says what happened.
+    fn __ctype_get_mb_cur_max() -> usize;
 }
 
 /// The C library's function `name` (NUL-terminated), found with

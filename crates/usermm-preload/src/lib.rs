@@ -268,6 +268,12 @@ fn in_ancestors(p: usize) -> bool {
     RANGES.iter().take(generation()).any(|(b, e)| p >= b.load(Relaxed) && p < e.load(Relaxed))
 }
 
+/// Whether this process is a forked child of a process that had a space
+/// (some of its memory is out of reach here).
+fn has_ancestors() -> bool {
+    RANGES.iter().take(generation()).any(|(b, e)| b.load(Relaxed) < e.load(Relaxed))
+}
+
 /// Whether `[a, a + len)` overlaps an ancestor's reservation.
 fn overlaps_ancestors(a: usize, len: usize) -> bool {
     let stop = a.saturating_add(len);
