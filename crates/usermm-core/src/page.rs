@@ -104,6 +104,13 @@ pub type Leaf = Box<[PageMeta; LEAF_PAGES as usize]>;
 /// `mprotect` of a thread arena) waits for the kernel's mmap lock — behind a
 /// concurrent `munmap`'s zap, for hundreds of microseconds.
 const SPARE_LEAVES_MAX: usize = 256;
+/// Spare leaves kept at least (128 KiB). Between this and
+/// [`SPARE_LEAVES_MAX`] the pool is as large as the table has leaves in use:
+/// a program's start (`usermm run`) does not pay for 2 MiB of leaves it
+/// never uses (256 allocations, each a heap growth under the mmap lock, in
+/// the background thread while the program starts: CPython's start had 230
+/// `mprotect` calls from it).
+const SPARE_LEAVES_MIN: usize = 16;
 
 /// A sparse table of `PageMeta`, allocated 512 pages at a time.
 pub struct PageTable {
@@ -112,6 +119,8 @@ pub struct PageTable {
     pages: u64,
     /// Empty leaves ready for reuse (see [`SPARE_LEAVES_MAX`]).
     spare: Vec<Leaf>,
+    /// Invariant: the number of leaves in use (`Some` in `leaves`).
+    in_use: usize,
     /// Invariant: the number of pages in a busy state ([`PState::busy`]):
     /// work in flight, whose end may free frames (what an out-of-memory
     /// decision waits for).
@@ -123,7 +132,7 @@ impl PageTable {
         let n = pages.div_ceil(LEAF_PAGES) as usize;
         let mut leaves = Vec::with_capacity(n);
         leaves.resize_with(n, || None);
-        PageTable { leaves, live: vec![0; n], pages, spare: Vec::new(), busy: 0 }
+        PageTable { leaves, live: vec![0; n], pages, spare: Vec::new(), in_use: 0, busy: 0 }
     }
 
     /// A new, empty leaf (the executor allocates them outside its locks and
@@ -132,9 +141,20 @@ impl PageTable {
         Box::new([PageMeta::default(); LEAF_PAGES as usize])
     }
 
+    /// How many spare leaves the table keeps (see [`SPARE_LEAVES_MIN`]).
+    fn spare_target(&self) -> usize {
+        self.in_use.clamp(SPARE_LEAVES_MIN, SPARE_LEAVES_MAX)
+    }
+
     /// How many spare leaves the table would take to be full.
     pub fn spare_wanted(&self) -> usize {
-        SPARE_LEAVES_MAX.saturating_sub(self.spare.len())
+        self.spare_target().saturating_sub(self.spare.len())
+    }
+
+    /// Whether the spare leaves are down to a quarter of the pool: time to
+    /// refill before a fault has to call the allocator.
+    pub fn spare_low(&self) -> bool {
+        self.spare.len() * 4 < self.spare_target()
     }
 
     /// Adds empty leaves to the spare pool (beyond its size, they are freed).
@@ -185,6 +205,7 @@ impl PageTable {
                         self.live[l] -= 1;
                         if self.live[l] == 0 {
                             if let Some(leaf) = self.leaves[l].take() {
+                                self.in_use -= 1;
                                 if self.spare.len() < SPARE_LEAVES_MAX {
                                     self.spare.push(leaf);
                                 }
@@ -201,6 +222,7 @@ impl PageTable {
                 let mut leaf: Leaf = self.spare.pop().unwrap_or_else(PageTable::new_leaf);
                 leaf[i] = m;
                 self.leaves[l] = Some(leaf);
+                self.in_use += 1;
                 self.live[l] = 1;
             }
         }
@@ -260,5 +282,6 @@ impl PageTable {
             }
         }
         assert_eq!(busy, self.busy, "busy page count");
+        assert_eq!(self.leaves_allocated(), self.in_use, "leaves in use");
     }
 }

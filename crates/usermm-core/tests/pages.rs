@@ -797,3 +797,31 @@ fn a_locked_page_keeps_no_swap_copy_and_its_slot_is_scrubbed() {
     let s = c.stats();
     assert_eq!((s.swapped_pages, s.swap_cached_pages, s.locked_pages), (1, 0, 2));
 }
+
+/// The spare page-table leaves a table wants: a few for a table with
+/// nothing in use (a program's start pays for no more), then as many as it
+/// has leaves in use, up to the cap; low below a quarter of that.
+#[test]
+fn spare_leaves_grow_with_the_leaves_in_use() {
+    use usermm_core::page::{PageMeta, PageTable};
+    let mut t = PageTable::new(512 * 1024);
+    let start = t.spare_wanted();
+    assert!((1..=32).contains(&start), "a fresh table wants a few spares, not {start}");
+    assert!(t.spare_low());
+    t.add_spare((0..start).map(|_| PageTable::new_leaf()).collect());
+    assert_eq!(t.spare_wanted(), 0);
+    assert!(!t.spare_low());
+    // Leaves in use: one page in each of 200 leaves.
+    let live = PageMeta { state: PState::Resident, ..PageMeta::default() };
+    for l in 0..200u64 {
+        t.set(PageIdx(l * 512), live);
+    }
+    t.validate();
+    assert_eq!(t.spare_wanted(), 200, "as many spares as leaves in use");
+    assert!(t.spare_low());
+    for l in 0..200u64 {
+        t.set(PageIdx(l * 512), PageMeta::default());
+    }
+    t.validate();
+    assert_eq!(t.spare_wanted(), 0, "emptied leaves become spares");
+}

@@ -17,9 +17,8 @@ use crate::types::PageIdx;
 /// Pushes per chunk a compaction sweeps (see `Core::sweep_stale`).
 const SWEEP_EVERY_PUSHES: u32 = 64;
 
-/// Below this many spare leaves (of 256) or chunks (of 8), the executor is
-/// asked to refill.
-const SPARES_LOW_LEAVES: usize = 192;
+/// Below this many spare LRU chunks (of 8), or a quarter of the spare
+/// leaves (`PageTable::spare_low`), the executor is asked to refill.
 const SPARES_LOW_CHUNKS: usize = 4;
 
 impl Core {
@@ -114,8 +113,8 @@ impl Core {
 
     /// Whether the spares ran low: a fault would soon call the allocator.
     pub fn spares_low(&self) -> bool {
-        let (l, a, i) = self.spares_wanted();
-        l > SPARES_LOW_LEAVES || a > SPARES_LOW_CHUNKS || i > SPARES_LOW_CHUNKS
+        let (_, a, i) = self.spares_wanted();
+        self.pages.spare_low() || a > SPARES_LOW_CHUNKS || i > SPARES_LOW_CHUNKS
     }
 
     /// Takes spare metadata buffers allocated outside the core lock: a

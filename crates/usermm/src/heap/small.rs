@@ -55,6 +55,12 @@ use crate::Space;
 /// Slabs per chunk of the side table (chunks are allocated as slabs are
 /// carved in their address range: 4 MiB of reservation each).
 const CHUNK_SLABS: usize = 64;
+/// Chunks per directory of the side table (1 GiB of reservation each): the
+/// table is two levels deep, so that a heap's start writes a directory of
+/// a few KiB, not a slot for every chunk of its reservation (a flat table
+/// of the preload's 64 GiB was 384 KiB written at every process's start:
+/// a fifth of the CPU time `usermm run -- /bin/true` added).
+const DIR_CHUNKS: usize = 256;
 /// The most slots of a slab (the smallest class).
 const MAX_SLOTS: usize = SLAB_BYTES / 16;
 const WORDS: usize = MAX_SLOTS / 64;
@@ -126,11 +132,15 @@ struct Pool {
     segments: Vec<(usize, usize)>,
 }
 
+/// The side table's entry for `CHUNK_SLABS` slabs, allocated as the first
+/// of them is carved.
+type Chunk = OnceLock<Box<[SlabMeta]>>;
+
 /// The state of one heap's small blocks that threads' caches share.
 pub(crate) struct Shared {
     base: usize,
     len: usize,
-    chunks: Box<[OnceLock<Box<[SlabMeta]>>]>,
+    dirs: Box<[OnceLock<Box<[Chunk]>>]>,
     bins: Box<[CachePadded<Mutex<Bin>>]>,
     pool: Mutex<Pool>,
     /// Bytes of the slab segments, and bytes given back with `MADV_FREE`.
@@ -164,12 +174,12 @@ impl Small {
     pub(crate) fn new(base: usize, len: usize) -> Small {
         let _system = SystemOnly::enter();
         let slabs = len >> SLAB_SHIFT;
-        let chunks = (0..slabs.div_ceil(CHUNK_SLABS)).map(|_| OnceLock::new()).collect();
+        let dirs = (0..slabs.div_ceil(CHUNK_SLABS * DIR_CHUNKS)).map(|_| OnceLock::new()).collect();
         Small {
             shared: Arc::new(Shared {
                 base,
                 len,
-                chunks,
+                dirs,
                 bins: (0..NCLASSES).map(|_| CachePadded(Mutex::new(Bin { head: NIL, carved: 0 }))).collect(),
                 pool: Mutex::new(Pool {
                     at: 0,
@@ -333,13 +343,20 @@ impl Shared {
             return None;
         }
         let s = off >> SLAB_SHIFT;
-        let chunk = self.chunks[s / CHUNK_SLABS].get()?;
+        let chunk = self.chunk(s)?.get()?;
         Some((&chunk[s % CHUNK_SLABS], self.base + (s << SLAB_SHIFT)))
+    }
+
+    /// The side table's chunk of slab number `s` (from 0), if its directory
+    /// is allocated.
+    fn chunk(&self, s: usize) -> Option<&Chunk> {
+        let c = s / CHUNK_SLABS;
+        Some(&self.dirs[c / DIR_CHUNKS].get()?[c % DIR_CHUNKS])
     }
 
     fn meta_of(&self, slab: u32) -> &SlabMeta {
         let s = slab as usize - 1;
-        &self.chunks[s / CHUNK_SLABS].get().expect("a listed slab's chunk")[s % CHUNK_SLABS]
+        &self.chunk(s).and_then(|c| c.get()).expect("a listed slab's chunk")[s % CHUNK_SLABS]
     }
 
     fn slab_start(&self, slab: u32) -> usize {
@@ -501,7 +518,9 @@ impl Shared {
             let _ = sp.populate(self.slab_start(slab), SLAB_BYTES, MADV_POPULATE_WRITE);
         }
         let s = slab as usize - 1;
-        let chunk = self.chunks[s / CHUNK_SLABS].get_or_init(|| (0..CHUNK_SLABS).map(|_| SlabMeta::new()).collect());
+        let c = s / CHUNK_SLABS;
+        let dir = self.dirs[c / DIR_CHUNKS].get_or_init(|| (0..DIR_CHUNKS).map(|_| OnceLock::new()).collect());
+        let chunk = dir[c % DIR_CHUNKS].get_or_init(|| (0..CHUNK_SLABS).map(|_| SlabMeta::new()).collect());
         let m = &chunk[s % CHUNK_SLABS];
         let slots = slab_slots(class);
         for (w, word) in m.avail.iter().enumerate() {
