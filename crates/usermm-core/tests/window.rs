@@ -74,6 +74,8 @@ fn a_second_fault_in_a_block_fills_the_block_a_first_does_not_unless_below_is_li
     // page fills it (memory used upwards); one whose neighbour is not, a
     // page.
     assert_eq!(touch(&mut c, b + 3), PageRange::new(b, 2 * b));
+    // Two blocks live below: two blocks (up to the live page at 3b + 2).
+    assert_eq!(touch(&mut c, 2 * b), PageRange::new(2 * b, 3 * b + 2));
     assert_eq!(touch(&mut c, 5 * b + 1), PageRange::new(5 * b + 1, 5 * b + 2));
 }
 
