@@ -4,7 +4,8 @@
 //! - the fd is non-blocking: `read` returns `EAGAIN` when another handler
 //!   thread took the message;
 //! - resolving ioctls return `EAGAIN` while a mapping change is in flight
-//!   (`mmap_changing`): retried here;
+//!   (`mmap_changing`) or a page is busy in the host (`UFFDIO_MOVE`):
+//!   retried here, [`EAGAIN_TRIES`] times at most;
 //! - `EEXIST` from `UFFDIO_COPY` means the page is already there: reported as
 //!   the count of bytes that were not installed, for the caller to decide;
 //! - REMOVE/UNMAP events are never enabled: they make `MADV_DONTNEED` and
@@ -253,6 +254,7 @@ impl Uffd {
     pub unsafe fn copy_wp(&self, dst: usize, src: *const u8, len: usize, wake: bool, wp: bool) -> Result<usize, Errno> {
         let mode = if wake { 0 } else { UFFDIO_COPY_MODE_DONTWAKE } | if wp { UFFDIO_COPY_MODE_WP } else { 0 };
         let mut done = 0usize;
+        let mut tries = 0;
         let mut piece = Piece::new(len);
         while done < len {
             let mut c = UffdioCopy {
@@ -270,7 +272,7 @@ impl Uffd {
             match r {
                 Ok(()) if piece.whole => return Ok(len),
                 Ok(()) => done += piece.unreported(c.copy),
-                Err(Errno(libc::EAGAIN)) => continue,
+                Err(Errno(libc::EAGAIN)) if again(&mut tries) => continue,
                 Err(Errno(libc::EEXIST)) => return Ok(done),
                 Err(e) if piece.split(e) => continue,
                 Err(e) => {
@@ -309,10 +311,7 @@ impl Uffd {
             match r {
                 Ok(()) if piece.whole => return Ok(len),
                 Ok(()) => done += piece.unreported(m.moved),
-                Err(Errno(libc::EAGAIN)) if tries < 1000 => {
-                    tries += 1;
-                    continue;
-                }
+                Err(Errno(libc::EAGAIN)) if again(&mut tries) => continue,
                 Err(e) if piece.split(e) => continue,
                 Err(e) => {
                     if done > 0 {
@@ -332,6 +331,7 @@ impl Uffd {
     /// No Rust reference may point into the range (its bytes appear).
     pub unsafe fn zeropage(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
         let mut done = 0usize;
+        let mut tries = 0;
         let mut piece = Piece::new(len);
         while done < len {
             let mut z = UffdioZeropage {
@@ -350,7 +350,7 @@ impl Uffd {
             match r {
                 Ok(()) if piece.whole => return Ok(len),
                 Ok(()) => done += piece.unreported(z.zeropage),
-                Err(Errno(libc::EAGAIN)) => continue,
+                Err(Errno(libc::EAGAIN)) if again(&mut tries) => continue,
                 Err(e) if piece.split(e) => continue,
                 Err(e) => return if done > 0 { Ok(done) } else { Err(e) },
             }
@@ -377,9 +377,10 @@ impl Uffd {
     /// As `wake`: the pages are settled, as the caller's core says.
     pub unsafe fn unprotect(&self, start: usize, len: usize) -> Result<(), Errno> {
         let mut w = UffdioWriteprotect { range: UffdioRange { start: start as u64, len: len as u64 }, mode: 0 };
+        let mut tries = 0;
         loop {
             match self.ioctl(UFFDIO_WRITEPROTECT, &mut w as *mut _ as *mut libc::c_void) {
-                Err(Errno(libc::EAGAIN)) => continue,
+                Err(Errno(libc::EAGAIN)) if again(&mut tries) => continue,
                 r => return r,
             }
         }
@@ -390,11 +391,12 @@ impl Uffd {
     /// # Safety
     /// No Rust reference may point into the range: a touch raises SIGBUS.
     pub unsafe fn poison(&self, start: usize, len: usize) -> Result<(), Errno> {
+        let mut tries = 0;
         loop {
             let mut p =
                 UffdioPoison { range: UffdioRange { start: start as u64, len: len as u64 }, mode: 0, updated: 0 };
             match self.ioctl(UFFDIO_POISON, &mut p as *mut _ as *mut libc::c_void) {
-                Err(Errno(libc::EAGAIN)) => continue,
+                Err(Errno(libc::EAGAIN)) if again(&mut tries) => continue,
                 Err(Errno(libc::EEXIST)) => return Ok(()),
                 r => return r,
             }
@@ -474,6 +476,18 @@ pub fn recv_now(fd: RawFd, buf: &mut [u8]) -> Result<Option<usize>, Errno> {
         return Err(e);
     }
     Ok(Some(r as usize))
+}
+
+/// Tries of a resolving ioctl that keeps failing with `EAGAIN` before the
+/// call gives up with what it did (a prefix, or `EAGAIN`): the caller's
+/// fault is then planned again, or its populate fails with `EAGAIN`, rather
+/// than spinning here for as long as the host's state lasts.
+pub const EAGAIN_TRIES: u32 = 1000;
+
+/// Counts one more `EAGAIN`; whether to try again (see [`EAGAIN_TRIES`]).
+fn again(tries: &mut u32) -> bool {
+    *tries += 1;
+    *tries <= EAGAIN_TRIES
 }
 
 /// How much of a range one resolving ioctl asks for. The whole rest at

@@ -374,17 +374,32 @@ impl Inner {
     /// which then plans again, as after `finish_fill`.
     pub(super) fn commit_small<'a>(
         &'a self,
-        mut c: MutexGuard<'a, Core>,
+        c: MutexGuard<'a, Core>,
         plan: &FaultPlan,
         run: PageRange,
         bytes: usize,
         page_addr: usize,
         caller: Caller,
     ) -> Next<'a> {
+        self.commit_small_or(c, plan, run, bytes, page_addr, caller, plan.unfilled())
+    }
+
+    /// `commit_small`, with `unfilled` the failure when nothing went in.
+    #[allow(clippy::too_many_arguments)]
+    fn commit_small_or<'a>(
+        &'a self,
+        mut c: MutexGuard<'a, Core>,
+        plan: &FaultPlan,
+        run: PageRange,
+        bytes: usize,
+        page_addr: usize,
+        caller: Caller,
+        unfilled: Failure,
+    ) -> Next<'a> {
         let n = (bytes / self.page_size) as u64;
         c.fill_done(plan, n);
         self.after_fill(&mut c);
-        let r = self.outcome(&mut c, plan, run, n, page_addr, caller);
+        let r = self.outcome_or(&mut c, run, n, page_addr, caller, unfilled);
         drop(c);
         if n < run.pages() {
             self.wake_run(run, page_addr);
@@ -427,7 +442,11 @@ impl Inner {
         let bytes = if read { self.plat.swap_install(a, len, keep, !delegate).unwrap_or(0) } else { 0 };
         // (The commit below wakes what was not installed.)
         let handed = if delegate && bytes > 0 { self.hand_off_wake(a, bytes) } else { None };
-        let r = self.commit_small(c, plan, run, bytes, page_addr, caller);
+        // A read that went through but whose install the host refused (a
+        // bounded `EAGAIN`, no frame in the host) is not a read error: the
+        // page is still in swap, and the thread faults again.
+        let unfilled = if read { Failure::NotFilled } else { plan.unfilled() };
+        let r = self.commit_small_or(c, plan, run, bytes, page_addr, caller, unfilled);
         self.settle_wake(handed, a, bytes);
         r
     }
@@ -654,12 +673,25 @@ impl Inner {
         page_addr: usize,
         caller: Caller,
     ) -> Next<'a> {
+        self.outcome_or(c, run, n, page_addr, caller, plan.unfilled())
+    }
+
+    /// `outcome`, with `unfilled` the failure when nothing went in.
+    fn outcome_or<'a>(
+        &self,
+        c: &mut MutexGuard<'a, Core>,
+        run: PageRange,
+        n: u64,
+        page_addr: usize,
+        caller: Caller,
+        unfilled: Failure,
+    ) -> Next<'a> {
         if self.covers(run, n, page_addr) {
             Next::Served
         } else if n > 0 {
             self.report(c, caller, Failure::NotFilled)
         } else {
-            self.report(c, caller, plan.unfilled())
+            self.report(c, caller, unfilled)
         }
     }
 
