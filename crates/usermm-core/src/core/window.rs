@@ -137,30 +137,15 @@ pub(super) fn fault_around_window(reg: &mut Region, p: PageIdx, populate: bool, 
 
 /// Dense access: a second fault in an aligned block (`BLOCK_PAGES` in a
 /// large region, `SMALL_BLOCK_PAGES` in another) fills the block, as an
-/// mTHP would. Memory used upwards (a heap's arenas and slabs, carved in
-/// address order, several streams in one region) gets more: a fault in a
-/// block whose lower neighbour is live up to its last page fills as many
-/// blocks as are live right below it (up to `MAX_WINDOW_PAGES`), so the
-/// windows double as the memory below grows, whatever else the program
-/// touches in between (CPython's start took two handler faults a block,
-/// and its 40 MiB working set a fault every 64 KiB). Returns the range
-/// around `p`, within `region`, if a page of the block, or the page below
-/// it, is live.
+/// mTHP would. Returns the block around `p`, within `region`, if a page of
+/// it is already live. (A first fault fills no more, even where the memory
+/// below is live: a program's mapping that the space merged with its
+/// neighbour must keep the kernel's residency after one touch — the
+/// kernel's `mlock2-tests` check it.)
 pub(super) fn dense_block(pages: &PageTable, p: PageIdx, region: PageRange) -> Option<PageRange> {
     let n = if region.pages() >= BLOCK_MIN_REGION_PAGES { BLOCK_PAGES } else { SMALL_BLOCK_PAGES };
     let b0 = (p.0 / n) * n;
     let block = PageRange::new(b0, b0 + n).intersect(&region);
-    let mut below = 0;
-    while below < MAX_WINDOW_PAGES
-        && b0 > region.start.0 + below
-        && pages.get(PageIdx(b0 - 1 - below)) != PageMeta::default()
-    {
-        below += 1;
-    }
-    if below > 0 {
-        let blocks = (below / n).max(1);
-        return Some(PageRange::new(b0, b0 + blocks * n).intersect(&region));
-    }
     let mut seen = false;
     pages.for_each_live(block, |_, _| seen = true);
     seen.then_some(block)
