@@ -236,7 +236,10 @@ pub struct ChildRun {
     /// Children the kernel's OOM killer killed in their group before this
     /// one ran to the end (each was run again in a fresh group).
     pub oom_kills: u32,
-    /// From the go byte to the child reaped (the run that ended).
+    /// From the child's spawn to its reaping (the run that ended): one
+    /// start of this binary and the program's whole run, as `usermm run`'s
+    /// rows of `usermm bench programs` time one start of it (the launcher)
+    /// and the program's run.
     pub elapsed_ns: u64,
 }
 
@@ -359,6 +362,7 @@ impl KernelLimit {
         } else {
             std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?
         };
+        let t_spawn = Instant::now();
         let mut child = Command::new(exe)
             .arg(CHILD_CMD)
             .args(args)
@@ -373,7 +377,6 @@ impl KernelLimit {
         let mut stdin = child.stdin.take().expect("piped stdin");
         stdin.write_all(b"g").map_err(|e| format!("release the child: {e}"))?;
         drop(stdin);
-        let t_go = Instant::now();
         let mut stdout = String::new();
         child
             .stdout
@@ -386,7 +389,7 @@ impl KernelLimit {
             Piece::Child(pid) => wait_child(*pid).map_err(|e| format!("wait for the child: {e:?}")),
             _ => unreachable!(),
         })?;
-        let elapsed_ns = t_go.elapsed().as_nanos() as u64;
+        let elapsed_ns = t_spawn.elapsed().as_nanos() as u64;
         let counter = |f: &str| -> u64 {
             std::fs::read_to_string(cg.join(f)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
         };

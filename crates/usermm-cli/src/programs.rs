@@ -22,9 +22,11 @@
 //!   `fits_budget_mib`, above the heap peak: nothing is swapped; its
 //!   yardstick is the unlimited kernel.
 //!
-//! Time: for CPython and SQLite, from the start to the exit of the program
-//! (for usermm: of `usermm run`, which execs it; for the kernel: from the go
-//! byte to the reaped child, which execs it); for Redis, from the client's
+//! Time: for CPython and SQLite, from the spawn of a `usermm` process to
+//! the exit of the program it starts, on both sides alike (for usermm:
+//! `usermm run`, which spawns the program; for the kernel: this binary's
+//! cgroup helper, which joins the group and execs it; each side pays one
+//! start of this binary, 2-4 ms); for Redis, from the client's
 //! connection to the server's last reply (the server's start-up excluded).
 //! Every run's result is checked (the dict's check line, SQLite's output
 //! equal to a run without usermm, every Redis value read back): a wrong run
