@@ -469,7 +469,7 @@ impl GlobalHeap {
             let _system = SystemOnly::enter();
             let cfg = match self.config {
                 ConfigFrom::Fn(f) => Ok(f()),
-                ConfigFrom::Env => crate::boundary::capi::config_from_env(),
+                ConfigFrom::Env => crate::config::from_env(),
             };
             let r = cfg.and_then(|c| Space::open(&c));
             if let Err(e) = &r {

@@ -23,7 +23,7 @@
 //! | file                   | what                                                          |
 //! |------------------------|---------------------------------------------------------------|
 //! | `lib.rs` (this)        | [`Space`]: open/close, the address-based calls, introspection |
-//! | `config.rs`            | [`Config`], [`DEFAULT_RESERVE_BYTES`], [`DEFAULT_SWAP_BYTES`] |
+//! | `config.rs`, `config/` | [`Config`], [`DEFAULT_RESERVE_BYTES`], [`DEFAULT_SWAP_BYTES`], the `USERMM_*` environment |
 //! | `stats.rs`             | [`Stats`], [`PopulateReport`], [`PurgeReport`]                |
 //! | `mapping.rs`           | [`Mapping`]: the owned handle [`Space::map_anon`] returns     |
 //! | `purgeable.rs`         | [`Purgeable`]: the safe handle of volatile memory             |
