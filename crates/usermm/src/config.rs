@@ -1,7 +1,12 @@
-//! A space's configuration: [`Config`] (`struct umm_config`) and the
-//! defaults its zero fields stand for.
+//! A space's configuration: [`Config`] (`struct umm_config`), the defaults
+//! its zero fields stand for, and [`from_env`], a configuration from the
+//! `USERMM_*` environment.
+
+mod env;
 
 use std::path::PathBuf;
+
+pub(crate) use env::from_env;
 
 /// The default virtual range a space reserves: 64 GiB of address space (no
 /// memory is used until pages are touched).

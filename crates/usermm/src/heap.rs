@@ -50,10 +50,10 @@
 //! address: a pointer inside the space's reservation goes back to the heap,
 //! any other to the system allocator.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
+use crate::thread_role::SystemOnly;
 use crate::{Config, Errno, Space, Stats};
 
 pub(crate) mod small;
@@ -282,45 +282,6 @@ pub(crate) fn free_run_pages(addr: usize, len: usize, page: usize) -> Option<(us
     (end > start).then(|| (start, end - start))
 }
 
-thread_local! {
-    /// How deep this thread is in code whose allocations must not come from
-    /// a [`GlobalHeap`]: its slow path, and every thread usermm starts.
-    static SYSTEM_ONLY: Cell<u32> = const { Cell::new(0) };
-}
-
-/// While alive, this thread's allocations through a [`GlobalHeap`] come
-/// from the system allocator.
-pub(crate) struct SystemOnly(());
-
-impl SystemOnly {
-    #[inline]
-    pub(crate) fn enter() -> SystemOnly {
-        SYSTEM_ONLY.with(|d| d.set(d.get() + 1));
-        SystemOnly(())
-    }
-}
-
-impl Drop for SystemOnly {
-    #[inline]
-    fn drop(&mut self) {
-        SYSTEM_ONLY.with(|d| d.set(d.get() - 1));
-    }
-}
-
-/// Marks the calling thread as one of usermm's own for its whole life: its
-/// allocations never come from a [`GlobalHeap`] (a fault handler that
-/// faulted on the heap would wait on itself).
-pub(crate) fn mark_usermm_thread() {
-    SYSTEM_ONLY.with(|d| d.set(d.get() + 1));
-}
-
-/// Whether this thread's allocations must come from the system allocator.
-#[inline]
-pub(crate) fn system_only() -> bool {
-    // A thread tearing down its thread-locals counts as system-only.
-    SYSTEM_ONLY.try_with(|d| d.get() > 0).unwrap_or(true)
-}
-
 /// Whether the calling thread's allocations must not come from a space's
 /// heap: one of usermm's own threads (a fault handler that allocated on
 /// the heap it serves could fault on it and wait on itself), or a thread
@@ -329,7 +290,7 @@ pub(crate) fn system_only() -> bool {
 /// library) sends such allocations to the C library's own allocator.
 #[inline]
 pub fn thread_is_system_only() -> bool {
-    system_only()
+    crate::thread_role::system_only()
 }
 
 /// A [`Space`]'s heap as an `allocator_api2` `Allocator` (and so for
@@ -469,7 +430,7 @@ impl GlobalHeap {
             let _system = SystemOnly::enter();
             let cfg = match self.config {
                 ConfigFrom::Fn(f) => Ok(f()),
-                ConfigFrom::Env => crate::boundary::capi::config_from_env(),
+                ConfigFrom::Env => crate::config::from_env(),
             };
             let r = cfg.and_then(|c| Space::open(&c));
             if let Err(e) = &r {
@@ -575,16 +536,5 @@ mod tests {
                 assert!(class_size(c) >= size && class_size(c).is_multiple_of(align), "{size} {align}");
             }
         }
-    }
-
-    #[test]
-    fn system_only_nests() {
-        assert!(!system_only());
-        {
-            let _a = SystemOnly::enter();
-            let _b = SystemOnly::enter();
-            assert!(system_only());
-        }
-        assert!(!system_only());
     }
 }

@@ -23,7 +23,7 @@
 //! | file                   | what                                                          |
 //! |------------------------|---------------------------------------------------------------|
 //! | `lib.rs` (this)        | [`Space`]: open/close, the address-based calls, introspection |
-//! | `config.rs`            | [`Config`], [`DEFAULT_RESERVE_BYTES`], [`DEFAULT_SWAP_BYTES`] |
+//! | `config.rs`, `config/` | [`Config`], [`DEFAULT_RESERVE_BYTES`], [`DEFAULT_SWAP_BYTES`], the `USERMM_*` environment |
 //! | `stats.rs`             | [`Stats`], [`PopulateReport`], [`PurgeReport`]                |
 //! | `mapping.rs`           | [`Mapping`]: the owned handle [`Space::map_anon`] returns     |
 //! | `purgeable.rs`         | [`Purgeable`]: the safe handle of volatile memory             |
@@ -33,6 +33,7 @@
 //! | `native.rs`, `native/` | the native executor: memory, fault service, the calls         |
 //! | `platform.rs`          | the executor's platform: host operations as one trait         |
 //! | `sim/`                 | a seeded simulation of a space (test hooks only)              |
+//! | `thread_role.rs`       | what the calling thread is to usermm (its own, system-only, resolving its own fault) |
 //!
 //! # Unsafe code
 //! This crate has no `unsafe` of its own except the `boundary` module: the C
@@ -54,6 +55,7 @@ pub mod purgeable;
 pub mod sim;
 mod stats;
 mod store;
+mod thread_role;
 
 pub use boundary::capi;
 pub use config::{default_budget_bytes, Config, DEFAULT_RESERVE_BYTES, DEFAULT_SWAP_BYTES};

@@ -89,7 +89,6 @@ mod awake;
 mod background;
 mod calls;
 mod fault;
-pub(crate) use fault::resolving_in_thread;
 mod filemap;
 mod fill;
 mod populate;
@@ -420,10 +419,11 @@ impl Inner {
         };
         let mut handles = Vec::new();
         // Each thread says when it has started and marked itself as
-        // usermm's own (`heap::mark_usermm_thread`), and `open` waits for
-        // that: a `GlobalHeap` opening its space routes every allocation to
-        // the system allocator until then, so that what std allocates while
-        // starting a thread never waits on the heap its own space serves.
+        // usermm's own (`thread_role::mark_usermm_thread`), and `open` waits
+        // for that: a `GlobalHeap` opening its space routes every allocation
+        // to the system allocator until then, so that what std allocates
+        // while starting a thread never waits on the heap its own space
+        // serves.
         let (started_tx, started) = std::sync::mpsc::channel::<()>();
         for i in 0..nthreads {
             let me = inner.clone();
@@ -431,7 +431,7 @@ impl Inner {
             let h = std::thread::Builder::new()
                 .name(format!("usermm-fault-{i}"))
                 .spawn(move || {
-                    crate::heap::mark_usermm_thread();
+                    crate::thread_role::mark_usermm_thread();
                     let _ = tx.send(());
                     drop(tx);
                     me.handler_loop()
@@ -448,7 +448,7 @@ impl Inner {
             let h = std::thread::Builder::new()
                 .name("usermm-awake".into())
                 .spawn(move || {
-                    crate::heap::mark_usermm_thread();
+                    crate::thread_role::mark_usermm_thread();
                     // (Best effort: at the normal policy it would only
                     // compete a little more for a CPU no one wanted.)
                     let _ = usermm_sys::thread::set_idle_priority();
@@ -475,7 +475,7 @@ impl Inner {
             let h = std::thread::Builder::new()
                 .name("usermm-reclaim".into())
                 .spawn(move || {
-                    crate::heap::mark_usermm_thread();
+                    crate::thread_role::mark_usermm_thread();
                     let _ = started_tx.send(());
                     drop(started_tx);
                     me.background_loop(bg)

@@ -16,9 +16,10 @@ use talc::DefaultBinning;
 use crate::consts::{MADV_FREE, MAP_ANONYMOUS, MAP_FIXED_NOREPLACE, MAP_PRIVATE, PROT_READ, PROT_WRITE};
 use crate::heap::small::{Small, SmallFree};
 use crate::heap::{
-    class_size, free_run_pages, next_arena_bytes, small_class, system_only, Counters, GlobalHeap, Heap, HeapStats,
-    SystemOnly, FREE_RUN_BYTES, LARGE_BYTES, MAX_ARENAS,
+    class_size, free_run_pages, next_arena_bytes, small_class, Counters, GlobalHeap, Heap, HeapStats, FREE_RUN_BYTES,
+    LARGE_BYTES, MAX_ARENAS,
 };
+use crate::thread_role::{system_only, SystemOnly};
 use crate::Space;
 
 /// talc and the arenas it was handed.

@@ -48,8 +48,9 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
-use super::{cache_cap, class_size, slab_slots, slot_of, SystemOnly, NCLASSES, SLAB_BYTES, SLAB_SHIFT};
+use super::{cache_cap, class_size, slab_slots, slot_of, NCLASSES, SLAB_BYTES, SLAB_SHIFT};
 use crate::consts::{MADV_FREE, MADV_POPULATE_WRITE, MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+use crate::thread_role::SystemOnly;
 use crate::Space;
 
 /// Slabs per chunk of the side table (chunks are allocated as slabs are

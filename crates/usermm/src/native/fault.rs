@@ -68,14 +68,6 @@ pub(super) fn defer_signal(sig: i32) -> bool {
     })
 }
 
-/// Whether this thread is inside an in-thread resolve (its own fault, in
-/// its SIGBUS handler): the store's reads then sleep for their reply
-/// rather than poll (`store/redis/link.rs`), also in a space of handler
-/// threads with `UMM_MAP_INTHREAD` regions.
-pub(crate) fn resolving_in_thread() -> bool {
-    DEFERRED.with(|d| d.get().is_some())
-}
-
 /// A space's resolver for `UMM_F_INTHREAD_FAULTS`: called from the SIGBUS
 /// handler in the faulting thread (`usermm_sys::inthread`).
 pub(crate) struct InThread(pub Arc<Inner>);
@@ -85,8 +77,11 @@ impl usermm_sys::inthread::Resolve for InThread {
         // Whatever is allocated here comes from the system allocator: the
         // thread may have faulted inside a `GlobalHeap` allocation, holding
         // the heap's lock (and SIGBUS is blocked here: a fault in the
-        // heap's own memory would end the process).
-        let _system = crate::heap::SystemOnly::enter();
+        // heap's own memory would end the process). And the thread is
+        // marked as resolving its own fault: a page store's reads then sleep
+        // for their reply rather than poll.
+        let _system = crate::thread_role::SystemOnly::enter();
+        let _resolving = crate::thread_role::ResolvingOwnFault::enter();
         let outer = DEFERRED.with(|d| d.replace(Some(0)));
         let spun = SERVES_FAULTS.with(|s| s.replace(true));
         let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

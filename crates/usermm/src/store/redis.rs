@@ -566,7 +566,7 @@ impl RedisStore {
     fn track(&self, url: &str) {
         // (Allocated from the system allocator: the reaper, a forked copy
         // of the process, has no space memory.)
-        let _system = crate::heap::SystemOnly::enter();
+        let _system = crate::thread_role::SystemOnly::enter();
         static HOOK: std::sync::Once = std::sync::Once::new();
         HOOK.call_once(|| {
             if let Err(e) = usermm_sys::exit::at_exit(at_exit_hook) {
@@ -856,7 +856,7 @@ impl Drop for RedisStore {
             eprintln!("usermm: swap_url {}: could not delete the space's keys at close ({e})", self.shown);
         }
         self.unregister();
-        let _system = crate::heap::SystemOnly::enter();
+        let _system = crate::thread_role::SystemOnly::enter();
         LIVE.lock().unwrap_or_else(|e| e.into_inner()).retain(|r| r.space != self.space);
     }
 }
@@ -911,7 +911,7 @@ static LIVE: Mutex<Vec<Reap>> = Mutex::new(Vec::new());
 /// process can be made, the keys go when the lease lapses.
 extern "C" fn at_exit_hook() {
     let _ = std::panic::catch_unwind(|| {
-        let _system = crate::heap::SystemOnly::enter();
+        let _system = crate::thread_role::SystemOnly::enter();
         let generation = usermm_sys::thread::fork_generation();
         let mine: Vec<Reap> = std::mem::take(&mut *LIVE.lock().unwrap_or_else(|e| e.into_inner()))
             .into_iter()

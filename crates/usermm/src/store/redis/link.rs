@@ -119,7 +119,7 @@ impl Link {
             self.open = false;
             return Err(e.into());
         }
-        Ok(self.poll && cmd.len() < POLLED_REQUEST && !crate::native::resolving_in_thread())
+        Ok(self.poll && cmd.len() < POLLED_REQUEST && !crate::thread_role::resolving_own_fault())
     }
 
     /// Returns once the socket is readable, or after [`POLL_NS`]; yields
