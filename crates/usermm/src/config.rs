@@ -6,7 +6,7 @@ mod env;
 
 use std::path::PathBuf;
 
-pub(crate) use env::from_env;
+pub(crate) use env::{default_swap_dir, from_env};
 
 /// The default virtual range a space reserves: 64 GiB of address space (no
 /// memory is used until pages are touched).

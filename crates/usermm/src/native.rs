@@ -380,11 +380,7 @@ impl Inner {
             // sleeping: `store/redis/link.rs`.)
             Some(Box::new(crate::store::RedisStore::open(url, ps, swap_slots as u64, !in_thread)?))
         } else {
-            let dir = cfg
-                .swap_dir
-                .clone()
-                .or_else(|| std::env::var("TMPDIR").ok().map(Into::into))
-                .unwrap_or_else(|| "/tmp".into());
+            let dir = cfg.swap_dir.clone().unwrap_or_else(crate::config::default_swap_dir);
             Some(Box::new(crate::store::LocalFile {
                 file: SwapFile::create(&dir.to_string_lossy(), swap_slots as u64 * ps as u64)?,
                 rings: rings.clone(),

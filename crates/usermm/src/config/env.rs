@@ -45,6 +45,12 @@ fn env_u32(name: &str) -> Result<Option<u32>, Errno> {
 /// A configuration from the `USERMM_*` variables documented in
 /// `usermm_compat.h`: an unset or empty variable keeps [`Config::default`]'s
 /// value; one that does not parse is `EINVAL`.
+/// The directory of a swap file whose configuration names none
+/// (`Config::swap_dir` unset): `$TMPDIR`, else `/tmp`.
+pub(crate) fn default_swap_dir() -> PathBuf {
+    std::env::var_os("TMPDIR").filter(|v| !v.is_empty()).map_or_else(|| "/tmp".into(), PathBuf::from)
+}
+
 pub(crate) fn from_env() -> Result<Config, Errno> {
     let d = Config::default();
     Ok(Config {
