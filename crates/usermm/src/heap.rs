@@ -1,7 +1,7 @@
 //! A heap on a space: `malloc` for memory that usermm serves.
 //!
 //! Every [`Space`] has one heap. [`Space::heap`] hands out a [`Heap`], a
-//! `Copy` handle that is an `allocator_api2` [`Allocator`]
+//! `Copy` handle that is an `allocator_api2` `Allocator`
 //! (`allocator_api2::alloc::Allocator`): hashbrown's `HashMap::new_in`,
 //! `allocator_api2`'s `Vec::new_in` and `Box::new_in` keep their data in the
 //! space, under its budget, reclaim and swap. [`GlobalHeap`] is a

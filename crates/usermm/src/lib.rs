@@ -79,7 +79,7 @@ use native::{Inner, Threads};
 /// A space belongs to the process that opened it. In a forked child every
 /// call on it fails at once with [`Errno::ESTALE`] (the calls that return no
 /// `Result` — [`Space::stats`], [`Space::smaps`], [`Space::validate`],
-/// [`Space::host_reclaim`] — panic), before any lock is taken: a parent
+/// `Space::host_reclaim` — panic), before any lock is taken: a parent
 /// thread may have held one at the fork, and the handler threads that serve
 /// the space do not exist in the child. Dropping or closing it in the child
 /// only forgets it; the parent's space is untouched. A child opens its own.

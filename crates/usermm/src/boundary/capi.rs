@@ -17,7 +17,7 @@
 //!   errors (`EINVAL`, `ENOMEM`) come before `EFAULT`, as on Linux. On the
 //!   user-mode-only fallback, caller memory in the call's own space is
 //!   populated through the space before a copy is retried
-//!   ([`copy::retry_populated`]).
+//!   (`copy::retry_populated`).
 //! - No lock of the space is held while caller memory is read or written:
 //!   this module only touches caller memory before calling the Rust API
 //!   (arguments) or after it returned (results). Caller memory may itself
@@ -33,7 +33,7 @@
 //! - Every exported function that takes a space handle is an `unsafe extern
 //!   "C" fn`: the handle is the one pointer it trusts (the header's
 //!   contract); turning it into a `&Space` is the only dereference, in
-//!   [`space`].
+//!   `space`.
 //!
 //! # Where each concern lives
 //!
