@@ -36,6 +36,8 @@ echo "$demo_out" | grep -q '^python3: every value checks' || { echo "FATAL: the 
 echo "$demo_out" | grep -Eq ' [1-9][0-9]* pages \([0-9]+ MiB\) swapped out' || { echo "FATAL: the demo swapped nothing" >&2; exit 1; }
 echo "== cargo test -p usermm-core (debug build: every debug_assert! checked)"
 cargo test -p usermm-core
+echo "== the seeded simulation of core and executor, debug build (the core's debug_assert!s, the page-state transition table among them)"
+cargo test -p usermm --test sim
 echo "== cargo test --release"
 cargo test --release --workspace -- --test-threads=2
 

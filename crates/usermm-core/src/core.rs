@@ -151,9 +151,6 @@ pub struct Core {
     lru: Lru,
     swap: SlotAllocator,
     staging: SlotAllocator,
-    /// Invariant: the number of pages whose state holds a frame.
-    resident: u64,
-    resident_max: u64,
     /// Where a page whose metadata starts afresh (generation 0: new, or
     /// reset by a zap) starts its LRU generations, so that an old entry of
     /// the page still in a list does not become valid again (advanced by an
@@ -171,27 +168,14 @@ pub struct Core {
     /// Frames faults and populates have claimed since reclaim last
     /// refilled the inactive list (see `needs_aging`, `refill_target`).
     demand: u64,
-    /// Invariant: the number of `Inactive` pages.
-    inactive: u64,
-    /// Invariant: the number of `Swapped` pages.
-    swapped: u64,
     /// Pages charged to the lock limit (VmLck).
     locked_charged: u64,
-    /// Invariant: the number of pages with the `LOCKED` flag (resident in a
-    /// locked region).
-    locked_pages: u64,
-    /// Invariant: the number of pages with the `VOLATILE` flag.
-    volatile_pages: u64,
-    /// Invariant: the number of pages with the `LAZYFREE` flag.
-    lazyfree_pages: u64,
     /// Whether the executor passes MADV_FREE down to the host and can have
     /// the host discard clean lazily freed pages (`set_host_lazyfree`).
     host_lazyfree: bool,
     /// Whether swapped-in pages can be mapped write-protected, so that a
     /// clean page keeps its swap copy (`set_tracks_writes`, `swapcache.rs`).
     tracks_writes: bool,
-    /// Invariant: the number of pages whose `cache` names a swap slot.
-    swap_cached: u64,
     /// Swap slots of each granule given back to the store (0: none are;
     /// `release.rs`).
     release_granule: u32,
@@ -246,21 +230,13 @@ impl Core {
             held: Vec::new(),
             zapping: Vec::new(),
             lru: Lru::default(),
-            resident: 0,
-            resident_max: 0,
             fresh_gen: 1,
             pressure: false,
             refilling: false,
             demand: 0,
-            inactive: 0,
-            swapped: 0,
             locked_charged: 0,
-            locked_pages: 0,
-            volatile_pages: 0,
-            lazyfree_pages: 0,
             host_lazyfree: false,
             tracks_writes: false,
-            swap_cached: 0,
             release_granule: 0,
             release_log: Vec::new(),
             swap_reserved: 0,
@@ -316,10 +292,10 @@ impl Core {
         self.pages.get(p)
     }
     pub fn free_frames(&self) -> u64 {
-        self.cfg.budget_pages.saturating_sub(self.resident)
+        self.cfg.budget_pages.saturating_sub(self.pages.census().resident)
     }
     pub fn resident(&self) -> u64 {
-        self.resident
+        self.pages.census().resident
     }
     pub fn held(&self) -> &[PageRange] {
         &self.held

@@ -7,6 +7,14 @@
 //!
 //! Invariant: a leaf exists only while at least one of its entries is not
 //! `PageMeta::default()` (`live[leaf]` counts those entries).
+//!
+//! Every change of a page goes through [`PageTable::set`] (`update` calls
+//! it): the one place that changes a page's state. It checks the change
+//! against the transition table ([`PState::may_become`]; docs/design.md,
+//! "Page states"), records where a busy page came from
+//! ([`PageMeta::from`]), and keeps the [`Census`]: every count derived from
+//! the pages (resident, parked, swapped, locked, volatile, lazily freed,
+//! swap copies, busy), which `validate` recounts exactly.
 
 use crate::types::{PageIdx, PageRange};
 
@@ -42,6 +50,30 @@ impl PState {
     /// Whether an executor is working on the page.
     pub fn busy(self) -> bool {
         matches!(self, PState::Filling | PState::Deactivating | PState::Evicting | PState::Zapping)
+    }
+
+    /// The transition table: whether a page in state `self` may become
+    /// `to` (a busy page that came `from` a settled state). A busy page
+    /// ends where its work leads or, when that work fails, back where it
+    /// came from; nothing else changes state in one step.
+    pub fn may_become(self, to: PState, from: PState) -> bool {
+        use PState::*;
+        self == to
+            || match (self, to) {
+                (Absent, Filling) => true,
+                (Resident, Filling | Deactivating | Zapping) => true,
+                (Inactive, Filling | Evicting | Zapping) => true,
+                (Swapped, Filling | Absent) => true,
+                // A fill installs (Resident) or gives the page back: to
+                // zeros, to its slot, to staging; a parked page the host
+                // discarded reads as zeros.
+                (Filling, Resident | Absent) => true,
+                (Filling, Swapped | Inactive) => from == to,
+                (Deactivating, Inactive | Resident | Absent) => true,
+                (Evicting, Swapped | Absent | Inactive) => true,
+                (Zapping, Absent | Resident) => true,
+                _ => false,
+            }
     }
 }
 
@@ -85,6 +117,12 @@ pub struct PageMeta {
     /// page's data (a page swapped in and not written since, see
     /// `core/swapcache.rs`), or 0. Only a page holding a frame has one.
     pub cache: u32,
+    /// A busy page's last settled state (`Absent` for a settled page): a
+    /// page being read in from swap still counts as swapped, one being
+    /// reactivated, evicted or zapped from staging as parked, until its
+    /// work is committed. Kept by [`PageTable::set`]; what callers put
+    /// here is ignored.
+    pub from: PState,
 }
 
 impl PageMeta {
@@ -112,6 +150,48 @@ const SPARE_LEAVES_MAX: usize = 256;
 /// `mprotect` calls from it).
 const SPARE_LEAVES_MIN: usize = 16;
 
+/// The counts derived from the pages, kept by [`PageTable::set`].
+#[derive(Copy, Clone, Default, Debug, PartialEq, Eq)]
+pub struct Census {
+    /// Pages holding (or charged for) a frame ([`PState::holds_frame`]).
+    pub resident: u64,
+    /// Parked pages: `Inactive`, and busy pages that came from staging.
+    pub inactive: u64,
+    /// Pages in swap: `Swapped`, and pages being read in from it.
+    pub swapped: u64,
+    /// Pages with [`pf::LOCKED`].
+    pub locked: u64,
+    /// Pages with [`pf::VOLATILE`] (purged ones included).
+    pub volatile: u64,
+    /// Pages with [`pf::LAZYFREE`].
+    pub lazyfree: u64,
+    /// Pages with a swap copy ([`PageMeta::cache`]).
+    pub swap_cached: u64,
+    /// Pages in a busy state ([`PState::busy`]): work in flight, whose end
+    /// may free frames (what an out-of-memory decision waits for).
+    pub busy: u64,
+}
+
+impl Census {
+    /// Adds (`d` 1) or removes (`d` `u64::MAX`, i.e. -1) page `m`.
+    fn count(&mut self, m: &PageMeta, d: u64) {
+        let from = |s: PState| m.state == s || (m.state.busy() && m.from == s);
+        let add = |field: &mut u64, yes: bool| {
+            if yes {
+                *field = field.wrapping_add(d);
+            }
+        };
+        add(&mut self.resident, m.state.holds_frame());
+        add(&mut self.inactive, from(PState::Inactive));
+        add(&mut self.swapped, from(PState::Swapped));
+        add(&mut self.locked, m.has(pf::LOCKED));
+        add(&mut self.volatile, m.has(pf::VOLATILE));
+        add(&mut self.lazyfree, m.has(pf::LAZYFREE));
+        add(&mut self.swap_cached, m.cache != 0);
+        add(&mut self.busy, m.state.busy());
+    }
+}
+
 /// A sparse table of `PageMeta`, allocated 512 pages at a time.
 pub struct PageTable {
     leaves: Vec<Option<Leaf>>,
@@ -121,10 +201,10 @@ pub struct PageTable {
     spare: Vec<Leaf>,
     /// Invariant: the number of leaves in use (`Some` in `leaves`).
     in_use: usize,
-    /// Invariant: the number of pages in a busy state ([`PState::busy`]):
-    /// work in flight, whose end may free frames (what an out-of-memory
-    /// decision waits for).
-    busy: u64,
+    /// Invariant: the counts of the pages in the table.
+    census: Census,
+    /// The most pages that have held a frame at once.
+    resident_max: u64,
 }
 
 impl PageTable {
@@ -132,7 +212,15 @@ impl PageTable {
         let n = pages.div_ceil(LEAF_PAGES) as usize;
         let mut leaves = Vec::with_capacity(n);
         leaves.resize_with(n, || None);
-        PageTable { leaves, live: vec![0; n], pages, spare: Vec::new(), in_use: 0, busy: 0 }
+        PageTable {
+            leaves,
+            live: vec![0; n],
+            pages,
+            spare: Vec::new(),
+            in_use: 0,
+            census: Census::default(),
+            resident_max: 0,
+        }
     }
 
     /// A new, empty leaf (the executor allocates them outside its locks and
@@ -173,7 +261,22 @@ impl PageTable {
 
     /// How many pages are busy (being filled, parked, evicted or zapped).
     pub fn busy(&self) -> u64 {
-        self.busy
+        self.census.busy
+    }
+
+    /// The counts derived from the pages.
+    pub fn census(&self) -> &Census {
+        &self.census
+    }
+
+    /// Where busy page `p` came from (`Absent` for a settled page).
+    pub fn page_from(&self, p: PageIdx) -> PState {
+        self.get(p).from
+    }
+
+    /// The most pages that have held a frame at once.
+    pub fn resident_max(&self) -> u64 {
+        self.resident_max
     }
 
     pub fn get(&self, p: PageIdx) -> PageMeta {
@@ -184,16 +287,30 @@ impl PageTable {
         }
     }
 
-    pub fn set(&mut self, p: PageIdx, m: PageMeta) {
+    /// Changes page `p` to `m`: the one place a page's state changes.
+    /// Debug builds check the change against the transition table
+    /// ([`PState::may_become`]); the census follows it, and `m.from` is
+    /// set here (see [`PageMeta::from`]).
+    pub fn set(&mut self, p: PageIdx, mut m: PageMeta) {
         let l = (p.0 >> LEAF_SHIFT) as usize;
         let i = (p.0 & LEAF_MASK) as usize;
         let empty = PageMeta::default();
-        let was_busy = self.get(p).state.busy();
-        match (was_busy, m.state.busy()) {
-            (false, true) => self.busy += 1,
-            (true, false) => self.busy -= 1,
-            _ => {}
-        }
+        let old = self.get(p);
+        debug_assert!(
+            old.state.may_become(m.state, old.from),
+            "page {p:?}: {:?} (from {:?}) may not become {:?}",
+            old.state,
+            old.from,
+            m.state
+        );
+        m.from = match (old.state.busy(), m.state.busy()) {
+            (_, false) => PState::Absent,
+            (true, true) => old.from,
+            (false, true) => old.state,
+        };
+        self.census.count(&old, u64::MAX);
+        self.census.count(&m, 1);
+        self.resident_max = self.resident_max.max(self.census.resident);
         match &mut self.leaves[l] {
             Some(leaf) => {
                 let was = leaf[i] != empty;
@@ -269,19 +386,23 @@ impl PageTable {
 
     /// Checks the leaf invariant.
     pub fn validate(&self) {
-        let mut busy = 0;
+        let mut census = Census::default();
         for (l, leaf) in self.leaves.iter().enumerate() {
             match leaf {
                 Some(leaf) => {
                     let n = leaf.iter().filter(|m| **m != PageMeta::default()).count();
                     assert_eq!(n, self.live[l] as usize, "leaf {l} live count");
                     assert!(n > 0, "empty leaf {l} kept");
-                    busy += leaf.iter().filter(|m| m.state.busy()).count() as u64;
+                    for m in leaf.iter() {
+                        assert!(m.state.busy() || m.from == PState::Absent, "settled page with an origin: {m:?}");
+                        census.count(m, 1);
+                    }
                 }
                 None => assert_eq!(self.live[l], 0),
             }
         }
-        assert_eq!(busy, self.busy, "busy page count");
+        assert_eq!(census, self.census, "page counts");
+        assert!(self.census.resident <= self.resident_max, "max below current");
         assert_eq!(self.leaves_allocated(), self.in_use, "leaves in use");
     }
 }

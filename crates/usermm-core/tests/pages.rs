@@ -811,8 +811,9 @@ fn spare_leaves_grow_with_the_leaves_in_use() {
     t.add_spare((0..start).map(|_| PageTable::new_leaf()).collect());
     assert_eq!(t.spare_wanted(), 0);
     assert!(!t.spare_low());
-    // Leaves in use: one page in each of 200 leaves.
-    let live = PageMeta { state: PState::Resident, ..PageMeta::default() };
+    // Leaves in use: one page in each of 200 leaves (marked volatile: a
+    // page with no frame and no slot, so no transition).
+    let live = PageMeta { flags: usermm_core::page::pf::VOLATILE, ..PageMeta::default() };
     for l in 0..200u64 {
         t.set(PageIdx(l * 512), live);
     }
@@ -824,4 +825,66 @@ fn spare_leaves_grow_with_the_leaves_in_use() {
     }
     t.validate();
     assert_eq!(t.spare_wanted(), 0, "emptied leaves become spares");
+}
+
+/// The page table is the one place a page's state changes: it follows the
+/// transition table and keeps the counts derived from the pages, a busy
+/// page counting where it came from until its work is committed.
+#[test]
+fn the_page_table_counts_a_page_through_its_life() {
+    use usermm_core::page::{pf, PageMeta, PageTable};
+    let mut t = PageTable::new(1024);
+    let p = PageIdx(7);
+    let to = |t: &mut PageTable, s: PState| t.update(p, |m| m.state = s);
+    to(&mut t, PState::Filling);
+    assert_eq!((t.census().resident, t.census().busy), (1, 1), "a fill claims a frame");
+    to(&mut t, PState::Resident);
+    t.update(p, |m| m.flags |= pf::LOCKED | pf::VOLATILE);
+    assert_eq!((t.census().locked, t.census().volatile, t.census().busy), (1, 1, 0));
+    t.update(p, |m| m.flags = 0);
+    to(&mut t, PState::Deactivating);
+    assert_eq!(t.census().inactive, 0, "not parked until the move is done");
+    to(&mut t, PState::Inactive);
+    assert_eq!(t.census().inactive, 1);
+    to(&mut t, PState::Evicting);
+    assert_eq!((t.census().inactive, t.census().swapped), (1, 0), "being evicted: still parked");
+    to(&mut t, PState::Swapped);
+    assert_eq!((t.census().inactive, t.census().swapped, t.census().resident), (0, 1, 0));
+    to(&mut t, PState::Filling);
+    assert_eq!(t.page_from(p), PState::Swapped);
+    assert_eq!((t.census().swapped, t.census().resident), (1, 1), "being read in: still swapped");
+    to(&mut t, PState::Resident);
+    t.update(p, |m| m.cache = 5);
+    assert_eq!((t.census().swapped, t.census().swap_cached), (0, 1));
+    t.update(p, |m| m.cache = 0);
+    to(&mut t, PState::Zapping);
+    t.set(p, PageMeta::default());
+    assert_eq!(*t.census(), Default::default(), "nothing left");
+    assert_eq!(t.resident_max(), 1);
+    t.validate();
+}
+
+/// A change the transition table does not allow is caught (debug builds,
+/// which the suite runs the core's tests and the simulation in).
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "may not become")]
+fn a_page_cannot_skip_a_state() {
+    use usermm_core::page::PageTable;
+    let mut t = PageTable::new(1024);
+    // Absent to Resident without a fill.
+    t.update(PageIdx(3), |m| m.state = PState::Resident);
+}
+
+/// A page a fill gives back goes where it came from, not elsewhere.
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "may not become")]
+fn a_failed_fill_goes_back_where_it_came_from() {
+    use usermm_core::page::PageTable;
+    let mut t = PageTable::new(1024);
+    let p = PageIdx(3);
+    t.update(p, |m| m.state = PState::Filling);
+    // A zero fill (from Absent) cannot end in swap.
+    t.update(p, |m| m.state = PState::Swapped);
 }

@@ -124,7 +124,6 @@ impl Core {
         debug_assert_eq!(self.pages.get(d.page).state, PState::Deactivating);
         if ok {
             self.pages.update(d.page, |m| m.state = PState::Inactive);
-            self.inactive += 1;
             self.push_inactive(d.page);
             self.counters.deactivations += 1;
         } else {
@@ -153,8 +152,6 @@ impl Core {
         debug_assert_eq!(m.state, PState::Deactivating);
         self.uncache(d.page);
         self.staging.release(d.slot);
-        self.resident -= 1;
-        self.lazyfree_pages -= 1;
         self.pages.update(d.page, |m| {
             m.state = PState::Absent;
             m.slot = 0;
@@ -174,7 +171,6 @@ impl Core {
         if ok {
             self.uncache(p);
             self.pages.set(p, PageMeta::default());
-            self.resident -= 1;
         } else {
             self.pages.update(p, |m| m.state = PState::Resident);
             self.note_resident(p);
@@ -187,19 +183,11 @@ impl Core {
         debug_assert_eq!(self.pages.get(e.page).state, PState::Evicting);
         if ok {
             if e.clean {
-                self.swap_cached -= 1;
                 self.counters.clean_evictions += 1;
             } else {
                 self.counters.swapouts += 1;
             }
             self.staging.release(e.staging);
-            self.inactive -= 1;
-            self.swapped += 1;
-            self.resident -= 1;
-            let was_lazy = self.pages.get(e.page).has(pf::LAZYFREE);
-            if was_lazy {
-                self.lazyfree_pages -= 1;
-            }
             self.pages.update(e.page, |m| {
                 m.state = PState::Swapped;
                 m.slot = e.swap;
@@ -225,11 +213,6 @@ impl Core {
         debug_assert_eq!(self.pages.get(p).state, PState::Evicting);
         self.uncache(p);
         self.staging.release(staging);
-        self.inactive -= 1;
-        self.resident -= 1;
-        if self.pages.get(p).has(pf::LAZYFREE) {
-            self.lazyfree_pages -= 1;
-        }
         self.pages.update(p, |m| {
             m.state = PState::Absent;
             m.slot = 0;
@@ -248,12 +231,7 @@ impl Core {
         debug_assert_eq!(self.pages.get(page).state, PState::Filling);
         self.uncache(page);
         self.staging.release(slot);
-        self.inactive -= 1;
-        self.resident -= 1;
         let m = self.pages.get(page);
-        if m.has(pf::LAZYFREE) {
-            self.lazyfree_pages -= 1;
-        }
         let purged = if m.has(pf::VOLATILE) { pf::PURGED } else { 0 };
         self.pages.update(page, |m| {
             m.state = PState::Absent;
@@ -273,14 +251,11 @@ impl Core {
     pub fn discard_done(&mut self, d: &Discard, dropped: bool, written: bool) {
         debug_assert_eq!(self.pages.get(d.page).state, PState::Evicting);
         self.uncache(d.page);
-        self.lazyfree_pages -= 1;
         if dropped {
             if let Some(s) = d.swap {
                 self.free_swap_slot(s);
             }
             self.staging.release(d.staging);
-            self.inactive -= 1;
-            self.resident -= 1;
             self.pages.update(d.page, |m| {
                 m.state = PState::Absent;
                 m.slot = 0;
@@ -295,9 +270,6 @@ impl Core {
         match (d.swap, written) {
             (Some(swap), true) => {
                 self.staging.release(d.staging);
-                self.inactive -= 1;
-                self.swapped += 1;
-                self.resident -= 1;
                 self.pages.update(d.page, |m| {
                     m.state = PState::Swapped;
                     m.slot = swap;

@@ -283,7 +283,6 @@ impl Core {
                         self.note_resident(p);
                     } else {
                         self.pages.update(p, |m| m.state = PState::Absent);
-                        self.resident -= 1;
                     }
                 }
                 if matches!(plan, FaultPlan::FileRead { .. }) {
@@ -301,15 +300,12 @@ impl Core {
                     let k = q - run.start.0;
                     if k < installed {
                         let s = slot + k as u32;
-                        if keep {
-                            self.swap_cached += 1;
-                        } else {
+                        if !keep {
                             self.free_swap_slot(s);
                             if locked {
                                 self.scrub_log.push(s);
                             }
                         }
-                        self.swapped -= 1;
                         self.pages.update(p, |m| {
                             m.state = PState::Resident;
                             m.slot = 0;
@@ -318,7 +314,6 @@ impl Core {
                         self.note_resident(p);
                     } else {
                         self.pages.update(p, |m| m.state = PState::Swapped);
-                        self.resident -= 1;
                     }
                 }
                 if installed > 0 {
@@ -338,11 +333,8 @@ impl Core {
                     m.state = PState::Resident;
                     m.flags &= !pf::LAZYFREE;
                 });
-                if lazy {
-                    self.lazyfree_pages -= 1;
-                    if installed > 0 {
-                        self.counters.lazyfree_discards += 1;
-                    }
+                if lazy && installed > 0 {
+                    self.counters.lazyfree_discards += 1;
                 }
             }
             FaultPlan::Reactivate { page, slot, wp, .. } => {
@@ -353,7 +345,6 @@ impl Core {
                         self.uncache(page);
                     }
                     self.staging.release(slot);
-                    self.inactive -= 1;
                     self.pages.update(page, |m| {
                         m.state = PState::Resident;
                         m.slot = 0;

@@ -26,15 +26,6 @@ impl Core {
         match result {
             Ok(()) => {
                 self.staging.release(slot);
-                self.inactive -= 1;
-                self.resident -= 1;
-                let m = self.pages.get(w.page);
-                if m.has(pf::LAZYFREE) {
-                    self.lazyfree_pages -= 1;
-                }
-                if m.has(pf::VOLATILE) {
-                    self.volatile_pages -= 1;
-                }
                 self.pages.set(w.page, PageMeta::default());
                 if !w.clean {
                     self.counters.writebacks += 1;

@@ -22,11 +22,11 @@ const SWEEP_EVERY_PUSHES: u32 = 64;
 const SPARES_LOW_CHUNKS: usize = 4;
 
 impl Core {
+    /// Counts `n` frames about to be claimed (the pages that take them
+    /// become busy at once, and so count as resident).
     pub(super) fn claim_frames(&mut self, n: u64) {
-        self.resident += n;
         self.demand = self.demand.saturating_add(n);
-        debug_assert!(self.resident <= self.cfg.budget_pages, "claim beyond budget");
-        self.resident_max = self.resident_max.max(self.resident);
+        debug_assert!(self.resident() + n <= self.cfg.budget_pages, "claim beyond budget");
     }
 
     /// A page just became resident: lock it if its region is locked.
@@ -40,7 +40,6 @@ impl Core {
         if locked {
             if !self.pages.get(p).has(pf::LOCKED) {
                 self.pages.update(p, |m| m.flags |= pf::LOCKED);
-                self.locked_pages += 1;
             }
             // (A reactivated page, or a swap-in planned before the lock.)
             self.uncache_locked(p);
@@ -132,7 +131,7 @@ impl Core {
     /// zap, which is what leaves entries stale in bulk, sweeps two chunks
     /// for every chunk's worth it zapped.
     pub(super) fn maybe_compact(&mut self, chunks: usize) {
-        let live = self.resident as usize;
+        let live = self.resident() as usize;
         if self.lru.compacting == 0 && self.lru.len() > 2 * live + 4096 {
             self.lru.compacting = 1;
         }

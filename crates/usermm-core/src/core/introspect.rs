@@ -74,17 +74,18 @@ impl Core {
     }
 
     pub fn stats(&self) -> Stats {
+        let n = self.pages.census();
         Stats {
             budget_pages: self.cfg.budget_pages,
-            resident_pages: self.resident,
-            resident_pages_max: self.resident_max,
-            inactive_pages: self.inactive,
-            locked_pages: self.locked_pages,
+            resident_pages: n.resident,
+            resident_pages_max: self.pages.resident_max(),
+            inactive_pages: n.inactive,
+            locked_pages: n.locked,
             locked_charged_pages: self.locked_charged,
-            swapped_pages: self.swapped,
-            lazyfree_pages: self.lazyfree_pages,
-            volatile_pages: self.volatile_pages,
-            swap_cached_pages: self.swap_cached,
+            swapped_pages: n.swapped,
+            lazyfree_pages: n.lazyfree,
+            volatile_pages: n.volatile,
+            swap_cached_pages: n.swap_cached,
             regions: self.regions.len() as u64,
             counters: self.counters.clone(),
         }

@@ -6,7 +6,7 @@
 //! is the executor's next phase, outside the exclusive lock, and
 //! `lock_revert` undoes the flags if that phase cannot finish.
 //! Invariants kept: `locked_charged` is the page count of all locked
-//! regions, and `locked_pages` the count of pages flagged `LOCKED`.
+//! regions, and the census's `locked` the count of pages flagged `LOCKED`.
 
 use super::range::Piece;
 use super::{bad, Core, LockPlan};
@@ -109,7 +109,6 @@ impl Core {
             if mode == LockMode::None {
                 if m.has(pf::LOCKED) {
                     self.pages.update(p, |m| m.flags &= !pf::LOCKED);
-                    self.locked_pages -= 1;
                 }
                 // Every resident page goes back on the LRU, flagged or not
                 // (a lock-on-fault read maps the zero page unflagged, and
@@ -121,7 +120,6 @@ impl Core {
                 }
             } else if m.state == PState::Resident && !m.has(pf::LOCKED) {
                 self.pages.update(p, |m| m.flags |= pf::LOCKED);
-                self.locked_pages += 1;
                 // A page swapped in and only read since: its swap copy
                 // goes (`swapcache.rs`).
                 self.uncache_locked(p);
@@ -208,7 +206,7 @@ impl Core {
             });
             need += s.pages() - resident_locked;
         }
-        self.locked_pages + need <= self.cfg.budget_pages
+        self.pages.census().locked + need <= self.cfg.budget_pages
     }
 
     /// The region containing `p` (for the executor's lock population).

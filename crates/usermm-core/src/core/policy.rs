@@ -93,7 +93,7 @@ impl Core {
     /// of need turned a working set equal to the budget into a stream of
     /// evictions and re-faults.)
     pub fn reclaim_ahead(&mut self) -> bool {
-        if self.resident * 2 < self.cfg.budget_pages {
+        if self.resident() * 2 < self.cfg.budget_pages {
             self.pressure = false;
         }
         self.pressure
@@ -135,7 +135,8 @@ impl Core {
     /// last round (a round that also frees frames deactivates what it must
     /// beyond this).
     pub(super) fn refill_target(&self) -> u64 {
-        self.inactive_target().min(self.inactive.saturating_add(AGING_PER_CLAIM.saturating_mul(self.demand)))
+        self.inactive_target()
+            .min(self.pages.census().inactive.saturating_add(AGING_PER_CLAIM.saturating_mul(self.demand)))
     }
 
     /// Whether the inactive list should be refilled ahead of need: once the
@@ -154,8 +155,8 @@ impl Core {
         self.pressure
             && self.demand > 0
             && self.swap.capacity() > 0
-            && self.resident * 2 >= self.cfg.budget_pages
-            && self.inactive < self.inactive_target()
+            && self.resident() * 2 >= self.cfg.budget_pages
+            && self.pages.census().inactive < self.inactive_target()
             && !self.lru.active.is_empty()
     }
 }

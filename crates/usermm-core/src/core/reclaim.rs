@@ -44,7 +44,7 @@ impl Core {
     /// `set_swap_writes_paused`). What clean pages there were, the round
     /// that found the fault short of frames dropped.
     pub fn reclaim_hopeless(&self) -> bool {
-        self.resident <= self.locked_pages || self.swap.free() == 0 || self.swap_paused
+        self.resident() <= self.pages.census().locked || self.swap.free() == 0 || self.swap_paused
     }
 
     /// Whether any page is being worked on (filled, parked, evicted,
@@ -91,7 +91,7 @@ impl Core {
     /// Whether reclaim could free a frame were the store taking writes:
     /// not every resident page is locked, and swap has room.
     pub fn reclaim_possible_but_for_store(&self) -> bool {
-        self.resident > self.locked_pages && self.swap.free() > 0
+        self.resident() > self.pages.census().locked && self.swap.free() > 0
     }
 
     /// See [`Core::set_swap_writes_paused`].
@@ -105,8 +105,8 @@ impl Core {
     /// region whose pages could go to their file.
     fn nothing_reclaimable(&self) -> bool {
         self.swap.capacity() == 0
-            && self.volatile_pages == 0
-            && (self.lazyfree_pages == 0 || !self.host_lazyfree)
+            && self.pages.census().volatile == 0
+            && (self.pages.census().lazyfree == 0 || !self.host_lazyfree)
             && !self.regions.iter().any(|r| r.kind == Kind::FileShared)
     }
 
@@ -225,7 +225,7 @@ impl Core {
         let short = want.saturating_sub((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64);
         let mut scanned = 0;
         let scan_max = self.lru.active.len();
-        while ((self.inactive + plan.deactivate.len() as u64) < target
+        while ((self.pages.census().inactive + plan.deactivate.len() as u64) < target
             || ((plan.deactivate.len() + plan.drop.len()) as u64) < short)
             && scanned < scan_max
         {
@@ -394,7 +394,7 @@ impl Core {
 
     /// Lazily freed pages beyond the space's bound (`set_lazyfree_max`).
     pub fn lazyfree_excess(&self) -> u64 {
-        self.lazyfree_pages.saturating_sub(self.lazyfree_max)
+        self.pages.census().lazyfree.saturating_sub(self.lazyfree_max)
     }
 
     /// Plans the eager discard of the lazily freed pages beyond the bound.

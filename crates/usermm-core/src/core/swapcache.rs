@@ -70,7 +70,6 @@ impl Core {
         let m = self.pages.get(p);
         if m.cache != 0 {
             self.free_swap_slot(m.cache - 1);
-            self.swap_cached -= 1;
             self.pages.update(p, |m| m.cache = 0);
         }
     }

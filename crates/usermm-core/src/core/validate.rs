@@ -27,17 +27,15 @@ impl Core {
         self.validate_page_states();
         self.validate_locks();
         self.validate_file_pages();
-        self.validate_flag_counts();
         self.validate_lru();
     }
 
-    /// Every page's state against its region and slots, and the resident,
-    /// swapped, inactive and slot counts against a recount (allowing for
-    /// pages in flight).
+    /// Every page's state against its region and slots, and the slot
+    /// counts against a recount (the page counts are the page table's,
+    /// recounted exactly by `PageTable::validate`).
     fn validate_page_states(&self) {
         let all = PageRange::new(0, self.cfg.reserve_pages);
-        let (mut res, mut ina, mut sw, mut staged, mut evicting, mut zapping, mut filling) =
-            (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+        let (mut sw, mut staged, mut evicting, mut zapping, mut filling) = (0u64, 0u64, 0u64, 0u64, 0u64);
         let mut swap_seen = std::collections::HashSet::new();
         let mut staging_seen = std::collections::HashSet::new();
         let mut cached = 0u64;
@@ -57,18 +55,13 @@ impl Core {
                     m.state
                 );
             }
-            if m.state.holds_frame() {
-                res += 1;
-            }
             match m.state {
                 PState::Inactive | PState::Deactivating | PState::Evicting => {
                     staged += 1;
                     assert!(self.staging.is_used(m.slot), "staging slot of {p:?}");
                     assert!(staging_seen.insert(m.slot), "staging slot shared");
-                    match m.state {
-                        PState::Inactive => ina += 1,
-                        PState::Evicting => evicting += 1,
-                        _ => {}
+                    if m.state == PState::Evicting {
+                        evicting += 1;
                     }
                 }
                 PState::Swapped => {
@@ -81,20 +74,15 @@ impl Core {
                 _ => {}
             }
         });
-        assert_eq!(res, self.resident, "resident count");
-        assert!(self.resident <= self.cfg.budget_pages, "over budget");
-        assert!(self.resident_max <= self.cfg.budget_pages, "max over budget");
-        assert!(self.resident <= self.resident_max, "max below current");
-        // A page being filled (swap-in, reactivation) still holds its old
-        // slot and counts where it came from until `fill_done`.
-        assert!(sw <= self.swapped && self.swapped <= sw + filling, "swapped count");
-        assert_eq!(cached, self.swap_cached, "swap copies count");
+        let n = self.pages.census();
+        assert_eq!(cached, n.swap_cached, "swap copies count");
+        assert!(self.resident() <= self.cfg.budget_pages, "over budget");
+        assert!(self.pages.resident_max() <= self.cfg.budget_pages, "max over budget");
         let su = self.swap.used() as u64 - cached - self.swap_reserved;
         // (A lazily freed page being discarded may hold no swap slot.)
         assert!(su >= sw && su <= sw + evicting + filling, "swap slots in use");
         let used = self.staging.used() as u64;
         assert!(used >= staged && used <= staged + zapping + filling, "staging slots in use");
-        assert!(self.inactive >= ina && self.inactive <= ina + evicting + zapping + filling, "inactive count");
     }
 
     /// The lock charge against the locked regions, and every locked page
@@ -117,7 +105,7 @@ impl Core {
                 assert_eq!(m.cache, 0, "locked page {p:?} keeps a swap copy");
             }
         });
-        assert_eq!(lp, self.locked_pages, "locked pages count");
+        assert_eq!(lp, self.pages.census().locked, "locked pages count");
     }
 
     /// The pages each file's regions span.
@@ -129,18 +117,6 @@ impl Core {
             }
         }
         assert_eq!(fp, self.file_pages, "pages per file");
-    }
-
-    /// The volatile and lazily freed page counts against a recount.
-    fn validate_flag_counts(&self) {
-        let all = PageRange::new(0, self.cfg.reserve_pages);
-        let (mut vp, mut lz) = (0, 0);
-        self.pages.for_each_live(all, |_, m| {
-            vp += u64::from(m.has(pf::VOLATILE));
-            lz += u64::from(m.has(pf::LAZYFREE));
-        });
-        assert_eq!(vp, self.volatile_pages, "volatile pages count");
-        assert_eq!(lz, self.lazyfree_pages, "lazyfree pages count");
     }
 
     /// Every resident unlocked page is on the active list, every parked

@@ -33,7 +33,6 @@ impl Core {
                         self.uncache(p);
                     }
                     self.pages.update(p, |m| m.flags |= pf::VOLATILE);
-                    self.volatile_pages += 1;
                     if self.host_lazyfree && m.state == PState::Inactive {
                         parked.push(m.slot);
                     }
@@ -104,9 +103,6 @@ impl Core {
         }
         for seg in segs {
             for (p, m) in self.pages.live_in(seg) {
-                if m.has(pf::VOLATILE) {
-                    self.volatile_pages -= 1;
-                }
                 if m.has(pf::PURGED) {
                     out.purged.push(p);
                 }
@@ -175,17 +171,12 @@ impl Core {
             match m.state {
                 PState::Swapped => {
                     self.free_swap_slot(m.slot);
-                    self.swapped -= 1;
-                    if m.has(pf::VOLATILE) {
-                        self.volatile_pages -= 1;
-                    }
                     self.pages.set(p, PageMeta::default());
                 }
                 PState::Resident | PState::Inactive if !m.has(pf::LAZYFREE) => {
                     // Its data may be discarded (reads zeros) or written.
                     self.uncache(p);
                     self.pages.update(p, |m| m.flags |= pf::LAZYFREE);
-                    self.lazyfree_pages += 1;
                     self.lru.lazy.push_back(p);
                 }
                 _ => {}

@@ -49,23 +49,10 @@ impl Core {
             self.zapping.swap_remove(i);
         }
         for (p, m) in self.pages.live_in(c.range) {
-            if m.has(pf::LOCKED) {
-                self.locked_pages -= 1;
-            }
-            if m.has(pf::VOLATILE) {
-                self.volatile_pages -= 1;
-            }
-            if m.has(pf::LAZYFREE) {
-                self.lazyfree_pages -= 1;
-            }
             self.uncache(p);
             match m.state {
-                PState::Zapping => self.resident -= 1,
-                PState::Swapped => {
-                    self.free_swap_slot(m.slot);
-                    self.swapped -= 1;
-                }
-                PState::Absent => {}
+                PState::Zapping | PState::Absent => {}
+                PState::Swapped => self.free_swap_slot(m.slot),
                 s => panic!("zap_end: page {p:?} in state {s:?}"),
             }
             self.pages.set(p, PageMeta::default());
@@ -73,7 +60,6 @@ impl Core {
         self.maybe_compact(2 * c.range.pages().div_ceil(512) as usize);
         for &s in &c.staging {
             self.staging.release(s);
-            self.inactive -= 1;
         }
     }
 }
