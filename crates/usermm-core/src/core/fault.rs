@@ -101,19 +101,11 @@ impl Core {
         // Shared anonymous memory is shmem on Linux: a fault allocates
         // exactly the touched page (no fault-around, no mTHP-like blocks).
         let exact = exact || reg.kind == Kind::AnonShared;
-        let mut region = match populate {
+        let region = match populate {
             Some(end) => PageRange { start: reg.range.start, end: reg.range.end.min(end) },
             None => reg.range,
         };
-        // A window never reaches into a chunk being zapped.
-        for z in &self.zapping {
-            if z.end <= p && z.end > region.start {
-                region.start = z.end;
-            }
-            if z.start > p && z.start < region.end {
-                region.end = z.start;
-            }
-        }
+        let region = clear_of_zaps(&self.zapping, region, p);
         let prot = reg.prot;
         let m = self.pages.get(p);
         if self.in_flight(p, &m) {
@@ -276,53 +268,9 @@ impl Core {
         self.counters.faults += 1;
         match *plan {
             FaultPlan::ZeroFill { run } | FaultPlan::FileRead { run, .. } => {
-                for q in run.start.0..run.end.0 {
-                    let p = PageIdx(q);
-                    if q - run.start.0 < installed {
-                        self.pages.update(p, |m| m.state = PState::Resident);
-                        self.note_resident(p);
-                    } else {
-                        self.pages.update(p, |m| m.state = PState::Absent);
-                    }
-                }
-                if matches!(plan, FaultPlan::FileRead { .. }) {
-                    self.counters.major_faults += u64::from(installed > 0);
-                } else {
-                    self.counters.zero_fills += installed;
-                }
+                self.fresh_fill_done(run, installed, matches!(plan, FaultPlan::FileRead { .. }))
             }
-            FaultPlan::SwapIn { run, slot, keep } => {
-                // Swapped into a locked region: the slots are freed and
-                // their stored copies overwritten (`swap_scrub_plan`).
-                let locked = self.regions.find(run.start).is_some_and(|r| r.lock != LockMode::None);
-                for q in run.start.0..run.end.0 {
-                    let p = PageIdx(q);
-                    let k = q - run.start.0;
-                    if k < installed {
-                        let s = slot + k as u32;
-                        if !keep {
-                            self.free_swap_slot(s);
-                            if locked {
-                                self.scrub_log.push(s);
-                            }
-                        }
-                        self.pages.update(p, |m| {
-                            m.state = PState::Resident;
-                            m.slot = 0;
-                            m.cache = if keep { s + 1 } else { 0 };
-                        });
-                        self.note_resident(p);
-                    } else {
-                        self.pages.update(p, |m| m.state = PState::Swapped);
-                    }
-                }
-                if installed > 0 {
-                    self.counters.swapins += installed;
-                    self.counters.major_faults += 1;
-                } else {
-                    self.counters.swap_read_errors += 1;
-                }
-            }
+            FaultPlan::SwapIn { run, slot, keep } => self.swap_in_done(run, slot, keep, installed),
             FaultPlan::Refill { page } => {
                 // The frame stays charged either way; the page is no longer
                 // lazily freed (a discard reads back as zeros, and the
@@ -337,26 +285,7 @@ impl Core {
                     self.counters.lazyfree_discards += 1;
                 }
             }
-            FaultPlan::Reactivate { page, slot, wp, .. } => {
-                if installed > 0 {
-                    if !wp {
-                        // Mapped back writable (moved, or copied without
-                        // protection): the swap copy may not stay exact.
-                        self.uncache(page);
-                    }
-                    self.staging.release(slot);
-                    self.pages.update(page, |m| {
-                        m.state = PState::Resident;
-                        m.slot = 0;
-                        super::policy::touched_parked(m);
-                    });
-                    self.note_resident(page);
-                    self.counters.minor_faults += 1;
-                } else {
-                    self.pages.update(page, |m| m.state = PState::Inactive);
-                    self.push_inactive(page);
-                }
-            }
+            FaultPlan::Reactivate { page, slot, wp, .. } => self.reactivate_done(page, slot, wp, installed),
             FaultPlan::Unprotect { page } => {
                 debug_assert_eq!(self.pages.get(page).state, PState::Filling);
                 // Back on the active list (reclaim dropped its entry while
@@ -368,8 +297,98 @@ impl Core {
         }
     }
 
+    /// `fill_done` of a zero fill or a file read (`file`) of `run`.
+    fn fresh_fill_done(&mut self, run: PageRange, installed: u64, file: bool) {
+        for q in run.start.0..run.end.0 {
+            let p = PageIdx(q);
+            if q - run.start.0 < installed {
+                self.pages.update(p, |m| m.state = PState::Resident);
+                self.note_resident(p);
+            } else {
+                self.pages.update(p, |m| m.state = PState::Absent);
+            }
+        }
+        if file {
+            self.counters.major_faults += u64::from(installed > 0);
+        } else {
+            self.counters.zero_fills += installed;
+        }
+    }
+
+    /// `fill_done` of a swap-in of `run` from consecutive slots from `slot`
+    /// (`keep`: the pages keep their swap copies).
+    fn swap_in_done(&mut self, run: PageRange, slot: u32, keep: bool, installed: u64) {
+        // Swapped into a locked region: the slots are freed and their
+        // stored copies overwritten (`swap_scrub_plan`).
+        let locked = self.regions.find(run.start).is_some_and(|r| r.lock != LockMode::None);
+        for q in run.start.0..run.end.0 {
+            let p = PageIdx(q);
+            let k = q - run.start.0;
+            if k >= installed {
+                self.pages.update(p, |m| m.state = PState::Swapped);
+                continue;
+            }
+            let s = slot + k as u32;
+            if !keep {
+                self.free_swap_slot(s);
+                if locked {
+                    self.scrub_log.push(s);
+                }
+            }
+            self.pages.update(p, |m| {
+                m.state = PState::Resident;
+                m.slot = 0;
+                m.cache = if keep { s + 1 } else { 0 };
+            });
+            self.note_resident(p);
+        }
+        if installed > 0 {
+            self.counters.swapins += installed;
+            self.counters.major_faults += 1;
+        } else {
+            self.counters.swap_read_errors += 1;
+        }
+    }
+
+    /// `fill_done` of the reactivation of parked `page` from staging `slot`
+    /// (`wp`: mapped back write-protected, keeping its swap copy).
+    fn reactivate_done(&mut self, page: PageIdx, slot: u32, wp: bool, installed: u64) {
+        if installed == 0 {
+            self.pages.update(page, |m| m.state = PState::Inactive);
+            self.push_inactive(page);
+            return;
+        }
+        if !wp {
+            // Mapped back writable (moved, or copied without protection):
+            // the swap copy may not stay exact.
+            self.uncache(page);
+        }
+        self.staging.release(slot);
+        self.pages.update(page, |m| {
+            m.state = PState::Resident;
+            m.slot = 0;
+            super::policy::touched_parked(m);
+        });
+        self.note_resident(page);
+        self.counters.minor_faults += 1;
+    }
+
     /// Counts a fault that could get no frame (SIGBUS raised).
     pub fn fault_oom(&mut self) {
         self.counters.oom_sigbus += 1;
     }
+}
+
+/// `region` narrowed around page `p` so that a window never reaches into a
+/// chunk being zapped.
+fn clear_of_zaps(zapping: &[PageRange], mut region: PageRange, p: PageIdx) -> PageRange {
+    for z in zapping {
+        if z.end <= p && z.end > region.start {
+            region.start = z.end;
+        }
+        if z.start > p && z.start < region.end {
+            region.end = z.start;
+        }
+    }
+    region
 }

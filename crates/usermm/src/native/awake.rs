@@ -184,64 +184,7 @@ impl WakeAhead {
             let mut capped = false;
             if self.inflight.load(Ordering::SeqCst) > 0 {
                 self.spinning.store(true, Ordering::SeqCst);
-                let until = now_ns() + MAX_SPIN_NS;
-                let mut idle_since = 0;
-                // Since when faults have been in flight with none served
-                // (0: none in flight at the last look).
-                let mut busy_since = 0;
-                let mut served = self.served.load(Ordering::Relaxed);
-                loop {
-                    let t = now_ns();
-                    if t >= until {
-                        capped = true;
-                        break;
-                    }
-                    // Only brief fills in flight, and for longer than one
-                    // takes: the handler serving them is most likely
-                    // queued behind this thread on its CPU (the thread it
-                    // woke preempted it there, then faulted again and
-                    // slept), and a `SCHED_IDLE` thread keeps a CPU from a
-                    // queued thread until the scheduler's tick. Stop, so
-                    // that it runs (docs/design.md, "Wake-ahead").
-                    let inflight = self.inflight.load(Ordering::Relaxed);
-                    let now_served = self.served.load(Ordering::Relaxed);
-                    if inflight == 0 {
-                        busy_since = 0;
-                    } else if busy_since == 0 || now_served != served {
-                        busy_since = t;
-                        served = now_served;
-                    } else if t - busy_since >= BRIEF_SPIN_NS && self.brief.load(Ordering::Relaxed) >= inflight {
-                        capped = true;
-                        break;
-                    }
-                    if self.mail.load(Ordering::Relaxed) != 0 {
-                        self.deliver(page_mask, wake);
-                    }
-                    help();
-                    if self.inflight.load(Ordering::Relaxed) > 0 {
-                        idle_since = 0;
-                    } else if idle_since == 0 {
-                        idle_since = t;
-                    } else if t - idle_since >= GRACE_NS {
-                        break;
-                    }
-                    // (No `sched_yield` here: with one per turn the
-                    // lock-on-fault row measured 1.24-1.44 s against
-                    // 1.06-1.30 s without, three interleaved pairs.) The
-                    // mail is looked at between every two `pause`s: a
-                    // handler takes a post back about 1 µs after it is
-                    // made (`unpost`), and 64 `pause`s take longer than
-                    // that here (a third of the posts of a lock-on-fault
-                    // loop were taken back, each a 16 µs cross-CPU
-                    // wake-up instead: 16.3-16.6 µs a window against
-                    // 10.5-10.8 µs looking at every turn).
-                    for _ in 0..64 {
-                        if self.mail.load(Ordering::Relaxed) != 0 {
-                            break;
-                        }
-                        std::hint::spin_loop();
-                    }
-                }
+                capped = self.spin(page_mask, wake, help);
                 self.spinning.store(false, Ordering::SeqCst);
                 // (A post that saw it spinning may have landed since.)
                 self.deliver(page_mask, wake);
@@ -256,6 +199,66 @@ impl WakeAhead {
                 let _ = self.cv.wait_timeout(g, std::time::Duration::from_millis(200));
             }
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// One spell of spinning while faults are in flight, doing posted
+    /// wake-ups and lent installs; returns whether it stopped at a cap
+    /// (`MAX_SPIN_NS`, or `BRIEF_SPIN_NS` of brief fills with none served)
+    /// rather than after `GRACE_NS` with nothing in flight.
+    fn spin(&self, page_mask: u64, wake: &dyn Fn(usize, usize), help: &dyn Fn() -> bool) -> bool {
+        let until = now_ns() + MAX_SPIN_NS;
+        let mut idle_since = 0;
+        // Since when faults have been in flight with none served (0: none
+        // in flight at the last look).
+        let mut busy_since = 0;
+        let mut served = self.served.load(Ordering::Relaxed);
+        loop {
+            let t = now_ns();
+            if t >= until {
+                return true;
+            }
+            // Only brief fills in flight, and for longer than one takes:
+            // the handler serving them is most likely queued behind this
+            // thread on its CPU (the thread it woke preempted it there,
+            // then faulted again and slept), and a `SCHED_IDLE` thread
+            // keeps a CPU from a queued thread until the scheduler's tick.
+            // Stop, so that it runs (docs/design.md, "Wake-ahead").
+            let inflight = self.inflight.load(Ordering::Relaxed);
+            let now_served = self.served.load(Ordering::Relaxed);
+            if inflight == 0 {
+                busy_since = 0;
+            } else if busy_since == 0 || now_served != served {
+                busy_since = t;
+                served = now_served;
+            } else if t - busy_since >= BRIEF_SPIN_NS && self.brief.load(Ordering::Relaxed) >= inflight {
+                return true;
+            }
+            if self.mail.load(Ordering::Relaxed) != 0 {
+                self.deliver(page_mask, wake);
+            }
+            help();
+            if self.inflight.load(Ordering::Relaxed) > 0 {
+                idle_since = 0;
+            } else if idle_since == 0 {
+                idle_since = t;
+            } else if t - idle_since >= GRACE_NS {
+                return false;
+            }
+            // (No `sched_yield` here: with one per turn the lock-on-fault
+            // row measured 1.24-1.44 s against 1.06-1.30 s without, three
+            // interleaved pairs.) The mail is looked at between every two
+            // `pause`s: a handler takes a post back about 1 µs after it is
+            // made (`unpost`), and 64 `pause`s take longer than that here
+            // (a third of the posts of a lock-on-fault loop were taken
+            // back, each a 16 µs cross-CPU wake-up instead: 16.3-16.6 µs a
+            // window against 10.5-10.8 µs looking at every turn).
+            for _ in 0..64 {
+                if self.mail.load(Ordering::Relaxed) != 0 {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
         }
     }
 }

@@ -91,11 +91,11 @@ impl Retries {
 impl Inner {
     /// Carries out `plan`, made under `c` for the page at `page_addr`
     /// (`write`: a write access) on behalf of `caller`, with the region lock
-    /// `mm` held shared.
+    /// `mm` held shared: the dispatcher, one arm a plan.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn serve<'a>(
         &'a self,
-        mut c: MutexGuard<'a, Core>,
+        c: MutexGuard<'a, Core>,
         plan: &FaultPlan,
         page_addr: usize,
         write: bool,
@@ -120,97 +120,17 @@ impl Inner {
             },
             FaultPlan::Busy => Next::Again(self.settled.wait(c).unwrap_or_else(|e| e.into_inner())),
             FaultPlan::Reclaim { want } => self.serve_reclaim(c, mm, want, caller, st),
-            FaultPlan::Refill { page } => {
-                self.refill(&mut c, plan, page);
-                drop(c);
-                let _ = self.plat.wake(page_addr, self.page_size);
-                Next::Served
-            }
+            FaultPlan::Refill { page } => self.serve_refill(c, plan, page, page_addr),
             FaultPlan::Sigbus => match caller {
                 Caller::Fault { addr, tid, .. } => self.serve_sigbus(c, page_addr, addr, tid, st),
                 Caller::Populate => Next::Failed(Failure::Poisoned.populate_errno()),
             },
-            FaultPlan::ZeroFill { run } if run.pages() <= SMALL_FILL_PAGES => {
-                let pooled = write && self.frame_pool && pool_fits(&c, run);
-                self.serve_small_zero_fill(c, plan, run, page_addr, write, pooled, caller)
-            }
-            FaultPlan::ZeroFill { run } => {
-                let pooled = write && self.frame_pool && pool_fits(&c, run);
-                drop(c);
-                // A large run is a fault-around window, which only unlocked
-                // regions get: its pieces wake their waiters as they go in
-                // (see zero_fill_pieces).
-                let n = if write { self.zero_fill_pieces(run, pooled) } else { self.zero_map(run) };
-                self.finish_fill(plan, run, n, page_addr, caller, None)
-            }
-            FaultPlan::FileRead { run, file, file_page } if run.pages() <= SMALL_FILL_PAGES => {
-                // (An in-thread fault wants the wake-ahead thread only to
-                // take half of its install: see `may_split`.)
-                let pages = run.pages() as usize;
-                let waits = caller.waits() && (!caller.in_thread() || self.splittable(&c, run, pages * self.page_size));
-                let map = self.maps_file_window(&c, run);
-                drop(c);
-                let _awake = self.wake_ahead.guard(waits);
-                if map {
-                    if let Some(next) = self.serve_file_map(plan, run, file, file_page, page_addr, caller) {
-                        return next;
-                    }
-                }
-                self.serve_small_file_read(plan, run, file, file_page, page_addr, caller)
-            }
+            FaultPlan::ZeroFill { run } => self.serve_zero_fill(c, plan, run, page_addr, write, caller),
             FaultPlan::FileRead { run, file, file_page } => {
-                let map = self.maps_file_window(&c, run);
-                drop(c);
-                let _awake = self.wake_ahead.guard(caller.waits() && !caller.in_thread());
-                if map {
-                    if let Some(next) = self.serve_file_map(plan, run, file, file_page, page_addr, caller) {
-                        return next;
-                    }
-                }
-                let (n, drop_due) = self.file_in(run, file, file_page, true).unwrap_or((0, None));
-                let r = self.finish_fill(plan, run, n, page_addr, caller, Some(file));
-                // Then what the woken thread need not wait for: the deferred
-                // page-cache drop. (No POSIX_FADV_WILLNEED hint for the
-                // host's read-ahead: the kernel's own read-ahead on our
-                // sequential 1 MiB preads keeps ahead better; the hint blocks
-                // 0.23 ms a MiB in the caller and halved the streaming scan's
-                // throughput.)
-                if let Some(fl) = drop_due {
-                    let ps = self.page_size as u64;
-                    fl.drop_cache(file_page * ps, (n * ps) as usize);
-                }
-                r
+                self.serve_file_read(c, plan, run, file, file_page, page_addr, caller)
             }
-            FaultPlan::SwapIn { run, slot, keep } if run.pages() <= SMALL_FILL_PAGES => {
-                let pooled = !keep && self.frame_pool && pool_fits(&c, run);
-                drop(c);
-                // (Not while the read polls for its reply: see
-                // `serve_small_swap_in`. Nor for a read-around run: its read
-                // takes longer than the spin pays for, and the spinner then
-                // holds the CPU the reclaimer's writes want: CPython's and
-                // SQLite's streams under usermm run took 10-15% longer with it.)
-                let polls = self.plat.swap_read_polls();
-                let single = run.pages() == 1;
-                let _awake = self.wake_ahead.guard(caller.waits() && !caller.in_thread() && !polls && single);
-                self.serve_small_swap_in(plan, run, slot, keep, pooled, page_addr, caller)
-            }
-            FaultPlan::SwapIn { run, slot, keep } => {
-                drop(c);
-                // (No wake-ahead for a read-around run: see above.)
-                let n = self.swap_in(run, slot, keep);
-                self.finish_fill(plan, run, n, page_addr, caller, None)
-            }
-            FaultPlan::Unprotect { .. } => {
-                drop(c);
-                // (An error leaves the page protected: the writer faults
-                // again and is served again.)
-                let _ = self.plat.unprotect(page_addr, self.page_size);
-                // (Not `commit_fill`: nothing was installed, so neither the
-                // host's LRU drain count nor reclaim has news.)
-                lock(&self.core).fill_done(plan, 1);
-                self.settled.notify_all();
-                Next::Served
-            }
+            FaultPlan::SwapIn { run, slot, keep } => self.serve_swap_in(c, plan, run, slot, keep, page_addr, caller),
+            FaultPlan::Unprotect { .. } => self.serve_unprotect(c, plan, page_addr),
             FaultPlan::Reactivate { page, .. } => {
                 drop(c);
                 match self.reactivate_io(plan) {
@@ -221,6 +141,134 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// A page held resident that the host dropped: filled again with zeros.
+    fn serve_refill<'a>(
+        &'a self,
+        mut c: MutexGuard<'a, Core>,
+        plan: &FaultPlan,
+        page: PageIdx,
+        page_addr: usize,
+    ) -> Next<'a> {
+        self.refill(&mut c, plan, page);
+        drop(c);
+        let _ = self.plat.wake(page_addr, self.page_size);
+        Next::Served
+    }
+
+    /// A zero fill: a small run under the core lock with its commit, a
+    /// fault-around window in pieces that wake their waiters as they go in.
+    fn serve_zero_fill<'a>(
+        &'a self,
+        c: MutexGuard<'a, Core>,
+        plan: &FaultPlan,
+        run: PageRange,
+        page_addr: usize,
+        write: bool,
+        caller: Caller,
+    ) -> Next<'a> {
+        let pooled = write && self.frame_pool && pool_fits(&c, run);
+        if run.pages() <= SMALL_FILL_PAGES {
+            return self.serve_small_zero_fill(c, plan, run, page_addr, write, pooled, caller);
+        }
+        drop(c);
+        // A large run is a fault-around window, which only unlocked
+        // regions get: its pieces wake their waiters as they go in
+        // (see zero_fill_pieces).
+        let n = if write { self.zero_fill_pieces(run, pooled) } else { self.zero_map(run) };
+        self.finish_fill(plan, run, n, page_addr, caller, None)
+    }
+
+    /// A file read: a window of the page cache mapped where that is how the
+    /// region's pages are kept, else a copy (a small one installed head
+    /// first; a large one, then the deferred drop of the host's copy).
+    #[allow(clippy::too_many_arguments)]
+    fn serve_file_read<'a>(
+        &'a self,
+        c: MutexGuard<'a, Core>,
+        plan: &FaultPlan,
+        run: PageRange,
+        file: u32,
+        file_page: u64,
+        page_addr: usize,
+        caller: Caller,
+    ) -> Next<'a> {
+        let small = run.pages() <= SMALL_FILL_PAGES;
+        // (An in-thread fault wants the wake-ahead thread only to take half
+        // of a small install: see `may_split`.)
+        let waits = caller.waits()
+            && (!caller.in_thread() || small && self.splittable(&c, run, run.pages() as usize * self.page_size));
+        let map = self.maps_file_window(&c, run);
+        drop(c);
+        let _awake = self.wake_ahead.guard(waits);
+        if map {
+            if let Some(next) = self.serve_file_map(plan, run, file, file_page, page_addr, caller) {
+                return next;
+            }
+        }
+        if small {
+            return self.serve_small_file_read(plan, run, file, file_page, page_addr, caller);
+        }
+        let (n, drop_due) = self.file_in(run, file, file_page, true).unwrap_or((0, None));
+        let r = self.finish_fill(plan, run, n, page_addr, caller, Some(file));
+        // Then what the woken thread need not wait for: the deferred
+        // page-cache drop. (No POSIX_FADV_WILLNEED hint for the host's
+        // read-ahead: the kernel's own read-ahead on our sequential 1 MiB
+        // preads keeps ahead better; the hint blocks 0.23 ms a MiB in the
+        // caller and halved the streaming scan's throughput.)
+        if let Some(fl) = drop_due {
+            let ps = self.page_size as u64;
+            fl.drop_cache(file_page * ps, (n * ps) as usize);
+        }
+        r
+    }
+
+    /// A swap-in: a small run read outside the core lock and installed
+    /// with its commit under it, a larger (read-around) run read and
+    /// installed at once.
+    #[allow(clippy::too_many_arguments)]
+    fn serve_swap_in<'a>(
+        &'a self,
+        c: MutexGuard<'a, Core>,
+        plan: &FaultPlan,
+        run: PageRange,
+        slot: u32,
+        keep: bool,
+        page_addr: usize,
+        caller: Caller,
+    ) -> Next<'a> {
+        if run.pages() > SMALL_FILL_PAGES {
+            drop(c);
+            // (No wake-ahead for a read-around run: see below.)
+            let n = self.swap_in(run, slot, keep);
+            return self.finish_fill(plan, run, n, page_addr, caller, None);
+        }
+        let pooled = !keep && self.frame_pool && pool_fits(&c, run);
+        drop(c);
+        // (Not while the read polls for its reply: see
+        // `serve_small_swap_in`. Nor for a read-around run: its read takes
+        // longer than the spin pays for, and the spinner then holds the CPU
+        // the reclaimer's writes want: CPython's and SQLite's streams under
+        // usermm run took 10-15% longer with it.)
+        let polls = self.plat.swap_read_polls();
+        let single = run.pages() == 1;
+        let _awake = self.wake_ahead.guard(caller.waits() && !caller.in_thread() && !polls && single);
+        self.serve_small_swap_in(plan, run, slot, keep, pooled, page_addr, caller)
+    }
+
+    /// The first write to a page swapped in write-protected: its swap copy
+    /// is dropped (the core did) and the page unprotected.
+    fn serve_unprotect<'a>(&'a self, c: MutexGuard<'a, Core>, plan: &FaultPlan, page_addr: usize) -> Next<'a> {
+        drop(c);
+        // (An error leaves the page protected: the writer faults again and
+        // is served again.)
+        let _ = self.plat.unprotect(page_addr, self.page_size);
+        // (Not `commit_fill`: nothing was installed, so neither the host's
+        // LRU drain count nor reclaim has news.)
+        lock(&self.core).fill_done(plan, 1);
+        self.settled.notify_all();
+        Next::Served
     }
 
     /// A fault in a hole: the gap becomes `PROT_NONE` in the host and the
