@@ -1,6 +1,7 @@
 //! The one plan dispatcher: `serve` carries out a `FaultPlan` for a fault
 //! (a program thread's, or a read-in with nobody waiting) or a populate
-//! step, and the fill mechanics' commit and wake-up around it.
+//! step, one helper a plan; how pages go in and who wakes the thread is in
+//! `install.rs`, the commit after the I/O in `commit.rs`.
 //!
 //! Every caller meets a plan the same way; the caller decides only how a
 //! `Failure` is reported: a fault with a signal (or by letting the thread
@@ -26,13 +27,8 @@ pub(super) enum Caller {
 /// Whether a fill of `run` may take frames from the pool: its region is
 /// plainly read-write and unlocked, as `UFFDIO_MOVE` wants of both sides
 /// (the pool is such a mapping).
-fn pool_fits(c: &Core, run: PageRange) -> bool {
+pub(super) fn pool_fits(c: &Core, run: PageRange) -> bool {
     c.region_at(run.start).is_some_and(|r| r.prot == PROT_READ | PROT_WRITE && r.lock == LockMode::None)
-}
-
-/// Whether no thread can write to `run`'s region (see `Inner::may_split`).
-fn read_only(c: &Core, run: PageRange) -> bool {
-    c.region_at(run.start).is_some_and(|r| r.prot & PROT_WRITE == 0)
 }
 
 impl Caller {
@@ -43,7 +39,7 @@ impl Caller {
     }
 
     /// Whether the faulting thread resolves this fault itself.
-    fn in_thread(&self) -> bool {
+    pub(super) fn in_thread(&self) -> bool {
         matches!(self, Caller::Fault { in_thread: true, .. })
     }
 }
@@ -56,17 +52,6 @@ pub(super) enum Next<'a> {
     Again(MutexGuard<'a, Core>),
     /// A populate ends with this errno.
     Failed(Errno),
-}
-
-/// How old an answer of where a faulting thread runs may be
-/// (`Inner::delegates_wake`): a thread moves between CPUs far less often
-/// than it faults, and a read of it costs about 1 µs.
-const THREAD_CPU_AGE_NS: u64 = 100_000;
-
-thread_local! {
-    /// A handler thread's reader of where faulting threads run
-    /// (`Inner::delegates_wake`).
-    static THREAD_CPU: std::cell::RefCell<usermm_sys::thread::ThreadCpu> = std::cell::RefCell::default();
 }
 
 /// What one fault or populate step carries from plan to plan.
@@ -536,315 +521,5 @@ impl Inner {
             }
         }
         r
-    }
-
-    /// Installs the first `len` bytes of a small file read for `run` (the
-    /// core lock held), waking the waiters: the part through the faulting
-    /// page first, then the rest. The faulting thread runs again while the
-    /// rest is copied, on another CPU (what it waits for is the head's
-    /// copy, not the run's). The head's wake-up is handed to the
-    /// wake-ahead thread when it spins (`hand_off_wake`): it runs on the
-    /// faulting thread's CPU, where the wake-up needs no inter-processor
-    /// interrupt, while the handler copies the rest. `lockonfault`'s
-    /// usermm row, two interleaved triples: 1.26/1.40 s as one copy,
-    /// 1.21/1.27 s head first, 1.06/1.11 s head first with the wake-up
-    /// handed off (the kernel's MLOCK_ONFAULT: 0.28–0.31 s). Returns the
-    /// bytes installed (a prefix). (At once when no thread waits: a
-    /// populate, an in-thread fault.)
-    fn install_head_first(&self, run: PageRange, len: usize, page_addr: usize, caller: Caller) -> usize {
-        let (a, ps) = (self.addr(run.start), self.page_size);
-        let waits = caller.waits() && !caller.in_thread() && page_addr >= a && page_addr < a + len;
-        let head = if waits { page_addr - a + ps } else { len };
-        if head == len {
-            return self.plat.file_install(a, 0, len, true).unwrap_or(0);
-        }
-        let delegate = self.delegates_wake(caller);
-        let n = self.plat.file_install(a, 0, head, !delegate).unwrap_or(0);
-        if n < head {
-            // (The commit wakes the whole run.)
-            return n;
-        }
-        let handed = if delegate { self.hand_off_wake(a, head) } else { None };
-        let m = self.plat.file_install(a, head, len - head, true).unwrap_or(0);
-        self.settle_wake(handed, a, head);
-        head + m
-    }
-
-    /// Whether a small file read's `len` bytes for `run` are installed in
-    /// two halves at once (`install_split`): an in-thread fault (the
-    /// faulting thread copies; no handler does), of at least
-    /// `SPLIT_MIN_PAGES`, while the wake-ahead thread spins to take the
-    /// other half, in a region no thread can write (the undo of a half
-    /// installed beside a failed one drops it: a write there would be lost).
-    fn may_split(&self, c: &Core, run: PageRange, len: usize) -> bool {
-        self.splittable(c, run, len) && self.wake_ahead.spinning()
-    }
-
-    /// `may_split` but for the spinning helper: also what decides whether
-    /// an in-thread file read starts the wake-ahead thread at all.
-    fn splittable(&self, c: &Core, run: PageRange, len: usize) -> bool {
-        len >= SPLIT_MIN_PAGES * self.page_size && read_only(c, run)
-    }
-
-    /// Installs the first `len` bytes of a small file read for `run` (the
-    /// core lock `c` held) in two halves at once: the second by the
-    /// wake-ahead thread, spinning on the other CPU, while the faulting
-    /// thread copies the first (`Platform::file_install_split`). An
-    /// in-thread fault copies its whole window itself, and a window's 16
-    /// fresh frames are most of its cost. `lockonfault`'s in-thread row,
-    /// two interleaved pairs: 1.10/1.08 s in one copy, 0.96/0.89 s in two
-    /// halves (the SIGSEGV batch-16 handler: 1.47/1.29 s). Returns the
-    /// bytes installed (a prefix): a second half in beside a short first
-    /// one is dropped again.
-    fn install_split(&self, c: &Core, run: PageRange, len: usize) -> usize {
-        let (a, ps) = (self.addr(run.start), self.page_size);
-        let mid = (len / 2) & !(ps - 1);
-        #[cfg(feature = "test-hooks")]
-        self.split_installs.fetch_add(1, Ordering::SeqCst);
-        let (head, tail) = if self.split_fails() {
-            (0, self.plat.file_install(a, mid, len - mid, false).unwrap_or(0))
-        } else {
-            self.plat.file_install_split(a, mid, len)
-        };
-        if head == mid {
-            return mid + tail;
-        }
-        if tail > 0 {
-            // (Its pages are neither committed nor written: dropped as a
-            // zap drops them; a locked region's host lock stays.)
-            let (prot, locked) =
-                c.region_at(run.start).map_or((PROT_NONE, false), |r| (r.prot & PROT_MASK, r.lock != LockMode::None));
-            let _ = self.plat.zap(a + mid, tail, prot);
-            if locked {
-                let _ = self.plat.host_lock(a + mid, tail, true);
-            }
-        }
-        head
-    }
-
-    /// Test hook: whether this split's first half is to fail
-    /// (`inject_split_failures`).
-    fn split_fails(&self) -> bool {
-        #[cfg(feature = "test-hooks")]
-        return take_one(&self.inject_split_failures);
-        #[cfg(not(feature = "test-hooks"))]
-        false
-    }
-
-    /// Hands the wake-up of `[a, a + len)` (installed without one) to the
-    /// spinning wake-ahead thread (`WakeAhead::post`), or does it now if
-    /// the thread would not take it. What it returns goes to
-    /// [`Inner::settle_wake`] once the caller's other work is done.
-    pub(super) fn hand_off_wake(&self, a: usize, len: usize) -> Option<u64> {
-        let post = self.wake_ahead.post(a, len / self.page_size);
-        if post.is_none() {
-            let _ = self.plat.wake(a, len);
-        }
-        post
-    }
-
-    /// Whether the wake-up of the thread waiting for `caller`'s fault is
-    /// to be handed to the wake-ahead thread (`hand_off_wake`): it spins,
-    /// and the faulting thread waits on another CPU than this handler's.
-    /// Where the two share a CPU (the handler ran there once the thread
-    /// slept), the handler's own wake-up needs no interrupt and the thread
-    /// preempts it at once, while the wake-ahead thread, on the other CPU,
-    /// would have to interrupt this one. The thread's CPU is read from
-    /// `/proc` (`ThreadCpu`, about 1 µs).
-    pub(super) fn delegates_wake(&self, caller: Caller) -> bool {
-        let Caller::Fault { tid: Some(tid), in_thread: false, .. } = caller else { return false };
-        if !self.wake_ahead.spinning() {
-            return false;
-        }
-        let mine = usermm_sys::thread::current_cpu();
-        mine.is_none() || THREAD_CPU.with(|t| t.borrow_mut().of(tid, THREAD_CPU_AGE_NS)) != mine
-    }
-
-    /// Takes back a handed-off wake-up the wake-ahead thread has not taken
-    /// (it may not be running) and does it: never a wake-up left undone.
-    pub(super) fn settle_wake(&self, handed: Option<u64>, a: usize, len: usize) {
-        if handed.is_some_and(|p| self.wake_ahead.unpost(p)) {
-            let _ = self.plat.wake(a, len);
-        }
-    }
-
-    /// After a fill's I/O installed `n` pages (a prefix) of `run`: the
-    /// commit; for a file read by a fault, the read-ahead the core decides
-    /// on (`file`); a failure reported while the core lock is held (before
-    /// the wake-up: a faulting thread is surely still in the fault); then
-    /// the wake-up of every waiter.
-    fn finish_fill(
-        &self,
-        plan: &FaultPlan,
-        run: PageRange,
-        n: u64,
-        page_addr: usize,
-        caller: Caller,
-        file: Option<u32>,
-    ) -> Next<'_> {
-        let mut c = self.commit_fill(plan, n);
-        // Read-ahead pipeline (the core decides): the next window read by
-        // the background thread while the program consumes this one. A
-        // populate (read-ahead windows are populates) chains its own.
-        let ahead = match (caller, file) {
-            (Caller::Fault { .. }, Some(f)) => c.readahead_after_fault(run, n, f),
-            _ => None,
-        };
-        let r = self.outcome(&mut c, plan, run, n, page_addr, caller);
-        drop(c);
-        // Wake only after the commit (the pages were installed without
-        // waking): the woken thread must see them committed (e.g. locked),
-        // never a fill in flight.
-        self.wake_run(run, page_addr);
-        if let Some(next) = ahead {
-            lock(&self.willneed).push(self.addr(next));
-            let _c = lock(&self.core);
-            self.reclaim_wanted.notify_all();
-        }
-        r
-    }
-
-    /// What a fill of `n` pages (a prefix of `run`) did for the page at
-    /// `page_addr`: served if it covers it; else a failure to report — the
-    /// plan's own (a read error) when nothing went in, but a retry when some
-    /// pages did: the read succeeded, and the install stopped short of the
-    /// page (a backward swap-in run ends at the faulting page, and a copy
-    /// the host cut short, its memory map changing, installs a prefix).
-    /// The page was given back to its old state by the commit; the thread
-    /// faults again.
-    fn outcome<'a>(
-        &self,
-        c: &mut MutexGuard<'a, Core>,
-        plan: &FaultPlan,
-        run: PageRange,
-        n: u64,
-        page_addr: usize,
-        caller: Caller,
-    ) -> Next<'a> {
-        self.outcome_or(c, run, n, page_addr, caller, plan.unfilled())
-    }
-
-    /// `outcome`, with `unfilled` the failure when nothing went in.
-    fn outcome_or<'a>(
-        &self,
-        c: &mut MutexGuard<'a, Core>,
-        run: PageRange,
-        n: u64,
-        page_addr: usize,
-        caller: Caller,
-        unfilled: Failure,
-    ) -> Next<'a> {
-        if self.covers(run, n, page_addr) {
-            Next::Served
-        } else if n > 0 {
-            self.report(c, caller, Failure::NotFilled)
-        } else {
-            self.report(c, caller, unfilled)
-        }
-    }
-
-    /// Whether `n` pages installed from `run.start` cover the page at
-    /// `page_addr`.
-    fn covers(&self, run: PageRange, n: u64, page_addr: usize) -> bool {
-        let a = self.addr(run.start);
-        page_addr >= a && ((page_addr - a) / self.page_size) < n as usize
-    }
-
-    /// Reports `failure` for `caller`, with the core lock held: a fault's
-    /// signal (none for a read-in, which nobody waits on, nor for a fill
-    /// the thread may retry), a populate's errno.
-    fn report<'a>(&self, c: &mut MutexGuard<'a, Core>, caller: Caller, failure: Failure) -> Next<'a> {
-        let Caller::Fault { addr, tid, .. } = caller else {
-            return Next::Failed(failure.populate_errno());
-        };
-        let Some(t) = tid else { return Next::Served };
-        match failure {
-            Failure::NotFilled => {}
-            Failure::Gone => {
-                if !super::fault::defer_signal(super::fault::SIGSEGV) && self.signal_sent(t, super::fault::SIGSEGV) {
-                    let _ = self.plat.sigsegv(t, addr);
-                }
-            }
-            Failure::OutOfMemory | Failure::Poisoned | Failure::Unreadable => {
-                #[cfg(feature = "test-hooks")]
-                {
-                    let stall = self.inject_signal_stall_ms.load(Ordering::Relaxed);
-                    if stall > 0 && matches!(failure, Failure::Unreadable | Failure::OutOfMemory) {
-                        std::thread::sleep(std::time::Duration::from_millis(stall.into()));
-                    }
-                }
-                let deferred = super::fault::defer_signal(super::fault::SIGBUS);
-                // (Not when a signal sent before answers this fault.)
-                let sent = deferred || self.signal_sent(t, super::fault::SIGBUS);
-                if sent && failure == Failure::OutOfMemory {
-                    // The kernel would OOM-kill; we raise SIGBUS.
-                    c.fault_oom();
-                }
-                if sent && !deferred {
-                    let _ = self.plat.sigbus(t, addr);
-                }
-            }
-        }
-        Next::Served
-    }
-
-    /// A reactivation's I/O: `Some(pages installed)`, or `None` when a
-    /// checked reactivation found that the host discarded the parked page
-    /// (the loss is committed: the page is purged).
-    pub(super) fn reactivate_io(&self, plan: &FaultPlan) -> Option<u64> {
-        let FaultPlan::Reactivate { page, slot, how, checked, wp } = *plan else { return Some(0) };
-        if !checked {
-            return Some(u64::from(self.reactivate(page, slot, how, wp)));
-        }
-        let dst = self.addr(page);
-        let r = self.plat.slot_to_page_checked(slot, dst);
-        match r {
-            Ok(true) => Some(1),
-            Ok(false) => {
-                let mut c = lock(&self.core);
-                c.reactivate_lost(plan);
-                self.settled.notify_all();
-                None
-            }
-            _ => Some(0),
-        }
-    }
-
-    /// Commits a fill and tells the threads waiting on the core; returns the
-    /// core, still locked.
-    pub(super) fn commit_fill(&self, plan: &FaultPlan, installed: u64) -> MutexGuard<'_, Core> {
-        let mut c = lock(&self.core);
-        c.fill_done(plan, installed);
-        self.after_fill(&mut c);
-        c
-    }
-
-    /// Wakes the threads waiting on `run` (and on `fault_addr`'s page,
-    /// which a failed fill did not cover).
-    pub(super) fn wake_run(&self, run: PageRange, fault_addr: usize) {
-        let a = self.addr(run.start);
-        let l = run.pages() as usize * self.page_size;
-        let _ = self.plat.wake(a, l);
-        if fault_addr < a || fault_addr >= a + l {
-            let _ = self.plat.wake(fault_addr, self.page_size);
-        }
-    }
-
-    /// Carries out a `Refill` plan under the core lock: a lazily freed page
-    /// the host dropped reads zeros (or, if the fault raced with nothing
-    /// gone, the copy finds the page there and installs nothing).
-    pub(super) fn refill(&self, c: &mut MutexGuard<'_, Core>, plan: &FaultPlan, page: PageIdx) {
-        let a = self.addr(page);
-        let n = self.plat.zero_fill_wake(a, self.page_size, true).unwrap_or(0);
-        c.fill_done(plan, u64::from(n == self.page_size));
-        self.after_fill(c);
-    }
-
-    pub(super) fn after_fill(&self, c: &mut MutexGuard<'_, Core>) {
-        self.fills.fetch_add(1, Ordering::Relaxed);
-        self.settled.notify_all();
-        if (c.free_frames() < self.low_watermark || c.spares_low()) && !self.bg_poked.swap(true, Ordering::Relaxed) {
-            self.reclaim_wanted.notify_one();
-        }
     }
 }
