@@ -7,6 +7,8 @@
 //! | `native.rs` | `Inner` (the executor's state), `open`, `close`, small helpers |
 //! | `native/fault.rs` | the handler threads' loop; `resolve`: one fault, planned and served; waits for pages in flight |
 //! | `native/serve.rs` | `serve`: the one plan dispatcher (faults, read-ins, populate, the locks' population), with each caller's failure report |
+//! | `native/install.rs` | how a small fill's pages go in (head first, split with the wake-ahead thread) and who wakes the faulting thread |
+//! | `native/commit.rs` | the commit after a fill's I/O: `fill_done`, the failure report, the wake-ups, the read-ahead that follows |
 //! | `native/fill.rs` | fill mechanics: zero fills and zero-page maps, swap-in, file reads, a parked page moved back |
 //! | `native/writeback.rs` | write-back of shared file pages (reclaim, msync, munmap, DONTNEED, close) |
 //! | `native/background.rs` | the background thread: reclaim ahead of the program, spares, WILLNEED and file read-ahead |
