@@ -285,7 +285,10 @@ impl Core {
             next_fault: u64::MAX,
             streak: 0,
             reader_at: 0,
-            swap_streams: Default::default(),
+            swap_next: u64::MAX,
+            swap_back: u64::MAX,
+            swap_backwards: false,
+            swap_streak: 0,
             may_write: file.is_none_or(|f| f.writable || !shared),
             in_thread: flags & UMM_MAP_INTHREAD != 0,
         });
@@ -309,7 +312,10 @@ impl Core {
             next_fault: 0,
             streak: 0,
             reader_at: 0,
-            swap_streams: Default::default(),
+            swap_next: u64::MAX,
+            swap_back: u64::MAX,
+            swap_backwards: false,
+            swap_streak: 0,
             may_write: true,
             in_thread: flags & UMM_MAP_INTHREAD != 0,
         };
