@@ -581,7 +581,8 @@ fn a_killed_spaces_keys_go_from_a_cluster_at_the_next_open() {
 /// A master is killed while threads write and read pages through the
 /// cluster, with `replicas=1` (a write counts only once a replica has it):
 /// its replica takes over, reads wait the failover out, and no byte is lost.
-/// The old master comes back (as a replica) before the end.
+/// The old master comes back (as a replica, once its replica has taken
+/// over) before the end.
 #[test]
 fn killing_a_master_with_replicas_loses_nothing() {
     let mut cl = Cluster::start(3, 1);
@@ -597,8 +598,10 @@ fn killing_a_master_with_replicas_loses_nothing() {
         std::thread::sleep(Duration::from_secs(3));
         let victim = cl.masters()[0];
         eprintln!("killing master on port {} at {:?} (stats {:?})", cl.nodes[victim].port, Instant::now(), s.stats());
-        cl.nodes[victim].kill();
-        std::thread::sleep(Duration::from_secs(6));
+        // (Restarted only once its replica has taken over: see `fail_over`.)
+        let took = cl.fail_over(victim, Duration::from_secs(10));
+        eprintln!("its replica took over after {took:?}");
+        std::thread::sleep(Duration::from_secs(6).saturating_sub(took));
         eprintln!("restarting port {} (stats {:?})", cl.nodes[victim].port, s.stats());
         cl.nodes[victim].restart();
         hs.into_iter().map(|h| h.join().unwrap()).sum()

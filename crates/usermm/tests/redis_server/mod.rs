@@ -113,9 +113,13 @@ impl Server {
 
     /// `INFO replication`'s `role:` line.
     pub fn role(&self) -> String {
+        self.info_replication().lines().find_map(|l| l.strip_prefix("role:")).unwrap_or("?").trim().to_string()
+    }
+
+    /// `INFO replication`.
+    pub fn info_replication(&self) -> String {
         let mut c = self.client().unwrap();
-        let info: String = redis::cmd("INFO").arg("replication").query(&mut c).unwrap();
-        info.lines().find_map(|l| l.strip_prefix("role:")).unwrap_or("?").trim().to_string()
+        redis::cmd("INFO").arg("replication").query(&mut c).unwrap()
     }
 
     pub fn running(&self) -> bool {
@@ -190,6 +194,40 @@ impl Cluster {
                 return;
             }
             assert!(t0.elapsed() < limit, "the cluster is not ok after {limit:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Kills master `victim` and waits (up to `limit`) until one of its
+    /// replicas has taken over its slots; returns how long that took. A
+    /// master without persistence that came back before that would come
+    /// back empty and still a master, and its replica would copy the empty
+    /// data set: the lost pages would be Redis's doing, not the space's.
+    /// Panics, quoting the replica's log, if no replica took over.
+    pub fn fail_over(&mut self, victim: usize, limit: Duration) -> Duration {
+        let replicas: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| i != victim && self.nodes[i].running())
+            .filter(|&i| self.nodes[i].info_replication().contains(&format!("master_port:{}", self.nodes[victim].port)))
+            .collect();
+        assert!(!replicas.is_empty(), "master on port {} has no replica to fail over to", self.nodes[victim].port);
+        self.nodes[victim].kill();
+        let t0 = Instant::now();
+        loop {
+            if replicas.iter().any(|&i| self.nodes[i].role() == "master") {
+                return t0.elapsed();
+            }
+            if t0.elapsed() >= limit {
+                let r = replicas[0];
+                let msg = format!(
+                    "no replica of port {} took over in {limit:?}; replica on port {}: {}\nits log ends with:\n{}",
+                    self.nodes[victim].port,
+                    self.nodes[r].port,
+                    self.nodes[r].info_replication().replace("\r\n", " "),
+                    self.nodes[r].log_tail()
+                );
+                eprintln!("{msg}");
+                panic!("{msg}");
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
