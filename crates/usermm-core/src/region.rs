@@ -69,14 +69,9 @@ pub struct Region {
     /// fault on pages read ahead, so this and `next_fault` are all that is
     /// known of its position); 0 when none.
     pub reader_at: u64,
-    /// Swap-in read-around: where the last swap-in run of the region ended
-    /// and where it started, how many swap-in faults in a row landed just
-    /// past one end (a stream), and whether that stream runs backwards (see
+    /// Swap-in read-around: the region's last few swap-in streams (see
     /// `window::swap_in_window`).
-    pub swap_next: u64,
-    pub swap_back: u64,
-    pub swap_streak: u32,
-    pub swap_backwards: bool,
+    pub swap_streams: [SwapStream; SWAP_STREAMS],
     /// Whether `PROT_WRITE` may be set (false for a shared mapping of a
     /// descriptor not open for writing: mprotect says EACCES).
     pub may_write: bool,
@@ -84,6 +79,29 @@ pub struct Region {
     /// a kernel-mode access to a page not resident is `EFAULT`, so its
     /// swap-ins are never installed write-protected.
     pub in_thread: bool,
+}
+
+/// How many swap-in streams a region follows at once: a program walking
+/// several structures of one heap in step (a hash table and the objects it
+/// points to) interleaves their faults.
+pub const SWAP_STREAMS: usize = 4;
+
+/// One swap-in stream of a region: where its last run ended and started,
+/// how many faults in a row landed just past one end, whether it runs
+/// backwards, and when it was last used (`window::swap_in_window`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwapStream {
+    pub next: u64,
+    pub back: u64,
+    pub streak: u32,
+    pub backwards: bool,
+    pub used: u32,
+}
+
+impl Default for SwapStream {
+    fn default() -> SwapStream {
+        SwapStream { next: u64::MAX, back: u64::MAX, streak: 0, backwards: false, used: 0 }
+    }
 }
 
 impl Region {

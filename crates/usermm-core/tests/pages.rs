@@ -247,6 +247,25 @@ fn a_swap_in_stream_reads_ahead_backwards() {
     assert_eq!((s.counters.swapins, s.counters.major_faults), (16, 5));
 }
 
+/// Two streams through one region in step (CPython walking a dict's table
+/// and the objects it points to): each keeps its growing window.
+#[test]
+fn interleaved_swap_in_streams_each_read_ahead() {
+    let mut c = Core::new(CoreConfig { budget_pages: 128, swap_slots: 128, staging_slots: 64, ..cfg() });
+    swapped_in_order(&mut c, 64);
+    assert_eq!(swap_in(&mut c, 0), PageRange::new(0, 1));
+    assert_eq!(swap_in(&mut c, 32), PageRange::new(32, 33));
+    assert_eq!(swap_in(&mut c, 1), PageRange::new(1, 3));
+    assert_eq!(swap_in(&mut c, 33), PageRange::new(33, 35));
+    assert_eq!(swap_in(&mut c, 3), PageRange::new(3, 7));
+    assert_eq!(swap_in(&mut c, 35), PageRange::new(35, 39));
+    // A fault far from both starts a third stream with one page; the two
+    // go on growing.
+    assert_eq!(swap_in(&mut c, 20), PageRange::new(20, 21));
+    assert_eq!(swap_in(&mut c, 7), PageRange::new(7, 15));
+    assert_eq!(swap_in(&mut c, 39), PageRange::new(39, 47));
+}
+
 #[test]
 fn a_backward_swap_in_stops_at_a_slot_out_of_order() {
     let mut c = core();

@@ -163,7 +163,7 @@ impl Core {
             self.pressure = true;
             return FaultPlan::Reclaim { want: self.direct_reclaim_batch(populate) };
         }
-        let (window, backwards) = swap_in_window(reg, p, populate);
+        let (window, backwards, stream) = swap_in_window(reg, p, populate);
         let limit = free.min(window);
         // The run's pages sit in consecutive slots, in address order:
         // `slot` is its first page's.
@@ -187,9 +187,9 @@ impl Core {
                 run.end.0 += 1;
             }
         }
-        if let Some(reg) = self.regions.find_mut(p) {
-            reg.swap_next = run.end.0;
-            reg.swap_back = run.start.0;
+        if let (Some(reg), Some(i)) = (self.regions.find_mut(p), stream) {
+            reg.swap_streams[i].next = run.end.0;
+            reg.swap_streams[i].back = run.start.0;
         }
         let keep = self.keeps_swap_copy(p, write);
         self.claim_frames(run.pages());

@@ -285,10 +285,7 @@ impl Core {
             next_fault: u64::MAX,
             streak: 0,
             reader_at: 0,
-            swap_next: u64::MAX,
-            swap_back: u64::MAX,
-            swap_backwards: false,
-            swap_streak: 0,
+            swap_streams: Default::default(),
             may_write: file.is_none_or(|f| f.writable || !shared),
             in_thread: flags & UMM_MAP_INTHREAD != 0,
         });
@@ -312,10 +309,7 @@ impl Core {
             next_fault: 0,
             streak: 0,
             reader_at: 0,
-            swap_next: u64::MAX,
-            swap_back: u64::MAX,
-            swap_backwards: false,
-            swap_streak: 0,
+            swap_streams: Default::default(),
             may_write: true,
             in_thread: flags & UMM_MAP_INTHREAD != 0,
         };

@@ -18,7 +18,7 @@
 
 use super::Core;
 use crate::page::{PState, PageMeta, PageTable};
-use crate::region::{Advice, LockMode, Region};
+use crate::region::{Advice, LockMode, Region, SwapStream, SWAP_STREAMS};
 use crate::types::{PageIdx, PageRange};
 
 /// Largest fault-around window, in pages.
@@ -32,7 +32,7 @@ pub const MAX_WINDOW_PAGES: u64 = 256;
 /// 4 GiB unmap ran beside it (docs/design.md, "Faults in the faulting thread").
 pub const IN_THREAD_ZERO_WINDOW_PAGES: u64 = 128;
 
-/// How far past the end of a region's last swap-in run a fault still
+/// How far past the end of one of a region's swap-in streams a fault still
 /// continues its stream, in pages: a page the stream skips (one the program
 /// only read, whose swap copy kept its old slot when it was evicted clean
 /// between rewritten neighbours) is read on its own, and must not end the
@@ -83,26 +83,40 @@ pub(super) fn grow_run(pages: &PageTable, run: &mut PageRange, block: PageRange,
 /// fixed 32-slot cluster read 9.2× the kernel's pages on the `reclaim`
 /// hot/cold workload). A program that walks its objects backwards (frees a
 /// list from its end, say) streams as well as one that walks them forwards,
-/// as the kernel's swap read-ahead follows the direction of the faults. The
-/// caller records the run's ends (`swap_next`, `swap_back`).
-pub(super) fn swap_in_window(reg: &mut Region, p: PageIdx, populate: bool) -> (u64, bool) {
+/// as the kernel's swap read-ahead follows the direction of the faults. A
+/// region follows `SWAP_STREAMS` streams at once (a fault that continues
+/// none starts one in place of the least recently used): CPython walking a
+/// dict walks its table, its keys and its values in step. Returns the
+/// stream, whose run ends the caller records (`SwapStream::next`, `back`).
+pub(super) fn swap_in_window(reg: &mut Region, p: PageIdx, populate: bool) -> (u64, bool, Option<usize>) {
     if populate {
-        (MAX_WINDOW_PAGES, false)
+        (MAX_WINDOW_PAGES, false, None)
     } else if reg.advice == Advice::Random || reg.lock != LockMode::None {
-        (1, false)
+        (1, false, None)
     } else if reg.advice == Advice::Sequential {
-        (MAX_WINDOW_PAGES, false)
+        (MAX_WINDOW_PAGES, false, None)
     } else {
-        let forwards = p.0 >= reg.swap_next && p.0 - reg.swap_next < STREAM_GAP_PAGES;
-        let backwards = reg.swap_back != u64::MAX && p.0 < reg.swap_back && reg.swap_back - p.0 <= STREAM_GAP_PAGES;
-        if forwards || backwards {
-            reg.swap_streak = reg.swap_streak.saturating_add(1);
-            reg.swap_backwards = backwards && !forwards;
+        let clock = reg.swap_streams.iter().map(|s| s.used).max().unwrap_or(0).wrapping_add(1);
+        let continues = |s: &SwapStream| {
+            let forwards = p.0 >= s.next && p.0 - s.next < STREAM_GAP_PAGES;
+            let backwards = s.back != u64::MAX && p.0 < s.back && s.back - p.0 <= STREAM_GAP_PAGES;
+            (forwards, backwards)
+        };
+        let found = reg.swap_streams.iter().position(|s| {
+            let (f, b) = continues(s);
+            f || b
+        });
+        let i = found.unwrap_or_else(|| (0..SWAP_STREAMS).min_by_key(|&i| reg.swap_streams[i].used).unwrap_or(0));
+        let s = &mut reg.swap_streams[i];
+        let (forwards, backwards) = continues(s);
+        if found.is_some() {
+            s.streak = s.streak.saturating_add(1);
+            s.backwards = backwards && !forwards;
         } else {
-            reg.swap_streak = 0;
-            reg.swap_backwards = false;
+            *s = SwapStream::default();
         }
-        ((1u64 << reg.swap_streak.min(6)).min(SWAP_CLUSTER_PAGES), reg.swap_backwards)
+        s.used = clock;
+        ((1u64 << s.streak.min(6)).min(SWAP_CLUSTER_PAGES), s.backwards, Some(i))
     }
 }
 
