@@ -172,6 +172,8 @@ impl Drop for StopOnDrop<'_> {
 /// `write_errors_allowed`: swap writes may fail (a store losing a node:
 /// the pages stay resident); reads never may.
 fn run(secs: u64, validate_every: Option<Duration>, swap_url: Option<String>, write_errors_allowed: bool) {
+    // No SIGBUS is expected: one ends the binary, saying where and which.
+    usermm_sys::testing::sigbus_said_and_fatal().expect("SIGBUS disposition");
     let space = common::open_mode(&Config { budget_bytes: BUDGET, swap_bytes: SWAP, swap_url, ..Config::default() })
         .expect("open");
     let budget_pages = space.stats().budget_pages;
