@@ -27,6 +27,8 @@ echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --release -- -D warnings
 echo "== cargo clippy -D warnings: the libraries a program links (no test hooks, no bench helpers)"
 cargo clippy -p usermm -p usermm-sys -p usermm-core -p usermm-preload --lib --release -- -D warnings
+echo "== cargo doc -D warnings (every intra-doc link resolves; none points at a private item)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 echo "== cargo build --release (also the preload library usermm run's tests need)"
 cargo build --release --workspace
 echo "== the README's first command: scripts/demo.sh (CPython under usermm run at a quarter of its working set)"

@@ -62,7 +62,7 @@ impl<T: Copy> Fifo<T> {
         SPARE_CHUNKS_MAX.saturating_sub(self.spare.len())
     }
 
-    /// Adds empty chunks to the spares (beyond [`SPARE_CHUNKS_MAX`], they
+    /// Adds empty chunks to the spares (beyond `SPARE_CHUNKS_MAX`, they
     /// are freed).
     pub fn add_spare(&mut self, chunks: Vec<Chunk<T>>) {
         for c in chunks {

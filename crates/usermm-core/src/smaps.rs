@@ -9,8 +9,8 @@ use crate::region::{Kind, LockMode, Region};
 /// What smaps shows of a mapped file: `(major, minor, inode, path)`.
 pub type FileInfo = (u32, u32, u64, String);
 
-/// One region's smaps entry: [`header_line`], the usage lines
-/// ([`write_usage`]), then the `VmFlags` line ([`vm_flags`]).
+/// One region's smaps entry: `header_line`, the usage lines
+/// (`write_usage`), then the `VmFlags` line (`vm_flags`).
 ///
 /// `zero_pages(addr, len)`: how many pages of the range map the shared zero
 /// page (the executor asks the host); Linux counts none of them in `Locked:`.

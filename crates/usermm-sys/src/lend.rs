@@ -6,7 +6,7 @@
 //!
 //! The only job ever offered is a part of a bounce buffer's install
 //! ([`crate::arena::Arena::install_bounce_split`]), which keeps the buffer
-//! borrowed until [`Lender::lend`] returns, and `lend` returns (or unwinds)
+//! borrowed until `Lender::lend` returns, and `lend` returns (or unwinds)
 //! only once the job is settled: taken back unstarted, or done by the
 //! helper. So a helper's copy never reads a buffer that is gone or reused.
 //!

@@ -50,7 +50,7 @@ impl RingPool {
 
     /// Reads up to `len` bytes of `fd` at `off` into `dst` with one read
     /// on a ring of the pool, polling for its completion for up to
-    /// [`POLL_NS`] (then sleeping). Returns the count (short at the end of
+    /// `POLL_NS` (then sleeping). Returns the count (short at the end of
     /// the file), or `None` if no ring is to be had (the caller reads with
     /// `pread`). Never returns while the kernel may still write into
     /// `dst`. Safe in usermm's SIGBUS handler (in-thread faults), which runs

@@ -66,7 +66,7 @@ impl Zipf {
     }
 }
 
-/// Runs the phases on `buf` (in [`PHASES`] order); `stats` gives
+/// Runs the phases on `buf` (in [`PHASES`](super::PHASES) order); `stats` gives
 /// (swapouts, swapins, major faults, evictions) so far; `after_hotcold` runs right
 /// after the hot/cold phase (the hot set's probes).
 pub(super) fn phases(
