@@ -66,8 +66,10 @@ impl PState {
                 (Swapped, Filling | Absent) => true,
                 // A fill installs (Resident) or gives the page back: to
                 // zeros, to its slot, to staging; a parked page the host
-                // discarded reads as zeros.
-                (Filling, Resident | Absent) => true,
+                // discarded reads as zeros. A swap-in that fails leaves the
+                // page in its slot, never zeros.
+                (Filling, Resident) => true,
+                (Filling, Absent) => from != Swapped,
                 (Filling, Swapped | Inactive) => from == to,
                 (Deactivating, Inactive | Resident | Absent) => true,
                 (Evicting, Swapped | Absent | Inactive) => true,

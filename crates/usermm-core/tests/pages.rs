@@ -907,3 +907,22 @@ fn a_failed_fill_goes_back_where_it_came_from() {
     // A zero fill (from Absent) cannot end in swap.
     t.update(p, |m| m.state = PState::Swapped);
 }
+
+/// A swap-in that fails leaves the page in its slot: it never reads as zeros.
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "may not become")]
+fn a_failed_swap_in_never_becomes_zeros() {
+    use usermm_core::page::PageTable;
+    let mut t = PageTable::new(1024);
+    let p = PageIdx(3);
+    for s in [PState::Filling, PState::Resident, PState::Deactivating, PState::Inactive, PState::Evicting] {
+        t.update(p, |m| m.state = s);
+    }
+    t.update(p, |m| {
+        m.state = PState::Swapped;
+        m.slot = 7;
+    });
+    t.update(p, |m| m.state = PState::Filling);
+    t.update(p, |m| m.state = PState::Absent);
+}
