@@ -462,7 +462,7 @@ impl Space {
             swap_write_errors: c.swap_write_errors,
             regions: s.regions,
             user_mode_only: self.inner.user_mode_only as u64,
-            swap_direct_io: self.inner.plat.swap_direct_io() as u64,
+            swap_direct_io: self.inner.plat.caps().swap_direct_io as u64,
             host_refusals: self.inner.host_refusals.load(std::sync::atomic::Ordering::Relaxed),
             swap_write_fails: self.inner.swap_write_fails.load(std::sync::atomic::Ordering::Relaxed),
             swap_backoff_ms: self.inner.store_backoff_ms(),

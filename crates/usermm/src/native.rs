@@ -75,7 +75,7 @@ use usermm_core::{
 };
 use usermm_sys::arena::Arena;
 
-use crate::platform::{Native, Platform};
+use crate::platform::{Native, Platform, Signal};
 use usermm_sys::file::MappedFile;
 use usermm_sys::file::{ProcMem, SwapFile};
 use usermm_sys::now_ns;
@@ -407,6 +407,7 @@ impl Inner {
             lender: Default::default(),
             in_thread: Default::default(),
             direct: crate::platform::DirectWindows::new(),
+            caps: Default::default(),
         });
         let inner = Inner::build(cfg, plat, user_mode_only, fallback_reason)?;
         // In-thread faults: no fault ever reaches a handler thread.
@@ -487,7 +488,7 @@ impl Inner {
         while started.recv().is_ok() {}
         let mut threads = Threads { handles, in_thread: None };
         if in_thread {
-            let base = inner.plat.base();
+            let base = inner.plat.caps().base;
             let end = base + lock(&inner.core).config().reserve_pages as usize * ps;
             match usermm_sys::inthread::register(base, end, Arc::new(fault::InThread(inner.clone()))) {
                 Ok(r) => threads.in_thread = Some(r),
@@ -516,7 +517,8 @@ impl Inner {
         let reserve = reserve.checked_add(ps - 1).ok_or(Errno::EINVAL)? & !(ps - 1);
         let swap_slots = (cfg.swap_bytes / ps).min(u32::MAX as usize - 1) as u32;
         let staging_slots = budget_pages as u32;
-        let base = plat.base();
+        let caps = plat.caps();
+        let base = caps.base;
         let core = Core::new(CoreConfig {
             base: base as u64,
             reserve_pages: (reserve / ps) as u64,
@@ -529,14 +531,14 @@ impl Inner {
             mlock_allowed: cfg.memlock_bytes != 0,
             exact_faults: cfg.flags & UMM_F_EXACT_FAULTS != 0,
         });
-        let host_lazyfree = plat.host_lazyfree() && ps == 4096 && !user_mode_only;
+        let host_lazyfree = caps.host_lazyfree && ps == 4096 && !user_mode_only;
         let mut core = core;
         core.set_host_lazyfree(host_lazyfree);
-        core.set_swap_release_granule(plat.swap_release_granule());
+        core.set_swap_release_granule(caps.swap_release_granule);
         // (Not with faults that cannot come from the kernel: a `read(2)`
         // into a page swapped in write-protected would fail with EFAULT.)
         let kernel_faults = !user_mode_only && cfg.flags & UMM_F_INTHREAD_FAULTS == 0;
-        core.set_tracks_writes(plat.tracks_writes() && kernel_faults);
+        core.set_tracks_writes(caps.tracks_writes && kernel_faults);
         core.set_purge_volatile_first(cfg.flags & UMM_F_PURGE_VOLATILE_FIRST != 0);
         if cfg.lazyfree_max_bytes != 0 {
             core.set_lazyfree_max((cfg.lazyfree_max_bytes / ps) as u64);

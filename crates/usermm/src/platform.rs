@@ -32,18 +32,8 @@ pub(crate) use direct::DirectWindows;
 /// What the executor asks of the host. `Send + Sync`: handler threads, the
 /// background thread and callers share one.
 pub(crate) trait Platform: Send + Sync {
-    /// First address of the reservation (the program range).
-    fn base(&self) -> usize;
-    /// Whether lazily freed and parked volatile pages are handed to the
-    /// host's own reclaim (`MADV_FREE` passed down, discards found by
-    /// `page_gone`).
-    fn host_lazyfree(&self) -> bool;
-    /// Whether pages can move (not copy) between the program range and
-    /// staging (`UFFDIO_MOVE`).
-    fn can_move(&self) -> bool;
-    /// Whether swapped-in pages can be installed write-protected, the first
-    /// write to each reported as a WP fault (`Core::set_tracks_writes`).
-    fn tracks_writes(&self) -> bool;
+    /// What the host can do: fixed once the space is open.
+    fn caps(&self) -> Caps;
 
     // ---- userfaultfd events
     /// Waits up to `timeout_ms` for a fault event or a poke of `wake`;
@@ -196,18 +186,8 @@ pub(crate) trait Platform: Send + Sync {
     fn host_reclaim_staging(&self);
 
     // ---- swap
-    fn has_swap(&self) -> bool;
-    /// Whether swap I/O bypasses the host's page cache (`O_DIRECT`).
-    fn swap_direct_io(&self) -> bool;
-    /// Whether a swap read polls for the store's reply (`PageStore::read_polls`).
-    fn swap_read_polls(&self) -> bool {
-        false
-    }
     /// Writes the pages of `slots`, in order, to swap at `off`.
     fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno>;
-    /// Swap slots the store gives back a granule at a time (0: it keeps
-    /// them; `PageStore::release_granule`).
-    fn swap_release_granule(&self) -> u32;
     /// Gives back the store's copies of the runs `(first slot, slots)`,
     /// whole granules, none of them in use.
     fn swap_release(&self, runs: &[(u32, u32)]) -> Result<(), Errno>;
@@ -218,11 +198,6 @@ pub(crate) trait Platform: Send + Sync {
     /// (`PageStore::keep_alive_due`).
     fn swap_keep_alive_due(&self) -> bool {
         false
-    }
-    /// How long a failing page store may take to come back by itself
-    /// (`PageStore::outage_wait`).
-    fn swap_outage_wait(&self) -> Option<std::time::Duration> {
-        None
     }
     /// Tells the store the space is alive (`PageStore::keep_alive`).
     fn swap_keep_alive(&self) {}
@@ -237,10 +212,47 @@ pub(crate) trait Platform: Send + Sync {
         -> Result<(), Errno>;
 
     // ---- threads
-    /// Queues a transient SIGBUS for thread `tid` at `addr`.
-    fn sigbus(&self, tid: u32, addr: usize) -> Result<(), Errno>;
-    /// Queues a SIGSEGV for thread `tid` at `addr`.
-    fn sigsegv(&self, tid: u32, addr: usize) -> Result<(), Errno>;
+    /// Queues `sig` (a transient SIGBUS, a SIGSEGV: `Signal`) for thread
+    /// `tid` at `addr`.
+    fn signal(&self, tid: u32, sig: Signal, addr: usize) -> Result<(), Errno>;
+}
+
+/// What a [`Platform`] can do, fixed once the space is open.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Caps {
+    /// First address of the reservation (the program range).
+    pub base: usize,
+    /// Whether lazily freed and parked volatile pages are handed to the
+    /// host's own reclaim (`MADV_FREE` passed down, discards found by
+    /// `page_gone`).
+    pub host_lazyfree: bool,
+    /// Whether pages can move (not copy) between the program range and
+    /// staging (`UFFDIO_MOVE`).
+    pub can_move: bool,
+    /// Whether swapped-in pages can be installed write-protected, the first
+    /// write to each reported as a WP fault (`Core::set_tracks_writes`).
+    pub tracks_writes: bool,
+    /// Whether there is swap (a file or a page store).
+    pub has_swap: bool,
+    /// Whether swap I/O bypasses the host's page cache (`O_DIRECT`).
+    pub swap_direct_io: bool,
+    /// Whether a swap read polls for the store's reply (`PageStore::read_polls`).
+    pub swap_read_polls: bool,
+    /// Swap slots the store gives back a granule at a time (0: it keeps
+    /// them; `PageStore::release_granule`).
+    pub swap_release_granule: u32,
+    /// How long a failing page store may take to come back by itself
+    /// (`PageStore::outage_wait`).
+    pub swap_outage_wait: Option<std::time::Duration>,
+}
+
+/// A signal a [`Platform`] queues to a thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Signal {
+    /// A transient SIGBUS (`si_code = SI_QUEUE`): a swap read error, no frame.
+    Bus,
+    /// A SIGSEGV: a touch of unmapped memory.
+    Segv,
 }
 
 /// The host kernel.
@@ -262,6 +274,9 @@ pub(crate) struct Native {
     pub in_thread: InThreadRanges,
     /// The windows mapped from the page cache (`file_map`).
     pub direct: DirectWindows,
+    /// `caps()`, worked out at its first call (one load after that: it is
+    /// asked on every swap-in).
+    pub caps: std::sync::OnceLock<Caps>,
 }
 
 impl Native {
@@ -323,17 +338,21 @@ fn with_bounce<R>(len: usize, f: impl FnOnce(&Bounce) -> R) -> Option<R> {
 }
 
 impl Platform for Native {
-    fn base(&self) -> usize {
-        self.arena.base
-    }
-    fn host_lazyfree(&self) -> bool {
-        self.arena.host_lazyfree()
-    }
-    fn can_move(&self) -> bool {
-        self.uffd.has(UFFD_FEATURE_MOVE)
-    }
-    fn tracks_writes(&self) -> bool {
-        self.arena.tracks_writes()
+    fn caps(&self) -> Caps {
+        *self.caps.get_or_init(|| {
+            let swap = self.swap.as_ref();
+            Caps {
+                base: self.arena.base,
+                host_lazyfree: self.arena.host_lazyfree(),
+                can_move: self.uffd.has(UFFD_FEATURE_MOVE),
+                tracks_writes: self.arena.tracks_writes(),
+                has_swap: swap.is_some(),
+                swap_direct_io: swap.is_some_and(|s| s.direct_io()),
+                swap_read_polls: swap.is_some_and(|s| s.read_polls()),
+                swap_release_granule: swap.map_or(0, |s| s.release_granule()),
+                swap_outage_wait: swap.and_then(|s| s.outage_wait()),
+            }
+        })
     }
     fn wait_events(&self, wake: &EventFd, timeout_ms: i32) -> Result<bool, Errno> {
         usermm_sys::uffd::poll2(self.uffd.raw(), wake.raw(), timeout_ms)
@@ -535,21 +554,9 @@ impl Platform for Native {
     fn host_reclaim_staging(&self) {
         self.arena.host_reclaim_staging()
     }
-    fn has_swap(&self) -> bool {
-        self.swap.is_some()
-    }
-    fn swap_direct_io(&self) -> bool {
-        self.swap.as_ref().is_some_and(|s| s.direct_io())
-    }
-    fn swap_read_polls(&self) -> bool {
-        self.swap.as_ref().is_some_and(|s| s.read_polls())
-    }
     fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno> {
         let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
         self.arena.with_slots(slots, |pages| swap.write(off, pages))
-    }
-    fn swap_release_granule(&self) -> u32 {
-        self.swap.as_ref().map_or(0, |s| s.release_granule())
     }
     fn swap_release(&self, runs: &[(u32, u32)]) -> Result<(), Errno> {
         let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
@@ -581,9 +588,6 @@ impl Platform for Native {
     fn swap_keep_alive_due(&self) -> bool {
         self.swap.as_ref().is_some_and(|s| s.keep_alive_due())
     }
-    fn swap_outage_wait(&self) -> Option<std::time::Duration> {
-        self.swap.as_ref().and_then(|s| s.outage_wait())
-    }
     fn swap_keep_alive(&self) {
         if let Some(s) = &self.swap {
             s.keep_alive()
@@ -605,10 +609,10 @@ impl Platform for Native {
     ) -> Result<(), Errno> {
         self.arena.page_out_to_file(file, src, self.procmem.as_ref(), slot, off)
     }
-    fn sigbus(&self, tid: u32, addr: usize) -> Result<(), Errno> {
-        usermm_sys::thread::sigbus_thread(tid, addr)
-    }
-    fn sigsegv(&self, tid: u32, addr: usize) -> Result<(), Errno> {
-        usermm_sys::thread::sigsegv_thread(tid, addr)
+    fn signal(&self, tid: u32, sig: Signal, addr: usize) -> Result<(), Errno> {
+        match sig {
+            Signal::Bus => usermm_sys::thread::sigbus_thread(tid, addr),
+            Signal::Segv => usermm_sys::thread::sigsegv_thread(tid, addr),
+        }
     }
 }

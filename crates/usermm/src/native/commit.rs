@@ -101,7 +101,7 @@ impl Inner {
             Failure::NotFilled => {}
             Failure::Gone => {
                 if !super::fault::defer_signal(super::fault::SIGSEGV) && self.signal_sent(t, super::fault::SIGSEGV) {
-                    let _ = self.plat.sigsegv(t, addr);
+                    let _ = self.plat.signal(t, Signal::Segv, addr);
                 }
             }
             Failure::OutOfMemory | Failure::Poisoned | Failure::Unreadable => {
@@ -120,7 +120,7 @@ impl Inner {
                     c.fault_oom();
                 }
                 if sent && !deferred {
-                    let _ = self.plat.sigbus(t, addr);
+                    let _ = self.plat.signal(t, Signal::Bus, addr);
                 }
             }
         }

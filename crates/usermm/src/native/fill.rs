@@ -61,7 +61,7 @@ impl Inner {
     /// Reads `run` from swap at `slot`, write-protected if `wp` (the pages
     /// keep their swap copies); returns how many pages were installed.
     pub(super) fn swap_in(&self, run: PageRange, slot: u32, wp: bool) -> u64 {
-        if !self.plat.has_swap() || take_one(&self.inject_read_errors) {
+        if !self.plat.caps().has_swap || take_one(&self.inject_read_errors) {
             return 0;
         }
         let ps = self.page_size;
@@ -108,7 +108,7 @@ impl Inner {
     /// be, else copied; copied write-protected if `wp` (it keeps its swap
     /// copy: a move would map it writable).
     pub(super) fn reactivate(&self, page: PageIdx, slot: u32, how: Transfer, wp: bool) -> bool {
-        let mv = how == Transfer::Move && self.plat.can_move() && !wp;
+        let mv = how == Transfer::Move && self.plat.caps().can_move && !wp;
         self.plat.slot_to_page(slot, self.addr(page), mv, wp).is_ok()
     }
 }

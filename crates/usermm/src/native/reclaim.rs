@@ -78,7 +78,7 @@ impl Inner {
     /// to have discarded (a move finds no page: `deactivate_lost`).
     pub(super) fn deactivate_all(&self, ds: &[Deactivate]) -> u64 {
         let mut oks = vec![false; ds.len()];
-        let can_move = self.plat.can_move();
+        let can_move = self.plat.caps().can_move;
         let mut i = 0;
         while i < ds.len() {
             // A run of neighbouring pages going to neighbouring slots moves
@@ -327,7 +327,7 @@ impl Inner {
     /// records the outcome in `tried` and, for a failure, starts or
     /// lengthens the back-off.
     fn store_write(&self, slots: &[u32], off: u64, tried: &mut StoreTried) -> bool {
-        if !self.plat.has_swap() {
+        if !self.plat.caps().has_swap {
             return false;
         }
         if self.store_backing_off() {
@@ -407,7 +407,8 @@ impl Inner {
         let at = self.store_retry_at_ns.load(Ordering::Relaxed);
         let wait_ns = self
             .plat
-            .swap_outage_wait()
+            .caps()
+            .swap_outage_wait
             .map_or(STORE_RETRY_WAIT_NS, |d| (d.as_nanos() as u64).max(STORE_RETRY_WAIT_NS));
         (at <= st.since_ns() + wait_ns).then(|| self.store_retry_in()).flatten()
     }

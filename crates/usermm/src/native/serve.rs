@@ -236,7 +236,7 @@ impl Inner {
         // longer than the spin pays for, and the spinner then holds the CPU
         // the reclaimer's writes want: CPython's and SQLite's streams under
         // usermm run took 10-15% longer with it.)
-        let polls = self.plat.swap_read_polls();
+        let polls = self.plat.caps().swap_read_polls;
         let single = run.pages() == 1;
         let _awake = self.wake_ahead.guard(caller.waits() && !caller.in_thread() && !polls && single);
         self.serve_small_swap_in(plan, run, slot, keep, pooled, page_addr, caller)
@@ -273,7 +273,7 @@ impl Inner {
             // or the thread would fault forever.
             if let Some(t) = tid {
                 if !super::fault::defer_signal(super::fault::SIGSEGV) && self.signal_sent(t, super::fault::SIGSEGV) {
-                    let _ = self.plat.sigsegv(t, addr);
+                    let _ = self.plat.signal(t, Signal::Segv, addr);
                 }
             }
             return Next::Served;
@@ -465,7 +465,7 @@ impl Inner {
     ) -> Next<'_> {
         let ps = self.page_size;
         let len = run.pages() as usize * ps;
-        let read = self.plat.has_swap()
+        let read = self.plat.caps().has_swap
             && !take_one(&self.inject_read_errors)
             && self.plat.swap_read(self.swap_off(slot), len, pooled).is_ok();
         let c = lock(&self.core);

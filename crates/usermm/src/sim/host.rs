@@ -14,7 +14,7 @@ use super::lazy::HostLazy;
 use super::threads::OtherThread;
 use super::{Rng, BASE, PAGES, PS};
 use crate::native::Inner;
-use crate::platform::Platform;
+use crate::platform::{Caps, Platform, Signal};
 
 /// A page of the simulated program range.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -205,17 +205,17 @@ std::thread_local! {
 }
 
 impl Platform for SimPlatform {
-    fn base(&self) -> usize {
-        BASE
-    }
-    fn host_lazyfree(&self) -> bool {
-        self.host().lazy.on
-    }
-    fn can_move(&self) -> bool {
-        self.host().can_move
-    }
-    fn tracks_writes(&self) -> bool {
-        self.host().tracks_writes
+    fn caps(&self) -> Caps {
+        let h = self.host();
+        Caps {
+            base: BASE,
+            host_lazyfree: h.lazy.on,
+            can_move: h.can_move,
+            tracks_writes: h.tracks_writes,
+            has_swap: h.has_swap,
+            swap_release_granule: h.release_granule,
+            ..Caps::default()
+        }
     }
     fn wait_events(&self, _wake: &EventFd, _timeout_ms: i32) -> Result<bool, Errno> {
         Ok(false)
@@ -523,12 +523,6 @@ impl Platform for SimPlatform {
     }
     fn drain_host_lru(&self) {}
     fn host_reclaim_staging(&self) {}
-    fn has_swap(&self) -> bool {
-        self.host().has_swap
-    }
-    fn swap_direct_io(&self) -> bool {
-        false
-    }
     fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno> {
         self.preempt();
         let mut h = self.host();
@@ -541,9 +535,6 @@ impl Platform for SimPlatform {
             h.swap.insert(first + k as u64, data);
         }
         Ok(())
-    }
-    fn swap_release_granule(&self) -> u32 {
-        self.host().release_granule
     }
     fn swap_release(&self, runs: &[(u32, u32)]) -> Result<(), Errno> {
         self.preempt();
@@ -597,12 +588,12 @@ impl Platform for SimPlatform {
         let len = PS.min((size - off) as usize);
         file.write_at(&data[..len], off)
     }
-    fn sigbus(&self, tid: u32, addr: usize) -> Result<(), Errno> {
-        self.host().signals.push((tid, libc_sig::SIGBUS, addr));
-        Ok(())
-    }
-    fn sigsegv(&self, tid: u32, addr: usize) -> Result<(), Errno> {
-        self.host().signals.push((tid, libc_sig::SIGSEGV, addr));
+    fn signal(&self, tid: u32, sig: Signal, addr: usize) -> Result<(), Errno> {
+        let sig = match sig {
+            Signal::Bus => libc_sig::SIGBUS,
+            Signal::Segv => libc_sig::SIGSEGV,
+        };
+        self.host().signals.push((tid, sig, addr));
         Ok(())
     }
 }
@@ -625,10 +616,7 @@ macro_rules! forward {
 
 impl Platform for Shared {
     forward! {
-        base() -> usize;
-        host_lazyfree() -> bool;
-        can_move() -> bool;
-        tracks_writes() -> bool;
+        caps() -> Caps;
         wait_events(wake: &EventFd, timeout_ms: i32) -> Result<bool, Errno>;
         read_events(buf: &mut [UffdMsg]) -> Result<usize, Errno>;
         zero_fill(dst: usize, len: usize) -> Result<usize, Errno>;
@@ -666,15 +654,11 @@ impl Platform for Shared {
         host_free_slot(slot: u32) -> Result<(), Errno>;
         drain_host_lru() -> ();
         host_reclaim_staging() -> ();
-        has_swap() -> bool;
-        swap_direct_io() -> bool;
         swap_write(slots: &[u32], off: u64) -> Result<(), Errno>;
-        swap_release_granule() -> u32;
         swap_release(runs: &[(u32, u32)]) -> Result<(), Errno>;
         swap_scrub(slots: &[u32]) -> Result<(), Errno>;
         swap_contents(len: u64) -> Result<Vec<u8>, Errno>;
         page_out_to_file(file: &MappedFile, src: Option<usize>, slot: Option<u32>, off: u64) -> Result<(), Errno>;
-        sigbus(tid: u32, addr: usize) -> Result<(), Errno>;
-        sigsegv(tid: u32, addr: usize) -> Result<(), Errno>;
+        signal(tid: u32, sig: Signal, addr: usize) -> Result<(), Errno>;
     }
 }
