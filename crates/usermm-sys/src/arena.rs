@@ -427,14 +427,9 @@ impl Arena {
         }
     }
 
-    /// Installs zero pages at `[dst, dst+len)` of the reservation without
-    /// waking waiters (the caller commits, then wakes). Returns the bytes
-    /// installed (a prefix).
-    pub fn zero_fill(&self, uffd: &Uffd, dst: usize, len: usize) -> Result<usize, Errno> {
-        self.zero_fill_wake(uffd, dst, len, false)
-    }
-
-    /// `zero_fill`, waking the waiters when `wake`.
+    /// Installs zero pages at `[dst, dst+len)` of the reservation, waking
+    /// the waiters when `wake` (else the caller commits, then wakes).
+    /// Returns the bytes installed (a prefix).
     pub fn zero_fill_wake(&self, uffd: &Uffd, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
         self.check(dst, len)?;
         let mut done = 0;
@@ -448,13 +443,6 @@ impl Arena {
             }
         }
         Ok(done)
-    }
-
-    /// Maps the shared zero page at `[dst, dst+len)` of the reservation (a
-    /// read fault: no frame is allocated until the program writes, and then
-    /// the kernel copies on write without a userfaultfd round trip).
-    pub fn zero_map(&self, uffd: &Uffd, dst: usize, len: usize) -> Result<usize, Errno> {
-        self.zero_map_wake(uffd, dst, len, false)
     }
 
     /// Wakes the threads waiting on `[a, a+l)` of the reservation (outside
@@ -474,7 +462,10 @@ impl Arena {
         unsafe { uffd.poison(a, l) }
     }
 
-    /// `zero_map`, waking the waiters when `wake`.
+    /// Maps the shared zero page at `[dst, dst+len)` of the reservation (a
+    /// read fault: no frame is allocated until the program writes, and then
+    /// the kernel copies on write without a userfaultfd round trip), waking
+    /// the waiters when `wake`.
     pub fn zero_map_wake(&self, uffd: &Uffd, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
         self.check(dst, len)?;
         // SAFETY: this arena's memory (checked range or own slot): no reference into it.

@@ -43,21 +43,12 @@ pub(crate) trait Platform: Send + Sync {
     fn read_events(&self, buf: &mut [UffdMsg]) -> Result<usize, Errno>;
 
     // ---- the program range: fills (bytes installed, a prefix)
-    /// Installs zero pages (private frames) at `[dst, dst+len)`.
-    fn zero_fill(&self, dst: usize, len: usize) -> Result<usize, Errno>;
-    /// As `zero_fill`, waking the waiters on the installed pages if `wake`.
-    fn zero_fill_wake(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
-    /// Maps the shared zero page at `[dst, dst+len)` (a read fault).
-    fn zero_map(&self, dst: usize, len: usize) -> Result<usize, Errno>;
-    /// As `zero_map`, waking the waiters if `wake`.
-    fn zero_map_wake(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
+    /// Installs zeros at `[dst, dst+len)` as `how` says, waking the
+    /// waiters on the installed pages if `wake`.
+    fn zero(&self, how: Zero, dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
     /// Reads `len` bytes of swap at `off` into the program range at `dst`,
     /// write-protected if `wp` (see `tracks_writes`).
     fn swap_in(&self, off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno>;
-    /// As `zero_fill_wake`, with frames from the space's pool where it
-    /// has enough (recycled, zeroed, moved in: `Arena::zero_fill_pooled`).
-    /// Only for a plainly read-write, unlocked region.
-    fn zero_fill_pooled(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
     /// Drops pool frames until at most `max` are left.
     fn pool_trim(&self, max: u64);
     /// Frames in the pool now, and pages installed from it so far.
@@ -246,6 +237,19 @@ pub(crate) struct Caps {
     pub swap_outage_wait: Option<std::time::Duration>,
 }
 
+/// How [`Platform::zero`] installs zeros.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Zero {
+    /// Private frames of zeros.
+    Fill,
+    /// The shared zero page (a read fault).
+    Map,
+    /// As `Fill`, with frames from the space's pool where it has enough
+    /// (recycled, zeroed, moved in: `Arena::zero_fill_pooled`). Only for a
+    /// plainly read-write, unlocked region.
+    Pooled,
+}
+
 /// A signal a [`Platform`] queues to a thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Signal {
@@ -360,25 +364,17 @@ impl Platform for Native {
     fn read_events(&self, buf: &mut [UffdMsg]) -> Result<usize, Errno> {
         self.uffd.read_msgs(buf)
     }
-    fn zero_fill(&self, dst: usize, len: usize) -> Result<usize, Errno> {
-        self.arena.zero_fill(&self.uffd, dst, len)
-    }
-    fn zero_fill_wake(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
-        self.arena.zero_fill_wake(&self.uffd, dst, len, wake)
-    }
-    fn zero_map(&self, dst: usize, len: usize) -> Result<usize, Errno> {
-        self.arena.zero_map(&self.uffd, dst, len)
-    }
-    fn zero_map_wake(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
-        self.arena.zero_map_wake(&self.uffd, dst, len, wake)
+    fn zero(&self, how: Zero, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
+        match how {
+            Zero::Fill => self.arena.zero_fill_wake(&self.uffd, dst, len, wake),
+            Zero::Map => self.arena.zero_map_wake(&self.uffd, dst, len, wake),
+            Zero::Pooled => self.arena.zero_fill_pooled(self.dst_uffd(dst), dst, len, wake),
+        }
     }
     fn swap_in(&self, off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno> {
         let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
         with_bounce(len, |b| self.arena.store_in(&self.uffd, dst, len, wp, b, |buf| swap.read(off, buf)))
             .unwrap_or(Err(Errno::ENOMEM))
-    }
-    fn zero_fill_pooled(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
-        self.arena.zero_fill_pooled(self.dst_uffd(dst), dst, len, wake)
     }
     fn pool_trim(&self, max: u64) {
         self.arena.pool_trim(max.min(usize::MAX as u64) as usize)

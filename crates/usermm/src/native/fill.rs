@@ -20,9 +20,9 @@ impl Inner {
             let piece = PageRange::new(s, (s + SMALL_FILL_PAGES).min(run.end.0));
             let len = piece.pages() as usize * self.page_size;
             let n = if pooled {
-                self.plat.zero_fill_pooled(self.addr(piece.start), len, true)
+                self.plat.zero(Zero::Pooled, self.addr(piece.start), len, true)
             } else {
-                self.plat.zero_fill_wake(self.addr(piece.start), len, true)
+                self.plat.zero(Zero::Fill, self.addr(piece.start), len, true)
             }
             .unwrap_or(0);
             done += (n / self.page_size) as u64;
@@ -41,7 +41,7 @@ impl Inner {
     /// Installs zero pages on `run`; returns how many (a prefix) went in.
     pub(super) fn zero_fill(&self, run: PageRange) -> u64 {
         let len = run.pages() as usize * self.page_size;
-        let done = self.plat.zero_fill(self.addr(run.start), len).unwrap_or(0);
+        let done = self.plat.zero(Zero::Fill, self.addr(run.start), len, false).unwrap_or(0);
         (done / self.page_size) as u64
     }
 
@@ -52,7 +52,7 @@ impl Inner {
     /// counts as resident from now on, so the budget stays hard.
     pub(super) fn zero_map(&self, run: PageRange) -> u64 {
         let len = run.pages() as usize * self.page_size;
-        match self.plat.zero_map(self.addr(run.start), len) {
+        match self.plat.zero(Zero::Map, self.addr(run.start), len, false) {
             Ok(done) => (done / self.page_size) as u64,
             Err(_) => self.zero_fill(run),
         }

@@ -387,11 +387,11 @@ impl Inner {
         let _awake = self.wake_ahead.guard_brief(caller.waits() && !caller.in_thread());
         let delegate = self.delegates_wake(caller);
         let done = if pooled {
-            self.plat.zero_fill_pooled(a, len, !delegate)
+            self.plat.zero(Zero::Pooled, a, len, !delegate)
         } else if write {
-            self.plat.zero_fill_wake(a, len, !delegate)
+            self.plat.zero(Zero::Fill, a, len, !delegate)
         } else {
-            self.plat.zero_map_wake(a, len, !delegate).or_else(|_| self.plat.zero_fill_wake(a, len, !delegate))
+            self.plat.zero(Zero::Map, a, len, !delegate).or_else(|_| self.plat.zero(Zero::Fill, a, len, !delegate))
         };
         let done = done.unwrap_or(0);
         let handed = if delegate && done > 0 { self.hand_off_wake(a, done) } else { None };

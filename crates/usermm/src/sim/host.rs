@@ -14,7 +14,7 @@ use super::lazy::HostLazy;
 use super::threads::OtherThread;
 use super::{Rng, BASE, PAGES, PS};
 use crate::native::Inner;
-use crate::platform::{Caps, Platform, Signal};
+use crate::platform::{Caps, Platform, Signal, Zero};
 
 /// A page of the simulated program range.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -223,21 +223,13 @@ impl Platform for SimPlatform {
     fn read_events(&self, _buf: &mut [UffdMsg]) -> Result<usize, Errno> {
         Ok(0)
     }
-    fn zero_fill(&self, dst: usize, len: usize) -> Result<usize, Errno> {
-        self.zero_fill_wake(dst, len, false)
-    }
-    fn zero_fill_wake(&self, dst: usize, len: usize, _wake: bool) -> Result<usize, Errno> {
+    fn zero(&self, how: Zero, dst: usize, len: usize, _wake: bool) -> Result<usize, Errno> {
         self.preempt();
         Self::check(dst, len)?;
-        Ok(self.host().install(dst, vec![Pg::Data(zeros()); len / PS]))
-    }
-    fn zero_map(&self, dst: usize, len: usize) -> Result<usize, Errno> {
-        self.zero_map_wake(dst, len, false)
-    }
-    fn zero_map_wake(&self, dst: usize, len: usize, _wake: bool) -> Result<usize, Errno> {
-        self.preempt();
-        Self::check(dst, len)?;
-        Ok(self.host().install(dst, vec![Pg::Zero; len / PS]))
+        // (The simulated host has no frames to recycle: a pooled fill is a
+        // fill.)
+        let pg = if how == Zero::Map { Pg::Zero } else { Pg::Data(zeros()) };
+        Ok(self.host().install(dst, vec![pg; len / PS]))
     }
     fn swap_in(&self, off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno> {
         self.preempt();
@@ -255,10 +247,6 @@ impl Platform for SimPlatform {
             h.wp.extend(p0..p0 + done / PS);
         }
         Ok(done)
-    }
-    fn zero_fill_pooled(&self, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
-        // (The simulated host has no frames to recycle: a zero fill.)
-        self.zero_fill_wake(dst, len, wake)
     }
     fn pool_trim(&self, _max: u64) {}
     fn pool_stats(&self) -> (u64, u64) {
@@ -619,13 +607,9 @@ impl Platform for Shared {
         caps() -> Caps;
         wait_events(wake: &EventFd, timeout_ms: i32) -> Result<bool, Errno>;
         read_events(buf: &mut [UffdMsg]) -> Result<usize, Errno>;
-        zero_fill(dst: usize, len: usize) -> Result<usize, Errno>;
-        zero_fill_wake(dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
-        zero_map(dst: usize, len: usize) -> Result<usize, Errno>;
-        zero_map_wake(dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
+        zero(how: Zero, dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
         swap_in(off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno>;
         swap_read(off: u64, len: usize, pooled: bool) -> Result<(), Errno>;
-        zero_fill_pooled(dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
         pool_trim(max: u64) -> ();
         pool_stats() -> (u64, u64);
         swap_install(dst: usize, len: usize, wp: bool, wake: bool) -> Result<usize, Errno>;
