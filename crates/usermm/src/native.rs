@@ -75,7 +75,7 @@ use usermm_core::{
 };
 use usermm_sys::arena::Arena;
 
-use crate::platform::{Native, Platform, Signal, Zero};
+use crate::platform::{Native, Platform, Range, Signal, Zero};
 use usermm_sys::file::MappedFile;
 use usermm_sys::file::{ProcMem, SwapFile};
 use usermm_sys::now_ns;
@@ -460,7 +460,7 @@ impl Inner {
                         &me.shutdown,
                         ps,
                         &|a, pages| {
-                            let _ = me.plat.wake(a, pages * ps);
+                            let _ = me.plat.range(Range::Wake, a, pages * ps);
                         },
                         &|| me.plat.help(),
                     )

@@ -61,8 +61,6 @@ pub(crate) trait Platform: Send + Sync {
     /// The second half: installs what this thread's last `swap_read` read
     /// at `dst`, write-protected if `wp`, waking the waiters if `wake`.
     fn swap_install(&self, dst: usize, len: usize, wp: bool, wake: bool) -> Result<usize, Errno>;
-    /// Lifts the write protection of `[a, a+l)` and wakes its waiters.
-    fn unprotect(&self, a: usize, l: usize) -> Result<(), Errno>;
     /// Reads a file run into the program range (the tail past the end of
     /// the file reads zeros); also whether the page cache was used.
     fn file_in(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno>;
@@ -114,36 +112,11 @@ pub(crate) trait Platform: Send + Sync {
         let _ = (file, off, a, l, prot);
         Ok(())
     }
-    /// Wakes the threads waiting on `[a, a+l)`.
-    fn wake(&self, a: usize, l: usize) -> Result<(), Errno>;
-    /// Places poison markers: a touch raises SIGBUS.
-    fn poison(&self, a: usize, l: usize) -> Result<(), Errno>;
 
     // ---- the program range: other
-    /// Makes the faults of `[a, a+l)` (a new region's range) resolved in
-    /// the faulting thread (`on`, `UMM_MAP_INTHREAD`) or by the space's
-    /// handler threads. Not called in a space whose faults are all resolved
-    /// in the faulting thread. By default every fault is the space's one
-    /// kind.
-    fn set_in_thread(&self, a: usize, l: usize, on: bool) -> Result<(), Errno> {
-        let _ = (a, l, on);
-        Ok(())
-    }
-    fn protect(&self, a: usize, l: usize, prot: i32) -> Result<(), Errno>;
-    /// Drops every page of the range whatever the host says (see
-    /// `Arena::zap`); `Ok(false)` when the host refused at first.
-    fn zap(&self, a: usize, l: usize, prot: i32) -> Result<bool, Errno>;
-    /// Drops the pages of the range (`MADV_DONTNEED`).
-    fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno>;
-    /// Passes an advice down to the host as it is.
-    fn host_advise(&self, a: usize, l: usize, advice: i32) -> Result<(), Errno>;
-    /// Hands the range's pages to the host's lazy free.
-    fn host_free(&self, a: usize, l: usize) -> Result<(), Errno>;
-    /// The host's own write populate of the range (faults into our
-    /// handlers where a page is missing).
-    fn host_populate_write(&self, a: usize, l: usize) -> Result<(), Errno>;
-    /// Locks (`MLOCK_ONFAULT`) or unlocks the range in the host.
-    fn host_lock(&self, a: usize, l: usize, locked: bool) -> Result<(), Errno>;
+    /// Does `op` to `[a, a+l)` of the program range. `Ok(false)` only for
+    /// a `Range::Zap` the host refused at first.
+    fn range(&self, op: Range, a: usize, l: usize) -> Result<bool, Errno>;
     /// Whether the host dropped the (lazily freed) page at `a`.
     fn page_gone(&self, a: usize) -> bool;
     /// The runs of `[addr, addr+len)` mapped to the shared zero page.
@@ -235,6 +208,77 @@ pub(crate) struct Caps {
     /// How long a failing page store may take to come back by itself
     /// (`PageStore::outage_wait`).
     pub swap_outage_wait: Option<std::time::Duration>,
+}
+
+/// What [`Platform::range`] does to a range of the program range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Range {
+    /// Wakes the threads waiting on it.
+    Wake,
+    /// Places poison markers: a touch raises SIGBUS.
+    Poison,
+    /// Lifts the write protection and wakes its waiters.
+    Unprotect,
+    /// Makes the faults of a new region's range resolved in the faulting
+    /// thread (`true`, `UMM_MAP_INTHREAD`) or by the space's handler
+    /// threads. Not asked in a space whose faults are all resolved in the
+    /// faulting thread; a host without the distinction does nothing.
+    InThread(bool),
+    /// Sets the host protection (`PROT_*`).
+    Protect(i32),
+    /// Drops every page whatever the host says (see `Arena::zap`), leaving
+    /// the protection given.
+    Zap(i32),
+    /// Drops the pages (`MADV_DONTNEED`).
+    Dontneed,
+    /// Passes an advice down to the host as it is.
+    Advise(i32),
+    /// Hands the pages to the host's lazy free.
+    Free,
+    /// The host's own write populate (faults into our handlers where a
+    /// page is missing).
+    PopulateWrite,
+    /// Locks (`MLOCK_ONFAULT`, `true`) or unlocks the range in the host.
+    Lock(bool),
+}
+
+impl Range {
+    /// Carries out `op` with the host's range operations.
+    pub(crate) fn dispatch<H: RangeOps + ?Sized>(self, h: &H, a: usize, l: usize) -> Result<bool, Errno> {
+        let done = match self {
+            Range::Wake => h.wake(a, l),
+            Range::Poison => h.poison(a, l),
+            Range::Unprotect => h.unprotect(a, l),
+            Range::InThread(on) => h.set_in_thread(a, l, on),
+            Range::Protect(prot) => h.protect(a, l, prot),
+            Range::Zap(prot) => return h.zap(a, l, prot),
+            Range::Dontneed => h.dontneed(a, l),
+            Range::Advise(advice) => h.host_advise(a, l, advice),
+            Range::Free => h.host_free(a, l),
+            Range::PopulateWrite => h.host_populate_write(a, l),
+            Range::Lock(locked) => h.host_lock(a, l, locked),
+        };
+        done.map(|()| true)
+    }
+}
+
+/// The operations behind [`Platform::range`], one a [`Range`], as a host
+/// implements them.
+pub(crate) trait RangeOps {
+    fn wake(&self, a: usize, l: usize) -> Result<(), Errno>;
+    fn poison(&self, a: usize, l: usize) -> Result<(), Errno>;
+    fn unprotect(&self, a: usize, l: usize) -> Result<(), Errno>;
+    fn set_in_thread(&self, a: usize, l: usize, on: bool) -> Result<(), Errno> {
+        let _ = (a, l, on);
+        Ok(())
+    }
+    fn protect(&self, a: usize, l: usize, prot: i32) -> Result<(), Errno>;
+    fn zap(&self, a: usize, l: usize, prot: i32) -> Result<bool, Errno>;
+    fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno>;
+    fn host_advise(&self, a: usize, l: usize, advice: i32) -> Result<(), Errno>;
+    fn host_free(&self, a: usize, l: usize) -> Result<(), Errno>;
+    fn host_populate_write(&self, a: usize, l: usize) -> Result<(), Errno>;
+    fn host_lock(&self, a: usize, l: usize, locked: bool) -> Result<(), Errno>;
 }
 
 /// How [`Platform::zero`] installs zeros.
@@ -341,7 +385,64 @@ fn with_bounce<R>(len: usize, f: impl FnOnce(&Bounce) -> R) -> Option<R> {
     })
 }
 
+impl RangeOps for Native {
+    fn unprotect(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.arena.unprotect(&self.uffd, a, l)
+    }
+    fn wake(&self, a: usize, l: usize) -> Result<(), Errno> {
+        if self.uffd.has(UFFD_FEATURE_SIGBUS) {
+            // In-thread faults: no thread ever waits in the kernel.
+            return Ok(());
+        }
+        self.arena.wake(&self.uffd, a, l)
+    }
+    fn poison(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.arena.poison(&self.uffd, a, l)
+    }
+    fn set_in_thread(&self, a: usize, l: usize, on: bool) -> Result<(), Errno> {
+        self.in_thread.set(&self.uffd, self.arena.program_register_mode(), a, l, on)
+    }
+    fn protect(&self, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
+        self.arena.protect(a, l, prot)
+    }
+    fn zap(&self, a: usize, l: usize, prot: i32) -> Result<bool, Errno> {
+        // A window mapped from the page cache is a file mapping, which
+        // MADV_DONTNEED would leave in place (the next touch would map the
+        // file's page behind usermm's back): it is replaced instead.
+        self.replace_windows(a, l, prot)?;
+        // (Only a range the host refused to drop is mapped afresh, and then
+        // registered again: each part with the userfaultfd it had.)
+        self.arena.zap(a, l, prot, &|s, n| self.register_again(s, n))
+    }
+    fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno> {
+        // (Windows from the page cache are in locked regions, whose pages
+        // are never dropped this way; one that were would be replaced, as
+        // a zap replaces it.)
+        self.replace_windows(a, l, usermm_core::consts::PROT_READ)?;
+        self.arena.dontneed(a, l)
+    }
+    fn host_advise(&self, a: usize, l: usize, advice: i32) -> Result<(), Errno> {
+        self.arena.host_advise(a, l, advice)
+    }
+    fn host_free(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.arena.host_free(a, l)
+    }
+    fn host_populate_write(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.arena.host_populate_write(a, l)
+    }
+    fn host_lock(&self, a: usize, l: usize, locked: bool) -> Result<(), Errno> {
+        if locked {
+            usermm_sys::mem::mlock2(a, l, usermm_core::consts::MLOCK_ONFAULT)
+        } else {
+            usermm_sys::mem::munlock(a, l)
+        }
+    }
+}
+
 impl Platform for Native {
+    fn range(&self, op: Range, a: usize, l: usize) -> Result<bool, Errno> {
+        op.dispatch(self, a, l)
+    }
     fn caps(&self) -> Caps {
         *self.caps.get_or_init(|| {
             let swap = self.swap.as_ref();
@@ -401,9 +502,6 @@ impl Platform for Native {
         }
         with_bounce(len, |b| self.arena.install_bounce(&self.uffd, dst, len, wp, wake, b)).unwrap_or(Err(Errno::ENOMEM))
     }
-    fn unprotect(&self, a: usize, l: usize) -> Result<(), Errno> {
-        self.arena.unprotect(&self.uffd, a, l)
-    }
     fn file_in(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno> {
         with_bounce(len, |b| self.arena.file_in(&self.uffd, file, off, dst, len, b, &self.rings))
             .unwrap_or(Err(Errno::ENOMEM))
@@ -457,54 +555,6 @@ impl Platform for Native {
             Ok(())
         })
         .unwrap_or(Err(Errno::ENOMEM))
-    }
-    fn wake(&self, a: usize, l: usize) -> Result<(), Errno> {
-        if self.uffd.has(UFFD_FEATURE_SIGBUS) {
-            // In-thread faults: no thread ever waits in the kernel.
-            return Ok(());
-        }
-        self.arena.wake(&self.uffd, a, l)
-    }
-    fn poison(&self, a: usize, l: usize) -> Result<(), Errno> {
-        self.arena.poison(&self.uffd, a, l)
-    }
-    fn protect(&self, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
-        self.arena.protect(a, l, prot)
-    }
-    fn zap(&self, a: usize, l: usize, prot: i32) -> Result<bool, Errno> {
-        // A window mapped from the page cache is a file mapping, which
-        // MADV_DONTNEED would leave in place (the next touch would map the
-        // file's page behind usermm's back): it is replaced instead.
-        self.replace_windows(a, l, prot)?;
-        // (Only a range the host refused to drop is mapped afresh, and then
-        // registered again: each part with the userfaultfd it had.)
-        self.arena.zap(a, l, prot, &|s, n| self.register_again(s, n))
-    }
-    fn set_in_thread(&self, a: usize, l: usize, on: bool) -> Result<(), Errno> {
-        self.in_thread.set(&self.uffd, self.arena.program_register_mode(), a, l, on)
-    }
-    fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno> {
-        // (Windows from the page cache are in locked regions, whose pages
-        // are never dropped this way; one that were would be replaced, as
-        // a zap replaces it.)
-        self.replace_windows(a, l, usermm_core::consts::PROT_READ)?;
-        self.arena.dontneed(a, l)
-    }
-    fn host_advise(&self, a: usize, l: usize, advice: i32) -> Result<(), Errno> {
-        self.arena.host_advise(a, l, advice)
-    }
-    fn host_free(&self, a: usize, l: usize) -> Result<(), Errno> {
-        self.arena.host_free(a, l)
-    }
-    fn host_populate_write(&self, a: usize, l: usize) -> Result<(), Errno> {
-        self.arena.host_populate_write(a, l)
-    }
-    fn host_lock(&self, a: usize, l: usize, locked: bool) -> Result<(), Errno> {
-        if locked {
-            usermm_sys::mem::mlock2(a, l, usermm_core::consts::MLOCK_ONFAULT)
-        } else {
-            usermm_sys::mem::munlock(a, l)
-        }
     }
     fn page_gone(&self, a: usize) -> bool {
         self.arena.page_gone(a)

@@ -31,7 +31,7 @@ impl Inner {
             AdviceOp::Poison(r) => {
                 self.zap_range(r);
                 lock(&self.core).set_poison(r);
-                let _ = self.plat.poison(self.addr(r.start), r.pages() as usize * self.page_size);
+                let _ = self.plat.range(Range::Poison, self.addr(r.start), r.pages() as usize * self.page_size);
             }
             AdviceOp::WillNeed(r) => self.will_need(r),
         }
@@ -46,7 +46,7 @@ impl Inner {
             MADV_DONTDUMP => self.dontdump_used.store(true, Ordering::Relaxed),
             _ => {}
         }
-        self.plat.host_advise(self.addr(r.start), r.pages() as usize * self.page_size, advice)
+        self.plat.range(Range::Advise(advice), self.addr(r.start), r.pages() as usize * self.page_size).map(drop)
     }
 
     /// `AdviceOp::PunchZap` (`MADV_REMOVE` on a shared file): frees the
@@ -103,7 +103,7 @@ impl Inner {
                 let _ = self.plat.host_free_slot(s);
             }
         }
-        let _ = self.plat.host_free(self.addr(r.start), r.pages() as usize * self.page_size);
+        let _ = self.plat.range(Range::Free, self.addr(r.start), r.pages() as usize * self.page_size);
         // Past the space's bound, discard the oldest at once.
         for _ in 0..64 {
             let plan = lock(&self.core).lazyfree_trim_plan();

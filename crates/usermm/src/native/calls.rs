@@ -129,7 +129,7 @@ impl Inner {
     fn mmap_host_setup(&self, plan: &MmapPlan) -> Result<LockMode, Errno> {
         let a = self.addr(plan.range.start);
         let l = plan.range.pages() as usize * self.page_size;
-        if let Err(e) = self.plat.protect(a, l, plan.prot) {
+        if let Err(e) = self.plat.range(Range::Protect(plan.prot), a, l) {
             // Undo: the kernel refused (out of its map count).
             let d = lock(&self.core).munmap(a as u64, l as u64);
             if let Ok(Some(d)) = d {
@@ -144,7 +144,7 @@ impl Inner {
             if let Ok(Some(d)) = d {
                 lock(&self.core).unhold(&d);
             }
-            let _ = self.plat.protect(a, l, PROT_NONE);
+            let _ = self.plat.range(Range::Protect(PROT_NONE), a, l);
             return Err(e);
         }
         if mode != LockMode::None {
@@ -153,7 +153,7 @@ impl Inner {
                 if let Ok(Some(d)) = d {
                     lock(&self.core).unhold(&d);
                 }
-                let _ = self.plat.protect(a, l, PROT_NONE);
+                let _ = self.plat.range(Range::Protect(PROT_NONE), a, l);
                 return Err(if e == Errno::ENOMEM || e == Errno::EPERM { Errno::EAGAIN } else { e });
             }
         }
@@ -185,7 +185,7 @@ impl Inner {
                 usermm_sys::inthread::reinstall()?;
             }
         }
-        self.plat.set_in_thread(a, l, on)
+        self.plat.range(Range::InThread(on), a, l).map(drop)
     }
 
     /// Removes what advice passed down to the host left on ranges that are
@@ -198,10 +198,10 @@ impl Inner {
         for r in ranges {
             let (a, l) = (self.addr(r.start), r.pages() as usize * self.page_size);
             if guards {
-                let _ = self.plat.host_advise(a, l, MADV_GUARD_REMOVE);
+                let _ = self.plat.range(Range::Advise(MADV_GUARD_REMOVE), a, l);
             }
             if dump {
-                let _ = self.plat.host_advise(a, l, MADV_DODUMP);
+                let _ = self.plat.range(Range::Advise(MADV_DODUMP), a, l);
             }
         }
     }
@@ -353,7 +353,7 @@ impl Inner {
                 self.unmap_file_windows(*s);
             }
             let a = self.addr(s.start);
-            self.plat.protect(a, s.pages() as usize * self.page_size, prot & PROT_MASK)?;
+            self.plat.range(Range::Protect(prot & PROT_MASK), a, s.pages() as usize * self.page_size)?;
         }
         self.note_hold(t0);
         drop(mm);

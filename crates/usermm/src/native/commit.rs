@@ -163,9 +163,9 @@ impl Inner {
     pub(super) fn wake_run(&self, run: PageRange, fault_addr: usize) {
         let a = self.addr(run.start);
         let l = run.pages() as usize * self.page_size;
-        let _ = self.plat.wake(a, l);
+        let _ = self.plat.range(Range::Wake, a, l);
         if fault_addr < a || fault_addr >= a + l {
-            let _ = self.plat.wake(fault_addr, self.page_size);
+            let _ = self.plat.range(Range::Wake, fault_addr, self.page_size);
         }
     }
 

@@ -141,7 +141,11 @@ impl Inner {
                             // Its fault was answered by a signal the thread
                             // has not taken: no second one. (A wake-up in
                             // case it has meanwhile: it faults again.)
-                            let _ = self.plat.wake(m.address as usize & !(self.page_size - 1), self.page_size);
+                            let _ = self.plat.range(
+                                Range::Wake,
+                                m.address as usize & !(self.page_size - 1),
+                                self.page_size,
+                            );
                             continue;
                         }
                         if m.flags & UFFD_PAGEFAULT_FLAG_WP != 0 {

@@ -50,12 +50,12 @@ impl Inner {
             self.hand_off_wake(a, len)
         } else {
             if caller.waits() {
-                let _ = self.plat.wake(a, len);
+                let _ = self.plat.range(Range::Wake, a, len);
             }
             None
         };
         if caller.waits() && (page_addr < a || page_addr >= a + len) {
-            let _ = self.plat.wake(page_addr, self.page_size);
+            let _ = self.plat.range(Range::Wake, page_addr, self.page_size);
         }
         let r = self.commit_small(c, plan, run, len, page_addr, caller);
         self.settle_wake(handed, a, len);
@@ -88,7 +88,7 @@ impl Inner {
                 } else if g.lock != LockMode::None {
                     // (Still locked, made writable: the fresh mapping is
                     // locked in the host as the region's others are.)
-                    let _ = self.plat.host_lock(s, t - s, true);
+                    let _ = self.plat.range(Range::Lock(true), s, t - s);
                 }
             }
         }

@@ -99,9 +99,9 @@ impl Inner {
             // zap drops them; a locked region's host lock stays.)
             let (prot, locked) =
                 c.region_at(run.start).map_or((PROT_NONE, false), |r| (r.prot & PROT_MASK, r.lock != LockMode::None));
-            let _ = self.plat.zap(a + mid, tail, prot);
+            let _ = self.plat.range(Range::Zap(prot), a + mid, tail);
             if locked {
-                let _ = self.plat.host_lock(a + mid, tail, true);
+                let _ = self.plat.range(Range::Lock(true), a + mid, tail);
             }
         }
         head
@@ -123,7 +123,7 @@ impl Inner {
     pub(super) fn hand_off_wake(&self, a: usize, len: usize) -> Option<u64> {
         let post = self.wake_ahead.post(a, len / self.page_size);
         if post.is_none() {
-            let _ = self.plat.wake(a, len);
+            let _ = self.plat.range(Range::Wake, a, len);
         }
         post
     }
@@ -149,7 +149,7 @@ impl Inner {
     /// (it may not be running) and does it: never a wake-up left undone.
     pub(super) fn settle_wake(&self, handed: Option<u64>, a: usize, len: usize) {
         if handed.is_some_and(|p| self.wake_ahead.unpost(p)) {
-            let _ = self.plat.wake(a, len);
+            let _ = self.plat.range(Range::Wake, a, len);
         }
     }
 }

@@ -16,7 +16,7 @@ impl Inner {
         }
         let a = self.addr(r.start);
         let l = r.pages() as usize * self.page_size;
-        self.plat.host_lock(a, l, mode != LockMode::None)
+        self.plat.range(Range::Lock(mode != LockMode::None), a, l).map(drop)
     }
 
     /// Carries out a lock decision made by `decide` under the exclusive
@@ -219,7 +219,7 @@ impl Inner {
         // which changes no byte.
         drop(mm);
         for (z, e) in ranges {
-            let _ = self.plat.host_populate_write(z, e - z);
+            let _ = self.plat.range(Range::PopulateWrite, z, e - z);
         }
         self.read_mm()
     }

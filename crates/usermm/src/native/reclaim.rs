@@ -213,7 +213,7 @@ impl Inner {
             while j < sorted.len() && sorted[j].0 == sorted[j - 1].0 + 1 {
                 j += 1;
             }
-            let r = self.plat.dontneed(self.addr(sorted[i]), (j - i) * self.page_size).is_ok();
+            let r = self.plat.range(Range::Dontneed, self.addr(sorted[i]), (j - i) * self.page_size).is_ok();
             ok.extend(std::iter::repeat_n(r, j - i));
             i = j;
         }
@@ -235,7 +235,7 @@ impl Inner {
         }
         for &(p, slot) in purges {
             let _ = self.plat.drop_slots(slot, 1);
-            let _ = self.plat.poison(self.addr(p), self.page_size);
+            let _ = self.plat.range(Range::Poison, self.addr(p), self.page_size);
         }
         let mut c = lock(&self.core);
         for &(p, slot) in purges {

@@ -96,7 +96,7 @@ impl Inner {
         match *plan {
             FaultPlan::Wake => {
                 drop(c);
-                let _ = self.plat.wake(page_addr, self.page_size);
+                let _ = self.plat.range(Range::Wake, page_addr, self.page_size);
                 Next::Served
             }
             FaultPlan::Segv { gap } => match caller {
@@ -138,7 +138,7 @@ impl Inner {
     ) -> Next<'a> {
         self.refill(&mut c, plan, page);
         drop(c);
-        let _ = self.plat.wake(page_addr, self.page_size);
+        let _ = self.plat.range(Range::Wake, page_addr, self.page_size);
         Next::Served
     }
 
@@ -248,7 +248,7 @@ impl Inner {
         drop(c);
         // (An error leaves the page protected: the writer faults again and
         // is served again.)
-        let _ = self.plat.unprotect(page_addr, self.page_size);
+        let _ = self.plat.range(Range::Unprotect, page_addr, self.page_size);
         // (Not `commit_fill`: nothing was installed, so neither the host's
         // LRU drain count nor reclaim has news.)
         lock(&self.core).fill_done(plan, 1);
@@ -267,7 +267,8 @@ impl Inner {
         tid: Option<u32>,
     ) -> Next<'_> {
         drop(c);
-        let protected = self.plat.protect(self.addr(gap.start), gap.pages() as usize * self.page_size, PROT_NONE);
+        let protected =
+            self.plat.range(Range::Protect(PROT_NONE), self.addr(gap.start), gap.pages() as usize * self.page_size);
         if protected.is_err() {
             // The host refused (out of its map count): the signal itself,
             // or the thread would fault forever.
@@ -278,7 +279,7 @@ impl Inner {
             }
             return Next::Served;
         }
-        let _ = self.plat.wake(page_addr, self.page_size);
+        let _ = self.plat.range(Range::Wake, page_addr, self.page_size);
         Next::Served
     }
 
@@ -352,7 +353,7 @@ impl Inner {
         }
         drop(c);
         // The marker also wakes the thread.
-        if self.plat.poison(page_addr, self.page_size).is_ok() {
+        if self.plat.range(Range::Poison, page_addr, self.page_size).is_ok() {
             return Next::Served;
         }
         // The page may have been filled meanwhile (the thread then went on,

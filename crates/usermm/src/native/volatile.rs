@@ -49,7 +49,7 @@ impl Inner {
             while j < nv.purged.len() && nv.purged[j].0 == nv.purged[j - 1].0 + 1 {
                 j += 1;
             }
-            let _ = self.plat.dontneed(self.addr(nv.purged[i]), (j - i) * self.page_size);
+            let _ = self.plat.range(Range::Dontneed, self.addr(nv.purged[i]), (j - i) * self.page_size);
             i = j;
         }
         Ok((nv.purged.iter().map(|&p| self.addr(p)).collect(), res))

@@ -67,7 +67,7 @@ impl Inner {
                 // Whatever the host says, the pages go (a range locked
                 // behind our back is unlocked, or replaced): a new region
                 // here must never show them.
-                if !matches!(self.plat.zap(start + off, n, prot), Ok(false)) {
+                if !matches!(self.plat.range(Range::Zap(prot), start + off, n), Ok(false)) {
                     self.host_refusals.fetch_add(1, Ordering::Relaxed);
                 }
                 off += n;

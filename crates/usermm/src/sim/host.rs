@@ -14,7 +14,7 @@ use super::lazy::HostLazy;
 use super::threads::OtherThread;
 use super::{Rng, BASE, PAGES, PS};
 use crate::native::Inner;
-use crate::platform::{Caps, Platform, Signal, Zero};
+use crate::platform::{Caps, Platform, Range, RangeOps, Signal, Zero};
 
 /// A page of the simulated program range.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -204,7 +204,93 @@ std::thread_local! {
     static SWAP_READ: std::cell::RefCell<Vec<Pg>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+impl RangeOps for SimPlatform {
+    fn unprotect(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.preempt();
+        Self::check(a, l)?;
+        let mut h = self.host();
+        for p in page_of(a)..page_of(a) + l / PS {
+            h.wp.remove(&p);
+        }
+        Ok(())
+    }
+    fn wake(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.preempt();
+        Self::check(a, l)
+    }
+    fn poison(&self, a: usize, l: usize) -> Result<(), Errno> {
+        Self::check(a, l)?;
+        let mut h = self.host();
+        for p in page_of(a)..page_of(a) + l / PS {
+            h.prog.entry(p).or_insert(Pg::Poison);
+        }
+        Ok(())
+    }
+    fn protect(&self, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
+        self.preempt();
+        Self::check(a, l)?;
+        let mut h = self.host();
+        for p in page_of(a)..page_of(a) + l / PS {
+            h.prot.insert(p, prot);
+        }
+        Ok(())
+    }
+    fn zap(&self, a: usize, l: usize, _prot: i32) -> Result<bool, Errno> {
+        self.dontneed(a, l)?;
+        Ok(false)
+    }
+    fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno> {
+        self.preempt();
+        Self::check(a, l)?;
+        let mut h = self.host();
+        for p in page_of(a)..page_of(a) + l / PS {
+            h.prog.remove(&p);
+            h.wp.remove(&p);
+            h.lazy.pages.remove(&p);
+        }
+        Ok(())
+    }
+    fn host_advise(&self, a: usize, l: usize, _advice: i32) -> Result<(), Errno> {
+        Self::check(a, l)
+    }
+    fn host_free(&self, a: usize, l: usize) -> Result<(), Errno> {
+        Self::check(a, l)?;
+        let mut h = self.host();
+        if h.lazy.on {
+            // (The zero page is nobody's to free.)
+            for p in page_of(a)..page_of(a) + l / PS {
+                if matches!(h.prog.get(&p), Some(Pg::Data(_))) {
+                    h.lazy.pages.insert(p);
+                }
+            }
+        }
+        Ok(())
+    }
+    fn host_populate_write(&self, a: usize, l: usize) -> Result<(), Errno> {
+        // Breaks the copy-on-write of zero pages (the executor asks for
+        // those); a missing page would fault into the handlers, which the
+        // simulation does not do from inside the platform: it is left.
+        Self::check(a, l)?;
+        let mut h = self.host();
+        for p in page_of(a)..page_of(a) + l / PS {
+            if h.prog.get(&p) == Some(&Pg::Zero) {
+                h.prog.insert(p, Pg::Data(zeros()));
+            }
+            // A write populate dirties a lazily freed page: kept.
+            h.lazy.pages.remove(&p);
+        }
+        Ok(())
+    }
+    fn host_lock(&self, a: usize, l: usize, _locked: bool) -> Result<(), Errno> {
+        self.preempt();
+        Self::check(a, l)
+    }
+}
+
 impl Platform for SimPlatform {
+    fn range(&self, op: Range, a: usize, l: usize) -> Result<bool, Errno> {
+        op.dispatch(self, a, l)
+    }
     fn caps(&self) -> Caps {
         let h = self.host();
         Caps {
@@ -281,15 +367,6 @@ impl Platform for SimPlatform {
         }
         Ok(done)
     }
-    fn unprotect(&self, a: usize, l: usize) -> Result<(), Errno> {
-        self.preempt();
-        Self::check(a, l)?;
-        let mut h = self.host();
-        for p in page_of(a)..page_of(a) + l / PS {
-            h.wp.remove(&p);
-        }
-        Ok(())
-    }
     fn file_in(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno> {
         // The file is a real memfd (the executor's file table holds it):
         // its bytes are read for real, installed as the host would.
@@ -313,77 +390,6 @@ impl Platform for SimPlatform {
         Self::check(dst + from, len)?;
         let Some(pages) = pages else { return Err(Errno::EINVAL) };
         Ok(self.host().install(dst + from, pages))
-    }
-    fn wake(&self, a: usize, l: usize) -> Result<(), Errno> {
-        self.preempt();
-        Self::check(a, l)
-    }
-    fn poison(&self, a: usize, l: usize) -> Result<(), Errno> {
-        Self::check(a, l)?;
-        let mut h = self.host();
-        for p in page_of(a)..page_of(a) + l / PS {
-            h.prog.entry(p).or_insert(Pg::Poison);
-        }
-        Ok(())
-    }
-    fn protect(&self, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
-        self.preempt();
-        Self::check(a, l)?;
-        let mut h = self.host();
-        for p in page_of(a)..page_of(a) + l / PS {
-            h.prot.insert(p, prot);
-        }
-        Ok(())
-    }
-    fn zap(&self, a: usize, l: usize, _prot: i32) -> Result<bool, Errno> {
-        self.dontneed(a, l)?;
-        Ok(false)
-    }
-    fn dontneed(&self, a: usize, l: usize) -> Result<(), Errno> {
-        self.preempt();
-        Self::check(a, l)?;
-        let mut h = self.host();
-        for p in page_of(a)..page_of(a) + l / PS {
-            h.prog.remove(&p);
-            h.wp.remove(&p);
-            h.lazy.pages.remove(&p);
-        }
-        Ok(())
-    }
-    fn host_advise(&self, a: usize, l: usize, _advice: i32) -> Result<(), Errno> {
-        Self::check(a, l)
-    }
-    fn host_free(&self, a: usize, l: usize) -> Result<(), Errno> {
-        Self::check(a, l)?;
-        let mut h = self.host();
-        if h.lazy.on {
-            // (The zero page is nobody's to free.)
-            for p in page_of(a)..page_of(a) + l / PS {
-                if matches!(h.prog.get(&p), Some(Pg::Data(_))) {
-                    h.lazy.pages.insert(p);
-                }
-            }
-        }
-        Ok(())
-    }
-    fn host_populate_write(&self, a: usize, l: usize) -> Result<(), Errno> {
-        // Breaks the copy-on-write of zero pages (the executor asks for
-        // those); a missing page would fault into the handlers, which the
-        // simulation does not do from inside the platform: it is left.
-        Self::check(a, l)?;
-        let mut h = self.host();
-        for p in page_of(a)..page_of(a) + l / PS {
-            if h.prog.get(&p) == Some(&Pg::Zero) {
-                h.prog.insert(p, Pg::Data(zeros()));
-            }
-            // A write populate dirties a lazily freed page: kept.
-            h.lazy.pages.remove(&p);
-        }
-        Ok(())
-    }
-    fn host_lock(&self, a: usize, l: usize, _locked: bool) -> Result<(), Errno> {
-        self.preempt();
-        Self::check(a, l)
     }
     fn page_gone(&self, a: usize) -> bool {
         let h = self.host();
@@ -605,6 +611,7 @@ macro_rules! forward {
 impl Platform for Shared {
     forward! {
         caps() -> Caps;
+        range(op: Range, a: usize, l: usize) -> Result<bool, Errno>;
         wait_events(wake: &EventFd, timeout_ms: i32) -> Result<bool, Errno>;
         read_events(buf: &mut [UffdMsg]) -> Result<usize, Errno>;
         zero(how: Zero, dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
@@ -613,19 +620,9 @@ impl Platform for Shared {
         pool_trim(max: u64) -> ();
         pool_stats() -> (u64, u64);
         swap_install(dst: usize, len: usize, wp: bool, wake: bool) -> Result<usize, Errno>;
-        unprotect(a: usize, l: usize) -> Result<(), Errno>;
         file_in(file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno>;
-        wake(a: usize, l: usize) -> Result<(), Errno>;
         file_read(file: &MappedFile, off: u64, len: usize) -> Result<(usize, bool), Errno>;
         file_install(dst: usize, from: usize, len: usize, wake: bool) -> Result<usize, Errno>;
-        poison(a: usize, l: usize) -> Result<(), Errno>;
-        protect(a: usize, l: usize, prot: i32) -> Result<(), Errno>;
-        zap(a: usize, l: usize, prot: i32) -> Result<bool, Errno>;
-        dontneed(a: usize, l: usize) -> Result<(), Errno>;
-        host_advise(a: usize, l: usize, advice: i32) -> Result<(), Errno>;
-        host_free(a: usize, l: usize) -> Result<(), Errno>;
-        host_populate_write(a: usize, l: usize) -> Result<(), Errno>;
-        host_lock(a: usize, l: usize, locked: bool) -> Result<(), Errno>;
         page_gone(a: usize) -> bool;
         zero_pfn_ranges(addr: usize, len: usize) -> Vec<(usize, usize)>;
         slot_to_page(slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno>;
