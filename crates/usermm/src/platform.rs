@@ -123,26 +123,12 @@ pub(crate) trait Platform: Send + Sync {
     fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Vec<(usize, usize)>;
 
     // ---- staging
-    /// Maps a parked page back (`try_move`: move, else copy; a copy
-    /// write-protected if `wp`).
-    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno>;
-    /// Maps a parked page back, checking whether the host discarded it
-    /// (`Ok(false)`: it did, nothing installed).
-    fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno>;
     /// Moves `n` neighbouring pages to `n` neighbouring slots; returns how
     /// many moved (a prefix).
     fn pages_to_slots_move(&self, src: usize, slot: u32, n: usize) -> Result<usize, Errno>;
-    /// Copies a page to a slot, then drops it from the program range
-    /// (`unreadable`: the region cannot be read by an ordinary copy).
-    fn page_to_slot_copy(&self, src: usize, slot: u32, unreadable: bool) -> Result<(), Errno>;
-    fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno>;
-    /// Whether the host discarded the parked (lazily freed) page.
-    fn discard_slot(&self, slot: u32) -> bool;
-    /// After a move of the page at `src` to `slot` that did not report it:
-    /// whether it moved all the same (the host's count is not to be trusted
-    /// there; see `Arena::moved_unreported`).
-    fn moved_unreported(&self, src: usize, slot: u32) -> bool;
-    fn host_free_slot(&self, slot: u32) -> Result<(), Errno>;
+    /// Does `op` with the staging area. `Ok(false)`: a `ToPageChecked` found the page
+    /// discarded, a `Discard` or `MovedUnreported` said no; otherwise `Ok(true)`.
+    fn staging(&self, op: Staging) -> Result<bool, Errno>;
     /// Flushes the host's per-CPU LRU batches.
     fn drain_host_lru(&self);
     #[cfg(feature = "test-hooks")]
@@ -279,6 +265,60 @@ pub(crate) trait RangeOps {
     fn host_free(&self, a: usize, l: usize) -> Result<(), Errno>;
     fn host_populate_write(&self, a: usize, l: usize) -> Result<(), Errno>;
     fn host_lock(&self, a: usize, l: usize, locked: bool) -> Result<(), Errno>;
+}
+
+/// What [`Platform::staging`] does with the staging area (the parked pages' slots).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Staging {
+    /// Maps a parked page back (`try_move`: move, else copy; a copy
+    /// write-protected if `wp`).
+    ToPage { slot: u32, dst: usize, try_move: bool, wp: bool },
+    /// Maps a parked page back, checking whether the host discarded it
+    /// (`Ok(false)`: it did, nothing installed).
+    ToPageChecked { slot: u32, dst: usize },
+    /// Copies a page to a slot, then drops it from the program range
+    /// (`unreadable`: the region cannot be read by an ordinary copy).
+    FromPageCopy { src: usize, slot: u32, unreadable: bool },
+    /// Empties `n` slots from `slot` (their frames into the space's pool
+    /// as far as it has room).
+    Drop { slot: u32, n: usize },
+    /// Whether the host discarded the parked (lazily freed) page.
+    Discard { slot: u32 },
+    /// After a move of the page at `src` to `slot` that did not report it:
+    /// whether it moved all the same (the host's count is not to be trusted
+    /// there; see `Arena::moved_unreported`).
+    MovedUnreported { src: usize, slot: u32 },
+    /// Hands a parked page to the host's lazy free (`MADV_FREE`).
+    HostFree { slot: u32 },
+}
+
+impl Staging {
+    /// Carries out `op` with the host's staging operations.
+    pub(crate) fn dispatch<H: StagingOps + ?Sized>(self, h: &H) -> Result<bool, Errno> {
+        match self {
+            Staging::ToPage { slot, dst, try_move, wp } => h.slot_to_page(slot, dst, try_move, wp).map(|()| true),
+            Staging::ToPageChecked { slot, dst } => h.slot_to_page_checked(slot, dst),
+            Staging::FromPageCopy { src, slot, unreadable } => {
+                h.page_to_slot_copy(src, slot, unreadable).map(|()| true)
+            }
+            Staging::Drop { slot, n } => h.drop_slots(slot, n).map(|()| true),
+            Staging::Discard { slot } => Ok(h.discard_slot(slot)),
+            Staging::MovedUnreported { src, slot } => Ok(h.moved_unreported(src, slot)),
+            Staging::HostFree { slot } => h.host_free_slot(slot).map(|()| true),
+        }
+    }
+}
+
+/// The operations behind [`Platform::staging`], one a [`Staging`], as a host
+/// implements them.
+pub(crate) trait StagingOps {
+    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno>;
+    fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno>;
+    fn page_to_slot_copy(&self, src: usize, slot: u32, unreadable: bool) -> Result<(), Errno>;
+    fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno>;
+    fn discard_slot(&self, slot: u32) -> bool;
+    fn moved_unreported(&self, src: usize, slot: u32) -> bool;
+    fn host_free_slot(&self, slot: u32) -> Result<(), Errno>;
 }
 
 /// How [`Platform::zero`] installs zeros.
@@ -439,7 +479,41 @@ impl RangeOps for Native {
     }
 }
 
+impl StagingOps for Native {
+    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno> {
+        self.arena.slot_to_page(self.dst_uffd(dst), slot, dst, try_move, wp)
+    }
+    fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno> {
+        with_bounce(self.page_size, |b| self.arena.slot_to_page_checked(&self.uffd, slot, dst, b))
+            .unwrap_or(Err(Errno::ENOMEM))
+    }
+    fn page_to_slot_copy(&self, src: usize, slot: u32, unreadable: bool) -> Result<(), Errno> {
+        if unreadable {
+            let pm = self.procmem.as_ref().ok_or(Errno::EFAULT)?;
+            self.arena.page_to_slot_copy(&self.uffd, src, slot, Some(pm))
+        } else {
+            self.arena.page_to_slot_copy(&self.uffd, src, slot, None)
+        }
+    }
+    fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno> {
+        // (Into the pool as far as it has room: `Arena::recycle_slots`.)
+        self.arena.recycle_slots(&self.uffd, slot, n)
+    }
+    fn discard_slot(&self, slot: u32) -> bool {
+        self.arena.discard_slot(slot)
+    }
+    fn moved_unreported(&self, src: usize, slot: u32) -> bool {
+        self.arena.moved_unreported(self.dst_uffd(src), src, slot)
+    }
+    fn host_free_slot(&self, slot: u32) -> Result<(), Errno> {
+        self.arena.host_free_slot(slot)
+    }
+}
+
 impl Platform for Native {
+    fn staging(&self, op: Staging) -> Result<bool, Errno> {
+        op.dispatch(self)
+    }
     fn range(&self, op: Range, a: usize, l: usize) -> Result<bool, Errno> {
         op.dispatch(self, a, l)
     }
@@ -562,36 +636,8 @@ impl Platform for Native {
     fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Vec<(usize, usize)> {
         self.pagemap.as_ref().and_then(|p| p.zero_pfn_ranges(addr, len).ok()).unwrap_or_default()
     }
-    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno> {
-        self.arena.slot_to_page(self.dst_uffd(dst), slot, dst, try_move, wp)
-    }
-    fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno> {
-        with_bounce(self.page_size, |b| self.arena.slot_to_page_checked(&self.uffd, slot, dst, b))
-            .unwrap_or(Err(Errno::ENOMEM))
-    }
     fn pages_to_slots_move(&self, src: usize, slot: u32, n: usize) -> Result<usize, Errno> {
         self.arena.pages_to_slots_move(&self.uffd, src, slot, n)
-    }
-    fn page_to_slot_copy(&self, src: usize, slot: u32, unreadable: bool) -> Result<(), Errno> {
-        if unreadable {
-            let pm = self.procmem.as_ref().ok_or(Errno::EFAULT)?;
-            self.arena.page_to_slot_copy(&self.uffd, src, slot, Some(pm))
-        } else {
-            self.arena.page_to_slot_copy(&self.uffd, src, slot, None)
-        }
-    }
-    fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno> {
-        // (Into the pool as far as it has room: `Arena::recycle_slots`.)
-        self.arena.recycle_slots(&self.uffd, slot, n)
-    }
-    fn discard_slot(&self, slot: u32) -> bool {
-        self.arena.discard_slot(slot)
-    }
-    fn moved_unreported(&self, src: usize, slot: u32) -> bool {
-        self.arena.moved_unreported(self.dst_uffd(src), src, slot)
-    }
-    fn host_free_slot(&self, slot: u32) -> Result<(), Errno> {
-        self.arena.host_free_slot(slot)
     }
     fn drain_host_lru(&self) {
         self.arena.drain_host_lru()

@@ -100,7 +100,7 @@ impl Inner {
             // drop as clean.
             let mut c = lock(&self.core);
             for s in c.lazyfree(r) {
-                let _ = self.plat.host_free_slot(s);
+                let _ = self.plat.staging(Staging::HostFree { slot: s });
             }
         }
         let _ = self.plat.range(Range::Free, self.addr(r.start), r.pages() as usize * self.page_size);

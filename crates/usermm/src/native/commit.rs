@@ -136,7 +136,7 @@ impl Inner {
             return Some(u64::from(self.reactivate(page, slot, how, wp)));
         }
         let dst = self.addr(page);
-        let r = self.plat.slot_to_page_checked(slot, dst);
+        let r = self.plat.staging(Staging::ToPageChecked { slot, dst });
         match r {
             Ok(true) => Some(1),
             Ok(false) => {

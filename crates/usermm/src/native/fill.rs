@@ -109,6 +109,6 @@ impl Inner {
     /// copy: a move would map it writable).
     pub(super) fn reactivate(&self, page: PageIdx, slot: u32, how: Transfer, wp: bool) -> bool {
         let mv = how == Transfer::Move && self.plat.caps().can_move && !wp;
-        self.plat.slot_to_page(slot, self.addr(page), mv, wp).is_ok()
+        self.plat.staging(Staging::ToPage { slot, dst: self.addr(page), try_move: mv, wp }).is_ok()
     }
 }

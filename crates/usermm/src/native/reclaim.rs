@@ -107,7 +107,14 @@ impl Inner {
         // of the free-and-reuse test read back as zeros in 1 run of 100-400).
         // Looked up page by page; only ever after a failure.
         for (d, ok) in ds.iter().zip(&mut oks) {
-            if !*ok && can_move && d.how == Transfer::Move && self.plat.moved_unreported(self.addr(d.page), d.slot) {
+            if !*ok
+                && can_move
+                && d.how == Transfer::Move
+                && matches!(
+                    self.plat.staging(Staging::MovedUnreported { src: self.addr(d.page), slot: d.slot }),
+                    Ok(true)
+                )
+            {
                 self.host_unreported_moves.fetch_add(1, Ordering::Relaxed);
                 *ok = true;
             }
@@ -122,7 +129,7 @@ impl Inner {
         }
         for (d, ok) in ds.iter().zip(&oks) {
             if *ok && d.host_free {
-                let _ = self.plat.host_free_slot(d.slot);
+                let _ = self.plat.staging(Staging::HostFree { slot: d.slot });
             }
         }
         // A page that would not move may be a lazily freed page the host
@@ -158,9 +165,11 @@ impl Inner {
                     // with the program's writes, so the page stays.
                     return false;
                 }
-                self.plat.page_to_slot_copy(src, d.slot, false).is_ok()
+                self.plat.staging(Staging::FromPageCopy { src, slot: d.slot, unreadable: false }).is_ok()
             }
-            Transfer::Copy { readable: false } => self.plat.page_to_slot_copy(src, d.slot, true).is_ok(),
+            Transfer::Copy { readable: false } => {
+                self.plat.staging(Staging::FromPageCopy { src, slot: d.slot, unreadable: true }).is_ok()
+            }
         }
     }
 
@@ -174,14 +183,14 @@ impl Inner {
         let mut tried = StoreTried::default();
         self.plat.drain_host_lru();
         for d in ds {
-            if self.plat.discard_slot(d.staging) {
+            if matches!(self.plat.staging(Staging::Discard { slot: d.staging }), Ok(true)) {
                 outcome.push((true, false));
                 continue;
             }
             let written = match d.swap {
                 Some(slot) => {
                     self.store_write(&[d.staging], self.swap_off(slot), &mut tried)
-                        && self.plat.drop_slots(d.staging, 1).is_ok()
+                        && self.plat.staging(Staging::Drop { slot: d.staging, n: 1 }).is_ok()
                 }
                 _ => false,
             };
@@ -234,7 +243,7 @@ impl Inner {
             return 0;
         }
         for &(p, slot) in purges {
-            let _ = self.plat.drop_slots(slot, 1);
+            let _ = self.plat.staging(Staging::Drop { slot, n: 1 });
             let _ = self.plat.range(Range::Poison, self.addr(p), self.page_size);
         }
         let mut c = lock(&self.core);
@@ -305,7 +314,7 @@ impl Inner {
             while b < idx.len() && evs[idx[b]].staging == evs[idx[b - 1]].staging + 1 {
                 b += 1;
             }
-            let dropped = self.plat.drop_slots(evs[idx[a]].staging, b - a).is_ok();
+            let dropped = self.plat.staging(Staging::Drop { slot: evs[idx[a]].staging, n: b - a }).is_ok();
             for &k in &idx[a..b] {
                 ok[k] = dropped;
             }

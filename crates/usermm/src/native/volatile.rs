@@ -15,7 +15,7 @@ impl Inner {
             self.plat.drain_host_lru();
         }
         for slot in parked {
-            let _ = self.plat.host_free_slot(slot);
+            let _ = self.plat.staging(Staging::HostFree { slot });
         }
         res
     }

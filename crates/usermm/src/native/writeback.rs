@@ -47,7 +47,7 @@ impl Inner {
         for (w, r) in ws.iter().zip(&results) {
             if r.is_ok() {
                 if let Some(s) = w.staging {
-                    let _ = self.plat.drop_slots(s, 1);
+                    let _ = self.plat.staging(Staging::Drop { slot: s, n: 1 });
                     ok_slots.push(s);
                 }
             }

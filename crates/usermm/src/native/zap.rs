@@ -84,7 +84,7 @@ impl Inner {
             }
         }
         for &s in &claim.staging {
-            let _ = self.plat.drop_slots(s, 1);
+            let _ = self.plat.staging(Staging::Drop { slot: s, n: 1 });
         }
         also(r);
         let mut c = lock(&self.core);

@@ -14,7 +14,7 @@ use super::lazy::HostLazy;
 use super::threads::OtherThread;
 use super::{Rng, BASE, PAGES, PS};
 use crate::native::Inner;
-use crate::platform::{Caps, Platform, Range, RangeOps, Signal, Zero};
+use crate::platform::{Caps, Platform, Range, RangeOps, Signal, Staging, StagingOps, Zero};
 
 /// A page of the simulated program range.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -287,7 +287,86 @@ impl RangeOps for SimPlatform {
     }
 }
 
+impl StagingOps for SimPlatform {
+    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno> {
+        self.preempt();
+        Self::check(dst, PS)?;
+        let mut h = self.host();
+        h.slot_back(slot, page_of(dst), try_move)?;
+        if wp && !try_move && h.tracks_writes {
+            h.wp.insert(page_of(dst));
+        }
+        Ok(())
+    }
+    fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno> {
+        // (The check and the copy are one step: the native copy reads the
+        // slot first and checks it held its page after.)
+        self.preempt();
+        Self::check(dst, PS)?;
+        let mut h = self.host();
+        if h.lazy.dropped.contains(&slot) {
+            // The host purged it: nothing installed, the slot emptied.
+            h.empty_slot(slot);
+            return Ok(false);
+        }
+        h.slot_back(slot, page_of(dst), false).map(|()| true)
+    }
+    fn page_to_slot_copy(&self, src: usize, slot: u32, _unreadable: bool) -> Result<(), Errno> {
+        self.preempt();
+        Self::check(src, PS)?;
+        let mut h = self.host();
+        if h.fail() {
+            return Err(Errno::EAGAIN);
+        }
+        let data = match h.prog.get(&page_of(src)) {
+            Some(Pg::Data(d)) => d.clone(),
+            Some(Pg::Zero) => zeros(),
+            _ => return Err(Errno::EFAULT),
+        };
+        assert!(!h.staging.contains_key(&slot), "copy into the occupied staging slot {slot}");
+        h.fill_slot(slot, data, false);
+        h.prog.remove(&page_of(src));
+        h.wp.remove(&page_of(src));
+        h.lazy.pages.remove(&page_of(src));
+        Ok(())
+    }
+    fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno> {
+        let mut h = self.host();
+        for s in slot..slot + n as u32 {
+            h.empty_slot(s);
+        }
+        Ok(())
+    }
+    fn discard_slot(&self, slot: u32) -> bool {
+        // MADV_PAGEOUT of the slot: a clean lazily freed page goes at once;
+        // a dirty one stays (and is no longer lazily freed).
+        let mut h = self.host();
+        if !h.lazy.on {
+            return false;
+        }
+        if h.lazy.slots.contains(&slot) || h.lazy.dropped.contains(&slot) {
+            h.drop_slot(slot);
+            return true;
+        }
+        false
+    }
+    fn moved_unreported(&self, src: usize, slot: u32) -> bool {
+        let h = self.host();
+        !h.prog.contains_key(&page_of(src)) && h.staging.contains_key(&slot)
+    }
+    fn host_free_slot(&self, slot: u32) -> Result<(), Errno> {
+        let mut h = self.host();
+        if h.lazy.on && h.staging.contains_key(&slot) {
+            h.lazy.slots.insert(slot);
+        }
+        Ok(())
+    }
+}
+
 impl Platform for SimPlatform {
+    fn staging(&self, op: Staging) -> Result<bool, Errno> {
+        op.dispatch(self)
+    }
     fn range(&self, op: Range, a: usize, l: usize) -> Result<bool, Errno> {
         op.dispatch(self, a, l)
     }
@@ -409,29 +488,6 @@ impl Platform for SimPlatform {
         }
         out
     }
-    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno> {
-        self.preempt();
-        Self::check(dst, PS)?;
-        let mut h = self.host();
-        h.slot_back(slot, page_of(dst), try_move)?;
-        if wp && !try_move && h.tracks_writes {
-            h.wp.insert(page_of(dst));
-        }
-        Ok(())
-    }
-    fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno> {
-        // (The check and the copy are one step: the native copy reads the
-        // slot first and checks it held its page after.)
-        self.preempt();
-        Self::check(dst, PS)?;
-        let mut h = self.host();
-        if h.lazy.dropped.contains(&slot) {
-            // The host purged it: nothing installed, the slot emptied.
-            h.empty_slot(slot);
-            return Ok(false);
-        }
-        h.slot_back(slot, page_of(dst), false).map(|()| true)
-    }
     fn pages_to_slots_move(&self, src: usize, slot: u32, n: usize) -> Result<usize, Errno> {
         self.preempt();
         Self::check(src, n * PS)?;
@@ -464,56 +520,6 @@ impl Platform for SimPlatform {
             return if said > 0 { Ok(said) } else { Err(Errno::EEXIST) };
         }
         Ok(n)
-    }
-    fn moved_unreported(&self, src: usize, slot: u32) -> bool {
-        let h = self.host();
-        !h.prog.contains_key(&page_of(src)) && h.staging.contains_key(&slot)
-    }
-    fn page_to_slot_copy(&self, src: usize, slot: u32, _unreadable: bool) -> Result<(), Errno> {
-        self.preempt();
-        Self::check(src, PS)?;
-        let mut h = self.host();
-        if h.fail() {
-            return Err(Errno::EAGAIN);
-        }
-        let data = match h.prog.get(&page_of(src)) {
-            Some(Pg::Data(d)) => d.clone(),
-            Some(Pg::Zero) => zeros(),
-            _ => return Err(Errno::EFAULT),
-        };
-        assert!(!h.staging.contains_key(&slot), "copy into the occupied staging slot {slot}");
-        h.fill_slot(slot, data, false);
-        h.prog.remove(&page_of(src));
-        h.wp.remove(&page_of(src));
-        h.lazy.pages.remove(&page_of(src));
-        Ok(())
-    }
-    fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno> {
-        let mut h = self.host();
-        for s in slot..slot + n as u32 {
-            h.empty_slot(s);
-        }
-        Ok(())
-    }
-    fn discard_slot(&self, slot: u32) -> bool {
-        // MADV_PAGEOUT of the slot: a clean lazily freed page goes at once;
-        // a dirty one stays (and is no longer lazily freed).
-        let mut h = self.host();
-        if !h.lazy.on {
-            return false;
-        }
-        if h.lazy.slots.contains(&slot) || h.lazy.dropped.contains(&slot) {
-            h.drop_slot(slot);
-            return true;
-        }
-        false
-    }
-    fn host_free_slot(&self, slot: u32) -> Result<(), Errno> {
-        let mut h = self.host();
-        if h.lazy.on && h.staging.contains_key(&slot) {
-            h.lazy.slots.insert(slot);
-        }
-        Ok(())
     }
     fn drain_host_lru(&self) {}
     fn host_reclaim_staging(&self) {}
@@ -611,6 +617,7 @@ macro_rules! forward {
 impl Platform for Shared {
     forward! {
         caps() -> Caps;
+        staging(op: Staging) -> Result<bool, Errno>;
         range(op: Range, a: usize, l: usize) -> Result<bool, Errno>;
         wait_events(wake: &EventFd, timeout_ms: i32) -> Result<bool, Errno>;
         read_events(buf: &mut [UffdMsg]) -> Result<usize, Errno>;
@@ -625,14 +632,7 @@ impl Platform for Shared {
         file_install(dst: usize, from: usize, len: usize, wake: bool) -> Result<usize, Errno>;
         page_gone(a: usize) -> bool;
         zero_pfn_ranges(addr: usize, len: usize) -> Vec<(usize, usize)>;
-        slot_to_page(slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno>;
-        slot_to_page_checked(slot: u32, dst: usize) -> Result<bool, Errno>;
         pages_to_slots_move(src: usize, slot: u32, n: usize) -> Result<usize, Errno>;
-        moved_unreported(src: usize, slot: u32) -> bool;
-        page_to_slot_copy(src: usize, slot: u32, unreadable: bool) -> Result<(), Errno>;
-        drop_slots(slot: u32, n: usize) -> Result<(), Errno>;
-        discard_slot(slot: u32) -> bool;
-        host_free_slot(slot: u32) -> Result<(), Errno>;
         drain_host_lru() -> ();
         host_reclaim_staging() -> ();
         swap_write(slots: &[u32], off: u64) -> Result<(), Errno>;
