@@ -136,21 +136,9 @@ pub(crate) trait Platform: Send + Sync {
     fn host_reclaim_staging(&self);
 
     // ---- swap
-    /// Writes the pages of `slots`, in order, to swap at `off`.
-    fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno>;
-    /// Gives back the store's copies of the runs `(first slot, slots)`,
-    /// whole granules, none of them in use.
-    fn swap_release(&self, runs: &[(u32, u32)]) -> Result<(), Errno>;
-    /// Overwrites the store's copies of `slots` (free, none in use) with
-    /// pages of zeros: a locked page's old copy must not stay readable.
-    fn swap_scrub(&self, slots: &[u32]) -> Result<(), Errno>;
-    /// Whether the store wants to hear that the space is alive
-    /// (`PageStore::keep_alive_due`).
-    fn swap_keep_alive_due(&self) -> bool {
-        false
-    }
-    /// Tells the store the space is alive (`PageStore::keep_alive`).
-    fn swap_keep_alive(&self) {}
+    /// Does `op` with the page store. `Ok(false)`: a `KeepAliveDue` that is
+    /// not due; otherwise `Ok(true)`.
+    fn store(&self, op: Store<'_>) -> Result<bool, Errno>;
     #[cfg(feature = "test-hooks")]
     /// The whole swap file (a test hook).
     fn swap_contents(&self, len: u64) -> Result<Vec<u8>, Errno>;
@@ -319,6 +307,53 @@ pub(crate) trait StagingOps {
     fn discard_slot(&self, slot: u32) -> bool;
     fn moved_unreported(&self, src: usize, slot: u32) -> bool;
     fn host_free_slot(&self, slot: u32) -> Result<(), Errno>;
+}
+
+/// What [`Platform::store`] asks of the page store (the swap file, a Redis
+/// store).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Store<'a> {
+    /// Writes the pages of `slots`, in order, to swap at `off`.
+    Write { slots: &'a [u32], off: u64 },
+    /// Gives back the store's copies of the runs `(first slot, slots)`,
+    /// whole granules, none of them in use.
+    Release { runs: &'a [(u32, u32)] },
+    /// Overwrites the store's copies of `slots` (free, none in use) with
+    /// pages of zeros: a locked page's old copy must not stay readable.
+    Scrub { slots: &'a [u32] },
+    /// Whether the store wants to hear that the space is alive
+    /// (`PageStore::keep_alive_due`).
+    KeepAliveDue,
+    /// Tells the store the space is alive (`PageStore::keep_alive`).
+    KeepAlive,
+}
+
+impl Store<'_> {
+    /// Carries out `op` with the host's page-store operations.
+    pub(crate) fn dispatch<H: StoreOps + ?Sized>(self, h: &H) -> Result<bool, Errno> {
+        match self {
+            Store::Write { slots, off } => h.swap_write(slots, off).map(|()| true),
+            Store::Release { runs } => h.swap_release(runs).map(|()| true),
+            Store::Scrub { slots } => h.swap_scrub(slots).map(|()| true),
+            Store::KeepAliveDue => Ok(h.swap_keep_alive_due()),
+            Store::KeepAlive => {
+                h.swap_keep_alive();
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// The operations behind [`Platform::store`], one a [`Store`], as a host
+/// implements them.
+pub(crate) trait StoreOps {
+    fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno>;
+    fn swap_release(&self, runs: &[(u32, u32)]) -> Result<(), Errno>;
+    fn swap_scrub(&self, slots: &[u32]) -> Result<(), Errno>;
+    fn swap_keep_alive_due(&self) -> bool {
+        false
+    }
+    fn swap_keep_alive(&self) {}
 }
 
 /// How [`Platform::zero`] installs zeros.
@@ -510,7 +545,52 @@ impl StagingOps for Native {
     }
 }
 
+impl StoreOps for Native {
+    fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno> {
+        let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
+        self.arena.with_slots(slots, |pages| swap.write(off, pages))
+    }
+    fn swap_release(&self, runs: &[(u32, u32)]) -> Result<(), Errno> {
+        let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
+        let ps = self.page_size as u64;
+        let bytes: Vec<(u64, u64)> = runs.iter().map(|&(s, n)| (u64::from(s) * ps, u64::from(n) * ps)).collect();
+        swap.release(&bytes)
+    }
+    fn swap_scrub(&self, slots: &[u32]) -> Result<(), Errno> {
+        let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
+        // Runs of consecutive slots, one write each (a slot's write replaces
+        // all of it: the file's page, the Redis store's header and page).
+        // (Page-aligned, as the swap file's `O_DIRECT` writes want.)
+        let ps = self.page_size;
+        let buf = vec![0u8; 2 * ps];
+        let at = buf.as_ptr().align_offset(ps);
+        let zero = &buf[at..at + ps];
+        let mut i = 0;
+        while i < slots.len() {
+            let mut j = i + 1;
+            while j < slots.len() && slots[j] == slots[j - 1] + 1 && j - i < 64 {
+                j += 1;
+            }
+            let pages: Vec<&[u8]> = vec![zero; j - i];
+            swap.write(u64::from(slots[i]) * self.page_size as u64, &pages)?;
+            i = j;
+        }
+        Ok(())
+    }
+    fn swap_keep_alive_due(&self) -> bool {
+        self.swap.as_ref().is_some_and(|s| s.keep_alive_due())
+    }
+    fn swap_keep_alive(&self) {
+        if let Some(s) = &self.swap {
+            s.keep_alive()
+        }
+    }
+}
+
 impl Platform for Native {
+    fn store(&self, op: Store<'_>) -> Result<bool, Errno> {
+        op.dispatch(self)
+    }
     fn staging(&self, op: Staging) -> Result<bool, Errno> {
         op.dispatch(self)
     }
@@ -645,45 +725,6 @@ impl Platform for Native {
     #[cfg(feature = "test-hooks")]
     fn host_reclaim_staging(&self) {
         self.arena.host_reclaim_staging()
-    }
-    fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno> {
-        let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
-        self.arena.with_slots(slots, |pages| swap.write(off, pages))
-    }
-    fn swap_release(&self, runs: &[(u32, u32)]) -> Result<(), Errno> {
-        let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
-        let ps = self.page_size as u64;
-        let bytes: Vec<(u64, u64)> = runs.iter().map(|&(s, n)| (u64::from(s) * ps, u64::from(n) * ps)).collect();
-        swap.release(&bytes)
-    }
-    fn swap_scrub(&self, slots: &[u32]) -> Result<(), Errno> {
-        let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
-        // Runs of consecutive slots, one write each (a slot's write replaces
-        // all of it: the file's page, the Redis store's header and page).
-        // (Page-aligned, as the swap file's `O_DIRECT` writes want.)
-        let ps = self.page_size;
-        let buf = vec![0u8; 2 * ps];
-        let at = buf.as_ptr().align_offset(ps);
-        let zero = &buf[at..at + ps];
-        let mut i = 0;
-        while i < slots.len() {
-            let mut j = i + 1;
-            while j < slots.len() && slots[j] == slots[j - 1] + 1 && j - i < 64 {
-                j += 1;
-            }
-            let pages: Vec<&[u8]> = vec![zero; j - i];
-            swap.write(u64::from(slots[i]) * self.page_size as u64, &pages)?;
-            i = j;
-        }
-        Ok(())
-    }
-    fn swap_keep_alive_due(&self) -> bool {
-        self.swap.as_ref().is_some_and(|s| s.keep_alive_due())
-    }
-    fn swap_keep_alive(&self) {
-        if let Some(s) = &self.swap {
-            s.keep_alive()
-        }
     }
     #[cfg(feature = "test-hooks")]
     fn swap_contents(&self, len: u64) -> Result<Vec<u8>, Errno> {

@@ -29,10 +29,10 @@ impl Inner {
                         c = lock(&self.core);
                         continue;
                     }
-                    if self.plat.swap_keep_alive_due() {
+                    if matches!(self.plat.store(Store::KeepAliveDue), Ok(true)) {
                         // (No I/O under the core lock.)
                         drop(c);
-                        self.plat.swap_keep_alive();
+                        let _ = self.plat.store(Store::KeepAlive);
                         c = lock(&self.core);
                         continue;
                     }
@@ -105,7 +105,7 @@ impl Inner {
                 return;
             }
             // (Nothing is lost either way: the slots are free.)
-            let _ = self.plat.swap_release(&runs);
+            let _ = self.plat.store(Store::Release { runs: &runs });
             lock(&self.core).swap_release_done(&runs);
         }
     }
@@ -122,7 +122,7 @@ impl Inner {
             if slots.is_empty() {
                 return;
             }
-            let ok = self.plat.swap_scrub(&slots).is_ok();
+            let ok = self.plat.store(Store::Scrub { slots: &slots }).is_ok();
             lock(&self.core).swap_scrub_done(&slots, ok);
             if !ok {
                 return;

@@ -348,7 +348,7 @@ impl Inner {
             tried.failed = true;
             return false;
         }
-        let ok = !take_one(&self.inject_write_errors) && self.plat.swap_write(slots, off).is_ok();
+        let ok = !take_one(&self.inject_write_errors) && self.plat.store(Store::Write { slots, off }).is_ok();
         if ok {
             tried.ok = true;
             self.store_backoff_ns.store(0, Ordering::Relaxed);

@@ -14,7 +14,7 @@ use super::lazy::HostLazy;
 use super::threads::OtherThread;
 use super::{Rng, BASE, PAGES, PS};
 use crate::native::Inner;
-use crate::platform::{Caps, Platform, Range, RangeOps, Signal, Staging, StagingOps, Zero};
+use crate::platform::{Caps, Platform, Range, RangeOps, Signal, Staging, StagingOps, Store, StoreOps, Zero};
 
 /// A page of the simulated program range.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -363,7 +363,53 @@ impl StagingOps for SimPlatform {
     }
 }
 
+impl StoreOps for SimPlatform {
+    fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno> {
+        self.preempt();
+        let mut h = self.host();
+        if h.fail() {
+            return Err(Errno::EIO);
+        }
+        let first = off / PS as u64;
+        for (k, s) in slots.iter().enumerate() {
+            let data = h.slot_data(*s, "swap write");
+            h.swap.insert(first + k as u64, data);
+        }
+        Ok(())
+    }
+    fn swap_release(&self, runs: &[(u32, u32)]) -> Result<(), Errno> {
+        self.preempt();
+        let mut h = self.host();
+        if h.fail() {
+            return Err(Errno::EIO);
+        }
+        // Gone for good: a slot released while in use reads back as zeros.
+        for &(first, n) in runs {
+            for s in first..first + n {
+                h.swap.remove(&u64::from(s));
+            }
+        }
+        Ok(())
+    }
+    fn swap_scrub(&self, slots: &[u32]) -> Result<(), Errno> {
+        self.preempt();
+        let mut h = self.host();
+        if h.fail() {
+            return Err(Errno::EIO);
+        }
+        // Overwritten with zeros: a slot scrubbed while in use (a missing
+        // reservation) reads back wrong, and the simulation's check sees it.
+        for &s in slots {
+            h.swap.insert(u64::from(s), vec![0u8; PS].into_boxed_slice());
+        }
+        Ok(())
+    }
+}
+
 impl Platform for SimPlatform {
+    fn store(&self, op: Store<'_>) -> Result<bool, Errno> {
+        op.dispatch(self)
+    }
     fn staging(&self, op: Staging) -> Result<bool, Errno> {
         op.dispatch(self)
     }
@@ -523,46 +569,6 @@ impl Platform for SimPlatform {
     }
     fn drain_host_lru(&self) {}
     fn host_reclaim_staging(&self) {}
-    fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno> {
-        self.preempt();
-        let mut h = self.host();
-        if h.fail() {
-            return Err(Errno::EIO);
-        }
-        let first = off / PS as u64;
-        for (k, s) in slots.iter().enumerate() {
-            let data = h.slot_data(*s, "swap write");
-            h.swap.insert(first + k as u64, data);
-        }
-        Ok(())
-    }
-    fn swap_release(&self, runs: &[(u32, u32)]) -> Result<(), Errno> {
-        self.preempt();
-        let mut h = self.host();
-        if h.fail() {
-            return Err(Errno::EIO);
-        }
-        // Gone for good: a slot released while in use reads back as zeros.
-        for &(first, n) in runs {
-            for s in first..first + n {
-                h.swap.remove(&u64::from(s));
-            }
-        }
-        Ok(())
-    }
-    fn swap_scrub(&self, slots: &[u32]) -> Result<(), Errno> {
-        self.preempt();
-        let mut h = self.host();
-        if h.fail() {
-            return Err(Errno::EIO);
-        }
-        // Overwritten with zeros: a slot scrubbed while in use (a missing
-        // reservation) reads back wrong, and the simulation's check sees it.
-        for &s in slots {
-            h.swap.insert(u64::from(s), vec![0u8; PS].into_boxed_slice());
-        }
-        Ok(())
-    }
     fn swap_contents(&self, _len: u64) -> Result<Vec<u8>, Errno> {
         Ok(Vec::new())
     }
@@ -617,6 +623,7 @@ macro_rules! forward {
 impl Platform for Shared {
     forward! {
         caps() -> Caps;
+        store(op: Store<'_>) -> Result<bool, Errno>;
         staging(op: Staging) -> Result<bool, Errno>;
         range(op: Range, a: usize, l: usize) -> Result<bool, Errno>;
         wait_events(wake: &EventFd, timeout_ms: i32) -> Result<bool, Errno>;
@@ -635,9 +642,6 @@ impl Platform for Shared {
         pages_to_slots_move(src: usize, slot: u32, n: usize) -> Result<usize, Errno>;
         drain_host_lru() -> ();
         host_reclaim_staging() -> ();
-        swap_write(slots: &[u32], off: u64) -> Result<(), Errno>;
-        swap_release(runs: &[(u32, u32)]) -> Result<(), Errno>;
-        swap_scrub(slots: &[u32]) -> Result<(), Errno>;
         swap_contents(len: u64) -> Result<Vec<u8>, Errno>;
         page_out_to_file(file: &MappedFile, src: Option<usize>, slot: Option<u32>, off: u64) -> Result<(), Errno>;
         signal(tid: u32, sig: Signal, addr: usize) -> Result<(), Errno>;
