@@ -31,7 +31,7 @@
 //! | `store.rs`, `store/`   | page stores: the swap file, a Redis-protocol server           |
 //! | `boundary/`            | the C ABI ([`capi`]), `Mapping`'s slice view, the heap's allocator (`unsafe`) |
 //! | `native.rs`, `native/` | the native executor: memory, fault service, the calls         |
-//! | `platform.rs`          | the executor's platform: host operations as one trait         |
+//! | `platform.rs`, `platform/` | the executor's platform: host operations as one trait; the operations a call names (`ops.rs`) |
 //! | `sim/`                 | a seeded simulation of a space (test hooks only)              |
 //! | `thread_role.rs`       | what the calling thread is to usermm (its own, system-only, resolving its own fault) |
 //!
