@@ -75,7 +75,7 @@ use usermm_core::{
 };
 use usermm_sys::arena::Arena;
 
-use crate::platform::{Native, Platform, Range, Signal, Staging, Store, Zero};
+use crate::platform::{Fill, Native, Platform, Range, Signal, Staging, Store, Zero};
 use usermm_sys::file::MappedFile;
 use usermm_sys::file::{ProcMem, SwapFile};
 use usermm_sys::now_ns;

@@ -29,7 +29,7 @@ mod ops;
 mod ranges;
 
 pub(crate) use direct::DirectWindows;
-pub(crate) use ops::{Caps, Range, RangeOps, Signal, Staging, StagingOps, Store, StoreOps, Zero};
+pub(crate) use ops::{Caps, Fill, FillOps, Range, RangeOps, Signal, Staging, StagingOps, Store, StoreOps, Zero};
 
 /// What the executor asks of the host. `Send + Sync`: handler threads, the
 /// background thread and callers share one.
@@ -45,12 +45,9 @@ pub(crate) trait Platform: Send + Sync {
     fn read_events(&self, buf: &mut [UffdMsg]) -> Result<usize, Errno>;
 
     // ---- the program range: fills (bytes installed, a prefix)
-    /// Installs zeros at `[dst, dst+len)` as `how` says, waking the
-    /// waiters on the installed pages if `wake`.
-    fn zero(&self, how: Zero, dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
-    /// Reads `len` bytes of swap at `off` into the program range at `dst`,
-    /// write-protected if `wp` (see `tracks_writes`).
-    fn swap_in(&self, off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno>;
+    /// Installs `len` bytes at `dst` of the program range as `op` says;
+    /// returns the bytes installed (a prefix).
+    fn fill(&self, op: Fill, dst: usize, len: usize) -> Result<usize, Errno>;
     /// Drops pool frames until at most `max` are left.
     fn pool_trim(&self, max: u64);
     /// Frames in the pool now, and pages installed from it so far.
@@ -60,9 +57,6 @@ pub(crate) trait Platform: Send + Sync {
     /// `pooled` (a read-write, unlocked region, not write-protected), into
     /// frames of the space's pool where it has enough.
     fn swap_read(&self, off: u64, len: usize, pooled: bool) -> Result<(), Errno>;
-    /// The second half: installs what this thread's last `swap_read` read
-    /// at `dst`, write-protected if `wp`, waking the waiters if `wake`.
-    fn swap_install(&self, dst: usize, len: usize, wp: bool, wake: bool) -> Result<usize, Errno>;
     /// Reads a file run into the program range (the tail past the end of
     /// the file reads zeros); also whether the page cache was used.
     fn file_in(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno>;
@@ -71,11 +65,6 @@ pub(crate) trait Platform: Send + Sync {
     /// pages, the tail past the end of the file zeros; 0 past the end) and
     /// whether the page cache was used.
     fn file_read(&self, file: &MappedFile, off: u64, len: usize) -> Result<(usize, bool), Errno>;
-    /// The second half: installs bytes `[from, from + len)` of what this
-    /// thread's last `file_read` read (for the run at `dst`) at
-    /// `dst + from`, waking the waiters if `wake`. Returns the bytes
-    /// installed (a prefix of the part).
-    fn file_install(&self, dst: usize, from: usize, len: usize, wake: bool) -> Result<usize, Errno>;
     /// `file_install` of the last `file_read`'s `len` bytes at `dst` in two
     /// halves at once: `[mid, len)` by the spinning wake-ahead thread
     /// (`help`) while this thread installs `[0, mid)`, with no wake-up.
@@ -84,8 +73,8 @@ pub(crate) trait Platform: Send + Sync {
     /// after the other, the second first: what a helper that finishes
     /// first leaves.
     fn file_install_split(&self, dst: usize, mid: usize, len: usize) -> (usize, usize) {
-        let tail = self.file_install(dst, mid, len - mid, false).unwrap_or(0);
-        (self.file_install(dst, 0, mid, false).unwrap_or(0), tail)
+        let tail = self.fill(Fill::FileRead { from: mid, wake: false }, dst, len - mid).unwrap_or(0);
+        (self.fill(Fill::FileRead { from: 0, wake: false }, dst, mid).unwrap_or(0), tail)
     }
     /// The wake-ahead thread's share of a `file_install_split` offered now,
     /// if any; whether it did one.
@@ -366,7 +355,35 @@ impl StoreOps for Native {
     }
 }
 
+impl FillOps for Native {
+    fn zero(&self, how: Zero, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
+        match how {
+            Zero::Fill => self.arena.zero_fill_wake(&self.uffd, dst, len, wake),
+            Zero::Map => self.arena.zero_map_wake(&self.uffd, dst, len, wake),
+            Zero::Pooled => self.arena.zero_fill_pooled(self.dst_uffd(dst), dst, len, wake),
+        }
+    }
+    fn swap_in(&self, off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno> {
+        let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
+        with_bounce(len, |b| self.arena.store_in(&self.uffd, dst, len, wp, b, |buf| swap.read(off, buf)))
+            .unwrap_or(Err(Errno::ENOMEM))
+    }
+    fn swap_install(&self, dst: usize, len: usize, wp: bool, wake: bool) -> Result<usize, Errno> {
+        if let Some(taken) = TAKEN.with(|t| t.take()) {
+            return self.arena.install_taken(self.dst_uffd(dst), dst, taken, wp, wake);
+        }
+        with_bounce(len, |b| self.arena.install_bounce(&self.uffd, dst, len, wp, wake, b)).unwrap_or(Err(Errno::ENOMEM))
+    }
+    fn file_install(&self, dst: usize, from: usize, len: usize, wake: bool) -> Result<usize, Errno> {
+        with_bounce(from + len, |b| self.arena.install_bounce_part(&self.uffd, dst, from, len, false, wake, b))
+            .unwrap_or(Err(Errno::ENOMEM))
+    }
+}
+
 impl Platform for Native {
+    fn fill(&self, op: Fill, dst: usize, len: usize) -> Result<usize, Errno> {
+        op.dispatch(self, dst, len)
+    }
     fn store(&self, op: Store<'_>) -> Result<bool, Errno> {
         op.dispatch(self)
     }
@@ -398,18 +415,6 @@ impl Platform for Native {
     fn read_events(&self, buf: &mut [UffdMsg]) -> Result<usize, Errno> {
         self.uffd.read_msgs(buf)
     }
-    fn zero(&self, how: Zero, dst: usize, len: usize, wake: bool) -> Result<usize, Errno> {
-        match how {
-            Zero::Fill => self.arena.zero_fill_wake(&self.uffd, dst, len, wake),
-            Zero::Map => self.arena.zero_map_wake(&self.uffd, dst, len, wake),
-            Zero::Pooled => self.arena.zero_fill_pooled(self.dst_uffd(dst), dst, len, wake),
-        }
-    }
-    fn swap_in(&self, off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno> {
-        let swap = self.swap.as_ref().ok_or(Errno::EIO)?;
-        with_bounce(len, |b| self.arena.store_in(&self.uffd, dst, len, wp, b, |buf| swap.read(off, buf)))
-            .unwrap_or(Err(Errno::ENOMEM))
-    }
     fn pool_trim(&self, max: u64) {
         self.arena.pool_trim(max.min(usize::MAX as u64) as usize)
     }
@@ -429,12 +434,6 @@ impl Platform for Native {
         }
         with_bounce(len, |b| self.arena.store_read(len, b, |buf| swap.read(off, buf))).unwrap_or(Err(Errno::ENOMEM))
     }
-    fn swap_install(&self, dst: usize, len: usize, wp: bool, wake: bool) -> Result<usize, Errno> {
-        if let Some(taken) = TAKEN.with(|t| t.take()) {
-            return self.arena.install_taken(self.dst_uffd(dst), dst, taken, wp, wake);
-        }
-        with_bounce(len, |b| self.arena.install_bounce(&self.uffd, dst, len, wp, wake, b)).unwrap_or(Err(Errno::ENOMEM))
-    }
     fn file_in(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno> {
         with_bounce(len, |b| self.arena.file_in(&self.uffd, file, off, dst, len, b, &self.rings))
             .unwrap_or(Err(Errno::ENOMEM))
@@ -448,10 +447,6 @@ impl Platform for Native {
     }
     fn help(&self) -> bool {
         self.arena.help_install(&self.uffd, &self.lender)
-    }
-    fn file_install(&self, dst: usize, from: usize, len: usize, wake: bool) -> Result<usize, Errno> {
-        with_bounce(from + len, |b| self.arena.install_bounce_part(&self.uffd, dst, from, len, false, wake, b))
-            .unwrap_or(Err(Errno::ENOMEM))
     }
     fn file_map(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(), Errno> {
         // (Pages wholly past the end of the file would be SIGBUS to the

@@ -174,7 +174,7 @@ impl Inner {
     /// gone, the copy finds the page there and installs nothing).
     pub(super) fn refill(&self, c: &mut MutexGuard<'_, Core>, plan: &FaultPlan, page: PageIdx) {
         let a = self.addr(page);
-        let n = self.plat.zero(Zero::Fill, a, self.page_size, true).unwrap_or(0);
+        let n = self.plat.fill(Fill::Zero { how: Zero::Fill, wake: true }, a, self.page_size).unwrap_or(0);
         c.fill_done(plan, u64::from(n == self.page_size));
         self.after_fill(c);
     }

@@ -20,9 +20,9 @@ impl Inner {
             let piece = PageRange::new(s, (s + SMALL_FILL_PAGES).min(run.end.0));
             let len = piece.pages() as usize * self.page_size;
             let n = if pooled {
-                self.plat.zero(Zero::Pooled, self.addr(piece.start), len, true)
+                self.plat.fill(Fill::Zero { how: Zero::Pooled, wake: true }, self.addr(piece.start), len)
             } else {
-                self.plat.zero(Zero::Fill, self.addr(piece.start), len, true)
+                self.plat.fill(Fill::Zero { how: Zero::Fill, wake: true }, self.addr(piece.start), len)
             }
             .unwrap_or(0);
             done += (n / self.page_size) as u64;
@@ -41,7 +41,7 @@ impl Inner {
     /// Installs zero pages on `run`; returns how many (a prefix) went in.
     pub(super) fn zero_fill(&self, run: PageRange) -> u64 {
         let len = run.pages() as usize * self.page_size;
-        let done = self.plat.zero(Zero::Fill, self.addr(run.start), len, false).unwrap_or(0);
+        let done = self.plat.fill(Fill::Zero { how: Zero::Fill, wake: false }, self.addr(run.start), len).unwrap_or(0);
         (done / self.page_size) as u64
     }
 
@@ -52,7 +52,7 @@ impl Inner {
     /// counts as resident from now on, so the budget stays hard.
     pub(super) fn zero_map(&self, run: PageRange) -> u64 {
         let len = run.pages() as usize * self.page_size;
-        match self.plat.zero(Zero::Map, self.addr(run.start), len, false) {
+        match self.plat.fill(Fill::Zero { how: Zero::Map, wake: false }, self.addr(run.start), len) {
             Ok(done) => (done / self.page_size) as u64,
             Err(_) => self.zero_fill(run),
         }
@@ -66,7 +66,10 @@ impl Inner {
         }
         let ps = self.page_size;
         let len = run.pages() as usize * ps;
-        self.plat.swap_in(self.swap_off(slot), self.addr(run.start), len, wp).map(|n| (n / ps) as u64).unwrap_or(0)
+        self.plat
+            .fill(Fill::SwapIn { off: self.swap_off(slot), wp }, self.addr(run.start), len)
+            .map(|n| (n / ps) as u64)
+            .unwrap_or(0)
     }
 
     /// Reads file pages into `run` (its first page is file page

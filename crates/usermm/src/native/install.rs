@@ -41,16 +41,16 @@ impl Inner {
         let waits = caller.waits() && !caller.in_thread() && page_addr >= a && page_addr < a + len;
         let head = if waits { page_addr - a + ps } else { len };
         if head == len {
-            return self.plat.file_install(a, 0, len, true).unwrap_or(0);
+            return self.plat.fill(Fill::FileRead { from: 0, wake: true }, a, len).unwrap_or(0);
         }
         let delegate = self.delegates_wake(caller);
-        let n = self.plat.file_install(a, 0, head, !delegate).unwrap_or(0);
+        let n = self.plat.fill(Fill::FileRead { from: 0, wake: !delegate }, a, head).unwrap_or(0);
         if n < head {
             // (The commit wakes the whole run.)
             return n;
         }
         let handed = if delegate { self.hand_off_wake(a, head) } else { None };
-        let m = self.plat.file_install(a, head, len - head, true).unwrap_or(0);
+        let m = self.plat.fill(Fill::FileRead { from: head, wake: true }, a, len - head).unwrap_or(0);
         self.settle_wake(handed, a, head);
         head + m
     }
@@ -87,7 +87,7 @@ impl Inner {
         #[cfg(feature = "test-hooks")]
         self.split_installs.fetch_add(1, Ordering::SeqCst);
         let (head, tail) = if self.split_fails() {
-            (0, self.plat.file_install(a, mid, len - mid, false).unwrap_or(0))
+            (0, self.plat.fill(Fill::FileRead { from: mid, wake: false }, a, len - mid).unwrap_or(0))
         } else {
             self.plat.file_install_split(a, mid, len)
         };

@@ -388,11 +388,13 @@ impl Inner {
         let _awake = self.wake_ahead.guard_brief(caller.waits() && !caller.in_thread());
         let delegate = self.delegates_wake(caller);
         let done = if pooled {
-            self.plat.zero(Zero::Pooled, a, len, !delegate)
+            self.plat.fill(Fill::Zero { how: Zero::Pooled, wake: !delegate }, a, len)
         } else if write {
-            self.plat.zero(Zero::Fill, a, len, !delegate)
+            self.plat.fill(Fill::Zero { how: Zero::Fill, wake: !delegate }, a, len)
         } else {
-            self.plat.zero(Zero::Map, a, len, !delegate).or_else(|_| self.plat.zero(Zero::Fill, a, len, !delegate))
+            self.plat
+                .fill(Fill::Zero { how: Zero::Map, wake: !delegate }, a, len)
+                .or_else(|_| self.plat.fill(Fill::Zero { how: Zero::Fill, wake: !delegate }, a, len))
         };
         let done = done.unwrap_or(0);
         let handed = if delegate && done > 0 { self.hand_off_wake(a, done) } else { None };
@@ -473,7 +475,8 @@ impl Inner {
         let a = self.addr(run.start);
         // (In-thread faults: no thread waits, nothing to hand off.)
         let delegate = self.delegates_wake(caller);
-        let bytes = if read { self.plat.swap_install(a, len, keep, !delegate).unwrap_or(0) } else { 0 };
+        let bytes =
+            if read { self.plat.fill(Fill::SwapRead { wp: keep, wake: !delegate }, a, len).unwrap_or(0) } else { 0 };
         // (The commit below wakes what was not installed.)
         let handed = if delegate && bytes > 0 { self.hand_off_wake(a, bytes) } else { None };
         // A read that went through but whose install the host refused (a

@@ -14,7 +14,9 @@ use super::lazy::HostLazy;
 use super::threads::OtherThread;
 use super::{Rng, BASE, PAGES, PS};
 use crate::native::Inner;
-use crate::platform::{Caps, Platform, Range, RangeOps, Signal, Staging, StagingOps, Store, StoreOps, Zero};
+use crate::platform::{
+    Caps, Fill, FillOps, Platform, Range, RangeOps, Signal, Staging, StagingOps, Store, StoreOps, Zero,
+};
 
 /// A page of the simulated program range.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -406,7 +408,64 @@ impl StoreOps for SimPlatform {
     }
 }
 
+impl FillOps for SimPlatform {
+    fn zero(&self, how: Zero, dst: usize, len: usize, _wake: bool) -> Result<usize, Errno> {
+        self.preempt();
+        Self::check(dst, len)?;
+        // (The simulated host has no frames to recycle: a pooled fill is a
+        // fill.)
+        let pg = if how == Zero::Map { Pg::Zero } else { Pg::Data(zeros()) };
+        Ok(self.host().install(dst, vec![pg; len / PS]))
+    }
+    fn swap_in(&self, off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno> {
+        self.preempt();
+        Self::check(dst, len)?;
+        let mut h = self.host();
+        if h.fail() {
+            return Err(Errno::EIO);
+        }
+        let first = off / PS as u64;
+        let pages =
+            (0..(len / PS) as u64).map(|k| Pg::Data(h.swap.get(&(first + k)).cloned().unwrap_or_else(zeros))).collect();
+        let done = h.install(dst, pages);
+        if wp && h.tracks_writes {
+            let p0 = page_of(dst);
+            h.wp.extend(p0..p0 + done / PS);
+        }
+        Ok(done)
+    }
+    fn swap_install(&self, dst: usize, len: usize, wp: bool, _wake: bool) -> Result<usize, Errno> {
+        // (Taken before the preemption point: a fault served there reads
+        // and installs its own.)
+        let pages = SWAP_READ.with(|r| std::mem::take(&mut *r.borrow_mut()));
+        self.preempt();
+        Self::check(dst, len)?;
+        if pages.len() * PS < len {
+            return Err(Errno::EINVAL);
+        }
+        let mut h = self.host();
+        let done = h.install(dst, pages.into_iter().take(len / PS).collect());
+        if wp && h.tracks_writes {
+            let p0 = page_of(dst);
+            h.wp.extend(p0..p0 + done / PS);
+        }
+        Ok(done)
+    }
+    fn file_install(&self, dst: usize, from: usize, len: usize, _wake: bool) -> Result<usize, Errno> {
+        // (Read before the preemption point, as in `swap_install`; a run
+        // is installed in parts, so the read stays for the next part.)
+        let pages: Option<Vec<_>> = SWAP_READ.with(|r| r.borrow().get(from / PS..(from + len) / PS).map(<[_]>::to_vec));
+        self.preempt();
+        Self::check(dst + from, len)?;
+        let Some(pages) = pages else { return Err(Errno::EINVAL) };
+        Ok(self.host().install(dst + from, pages))
+    }
+}
+
 impl Platform for SimPlatform {
+    fn fill(&self, op: Fill, dst: usize, len: usize) -> Result<usize, Errno> {
+        op.dispatch(self, dst, len)
+    }
     fn store(&self, op: Store<'_>) -> Result<bool, Errno> {
         op.dispatch(self)
     }
@@ -434,31 +493,6 @@ impl Platform for SimPlatform {
     fn read_events(&self, _buf: &mut [UffdMsg]) -> Result<usize, Errno> {
         Ok(0)
     }
-    fn zero(&self, how: Zero, dst: usize, len: usize, _wake: bool) -> Result<usize, Errno> {
-        self.preempt();
-        Self::check(dst, len)?;
-        // (The simulated host has no frames to recycle: a pooled fill is a
-        // fill.)
-        let pg = if how == Zero::Map { Pg::Zero } else { Pg::Data(zeros()) };
-        Ok(self.host().install(dst, vec![pg; len / PS]))
-    }
-    fn swap_in(&self, off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno> {
-        self.preempt();
-        Self::check(dst, len)?;
-        let mut h = self.host();
-        if h.fail() {
-            return Err(Errno::EIO);
-        }
-        let first = off / PS as u64;
-        let pages =
-            (0..(len / PS) as u64).map(|k| Pg::Data(h.swap.get(&(first + k)).cloned().unwrap_or_else(zeros))).collect();
-        let done = h.install(dst, pages);
-        if wp && h.tracks_writes {
-            let p0 = page_of(dst);
-            h.wp.extend(p0..p0 + done / PS);
-        }
-        Ok(done)
-    }
     fn pool_trim(&self, _max: u64) {}
     fn pool_stats(&self) -> (u64, u64) {
         (0, 0)
@@ -475,23 +509,6 @@ impl Platform for SimPlatform {
         SWAP_READ.with(|r| *r.borrow_mut() = pages);
         Ok(())
     }
-    fn swap_install(&self, dst: usize, len: usize, wp: bool, _wake: bool) -> Result<usize, Errno> {
-        // (Taken before the preemption point: a fault served there reads
-        // and installs its own.)
-        let pages = SWAP_READ.with(|r| std::mem::take(&mut *r.borrow_mut()));
-        self.preempt();
-        Self::check(dst, len)?;
-        if pages.len() * PS < len {
-            return Err(Errno::EINVAL);
-        }
-        let mut h = self.host();
-        let done = h.install(dst, pages.into_iter().take(len / PS).collect());
-        if wp && h.tracks_writes {
-            let p0 = page_of(dst);
-            h.wp.extend(p0..p0 + done / PS);
-        }
-        Ok(done)
-    }
     fn file_in(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno> {
         // The file is a real memfd (the executor's file table holds it):
         // its bytes are read for real, installed as the host would.
@@ -506,15 +523,6 @@ impl Platform for SimPlatform {
         let bytes = pgs.len() * PS;
         SWAP_READ.with(|r| *r.borrow_mut() = pgs);
         Ok((bytes, true))
-    }
-    fn file_install(&self, dst: usize, from: usize, len: usize, _wake: bool) -> Result<usize, Errno> {
-        // (Read before the preemption point, as in `swap_install`; a run
-        // is installed in parts, so the read stays for the next part.)
-        let pages: Option<Vec<_>> = SWAP_READ.with(|r| r.borrow().get(from / PS..(from + len) / PS).map(<[_]>::to_vec));
-        self.preempt();
-        Self::check(dst + from, len)?;
-        let Some(pages) = pages else { return Err(Errno::EINVAL) };
-        Ok(self.host().install(dst + from, pages))
     }
     fn page_gone(&self, a: usize) -> bool {
         let h = self.host();
@@ -623,20 +631,17 @@ macro_rules! forward {
 impl Platform for Shared {
     forward! {
         caps() -> Caps;
+        fill(op: Fill, dst: usize, len: usize) -> Result<usize, Errno>;
         store(op: Store<'_>) -> Result<bool, Errno>;
         staging(op: Staging) -> Result<bool, Errno>;
         range(op: Range, a: usize, l: usize) -> Result<bool, Errno>;
         wait_events(wake: &EventFd, timeout_ms: i32) -> Result<bool, Errno>;
         read_events(buf: &mut [UffdMsg]) -> Result<usize, Errno>;
-        zero(how: Zero, dst: usize, len: usize, wake: bool) -> Result<usize, Errno>;
-        swap_in(off: u64, dst: usize, len: usize, wp: bool) -> Result<usize, Errno>;
         swap_read(off: u64, len: usize, pooled: bool) -> Result<(), Errno>;
         pool_trim(max: u64) -> ();
         pool_stats() -> (u64, u64);
-        swap_install(dst: usize, len: usize, wp: bool, wake: bool) -> Result<usize, Errno>;
         file_in(file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno>;
         file_read(file: &MappedFile, off: u64, len: usize) -> Result<(usize, bool), Errno>;
-        file_install(dst: usize, from: usize, len: usize, wake: bool) -> Result<usize, Errno>;
         page_gone(a: usize) -> bool;
         zero_pfn_ranges(addr: usize, len: usize) -> Vec<(usize, usize)>;
         pages_to_slots_move(src: usize, slot: u32, n: usize) -> Result<usize, Errno>;
