@@ -75,7 +75,7 @@ use usermm_core::{
 };
 use usermm_sys::arena::Arena;
 
-use crate::platform::{Fill, Native, Platform, Range, Signal, Staging, Store, Zero};
+use crate::platform::{Fill, Native, Platform, Range, Runs, Signal, Staging, Store, Upkeep, Zero};
 use usermm_sys::file::MappedFile;
 use usermm_sys::file::{ProcMem, SwapFile};
 use usermm_sys::now_ns;
@@ -645,7 +645,7 @@ impl Inner {
     /// The page ranges of `[addr, addr+len)` that map the shared zero page
     /// (none where the host has no `PAGEMAP_SCAN`).
     pub fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Vec<(usize, usize)> {
-        self.plat.zero_pfn_ranges(addr, len)
+        self.plat.runs(Runs::ZeroPage, addr, len)
     }
 
     /// A fault or populate short of frames waits for reclaim in flight

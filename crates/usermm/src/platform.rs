@@ -29,7 +29,9 @@ mod ops;
 mod ranges;
 
 pub(crate) use direct::DirectWindows;
-pub(crate) use ops::{Caps, Fill, FillOps, Range, RangeOps, Signal, Staging, StagingOps, Store, StoreOps, Zero};
+pub(crate) use ops::{
+    Caps, Fill, FillOps, Range, RangeOps, Runs, Signal, Staging, StagingOps, Store, StoreOps, Upkeep, Zero,
+};
 
 /// What the executor asks of the host. `Send + Sync`: handler threads, the
 /// background thread and callers share one.
@@ -48,8 +50,6 @@ pub(crate) trait Platform: Send + Sync {
     /// Installs `len` bytes at `dst` of the program range as `op` says;
     /// returns the bytes installed (a prefix).
     fn fill(&self, op: Fill, dst: usize, len: usize) -> Result<usize, Errno>;
-    /// Drops pool frames until at most `max` are left.
-    fn pool_trim(&self, max: u64);
     /// Frames in the pool now, and pages installed from it so far.
     fn pool_stats(&self) -> (u64, u64);
     /// The first half of a swap-in installed under the core lock: reads
@@ -91,11 +91,6 @@ pub(crate) trait Platform: Send + Sync {
         let _ = (file, off, dst, len);
         Err(Errno::EOPNOTSUPP)
     }
-    /// The parts of `[a, a+l)` mapped by `file_map`.
-    fn file_mapped(&self, a: usize, l: usize) -> Vec<(usize, usize)> {
-        let _ = (a, l);
-        Vec::new()
-    }
     /// Makes the part `[a, a+l)` of a `file_map` window usermm's own pages
     /// again, keeping their bytes (read from `file` at `off`): an
     /// anonymous mapping of protection `prot` with copies installed.
@@ -108,10 +103,8 @@ pub(crate) trait Platform: Send + Sync {
     /// Does `op` to `[a, a+l)` of the program range. `Ok(false)` only for
     /// a `Range::Zap` the host refused at first.
     fn range(&self, op: Range, a: usize, l: usize) -> Result<bool, Errno>;
-    /// Whether the host dropped the (lazily freed) page at `a`.
-    fn page_gone(&self, a: usize) -> bool;
-    /// The runs of `[addr, addr+len)` mapped to the shared zero page.
-    fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Vec<(usize, usize)>;
+    /// The runs `(start, end)` of `[a, a+l)` that are `what`.
+    fn runs(&self, what: Runs, a: usize, l: usize) -> Vec<(usize, usize)>;
 
     // ---- staging
     /// Moves `n` neighbouring pages to `n` neighbouring slots; returns how
@@ -120,11 +113,8 @@ pub(crate) trait Platform: Send + Sync {
     /// Does `op` with the staging area. `Ok(false)`: a `ToPageChecked` found the page
     /// discarded, a `Discard` or `MovedUnreported` said no; otherwise `Ok(true)`.
     fn staging(&self, op: Staging) -> Result<bool, Errno>;
-    /// Flushes the host's per-CPU LRU batches.
-    fn drain_host_lru(&self);
-    #[cfg(feature = "test-hooks")]
-    /// The host's own reclaim of the whole staging area (a test hook).
-    fn host_reclaim_staging(&self);
+    /// Upkeep of the host's side: the frame pool, the host's LRU.
+    fn upkeep(&self, op: Upkeep);
 
     // ---- swap
     /// Does `op` with the page store. `Ok(false)`: a `KeepAliveDue` that is
@@ -229,6 +219,9 @@ fn with_bounce<R>(len: usize, f: impl FnOnce(&Bounce) -> R) -> Option<R> {
 }
 
 impl RangeOps for Native {
+    fn page_gone(&self, a: usize) -> bool {
+        self.arena.page_gone(a)
+    }
     fn unprotect(&self, a: usize, l: usize) -> Result<(), Errno> {
         self.arena.unprotect(&self.uffd, a, l)
     }
@@ -381,6 +374,20 @@ impl FillOps for Native {
 }
 
 impl Platform for Native {
+    fn runs(&self, what: Runs, a: usize, l: usize) -> Vec<(usize, usize)> {
+        match what {
+            Runs::ZeroPage => self.pagemap.as_ref().and_then(|p| p.zero_pfn_ranges(a, l).ok()).unwrap_or_default(),
+            Runs::FileWindows => self.direct.inside(a, l),
+        }
+    }
+    fn upkeep(&self, op: Upkeep) {
+        match op {
+            Upkeep::PoolTrim { max } => self.arena.pool_trim(max.min(usize::MAX as u64) as usize),
+            Upkeep::DrainLru => self.arena.drain_host_lru(),
+            #[cfg(feature = "test-hooks")]
+            Upkeep::ReclaimStaging => self.arena.host_reclaim_staging(),
+        }
+    }
     fn fill(&self, op: Fill, dst: usize, len: usize) -> Result<usize, Errno> {
         op.dispatch(self, dst, len)
     }
@@ -414,9 +421,6 @@ impl Platform for Native {
     }
     fn read_events(&self, buf: &mut [UffdMsg]) -> Result<usize, Errno> {
         self.uffd.read_msgs(buf)
-    }
-    fn pool_trim(&self, max: u64) {
-        self.arena.pool_trim(max.min(usize::MAX as u64) as usize)
     }
     fn pool_stats(&self) -> (u64, u64) {
         (self.arena.pool_frames() as u64, self.arena.pool_installed())
@@ -465,9 +469,6 @@ impl Platform for Native {
         self.direct.record(dst, len, true);
         Ok(())
     }
-    fn file_mapped(&self, a: usize, l: usize) -> Vec<(usize, usize)> {
-        self.direct.inside(a, l)
-    }
     fn file_unmap(&self, file: &MappedFile, off: u64, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
         // The bytes from the file (the page cache the window maps: the
         // same bytes, without touching a mapping that could fault), then a
@@ -484,21 +485,8 @@ impl Platform for Native {
         })
         .unwrap_or(Err(Errno::ENOMEM))
     }
-    fn page_gone(&self, a: usize) -> bool {
-        self.arena.page_gone(a)
-    }
-    fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Vec<(usize, usize)> {
-        self.pagemap.as_ref().and_then(|p| p.zero_pfn_ranges(addr, len).ok()).unwrap_or_default()
-    }
     fn pages_to_slots_move(&self, src: usize, slot: u32, n: usize) -> Result<usize, Errno> {
         self.arena.pages_to_slots_move(&self.uffd, src, slot, n)
-    }
-    fn drain_host_lru(&self) {
-        self.arena.drain_host_lru()
-    }
-    #[cfg(feature = "test-hooks")]
-    fn host_reclaim_staging(&self) {
-        self.arena.host_reclaim_staging()
     }
     #[cfg(feature = "test-hooks")]
     fn swap_contents(&self, len: u64) -> Result<Vec<u8>, Errno> {

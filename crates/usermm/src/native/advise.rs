@@ -89,7 +89,7 @@ impl Inner {
         // nothing).
         let fills = self.fills.load(Ordering::Relaxed);
         if self.fills_drained.swap(fills, Ordering::Relaxed) != fills {
-            self.plat.drain_host_lru();
+            self.plat.upkeep(Upkeep::DrainLru);
         }
         {
             // The parked pages' slots are passed down under the core

@@ -70,7 +70,9 @@ impl Inner {
     pub(super) fn unmap_file_windows(&self, r: PageRange) {
         let ps = self.page_size;
         // (Most spaces have no window: an atomic load, no region walk.)
-        if !self.map_file_windows || self.plat.file_mapped(self.addr(r.start), r.pages() as usize * ps).is_empty() {
+        if !self.map_file_windows
+            || self.plat.runs(Runs::FileWindows, self.addr(r.start), r.pages() as usize * ps).is_empty()
+        {
             return;
         }
         let regions = lock(&self.core).regions().overlapping(r);
@@ -78,7 +80,7 @@ impl Inner {
             let seg = g.range.intersect(&r);
             let Some(file) = g.file() else { continue };
             let f = lock(&self.files).get(&file).cloned();
-            for (s, t) in self.plat.file_mapped(self.addr(seg.start), seg.pages() as usize * ps) {
+            for (s, t) in self.plat.runs(Runs::FileWindows, self.addr(seg.start), seg.pages() as usize * ps) {
                 let p = PageIdx(g.range.start.0 + ((s - self.addr(g.range.start)) / ps) as u64);
                 let off = g.file_page(p) * ps as u64;
                 let copied =

@@ -125,7 +125,7 @@ impl Inner {
         // pages on its LRU lists: a page still in a CPU's batch would stay
         // unpurgeable, so flush the batches first.)
         if ds.iter().zip(&oks).any(|(d, ok)| *ok && d.host_free) {
-            self.plat.drain_host_lru();
+            self.plat.upkeep(Upkeep::DrainLru);
         }
         for (d, ok) in ds.iter().zip(&oks) {
             if *ok && d.host_free {
@@ -137,7 +137,10 @@ impl Inner {
         let gone: Vec<bool> = ds
             .iter()
             .zip(&oks)
-            .map(|(d, ok)| !ok && self.host_lazyfree && self.plat.page_gone(self.addr(d.page)))
+            .map(|(d, ok)| {
+                !ok && self.host_lazyfree
+                    && matches!(self.plat.range(Range::Gone, self.addr(d.page), self.page_size), Ok(true))
+            })
             .collect();
         let mut c = lock(&self.core);
         let mut freed = 0;
@@ -181,7 +184,7 @@ impl Inner {
         }
         let mut outcome = Vec::with_capacity(ds.len());
         let mut tried = StoreTried::default();
-        self.plat.drain_host_lru();
+        self.plat.upkeep(Upkeep::DrainLru);
         for d in ds {
             if matches!(self.plat.staging(Staging::Discard { slot: d.staging }), Ok(true)) {
                 outcome.push((true, false));
@@ -258,7 +261,7 @@ impl Inner {
     /// Test hook: the host kernel reclaims the staging area as its memory
     /// pressure would (clean lazily freed slots are discarded).
     pub fn host_reclaim_staging(&self) {
-        self.plat.host_reclaim_staging();
+        self.plat.upkeep(Upkeep::ReclaimStaging);
     }
 
     /// Writes the evictions to swap (runs of consecutive slots in one call;

@@ -91,7 +91,7 @@ impl Inner {
         // The pool's frames count in the budget: never more of them than the
         // free frames this plan leaves (it may just have charged some).
         if self.frame_pool {
-            self.plat.pool_trim(c.free_frames());
+            self.plat.upkeep(Upkeep::PoolTrim { max: c.free_frames() });
         }
         match *plan {
             FaultPlan::Wake => {

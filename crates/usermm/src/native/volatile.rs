@@ -12,7 +12,7 @@ impl Inner {
         // Under the core lock: no parked page can be mapped back (and its
         // slot reused) meanwhile.
         if !parked.is_empty() {
-            self.plat.drain_host_lru();
+            self.plat.upkeep(Upkeep::DrainLru);
         }
         for slot in parked {
             let _ = self.plat.staging(Staging::HostFree { slot });

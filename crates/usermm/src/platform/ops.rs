@@ -63,6 +63,9 @@ pub(crate) enum Range {
     PopulateWrite,
     /// Locks (`MLOCK_ONFAULT`, `true`) or unlocks the range in the host.
     Lock(bool),
+    /// Asks whether the host dropped the (lazily freed) page at the
+    /// range's start: `Ok(true)` if it did.
+    Gone,
 }
 
 impl Range {
@@ -80,6 +83,7 @@ impl Range {
             Range::Free => h.host_free(a, l),
             Range::PopulateWrite => h.host_populate_write(a, l),
             Range::Lock(locked) => h.host_lock(a, l, locked),
+            Range::Gone => return Ok(h.page_gone(a)),
         };
         done.map(|()| true)
     }
@@ -102,6 +106,28 @@ pub(crate) trait RangeOps {
     fn host_free(&self, a: usize, l: usize) -> Result<(), Errno>;
     fn host_populate_write(&self, a: usize, l: usize) -> Result<(), Errno>;
     fn host_lock(&self, a: usize, l: usize, locked: bool) -> Result<(), Errno>;
+    fn page_gone(&self, a: usize) -> bool;
+}
+
+/// Which runs of a range [`Platform::runs`](super::Platform::runs) lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Runs {
+    /// Mapped to the shared zero page.
+    ZeroPage,
+    /// Mapped by a `Window::Map` (the page cache's own pages).
+    FileWindows,
+}
+
+/// Upkeep of the host's side ([`Platform::upkeep`](super::Platform::upkeep)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Upkeep {
+    /// Drops pool frames until at most `max` are left.
+    PoolTrim { max: u64 },
+    /// Flushes the host's per-CPU LRU batches.
+    DrainLru,
+    /// The host's own reclaim of the whole staging area (a test hook).
+    #[cfg(feature = "test-hooks")]
+    ReclaimStaging,
 }
 
 /// What [`Platform::staging`](super::Platform::staging) does with the staging area (the parked pages' slots).

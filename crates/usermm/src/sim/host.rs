@@ -15,7 +15,7 @@ use super::threads::OtherThread;
 use super::{Rng, BASE, PAGES, PS};
 use crate::native::Inner;
 use crate::platform::{
-    Caps, Fill, FillOps, Platform, Range, RangeOps, Signal, Staging, StagingOps, Store, StoreOps, Zero,
+    Caps, Fill, FillOps, Platform, Range, RangeOps, Runs, Signal, Staging, StagingOps, Store, StoreOps, Upkeep, Zero,
 };
 
 /// A page of the simulated program range.
@@ -206,7 +206,28 @@ std::thread_local! {
     static SWAP_READ: std::cell::RefCell<Vec<Pg>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+impl SimPlatform {
+    fn zero_page_runs(&self, addr: usize, len: usize) -> Vec<(usize, usize)> {
+        let h = self.host();
+        let mut out: Vec<(usize, usize)> = Vec::new();
+        for p in page_of(addr)..page_of(addr) + len / PS {
+            if h.prog.get(&p) == Some(&Pg::Zero) {
+                let a = BASE + p * PS;
+                match out.last_mut() {
+                    Some(r) if r.1 == a => r.1 = a + PS,
+                    _ => out.push((a, a + PS)),
+                }
+            }
+        }
+        out
+    }
+}
+
 impl RangeOps for SimPlatform {
+    fn page_gone(&self, a: usize) -> bool {
+        let h = self.host();
+        h.lazy.on && !h.prog.contains_key(&page_of(a))
+    }
     fn unprotect(&self, a: usize, l: usize) -> Result<(), Errno> {
         self.preempt();
         Self::check(a, l)?;
@@ -463,6 +484,14 @@ impl FillOps for SimPlatform {
 }
 
 impl Platform for SimPlatform {
+    fn runs(&self, what: Runs, a: usize, l: usize) -> Vec<(usize, usize)> {
+        match what {
+            Runs::ZeroPage => self.zero_page_runs(a, l),
+            // (No file windows here.)
+            Runs::FileWindows => Vec::new(),
+        }
+    }
+    fn upkeep(&self, _op: Upkeep) {}
     fn fill(&self, op: Fill, dst: usize, len: usize) -> Result<usize, Errno> {
         op.dispatch(self, dst, len)
     }
@@ -493,7 +522,6 @@ impl Platform for SimPlatform {
     fn read_events(&self, _buf: &mut [UffdMsg]) -> Result<usize, Errno> {
         Ok(0)
     }
-    fn pool_trim(&self, _max: u64) {}
     fn pool_stats(&self) -> (u64, u64) {
         (0, 0)
     }
@@ -523,24 +551,6 @@ impl Platform for SimPlatform {
         let bytes = pgs.len() * PS;
         SWAP_READ.with(|r| *r.borrow_mut() = pgs);
         Ok((bytes, true))
-    }
-    fn page_gone(&self, a: usize) -> bool {
-        let h = self.host();
-        h.lazy.on && !h.prog.contains_key(&page_of(a))
-    }
-    fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Vec<(usize, usize)> {
-        let h = self.host();
-        let mut out: Vec<(usize, usize)> = Vec::new();
-        for p in page_of(addr)..page_of(addr) + len / PS {
-            if h.prog.get(&p) == Some(&Pg::Zero) {
-                let a = BASE + p * PS;
-                match out.last_mut() {
-                    Some(r) if r.1 == a => r.1 = a + PS,
-                    _ => out.push((a, a + PS)),
-                }
-            }
-        }
-        out
     }
     fn pages_to_slots_move(&self, src: usize, slot: u32, n: usize) -> Result<usize, Errno> {
         self.preempt();
@@ -575,8 +585,6 @@ impl Platform for SimPlatform {
         }
         Ok(n)
     }
-    fn drain_host_lru(&self) {}
-    fn host_reclaim_staging(&self) {}
     fn swap_contents(&self, _len: u64) -> Result<Vec<u8>, Errno> {
         Ok(Vec::new())
     }
@@ -631,6 +639,8 @@ macro_rules! forward {
 impl Platform for Shared {
     forward! {
         caps() -> Caps;
+        runs(what: Runs, a: usize, l: usize) -> Vec<(usize, usize)>;
+        upkeep(op: Upkeep) -> ();
         fill(op: Fill, dst: usize, len: usize) -> Result<usize, Errno>;
         store(op: Store<'_>) -> Result<bool, Errno>;
         staging(op: Staging) -> Result<bool, Errno>;
@@ -638,15 +648,10 @@ impl Platform for Shared {
         wait_events(wake: &EventFd, timeout_ms: i32) -> Result<bool, Errno>;
         read_events(buf: &mut [UffdMsg]) -> Result<usize, Errno>;
         swap_read(off: u64, len: usize, pooled: bool) -> Result<(), Errno>;
-        pool_trim(max: u64) -> ();
         pool_stats() -> (u64, u64);
         file_in(file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno>;
         file_read(file: &MappedFile, off: u64, len: usize) -> Result<(usize, bool), Errno>;
-        page_gone(a: usize) -> bool;
-        zero_pfn_ranges(addr: usize, len: usize) -> Vec<(usize, usize)>;
         pages_to_slots_move(src: usize, slot: u32, n: usize) -> Result<usize, Errno>;
-        drain_host_lru() -> ();
-        host_reclaim_staging() -> ();
         swap_contents(len: u64) -> Result<Vec<u8>, Errno>;
         page_out_to_file(file: &MappedFile, src: Option<usize>, slot: Option<u32>, off: u64) -> Result<(), Errno>;
         signal(tid: u32, sig: Signal, addr: usize) -> Result<(), Errno>;
