@@ -75,7 +75,7 @@ use usermm_core::{
 };
 use usermm_sys::arena::Arena;
 
-use crate::platform::{Fill, Native, Platform, Range, Runs, Signal, Staging, Store, Upkeep, Zero};
+use crate::platform::{Fill, Native, Platform, Range, Runs, Signal, Staging, Store, Upkeep, Window, Zero};
 use usermm_sys::file::MappedFile;
 use usermm_sys::file::{ProcMem, SwapFile};
 use usermm_sys::now_ns;

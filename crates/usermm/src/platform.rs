@@ -30,7 +30,7 @@ mod ranges;
 
 pub(crate) use direct::DirectWindows;
 pub(crate) use ops::{
-    Caps, Fill, FillOps, Range, RangeOps, Runs, Signal, Staging, StagingOps, Store, StoreOps, Upkeep, Zero,
+    Caps, Fill, FillOps, Range, RangeOps, Runs, Signal, Staging, StagingOps, Store, StoreOps, Upkeep, Window, Zero,
 };
 
 /// What the executor asks of the host. `Send + Sync`: handler threads, the
@@ -81,22 +81,14 @@ pub(crate) trait Platform: Send + Sync {
     fn help(&self) -> bool {
         false
     }
-    /// Maps the program range `[dst, dst+len)` to `file` at `off`: the
-    /// page cache's own pages, read-only, shared, locked, instead of copies
-    /// (a locked read-only shared file region's window). Fails (and the
-    /// caller copies as usual) where the host does not or cannot: past the
-    /// end of the file, too many windows already, a lock limit. No thread
-    /// is woken.
-    fn file_map(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(), Errno> {
-        let _ = (file, off, dst, len);
-        Err(Errno::EOPNOTSUPP)
-    }
-    /// Makes the part `[a, a+l)` of a `file_map` window usermm's own pages
-    /// again, keeping their bytes (read from `file` at `off`): an
-    /// anonymous mapping of protection `prot` with copies installed.
-    fn file_unmap(&self, file: &MappedFile, off: u64, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
-        let _ = (file, off, a, l, prot);
-        Ok(())
+    /// Maps a window of the page cache into the program range, or takes
+    /// one back (`Window`). A host without windows refuses every `Map`
+    /// (the caller copies as usual) and has none to take back.
+    fn window(&self, op: Window<'_>) -> Result<(), Errno> {
+        match op {
+            Window::Map { .. } => Err(Errno::EOPNOTSUPP),
+            Window::Unmap { .. } => Ok(()),
+        }
     }
 
     // ---- the program range: other
@@ -373,7 +365,50 @@ impl FillOps for Native {
     }
 }
 
+/// The page-cache windows behind `Platform::window` (`platform/direct.rs`).
+impl Native {
+    fn map_window(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(), Errno> {
+        // (Pages wholly past the end of the file would be SIGBUS to the
+        // program in a file mapping, but resident to the core: copied.)
+        let ps = self.page_size as u64;
+        if !self.direct.room() || off + len as u64 > file.size()?.div_ceil(ps) * ps {
+            return Err(Errno::ENOMEM);
+        }
+        if let Err(e) = self.arena.map_file(dst, len, file, off, true, &|s, n| self.register_again(s, n)) {
+            // (The range is an unlocked anonymous mapping again: locked
+            // again, as the region's others are, for the copy to come.)
+            self.direct.refuse();
+            let _ = self.host_lock(dst, len, true);
+            return Err(e);
+        }
+        self.direct.record(dst, len, true);
+        Ok(())
+    }
+    fn unmap_window(&self, file: &MappedFile, off: u64, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
+        // The bytes from the file (the page cache the window maps: the
+        // same bytes, without touching a mapping that could fault), then a
+        // fresh anonymous mapping with them copied in.
+        with_bounce(l, |b| {
+            let n = self.arena.file_read(file, off, l, b, &self.rings)?.0;
+            self.direct.record(a, l, false);
+            self.arena.replace(a, l, prot, &|s, n| self.register_again(s, n))?;
+            let done = self.arena.install_bounce(&self.uffd, a, n.min(l), false, false, b)?;
+            if done < l {
+                return Err(Errno::EIO);
+            }
+            Ok(())
+        })
+        .unwrap_or(Err(Errno::ENOMEM))
+    }
+}
+
 impl Platform for Native {
+    fn window(&self, op: Window<'_>) -> Result<(), Errno> {
+        match op {
+            Window::Map { file, off, dst, len } => self.map_window(file, off, dst, len),
+            Window::Unmap { file, off, a, l, prot } => self.unmap_window(file, off, a, l, prot),
+        }
+    }
     fn runs(&self, what: Runs, a: usize, l: usize) -> Vec<(usize, usize)> {
         match what {
             Runs::ZeroPage => self.pagemap.as_ref().and_then(|p| p.zero_pfn_ranges(a, l).ok()).unwrap_or_default(),
@@ -451,39 +486,6 @@ impl Platform for Native {
     }
     fn help(&self) -> bool {
         self.arena.help_install(&self.uffd, &self.lender)
-    }
-    fn file_map(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(), Errno> {
-        // (Pages wholly past the end of the file would be SIGBUS to the
-        // program in a file mapping, but resident to the core: copied.)
-        let ps = self.page_size as u64;
-        if !self.direct.room() || off + len as u64 > file.size()?.div_ceil(ps) * ps {
-            return Err(Errno::ENOMEM);
-        }
-        if let Err(e) = self.arena.map_file(dst, len, file, off, true, &|s, n| self.register_again(s, n)) {
-            // (The range is an unlocked anonymous mapping again: locked
-            // again, as the region's others are, for the copy to come.)
-            self.direct.refuse();
-            let _ = self.host_lock(dst, len, true);
-            return Err(e);
-        }
-        self.direct.record(dst, len, true);
-        Ok(())
-    }
-    fn file_unmap(&self, file: &MappedFile, off: u64, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
-        // The bytes from the file (the page cache the window maps: the
-        // same bytes, without touching a mapping that could fault), then a
-        // fresh anonymous mapping with them copied in.
-        with_bounce(l, |b| {
-            let n = self.arena.file_read(file, off, l, b, &self.rings)?.0;
-            self.direct.record(a, l, false);
-            self.arena.replace(a, l, prot, &|s, n| self.register_again(s, n))?;
-            let done = self.arena.install_bounce(&self.uffd, a, n.min(l), false, false, b)?;
-            if done < l {
-                return Err(Errno::EIO);
-            }
-            Ok(())
-        })
-        .unwrap_or(Err(Errno::ENOMEM))
     }
     fn pages_to_slots_move(&self, src: usize, slot: u32, n: usize) -> Result<usize, Errno> {
         self.arena.pages_to_slots_move(&self.uffd, src, slot, n)

@@ -39,7 +39,7 @@ impl Inner {
     ) -> Option<Next<'_>> {
         let f = lock(&self.files).get(&file).cloned()?;
         let (a, len) = (self.addr(run.start), run.pages() as usize * self.page_size);
-        self.plat.file_map(&f, file_page * self.page_size as u64, a, len).ok()?;
+        self.plat.window(Window::Map { file: &f, off: file_page * self.page_size as u64, dst: a, len }).ok()?;
         // The wake-up under the core lock, before the commit, as a small
         // copy's is (the woken thread finds the pages committed whatever it
         // calls), and handed to the spinning wake-ahead thread, on the
@@ -83,8 +83,9 @@ impl Inner {
             for (s, t) in self.plat.runs(Runs::FileWindows, self.addr(seg.start), seg.pages() as usize * ps) {
                 let p = PageIdx(g.range.start.0 + ((s - self.addr(g.range.start)) / ps) as u64);
                 let off = g.file_page(p) * ps as u64;
-                let copied =
-                    f.as_ref().is_some_and(|f| self.plat.file_unmap(f, off, s, t - s, g.prot & PROT_MASK).is_ok());
+                let copied = f.as_ref().is_some_and(|f| {
+                    self.plat.window(Window::Unmap { file: f, off, a: s, l: t - s, prot: g.prot & PROT_MASK }).is_ok()
+                });
                 if !copied {
                     self.zap_range(PageRange::new(p.0, p.0 + ((t - s) / ps) as u64));
                 } else if g.lock != LockMode::None {

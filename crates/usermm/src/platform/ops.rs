@@ -3,6 +3,7 @@
 //! `Zero`, `Signal`) with the traits a host implements them by.
 
 use usermm_core::Errno;
+use usermm_sys::file::MappedFile;
 
 /// What a [`Platform`](super::Platform) can do, fixed once the space is open.
 #[derive(Clone, Copy, Debug, Default)]
@@ -116,6 +117,22 @@ pub(crate) enum Runs {
     ZeroPage,
     /// Mapped by a `Window::Map` (the page cache's own pages).
     FileWindows,
+}
+
+/// What [`Platform::window`](super::Platform::window) does.
+#[derive(Clone, Copy)]
+pub(crate) enum Window<'a> {
+    /// Maps the program range `[dst, dst+len)` to `file` at `off`: the
+    /// page cache's own pages, read-only, shared, locked, instead of copies
+    /// (a locked read-only shared file region's window). Fails (and the
+    /// caller copies as usual) where the host does not or cannot: past the
+    /// end of the file, too many windows already, a lock limit. No thread
+    /// is woken.
+    Map { file: &'a MappedFile, off: u64, dst: usize, len: usize },
+    /// Makes the part `[a, a+l)` of a window usermm's own pages again,
+    /// keeping their bytes (read from `file` at `off`): an anonymous
+    /// mapping of protection `prot` with copies installed.
+    Unmap { file: &'a MappedFile, off: u64, a: usize, l: usize, prot: i32 },
 }
 
 /// Upkeep of the host's side ([`Platform::upkeep`](super::Platform::upkeep)).
