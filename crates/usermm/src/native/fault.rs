@@ -101,7 +101,7 @@ impl usermm_sys::inthread::Resolve for InThread {
             Ok(_) => {
                 if deferred == SIGSEGV {
                     // No lock held any more: delivered now or on return.
-                    let _ = usermm_sys::thread::sigsegv_thread(usermm_sys::thread::gettid(), addr);
+                    let _ = self.0.plat.signal(usermm_sys::thread::gettid(), Signal::Segv, addr);
                 }
                 Outcome::Retry
             }
