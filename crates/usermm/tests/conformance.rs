@@ -412,6 +412,10 @@ fn pageout_over_lazily_freed_pages(mm: &dyn Mm, t: &mut Transcript, swap: bool) 
     for i in (0..n).filter(|&i| written(i)) {
         mm.write_byte(b + i * PAGE + 1, 0xC0 + i as u8);
     }
+    // MADV_FREE queues the pages in this CPU's lazy-free batch; if the
+    // thread has moved to the other CPU by now, MADV_PAGEOUT (which drains
+    // only its own CPU) cannot isolate the batch's pages and keeps them.
+    mm.drain_lru(b);
     t.unit("PAGEOUT", mm.madvise(b, n * PAGE, MADV_PAGEOUT));
     let res = mm.residency(b, n);
     if swap {
