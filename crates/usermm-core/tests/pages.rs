@@ -322,6 +322,53 @@ fn a_rounds_evictions_take_slots_in_address_order() {
     }
 }
 
+/// One round of a page's life in the swap cache: swapped out (its copy, if
+/// any, evicted clean), read back by a fault, then written (`write`) or
+/// not. Returns whether the swap-in kept a copy.
+fn swap_round(c: &mut Core, p: u64, write: bool) -> bool {
+    madvise(c, at(p), PS, MADV_PAGEOUT).unwrap();
+    assert_eq!(state(c, p), PState::Swapped);
+    let plan = fault(c, p, false);
+    let FaultPlan::SwapIn { keep, .. } = plan else { panic!("{plan:?}") };
+    c.fill_done(&plan, 1);
+    if write && keep {
+        let plan = c.wp_fault(Addr(at(p)));
+        assert_eq!(plan, FaultPlan::Unprotect { page: PageIdx(p) });
+        c.fill_done(&plan, 1);
+        assert_eq!(c.page(PageIdx(p)).cache, 0, "a write drops the copy");
+    }
+    c.validate();
+    keep
+}
+
+/// A region whose swap copies are written before they are evicted stops
+/// keeping them (each would cost a WP fault and save no write), but for
+/// one swap-in in `PROBE_EVERY`; a region whose pages are only read keeps
+/// them all; and a region that stops writing gets them back.
+#[test]
+fn swap_copies_are_kept_where_they_are_evicted_clean() {
+    use usermm_core::region::CopyFeedback;
+    let mut c = core();
+    c.set_tracks_writes(true);
+    full(&mut c, 1);
+    // Page 0 is written after every swap-in.
+    let kept: Vec<bool> = (0..200).map(|_| swap_round(&mut c, 0, true)).collect();
+    assert!(kept[0], "copies are kept while nothing is known");
+    let probe = CopyFeedback::PROBE_EVERY as usize;
+    assert!(kept.iter().enumerate().all(|(i, &k)| k == (i % probe == 0)), "only probes keep a copy: {kept:?}");
+    // Page 4, in a region of its own, is only read: every copy is evicted
+    // clean.
+    map_at(&mut c, 4, 1);
+    assert!(matches!(touch(&mut c, 4, true), Touch::Served(_)));
+    let read_only: Vec<bool> = (0..200).map(|_| swap_round(&mut c, 4, false)).collect();
+    assert!(read_only[1..].iter().all(|&k| k), "a read-only region keeps every copy");
+    assert!(c.stats().counters.clean_evictions >= 199);
+    // Page 0 stops writing: its probes are evicted clean and copies come
+    // back within a window of outcomes.
+    let back: Vec<bool> = (0..CopyFeedback::WINDOW as usize * 4).map(|_| swap_round(&mut c, 0, false)).collect();
+    assert!(back[back.len() - 10..].iter().all(|&k| k), "copies come back when they pay");
+}
+
 #[test]
 fn a_swapped_page_with_a_full_budget_asks_for_reclaim_first() {
     let mut c = core();

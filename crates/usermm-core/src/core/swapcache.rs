@@ -39,7 +39,7 @@
 
 use super::{Core, FaultPlan};
 use crate::page::PState;
-use crate::region::{Kind, LockMode};
+use crate::region::{CopyFeedback, Kind, LockMode};
 use crate::types::{Addr, PageIdx};
 
 impl Core {
@@ -54,14 +54,24 @@ impl Core {
     /// A locked page keeps none: it is never evicted, so the copy would
     /// only keep its data in swap (Linux frees the swap slot of a page it
     /// swaps into a locked region, `do_swap_page`'s `should_try_to_free_swap`).
-    pub(super) fn keeps_swap_copy(&self, p: PageIdx, write: bool) -> bool {
-        self.tracks_writes
-            && !write
-            && self
-                .regions
-                .find(p)
-                .is_some_and(|r| r.kind != Kind::FileShared && !r.in_thread && r.lock == LockMode::None)
-            && u64::from(self.swap.free()) > u64::from(self.swap.capacity()) / 8
+    /// Nor does a region whose copies are mostly written before they are
+    /// evicted (`CopyFeedback::pays`), but for one swap-in in
+    /// `PROBE_EVERY`, which keeps the verdict current.
+    pub(super) fn keeps_swap_copy(&mut self, p: PageIdx, write: bool) -> bool {
+        if !self.tracks_writes || write || u64::from(self.swap.free()) <= u64::from(self.swap.capacity()) / 8 {
+            return false;
+        }
+        let Some(r) = self.regions.find_mut(p) else { return false };
+        if r.kind == Kind::FileShared || r.in_thread || r.lock != LockMode::None {
+            return false;
+        }
+        if r.copies.pays() || r.copies.probe + 1 >= CopyFeedback::PROBE_EVERY {
+            r.copies.probe = 0;
+            true
+        } else {
+            r.copies.probe += 1;
+            false
+        }
     }
 
     /// Drops page `p`'s swap copy, if it has one: its data may change, or
@@ -102,6 +112,11 @@ impl Core {
         if m.state != PState::Resident || self.regions.find(p).is_none() {
             return FaultPlan::Wake;
         }
+        if m.cache != 0 {
+            if let Some(r) = self.regions.find_mut(p) {
+                r.copies.note(true);
+            }
+        }
         self.uncache(p);
         self.pages.update(p, |m| m.state = PState::Filling);
         FaultPlan::Unprotect { page: p }
@@ -112,7 +127,12 @@ impl Core {
     pub(super) fn evict_target(&mut self, p: PageIdx) -> Option<(u32, bool)> {
         match self.pages.get(p).cache {
             0 => self.swap.alloc().map(|s| (s, false)),
-            c => Some((c - 1, true)),
+            c => {
+                if let Some(r) = self.regions.find_mut(p) {
+                    r.copies.note(false);
+                }
+                Some((c - 1, true))
+            }
         }
     }
 }

@@ -288,6 +288,7 @@ impl Core {
             swap_streams: Default::default(),
             may_write: file.is_none_or(|f| f.writable || !shared),
             in_thread: flags & UMM_MAP_INTHREAD != 0,
+            copies: Default::default(),
         });
         self.regions.merge_around(range);
     }
@@ -312,6 +313,7 @@ impl Core {
             swap_streams: Default::default(),
             may_write: true,
             in_thread: flags & UMM_MAP_INTHREAD != 0,
+            copies: Default::default(),
         };
         let mut n = 0;
         if range.start.0 > 0 {
