@@ -144,6 +144,14 @@
  */
 #define UMM_MAP_INTHREAD 0x10000000
 
+/*
+ * A fault usermm cannot serve for now (no frame after reclaim, a swap or file
+ * read that failed) raises SIGBUS in the faulting thread with si_code
+ * SI_QUEUE (-1), si_addr the address touched and si_errno the cause: ENOMEM
+ * (no frame), EIO (the page could not be read). If the handler returns, the
+ * access is retried. A purged volatile or poisoned page is BUS_ADRERR.
+ */
+
 /* umm_page_state bits: one 32-bit word per page. */
 #define UMM_PAGE_RESIDENT 0x001u  /* the page has a frame in the space */
 #define UMM_PAGE_SWAPPED  0x002u  /* the page's data is in the swap file */

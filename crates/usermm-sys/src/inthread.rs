@@ -52,8 +52,9 @@ pub enum Outcome {
     /// marker as for a userfault): chain it.
     ProgramsSigbus,
     /// A failure to report as handler threads do (a swap read error, no
-    /// frame): chain a SIGBUS with `si_code = SI_QUEUE`.
-    TransientSigbus,
+    /// frame): chain a SIGBUS with `si_code = SI_QUEUE` and `si_errno` the
+    /// cause (see [`crate::thread::sigbus_thread`]).
+    TransientSigbus { errno: i32 },
 }
 
 type Shared = std::sync::Arc<dyn Resolve>;
@@ -325,11 +326,12 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, uc: *mut l
                 match outcome {
                     Outcome::Retry => {}
                     Outcome::ProgramsSigbus => chain(sig, info, uc),
-                    Outcome::TransientSigbus => {
+                    Outcome::TransientSigbus { errno } => {
                         // SAFETY: a copy of the kernel's siginfo (plain
                         // data), with the code usermm's handler threads use.
                         let mut q = unsafe { *info };
                         q.si_code = libc::SI_QUEUE;
+                        q.si_errno = errno;
                         chain(sig, &mut q, uc);
                     }
                 }

@@ -39,7 +39,8 @@ pub fn sigbus_default() -> Result<(), Errno> {
 /// process by the default action. For tests that expect no SIGBUS at all
 /// (the stress test): without it, a test binary killed by one prints nothing
 /// of where or why (`si_code` 2 is the kernel's `BUS_ADRERR`; -1,
-/// `SI_QUEUE`, is usermm's transient failure: a swap read error or no frame).
+/// `SI_QUEUE`, is usermm's transient failure, `si_errno` 5 (`EIO`) a read
+/// error, 12 (`ENOMEM`) no frame).
 pub fn sigbus_said_and_fatal() -> Result<(), Errno> {
     // SAFETY: sigaction is plain data; zeroed is a valid value.
     let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -53,11 +54,15 @@ extern "C" fn say_sigbus_and_die(sig: libc::c_int, info: *mut libc::siginfo_t, _
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler;
     // `si_addr` reads the _sigfault union member, which SIGBUS fills (and
     // usermm's queued SIGBUS too).
-    let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
+    let (addr, code, errno) = unsafe { ((*info).si_addr() as usize, (*info).si_code, (*info).si_errno) };
     let mut buf = [0u8; 160];
     let mut w = &mut buf[..];
     // (Formatting into a stack buffer allocates nothing.)
-    let _ = writeln!(w, "FATAL: SIGBUS at {addr:#x}, si_code {code} (thread {})", crate::thread::gettid());
+    let _ = writeln!(
+        w,
+        "FATAL: SIGBUS at {addr:#x}, si_code {code}, si_errno {errno} (thread {})",
+        crate::thread::gettid()
+    );
     let n = 160 - w.len();
     // SAFETY: write(2) of our own buffer, then the default action for the
     // signal (async-signal-safe calls only).
@@ -73,6 +78,7 @@ static RANGE_HI: AtomicUsize = AtomicUsize::new(0);
 static COUNT: AtomicU64 = AtomicU64::new(0);
 static LAST_ADDR: AtomicUsize = AtomicUsize::new(0);
 static LAST_CODE: AtomicI32 = AtomicI32::new(0);
+static LAST_ERRNO: AtomicI32 = AtomicI32::new(0);
 /// A `fn(usize)` called from the handler with `si_addr` (0: none).
 static CALLBACK: AtomicUsize = AtomicUsize::new(0);
 /// Only one recorder may be installed at a time (the disposition is
@@ -105,17 +111,21 @@ pub struct SigbusRecord {
     pub addr: usize,
     /// `si_code` of the last one (`BUS_ADRERR` is 2).
     pub code: i32,
+    /// `si_errno` of the last one (usermm's `SI_QUEUE` SIGBUS says its
+    /// cause there).
+    pub errno: i32,
 }
 
 extern "C" fn record_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler;
     // `si_addr` reads the _sigfault union member, which SIGBUS fills.
-    let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
+    let (addr, code, errno) = unsafe { ((*info).si_addr() as usize, (*info).si_code, (*info).si_errno) };
     let lo = RANGE_LO.load(Ordering::SeqCst);
     let hi = RANGE_HI.load(Ordering::SeqCst);
     if addr >= lo && addr < hi {
         LAST_ADDR.store(addr, Ordering::SeqCst);
         LAST_CODE.store(code, Ordering::SeqCst);
+        LAST_ERRNO.store(errno, Ordering::SeqCst);
         COUNT.fetch_add(1, Ordering::SeqCst);
         let cb = CALLBACK.load(Ordering::SeqCst);
         if cb != 0 {
@@ -152,6 +162,7 @@ impl SigbusRecorder {
         COUNT.store(0, Ordering::SeqCst);
         LAST_ADDR.store(0, Ordering::SeqCst);
         LAST_CODE.store(0, Ordering::SeqCst);
+        LAST_ERRNO.store(0, Ordering::SeqCst);
         // SAFETY: sigaction is plain data; zeroed is a valid value.
         let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
         let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = record_sigbus;
@@ -172,6 +183,7 @@ impl SigbusRecorder {
             count: COUNT.load(Ordering::SeqCst),
             addr: LAST_ADDR.load(Ordering::SeqCst),
             code: LAST_CODE.load(Ordering::SeqCst),
+            errno: LAST_ERRNO.load(Ordering::SeqCst),
         }
     }
 }

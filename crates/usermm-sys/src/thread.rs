@@ -15,8 +15,9 @@ pub fn gettid() -> u32 {
 /// error, no frame to be had): `SI_QUEUE`.
 pub const SIGBUS_TRANSIENT_SI_CODE: i32 = -1;
 
-/// Raises SIGBUS in thread `tid` of this process, with `si_addr = addr` and
-/// `si_code = SI_QUEUE` (-1).
+/// Raises SIGBUS in thread `tid` of this process, with `si_addr = addr`,
+/// `si_code = SI_QUEUE` (-1) and `si_errno = errno`, the failure's cause
+/// (`ENOMEM`: no frame; `EIO`: the page could not be read; `EHWPOISON`).
 ///
 /// # Why not `BUS_ADRERR`?
 /// The kernel lets a thread queue a kernel-style (positive) `si_code` only to
@@ -29,21 +30,22 @@ pub const SIGBUS_TRANSIENT_SI_CODE: i32 = -1;
 /// way. A thread waiting in a userfaultfd fault is interrupted, returns to
 /// user space and takes the signal; if its handler returns, the access is
 /// retried.
-pub fn sigbus_thread(tid: u32, addr: usize) -> Result<(), Errno> {
-    fault_signal_thread(tid, libc::SIGBUS, addr)
+pub fn sigbus_thread(tid: u32, addr: usize, errno: i32) -> Result<(), Errno> {
+    fault_signal_thread(tid, libc::SIGBUS, addr, errno)
 }
 
 /// Raises SIGSEGV in thread `tid`, with `si_addr = addr` and `si_code =
 /// SI_QUEUE`: for a touch of unmapped memory when the page could not be made
 /// `PROT_NONE` (the kernel's own SIGSEGV would say `SEGV_MAPERR`).
 pub fn sigsegv_thread(tid: u32, addr: usize) -> Result<(), Errno> {
-    fault_signal_thread(tid, libc::SIGSEGV, addr)
+    fault_signal_thread(tid, libc::SIGSEGV, addr, 0)
 }
 
-fn fault_signal_thread(tid: u32, sig: i32, addr: usize) -> Result<(), Errno> {
+fn fault_signal_thread(tid: u32, sig: i32, addr: usize, errno: i32) -> Result<(), Errno> {
     // SAFETY: siginfo_t is plain data; zeroed is a valid value.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
     info.si_signo = sig;
+    info.si_errno = errno;
     info.si_code = libc::SI_QUEUE;
     // si_addr sits at offset 16 of siginfo_t on x86-64 (the _sigfault union).
     // SAFETY: the union starts at byte 16 and the write stays inside the

@@ -508,7 +508,7 @@ impl Platform for Native {
     }
     fn signal(&self, tid: u32, sig: Signal, addr: usize) -> Result<(), Errno> {
         match sig {
-            Signal::Bus => usermm_sys::thread::sigbus_thread(tid, addr),
+            Signal::Bus(errno) => usermm_sys::thread::sigbus_thread(tid, addr, errno.0),
             Signal::Segv => usermm_sys::thread::sigsegv_thread(tid, addr),
         }
     }

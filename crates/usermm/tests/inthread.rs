@@ -356,6 +356,7 @@ fn a_lock_on_fault_file_window_comes_in_in_two_halves_and_a_failed_half_is_dropp
     drop(rec);
     assert_eq!(r.count, 1, "one SIGBUS for one failed split");
     assert_eq!(r.code, usermm_sys::thread::SIGBUS_TRANSIENT_SI_CODE, "a transient SIGBUS");
+    assert_eq!(r.errno, libc::EIO, "si_errno: the page could not be read");
     assert!((a + hit * PS..a + (hit + 1) * PS).contains(&r.addr), "si_addr {:#x}, page {hit}", r.addr);
     (0..pages).for_each(check);
     books_right("after a failed half");

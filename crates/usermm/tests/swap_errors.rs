@@ -227,6 +227,7 @@ fn read_error_in_process() {
     let page_addr = m.addr() + page * PAGE;
     assert!((page_addr..page_addr + PAGE).contains(&r.addr), "si_addr {:#x} not in page {page_addr:#x}", r.addr);
     assert_eq!(r.code, SIGBUS_TRANSIENT_SI_CODE, "si_code");
+    assert_eq!(r.errno, libc::EIO, "si_errno says a read error");
     assert_eq!(bad, 0, "the retried read returned wrong data");
     assert_eq!(after.swap_read_errors, before.swap_read_errors + 1);
     assert!(after.swapins > before.swapins);
@@ -349,6 +350,8 @@ struct OomTouch {
     sigbus: u64,
     /// SIGBUSes that came when it was no longer touching the page.
     late: u64,
+    /// The last SIGBUS's `si_errno` (`ENOMEM`: no frame).
+    errno: i32,
     /// From the touch to the first SIGBUS.
     first_ms: f64,
     /// The longest `umm_mmap` + `umm_munmap` of another thread meanwhile.
@@ -414,6 +417,7 @@ fn touch_out_of_memory(
     let t = OomTouch {
         sigbus: r.count,
         late: OOM_LATE.load(Ordering::SeqCst),
+        errno: r.errno,
         first_ms: first.saturating_sub(OOM_T0_NS.load(Ordering::SeqCst)) as f64 / 1e6,
         other_call_max_ms: other_max_ns.load(Ordering::SeqCst) as f64 / 1e6,
     };
@@ -433,6 +437,7 @@ const OOM_BOUND_MS: f64 = 100.0;
 fn assert_one_sigbus_soon(t: &OomTouch, s: &Space) {
     assert_eq!(t.late, 0, "a SIGBUS came after its access: {t:?}");
     assert_eq!(t.sigbus, 1, "one failed fault, one SIGBUS: {t:?}");
+    assert_eq!(t.errno, libc::ENOMEM, "si_errno says no frame: {t:?}");
     assert_eq!(s.stats().oom_sigbus, 1, "{t:?}");
     assert!(t.first_ms < OOM_BOUND_MS, "the SIGBUS took {:.1} ms", t.first_ms);
     assert!(t.other_call_max_ms < OOM_BOUND_MS, "another thread's mmap waited {:.1} ms", t.other_call_max_ms);
@@ -539,6 +544,7 @@ fn a_thread_that_faults_twice_for_one_access_gets_one_sigbus() {
     s.inject_signal_stall(0);
     assert_eq!(t.late, 0, "a SIGBUS came after its access: {t:?}");
     assert_eq!(t.sigbus, 1, "one failed fault, one SIGBUS: {t:?}");
+    assert_eq!(t.errno, libc::ENOMEM, "si_errno says no frame: {t:?}");
     assert_eq!(s.stats().oom_sigbus, 1, "{t:?}");
 }
 

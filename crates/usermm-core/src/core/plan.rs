@@ -128,6 +128,19 @@ pub enum Failure {
 }
 
 impl Failure {
+    /// The `si_errno` of the SIGBUS a fault gets for it (`SI_QUEUE`): no
+    /// frame is `ENOMEM`, an I/O error or a page past the end of its file
+    /// `EIO`, a poisoned page `EHWPOISON` (0 for a failure that is no
+    /// SIGBUS).
+    pub fn signal_errno(self) -> Errno {
+        match self {
+            Failure::OutOfMemory => Errno::ENOMEM,
+            Failure::Unreadable => Errno::EIO,
+            Failure::Poisoned => Errno::EHWPOISON,
+            Failure::Gone | Failure::NotFilled => Errno(0),
+        }
+    }
+
     /// The errno a populate (`MADV_POPULATE_*`, `umm_populate`, a lock's
     /// population) returns for it, as Linux's `faultin_page` maps a fault's
     /// `VM_FAULT_*`: no VMA is `ENOMEM`, `VM_FAULT_OOM` is `ENOMEM`,

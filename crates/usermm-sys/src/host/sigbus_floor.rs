@@ -49,7 +49,7 @@ impl Resolve for Floor {
         match r {
             // (`EEXIST`: another thread installed it first.)
             Ok(_) | Err(Errno::EEXIST) => Outcome::Retry,
-            Err(_) => Outcome::TransientSigbus,
+            Err(e) => Outcome::TransientSigbus { errno: e.0 },
         }
     }
 }

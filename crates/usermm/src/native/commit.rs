@@ -100,7 +100,7 @@ impl Inner {
         match failure {
             Failure::NotFilled => {}
             Failure::Gone => {
-                if !super::fault::defer_signal(super::fault::SIGSEGV) && self.signal_sent(t, super::fault::SIGSEGV) {
+                if !super::fault::defer_signal(super::fault::SIGSEGV, 0) && self.signal_sent(t, super::fault::SIGSEGV) {
                     let _ = self.plat.signal(t, Signal::Segv, addr);
                 }
             }
@@ -112,7 +112,8 @@ impl Inner {
                         std::thread::sleep(std::time::Duration::from_millis(stall.into()));
                     }
                 }
-                let deferred = super::fault::defer_signal(super::fault::SIGBUS);
+                let errno = failure.signal_errno();
+                let deferred = super::fault::defer_signal(super::fault::SIGBUS, errno.0);
                 // (Not when a signal sent before answers this fault.)
                 let sent = deferred || self.signal_sent(t, super::fault::SIGBUS);
                 if sent && failure == Failure::OutOfMemory {
@@ -120,7 +121,7 @@ impl Inner {
                     c.fault_oom();
                 }
                 if sent && !deferred {
-                    let _ = self.plat.signal(t, Signal::Bus, addr);
+                    let _ = self.plat.signal(t, Signal::Bus(errno), addr);
                 }
             }
         }

@@ -49,19 +49,20 @@ std::thread_local! {
     /// The read batch of the fault message this handler thread serves
     /// (`u64::MAX`: none, the newest).
     static BATCH: std::cell::Cell<u64> = const { std::cell::Cell::new(u64::MAX) };
-    /// Inside an in-thread resolve: `Some(signal to raise once the locks are
-    /// let go)` (0: none); `None` elsewhere.
-    static DEFERRED: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
+    /// Inside an in-thread resolve: `Some((signal to raise once the locks
+    /// are let go, its si_errno))` (signal 0: none); `None` elsewhere.
+    static DEFERRED: std::cell::Cell<Option<(i32, i32)>> = const { std::cell::Cell::new(None) };
 }
 
-/// In an in-thread resolve, records `sig` (SIGBUS, SIGSEGV) for the SIGBUS
+/// In an in-thread resolve, records `sig` (SIGBUS, SIGSEGV, with `errno` its
+/// `si_errno`) for the SIGBUS
 /// handler to raise after the resolve has let go of every lock (a program
 /// handler delivered at once could call usermm, which needs them) and
 /// returns true; elsewhere false: the caller queues it to the thread.
-pub(super) fn defer_signal(sig: i32) -> bool {
+pub(super) fn defer_signal(sig: i32, errno: i32) -> bool {
     DEFERRED.with(|d| match d.get() {
         Some(_) => {
-            d.set(Some(sig));
+            d.set(Some((sig, errno)));
             true
         }
         None => false,
@@ -82,7 +83,7 @@ impl usermm_sys::inthread::Resolve for InThread {
         // for their reply rather than poll.
         let _system = crate::thread_role::SystemOnly::enter();
         let _resolving = crate::thread_role::ResolvingOwnFault::enter();
-        let outer = DEFERRED.with(|d| d.replace(Some(0)));
+        let outer = DEFERRED.with(|d| d.replace(Some((0, 0))));
         let spun = SERVES_FAULTS.with(|s| s.replace(true));
         let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mm = self.0.read_mm();
@@ -93,11 +94,11 @@ impl usermm_sys::inthread::Resolve for InThread {
         }));
         // (A nested fault, from a program handler this one chained to,
         // restores the outer resolve's state.)
-        let deferred = DEFERRED.with(|d| d.replace(outer)).unwrap_or(0);
+        let (deferred, errno) = DEFERRED.with(|d| d.replace(outer)).unwrap_or((0, 0));
         SERVES_FAULTS.with(|s| s.set(spun));
         match served {
             Ok(Resolved::ProgramsSigbus) => Outcome::ProgramsSigbus,
-            Ok(_) if deferred == SIGBUS => Outcome::TransientSigbus,
+            Ok(_) if deferred == SIGBUS => Outcome::TransientSigbus { errno },
             Ok(_) => {
                 if deferred == SIGSEGV {
                     // No lock held any more: delivered now or on return.

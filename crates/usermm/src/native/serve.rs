@@ -273,7 +273,7 @@ impl Inner {
             // The host refused (out of its map count): the signal itself,
             // or the thread would fault forever.
             if let Some(t) = tid {
-                if !super::fault::defer_signal(super::fault::SIGSEGV) && self.signal_sent(t, super::fault::SIGSEGV) {
+                if !super::fault::defer_signal(super::fault::SIGSEGV, 0) && self.signal_sent(t, super::fault::SIGSEGV) {
                     let _ = self.plat.signal(t, Signal::Segv, addr);
                 }
             }

@@ -303,8 +303,9 @@ pub(crate) enum Zero {
 /// A signal a [`Platform`](super::Platform) queues to a thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Signal {
-    /// A transient SIGBUS (`si_code = SI_QUEUE`): a swap read error, no frame.
-    Bus,
+    /// A transient SIGBUS (`si_code = SI_QUEUE`): a swap read error, no
+    /// frame; `si_errno` says which (`Failure::signal_errno`).
+    Bus(Errno),
     /// A SIGSEGV: a touch of unmapped memory.
     Segv,
 }

@@ -612,7 +612,7 @@ impl Platform for SimPlatform {
     }
     fn signal(&self, tid: u32, sig: Signal, addr: usize) -> Result<(), Errno> {
         let sig = match sig {
-            Signal::Bus => libc_sig::SIGBUS,
+            Signal::Bus(_) => libc_sig::SIGBUS,
             Signal::Segv => libc_sig::SIGSEGV,
         };
         self.host().signals.push((tid, sig, addr));
