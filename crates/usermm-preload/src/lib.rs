@@ -368,28 +368,19 @@ fn report() {
         );
     }
     if let Some((s, h, page)) = stats {
+        // Every field of the space's statistics (`Stats::fields`), a count
+        // of pages as bytes (`budget_pages` as `budget_bytes`), then the
+        // heap's.
+        out += &format!("usermm run: pid {pid} ({who}): stats:");
+        for (name, v) in s.fields() {
+            match name.split_once("_pages") {
+                Some((a, b)) => out += &format!(" {a}_bytes{b}={}", v * page),
+                None => out += &format!(" {name}={v}"),
+            }
+        }
         out += &format!(
-            "usermm run: pid {pid} ({who}): stats: budget_bytes={} resident_bytes={} resident_bytes_max={} \
-             swapped_bytes={} faults={} major_faults={} zero_fills={} swapins={} swapouts={} evictions={} \
-             lazyfree_discards={} oom_sigbus={} heap_live_bytes={} heap_live_allocations={} heap_arena_bytes={} \
-             heap_large_bytes={} regions={}\n",
-            s.budget_pages * page,
-            s.resident_pages * page,
-            s.resident_pages_max * page,
-            s.swapped_pages * page,
-            s.faults,
-            s.major_faults,
-            s.zero_fills,
-            s.swapins,
-            s.swapouts,
-            s.evictions,
-            s.lazyfree_discards,
-            s.oom_sigbus,
-            h.live_bytes,
-            h.live_allocations,
-            h.arena_bytes,
-            h.large_bytes,
-            s.regions,
+            " heap_live_bytes={} heap_live_allocations={} heap_arena_bytes={} heap_large_bytes={}\n",
+            h.live_bytes, h.live_allocations, h.arena_bytes, h.large_bytes
         );
     }
     if VERBOSE.load(Relaxed) {

@@ -2,75 +2,102 @@
 //! [`PopulateReport`] (`struct umm_populate_report`) and [`PurgeReport`]
 //! (`struct umm_purge_report`).
 
-/// Statistics of a space (`struct umm_stats`, plus usermm's own fields).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Stats {
-    pub budget_pages: u64,
-    pub resident_pages: u64,
-    pub resident_pages_max: u64,
-    pub locked_pages: u64,
-    pub locked_charged_pages: u64,
-    pub swapped_pages: u64,
-    pub lazyfree_pages: u64,
-    pub volatile_pages: u64,
-    pub faults: u64,
-    pub major_faults: u64,
-    pub zero_fills: u64,
-    pub swapins: u64,
-    pub swapouts: u64,
-    pub writebacks: u64,
-    pub lazyfree_discards: u64,
-    pub volatile_purges: u64,
+/// Defines [`Stats`] from one list of fields (each a `u64`) and
+/// [`Stats::fields`], which names them: the C ABI's `struct umm_stats`
+/// words and `usermm run --stats` are taken from it by name, and a test
+/// checks the header's struct against it.
+macro_rules! stats {
+    ($( $(#[$doc:meta])* $name:ident, )*) => {
+        /// Statistics of a space (`struct umm_stats`, plus usermm's own fields).
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        pub struct Stats {
+            $( $(#[$doc])* pub $name: u64, )*
+        }
+
+        impl Stats {
+            /// Every field with its name, in declaration order.
+            pub fn fields(&self) -> Vec<(&'static str, u64)> {
+                vec![$( (stringify!($name), self.$name), )*]
+            }
+
+            /// The field named `name`, if there is one.
+            pub fn get(&self, name: &str) -> Option<u64> {
+                match name {
+                    $( stringify!($name) => Some(self.$name), )*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+stats! {
+    budget_pages,
+    resident_pages,
+    resident_pages_max,
+    locked_pages,
+    locked_charged_pages,
+    swapped_pages,
+    lazyfree_pages,
+    volatile_pages,
+    faults,
+    major_faults,
+    zero_fills,
+    swapins,
+    swapouts,
+    writebacks,
+    lazyfree_discards,
+    volatile_purges,
     /// Of `volatile_purges`, the pages the host kernel purged (Rust API
     /// only; not in `struct umm_stats`).
-    pub host_purges: u64,
-    pub evictions: u64,
-    pub oom_sigbus: u64,
-    pub write_lock_hold_ns_max: u64,
+    host_purges,
+    evictions,
+    oom_sigbus,
+    write_lock_hold_ns_max,
     // usermm's own:
     /// Resident pages parked on the inactive list (counted in `resident_pages`).
-    pub inactive_pages: u64,
+    inactive_pages,
     /// Faults that mapped an inactive page back (no I/O).
-    pub minor_faults: u64,
-    pub deactivations: u64,
-    pub swap_read_errors: u64,
-    pub swap_write_errors: u64,
-    pub regions: u64,
+    minor_faults,
+    deactivations,
+    swap_read_errors,
+    swap_write_errors,
+    regions,
     /// 1 when the space runs on the user-mode-only userfaultfd fallback.
-    pub user_mode_only: u64,
+    user_mode_only,
     /// 1 when swap I/O bypasses the host page cache (O_DIRECT).
-    pub swap_direct_io: u64,
+    swap_direct_io,
     /// Zaps (munmap, `MADV_DONTNEED`, `MAP_FIXED`) the host refused at
     /// first because the pages were locked behind usermm's back (a raw
     /// `mlock` syscall): the range was unlocked, or replaced by a fresh
     /// mapping, so that no old byte is ever seen again.
-    pub host_refusals: u64,
+    host_refusals,
     /// Store writes (a call writing a run of up to 256 pages) that failed:
     /// with `swap_backoff_ms`, how a swap file system that is full or a
     /// Redis server that is down shows (`swap_write_errors` counts the
     /// pages those writes kept resident).
-    pub swap_write_fails: u64,
+    swap_write_fails,
     /// While the page store refuses writes: the pause before it is tried
     /// again (ms, doubling with each failure up to 1,000; its pages stay
     /// resident meanwhile); 0 when it takes writes.
-    pub swap_backoff_ms: u64,
+    swap_backoff_ms,
     /// Pages a host `UFFDIO_MOVE` moved without saying so (it answered an
     /// error or a shorter count; found in the host's page tables and taken
     /// as moved, see `Arena::moved_unreported`). Not in `struct umm_stats`.
-    pub host_unreported_moves: u64,
+    host_unreported_moves,
     /// Resident pages whose swap slot still holds exactly their data (read
     /// since their swap-in, never written): evicting one writes nothing.
     /// Not in `struct umm_stats`.
-    pub swap_cached_pages: u64,
+    swap_cached_pages,
     /// Evictions that wrote nothing, the page's swap copy being exact (not
     /// counted in `swapouts`). Not in `struct umm_stats`.
-    pub clean_evictions: u64,
+    clean_evictions,
     /// Frames in the space's pool of recycled frames now (counted in the
     /// budget as free frames). Not in `struct umm_stats`.
-    pub pool_frames: u64,
+    pool_frames,
     /// Pages installed by moving a pool frame in (a zero fill or a swap-in
     /// with no frame allocated). Not in `struct umm_stats`.
-    pub pool_fills: u64,
+    pool_fills,
 }
 
 /// What `umm_populate` reports (`struct umm_populate_report`).

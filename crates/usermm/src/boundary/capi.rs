@@ -179,6 +179,39 @@ mod tests {
     use super::*;
     use crate::Stats;
 
+    /// `struct umm_stats` in include/usermm.h: `size`, then exactly
+    /// `STATS_FIELDS`, each a `uint64_t` and a field of `Stats`.
+    #[test]
+    fn stats_fields_match_the_header() {
+        use super::introspect::STATS_FIELDS;
+        let h = include_str!("../../../../include/usermm.h");
+        let body = h.split("struct umm_stats {").nth(1).expect("struct umm_stats in the header");
+        let mut body = &body[..body.find("};").expect("its end")];
+        // The declarations, comments (some over several lines) left out.
+        let mut code = String::new();
+        while let Some(i) = body.find("/*") {
+            code += &body[..i];
+            body = &body[i + body[i..].find("*/").expect("comment end") + 2..];
+        }
+        code += body;
+        let fields: Vec<(&str, &str)> = code
+            .split(';')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(|d| {
+                let (ty, name) = d.rsplit_once(char::is_whitespace).expect("type and name");
+                (ty.trim(), name)
+            })
+            .collect();
+        assert_eq!(fields[0], ("size_t", "size"));
+        let names: Vec<&str> = fields[1..].iter().map(|f| f.1).collect();
+        assert_eq!(names, STATS_FIELDS, "the header's fields, in order");
+        assert!(fields[1..].iter().all(|f| f.0 == "uint64_t"), "{fields:?}");
+        let s = Stats::default();
+        let unknown: Vec<&str> = STATS_FIELDS.iter().copied().filter(|n| s.get(n).is_none()).collect();
+        assert!(unknown.is_empty(), "header fields Stats does not have: {unknown:?}");
+    }
+
     #[test]
     fn stats_layout_matches_header() {
         // The header's struct: size_t size + 19 SPEC fields + 11 of usermm's.

@@ -10,42 +10,47 @@ use super::copy::{access_ok, copy_out, copy_out_zero_padded, read_usize};
 use super::{guard, space, umm_space};
 use crate::{Errno, Space, Stats};
 
+/// The fields of `struct umm_stats` after its `size` field, in the header's
+/// order (`stats_fields_match_the_header` checks them against
+/// include/usermm.h); each names a [`Stats`] field.
+pub(super) const STATS_FIELDS: [&str; STATS_WORDS] = [
+    "budget_pages",
+    "resident_pages",
+    "resident_pages_max",
+    "locked_pages",
+    "locked_charged_pages",
+    "swapped_pages",
+    "lazyfree_pages",
+    "volatile_pages",
+    "faults",
+    "major_faults",
+    "zero_fills",
+    "swapins",
+    "swapouts",
+    "writebacks",
+    "lazyfree_discards",
+    "volatile_purges",
+    "evictions",
+    "oom_sigbus",
+    "write_lock_hold_ns_max",
+    // usermm's own:
+    "inactive_pages",
+    "minor_faults",
+    "deactivations",
+    "swap_read_errors",
+    "swap_write_errors",
+    "regions",
+    "user_mode_only",
+    "swap_direct_io",
+    "host_refusals",
+    "swap_write_fails",
+    "swap_backoff_ms",
+];
+
 /// The words of `struct umm_stats` after its `size` field, in the header's
 /// order. `umm_stats` copies as many of them as fit in the caller's `size`.
 pub(super) fn stats_words(s: &Stats) -> [u64; STATS_WORDS] {
-    [
-        s.budget_pages,
-        s.resident_pages,
-        s.resident_pages_max,
-        s.locked_pages,
-        s.locked_charged_pages,
-        s.swapped_pages,
-        s.lazyfree_pages,
-        s.volatile_pages,
-        s.faults,
-        s.major_faults,
-        s.zero_fills,
-        s.swapins,
-        s.swapouts,
-        s.writebacks,
-        s.lazyfree_discards,
-        s.volatile_purges,
-        s.evictions,
-        s.oom_sigbus,
-        s.write_lock_hold_ns_max,
-        // usermm's own:
-        s.inactive_pages,
-        s.minor_faults,
-        s.deactivations,
-        s.swap_read_errors,
-        s.swap_write_errors,
-        s.regions,
-        s.user_mode_only,
-        s.swap_direct_io,
-        s.host_refusals,
-        s.swap_write_fails,
-        s.swap_backoff_ms,
-    ]
+    STATS_FIELDS.map(|name| s.get(name).unwrap_or(0))
 }
 
 /// Fields of `struct umm_stats` after `size`.
