@@ -47,7 +47,7 @@
 //! - Connections are pooled (one per thread doing I/O at a time); a
 //!   connection that failed is dropped and a new one made on next use.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -55,8 +55,12 @@ use usermm_core::Errno;
 
 use super::{header, open_sealed, PageStore, HEADER};
 
+mod lease;
 mod link;
+mod url;
+use lease::client_name;
 use link::Link;
+use url::{hash_slot, parse, random_id, Url};
 
 /// One server, or a cluster.
 enum Backend {
@@ -129,104 +133,6 @@ pub(crate) struct RedisStore {
     lease_lapsed: AtomicBool,
     /// The URL without credentials, for messages.
     pub(crate) shown: String,
-}
-
-/// A random 64-bit id (from the kernel's entropy; the time and pid if that
-/// is unreadable).
-fn random_id() -> u64 {
-    let mut b = [0u8; 8];
-    if std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b)).is_ok() {
-        return u64::from_le_bytes(b);
-    }
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    t ^ (std::process::id() as u64).rotate_left(40)
-}
-
-/// A parsed `swap_url`.
-#[derive(Debug, PartialEq)]
-struct Url {
-    /// `redis://…` of the one server, or of each seed node of a cluster.
-    nodes: Vec<String>,
-    cluster: bool,
-    prefix: String,
-    timeout: Duration,
-    replicas: u32,
-    failover: Duration,
-    /// How long the space's lease lasts unless refreshed (`lease_ms`);
-    /// zero: no lease (the keys of a process killed outright stay).
-    lease: Duration,
-}
-
-fn parse(url: &str, space: u64) -> Result<Url, Errno> {
-    let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    let (nodes, cluster) = if let Some(rest) = base.strip_prefix("redis+cluster://") {
-        let hosts = rest.trim_end_matches('/');
-        let nodes: Vec<String> = hosts.split(',').filter(|h| !h.is_empty()).map(|h| format!("redis://{h}/")).collect();
-        if nodes.is_empty() {
-            return Err(Errno::EINVAL);
-        }
-        (nodes, true)
-    } else if base.starts_with("redis://") || base.starts_with("rediss://") || base.starts_with("redis+unix://") {
-        (vec![base.to_string()], false)
-    } else {
-        return Err(Errno::EINVAL);
-    };
-    let mut prefix = None;
-    let mut timeout = Duration::from_millis(2000);
-    let mut replicas = 0;
-    let mut failover = Duration::from_millis(10_000);
-    let mut lease = DEFAULT_LEASE;
-    for kv in query.split('&').filter(|s| !s.is_empty()) {
-        let (k, v) = kv.split_once('=').ok_or(Errno::EINVAL)?;
-        match k {
-            "prefix" if !v.is_empty() => prefix = Some(v.to_string()),
-            "timeout_ms" => timeout = Duration::from_millis(v.parse::<u64>().map_err(|_| Errno::EINVAL)?.max(1)),
-            "replicas" => replicas = v.parse::<u32>().map_err(|_| Errno::EINVAL)?,
-            "failover_ms" => failover = Duration::from_millis(v.parse::<u64>().map_err(|_| Errno::EINVAL)?),
-            "lease_ms" => lease = Duration::from_millis(v.parse::<u64>().map_err(|_| Errno::EINVAL)?),
-            _ => return Err(Errno::EINVAL),
-        }
-    }
-    let prefix = prefix.unwrap_or_else(|| {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        format!("usermm:{}:{}:{space:016x}:", host.trim(), std::process::id())
-    });
-    if prefix.contains(['{', '}']) {
-        // A brace would change the cluster's hash tag.
-        return Err(Errno::EINVAL);
-    }
-    Ok(Url { nodes, cluster, prefix, timeout, replicas, failover, lease })
-}
-
-/// The cluster hash slot of `key` (CRC16/XMODEM of its hash tag, mod 16384).
-fn hash_slot(key: &[u8]) -> u16 {
-    let tag = match key.iter().position(|&b| b == b'{') {
-        Some(i) => match key[i + 1..].iter().position(|&b| b == b'}') {
-            Some(j) if j > 0 => &key[i + 1..i + 1 + j],
-            _ => key,
-        },
-        None => key,
-    };
-    let mut crc: u16 = 0;
-    for &b in tag {
-        crc ^= (b as u16) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
-        }
-    }
-    crc % 16384
-}
-
-/// `s` with the glob characters of `SCAN MATCH` escaped.
-fn glob_escape(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            o.push('\\');
-        }
-        o.push(c);
-    }
-    o
 }
 
 /// Every failure of the server (unreachable, timed out, refusing the
@@ -384,204 +290,6 @@ impl RedisStore {
     /// Bytes a slot takes in its chunk's value: the header and the page.
     fn stride(&self) -> usize {
         HEADER + self.page
-    }
-
-    /// Deletes every key under the prefix.
-    fn delete_all(&self) -> Result<(), Errno> {
-        self.delete_prefix(&self.prefix, self.slots)
-    }
-
-    /// Deletes every key of the space with prefix `prefix` and `slots`
-    /// slots.
-    fn delete_prefix(&self, prefix: &str, slots: u64) -> Result<(), Errno> {
-        if self.cluster() {
-            // No cluster-wide SCAN: every key the space can have, a group
-            // (one hash slot) per command.
-            let chunks = slots.div_ceil(CHUNK);
-            for g in 0..slots.div_ceil(GROUP) {
-                let per = GROUP / CHUNK;
-                let keys: Vec<String> =
-                    (g * per..((g + 1) * per).min(chunks)).map(|k| self.key_of(prefix, k)).collect();
-                self.with_conn(|c| redis::cmd("UNLINK").arg(&keys).query::<u64>(c.link()))?;
-            }
-            return Ok(());
-        }
-        let pattern = format!("{}*", glob_escape(prefix));
-        self.with_conn(|c| {
-            let c = c.link();
-            let mut cursor = 0u64;
-            loop {
-                let (next, keys): (u64, Vec<String>) =
-                    redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000).query(c)?;
-                if !keys.is_empty() {
-                    redis::cmd("UNLINK").arg(&keys).query::<u64>(c)?;
-                }
-                if next == 0 {
-                    return Ok(());
-                }
-                cursor = next;
-            }
-        })
-    }
-
-    /// Takes the space's lease (`{usermm}lease:P`, expiring after `lease`)
-    /// and enters the space in the registry (`{usermm}spaces`: prefix →
-    /// slots and space id), in that order, so that a space reaping dead
-    /// ones never finds this one registered without its lease. A lease held
-    /// by a reaper of an earlier space with the same prefix is waited for
-    /// (up to 10 s). Best effort: a server that refuses (an ACL confined to
-    /// the prefix) only loses the clean-up after a crash, said on stderr.
-    fn register(&self) {
-        if self.lease.is_zero() {
-            return;
-        }
-        let ms = self.lease.as_millis() as u64;
-        let lease = lease_key(&self.prefix);
-        let t0 = std::time::Instant::now();
-        let r = self.with_conn(|c| {
-            loop {
-                let took: Option<String> =
-                    redis::cmd("SET").arg(&lease).arg(self.space).arg("PX").arg(ms).arg("NX").query(c.link())?;
-                if took.is_some() {
-                    break;
-                }
-                let holder: Option<String> = redis::cmd("GET").arg(&lease).query(c.link())?;
-                if holder.as_deref() != Some(REAPING) || t0.elapsed() > Duration::from_secs(10) {
-                    // Another space with this prefix (one at a time, the
-                    // docs say), or a reaper that took too long.
-                    redis::cmd("SET").arg(&lease).arg(self.space).arg("PX").arg(ms).query::<()>(c.link())?;
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            redis::cmd("HSET")
-                .arg(REGISTRY)
-                .arg(&self.prefix)
-                .arg(format!("{} {:016x}", self.slots, self.space))
-                .query::<u64>(c.link())
-                .map(drop)
-        });
-        match r {
-            Ok(()) => self.lease_next_ns.store(usermm_sys::now_ns() + refresh_ns(self.lease), Ordering::Relaxed),
-            Err(e) => eprintln!(
-                "usermm: swap_url {}: cannot take the space's lease ({e}); its keys outlive a crash of the process",
-                self.shown
-            ),
-        }
-    }
-
-    /// Leaves the registry and gives the lease up (after the keys are gone:
-    /// a process that dies in between leaves its entry to the next reaper).
-    fn unregister(&self) {
-        if self.lease.is_zero() {
-            return;
-        }
-        let _ = self.with_conn(|c| {
-            redis::cmd("HDEL").arg(REGISTRY).arg(&self.prefix).query::<u64>(c.link())?;
-            redis::cmd("DEL").arg(lease_key(&self.prefix)).query::<u64>(c.link()).map(drop)
-        });
-    }
-
-    /// Deletes the keys of every registered space that is dead: its lease
-    /// lapsed (it was not refreshed for `lease_ms`) and, on one server, no
-    /// connection named after it is open (`CLIENT LIST`: a process stopped
-    /// longer than its lease still has its connections, and keeps its
-    /// pages). A dead space's lease is taken (`NX`, marked as a reaper's)
-    /// while its keys are deleted, so that two reapers, or a reaper and a
-    /// new space with the same prefix, do not meet. Best effort: a failure
-    /// leaves the dead space to the next open.
-    fn reap_dead(&self) {
-        let _ = self.with_conn(|c| {
-            let entries: Vec<(String, String)> = redis::cmd("HGETALL").arg(REGISTRY).query(c.link())?;
-            if entries.is_empty() {
-                return Ok(());
-            }
-            // (Asked once, and only if a lease has lapsed.)
-            let mut connected: Option<Option<String>> = None;
-            for (prefix, v) in entries {
-                if prefix == self.prefix {
-                    continue;
-                }
-                let (slots, id) = v.split_once(' ').unwrap_or((&v, ""));
-                let Ok(slots) = slots.parse::<u64>() else { continue };
-                let lease = lease_key(&prefix);
-                if redis::cmd("EXISTS").arg(&lease).query::<u64>(c.link())? > 0 {
-                    continue;
-                }
-                let name = format!("name={}", client_name(u64::from_str_radix(id, 16).unwrap_or(0)));
-                let connected = connected.get_or_insert_with(|| {
-                    if self.cluster() {
-                        None
-                    } else {
-                        redis::cmd("CLIENT").arg("LIST").query(c.link()).ok()
-                    }
-                });
-                if connected.as_deref().is_some_and(|l| l.split_whitespace().any(|f| f == name)) {
-                    continue;
-                }
-                let took: Option<String> =
-                    redis::cmd("SET").arg(&lease).arg(REAPING).arg("PX").arg(60_000).arg("NX").query(c.link())?;
-                if took.is_none() {
-                    continue;
-                }
-                // (On another connection: this one is held.)
-                if self.delete_prefix(&prefix, slots).is_ok() {
-                    redis::cmd("HDEL").arg(REGISTRY).arg(&prefix).query::<u64>(c.link())?;
-                }
-                redis::cmd("DEL").arg(&lease).query::<u64>(c.link())?;
-            }
-            Ok(())
-        });
-    }
-
-    /// Whether the lease is due for a refresh (a clock read).
-    pub(crate) fn lease_due(&self) -> bool {
-        usermm_sys::now_ns() >= self.lease_next_ns.load(Ordering::Relaxed)
-    }
-
-    /// Refreshes the lease (every third of `lease_ms`, from the space's
-    /// background thread). A lease found lapsed — the process was stopped
-    /// or starved for longer than `lease_ms`, or the server lost it — is
-    /// said on stderr (once) and taken again; if a reaper deleted the
-    /// space's pages meanwhile, they read as errors (SIGBUS).
-    pub(crate) fn refresh_lease(&self) {
-        self.lease_next_ns.store(usermm_sys::now_ns() + refresh_ns(self.lease), Ordering::Relaxed);
-        let ms = self.lease.as_millis() as u64;
-        let r = self.with_conn(|c| {
-            redis::cmd("SET").arg(lease_key(&self.prefix)).arg(self.space).arg("PX").arg(ms).arg("XX").query(c.link())
-        });
-        if let Ok(None::<String>) = r {
-            if !self.lease_lapsed.swap(true, Ordering::Relaxed) {
-                eprintln!(
-                    "usermm: swap_url {}: the space's lease had lapsed (not refreshed for lease_ms={ms}); taken again",
-                    self.shown
-                );
-            }
-            self.register();
-        }
-    }
-
-    /// Enters this store in the list that the exit hook reaps
-    /// ([`at_exit_hook`]), registering the hook once.
-    fn track(&self, url: &str) {
-        // (Allocated from the system allocator: the reaper, a forked copy
-        // of the process, has no space memory.)
-        let _system = crate::thread_role::SystemOnly::enter();
-        static HOOK: std::sync::Once = std::sync::Once::new();
-        HOOK.call_once(|| {
-            if let Err(e) = usermm_sys::exit::at_exit(at_exit_hook) {
-                eprintln!("usermm: cannot register the page stores' exit hook ({e})");
-            }
-        });
-        let r = Reap {
-            space: self.space,
-            url: url.to_string(),
-            prefix: self.prefix.clone(),
-            slots: self.slots,
-            page: self.page,
-            generation: usermm_sys::thread::fork_generation(),
-        };
-        LIVE.lock().unwrap_or_else(|e| e.into_inner()).push(r);
     }
 
     /// The writes of `pages` as slots `first`, `first + 1`, … (each behind
@@ -850,127 +558,9 @@ impl redis::ToRedisArgs for Chunk<'_, '_> {
     }
 }
 
-impl Drop for RedisStore {
-    fn drop(&mut self) {
-        if let Err(e) = self.delete_all() {
-            eprintln!("usermm: swap_url {}: could not delete the space's keys at close ({e})", self.shown);
-        }
-        self.unregister();
-        let _system = crate::thread_role::SystemOnly::enter();
-        LIVE.lock().unwrap_or_else(|e| e.into_inner()).retain(|r| r.space != self.space);
-    }
-}
-
-/// The registry of spaces on a server: a hash, prefix → "slots id".
-/// (Braces: no prefix has any, so no space's keys can match these names,
-/// and in a cluster they share one hash slot.)
-const REGISTRY: &str = "{usermm}spaces";
-/// A lease's value while a reaper deletes the keys of its dead space.
-const REAPING: &str = "reaping";
-/// `lease_ms`'s default: the bound on how long the keys of a process killed
-/// outright stay before the next space opened on the server deletes them.
-const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-
-/// The lease key of the space with prefix `prefix`.
-fn lease_key(prefix: &str) -> String {
-    format!("{{usermm}}lease:{prefix}")
-}
-
-/// How often a lease of `lease` is refreshed: three times per lease.
-fn refresh_ns(lease: Duration) -> u64 {
-    (lease.as_nanos() / 3).min(u64::MAX as u128) as u64
-}
-
-/// The name of space `space`'s connections (`CLIENT SETNAME`).
-fn client_name(space: u64) -> String {
-    format!("usermm-{space:016x}")
-}
-
-/// What the exit hook needs of a store that is still open: all of it
-/// allocated from the system allocator.
-struct Reap {
-    space: u64,
-    url: String,
-    prefix: String,
-    slots: u64,
-    page: usize,
-    /// The fork generation that opened it: a forked child's exit must not
-    /// reap its parent's spaces.
-    generation: u64,
-}
-
-/// The stores open in this process (for the exit hook).
-static LIVE: Mutex<Vec<Reap>> = Mutex::new(Vec::new());
-
-/// At exit (`atexit`): the keys of every store this process opened and
-/// never closed — `usermm_compat.h`'s default space, a `GlobalHeap`'s, any
-/// space leaked — are deleted by a process of their own once this one has
-/// gone (`usermm_sys::exit::run_after_exit`), not now: other exit
-/// handlers, thread-local destructors and threads still running may touch
-/// pages that are swapped out, and those must still read back. If no such
-/// process can be made, the keys go when the lease lapses.
-extern "C" fn at_exit_hook() {
-    let _ = std::panic::catch_unwind(|| {
-        let _system = crate::thread_role::SystemOnly::enter();
-        let generation = usermm_sys::thread::fork_generation();
-        let mine: Vec<Reap> = std::mem::take(&mut *LIVE.lock().unwrap_or_else(|e| e.into_inner()))
-            .into_iter()
-            .filter(|r| r.generation == generation)
-            .collect();
-        if mine.is_empty() {
-            return;
-        }
-        if let Err(e) = usermm_sys::exit::run_after_exit(|| mine.iter().for_each(reap_after_exit)) {
-            eprintln!("usermm: cannot delete the page store's keys after exit ({e}): they go when the lease lapses");
-        }
-    });
-}
-
-/// In the process that outlives the one that opened it: deletes the keys of
-/// the store `r` and its registry entry, on connections of its own (the
-/// pool's lock may have been held by another thread at the fork).
-fn reap_after_exit(r: &Reap) {
-    let Ok(mut u) = parse(&r.url, r.space) else { return };
-    u.prefix = r.prefix.clone();
-    let Ok(s) = RedisStore::build(&u, r.page, r.slots, false, r.space) else { return };
-    if s.delete_all().is_ok() {
-        s.unregister();
-    }
-    // (Not dropped: its `Drop` would delete the keys again and take the
-    // list's lock.)
-    std::mem::forget(s);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn urls_parse_with_their_options() {
-        let u = parse("redis://127.0.0.1:6379/?prefix=abc:&timeout_ms=50&replicas=1", 7).unwrap();
-        assert_eq!(u.nodes, ["redis://127.0.0.1:6379/"]);
-        assert_eq!(
-            (u.cluster, u.prefix.as_str(), u.timeout, u.replicas),
-            (false, "abc:", Duration::from_millis(50), 1)
-        );
-        let u = parse("redis://h:1", 0xab).unwrap();
-        assert!(u.prefix.starts_with("usermm:") && u.prefix.ends_with(":00000000000000ab:"), "{}", u.prefix);
-        assert_eq!((u.timeout, u.replicas, u.lease), (Duration::from_millis(2000), 0, DEFAULT_LEASE));
-        assert_eq!(parse("redis://h:1?lease_ms=250", 0).unwrap().lease, Duration::from_millis(250));
-        assert_eq!(parse("redis://h:1?lease_ms=0", 0).unwrap().lease, Duration::ZERO);
-        assert_eq!(parse("redis://h:1?lease_ms=soon", 0).err(), Some(Errno::EINVAL));
-        assert_ne!(lease_key("usermm:h:1:ab:"), "usermm:h:1:ab:lease", "a lease must not match its prefix");
-        assert!(!lease_key("p:").starts_with("p:") && !REGISTRY.starts_with("usermm:"));
-        let u = parse("redis+cluster://a:1,b:2,c:3/?prefix=p:", 0).unwrap();
-        assert_eq!(u.nodes, ["redis://a:1/", "redis://b:2/", "redis://c:3/"]);
-        assert!(u.cluster);
-        assert_eq!(parse("redis+cluster://", 0).err(), Some(Errno::EINVAL));
-        assert_eq!(parse("http://h:1", 0).err(), Some(Errno::EINVAL));
-        assert_eq!(parse("redis://h:1?colour=red", 0).err(), Some(Errno::EINVAL));
-        assert_eq!(parse("redis://h:1?timeout_ms=x", 0).err(), Some(Errno::EINVAL));
-        assert_eq!(parse("redis://h:1?prefix=a{b", 0).err(), Some(Errno::EINVAL));
-        assert_eq!(glob_escape("a*b[c]"), "a\\*b\\[c\\]");
-    }
 
     #[test]
     fn a_run_splits_at_chunk_boundaries() {
@@ -981,15 +571,5 @@ mod tests {
         let got: Vec<(u64, usize)> = pieces(32, &pages[..16]).map(|(s, p)| (s, p.len())).collect();
         assert_eq!(got, [(32, 16)]);
         assert_eq!(pieces(0, &pages[..0]).count(), 0);
-    }
-
-    #[test]
-    fn hash_slots_are_the_clusters() {
-        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
-        assert_eq!(hash_slot(b"123456789"), 0x31c3);
-        assert_eq!(hash_slot(b"foo"), 12182);
-        assert_eq!(hash_slot(b"{user1000}.following"), hash_slot(b"user1000"));
-        assert_eq!(hash_slot(b"foo{}{bar}"), hash_slot(b"foo{}{bar}"));
-        assert_eq!(hash_slot(b"{p:3}17"), hash_slot(b"p:3"));
     }
 }

@@ -1,0 +1,149 @@
+//! `swap_url`: its parsing (the module above, `redis.rs`, lists the
+//! options), the cluster's hash slot of a key, and the space's random id.
+
+use std::time::Duration;
+
+use usermm_core::Errno;
+
+use super::lease::DEFAULT_LEASE;
+
+/// A random 64-bit id (from the kernel's entropy; the time and pid if that
+/// is unreadable).
+pub(super) fn random_id() -> u64 {
+    let mut b = [0u8; 8];
+    if std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b)).is_ok() {
+        return u64::from_le_bytes(b);
+    }
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    t ^ (std::process::id() as u64).rotate_left(40)
+}
+
+/// A parsed `swap_url`.
+#[derive(Debug, PartialEq)]
+pub(super) struct Url {
+    /// `redis://…` of the one server, or of each seed node of a cluster.
+    pub(super) nodes: Vec<String>,
+    pub(super) cluster: bool,
+    pub(super) prefix: String,
+    pub(super) timeout: Duration,
+    pub(super) replicas: u32,
+    pub(super) failover: Duration,
+    /// How long the space's lease lasts unless refreshed (`lease_ms`);
+    /// zero: no lease (the keys of a process killed outright stay).
+    pub(super) lease: Duration,
+}
+
+pub(super) fn parse(url: &str, space: u64) -> Result<Url, Errno> {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let (nodes, cluster) = if let Some(rest) = base.strip_prefix("redis+cluster://") {
+        let hosts = rest.trim_end_matches('/');
+        let nodes: Vec<String> = hosts.split(',').filter(|h| !h.is_empty()).map(|h| format!("redis://{h}/")).collect();
+        if nodes.is_empty() {
+            return Err(Errno::EINVAL);
+        }
+        (nodes, true)
+    } else if base.starts_with("redis://") || base.starts_with("rediss://") || base.starts_with("redis+unix://") {
+        (vec![base.to_string()], false)
+    } else {
+        return Err(Errno::EINVAL);
+    };
+    let mut prefix = None;
+    let mut timeout = Duration::from_millis(2000);
+    let mut replicas = 0;
+    let mut failover = Duration::from_millis(10_000);
+    let mut lease = DEFAULT_LEASE;
+    for kv in query.split('&').filter(|s| !s.is_empty()) {
+        let (k, v) = kv.split_once('=').ok_or(Errno::EINVAL)?;
+        match k {
+            "prefix" if !v.is_empty() => prefix = Some(v.to_string()),
+            "timeout_ms" => timeout = Duration::from_millis(v.parse::<u64>().map_err(|_| Errno::EINVAL)?.max(1)),
+            "replicas" => replicas = v.parse::<u32>().map_err(|_| Errno::EINVAL)?,
+            "failover_ms" => failover = Duration::from_millis(v.parse::<u64>().map_err(|_| Errno::EINVAL)?),
+            "lease_ms" => lease = Duration::from_millis(v.parse::<u64>().map_err(|_| Errno::EINVAL)?),
+            _ => return Err(Errno::EINVAL),
+        }
+    }
+    let prefix = prefix.unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("usermm:{}:{}:{space:016x}:", host.trim(), std::process::id())
+    });
+    if prefix.contains(['{', '}']) {
+        // A brace would change the cluster's hash tag.
+        return Err(Errno::EINVAL);
+    }
+    Ok(Url { nodes, cluster, prefix, timeout, replicas, failover, lease })
+}
+
+/// The cluster hash slot of `key` (CRC16/XMODEM of its hash tag, mod 16384).
+pub(super) fn hash_slot(key: &[u8]) -> u16 {
+    let tag = match key.iter().position(|&b| b == b'{') {
+        Some(i) => match key[i + 1..].iter().position(|&b| b == b'}') {
+            Some(j) if j > 0 => &key[i + 1..i + 1 + j],
+            _ => key,
+        },
+        None => key,
+    };
+    let mut crc: u16 = 0;
+    for &b in tag {
+        crc ^= (b as u16) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc % 16384
+}
+
+/// `s` with the glob characters of `SCAN MATCH` escaped.
+pub(super) fn glob_escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            o.push('\\');
+        }
+        o.push(c);
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::lease::{lease_key, REGISTRY};
+    use super::*;
+
+    #[test]
+    fn urls_parse_with_their_options() {
+        let u = parse("redis://127.0.0.1:6379/?prefix=abc:&timeout_ms=50&replicas=1", 7).unwrap();
+        assert_eq!(u.nodes, ["redis://127.0.0.1:6379/"]);
+        assert_eq!(
+            (u.cluster, u.prefix.as_str(), u.timeout, u.replicas),
+            (false, "abc:", Duration::from_millis(50), 1)
+        );
+        let u = parse("redis://h:1", 0xab).unwrap();
+        assert!(u.prefix.starts_with("usermm:") && u.prefix.ends_with(":00000000000000ab:"), "{}", u.prefix);
+        assert_eq!((u.timeout, u.replicas, u.lease), (Duration::from_millis(2000), 0, DEFAULT_LEASE));
+        assert_eq!(parse("redis://h:1?lease_ms=250", 0).unwrap().lease, Duration::from_millis(250));
+        assert_eq!(parse("redis://h:1?lease_ms=0", 0).unwrap().lease, Duration::ZERO);
+        assert_eq!(parse("redis://h:1?lease_ms=soon", 0).err(), Some(Errno::EINVAL));
+        assert_ne!(lease_key("usermm:h:1:ab:"), "usermm:h:1:ab:lease", "a lease must not match its prefix");
+        assert!(!lease_key("p:").starts_with("p:") && !REGISTRY.starts_with("usermm:"));
+        let u = parse("redis+cluster://a:1,b:2,c:3/?prefix=p:", 0).unwrap();
+        assert_eq!(u.nodes, ["redis://a:1/", "redis://b:2/", "redis://c:3/"]);
+        assert!(u.cluster);
+        assert_eq!(parse("redis+cluster://", 0).err(), Some(Errno::EINVAL));
+        assert_eq!(parse("http://h:1", 0).err(), Some(Errno::EINVAL));
+        assert_eq!(parse("redis://h:1?colour=red", 0).err(), Some(Errno::EINVAL));
+        assert_eq!(parse("redis://h:1?timeout_ms=x", 0).err(), Some(Errno::EINVAL));
+        assert_eq!(parse("redis://h:1?prefix=a{b", 0).err(), Some(Errno::EINVAL));
+        assert_eq!(glob_escape("a*b[c]"), "a\\*b\\[c\\]");
+    }
+
+    #[test]
+    fn hash_slots_are_the_clusters() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(hash_slot(b"123456789"), 0x31c3);
+        assert_eq!(hash_slot(b"foo"), 12182);
+        assert_eq!(hash_slot(b"{user1000}.following"), hash_slot(b"user1000"));
+        assert_eq!(hash_slot(b"foo{}{bar}"), hash_slot(b"foo{}{bar}"));
+        assert_eq!(hash_slot(b"{p:3}17"), hash_slot(b"p:3"));
+    }
+}
