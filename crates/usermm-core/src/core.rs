@@ -7,13 +7,27 @@
 //! eviction keeps the page resident, a failed zap is impossible by
 //! construction (it only drops).
 //!
+//! # Parts
+//!
+//! `Core` is a composition of owned parts, each a type whose fields are
+//! private to its own module and whose methods keep its invariants; the
+//! concerns below call those methods, never the fields, and `validate`
+//! calls each part's own `validate`.
+//!
+//! | part                      | owns                                                           |
+//! |---------------------------|----------------------------------------------------------------|
+//! | `RegionTree` (`region.rs`) | the regions                                                   |
+//! | `PageTable` (`page.rs`)   | every page's state and flags, and their census                 |
+//! | `Lru` (`lru.rs`)          | the active, inactive, lazy and volatile lists                  |
+//! | `SwapSpace` (`core/swap.rs`) | swap slots; slots being released or scrubbed; the store's pause |
+//! | `SlotAllocator` (`slots.rs`) | staging slots                                               |
+//!
 //! # Where each concern lives
 //!
 //! One `Core` struct, one `impl Core` block per concern, each in a child
-//! module (children see the private fields; a helper another concern calls
-//! is `pub(super)`). Every public method is reached as `Core::method`
-//! whatever file it is in, and every type as `usermm_core::core::X` and
-//! `usermm_core::X` (re-exported below).
+//! module (a helper another concern calls is `pub(super)`). Every public
+//! method is reached as `Core::method` whatever file it is in, and every
+//! type as `usermm_core::core::X` and `usermm_core::X` (re-exported below).
 //!
 //! | file                 | what                                                                   |
 //! |----------------------|------------------------------------------------------------------------|
@@ -41,6 +55,7 @@ use crate::page::{PageMeta, PageTable};
 use crate::region::{LockMode, RegionTree};
 use crate::slots::SlotAllocator;
 use crate::types::{Addr, PageIdx, PageRange};
+use swap::SwapSpace;
 
 mod evict;
 mod fault;
@@ -54,6 +69,7 @@ mod policy;
 mod range;
 mod reclaim;
 mod release;
+mod swap;
 mod swapcache;
 mod validate;
 mod vma;
@@ -149,7 +165,7 @@ pub struct Core {
     zapping: Vec<PageRange>,
     pages: PageTable,
     lru: Lru,
-    swap: SlotAllocator,
+    swap: SwapSpace,
     staging: SlotAllocator,
     /// Where a page whose metadata starts afresh (generation 0: new, or
     /// reset by a zap) starts its LRU generations, so that an old entry of
@@ -176,26 +192,6 @@ pub struct Core {
     /// Whether swapped-in pages can be mapped write-protected, so that a
     /// clean page keeps its swap copy (`set_tracks_writes`, `swapcache.rs`).
     tracks_writes: bool,
-    /// Swap slots of each granule given back to the store (0: none are;
-    /// `release.rs`).
-    release_granule: u32,
-    /// Granules in which slots were freed since the last release plan.
-    release_log: Vec<u32>,
-    /// Invariant: swap slots reserved by a release or scrub plan
-    /// (allocated, no page's).
-    swap_reserved: u64,
-    /// Freed swap slots whose stored copy must be overwritten: the copies
-    /// of pages that came back into a locked region (`release.rs`,
-    /// `swap_scrub_plan`). A slot allocated again leaves the list (its
-    /// next page's write overwrites it).
-    scrub_log: Vec<u32>,
-    /// Slots whose scrub failed, for the next `swap_scrub_plan` (not
-    /// counted as pending work: a store that keeps failing must not keep
-    /// the background thread awake).
-    scrub_retry: Vec<u32>,
-    /// The page store refuses writes and is backed off from
-    /// (`set_swap_writes_paused`): evictions that need a write wait.
-    swap_paused: bool,
     /// Reclaim purges volatile pages before anything else
     /// (`set_purge_volatile_first`).
     purge_volatile_first: bool,
@@ -223,7 +219,7 @@ impl Core {
         assert_eq!(cfg.base & ((1 << cfg.page_shift) - 1), 0, "base aligned");
         Core {
             pages: PageTable::new(cfg.reserve_pages),
-            swap: SlotAllocator::new(cfg.swap_slots),
+            swap: SwapSpace::new(cfg.swap_slots),
             staging: SlotAllocator::new(cfg.staging_slots),
             cfg,
             regions: RegionTree::default(),
@@ -237,12 +233,6 @@ impl Core {
             locked_charged: 0,
             host_lazyfree: false,
             tracks_writes: false,
-            release_granule: 0,
-            release_log: Vec::new(),
-            swap_reserved: 0,
-            scrub_log: Vec::new(),
-            scrub_retry: Vec::new(),
-            swap_paused: false,
             purge_volatile_first: false,
             lazyfree_max: u64::MAX,
             file_errors: Vec::new(),

@@ -199,7 +199,7 @@ impl Core {
             // The page stays resident (parked); the slot is not reused
             // blindly (a swap copy's slot stays the page's copy).
             if !e.clean {
-                self.free_swap_slot(e.swap);
+                self.swap.free_slot(e.swap);
             }
             self.pages.update(e.page, |m| m.state = PState::Inactive);
             self.push_inactive(e.page);
@@ -253,7 +253,7 @@ impl Core {
         self.uncache(d.page);
         if dropped {
             if let Some(s) = d.swap {
-                self.free_swap_slot(s);
+                self.swap.free_slot(s);
             }
             self.staging.release(d.staging);
             self.pages.update(d.page, |m| {
@@ -279,7 +279,7 @@ impl Core {
             }
             (swap, _) => {
                 if let Some(s) = swap {
-                    self.free_swap_slot(s);
+                    self.swap.free_slot(s);
                 }
                 self.pages.update(d.page, |m| m.state = PState::Inactive);
                 self.push_inactive(d.page);

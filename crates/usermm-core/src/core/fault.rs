@@ -329,11 +329,10 @@ impl Core {
                 continue;
             }
             let s = slot + k as u32;
-            if !keep {
-                self.free_swap_slot(s);
-                if locked {
-                    self.scrub_log.push(s);
-                }
+            if !keep && locked {
+                self.swap.free_and_scrub(s);
+            } else if !keep {
+                self.swap.free_slot(s);
             }
             self.pages.update(p, |m| {
                 m.state = PState::Resident;

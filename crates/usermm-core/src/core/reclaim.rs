@@ -44,7 +44,7 @@ impl Core {
     /// `set_swap_writes_paused`). What clean pages there were, the round
     /// that found the fault short of frames dropped.
     pub fn reclaim_hopeless(&self) -> bool {
-        self.resident() <= self.pages.census().locked || self.swap.free() == 0 || self.swap_paused
+        self.resident() <= self.pages.census().locked || self.swap.slots_free() == 0 || self.swap.paused()
     }
 
     /// Whether any page is being worked on (filled, parked, evicted,
@@ -85,18 +85,18 @@ impl Core {
     /// for one, and reclaim is hopeless once nothing else can leave
     /// (`reclaim_hopeless`).
     pub fn set_swap_writes_paused(&mut self, on: bool) {
-        self.swap_paused = on;
+        self.swap.set_paused(on);
     }
 
     /// Whether reclaim could free a frame were the store taking writes:
     /// not every resident page is locked, and swap has room.
     pub fn reclaim_possible_but_for_store(&self) -> bool {
-        self.resident() > self.pages.census().locked && self.swap.free() > 0
+        self.resident() > self.pages.census().locked && self.swap.slots_free() > 0
     }
 
     /// See [`Core::set_swap_writes_paused`].
     pub fn swap_writes_paused(&self) -> bool {
-        self.swap_paused
+        self.swap.paused()
     }
 
     /// Whether reclaim has nothing it could ever take: no swap (anonymous
@@ -196,7 +196,7 @@ impl Core {
                 plan.discard.push(Discard { page: p, staging: m.slot, swap });
                 continue;
             }
-            if self.swap_paused && m.cache == 0 {
+            if self.swap.paused() && m.cache == 0 {
                 // The store refuses writes (backing off): it stays parked.
                 kept.push((p, g));
                 continue;
@@ -268,7 +268,7 @@ impl Core {
             if !m.has(pf::VOLATILE)
                 && reg.kind != Kind::FileShared
                 && m.cache == 0
-                && (self.swap_paused || self.swap.free() as u64 <= plan.deactivate.len() as u64)
+                && (self.swap.paused() || self.swap.slots_free() as u64 <= plan.deactivate.len() as u64)
             {
                 // No swap room: only volatile pages can leave.
                 self.lru.active.push_back((p, g));

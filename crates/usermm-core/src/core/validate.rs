@@ -22,7 +22,6 @@ impl Core {
             assert!(!self.regions.any_in(*h), "held range {h:?} has regions");
         }
         self.pages.validate();
-        self.swap.validate();
         self.staging.validate();
         self.validate_page_states();
         self.validate_locks();
@@ -78,9 +77,7 @@ impl Core {
         assert_eq!(cached, n.swap_cached, "swap copies count");
         assert!(self.resident() <= self.cfg.budget_pages, "over budget");
         assert!(self.pages.resident_max() <= self.cfg.budget_pages, "max over budget");
-        let su = self.swap.used() as u64 - cached - self.swap_reserved;
-        // (A lazily freed page being discarded may hold no swap slot.)
-        assert!(su >= sw && su <= sw + evicting + filling, "swap slots in use");
+        self.swap.validate(cached, sw, evicting + filling);
         let used = self.staging.used() as u64;
         assert!(used >= staged && used <= staged + zapping + filling, "staging slots in use");
     }

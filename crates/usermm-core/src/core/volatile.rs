@@ -170,7 +170,7 @@ impl Core {
             }
             match m.state {
                 PState::Swapped => {
-                    self.free_swap_slot(m.slot);
+                    self.swap.free_slot(m.slot);
                     self.pages.set(p, PageMeta::default());
                 }
                 PState::Resident | PState::Inactive if !m.has(pf::LAZYFREE) => {

@@ -52,7 +52,7 @@ impl Core {
             self.uncache(p);
             match m.state {
                 PState::Zapping | PState::Absent => {}
-                PState::Swapped => self.free_swap_slot(m.slot),
+                PState::Swapped => self.swap.free_slot(m.slot),
                 s => panic!("zap_end: page {p:?} in state {s:?}"),
             }
             self.pages.set(p, PageMeta::default());
