@@ -21,6 +21,9 @@
 //! | `Lru` (`lru.rs`)          | the active, inactive, lazy and volatile lists                  |
 //! | `SwapSpace` (`core/swap.rs`) | swap slots; slots being released or scrubbed; the store's pause |
 //! | `SlotAllocator` (`slots.rs`) | staging slots                                               |
+//! | `FileTable` (`core/file_table.rs`) | pages mapping each file; write-back errors to report |
+//! | `Locks` (`core/locks.rs`) | pages charged to the lock limit; `mlockall`'s future lock |
+//! | `Zaps` (`core/zaps.rs`)   | ranges held by `munmap`, chunks being zapped                   |
 //!
 //! # Where each concern lives
 //!
@@ -55,13 +58,18 @@ use crate::page::{PageMeta, PageTable};
 use crate::region::{LockMode, RegionTree};
 use crate::slots::SlotAllocator;
 use crate::types::{Addr, PageIdx, PageRange};
+use file_table::FileTable;
+use locks::Locks;
 use swap::SwapSpace;
+use zaps::Zaps;
 
 mod evict;
 mod fault;
 mod file;
+mod file_table;
 mod frames;
 mod introspect;
+mod locks;
 mod madvise;
 mod mlock;
 mod plan;
@@ -76,6 +84,7 @@ mod vma;
 mod volatile;
 mod window;
 mod zap;
+mod zaps;
 
 pub use introspect::state_bits;
 pub use mlock::lock_populate_errno;
@@ -155,14 +164,7 @@ pub struct Stats {
 pub struct Core {
     cfg: CoreConfig,
     regions: RegionTree,
-    /// Ranges detached by munmap whose pages are still being zapped.
-    held: Vec<PageRange>,
-    /// Chunks being zapped (between `zap_begin` and `zap_end`): a fault or
-    /// populate step in one waits, so that no page is filled while the
-    /// host drops the chunk's pages (the fill would be dropped with them, or
-    /// an old swapped page brought back after the call).
-    /// Invariant: every page of a chunk is settled or `Zapping`.
-    zapping: Vec<PageRange>,
+    zaps: Zaps,
     pages: PageTable,
     lru: Lru,
     swap: SwapSpace,
@@ -184,8 +186,7 @@ pub struct Core {
     /// Frames faults and populates have claimed since reclaim last
     /// refilled the inactive list (see `needs_aging`, `refill_target`).
     demand: u64,
-    /// Pages charged to the lock limit (VmLck).
-    locked_charged: u64,
+    locks: Locks,
     /// Whether the executor passes MADV_FREE down to the host and can have
     /// the host discard clean lazily freed pages (`set_host_lazyfree`).
     host_lazyfree: bool,
@@ -197,13 +198,7 @@ pub struct Core {
     purge_volatile_first: bool,
     /// Most lazily freed pages kept (`set_lazyfree_max`).
     lazyfree_max: u64,
-    /// Write-back errors not reported yet: `(file, errno)`.
-    file_errors: Vec<(u32, Errno)>,
-    /// Invariant: pages of live regions mapping each file (splits and merges
-    /// do not change it; mmap adds, detach subtracts).
-    file_pages: std::collections::HashMap<u32, u64>,
-    /// `mlockall(MCL_FUTURE)` flags in force.
-    lock_future: Option<LockMode>,
+    files: FileTable,
     next_object: u64,
     counters: Counters,
 }
@@ -223,21 +218,18 @@ impl Core {
             staging: SlotAllocator::new(cfg.staging_slots),
             cfg,
             regions: RegionTree::default(),
-            held: Vec::new(),
-            zapping: Vec::new(),
+            zaps: Zaps::default(),
             lru: Lru::default(),
             fresh_gen: 1,
             pressure: false,
             refilling: false,
             demand: 0,
-            locked_charged: 0,
+            locks: Locks::default(),
             host_lazyfree: false,
             tracks_writes: false,
             purge_volatile_first: false,
             lazyfree_max: u64::MAX,
-            file_errors: Vec::new(),
-            file_pages: std::collections::HashMap::new(),
-            lock_future: None,
+            files: FileTable::default(),
             next_object: 1,
             counters: Counters::default(),
         }
@@ -288,7 +280,7 @@ impl Core {
         self.pages.census().resident
     }
     pub fn held(&self) -> &[PageRange] {
-        &self.held
+        self.zaps.held()
     }
     pub fn addr_of(&self, p: PageIdx) -> Addr {
         Addr(self.cfg.base + (p.0 << self.cfg.page_shift))

@@ -105,7 +105,7 @@ impl Core {
             Some(end) => PageRange { start: reg.range.start, end: reg.range.end.min(end) },
             None => reg.range,
         };
-        let region = clear_of_zaps(&self.zapping, region, p);
+        let region = self.zaps.clear_of(region, p);
         let prot = reg.prot;
         let m = self.pages.get(p);
         if self.in_flight(p, &m) {
@@ -143,7 +143,7 @@ impl Core {
     /// Whether page `p` (metadata `m`) is being worked on: a fault there
     /// waits (`Busy`).
     pub(super) fn in_flight(&self, p: PageIdx, m: &PageMeta) -> bool {
-        m.state.busy() || self.zapping.iter().any(|z| z.contains(p))
+        m.state.busy() || self.zaps.zapping_at(p)
     }
 
     /// A fault on a swapped page: a swap-in of it and the swapped
@@ -376,18 +376,4 @@ impl Core {
     pub fn fault_oom(&mut self) {
         self.counters.oom_sigbus += 1;
     }
-}
-
-/// `region` narrowed around page `p` so that a window never reaches into a
-/// chunk being zapped.
-fn clear_of_zaps(zapping: &[PageRange], mut region: PageRange, p: PageIdx) -> PageRange {
-    for z in zapping {
-        if z.end <= p && z.end > region.start {
-            region.start = z.end;
-        }
-        if z.start > p && z.start < region.end {
-            region.end = z.start;
-        }
-    }
-    region
 }

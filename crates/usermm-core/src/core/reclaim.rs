@@ -52,7 +52,7 @@ impl Core {
     /// reclaimable, which a fault short of frames waits for rather than
     /// being out of memory.
     pub fn reclaim_in_flight(&self) -> bool {
-        self.pages.busy() > 0 || !self.zapping.is_empty()
+        self.pages.busy() > 0 || self.zaps.any_zapping()
     }
 
     /// Whether a fault or populate that has found no frame after `rounds`

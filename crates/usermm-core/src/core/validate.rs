@@ -18,14 +18,12 @@ impl Core {
     pub fn validate(&self) {
         self.regions.validate(self.cfg.reserve_pages);
         assert!(self.regions.len() <= self.cfg.max_regions, "region limit");
-        for h in &self.held {
-            assert!(!self.regions.any_in(*h), "held range {h:?} has regions");
-        }
+        self.zaps.validate(&self.regions);
         self.pages.validate();
         self.staging.validate();
         self.validate_page_states();
         self.validate_locks();
-        self.validate_file_pages();
+        self.files.validate(&self.regions);
         self.validate_lru();
     }
 
@@ -49,7 +47,7 @@ impl Core {
             }
             if m.state != PState::Absent {
                 assert!(
-                    self.regions.find(p).is_some() || self.held.iter().any(|h| h.contains(p)),
+                    self.regions.find(p).is_some() || self.zaps.is_held(p),
                     "page {p:?} ({:?}) outside every region",
                     m.state
                 );
@@ -86,15 +84,13 @@ impl Core {
     /// inside one (or in a held range).
     fn validate_locks(&self) {
         let all = PageRange::new(0, self.cfg.reserve_pages);
-        let locked: u64 = self.regions.iter().filter(|r| r.lock != LockMode::None).map(|r| r.range.pages()).sum();
-        assert_eq!(locked, self.locked_charged, "lock charge");
+        self.locks.validate(&self.regions);
         let mut lp = 0;
         self.pages.for_each_live(all, |p, m| {
             if m.has(pf::LOCKED) {
                 lp += 1;
                 assert!(
-                    self.regions.find(p).is_some_and(|r| r.lock != LockMode::None)
-                        || self.held.iter().any(|h| h.contains(p)),
+                    self.regions.find(p).is_some_and(|r| r.lock != LockMode::None) || self.zaps.is_held(p),
                     "locked page {p:?} outside a locked region"
                 );
                 // A locked page is never evicted: a swap copy would only
@@ -103,17 +99,6 @@ impl Core {
             }
         });
         assert_eq!(lp, self.pages.census().locked, "locked pages count");
-    }
-
-    /// The pages each file's regions span.
-    fn validate_file_pages(&self) {
-        let mut fp: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
-        for r in self.regions.iter() {
-            if let Some(f) = r.file() {
-                *fp.entry(f).or_insert(0) += r.range.pages();
-            }
-        }
-        assert_eq!(fp, self.file_pages, "pages per file");
     }
 
     /// Every resident unlocked page is on the active list, every parked
