@@ -24,6 +24,8 @@
 //! | `FileTable` (`core/file_table.rs`) | pages mapping each file; write-back errors to report |
 //! | `Locks` (`core/locks.rs`) | pages charged to the lock limit; `mlockall`'s future lock |
 //! | `Zaps` (`core/zaps.rs`)   | ranges held by `munmap`, chunks being zapped                   |
+//! | `Pressure` (`core/pressure.rs`) | whether the budget ran out; refill to the watermark; demand |
+//! | `Options` (`core/options.rs`) | host lazy free and write tracking; space reclaim options  |
 //!
 //! # Where each concern lives
 //!
@@ -60,6 +62,8 @@ use crate::slots::SlotAllocator;
 use crate::types::{Addr, PageIdx, PageRange};
 use file_table::FileTable;
 use locks::Locks;
+use options::Options;
+use pressure::Pressure;
 use swap::SwapSpace;
 use zaps::Zaps;
 
@@ -72,8 +76,10 @@ mod introspect;
 mod locks;
 mod madvise;
 mod mlock;
+mod options;
 mod plan;
 mod policy;
+mod pressure;
 mod range;
 mod reclaim;
 mod release;
@@ -177,27 +183,9 @@ pub struct Core {
     /// pushes (1 in 65,536 a reset) — the likely cause of a page found on
     /// the active list twice in one of 15 stress-test runs.
     fresh_gen: u32,
-    /// Whether the budget ran out under a fault since it was last less than
-    /// half full (see `reclaim_ahead`).
-    pressure: bool,
-    /// Whether background reclaim is bringing free frames back up to the
-    /// high watermark (set below the low one; see `reclaim_ahead_want`).
-    refilling: bool,
-    /// Frames faults and populates have claimed since reclaim last
-    /// refilled the inactive list (see `needs_aging`, `refill_target`).
-    demand: u64,
+    pressure: Pressure,
     locks: Locks,
-    /// Whether the executor passes MADV_FREE down to the host and can have
-    /// the host discard clean lazily freed pages (`set_host_lazyfree`).
-    host_lazyfree: bool,
-    /// Whether swapped-in pages can be mapped write-protected, so that a
-    /// clean page keeps its swap copy (`set_tracks_writes`, `swapcache.rs`).
-    tracks_writes: bool,
-    /// Reclaim purges volatile pages before anything else
-    /// (`set_purge_volatile_first`).
-    purge_volatile_first: bool,
-    /// Most lazily freed pages kept (`set_lazyfree_max`).
-    lazyfree_max: u64,
+    options: Options,
     files: FileTable,
     next_object: u64,
     counters: Counters,
@@ -221,14 +209,9 @@ impl Core {
             zaps: Zaps::default(),
             lru: Lru::default(),
             fresh_gen: 1,
-            pressure: false,
-            refilling: false,
-            demand: 0,
+            pressure: Pressure::default(),
             locks: Locks::default(),
-            host_lazyfree: false,
-            tracks_writes: false,
-            purge_volatile_first: false,
-            lazyfree_max: u64::MAX,
+            options: Options::default(),
             files: FileTable::default(),
             next_object: 1,
             counters: Counters::default(),
@@ -237,7 +220,7 @@ impl Core {
 
     /// The executor can have the host discard clean lazily freed pages.
     pub fn set_host_lazyfree(&mut self, on: bool) {
-        self.host_lazyfree = on;
+        self.options.set_host_lazyfree(on);
     }
 
     /// `UMM_F_PURGE_VOLATILE_FIRST`: reclaim takes the pages that were
@@ -245,7 +228,7 @@ impl Core {
     /// first, whatever their recency (SPEC §3's "a space option may purge
     /// volatile pages first").
     pub fn set_purge_volatile_first(&mut self, on: bool) {
-        self.purge_volatile_first = on;
+        self.options.set_purge_volatile_first(on);
     }
 
     pub fn config(&self) -> &CoreConfig {

@@ -38,7 +38,7 @@ impl Core {
         // (Shared file pages go to their file: they need no swap. Lazily
         // freed pages a page-out discards need none either.)
         let lazy_only = self.swap.capacity() == 0 && reg.kind != Kind::FileShared;
-        if lazy_only && !(pageout && self.host_lazyfree) {
+        if lazy_only && !(pageout && self.options.host_lazyfree()) {
             return v;
         }
         if reg.writable() && reg.prot != PROT_READ | PROT_WRITE {
@@ -58,7 +58,7 @@ impl Core {
                 m.slot = slot;
                 forget_use(m);
             });
-            let host_free = self.host_lazyfree && m.has(pf::VOLATILE);
+            let host_free = self.options.host_lazyfree() && m.has(pf::VOLATILE);
             v.push(Deactivate { page: p, slot, how, host_free });
         }
         v
@@ -107,7 +107,7 @@ impl Core {
                 plan.writeback.push(Writeback { page: p, staging: Some(m.slot), file, file_page, clean });
                 continue;
             }
-            if m.has(pf::LAZYFREE) && self.host_lazyfree {
+            if m.has(pf::LAZYFREE) && self.options.host_lazyfree() {
                 let swap = self.swap.alloc();
                 self.pages.update(p, |m| m.state = PState::Evicting);
                 plan.discard.push(Discard { page: p, staging: m.slot, swap });

@@ -128,7 +128,7 @@ impl Core {
             PState::Resident => FaultPlan::Wake,
             PState::Inactive => {
                 self.pages.update(p, |m| m.state = PState::Filling);
-                let checked = self.host_lazyfree && m.has(pf::VOLATILE);
+                let checked = self.options.host_lazyfree() && m.has(pf::VOLATILE);
                 // A page with a swap copy comes back write-protected (a
                 // write fault's page is written at once: it drops it).
                 let wp = m.cache != 0 && !checked && !write;
@@ -160,7 +160,7 @@ impl Core {
     ) -> FaultPlan {
         let reg = self.regions.find_mut(p).expect("region");
         if free == 0 {
-            self.pressure = true;
+            self.pressure.ran_out();
             return FaultPlan::Reclaim { want: self.direct_reclaim_batch(populate) };
         }
         let (window, backwards, stream) = swap_in_window(reg, p, populate);
@@ -219,7 +219,7 @@ impl Core {
             return FaultPlan::Sigbus;
         }
         if free == 0 {
-            self.pressure = true;
+            self.pressure.ran_out();
             return FaultPlan::Reclaim { want: self.direct_reclaim_batch(populate) };
         }
         // (One lookup for the whole plan: the borrow is of `regions` only.)

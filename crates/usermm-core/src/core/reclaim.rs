@@ -106,7 +106,7 @@ impl Core {
     fn nothing_reclaimable(&self) -> bool {
         self.swap.capacity() == 0
             && self.pages.census().volatile == 0
-            && (self.pages.census().lazyfree == 0 || !self.host_lazyfree)
+            && (self.pages.census().lazyfree == 0 || !self.options.host_lazyfree())
             && !self.regions.iter().any(|r| r.kind == Kind::FileShared)
     }
 
@@ -118,7 +118,7 @@ impl Core {
             // Nothing to age either.
             return plan;
         }
-        if self.purge_volatile_first && !self.lru.volatile.is_empty() {
+        if self.options.purge_volatile_first() && !self.lru.volatile.is_empty() {
             self.plan_volatile(&mut plan, want);
             if !plan.purge.is_empty() || !plan.deactivate.is_empty() {
                 // Volatile pages go first: nothing else leaves while they
@@ -140,7 +140,7 @@ impl Core {
         }
         self.plan_evict_inactive(&mut plan, want);
         self.plan_refill_inactive(&mut plan, want);
-        self.demand = 0;
+        self.pressure.demand_met();
         plan
     }
 
@@ -190,7 +190,7 @@ impl Core {
                 });
                 continue;
             }
-            if m.has(pf::LAZYFREE) && self.host_lazyfree {
+            if m.has(pf::LAZYFREE) && self.options.host_lazyfree() {
                 let swap = self.swap.alloc();
                 self.pages.update(p, |m| m.state = PState::Evicting);
                 plan.discard.push(Discard { page: p, staging: m.slot, swap });
@@ -286,7 +286,7 @@ impl Core {
                 m.state = PState::Deactivating;
                 m.slot = slot;
             });
-            let host_free = self.host_lazyfree && m.has(pf::VOLATILE);
+            let host_free = self.options.host_lazyfree() && m.has(pf::VOLATILE);
             plan.deactivate.push(Deactivate { page: p, slot, how, host_free });
         }
     }
@@ -311,12 +311,12 @@ impl Core {
                 continue;
             }
             match m.state {
-                PState::Inactive if self.host_lazyfree => {
+                PState::Inactive if self.options.host_lazyfree() => {
                     let swap = self.swap.alloc();
                     self.pages.update(p, |m| m.state = PState::Evicting);
                     plan.discard.push(Discard { page: p, staging: m.slot, swap });
                 }
-                PState::Resident if self.host_lazyfree => {
+                PState::Resident if self.options.host_lazyfree() => {
                     let Some(reg) = self.regions.find(p) else { continue };
                     if reg.prot != PROT_READ | PROT_WRITE {
                         continue;
@@ -379,7 +379,7 @@ impl Core {
                         m.slot = slot;
                         forget_use(m);
                     });
-                    let host_free = self.host_lazyfree;
+                    let host_free = self.options.host_lazyfree();
                     plan.deactivate.push(Deactivate { page: p, slot, how: transfer_for(reg.prot), host_free });
                     parked.push(p);
                 }
@@ -394,14 +394,14 @@ impl Core {
 
     /// Lazily freed pages beyond the space's bound (`set_lazyfree_max`).
     pub fn lazyfree_excess(&self) -> u64 {
-        self.pages.census().lazyfree.saturating_sub(self.lazyfree_max)
+        self.options.lazyfree_excess(self.pages.census().lazyfree)
     }
 
     /// Plans the eager discard of the lazily freed pages beyond the bound.
     pub fn lazyfree_trim_plan(&mut self) -> ReclaimPlan {
         let mut plan = ReclaimPlan::default();
         let excess = self.lazyfree_excess();
-        if excess > 0 && self.host_lazyfree {
+        if excess > 0 && self.options.host_lazyfree() {
             self.plan_lazy(&mut plan, excess);
         }
         plan
@@ -410,7 +410,7 @@ impl Core {
     /// Bounds how many lazily freed pages the space keeps (`u64::MAX`:
     /// unbounded); past it, `MADV_FREE` discards the oldest at once.
     pub fn set_lazyfree_max(&mut self, pages: u64) {
-        self.lazyfree_max = pages;
+        self.options.set_lazyfree_max(pages);
     }
 
     /// How many frames a fault that finds none reclaims at once: enough to
