@@ -175,19 +175,10 @@ pub struct Core {
     lru: Lru,
     swap: SwapSpace,
     staging: SlotAllocator,
-    /// Where a page whose metadata starts afresh (generation 0: new, or
-    /// reset by a zap) starts its LRU generations, so that an old entry of
-    /// the page still in a list does not become valid again (advanced by an
-    /// odd stride at each use). 32 bits: with 16, a stale entry a few
-    /// generations ahead of a fresh start becomes valid again after as many
-    /// pushes (1 in 65,536 a reset) — the likely cause of a page found on
-    /// the active list twice in one of 15 stress-test runs.
-    fresh_gen: u32,
     pressure: Pressure,
     locks: Locks,
     options: Options,
     files: FileTable,
-    next_object: u64,
     counters: Counters,
 }
 
@@ -208,12 +199,10 @@ impl Core {
             regions: RegionTree::default(),
             zaps: Zaps::default(),
             lru: Lru::default(),
-            fresh_gen: 1,
             pressure: Pressure::default(),
             locks: Locks::default(),
             options: Options::default(),
             files: FileTable::default(),
-            next_object: 1,
             counters: Counters::default(),
         }
     }

@@ -237,11 +237,7 @@ impl Core {
         let pages = range.pages();
         let object = match file {
             Some(f) => FILE_OBJECT | f.id as u64,
-            None if shared => {
-                let o = self.next_object;
-                self.next_object += 1;
-                o
-            }
+            None if shared => self.regions.new_object(),
             None => 0,
         };
         if lock != LockMode::None {
