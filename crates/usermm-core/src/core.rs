@@ -9,30 +9,38 @@
 //!
 //! # Parts
 //!
-//! `Core` is a composition of owned parts, each a type whose fields are
-//! private to its own module and whose methods keep its invariants; the
-//! concerns below call those methods, never the fields, and `validate`
-//! calls each part's own `validate`.
+//! `Core` is a thin composition of owned parts, each a type whose fields
+//! are private to its own module and whose methods keep its invariants
+//! (quinn-proto's `Connection` of `PathData`, `Streams`, `Pacer`). The
+//! concerns below call a part's methods, never its fields, and
+//! `Core::validate` calls each part's own `validate` before it checks the
+//! parts against one another.
 //!
-//! | part                      | owns                                                           |
-//! |---------------------------|----------------------------------------------------------------|
-//! | `RegionTree` (`region.rs`) | the regions                                                   |
-//! | `PageTable` (`page.rs`)   | every page's state and flags, and their census                 |
-//! | `Lru` (`lru.rs`)          | the active, inactive, lazy and volatile lists                  |
-//! | `SwapSpace` (`core/swap.rs`) | swap slots; slots being released or scrubbed; the store's pause |
-//! | `SlotAllocator` (`slots.rs`) | staging slots                                               |
+//! | part (module)                    | owns                                                   |
+//! |----------------------------------|--------------------------------------------------------|
+//! | `RegionTree` (`region.rs`)       | the regions; shared anonymous objects' identities      |
+//! | `Zaps` (`core/zaps.rs`)          | ranges held by `munmap`; chunks being zapped           |
+//! | `PageTable` (`page.rs`)          | every page's state and flags, and their census         |
+//! | `Lru` (`lru.rs`)                 | the active, inactive, lazy, volatile lists; generations |
+//! | `SwapSpace` (`core/swap.rs`)     | swap slots; slots being released or scrubbed; pause    |
+//! | `SlotAllocator` (`slots.rs`)     | staging slots                                          |
+//! | `Pressure` (`core/pressure.rs`)  | budget ran out; refill to the watermark; demand        |
+//! | `Locks` (`core/locks.rs`)        | pages charged to the lock limit; `mlockall`'s future   |
+//! | `Options` (`core/options.rs`)    | the host's lazy free and write tracking; space options |
 //! | `FileTable` (`core/file_table.rs`) | pages mapping each file; write-back errors to report |
-//! | `Locks` (`core/locks.rs`) | pages charged to the lock limit; `mlockall`'s future lock |
-//! | `Zaps` (`core/zaps.rs`)   | ranges held by `munmap`, chunks being zapped                   |
-//! | `Pressure` (`core/pressure.rs`) | whether the budget ran out; refill to the watermark; demand |
-//! | `Options` (`core/options.rs`) | host lazy free and write tracking; space reclaim options  |
+//!
+//! Beside them `Core` holds its configuration (read only) and the event
+//! `Counters`. (`Lru`'s lists are still public fields, used by the
+//! concerns directly.)
 //!
 //! # Where each concern lives
 //!
-//! One `Core` struct, one `impl Core` block per concern, each in a child
-//! module (a helper another concern calls is `pub(super)`). Every public
-//! method is reached as `Core::method` whatever file it is in, and every
-//! type as `usermm_core::core::X` and `usermm_core::X` (re-exported below).
+//! One `impl Core` block per concern, each in a child module (a helper
+//! another concern calls is `pub(super)`); a concern that needs several
+//! parts at once — a fault claims pages, charges frames and asks the swap
+//! space — is a method of `Core`. Every public method is reached as
+//! `Core::method` whatever file it is in, and every type as
+//! `usermm_core::core::X` and `usermm_core::X` (re-exported below).
 //!
 //! | file                 | what                                                                   |
 //! |----------------------|------------------------------------------------------------------------|
@@ -47,7 +55,7 @@
 //! | `core/reclaim.rs`    | reclaim policy: what to deactivate, evict, purge, discard, and when    |
 //! | `core/evict.rs`      | `MADV_COLD`/`PAGEOUT` range plans, every reclaim step's `*_done`       |
 //! | `core/file.rs`       | shared file regions: write-back, `msync`, write-back errors            |
-//! | `core/release.rs`    | freed swap slots given back to the page store, a granule at a time     |
+//! | `core/release.rs`    | the swap space's release and scrub plans, as the executor calls them   |
 //! | `core/volatile.rs`   | `mvolatile`/`mnovolatile`, lazy free (`MADV_FREE`)                     |
 //! | `core/zap.rs`        | `zap_begin`/`zap_end`: dropping a range's pages                        |
 //! | `core/introspect.rs` | `mincore`, `page_state`, `stats`, smaps usage                          |

@@ -1,12 +1,14 @@
 //! `validate`: walks the whole state and asserts every invariant (Linux's
 //! `validate_mm()`); tests call it after each step.
 //!
-//! It checks the region tree, the page table and both slot allocators on
-//! their own, then every counter the core keeps against a recount from the
-//! pages (`resident`, `inactive`, `swapped`, `locked_pages`,
-//! `volatile_pages`, `lazyfree_pages`) and the regions (`locked_charged`,
-//! `file_pages`), allowing for pages in flight (`Filling`, `Evicting`,
-//! `Zapping`) that still count where they came from.
+//! It checks each part on its own (the region tree, the held ranges, the
+//! page table, the staging slots), then every counter the core keeps
+//! against a recount from the pages (`resident`, `inactive`, `swapped`,
+//! `locked_pages`, `volatile_pages`, `lazyfree_pages`, the swap slots in
+//! use: `SwapSpace::validate`) and the regions (the lock charge:
+//! `Locks::validate`; the pages per file: `FileTable::validate`), allowing
+//! for pages in flight (`Filling`, `Evicting`, `Zapping`) that still count
+//! where they came from.
 
 use super::Core;
 use crate::page::{pf, PState};
