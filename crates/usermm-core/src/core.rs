@@ -7,13 +7,40 @@
 //! eviction keeps the page resident, a failed zap is impossible by
 //! construction (it only drops).
 //!
+//! # Parts
+//!
+//! `Core` is a thin composition of owned parts, each a type whose fields
+//! are private to its own module and whose methods keep its invariants
+//! (quinn-proto's `Connection` of `PathData`, `Streams`, `Pacer`). The
+//! concerns below call a part's methods, never its fields, and
+//! `Core::validate` calls each part's own `validate` before it checks the
+//! parts against one another.
+//!
+//! | part (module)                    | owns                                                   |
+//! |----------------------------------|--------------------------------------------------------|
+//! | `RegionTree` (`region.rs`)       | the regions; shared anonymous objects' identities      |
+//! | `Zaps` (`core/zaps.rs`)          | ranges held by `munmap`; chunks being zapped           |
+//! | `PageTable` (`page.rs`)          | every page's state and flags, and their census         |
+//! | `Lru` (`lru.rs`)                 | the active, inactive, lazy, volatile lists; generations |
+//! | `SwapSpace` (`core/swap.rs`)     | swap slots; slots being released or scrubbed; pause    |
+//! | `SlotAllocator` (`slots.rs`)     | staging slots                                          |
+//! | `Pressure` (`core/pressure.rs`)  | budget ran out; refill to the watermark; demand        |
+//! | `Locks` (`core/locks.rs`)        | pages charged to the lock limit; `mlockall`'s future   |
+//! | `Options` (`core/options.rs`)    | the host's lazy free and write tracking; space options |
+//! | `FileTable` (`core/file_table.rs`) | pages mapping each file; write-back errors to report |
+//!
+//! Beside them `Core` holds its configuration (read only) and the event
+//! `Counters`. (`Lru`'s lists are still public fields, used by the
+//! concerns directly.)
+//!
 //! # Where each concern lives
 //!
-//! One `Core` struct, one `impl Core` block per concern, each in a child
-//! module (children see the private fields; a helper another concern calls
-//! is `pub(super)`). Every public method is reached as `Core::method`
-//! whatever file it is in, and every type as `usermm_core::core::X` and
-//! `usermm_core::X` (re-exported below).
+//! One `impl Core` block per concern, each in a child module (a helper
+//! another concern calls is `pub(super)`); a concern that needs several
+//! parts at once — a fault claims pages, charges frames and asks the swap
+//! space — is a method of `Core`. Every public method is reached as
+//! `Core::method` whatever file it is in, and every type as
+//! `usermm_core::core::X` and `usermm_core::X` (re-exported below).
 //!
 //! | file                 | what                                                                   |
 //! |----------------------|------------------------------------------------------------------------|
@@ -28,7 +55,7 @@
 //! | `core/reclaim.rs`    | reclaim policy: what to deactivate, evict, purge, discard, and when    |
 //! | `core/evict.rs`      | `MADV_COLD`/`PAGEOUT` range plans, every reclaim step's `*_done`       |
 //! | `core/file.rs`       | shared file regions: write-back, `msync`, write-back errors            |
-//! | `core/release.rs`    | freed swap slots given back to the page store, a granule at a time     |
+//! | `core/release.rs`    | the swap space's release and scrub plans, as the executor calls them   |
 //! | `core/volatile.rs`   | `mvolatile`/`mnovolatile`, lazy free (`MADV_FREE`)                     |
 //! | `core/zap.rs`        | `zap_begin`/`zap_end`: dropping a range's pages                        |
 //! | `core/introspect.rs` | `mincore`, `page_state`, `stats`, smaps usage                          |
@@ -41,25 +68,37 @@ use crate::page::{PageMeta, PageTable};
 use crate::region::{LockMode, RegionTree};
 use crate::slots::SlotAllocator;
 use crate::types::{Addr, PageIdx, PageRange};
+use file_table::FileTable;
+use locks::Locks;
+use options::Options;
+use pressure::Pressure;
+use swap::SwapSpace;
+use zaps::Zaps;
 
 mod evict;
 mod fault;
 mod file;
+mod file_table;
 mod frames;
 mod introspect;
+mod locks;
 mod madvise;
 mod mlock;
+mod options;
 mod plan;
 mod policy;
+mod pressure;
 mod range;
 mod reclaim;
 mod release;
+mod swap;
 mod swapcache;
 mod validate;
 mod vma;
 mod volatile;
 mod window;
 mod zap;
+mod zaps;
 
 pub use introspect::state_bits;
 pub use mlock::lock_populate_errno;
@@ -139,76 +178,15 @@ pub struct Stats {
 pub struct Core {
     cfg: CoreConfig,
     regions: RegionTree,
-    /// Ranges detached by munmap whose pages are still being zapped.
-    held: Vec<PageRange>,
-    /// Chunks being zapped (between `zap_begin` and `zap_end`): a fault or
-    /// populate step in one waits, so that no page is filled while the
-    /// host drops the chunk's pages (the fill would be dropped with them, or
-    /// an old swapped page brought back after the call).
-    /// Invariant: every page of a chunk is settled or `Zapping`.
-    zapping: Vec<PageRange>,
+    zaps: Zaps,
     pages: PageTable,
     lru: Lru,
-    swap: SlotAllocator,
+    swap: SwapSpace,
     staging: SlotAllocator,
-    /// Where a page whose metadata starts afresh (generation 0: new, or
-    /// reset by a zap) starts its LRU generations, so that an old entry of
-    /// the page still in a list does not become valid again (advanced by an
-    /// odd stride at each use). 32 bits: with 16, a stale entry a few
-    /// generations ahead of a fresh start becomes valid again after as many
-    /// pushes (1 in 65,536 a reset) — the likely cause of a page found on
-    /// the active list twice in one of 15 stress-test runs.
-    fresh_gen: u32,
-    /// Whether the budget ran out under a fault since it was last less than
-    /// half full (see `reclaim_ahead`).
-    pressure: bool,
-    /// Whether background reclaim is bringing free frames back up to the
-    /// high watermark (set below the low one; see `reclaim_ahead_want`).
-    refilling: bool,
-    /// Frames faults and populates have claimed since reclaim last
-    /// refilled the inactive list (see `needs_aging`, `refill_target`).
-    demand: u64,
-    /// Pages charged to the lock limit (VmLck).
-    locked_charged: u64,
-    /// Whether the executor passes MADV_FREE down to the host and can have
-    /// the host discard clean lazily freed pages (`set_host_lazyfree`).
-    host_lazyfree: bool,
-    /// Whether swapped-in pages can be mapped write-protected, so that a
-    /// clean page keeps its swap copy (`set_tracks_writes`, `swapcache.rs`).
-    tracks_writes: bool,
-    /// Swap slots of each granule given back to the store (0: none are;
-    /// `release.rs`).
-    release_granule: u32,
-    /// Granules in which slots were freed since the last release plan.
-    release_log: Vec<u32>,
-    /// Invariant: swap slots reserved by a release or scrub plan
-    /// (allocated, no page's).
-    swap_reserved: u64,
-    /// Freed swap slots whose stored copy must be overwritten: the copies
-    /// of pages that came back into a locked region (`release.rs`,
-    /// `swap_scrub_plan`). A slot allocated again leaves the list (its
-    /// next page's write overwrites it).
-    scrub_log: Vec<u32>,
-    /// Slots whose scrub failed, for the next `swap_scrub_plan` (not
-    /// counted as pending work: a store that keeps failing must not keep
-    /// the background thread awake).
-    scrub_retry: Vec<u32>,
-    /// The page store refuses writes and is backed off from
-    /// (`set_swap_writes_paused`): evictions that need a write wait.
-    swap_paused: bool,
-    /// Reclaim purges volatile pages before anything else
-    /// (`set_purge_volatile_first`).
-    purge_volatile_first: bool,
-    /// Most lazily freed pages kept (`set_lazyfree_max`).
-    lazyfree_max: u64,
-    /// Write-back errors not reported yet: `(file, errno)`.
-    file_errors: Vec<(u32, Errno)>,
-    /// Invariant: pages of live regions mapping each file (splits and merges
-    /// do not change it; mmap adds, detach subtracts).
-    file_pages: std::collections::HashMap<u32, u64>,
-    /// `mlockall(MCL_FUTURE)` flags in force.
-    lock_future: Option<LockMode>,
-    next_object: u64,
+    pressure: Pressure,
+    locks: Locks,
+    options: Options,
+    files: FileTable,
     counters: Counters,
 }
 
@@ -223,39 +201,23 @@ impl Core {
         assert_eq!(cfg.base & ((1 << cfg.page_shift) - 1), 0, "base aligned");
         Core {
             pages: PageTable::new(cfg.reserve_pages),
-            swap: SlotAllocator::new(cfg.swap_slots),
+            swap: SwapSpace::new(cfg.swap_slots),
             staging: SlotAllocator::new(cfg.staging_slots),
             cfg,
             regions: RegionTree::default(),
-            held: Vec::new(),
-            zapping: Vec::new(),
+            zaps: Zaps::default(),
             lru: Lru::default(),
-            fresh_gen: 1,
-            pressure: false,
-            refilling: false,
-            demand: 0,
-            locked_charged: 0,
-            host_lazyfree: false,
-            tracks_writes: false,
-            release_granule: 0,
-            release_log: Vec::new(),
-            swap_reserved: 0,
-            scrub_log: Vec::new(),
-            scrub_retry: Vec::new(),
-            swap_paused: false,
-            purge_volatile_first: false,
-            lazyfree_max: u64::MAX,
-            file_errors: Vec::new(),
-            file_pages: std::collections::HashMap::new(),
-            lock_future: None,
-            next_object: 1,
+            pressure: Pressure::default(),
+            locks: Locks::default(),
+            options: Options::default(),
+            files: FileTable::default(),
             counters: Counters::default(),
         }
     }
 
     /// The executor can have the host discard clean lazily freed pages.
     pub fn set_host_lazyfree(&mut self, on: bool) {
-        self.host_lazyfree = on;
+        self.options.set_host_lazyfree(on);
     }
 
     /// `UMM_F_PURGE_VOLATILE_FIRST`: reclaim takes the pages that were
@@ -263,7 +225,7 @@ impl Core {
     /// first, whatever their recency (SPEC §3's "a space option may purge
     /// volatile pages first").
     pub fn set_purge_volatile_first(&mut self, on: bool) {
-        self.purge_volatile_first = on;
+        self.options.set_purge_volatile_first(on);
     }
 
     pub fn config(&self) -> &CoreConfig {
@@ -298,7 +260,7 @@ impl Core {
         self.pages.census().resident
     }
     pub fn held(&self) -> &[PageRange] {
-        &self.held
+        self.zaps.held()
     }
     pub fn addr_of(&self, p: PageIdx) -> Addr {
         Addr(self.cfg.base + (p.0 << self.cfg.page_shift))

@@ -159,7 +159,6 @@ impl<T: Copy> Fifo<T> {
     }
 }
 
-#[derive(Default)]
 pub struct Lru {
     pub active: Fifo<(PageIdx, u32)>,
     pub inactive: Fifo<(PageIdx, u32)>,
@@ -181,9 +180,42 @@ pub struct Lru {
     /// Chunks compaction steps were allowed to sweep so far (a bound on the
     /// work they did; `Core::lru_sweep_work`).
     pub sweep_work: u64,
+    /// Where a page whose metadata starts afresh (generation 0: new, or
+    /// reset by a zap) starts its generations, so that an old entry of
+    /// the page still in a list does not become valid again (advanced by an
+    /// odd stride at each use). 32 bits: with 16, a stale entry a few
+    /// generations ahead of a fresh start becomes valid again after as many
+    /// pushes (1 in 65,536 a reset) — the likely cause of a page found on
+    /// the active list twice in one of 15 stress-test runs.
+    fresh_gen: u32,
+}
+
+impl Default for Lru {
+    fn default() -> Lru {
+        Lru {
+            active: Fifo::default(),
+            inactive: Fifo::default(),
+            lazy: Fifo::default(),
+            volatile: Fifo::default(),
+            compacting: 0,
+            pushes: 0,
+            sweep_work: 0,
+            fresh_gen: 1,
+        }
+    }
 }
 
 impl Lru {
+    /// The generation of a page's next entry, after its generation `gen`
+    /// (0: the page's metadata starts afresh). Never 0.
+    pub(crate) fn next_gen(&mut self, gen: u32) -> u32 {
+        if gen != 0 {
+            return gen.wrapping_add(1).max(1);
+        }
+        self.fresh_gen = self.fresh_gen.wrapping_add(0x9E37_79B9).max(1);
+        self.fresh_gen
+    }
+
     pub fn len(&self) -> usize {
         self.active.len() + self.inactive.len() + self.lazy.len() + self.volatile.len()
     }

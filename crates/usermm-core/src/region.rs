@@ -189,12 +189,28 @@ impl Region {
     }
 }
 
-#[derive(Default)]
 pub struct RegionTree {
     map: BTreeMap<u64, Region>,
+    /// The identity the next shared anonymous object gets (never 0, which
+    /// is private memory's `object`).
+    next_object: u64,
+}
+
+impl Default for RegionTree {
+    fn default() -> RegionTree {
+        RegionTree { map: BTreeMap::new(), next_object: 1 }
+    }
 }
 
 impl RegionTree {
+    /// A new identity for a shared anonymous object (a region's `object`):
+    /// regions of different objects never merge.
+    pub(crate) fn new_object(&mut self) -> u64 {
+        let o = self.next_object;
+        self.next_object += 1;
+        o
+    }
+
     pub fn len(&self) -> usize {
         self.map.len()
     }

@@ -38,7 +38,7 @@ impl Core {
         // (Shared file pages go to their file: they need no swap. Lazily
         // freed pages a page-out discards need none either.)
         let lazy_only = self.swap.capacity() == 0 && reg.kind != Kind::FileShared;
-        if lazy_only && !(pageout && self.host_lazyfree) {
+        if lazy_only && !(pageout && self.options.host_lazyfree()) {
             return v;
         }
         if reg.writable() && reg.prot != PROT_READ | PROT_WRITE {
@@ -58,7 +58,7 @@ impl Core {
                 m.slot = slot;
                 forget_use(m);
             });
-            let host_free = self.host_lazyfree && m.has(pf::VOLATILE);
+            let host_free = self.options.host_lazyfree() && m.has(pf::VOLATILE);
             v.push(Deactivate { page: p, slot, how, host_free });
         }
         v
@@ -107,7 +107,7 @@ impl Core {
                 plan.writeback.push(Writeback { page: p, staging: Some(m.slot), file, file_page, clean });
                 continue;
             }
-            if m.has(pf::LAZYFREE) && self.host_lazyfree {
+            if m.has(pf::LAZYFREE) && self.options.host_lazyfree() {
                 let swap = self.swap.alloc();
                 self.pages.update(p, |m| m.state = PState::Evicting);
                 plan.discard.push(Discard { page: p, staging: m.slot, swap });
@@ -199,7 +199,7 @@ impl Core {
             // The page stays resident (parked); the slot is not reused
             // blindly (a swap copy's slot stays the page's copy).
             if !e.clean {
-                self.free_swap_slot(e.swap);
+                self.swap.free_slot(e.swap);
             }
             self.pages.update(e.page, |m| m.state = PState::Inactive);
             self.push_inactive(e.page);
@@ -253,7 +253,7 @@ impl Core {
         self.uncache(d.page);
         if dropped {
             if let Some(s) = d.swap {
-                self.free_swap_slot(s);
+                self.swap.free_slot(s);
             }
             self.staging.release(d.staging);
             self.pages.update(d.page, |m| {
@@ -279,7 +279,7 @@ impl Core {
             }
             (swap, _) => {
                 if let Some(s) = swap {
-                    self.free_swap_slot(s);
+                    self.swap.free_slot(s);
                 }
                 self.pages.update(d.page, |m| m.state = PState::Inactive);
                 self.push_inactive(d.page);

@@ -105,7 +105,7 @@ impl Core {
             Some(end) => PageRange { start: reg.range.start, end: reg.range.end.min(end) },
             None => reg.range,
         };
-        let region = clear_of_zaps(&self.zapping, region, p);
+        let region = self.zaps.clear_of(region, p);
         let prot = reg.prot;
         let m = self.pages.get(p);
         if self.in_flight(p, &m) {
@@ -128,7 +128,7 @@ impl Core {
             PState::Resident => FaultPlan::Wake,
             PState::Inactive => {
                 self.pages.update(p, |m| m.state = PState::Filling);
-                let checked = self.host_lazyfree && m.has(pf::VOLATILE);
+                let checked = self.options.host_lazyfree() && m.has(pf::VOLATILE);
                 // A page with a swap copy comes back write-protected (a
                 // write fault's page is written at once: it drops it).
                 let wp = m.cache != 0 && !checked && !write;
@@ -143,7 +143,7 @@ impl Core {
     /// Whether page `p` (metadata `m`) is being worked on: a fault there
     /// waits (`Busy`).
     pub(super) fn in_flight(&self, p: PageIdx, m: &PageMeta) -> bool {
-        m.state.busy() || self.zapping.iter().any(|z| z.contains(p))
+        m.state.busy() || self.zaps.zapping_at(p)
     }
 
     /// A fault on a swapped page: a swap-in of it and the swapped
@@ -160,7 +160,7 @@ impl Core {
     ) -> FaultPlan {
         let reg = self.regions.find_mut(p).expect("region");
         if free == 0 {
-            self.pressure = true;
+            self.pressure.ran_out();
             return FaultPlan::Reclaim { want: self.direct_reclaim_batch(populate) };
         }
         let (window, backwards, stream) = swap_in_window(reg, p, populate);
@@ -219,7 +219,7 @@ impl Core {
             return FaultPlan::Sigbus;
         }
         if free == 0 {
-            self.pressure = true;
+            self.pressure.ran_out();
             return FaultPlan::Reclaim { want: self.direct_reclaim_batch(populate) };
         }
         // (One lookup for the whole plan: the borrow is of `regions` only.)
@@ -329,11 +329,10 @@ impl Core {
                 continue;
             }
             let s = slot + k as u32;
-            if !keep {
-                self.free_swap_slot(s);
-                if locked {
-                    self.scrub_log.push(s);
-                }
+            if !keep && locked {
+                self.swap.free_and_scrub(s);
+            } else if !keep {
+                self.swap.free_slot(s);
             }
             self.pages.update(p, |m| {
                 m.state = PState::Resident;
@@ -377,18 +376,4 @@ impl Core {
     pub fn fault_oom(&mut self) {
         self.counters.oom_sigbus += 1;
     }
-}
-
-/// `region` narrowed around page `p` so that a window never reaches into a
-/// chunk being zapped.
-fn clear_of_zaps(zapping: &[PageRange], mut region: PageRange, p: PageIdx) -> PageRange {
-    for z in zapping {
-        if z.end <= p && z.end > region.start {
-            region.start = z.end;
-        }
-        if z.start > p && z.start < region.end {
-            region.end = z.start;
-        }
-    }
-    region
 }

@@ -5,8 +5,8 @@
 //! `msync`, `munmap` and `close` write back the dirty pages that
 //! `writeback_snapshot` lists. A failed write keeps the page resident and
 //! parks the error, reported once by the next `msync`/`munmap` of the file
-//! (`take_file_error`, fsync semantics). Invariant (kept by `vma.rs`):
-//! `file_pages` counts the pages of live regions mapping each file.
+//! (`take_file_error`, fsync semantics). Which files are mapped, and the
+//! errors kept, are the `FileTable`'s (`file_table.rs`).
 
 use super::{bad, Core, FileRange, Writeback};
 use crate::consts::*;
@@ -35,7 +35,7 @@ impl Core {
             Err(e) => {
                 self.pages.update(w.page, |m| m.state = PState::Inactive);
                 self.push_inactive(w.page);
-                self.file_errors.push((w.file, e));
+                self.files.note_error(w.file, e);
             }
         }
     }
@@ -43,7 +43,7 @@ impl Core {
     /// Records a write-back error for `file` (reported by the next msync or
     /// munmap of it).
     pub fn note_file_error(&mut self, file: u32, e: Errno) {
-        self.file_errors.push((file, e));
+        self.files.note_error(file, e);
     }
 
     /// Counts one page written back to its file; a page of a region that
@@ -62,10 +62,7 @@ impl Core {
     /// The first write-back error recorded for `file` since the last call,
     /// cleared (fsync semantics).
     pub fn take_file_error(&mut self, file: u32) -> Option<Errno> {
-        let i = self.file_errors.iter().position(|(f, _)| *f == file)?;
-        let e = self.file_errors[i].1;
-        self.file_errors.retain(|(f, _)| *f != file);
-        Some(e)
+        self.files.take_error(file)
     }
 
     /// The pages of `r` that belong to shared file regions (live or being
@@ -196,7 +193,7 @@ impl Core {
 
     /// The file ids still mapped by a live region.
     pub fn files_in_use(&self) -> Vec<u32> {
-        self.file_pages.iter().filter(|(_, n)| **n > 0).map(|(f, _)| *f).collect()
+        self.files.in_use()
     }
 
     /// Every shared file segment of the space (for `close`).

@@ -25,7 +25,7 @@ impl Core {
     /// Counts `n` frames about to be claimed (the pages that take them
     /// become busy at once, and so count as resident).
     pub(super) fn claim_frames(&mut self, n: u64) {
-        self.demand = self.demand.saturating_add(n);
+        self.pressure.claimed(n);
         debug_assert!(self.resident() + n <= self.cfg.budget_pages, "claim beyond budget");
     }
 
@@ -48,18 +48,9 @@ impl Core {
         }
     }
 
-    /// The next generation of page `p`'s LRU entry.
-    fn next_gen(&mut self, gen: u32) -> u32 {
-        if gen != 0 {
-            return gen.wrapping_add(1).max(1);
-        }
-        self.fresh_gen = self.fresh_gen.wrapping_add(0x9E37_79B9).max(1);
-        self.fresh_gen
-    }
-
     pub(super) fn push_active(&mut self, p: PageIdx) {
         let mut m = self.pages.get(p);
-        m.gen = self.next_gen(m.gen);
+        m.gen = self.lru.next_gen(m.gen);
         self.pages.set(p, m);
         self.lru.active.push_back((p, m.gen));
         self.sweep_stale();
@@ -92,7 +83,7 @@ impl Core {
 
     pub(super) fn push_inactive(&mut self, p: PageIdx) {
         let mut m = self.pages.get(p);
-        m.gen = self.next_gen(m.gen);
+        m.gen = self.lru.next_gen(m.gen);
         self.pages.set(p, m);
         self.lru.inactive.push_back((p, m.gen));
         self.sweep_stale();

@@ -81,7 +81,7 @@ impl Core {
             resident_pages_max: self.pages.resident_max(),
             inactive_pages: n.inactive,
             locked_pages: n.locked,
-            locked_charged_pages: self.locked_charged,
+            locked_charged_pages: self.locks.charged(),
             swapped_pages: n.swapped,
             lazyfree_pages: n.lazyfree,
             volatile_pages: n.volatile,

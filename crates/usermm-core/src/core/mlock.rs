@@ -5,8 +5,9 @@
 //! reports what changed in a `LockPlan`; populating the newly locked pages
 //! is the executor's next phase, outside the exclusive lock, and
 //! `lock_revert` undoes the flags if that phase cannot finish.
-//! Invariants kept: `locked_charged` is the page count of all locked
-//! regions, and the census's `locked` the count of pages flagged `LOCKED`.
+//! Invariants kept: the lock charge (`Locks`, `locks.rs`) is the page count
+//! of all locked regions, and the census's `locked` the count of pages
+//! flagged `LOCKED`.
 
 use super::range::Piece;
 use super::{bad, Core, LockPlan};
@@ -43,7 +44,7 @@ impl Core {
                 .filter(|g| g.lock != LockMode::None)
                 .map(|g| g.range.intersect(&r).pages())
                 .sum();
-            if self.locked_charged + pages - already.min(pages) > self.cfg.memlock_pages {
+            if self.locks.charged() + pages - already.min(pages) > self.cfg.memlock_pages {
                 plan.result = bad(Errno::ENOMEM);
                 return plan;
             }
@@ -100,11 +101,7 @@ impl Core {
         let reg = self.regions.find_mut(seg.start).expect("split");
         let old = reg.lock;
         reg.lock = mode;
-        match (old == LockMode::None, mode == LockMode::None) {
-            (true, false) => self.locked_charged += seg.pages(),
-            (false, true) => self.locked_charged -= seg.pages(),
-            _ => {}
-        }
+        self.locks.relock(old, mode, seg.pages());
         for (p, m) in self.pages.live_in(seg) {
             if mode == LockMode::None {
                 if m.has(pf::LOCKED) {
@@ -164,7 +161,7 @@ impl Core {
                 return plan;
             }
         }
-        self.lock_future = (flags & MCL_FUTURE != 0).then_some(mode);
+        self.locks.set_future((flags & MCL_FUTURE != 0).then_some(mode));
         if flags & MCL_CURRENT != 0 {
             let regs: Vec<Region> = self.regions.iter().cloned().collect();
             for reg in regs {
@@ -181,7 +178,7 @@ impl Core {
     /// Decides `munlockall`: every region unlocked, the future flag cleared.
     pub fn munlockall(&mut self) -> LockPlan {
         let mut plan = LockPlan::default();
-        self.lock_future = None;
+        self.locks.set_future(None);
         let regs: Vec<Region> = self.regions.iter().cloned().collect();
         for reg in regs {
             if reg.lock != LockMode::None {

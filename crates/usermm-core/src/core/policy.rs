@@ -93,10 +93,8 @@ impl Core {
     /// of need turned a working set equal to the budget into a stream of
     /// evictions and re-faults.)
     pub fn reclaim_ahead(&mut self) -> bool {
-        if self.resident() * 2 < self.cfg.budget_pages {
-            self.pressure = false;
-        }
-        self.pressure
+        let half_full = self.resident() * 2 >= self.cfg.budget_pages;
+        self.pressure.persists(half_full)
     }
 
     /// How many frames background reclaim should free now, with the
@@ -109,20 +107,11 @@ impl Core {
     /// and went on evicting.)
     pub fn reclaim_ahead_want(&mut self, low: u64, high: u64) -> u64 {
         if !self.reclaim_ahead() {
-            self.refilling = false;
+            self.pressure.stop_refilling();
             return 0;
         }
         let free = self.free_frames();
-        if free < low {
-            self.refilling = true;
-        } else if free >= high {
-            self.refilling = false;
-        }
-        if self.refilling {
-            high.saturating_sub(free)
-        } else {
-            0
-        }
+        self.pressure.watermark_want(free, low, high)
     }
 
     /// The inactive list's target length: a quarter of the budget.
@@ -136,7 +125,7 @@ impl Core {
     /// beyond this).
     pub(super) fn refill_target(&self) -> u64 {
         self.inactive_target()
-            .min(self.pages.census().inactive.saturating_add(AGING_PER_CLAIM.saturating_mul(self.demand)))
+            .min(self.pages.census().inactive.saturating_add(AGING_PER_CLAIM.saturating_mul(self.pressure.demand())))
     }
 
     /// Whether the inactive list should be refilled ahead of need: once the
@@ -152,8 +141,8 @@ impl Core {
         // with demand: once frames are claimed again since the last refill
         // (a working set that fits after pressure claims none, and aging
         // it turned a fifth of its touches into minor faults: `fits`).
-        self.pressure
-            && self.demand > 0
+        self.pressure.under()
+            && self.pressure.demand() > 0
             && self.swap.capacity() > 0
             && self.resident() * 2 >= self.cfg.budget_pages
             && self.pages.census().inactive < self.inactive_target()

@@ -44,7 +44,7 @@ impl Core {
     /// `set_swap_writes_paused`). What clean pages there were, the round
     /// that found the fault short of frames dropped.
     pub fn reclaim_hopeless(&self) -> bool {
-        self.resident() <= self.pages.census().locked || self.swap.free() == 0 || self.swap_paused
+        self.resident() <= self.pages.census().locked || self.swap.slots_free() == 0 || self.swap.paused()
     }
 
     /// Whether any page is being worked on (filled, parked, evicted,
@@ -52,7 +52,7 @@ impl Core {
     /// reclaimable, which a fault short of frames waits for rather than
     /// being out of memory.
     pub fn reclaim_in_flight(&self) -> bool {
-        self.pages.busy() > 0 || !self.zapping.is_empty()
+        self.pages.busy() > 0 || self.zaps.any_zapping()
     }
 
     /// Whether a fault or populate that has found no frame after `rounds`
@@ -85,18 +85,18 @@ impl Core {
     /// for one, and reclaim is hopeless once nothing else can leave
     /// (`reclaim_hopeless`).
     pub fn set_swap_writes_paused(&mut self, on: bool) {
-        self.swap_paused = on;
+        self.swap.set_paused(on);
     }
 
     /// Whether reclaim could free a frame were the store taking writes:
     /// not every resident page is locked, and swap has room.
     pub fn reclaim_possible_but_for_store(&self) -> bool {
-        self.resident() > self.pages.census().locked && self.swap.free() > 0
+        self.resident() > self.pages.census().locked && self.swap.slots_free() > 0
     }
 
     /// See [`Core::set_swap_writes_paused`].
     pub fn swap_writes_paused(&self) -> bool {
-        self.swap_paused
+        self.swap.paused()
     }
 
     /// Whether reclaim has nothing it could ever take: no swap (anonymous
@@ -106,7 +106,7 @@ impl Core {
     fn nothing_reclaimable(&self) -> bool {
         self.swap.capacity() == 0
             && self.pages.census().volatile == 0
-            && (self.pages.census().lazyfree == 0 || !self.host_lazyfree)
+            && (self.pages.census().lazyfree == 0 || !self.options.host_lazyfree())
             && !self.regions.iter().any(|r| r.kind == Kind::FileShared)
     }
 
@@ -118,7 +118,7 @@ impl Core {
             // Nothing to age either.
             return plan;
         }
-        if self.purge_volatile_first && !self.lru.volatile.is_empty() {
+        if self.options.purge_volatile_first() && !self.lru.volatile.is_empty() {
             self.plan_volatile(&mut plan, want);
             if !plan.purge.is_empty() || !plan.deactivate.is_empty() {
                 // Volatile pages go first: nothing else leaves while they
@@ -140,7 +140,7 @@ impl Core {
         }
         self.plan_evict_inactive(&mut plan, want);
         self.plan_refill_inactive(&mut plan, want);
-        self.demand = 0;
+        self.pressure.demand_met();
         plan
     }
 
@@ -190,13 +190,13 @@ impl Core {
                 });
                 continue;
             }
-            if m.has(pf::LAZYFREE) && self.host_lazyfree {
+            if m.has(pf::LAZYFREE) && self.options.host_lazyfree() {
                 let swap = self.swap.alloc();
                 self.pages.update(p, |m| m.state = PState::Evicting);
                 plan.discard.push(Discard { page: p, staging: m.slot, swap });
                 continue;
             }
-            if self.swap_paused && m.cache == 0 {
+            if self.swap.paused() && m.cache == 0 {
                 // The store refuses writes (backing off): it stays parked.
                 kept.push((p, g));
                 continue;
@@ -268,7 +268,7 @@ impl Core {
             if !m.has(pf::VOLATILE)
                 && reg.kind != Kind::FileShared
                 && m.cache == 0
-                && (self.swap_paused || self.swap.free() as u64 <= plan.deactivate.len() as u64)
+                && (self.swap.paused() || self.swap.slots_free() as u64 <= plan.deactivate.len() as u64)
             {
                 // No swap room: only volatile pages can leave.
                 self.lru.active.push_back((p, g));
@@ -286,7 +286,7 @@ impl Core {
                 m.state = PState::Deactivating;
                 m.slot = slot;
             });
-            let host_free = self.host_lazyfree && m.has(pf::VOLATILE);
+            let host_free = self.options.host_lazyfree() && m.has(pf::VOLATILE);
             plan.deactivate.push(Deactivate { page: p, slot, how, host_free });
         }
     }
@@ -311,12 +311,12 @@ impl Core {
                 continue;
             }
             match m.state {
-                PState::Inactive if self.host_lazyfree => {
+                PState::Inactive if self.options.host_lazyfree() => {
                     let swap = self.swap.alloc();
                     self.pages.update(p, |m| m.state = PState::Evicting);
                     plan.discard.push(Discard { page: p, staging: m.slot, swap });
                 }
-                PState::Resident if self.host_lazyfree => {
+                PState::Resident if self.options.host_lazyfree() => {
                     let Some(reg) = self.regions.find(p) else { continue };
                     if reg.prot != PROT_READ | PROT_WRITE {
                         continue;
@@ -379,7 +379,7 @@ impl Core {
                         m.slot = slot;
                         forget_use(m);
                     });
-                    let host_free = self.host_lazyfree;
+                    let host_free = self.options.host_lazyfree();
                     plan.deactivate.push(Deactivate { page: p, slot, how: transfer_for(reg.prot), host_free });
                     parked.push(p);
                 }
@@ -394,14 +394,14 @@ impl Core {
 
     /// Lazily freed pages beyond the space's bound (`set_lazyfree_max`).
     pub fn lazyfree_excess(&self) -> u64 {
-        self.pages.census().lazyfree.saturating_sub(self.lazyfree_max)
+        self.options.lazyfree_excess(self.pages.census().lazyfree)
     }
 
     /// Plans the eager discard of the lazily freed pages beyond the bound.
     pub fn lazyfree_trim_plan(&mut self) -> ReclaimPlan {
         let mut plan = ReclaimPlan::default();
         let excess = self.lazyfree_excess();
-        if excess > 0 && self.host_lazyfree {
+        if excess > 0 && self.options.host_lazyfree() {
             self.plan_lazy(&mut plan, excess);
         }
         plan
@@ -410,7 +410,7 @@ impl Core {
     /// Bounds how many lazily freed pages the space keeps (`u64::MAX`:
     /// unbounded); past it, `MADV_FREE` discards the oldest at once.
     pub fn set_lazyfree_max(&mut self, pages: u64) {
-        self.lazyfree_max = pages;
+        self.options.set_lazyfree_max(pages);
     }
 
     /// How many frames a fault that finds none reclaims at once: enough to

@@ -46,7 +46,7 @@ impl Core {
     /// The executor maps swapped-in pages write-protected and reports the
     /// first write to each as a WP fault.
     pub fn set_tracks_writes(&mut self, on: bool) {
-        self.tracks_writes = on;
+        self.options.set_tracks_writes(on);
     }
 
     /// Whether a swap-in at page `p` for a fault (`write`: a write fault)
@@ -58,7 +58,7 @@ impl Core {
     /// evicted (`CopyFeedback::pays`), but for one swap-in in
     /// `PROBE_EVERY`, which keeps the verdict current.
     pub(super) fn keeps_swap_copy(&mut self, p: PageIdx, write: bool) -> bool {
-        if !self.tracks_writes || write || u64::from(self.swap.free()) <= u64::from(self.swap.capacity()) / 8 {
+        if !self.options.tracks_writes() || write || self.swap.short() {
             return false;
         }
         let Some(r) = self.regions.find_mut(p) else { return false };
@@ -79,7 +79,7 @@ impl Core {
     pub(super) fn uncache(&mut self, p: PageIdx) {
         let m = self.pages.get(p);
         if m.cache != 0 {
-            self.free_swap_slot(m.cache - 1);
+            self.swap.free_slot(m.cache - 1);
             self.pages.update(p, |m| m.cache = 0);
         }
     }
@@ -90,8 +90,8 @@ impl Core {
     pub(super) fn uncache_locked(&mut self, p: PageIdx) {
         let m = self.pages.get(p);
         if m.cache != 0 {
-            self.uncache(p);
-            self.scrub_log.push(m.cache - 1);
+            self.swap.free_and_scrub(m.cache - 1);
+            self.pages.update(p, |m| m.cache = 0);
         }
     }
 

@@ -1,12 +1,14 @@
 //! `validate`: walks the whole state and asserts every invariant (Linux's
 //! `validate_mm()`); tests call it after each step.
 //!
-//! It checks the region tree, the page table and both slot allocators on
-//! their own, then every counter the core keeps against a recount from the
-//! pages (`resident`, `inactive`, `swapped`, `locked_pages`,
-//! `volatile_pages`, `lazyfree_pages`) and the regions (`locked_charged`,
-//! `file_pages`), allowing for pages in flight (`Filling`, `Evicting`,
-//! `Zapping`) that still count where they came from.
+//! It checks each part on its own (the region tree, the held ranges, the
+//! page table, the staging slots), then every counter the core keeps
+//! against a recount from the pages (`resident`, `inactive`, `swapped`,
+//! `locked_pages`, `volatile_pages`, `lazyfree_pages`, the swap slots in
+//! use: `SwapSpace::validate`) and the regions (the lock charge:
+//! `Locks::validate`; the pages per file: `FileTable::validate`), allowing
+//! for pages in flight (`Filling`, `Evicting`, `Zapping`) that still count
+//! where they came from.
 
 use super::Core;
 use crate::page::{pf, PState};
@@ -18,15 +20,12 @@ impl Core {
     pub fn validate(&self) {
         self.regions.validate(self.cfg.reserve_pages);
         assert!(self.regions.len() <= self.cfg.max_regions, "region limit");
-        for h in &self.held {
-            assert!(!self.regions.any_in(*h), "held range {h:?} has regions");
-        }
+        self.zaps.validate(&self.regions);
         self.pages.validate();
-        self.swap.validate();
         self.staging.validate();
         self.validate_page_states();
         self.validate_locks();
-        self.validate_file_pages();
+        self.files.validate(&self.regions);
         self.validate_lru();
     }
 
@@ -50,7 +49,7 @@ impl Core {
             }
             if m.state != PState::Absent {
                 assert!(
-                    self.regions.find(p).is_some() || self.held.iter().any(|h| h.contains(p)),
+                    self.regions.find(p).is_some() || self.zaps.is_held(p),
                     "page {p:?} ({:?}) outside every region",
                     m.state
                 );
@@ -78,9 +77,7 @@ impl Core {
         assert_eq!(cached, n.swap_cached, "swap copies count");
         assert!(self.resident() <= self.cfg.budget_pages, "over budget");
         assert!(self.pages.resident_max() <= self.cfg.budget_pages, "max over budget");
-        let su = self.swap.used() as u64 - cached - self.swap_reserved;
-        // (A lazily freed page being discarded may hold no swap slot.)
-        assert!(su >= sw && su <= sw + evicting + filling, "swap slots in use");
+        self.swap.validate(cached, sw, evicting + filling);
         let used = self.staging.used() as u64;
         assert!(used >= staged && used <= staged + zapping + filling, "staging slots in use");
     }
@@ -89,15 +86,13 @@ impl Core {
     /// inside one (or in a held range).
     fn validate_locks(&self) {
         let all = PageRange::new(0, self.cfg.reserve_pages);
-        let locked: u64 = self.regions.iter().filter(|r| r.lock != LockMode::None).map(|r| r.range.pages()).sum();
-        assert_eq!(locked, self.locked_charged, "lock charge");
+        self.locks.validate(&self.regions);
         let mut lp = 0;
         self.pages.for_each_live(all, |p, m| {
             if m.has(pf::LOCKED) {
                 lp += 1;
                 assert!(
-                    self.regions.find(p).is_some_and(|r| r.lock != LockMode::None)
-                        || self.held.iter().any(|h| h.contains(p)),
+                    self.regions.find(p).is_some_and(|r| r.lock != LockMode::None) || self.zaps.is_held(p),
                     "locked page {p:?} outside a locked region"
                 );
                 // A locked page is never evicted: a swap copy would only
@@ -106,17 +101,6 @@ impl Core {
             }
         });
         assert_eq!(lp, self.pages.census().locked, "locked pages count");
-    }
-
-    /// The pages each file's regions span.
-    fn validate_file_pages(&self) {
-        let mut fp: std::collections::HashMap<u32, u64> = std::collections::HashMap::new();
-        for r in self.regions.iter() {
-            if let Some(f) = r.file() {
-                *fp.entry(f).or_insert(0) += r.range.pages();
-            }
-        }
-        assert_eq!(fp, self.file_pages, "pages per file");
     }
 
     /// Every resident unlocked page is on the active list, every parked

@@ -160,7 +160,7 @@ impl Core {
             return bad(Errno::EINVAL);
         }
         let r = self.clip(addr, pages);
-        if flags & MAP_FIXED_NOREPLACE != 0 && (self.regions.any_in(r) || self.held.iter().any(|h| h.overlaps(&r))) {
+        if flags & MAP_FIXED_NOREPLACE != 0 && (self.regions.any_in(r) || self.zaps.held_overlaps(&r)) {
             return bad(Errno::EEXIST);
         }
         Ok(Some(r))
@@ -168,12 +168,12 @@ impl Core {
 
     /// The new mapping's lock mode, checked against the lock limit.
     fn mmap_lock_checked(&self, flags: i32, pages: u64) -> Result<LockMode, Errno> {
-        let lock = self.mmap_lock_mode(flags);
+        let lock = self.locks.mmap_mode(flags);
         if lock != LockMode::None {
             if !self.cfg.mlock_allowed {
                 return bad(Errno::EPERM);
             }
-            if self.locked_charged.saturating_add(pages) > self.cfg.memlock_pages {
+            if self.locks.charged().saturating_add(pages) > self.cfg.memlock_pages {
                 return bad(Errno::EAGAIN);
             }
         }
@@ -203,30 +203,12 @@ impl Core {
         Ok(!cut.is_empty())
     }
 
-    /// The lock a new mapping gets: its flags', or `mlockall`'s future one.
-    fn mmap_lock_mode(&self, flags: i32) -> LockMode {
-        if flags & UMM_MAP_LOCKONFAULT != 0 {
-            LockMode::OnFault
-        } else if flags & MAP_LOCKED != 0 {
-            // Under mlockall(MCL_FUTURE | MCL_ONFAULT), MAP_LOCKED adds
-            // VM_LOCKED to the default VM_LOCKED | VM_LOCKONFAULT: still
-            // lock-on-fault (Linux).
-            if self.lock_future == Some(LockMode::OnFault) {
-                LockMode::OnFault
-            } else {
-                LockMode::Locked
-            }
-        } else {
-            self.lock_future.unwrap_or(LockMode::None)
-        }
-    }
-
     /// Where a new mapping of `pages` goes: the fixed range, the hint if it
     /// is free, else the first gap. `None`: the fixed range is being
     /// unmapped (wait).
     fn mmap_place(&self, addr: u64, pages: u64, fixed_range: Option<PageRange>) -> Result<Option<u64>, Errno> {
         if let Some(r) = fixed_range {
-            if self.held.iter().any(|h| h.overlaps(&r)) {
+            if self.zaps.held_overlaps(&r) {
                 return Ok(None);
             }
             return Ok(Some(r.start.0));
@@ -236,8 +218,8 @@ impl Core {
         let hint = addr & !(ps - 1);
         let hinted = (hint != 0 && self.in_reservation(hint, pages)).then(|| self.clip(hint, pages));
         Ok(Some(match hinted {
-            Some(r) if !self.regions.any_in(r) && !self.held.iter().any(|h| h.overlaps(&r)) => r.start.0,
-            _ => self.regions.find_gap(pages, 0, self.cfg.reserve_pages, &self.held).ok_or(Errno::ENOMEM)?,
+            Some(r) if !self.regions.any_in(r) && !self.zaps.held_overlaps(&r) => r.start.0,
+            _ => self.regions.find_gap(pages, 0, self.cfg.reserve_pages, self.zaps.held()).ok_or(Errno::ENOMEM)?,
         }))
     }
 
@@ -255,18 +237,14 @@ impl Core {
         let pages = range.pages();
         let object = match file {
             Some(f) => FILE_OBJECT | f.id as u64,
-            None if shared => {
-                let o = self.next_object;
-                self.next_object += 1;
-                o
-            }
+            None if shared => self.regions.new_object(),
             None => 0,
         };
         if lock != LockMode::None {
-            self.locked_charged += pages;
+            self.locks.charge(pages);
         }
         if let Some(f) = file {
-            *self.file_pages.entry(f.id).or_insert(0) += pages;
+            self.files.map(f.id, pages);
         }
         self.regions.insert(Region {
             range,
@@ -343,25 +321,21 @@ impl Core {
         let mut files = Vec::new();
         for reg in &removed {
             if reg.lock != LockMode::None {
-                self.locked_charged -= reg.range.pages();
+                self.locks.uncharge(reg.range.pages());
                 locked.push(reg.range);
             }
             if reg.kind == Kind::FileShared {
                 files.push(FileRange { range: reg.range, file: reg.file().expect("file"), file_page: reg.pgoff });
             }
             if let Some(f) = reg.file() {
-                let n = self.file_pages.entry(f).or_insert(0);
-                *n -= reg.range.pages();
-                if *n == 0 {
-                    self.file_pages.remove(&f);
-                }
+                self.files.unmap(f, reg.range.pages());
             }
             match ranges.last_mut() {
                 Some(last) if last.end == reg.range.start => last.end = reg.range.end,
                 _ => ranges.push(reg.range),
             }
         }
-        self.held.extend(ranges.iter().copied());
+        self.zaps.hold(&ranges);
         Detached { ranges, locked, files }
     }
 
@@ -395,8 +369,7 @@ impl Core {
     /// The last phase of `munmap`: the range may be reused.
     pub fn unhold(&mut self, d: &Detached) {
         for r in &d.ranges {
-            let i = self.held.iter().position(|h| h == r).expect("held range");
-            self.held.swap_remove(i);
+            self.zaps.unhold(*r);
         }
     }
 

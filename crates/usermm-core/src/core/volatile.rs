@@ -33,10 +33,10 @@ impl Core {
                         self.uncache(p);
                     }
                     self.pages.update(p, |m| m.flags |= pf::VOLATILE);
-                    if self.host_lazyfree && m.state == PState::Inactive {
+                    if self.options.host_lazyfree() && m.state == PState::Inactive {
                         parked.push(m.slot);
                     }
-                    if self.purge_volatile_first && m.state.holds_frame() {
+                    if self.options.purge_volatile_first() && m.state.holds_frame() {
                         self.lru.volatile.push_back(p);
                     }
                 }
@@ -85,7 +85,7 @@ impl Core {
             }
         }
         let mut out = NoVolatile::default();
-        if self.host_lazyfree {
+        if self.options.host_lazyfree() {
             // A parked volatile page's slot may be discarded by the host at
             // any time: only mapping it back tells (atomically) whether it
             // was. Pages in the program's range never are (only parked
@@ -129,7 +129,7 @@ impl Core {
         }
         let prot = self.regions.find(p)?.prot;
         self.pages.update(p, |m| m.state = PState::Filling);
-        let checked = self.host_lazyfree && m.has(pf::VOLATILE);
+        let checked = self.options.host_lazyfree() && m.has(pf::VOLATILE);
         let wp = m.cache != 0 && !checked;
         Some(FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked, wp })
     }
@@ -170,7 +170,7 @@ impl Core {
             }
             match m.state {
                 PState::Swapped => {
-                    self.free_swap_slot(m.slot);
+                    self.swap.free_slot(m.slot);
                     self.pages.set(p, PageMeta::default());
                 }
                 PState::Resident | PState::Inactive if !m.has(pf::LAZYFREE) => {

@@ -2,12 +2,12 @@
 //! replacement, `MADV_DONTNEED` and friends).
 //!
 //! `zap_begin` claims every page of the range (`Zapping`) and records the
-//! chunk in `zapping`, so that a fault in it waits instead of filling a page
-//! the host is about to drop; it refuses (`Err(Busy)`) while a page is busy.
-//! The executor drops the frames, then `zap_end` forgets the pages, releases
-//! their slots and uncharges them. Invariant: every page of a chunk in
-//! `zapping` is settled or `Zapping`. A zap cannot fail by construction: it
-//! only drops.
+//! chunk as being zapped (`Zaps`, `zaps.rs`), so that a fault in it waits
+//! instead of filling a page the host is about to drop; it refuses
+//! (`Err(Busy)`) while a page is busy. The executor drops the frames, then
+//! `zap_end` forgets the pages, releases their slots and uncharges them.
+//! Invariant: every page of a chunk being zapped is settled or `Zapping`.
+//! A zap cannot fail by construction: it only drops.
 
 use super::{Busy, Core, ZapClaim};
 use crate::page::{pf, PState, PageMeta};
@@ -21,7 +21,7 @@ impl Core {
         if live.iter().any(|(_, m)| m.state.busy()) {
             return Err(Busy);
         }
-        self.zapping.push(r);
+        self.zaps.begin(r);
         let mut claim = ZapClaim { range: r, staging: Vec::new(), mapped: false };
         for (p, m) in live {
             if m.has(pf::POISONED) || m.has(pf::PURGED) {
@@ -45,14 +45,12 @@ impl Core {
 
     /// Drops the pages of a claim: the executor has dropped the frames.
     pub fn zap_end(&mut self, c: &ZapClaim) {
-        if let Some(i) = self.zapping.iter().position(|z| *z == c.range) {
-            self.zapping.swap_remove(i);
-        }
+        self.zaps.end(c.range);
         for (p, m) in self.pages.live_in(c.range) {
             self.uncache(p);
             match m.state {
                 PState::Zapping | PState::Absent => {}
-                PState::Swapped => self.free_swap_slot(m.slot),
+                PState::Swapped => self.swap.free_slot(m.slot),
                 s => panic!("zap_end: page {p:?} in state {s:?}"),
             }
             self.pages.set(p, PageMeta::default());

@@ -1,0 +1,80 @@
+//! Reclaim's memory of demand: whether the budget ran out under a fault,
+//! whether background reclaim is bringing free frames back up, and how many
+//! frames were claimed since the inactive list was last refilled.
+//!
+//! The state only; what it decides — when reclaim works ahead, how much it
+//! frees, how fast pages age — is the policy's (`policy.rs`), which reads
+//! and moves it through these methods.
+
+#[derive(Default)]
+pub(super) struct Pressure {
+    /// Whether the budget ran out under a fault since it was last less
+    /// than half full.
+    ran_out: bool,
+    /// Whether background reclaim is bringing free frames back up to the
+    /// high watermark (set below the low one).
+    refilling: bool,
+    /// Frames faults and populates have claimed since reclaim last
+    /// refilled the inactive list.
+    demand: u64,
+}
+
+impl Pressure {
+    /// A fault or populate found no free frame.
+    pub(super) fn ran_out(&mut self) {
+        self.ran_out = true;
+    }
+
+    /// Whether the budget is under pressure: it ran out since it was last
+    /// less than half full (`half_full` false: it is now, which ends the
+    /// pressure).
+    pub(super) fn persists(&mut self, half_full: bool) -> bool {
+        if !half_full {
+            self.ran_out = false;
+        }
+        self.ran_out
+    }
+
+    /// Whether the budget ran out since it was last seen less than half
+    /// full (without looking again).
+    pub(super) fn under(&self) -> bool {
+        self.ran_out
+    }
+
+    /// How many frames to free with `free` free now and watermarks `low`
+    /// and `high`: once below `low`, back up to `high`, and nothing while
+    /// between the two otherwise.
+    pub(super) fn watermark_want(&mut self, free: u64, low: u64, high: u64) -> u64 {
+        if free < low {
+            self.refilling = true;
+        } else if free >= high {
+            self.refilling = false;
+        }
+        if self.refilling {
+            high.saturating_sub(free)
+        } else {
+            0
+        }
+    }
+
+    /// Reclaim no longer works ahead: no refill to the high watermark is
+    /// under way.
+    pub(super) fn stop_refilling(&mut self) {
+        self.refilling = false;
+    }
+
+    /// `n` frames are being claimed by a fault or populate.
+    pub(super) fn claimed(&mut self, n: u64) {
+        self.demand = self.demand.saturating_add(n);
+    }
+
+    /// Frames claimed since the inactive list was last refilled.
+    pub(super) fn demand(&self) -> u64 {
+        self.demand
+    }
+
+    /// A reclaim round refilled the inactive list.
+    pub(super) fn demand_met(&mut self) {
+        self.demand = 0;
+    }
+}

@@ -1,0 +1,220 @@
+//! Swap space: the swap slots, and the slots on their way back to the page
+//! store (released a granule at a time, or scrubbed).
+//!
+//! A store that holds swapped pages on another machine (a Redis server) can
+//! give their memory back, but only a whole *granule* of slots at a time
+//! (one value holds a granule's pages). Every freed slot's granule is
+//! logged; the executor asks for the ones wholly free now (`release_plan`),
+//! which stay reserved — allocated to no page, so no eviction writes into
+//! them while the store deletes them — until `release_done`. The swap file
+//! wants none of this (granule 0: nothing is logged).
+//!
+//! Separately, the slots of pages that came back into a locked region are
+//! *scrubbed*: their stored copies overwritten with a page of zeros
+//! (`scrub_plan`), in every store, so that a locked page's data does not
+//! stay readable in swap (on a Redis server, for good after a crash).
+//!
+//! Invariants (`validate`, with the page counts the core recounts): the
+//! slots in use are the swapped pages', the swap copies' (`swapcache.rs`),
+//! the `reserved` ones and those of pages in flight; `reserved` counts the
+//! slots a release or scrub plan holds.
+
+use crate::slots::SlotAllocator;
+
+pub(super) struct SwapSpace {
+    slots: SlotAllocator,
+    /// Swap slots of each granule given back to the store (0: none are).
+    release_granule: u32,
+    /// Granules in which slots were freed since the last release plan.
+    /// Invariant: at most `2 * granules + 64` entries (deduplicated when
+    /// it grows past that).
+    release_log: Vec<u32>,
+    /// Invariant: swap slots reserved by a release or scrub plan
+    /// (allocated, no page's).
+    reserved: u64,
+    /// Freed swap slots whose stored copy must be overwritten: the copies
+    /// of pages that came back into a locked region. A slot allocated
+    /// again leaves the list (its next page's write overwrites it).
+    scrub_log: Vec<u32>,
+    /// Slots whose scrub failed, for the next `scrub_plan` (not counted as
+    /// pending work: a store that keeps failing must not keep the
+    /// background thread awake).
+    scrub_retry: Vec<u32>,
+    /// The page store refuses writes and is backed off from: evictions
+    /// that need a write wait.
+    paused: bool,
+}
+
+impl SwapSpace {
+    pub(super) fn new(slots: u32) -> SwapSpace {
+        SwapSpace {
+            slots: SlotAllocator::new(slots),
+            release_granule: 0,
+            release_log: Vec::new(),
+            reserved: 0,
+            scrub_log: Vec::new(),
+            scrub_retry: Vec::new(),
+            paused: false,
+        }
+    }
+
+    /// Slots in all (0: no swap).
+    pub(super) fn capacity(&self) -> u32 {
+        self.slots.capacity()
+    }
+
+    /// Slots allocated to nothing.
+    pub(super) fn slots_free(&self) -> u32 {
+        self.slots.free()
+    }
+
+    /// Whether swap is short of free slots (an eighth or less of them, as
+    /// Linux's `vm_swap_full` has it half full): a slot kept as a swap
+    /// copy is then one a dirty page cannot use.
+    pub(super) fn short(&self) -> bool {
+        u64::from(self.slots.free()) <= u64::from(self.slots.capacity()) / 8
+    }
+
+    pub(super) fn is_used(&self, s: u32) -> bool {
+        self.slots.is_used(s)
+    }
+
+    /// Allocates a slot, the one after the last if free; `None` when swap
+    /// is full.
+    pub(super) fn alloc(&mut self) -> Option<u32> {
+        self.slots.alloc()
+    }
+
+    /// Frees slot `s` (and logs its granule).
+    pub(super) fn free_slot(&mut self, s: u32) {
+        self.slots.release(s);
+        if let Some(g) = s.checked_div(self.release_granule) {
+            self.release_log.push(g);
+            // Bounded: at most one entry per granule once deduplicated.
+            if self.release_log.len() as u64 > self.release_log_max() {
+                self.release_log.sort_unstable();
+                self.release_log.dedup();
+            }
+        }
+    }
+
+    /// How long the release log may grow before it is deduplicated.
+    fn release_log_max(&self) -> u64 {
+        2 * u64::from(self.slots.capacity().div_ceil(self.release_granule)) + 64
+    }
+
+    /// Frees slot `s` and has its stored copy overwritten (`scrub_plan`):
+    /// it held the data of a page now locked.
+    pub(super) fn free_and_scrub(&mut self, s: u32) {
+        self.free_slot(s);
+        self.scrub_log.push(s);
+    }
+
+    /// Logs freed slots by granules of `granule` slots from now on (0: not
+    /// at all).
+    pub(super) fn set_release_granule(&mut self, granule: u32) {
+        self.release_granule = granule;
+        self.release_log.clear();
+    }
+
+    /// Whether granules with freed slots wait for `release_plan`, or slots
+    /// for `scrub_plan`.
+    pub(super) fn release_pending(&self) -> bool {
+        !self.release_log.is_empty() || !self.scrub_log.is_empty()
+    }
+
+    /// Up to `max` freed slots whose stored copy is to be overwritten,
+    /// reserved until `scrub_done` so that no eviction writes there
+    /// meanwhile. A slot allocated again since is left out: its new page's
+    /// write overwrites it.
+    pub(super) fn scrub_plan(&mut self, max: usize) -> Vec<u32> {
+        self.scrub_log.append(&mut self.scrub_retry);
+        self.scrub_log.sort_unstable();
+        self.scrub_log.dedup();
+        let take = self.scrub_log.len().min(max);
+        let mut out = Vec::new();
+        for s in self.scrub_log.drain(..take) {
+            if !self.slots.is_used(s) {
+                self.slots.take(s);
+                self.reserved += 1;
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    /// The slots of a `scrub_plan` are overwritten in the store (`ok`) or
+    /// not: either way they are free again, and their granules logged for
+    /// `release_plan`. A failed scrub is kept for the next plan (unless a
+    /// page takes the slot first), without counting as pending work.
+    pub(super) fn scrub_done(&mut self, slots: &[u32], ok: bool) {
+        for &s in slots {
+            self.reserved -= 1;
+            self.free_slot(s);
+        }
+        if !ok {
+            self.scrub_retry.extend_from_slice(slots);
+        }
+    }
+
+    /// Up to `max` granules whose slots are all free, reserved until
+    /// `release_done`: `(first slot, slots)` each. Granules logged but in
+    /// use again are forgotten (their slots will be freed, and logged,
+    /// again).
+    pub(super) fn release_plan(&mut self, max: usize) -> Vec<(u32, u32)> {
+        let g = self.release_granule;
+        let mut out = Vec::new();
+        if g == 0 {
+            return out;
+        }
+        self.release_log.sort_unstable();
+        self.release_log.dedup();
+        let cap = self.slots.capacity();
+        let take = self.release_log.len().min(max);
+        for k in self.release_log.drain(..take) {
+            let first = k * g;
+            let n = g.min(cap - first);
+            if (first..first + n).all(|s| !self.slots.is_used(s)) {
+                for s in first..first + n {
+                    self.slots.take(s);
+                }
+                self.reserved += u64::from(n);
+                out.push((first, n));
+            }
+        }
+        out
+    }
+
+    /// The granules of a `release_plan` are deleted from the store (or not:
+    /// either way their slots are free again, and not logged).
+    pub(super) fn release_done(&mut self, granules: &[(u32, u32)]) {
+        for &(first, n) in granules {
+            for s in first..first + n {
+                self.slots.release(s);
+            }
+            self.reserved -= u64::from(n);
+        }
+    }
+
+    pub(super) fn set_paused(&mut self, on: bool) {
+        self.paused = on;
+    }
+
+    /// Whether the page store refuses writes and is backed off from.
+    pub(super) fn paused(&self) -> bool {
+        self.paused
+    }
+
+    /// The allocator on its own, the logs' bounds, and the slots in use
+    /// against the core's recount: `cached` swap copies, `swapped` pages
+    /// and `in_flight` pages (being evicted or filled) that may hold a slot.
+    pub(super) fn validate(&self, cached: u64, swapped: u64, in_flight: u64) {
+        self.slots.validate();
+        if self.release_granule != 0 {
+            assert!(self.release_log.len() as u64 <= self.release_log_max(), "release log bound");
+        }
+        let su = u64::from(self.slots.used()) - cached - self.reserved;
+        // (A lazily freed page being discarded may hold no swap slot.)
+        assert!(su >= swapped && su <= swapped + in_flight, "swap slots in use");
+    }
+}
