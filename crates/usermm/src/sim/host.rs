@@ -15,7 +15,7 @@ use super::threads::OtherThread;
 use super::{Rng, BASE, PAGES, PS};
 use crate::native::Inner;
 use crate::platform::{
-    Caps, Fill, FillOps, Platform, Range, RangeOps, Runs, Signal, Staging, StagingOps, Store, StoreOps, Upkeep, Zero,
+    Caps, Fill, FillOps, Platform, Range, RangeOps, Runs, Staging, StagingOps, Store, StoreOps, Thread, Upkeep, Zero,
 };
 
 /// A page of the simulated program range.
@@ -37,8 +37,11 @@ pub(super) struct Host {
     pub(super) staging: HashMap<u32, Box<[u8]>>,
     /// Swap, by page offset.
     pub(super) swap: HashMap<u64, Box<[u8]>>,
-    /// Signals queued: (thread, signal, address).
+    /// Signals queued and not yet taken: (thread, signal, address).
     pub(super) signals: Vec<(u32, i32, usize)>,
+    /// The range whose faults are resolved in the faulting thread
+    /// (`Thread::InThreadOn`; the simulation's are, whatever it says).
+    pub(super) in_thread: Option<(usize, usize)>,
     pub(super) rng: Rng,
     /// One in how many operations fail (0: none).
     pub(super) fail_one_in: u64,
@@ -513,6 +516,10 @@ impl Platform for SimPlatform {
             tracks_writes: h.tracks_writes,
             has_swap: h.has_swap,
             swap_release_granule: h.release_granule,
+            // (Two CPUs, as the machine usermm is measured on; the host's
+            // mlock refuses exec-only memory, as Linux 6.18's first builds.)
+            cpus: 2,
+            mlock_exec_only: false,
             ..Caps::default()
         }
     }
@@ -610,13 +617,8 @@ impl Platform for SimPlatform {
         let len = PS.min((size - off) as usize);
         file.write_at(&data[..len], off)
     }
-    fn signal(&self, tid: u32, sig: Signal, addr: usize) -> Result<(), Errno> {
-        let sig = match sig {
-            Signal::Bus(_) => libc_sig::SIGBUS,
-            Signal::Segv => libc_sig::SIGSEGV,
-        };
-        self.host().signals.push((tid, sig, addr));
-        Ok(())
+    fn thread(&self, op: Thread) -> Result<bool, Errno> {
+        op.dispatch(self)
     }
 }
 
@@ -654,6 +656,6 @@ impl Platform for Shared {
         pages_to_slots_move(src: usize, slot: u32, n: usize) -> Result<usize, Errno>;
         swap_contents(len: u64) -> Result<Vec<u8>, Errno>;
         page_out_to_file(file: &MappedFile, src: Option<usize>, slot: Option<u32>, off: u64) -> Result<(), Errno>;
-        signal(tid: u32, sig: Signal, addr: usize) -> Result<(), Errno>;
+        thread(op: Thread) -> Result<bool, Errno>;
     }
 }

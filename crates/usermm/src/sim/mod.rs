@@ -421,6 +421,7 @@ fn sim_platform(seed: u64, preempt_one_in: u64, fail_one_in: u64, can_move: bool
             staging: HashMap::new(),
             swap: HashMap::new(),
             signals: Vec::new(),
+            in_thread: None,
             rng: Rng::new(seed ^ 0x5151),
             fail_one_in,
             can_move,
