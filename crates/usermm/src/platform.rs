@@ -11,8 +11,9 @@
 //! (program range) or name a staging slot; the implementation checks them.
 //!
 //! [`Native`] delegates to `usermm_sys` (`Arena`, `Uffd`, the swap file,
-//! `/proc/self/mem`, `/proc/self/pagemap`, signals, host locks); it keeps
-//! the per-thread bounce buffers the swap and file reads need.
+//! `/proc/self/mem`, `/proc/self/pagemap`, signals and threads, host
+//! locks), all of it opened by `Native::open` (`platform/open.rs`); it
+//! keeps the per-thread bounce buffers the swap and file reads need.
 
 use usermm_core::Errno;
 use usermm_sys::arena::{Arena, Bounce};

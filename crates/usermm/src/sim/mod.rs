@@ -24,6 +24,7 @@ mod calls;
 mod files;
 mod host;
 mod lazy;
+mod staging;
 mod threads;
 
 use std::collections::HashMap;

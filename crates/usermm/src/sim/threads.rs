@@ -1,5 +1,6 @@
 //! The program's threads in the simulation: the faulting thread's touches
-//! and the second thread's, which run at preemption points.
+//! and the second thread's, which run at preemption points; and what the
+//! executor asks about threads (`Platform::thread`).
 
 use std::sync::Arc;
 
