@@ -4,7 +4,8 @@
 //! # Where each concern lives
 //! | file | what |
 //! |---|---|
-//! | `native.rs` | `Inner` (the executor's state), `open`, `close`, small helpers |
+//! | `native.rs` | `Inner` (the executor's state), `close`, small helpers |
+//! | `native/open.rs` | `open`: the host platform and the space's threads; `build`: the state over a platform |
 //! | `native/fault.rs` | the handler threads' loop; `resolve`: one fault, planned and served; waits for pages in flight |
 //! | `native/serve.rs` | `serve`: the one plan dispatcher (faults, read-ins, populate, the locks' population), with each caller's failure report |
 //! | `native/install.rs` | how a small fill's pages go in (head first, split with the wake-ahead thread) and who wakes the faulting thread |
@@ -73,16 +74,12 @@ use usermm_core::{
     Addr, AdviceOp, Busy, Core, CoreConfig, Deactivate, Detached, Discard, Errno, Evict, FaultPlan, FileMap, FileRange,
     LockPlan, MmapReply, PageIdx, PageRange, Transfer, Writeback,
 };
-use usermm_sys::arena::Arena;
 
-use crate::platform::{Fill, Native, Platform, Range, Runs, Signal, Staging, Store, Upkeep, Window, Zero};
+use crate::platform::{Fill, Native, Platform, Range, Runs, Signal, Staging, Store, Thread, Upkeep, Window, Zero};
 use usermm_sys::file::MappedFile;
-use usermm_sys::file::{ProcMem, SwapFile};
 use usermm_sys::now_ns;
 use usermm_sys::thread::EventFd;
-use usermm_sys::uffd::{
-    Uffd, UffdMode, UffdMsg, UFFD_EVENT_PAGEFAULT, UFFD_PAGEFAULT_FLAG_WP, UFFD_PAGEFAULT_FLAG_WRITE,
-};
+use usermm_sys::uffd::{UffdMsg, UFFD_EVENT_PAGEFAULT, UFFD_PAGEFAULT_FLAG_WP, UFFD_PAGEFAULT_FLAG_WRITE};
 
 use crate::Config;
 
@@ -95,6 +92,7 @@ mod fault;
 mod filemap;
 mod fill;
 mod install;
+mod open;
 mod populate;
 mod reclaim;
 mod serve;
@@ -226,12 +224,8 @@ pub(crate) struct Inner {
     /// `UMM_F_INTHREAD_FAULTS`: faults are resolved in the faulting thread.
     pub in_thread: bool,
     /// The space itself, for the SIGBUS handler's table
-    /// (`it_registration`).
+    /// (`Thread::InThreadOn`).
     me: std::sync::Weak<Inner>,
-    /// `UMM_MAP_INTHREAD` regions in a handler-thread space: the
-    /// reservation in the SIGBUS handler's table, from the first such
-    /// region until the space closes.
-    it_registration: Mutex<Option<usermm_sys::inthread::Registration>>,
     /// Lazily freed pages are passed down to the host (`MADV_FREE`) and
     /// discarded through it (see `Arena::host_lazyfree`).
     pub host_lazyfree: bool,
@@ -285,9 +279,6 @@ impl Settled {
 
 pub(crate) struct Threads {
     pub handles: Vec<JoinHandle<()>>,
-    /// `UMM_F_INTHREAD_FAULTS`: the space's range in the SIGBUS handler's
-    /// table (it holds a reference to the space).
-    pub in_thread: Option<usermm_sys::inthread::Registration>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -348,266 +339,6 @@ fn lock_spinning<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Inner {
-    pub fn open(cfg: &Config) -> Result<(Arc<Inner>, Threads), Errno> {
-        let shift = if cfg.page_shift == 0 { 12 } else { cfg.page_shift };
-        if !(12..=21).contains(&shift) {
-            return Err(Errno::EINVAL);
-        }
-        if cfg.flags & !UMM_F_ALL != 0 {
-            return Err(Errno::EINVAL);
-        }
-        let ps = 1usize << shift;
-        let budget_bytes = if cfg.budget_bytes == 0 { crate::default_budget_bytes() } else { cfg.budget_bytes };
-        let budget_pages = (budget_bytes / ps).max(1) as u64;
-        let reserve = if cfg.reserve_bytes == 0 { crate::DEFAULT_RESERVE_BYTES } else { cfg.reserve_bytes };
-        let reserve = reserve.checked_add(ps - 1).ok_or(Errno::EINVAL)? & !(ps - 1);
-        if reserve == 0 || reserve as u64 > (1u64 << 46) {
-            return Err(Errno::EINVAL);
-        }
-        let swap_slots = (cfg.swap_bytes / ps).min(u32::MAX as usize - 1) as u32;
-        if budget_pages > u32::MAX as u64 / 2 {
-            return Err(Errno::EINVAL);
-        }
-        let in_thread = cfg.flags & UMM_F_INTHREAD_FAULTS != 0;
-        let uffd =
-            Uffd::open(cfg.flags & UMM_F_REQUIRE_FULL_UFFD != 0, cfg.flags & UMM_F_FORCE_USER_MODE != 0, in_thread)
-                .map_err(|e| if e == Errno::ENOSYS || e == Errno::EOPNOTSUPP { Errno::ENOSYS } else { e })?;
-        let user_mode_only = uffd.mode == UffdMode::UserModeOnly;
-        let fallback_reason = uffd.fallback_reason.clone();
-        // One pool of io_urings for the space's reads, swap and files.
-        let rings = std::sync::Arc::new(usermm_sys::ring::RingPool::new());
-        let swap: Option<Box<dyn crate::store::PageStore>> = if swap_slots == 0 {
-            None
-        } else if let Some(url) = &cfg.swap_url {
-            // (Polling for a read's reply saves a handler thread a wake-up;
-            // a faulting thread resolving its own fault is better off
-            // sleeping: `store/redis/link.rs`.)
-            Some(Box::new(crate::store::RedisStore::open(url, ps, swap_slots as u64, !in_thread)?))
-        } else {
-            let dir = cfg.swap_dir.clone().unwrap_or_else(crate::config::default_swap_dir);
-            Some(Box::new(crate::store::LocalFile {
-                file: SwapFile::create(&dir.to_string_lossy(), swap_slots as u64 * ps as u64)?,
-                rings: rings.clone(),
-            }))
-        };
-        let staging_slots = budget_pages as u32;
-        // The frame pool (`Arena::recycle_slots`), opt-in: an eighth of the
-        // budget, 16 to 512 frames.
-        let pool_pages =
-            if cfg.flags & UMM_F_FRAME_POOL == 0 { 0 } else { (staging_slots as usize / 8).clamp(16, 512) };
-        let arena = Arena::with_pool(&uffd, reserve, staging_slots as usize, ps, pool_pages)?;
-        let plat: Box<dyn Platform> = Box::new(Native {
-            arena,
-            uffd,
-            swap,
-            procmem: ProcMem::open().ok(),
-            pagemap: usermm_sys::file::Pagemap::open().ok(),
-            page_size: ps,
-            rings,
-            lender: Default::default(),
-            in_thread: Default::default(),
-            direct: crate::platform::DirectWindows::new(),
-            caps: Default::default(),
-        });
-        let inner = Inner::build(cfg, plat, user_mode_only, fallback_reason)?;
-        // In-thread faults: no fault ever reaches a handler thread.
-        let nthreads = if in_thread {
-            0
-        } else if cfg.fault_threads == 0 {
-            default_fault_threads()
-        } else {
-            cfg.fault_threads.min(64) as usize
-        };
-        let mut handles = Vec::new();
-        // Each thread says when it has started and marked itself as
-        // usermm's own (`thread_role::mark_usermm_thread`), and `open` waits
-        // for that: a `GlobalHeap` opening its space routes every allocation
-        // to the system allocator until then, so that what std allocates
-        // while starting a thread never waits on the heap its own space
-        // serves.
-        let (started_tx, started) = std::sync::mpsc::channel::<()>();
-        for i in 0..nthreads {
-            let me = inner.clone();
-            let tx = started_tx.clone();
-            let h = std::thread::Builder::new()
-                .name(format!("usermm-fault-{i}"))
-                .spawn(move || {
-                    crate::thread_role::mark_usermm_thread();
-                    let _ = tx.send(());
-                    drop(tx);
-                    me.handler_loop()
-                })
-                .map_err(|_| Errno::EAGAIN)?;
-            handles.push(h);
-        }
-        // (In-thread faults: the thread installs half of a lock-on-fault
-        // window's file read, `Inner::install_split`.)
-        if cfg.flags & UMM_F_NO_WAKE_AHEAD == 0 && usermm_sys::ncpus() > 1 {
-            inner.wake_ahead.enable();
-            let me = inner.clone();
-            let tx = started_tx.clone();
-            let h = std::thread::Builder::new()
-                .name("usermm-awake".into())
-                .spawn(move || {
-                    crate::thread_role::mark_usermm_thread();
-                    // (Best effort: at the normal policy it would only
-                    // compete a little more for a CPU no one wanted.)
-                    let _ = usermm_sys::thread::set_idle_priority();
-                    let _ = tx.send(());
-                    drop(tx);
-                    let ps = me.page_size;
-                    me.wake_ahead.run(
-                        &me.shutdown,
-                        ps,
-                        &|a, pages| {
-                            let _ = me.plat.range(Range::Wake, a, pages * ps);
-                        },
-                        &|| me.plat.help(),
-                    )
-                })
-                .map_err(|_| Errno::EAGAIN)?;
-            handles.push(h);
-        }
-        {
-            // The background thread also serves MADV_WILLNEED; with
-            // UMM_F_NO_BACKGROUND_RECLAIM it only does that.
-            let me = inner.clone();
-            let bg = cfg.flags & UMM_F_NO_BACKGROUND_RECLAIM == 0;
-            let h = std::thread::Builder::new()
-                .name("usermm-reclaim".into())
-                .spawn(move || {
-                    crate::thread_role::mark_usermm_thread();
-                    let _ = started_tx.send(());
-                    drop(started_tx);
-                    me.background_loop(bg)
-                })
-                .map_err(|_| Errno::EAGAIN)?;
-            handles.push(h);
-        }
-        // Every sender is gone once every thread has sent (or died).
-        while started.recv().is_ok() {}
-        let mut threads = Threads { handles, in_thread: None };
-        if in_thread {
-            let base = inner.plat.caps().base;
-            let end = base + lock(&inner.core).config().reserve_pages as usize * ps;
-            match usermm_sys::inthread::register(base, end, Arc::new(fault::InThread(inner.clone()))) {
-                Ok(r) => threads.in_thread = Some(r),
-                Err(e) => {
-                    inner.close(threads);
-                    return Err(e);
-                }
-            }
-        }
-        Ok((inner, threads))
-    }
-
-    /// The space's state over a platform (no threads started). The
-    /// configuration has been checked by `open`.
-    pub(crate) fn build(
-        cfg: &Config,
-        plat: Box<dyn Platform>,
-        user_mode_only: bool,
-        fallback_reason: Option<String>,
-    ) -> Result<Arc<Inner>, Errno> {
-        let shift = if cfg.page_shift == 0 { 12 } else { cfg.page_shift };
-        let ps = 1usize << shift;
-        let budget_bytes = if cfg.budget_bytes == 0 { crate::default_budget_bytes() } else { cfg.budget_bytes };
-        let budget_pages = (budget_bytes / ps).max(1) as u64;
-        let reserve = if cfg.reserve_bytes == 0 { crate::DEFAULT_RESERVE_BYTES } else { cfg.reserve_bytes };
-        let reserve = reserve.checked_add(ps - 1).ok_or(Errno::EINVAL)? & !(ps - 1);
-        let swap_slots = (cfg.swap_bytes / ps).min(u32::MAX as usize - 1) as u32;
-        let staging_slots = budget_pages as u32;
-        let caps = plat.caps();
-        let base = caps.base;
-        let core = Core::new(CoreConfig {
-            base: base as u64,
-            reserve_pages: (reserve / ps) as u64,
-            page_shift: shift,
-            budget_pages,
-            swap_slots,
-            staging_slots,
-            max_regions: if cfg.max_regions == 0 { 65530 } else { cfg.max_regions },
-            memlock_pages: if cfg.memlock_bytes == usize::MAX { u64::MAX } else { (cfg.memlock_bytes / ps) as u64 },
-            mlock_allowed: cfg.memlock_bytes != 0,
-            exact_faults: cfg.flags & UMM_F_EXACT_FAULTS != 0,
-        });
-        let host_lazyfree = caps.host_lazyfree && ps == 4096 && !user_mode_only;
-        let mut core = core;
-        core.set_host_lazyfree(host_lazyfree);
-        core.set_swap_release_granule(caps.swap_release_granule);
-        // (Not with faults that cannot come from the kernel: a `read(2)`
-        // into a page swapped in write-protected would fail with EFAULT.)
-        let kernel_faults = !user_mode_only && cfg.flags & UMM_F_INTHREAD_FAULTS == 0;
-        core.set_tracks_writes(caps.tracks_writes && kernel_faults);
-        core.set_purge_volatile_first(cfg.flags & UMM_F_PURGE_VOLATILE_FIRST != 0);
-        if cfg.lazyfree_max_bytes != 0 {
-            core.set_lazyfree_max((cfg.lazyfree_max_bytes / ps) as u64);
-        }
-        let low = (budget_pages / 32).clamp(1, 4096);
-        let high = (low * 2).min(budget_pages);
-        let wake_fd = EventFd::new()?;
-        let inner = Arc::new_cyclic(|me| Inner {
-            me: me.clone(),
-            it_registration: Mutex::new(None),
-            base,
-            reserve_len: reserve,
-            page_size: ps,
-            plat,
-            fallback_reason,
-            mm: RwLock::new(()),
-            core: Mutex::new(core),
-            settled: Settled::default(),
-            reclaim_wanted: Condvar::new(),
-            bg_poked: AtomicBool::new(false),
-            shutdown: AtomicBool::new(false),
-            spinning: AtomicBool::new(false),
-            wake_ahead: awake::WakeAhead::default(),
-            frame_pool: cfg.flags & UMM_F_FRAME_POOL != 0,
-            wake_fd,
-            write_hold_ns_max: AtomicU64::new(0),
-            host_refusals: AtomicU64::new(0),
-            host_unreported_moves: AtomicU64::new(0),
-            fills: AtomicU64::new(0),
-            fills_drained: AtomicU64::new(0),
-            guards_used: AtomicBool::new(false),
-            dontdump_used: AtomicBool::new(false),
-            low_watermark: low,
-            high_watermark: high,
-            inject_read_errors: AtomicU32::new(0),
-            oom_wait_us: AtomicU64::new(5_000),
-            store_backoff_first_ns: AtomicU64::new(reclaim::STORE_BACKOFF_FIRST_NS),
-            store_backoff_ns: AtomicU64::new(0),
-            store_retry_at_ns: AtomicU64::new(0),
-            swap_write_fails: AtomicU64::new(0),
-            signalled: Mutex::new(Vec::new()),
-            read_batches: AtomicU64::new(0),
-            tracks_signals: AtomicBool::new(true),
-            #[cfg(feature = "test-hooks")]
-            sim_bug: AtomicU32::new(0),
-            #[cfg(feature = "test-hooks")]
-            inject_signal_stall_ms: AtomicU32::new(0),
-            #[cfg(feature = "test-hooks")]
-            inject_writeback_stall_ms: AtomicU32::new(0),
-            #[cfg(feature = "test-hooks")]
-            inject_split_failures: AtomicU32::new(0),
-            #[cfg(feature = "test-hooks")]
-            split_installs: AtomicU64::new(0),
-            populate_interrupt: AtomicU64::new(u64::MAX),
-            inject_write_errors: AtomicU32::new(0),
-            willneed: Mutex::new(Vec::new()),
-            files: Mutex::new(std::collections::HashMap::new()),
-            next_file: AtomicU32::new(1),
-            user_mode_only,
-            in_thread: cfg.flags & UMM_F_INTHREAD_FAULTS != 0,
-            host_lazyfree,
-            #[cfg(feature = "test-hooks")]
-            swap_bytes: swap_slots as u64 * ps as u64,
-            keep_file_cache: cfg.flags & UMM_F_KEEP_FILE_CACHE != 0,
-            map_file_windows: cfg.flags & UMM_F_COPY_LOCKED_FILES == 0,
-        });
-        Ok(inner)
-    }
-
     pub fn close(&self, threads: Threads) {
         // Shared file pages reach their files first (umm_close's contract).
         let ranges = lock(&self.core).shared_file_ranges();
@@ -629,9 +360,11 @@ impl Inner {
         for h in threads.handles {
             let _ = h.join();
         }
-        // (Waits for the threads inside its resolver to leave it.)
-        drop(threads.in_thread);
-        drop(lock(&self.it_registration).take());
+        // The reservation leaves the SIGBUS handler's table, where an
+        // in-thread space (`UMM_F_INTHREAD_FAULTS`) or its first
+        // `UMM_MAP_INTHREAD` region put it, with the reference to the space
+        // it held (after the threads inside its resolver leave it).
+        let _ = self.plat.thread(Thread::InThreadOff);
         // The arena's mappings go when the last reference to `Inner` does.
     }
 
@@ -713,19 +446,6 @@ impl Inner {
 
     pub fn read_mm(&self) -> RwLockReadGuard<'_, ()> {
         self.mm.read()
-    }
-}
-
-/// Handler threads when the configuration says 0. One spinning handler
-/// serves a single faulting thread fastest (measured on 2 vCPUs: 13–16 µs a
-/// fault against 18–21 µs for two pinned handlers, which race each other
-/// for every message); more help when many threads fault at once and swap-in
-/// I/O waits.
-fn default_fault_threads() -> usize {
-    match usermm_sys::ncpus() {
-        0..=2 => 1,
-        3..=8 => 2,
-        _ => 4,
     }
 }
 

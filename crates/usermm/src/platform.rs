@@ -11,8 +11,9 @@
 //! (program range) or name a staging slot; the implementation checks them.
 //!
 //! [`Native`] delegates to `usermm_sys` (`Arena`, `Uffd`, the swap file,
-//! `/proc/self/mem`, `/proc/self/pagemap`, signals, host locks); it keeps
-//! the per-thread bounce buffers the swap and file reads need.
+//! `/proc/self/mem`, `/proc/self/pagemap`, signals and threads, host
+//! locks), all of it opened by `Native::open` (`platform/open.rs`); it
+//! keeps the per-thread bounce buffers the swap and file reads need.
 
 use usermm_core::Errno;
 use usermm_sys::arena::{Arena, Bounce};
@@ -25,12 +26,16 @@ use usermm_sys::uffd::{Uffd, UffdMsg, UFFD_FEATURE_MOVE, UFFD_FEATURE_SIGBUS};
 
 mod direct;
 mod in_thread;
+mod open;
 mod ops;
 mod ranges;
+mod thread;
 
 pub(crate) use direct::DirectWindows;
+pub(crate) use open::Setup;
 pub(crate) use ops::{
-    Caps, Fill, FillOps, Range, RangeOps, Runs, Signal, Staging, StagingOps, Store, StoreOps, Upkeep, Window, Zero,
+    Caps, Fill, FillOps, Range, RangeOps, Runs, Signal, Staging, StagingOps, Store, StoreOps, Thread, ThreadOps,
+    Upkeep, Window, Zero,
 };
 
 /// What the executor asks of the host. `Send + Sync`: handler threads, the
@@ -123,9 +128,11 @@ pub(crate) trait Platform: Send + Sync {
         -> Result<(), Errno>;
 
     // ---- threads
-    /// Queues `sig` (a transient SIGBUS, a SIGSEGV: `Signal`) for thread
-    /// `tid` at `addr`.
-    fn signal(&self, tid: u32, sig: Signal, addr: usize) -> Result<(), Errno>;
+    /// Does `op` with a thread of the process: signals, where threads run,
+    /// the wake-ahead thread's policy, the in-thread faults' resolver
+    /// (`Thread`). `Ok(false)`: a `SignalPending` whose signal was taken, a
+    /// `SharesCpu` on another CPU; otherwise `Ok(true)`.
+    fn thread(&self, op: Thread) -> Result<bool, Errno>;
 }
 
 /// The host kernel.
@@ -150,6 +157,9 @@ pub(crate) struct Native {
     /// `caps()`, worked out at its first call (one load after that: it is
     /// asked on every swap-in).
     pub caps: std::sync::OnceLock<Caps>,
+    /// The reservation's entry in the SIGBUS handler's table, from the
+    /// first `Thread::InThreadOn` to `Thread::InThreadOff`.
+    pub in_thread_entry: std::sync::Mutex<Option<usermm_sys::inthread::Registration>>,
 }
 
 impl Native {
@@ -448,6 +458,8 @@ impl Platform for Native {
                 swap_read_polls: swap.is_some_and(|s| s.read_polls()),
                 swap_release_granule: swap.map_or(0, |s| s.release_granule()),
                 swap_outage_wait: swap.and_then(|s| s.outage_wait()),
+                cpus: usermm_sys::ncpus(),
+                mlock_exec_only: open::host_mlock_exec_only_ok(),
             }
         })
     }
@@ -506,10 +518,7 @@ impl Platform for Native {
     ) -> Result<(), Errno> {
         self.arena.page_out_to_file(file, src, self.procmem.as_ref(), slot, off)
     }
-    fn signal(&self, tid: u32, sig: Signal, addr: usize) -> Result<(), Errno> {
-        match sig {
-            Signal::Bus(errno) => usermm_sys::thread::sigbus_thread(tid, addr, errno.0),
-            Signal::Segv => usermm_sys::thread::sigsegv_thread(tid, addr),
-        }
+    fn thread(&self, op: Thread) -> Result<bool, Errno> {
+        op.dispatch(self)
     }
 }

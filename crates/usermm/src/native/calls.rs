@@ -163,7 +163,7 @@ impl Inner {
     /// A new region's faults resolved in the faulting thread
     /// (`UMM_MAP_INTHREAD`) or by the handler threads: the range goes to
     /// the userfaultfd of its kind, and the first such region puts the
-    /// reservation in the SIGBUS handler's table (`usermm_sys::inthread`).
+    /// reservation in the SIGBUS handler's table (`Thread::InThreadOn`).
     fn set_in_thread(&self, a: usize, l: usize, on: bool) -> Result<(), Errno> {
         if self.in_thread {
             // Every fault of the space is resolved in the faulting thread.
@@ -172,18 +172,12 @@ impl Inner {
         if on {
             // (64 spaces at most have in-thread faults: `ENOSPC` there,
             // `ENOMEM` to mmap, Linux's "no room for another mapping".)
+            // (Once the reservation is there, a handler a program installed
+            // since with plain sigaction is put behind usermm's.)
             let no_room = |e: Errno| if e == Errno::ENOSPC { Errno::ENOMEM } else { e };
-            let mut reg = lock(&self.it_registration);
-            if reg.is_none() {
-                let me = self.me.upgrade().ok_or(Errno::EBADF)?;
-                let end = self.base + self.reserve_len;
-                let r = usermm_sys::inthread::register(self.base, end, Arc::new(fault::InThread(me)));
-                *reg = Some(r.map_err(no_room)?);
-            } else {
-                // A handler a program installed since with plain sigaction
-                // is put behind usermm's, as an in-thread space's open does.
-                usermm_sys::inthread::reinstall()?;
-            }
+            let resolver = Arc::new(fault::InThread(self.me.upgrade().ok_or(Errno::EBADF)?));
+            let (start, end) = (self.base, self.base + self.reserve_len);
+            self.plat.thread(Thread::InThreadOn { start, end, resolver }).map_err(no_room)?;
         }
         self.plat.range(Range::InThread(on), a, l).map(drop)
     }

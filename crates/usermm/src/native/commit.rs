@@ -101,7 +101,7 @@ impl Inner {
             Failure::NotFilled => {}
             Failure::Gone => {
                 if !super::fault::defer_signal(super::fault::SIGSEGV, 0) && self.signal_sent(t, super::fault::SIGSEGV) {
-                    let _ = self.plat.signal(t, Signal::Segv, addr);
+                    let _ = self.plat.thread(Thread::Signal { tid: t, sig: Signal::Segv, addr });
                 }
             }
             Failure::OutOfMemory | Failure::Poisoned | Failure::Unreadable => {
@@ -121,7 +121,7 @@ impl Inner {
                     c.fault_oom();
                 }
                 if sent && !deferred {
-                    let _ = self.plat.signal(t, Signal::Bus(errno), addr);
+                    let _ = self.plat.thread(Thread::Signal { tid: t, sig: Signal::Bus(errno), addr });
                 }
             }
         }

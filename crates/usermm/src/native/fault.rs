@@ -102,7 +102,8 @@ impl usermm_sys::inthread::Resolve for InThread {
             Ok(_) => {
                 if deferred == SIGSEGV {
                     // No lock held any more: delivered now or on return.
-                    let _ = self.0.plat.signal(usermm_sys::thread::gettid(), Signal::Segv, addr);
+                    let tid = usermm_sys::thread::gettid();
+                    let _ = self.0.plat.thread(Thread::Signal { tid, sig: Signal::Segv, addr });
                 }
                 Outcome::Retry
             }
@@ -184,7 +185,7 @@ impl Inner {
         if s.iter().any(|e| e.taken.is_none()) {
             let now = self.read_batches.load(Ordering::SeqCst);
             for e in s.iter_mut().filter(|e| e.taken.is_none()) {
-                if usermm_sys::thread::signal_pending_unblocked(e.tid, e.sig) != Some(true) {
+                if self.plat.thread(Thread::SignalPending { tid: e.tid, sig: e.sig }) != Ok(true) {
                     e.taken = Some(now);
                 }
             }

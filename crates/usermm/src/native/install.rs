@@ -11,12 +11,6 @@ use super::*;
 /// than it faults, and a read of it costs about 1 µs.
 const THREAD_CPU_AGE_NS: u64 = 100_000;
 
-thread_local! {
-    /// A handler thread's reader of where faulting threads run
-    /// (`Inner::delegates_wake`).
-    static THREAD_CPU: std::cell::RefCell<usermm_sys::thread::ThreadCpu> = std::cell::RefCell::default();
-}
-
 /// Whether no thread can write to `run`'s region (see `Inner::may_split`).
 fn read_only(c: &Core, run: PageRange) -> bool {
     c.region_at(run.start).is_some_and(|r| r.prot & PROT_WRITE == 0)
@@ -135,14 +129,14 @@ impl Inner {
     /// slept), the handler's own wake-up needs no interrupt and the thread
     /// preempts it at once, while the wake-ahead thread, on the other CPU,
     /// would have to interrupt this one. The thread's CPU is read from
-    /// `/proc` (`ThreadCpu`, about 1 µs).
+    /// `/proc` (`Thread::SharesCpu`, about 1 µs).
     pub(super) fn delegates_wake(&self, caller: Caller) -> bool {
         let Caller::Fault { tid: Some(tid), in_thread: false, .. } = caller else { return false };
         if !self.wake_ahead.spinning() {
             return false;
         }
-        let mine = usermm_sys::thread::current_cpu();
-        mine.is_none() || THREAD_CPU.with(|t| t.borrow_mut().of(tid, THREAD_CPU_AGE_NS)) != mine
+        // (Unknown: handed off, as to another CPU.)
+        self.plat.thread(Thread::SharesCpu { tid, max_age_ns: THREAD_CPU_AGE_NS }) != Ok(true)
     }
 
     /// Takes back a handed-off wake-up the wake-ahead thread has not taken

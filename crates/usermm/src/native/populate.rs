@@ -102,8 +102,8 @@ impl Inner {
             // kernels): the host is asked once.
             let r = if prot & (PROT_READ | PROT_WRITE) == 0 {
                 // (Exec-only: as the host answers, see
-                // `host_mlock_exec_only`; nothing is populated either way.)
-                if prot & PROT_EXEC != 0 && host_mlock_exec_only_ok() {
+                // `Caps::mlock_exec_only`; nothing is populated either way.)
+                if prot & PROT_EXEC != 0 && self.plat.caps().mlock_exec_only {
                     Ok(())
                 } else {
                     Err(Errno::EFAULT)
@@ -222,21 +222,5 @@ impl Inner {
             let _ = self.plat.range(Range::PopulateWrite, z, e - z);
         }
         self.read_mm()
-    }
-}
-
-/// Whether the host's `mlock` of exec-only memory succeeds (asked once; two
-/// threads asking at once both ask). Not a `OnceLock`: a fork while another
-/// thread initialised one would leave the child's copy waiting forever.
-fn host_mlock_exec_only_ok() -> bool {
-    use std::sync::atomic::{AtomicU8, Ordering};
-    static OK: AtomicU8 = AtomicU8::new(0); // 0: not asked; 1: yes; 2: no
-    match OK.load(Ordering::Relaxed) {
-        0 => {
-            let ok = usermm_sys::mem::host_mlock_exec_only().is_ok();
-            OK.store(if ok { 1 } else { 2 }, Ordering::Relaxed);
-            ok
-        }
-        v => v == 1,
     }
 }

@@ -274,7 +274,7 @@ impl Inner {
             // or the thread would fault forever.
             if let Some(t) = tid {
                 if !super::fault::defer_signal(super::fault::SIGSEGV, 0) && self.signal_sent(t, super::fault::SIGSEGV) {
-                    let _ = self.plat.signal(t, Signal::Segv, addr);
+                    let _ = self.plat.thread(Thread::Signal { tid: t, sig: Signal::Segv, addr });
                 }
             }
             return Next::Served;

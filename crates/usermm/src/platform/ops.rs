@@ -1,9 +1,12 @@
 //! The values `Platform`'s calls take and give: what the host can do
 //! (`Caps`), and the operations a call names (`Range`, `Staging`, `Store`,
-//! `Zero`, `Signal`) with the traits a host implements them by.
+//! `Zero`, `Thread`, `Signal`) with the traits a host implements them by.
+
+use std::sync::Arc;
 
 use usermm_core::Errno;
 use usermm_sys::file::MappedFile;
+use usermm_sys::inthread::Resolve;
 
 /// What a [`Platform`](super::Platform) can do, fixed once the space is open.
 #[derive(Clone, Copy, Debug, Default)]
@@ -32,6 +35,12 @@ pub(crate) struct Caps {
     /// How long a failing page store may take to come back by itself
     /// (`PageStore::outage_wait`).
     pub swap_outage_wait: Option<std::time::Duration>,
+    /// CPUs online (at least 1).
+    pub cpus: usize,
+    /// Whether the host's `mlock` of exec-only memory, which it may not
+    /// populate, succeeds (with nothing populated) rather than failing
+    /// with `ENOMEM`: builds of Linux 6.18 differ (`host_mlock_exec_only`).
+    pub mlock_exec_only: bool,
 }
 
 /// What [`Platform::range`](super::Platform::range) does to a range of the program range.
@@ -308,4 +317,61 @@ pub(crate) enum Signal {
     Bus(Errno),
     /// A SIGSEGV: a touch of unmapped memory.
     Segv,
+}
+
+/// What [`Platform::thread`](super::Platform::thread) does with a thread of
+/// the process.
+pub(crate) enum Thread {
+    /// Queues `sig` for thread `tid` at `addr`.
+    Signal { tid: u32, sig: Signal, addr: usize },
+    /// Whether signal number `sig`, queued to thread `tid`, is still
+    /// pending there and not blocked: `Ok(false)` once the thread has taken
+    /// it; an error when that cannot be known (the thread is gone).
+    SignalPending { tid: u32, sig: i32 },
+    /// Whether thread `tid` last ran on the calling thread's CPU, by an
+    /// answer at most `max_age_ns` old; an error when either is unknown.
+    SharesCpu { tid: u32, max_age_ns: u64 },
+    /// Gives the calling thread the idle policy: it runs only on a CPU with
+    /// nothing else to run, and any other thread waking there preempts it
+    /// (best effort: callers ignore an error).
+    IdlePriority,
+    /// Has the faults of `[start, end)` that are raised as a SIGBUS in the
+    /// faulting thread (`UFFD_FEATURE_SIGBUS`) resolved there by
+    /// `resolver`: the range goes into the SIGBUS handler's table, which
+    /// holds `resolver` until `InThreadOff`. Asked again while it is there
+    /// (the range and resolver stay the first), it puts usermm's handler
+    /// back in front of one a program installed since. `ENOSPC`: the table
+    /// is full.
+    InThreadOn { start: usize, end: usize, resolver: Arc<dyn Resolve> },
+    /// Takes the range out of the table, once every thread inside its
+    /// resolver has left it (nothing to do if it is not there).
+    InThreadOff,
+}
+
+impl Thread {
+    /// Carries out `op` with the host's thread operations.
+    pub(crate) fn dispatch<H: ThreadOps + ?Sized>(self, h: &H) -> Result<bool, Errno> {
+        match self {
+            Thread::Signal { tid, sig, addr } => h.signal(tid, sig, addr).map(|()| true),
+            Thread::SignalPending { tid, sig } => h.signal_pending(tid, sig),
+            Thread::SharesCpu { tid, max_age_ns } => h.shares_cpu(tid, max_age_ns),
+            Thread::IdlePriority => h.idle_priority().map(|()| true),
+            Thread::InThreadOn { start, end, resolver } => h.in_thread_on(start, end, resolver).map(|()| true),
+            Thread::InThreadOff => {
+                h.in_thread_off();
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// The operations behind [`Platform::thread`](super::Platform::thread), one
+/// a [`Thread`], as a host implements them.
+pub(crate) trait ThreadOps {
+    fn signal(&self, tid: u32, sig: Signal, addr: usize) -> Result<(), Errno>;
+    fn signal_pending(&self, tid: u32, sig: i32) -> Result<bool, Errno>;
+    fn shares_cpu(&self, tid: u32, max_age_ns: u64) -> Result<bool, Errno>;
+    fn idle_priority(&self) -> Result<(), Errno>;
+    fn in_thread_on(&self, start: usize, end: usize, resolver: Arc<dyn Resolve>) -> Result<(), Errno>;
+    fn in_thread_off(&self);
 }

@@ -14,9 +14,7 @@ use super::lazy::HostLazy;
 use super::threads::OtherThread;
 use super::{Rng, BASE, PAGES, PS};
 use crate::native::Inner;
-use crate::platform::{
-    Caps, Fill, FillOps, Platform, Range, RangeOps, Runs, Signal, Staging, StagingOps, Store, StoreOps, Upkeep, Zero,
-};
+use crate::platform::{Caps, Fill, FillOps, Platform, Range, RangeOps, Runs, Staging, Store, Thread, Upkeep, Zero};
 
 /// A page of the simulated program range.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -37,8 +35,11 @@ pub(super) struct Host {
     pub(super) staging: HashMap<u32, Box<[u8]>>,
     /// Swap, by page offset.
     pub(super) swap: HashMap<u64, Box<[u8]>>,
-    /// Signals queued: (thread, signal, address).
+    /// Signals queued and not yet taken: (thread, signal, address).
     pub(super) signals: Vec<(u32, i32, usize)>,
+    /// The range whose faults are resolved in the faulting thread
+    /// (`Thread::InThreadOn`; the simulation's are, whatever it says).
+    pub(super) in_thread: Option<(usize, usize)>,
     pub(super) rng: Rng,
     /// One in how many operations fail (0: none).
     pub(super) fail_one_in: u64,
@@ -94,7 +95,7 @@ impl SimPlatform {
     /// whenever this thread holds neither the core lock nor the region lock
     /// exclusively; and now and then the second program thread touches a
     /// page.
-    fn preempt(&self) {
+    pub(super) fn preempt(&self) {
         use std::sync::atomic::Ordering::Relaxed;
         if self.preempting.load(Relaxed) {
             return;
@@ -136,7 +137,7 @@ impl SimPlatform {
         Err(Errno::EFAULT)
     }
     /// Checks a range of the program range (`EFAULT` outside, as `Arena`).
-    fn check(a: usize, l: usize) -> Result<(), Errno> {
+    pub(super) fn check(a: usize, l: usize) -> Result<(), Errno> {
         if a >= BASE && a.is_multiple_of(PS) && l.is_multiple_of(PS) && a + l <= BASE + PAGES * PS {
             Ok(())
         } else {
@@ -310,125 +311,6 @@ impl RangeOps for SimPlatform {
     }
 }
 
-impl StagingOps for SimPlatform {
-    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno> {
-        self.preempt();
-        Self::check(dst, PS)?;
-        let mut h = self.host();
-        h.slot_back(slot, page_of(dst), try_move)?;
-        if wp && !try_move && h.tracks_writes {
-            h.wp.insert(page_of(dst));
-        }
-        Ok(())
-    }
-    fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno> {
-        // (The check and the copy are one step: the native copy reads the
-        // slot first and checks it held its page after.)
-        self.preempt();
-        Self::check(dst, PS)?;
-        let mut h = self.host();
-        if h.lazy.dropped.contains(&slot) {
-            // The host purged it: nothing installed, the slot emptied.
-            h.empty_slot(slot);
-            return Ok(false);
-        }
-        h.slot_back(slot, page_of(dst), false).map(|()| true)
-    }
-    fn page_to_slot_copy(&self, src: usize, slot: u32, _unreadable: bool) -> Result<(), Errno> {
-        self.preempt();
-        Self::check(src, PS)?;
-        let mut h = self.host();
-        if h.fail() {
-            return Err(Errno::EAGAIN);
-        }
-        let data = match h.prog.get(&page_of(src)) {
-            Some(Pg::Data(d)) => d.clone(),
-            Some(Pg::Zero) => zeros(),
-            _ => return Err(Errno::EFAULT),
-        };
-        assert!(!h.staging.contains_key(&slot), "copy into the occupied staging slot {slot}");
-        h.fill_slot(slot, data, false);
-        h.prog.remove(&page_of(src));
-        h.wp.remove(&page_of(src));
-        h.lazy.pages.remove(&page_of(src));
-        Ok(())
-    }
-    fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno> {
-        let mut h = self.host();
-        for s in slot..slot + n as u32 {
-            h.empty_slot(s);
-        }
-        Ok(())
-    }
-    fn discard_slot(&self, slot: u32) -> bool {
-        // MADV_PAGEOUT of the slot: a clean lazily freed page goes at once;
-        // a dirty one stays (and is no longer lazily freed).
-        let mut h = self.host();
-        if !h.lazy.on {
-            return false;
-        }
-        if h.lazy.slots.contains(&slot) || h.lazy.dropped.contains(&slot) {
-            h.drop_slot(slot);
-            return true;
-        }
-        false
-    }
-    fn moved_unreported(&self, src: usize, slot: u32) -> bool {
-        let h = self.host();
-        !h.prog.contains_key(&page_of(src)) && h.staging.contains_key(&slot)
-    }
-    fn host_free_slot(&self, slot: u32) -> Result<(), Errno> {
-        let mut h = self.host();
-        if h.lazy.on && h.staging.contains_key(&slot) {
-            h.lazy.slots.insert(slot);
-        }
-        Ok(())
-    }
-}
-
-impl StoreOps for SimPlatform {
-    fn swap_write(&self, slots: &[u32], off: u64) -> Result<(), Errno> {
-        self.preempt();
-        let mut h = self.host();
-        if h.fail() {
-            return Err(Errno::EIO);
-        }
-        let first = off / PS as u64;
-        for (k, s) in slots.iter().enumerate() {
-            let data = h.slot_data(*s, "swap write");
-            h.swap.insert(first + k as u64, data);
-        }
-        Ok(())
-    }
-    fn swap_release(&self, runs: &[(u32, u32)]) -> Result<(), Errno> {
-        self.preempt();
-        let mut h = self.host();
-        if h.fail() {
-            return Err(Errno::EIO);
-        }
-        // Gone for good: a slot released while in use reads back as zeros.
-        for &(first, n) in runs {
-            for s in first..first + n {
-                h.swap.remove(&u64::from(s));
-            }
-        }
-        Ok(())
-    }
-    fn swap_scrub(&self, slots: &[u32]) -> Result<(), Errno> {
-        self.preempt();
-        let mut h = self.host();
-        if h.fail() {
-            return Err(Errno::EIO);
-        }
-        // Overwritten with zeros: a slot scrubbed while in use (a missing
-        // reservation) reads back wrong, and the simulation's check sees it.
-        for &s in slots {
-            h.swap.insert(u64::from(s), vec![0u8; PS].into_boxed_slice());
-        }
-        Ok(())
-    }
-}
-
 impl FillOps for SimPlatform {
     fn zero(&self, how: Zero, dst: usize, len: usize, _wake: bool) -> Result<usize, Errno> {
         self.preempt();
@@ -513,6 +395,10 @@ impl Platform for SimPlatform {
             tracks_writes: h.tracks_writes,
             has_swap: h.has_swap,
             swap_release_granule: h.release_granule,
+            // (Two CPUs, as the machine usermm is measured on; the host's
+            // mlock refuses exec-only memory, as Linux 6.18's first builds.)
+            cpus: 2,
+            mlock_exec_only: false,
             ..Caps::default()
         }
     }
@@ -610,13 +496,8 @@ impl Platform for SimPlatform {
         let len = PS.min((size - off) as usize);
         file.write_at(&data[..len], off)
     }
-    fn signal(&self, tid: u32, sig: Signal, addr: usize) -> Result<(), Errno> {
-        let sig = match sig {
-            Signal::Bus(_) => libc_sig::SIGBUS,
-            Signal::Segv => libc_sig::SIGSEGV,
-        };
-        self.host().signals.push((tid, sig, addr));
-        Ok(())
+    fn thread(&self, op: Thread) -> Result<bool, Errno> {
+        op.dispatch(self)
     }
 }
 
@@ -654,6 +535,6 @@ impl Platform for Shared {
         pages_to_slots_move(src: usize, slot: u32, n: usize) -> Result<usize, Errno>;
         swap_contents(len: u64) -> Result<Vec<u8>, Errno>;
         page_out_to_file(file: &MappedFile, src: Option<usize>, slot: Option<u32>, off: u64) -> Result<(), Errno>;
-        signal(tid: u32, sig: Signal, addr: usize) -> Result<(), Errno>;
+        thread(op: Thread) -> Result<bool, Errno>;
     }
 }

@@ -24,6 +24,7 @@ mod calls;
 mod files;
 mod host;
 mod lazy;
+mod staging;
 mod threads;
 
 use std::collections::HashMap;
@@ -421,6 +422,7 @@ fn sim_platform(seed: u64, preempt_one_in: u64, fail_one_in: u64, can_move: bool
             staging: HashMap::new(),
             swap: HashMap::new(),
             signals: Vec::new(),
+            in_thread: None,
             rng: Rng::new(seed ^ 0x5151),
             fail_one_in,
             can_move,

@@ -1,11 +1,17 @@
 //! The program's threads in the simulation: the faulting thread's touches
-//! and the second thread's, which run at preemption points.
+//! and the second thread's, which run at preemption points; and what the
+//! executor asks about threads (`Platform::thread`).
+
+use std::sync::Arc;
 
 use usermm_core::consts::{PROT_NONE, PROT_READ, PROT_WRITE};
+use usermm_core::Errno;
+use usermm_sys::inthread::Resolve;
 
 use super::host::{libc_sig, zeros, Host, Pg, SimPlatform};
 use super::{Rng, Touch, BASE, PAGES, PS};
 use crate::native::Inner;
+use crate::platform::{Signal, ThreadOps};
 
 /// The faulting thread's id.
 pub(super) const TID: u32 = 7;
@@ -145,5 +151,40 @@ impl Host {
             d[PS - 8..].copy_from_slice(&s.to_le_bytes());
         }
         Some(Touch::Done(a, b))
+    }
+}
+
+/// The program's threads as the executor sees them through the platform:
+/// signals queued (and taken by the touch that faulted), one CPU each, the
+/// in-thread range recorded (the simulation serves every fault in the
+/// faulting thread's step whatever it is).
+impl ThreadOps for SimPlatform {
+    fn signal(&self, tid: u32, sig: Signal, addr: usize) -> Result<(), Errno> {
+        let sig = match sig {
+            Signal::Bus(_) => libc_sig::SIGBUS,
+            Signal::Segv => libc_sig::SIGSEGV,
+        };
+        self.host().signals.push((tid, sig, addr));
+        Ok(())
+    }
+    fn signal_pending(&self, tid: u32, sig: i32) -> Result<bool, Errno> {
+        Ok(self.host().signals.iter().any(|s| s.0 == tid && s.1 == sig))
+    }
+    fn shares_cpu(&self, _tid: u32, _max_age_ns: u64) -> Result<bool, Errno> {
+        Ok(false)
+    }
+    fn idle_priority(&self) -> Result<(), Errno> {
+        Ok(())
+    }
+    fn in_thread_on(&self, start: usize, end: usize, _resolver: Arc<dyn Resolve>) -> Result<(), Errno> {
+        // (The resolver is not kept: it holds the space, which holds this.)
+        let mut h = self.host();
+        if h.in_thread.is_none() {
+            h.in_thread = Some((start, end));
+        }
+        Ok(())
+    }
+    fn in_thread_off(&self) {
+        self.host().in_thread = None;
     }
 }
