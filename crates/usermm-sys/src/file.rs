@@ -6,6 +6,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use crate::ring::RingPool;
 use crate::{check, check_isize, last_errno, Errno};
 
+mod pagemap;
+pub use pagemap::Pagemap;
+
 /// An open swap file.
 pub struct SwapFile {
     fd: OwnedFd,
@@ -233,129 +236,6 @@ impl ProcMem {
         }
         Ok(())
     }
-}
-
-/// `/proc/self/pagemap`: whether a page is present.
-pub struct Pagemap(OwnedFd);
-
-impl Pagemap {
-    pub fn open() -> Result<Pagemap, Errno> {
-        // SAFETY: NUL-terminated path.
-        let fd = check(unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) })?;
-        // SAFETY: a new descriptor we own.
-        Ok(Pagemap(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
-
-    /// Whether the page at `addr` is gone: neither present (bit 63 of its
-    /// entry) nor swapped out by the host (bit 62). A page the host swapped
-    /// (a host with swap of its own, under its own pressure) still holds
-    /// its data.
-    pub fn gone(&self, addr: usize) -> Result<bool, Errno> {
-        let e = self.entry(addr)?;
-        Ok(e >> 62 == 0)
-    }
-
-    /// The raw pagemap entry of the page at `addr`.
-    pub fn entry(&self, addr: usize) -> Result<u64, Errno> {
-        let mut e = 0u64;
-        // SAFETY: reads 8 bytes into a valid u64.
-        let r = unsafe {
-            libc::pread(
-                self.0.as_raw_fd(),
-                &mut e as *mut u64 as *mut libc::c_void,
-                8,
-                ((addr / 4096) * 8) as libc::off_t,
-            )
-        };
-        if check_isize(r)? != 8 {
-            return Err(Errno::EIO);
-        }
-        Ok(e)
-    }
-
-    /// Whether the page at `addr` is present and maps a page of its own,
-    /// not the shared zero page (`PAGEMAP_SCAN`; Linux 6.7+).
-    pub fn present_not_zero(&self, addr: usize) -> Result<bool, Errno> {
-        let mut vec = [PageRegion::default(); 1];
-        let mut arg = PmScanArg {
-            size: std::mem::size_of::<PmScanArg>() as u64,
-            start: (addr & !4095) as u64,
-            end: ((addr & !4095) + 4096) as u64,
-            vec: vec.as_mut_ptr() as u64,
-            vec_len: 1,
-            category_mask: PAGE_IS_PRESENT,
-            return_mask: PAGE_IS_PRESENT | PAGE_IS_PFNZERO,
-            ..PmScanArg::default()
-        };
-        // SAFETY: `arg` is a valid pm_scan_arg whose `vec` points at one
-        // writable page_region entry that outlives the call.
-        let n = check_isize(unsafe { libc::ioctl(self.0.as_raw_fd(), PAGEMAP_SCAN, &mut arg) as isize })?;
-        Ok(n == 1 && vec[0].categories & PAGE_IS_PFNZERO == 0)
-    }
-
-    /// The page ranges of `[addr, addr+len)` whose page-table entry maps
-    /// the shared zero page (`PAGEMAP_SCAN`, `PAGE_IS_PFNZERO`; Linux 6.7+).
-    /// `Err` where the kernel has no `PAGEMAP_SCAN`.
-    pub fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Result<Vec<(usize, usize)>, Errno> {
-        let mut out = Vec::new();
-        let mut vec = vec![PageRegion::default(); 256];
-        let mut start = addr as u64;
-        let end = (addr + len) as u64;
-        while start < end {
-            let mut arg = PmScanArg {
-                size: std::mem::size_of::<PmScanArg>() as u64,
-                start,
-                end,
-                vec: vec.as_mut_ptr() as u64,
-                vec_len: vec.len() as u64,
-                category_mask: PAGE_IS_PFNZERO,
-                return_mask: PAGE_IS_PFNZERO,
-                ..PmScanArg::default()
-            };
-            // SAFETY: `arg` is a valid pm_scan_arg whose `vec` points at
-            // `vec.len()` writable page_region entries that outlive the call.
-            let n = check_isize(unsafe { libc::ioctl(self.0.as_raw_fd(), PAGEMAP_SCAN, &mut arg) as isize })?;
-            for r in &vec[..n.min(vec.len())] {
-                out.push((r.start as usize, r.end as usize));
-            }
-            if arg.walk_end <= start || n < vec.len() {
-                break;
-            }
-            start = arg.walk_end;
-        }
-        Ok(out)
-    }
-}
-
-/// `PAGEMAP_SCAN` (`_IOWR('f', 16, struct pm_scan_arg)`) and its categories,
-/// from the kernel's uapi `linux/fs.h` (newer than this system's headers).
-const PAGEMAP_SCAN: libc::c_ulong = 0xC060_6610;
-const PAGE_IS_PRESENT: u64 = 1 << 3;
-const PAGE_IS_PFNZERO: u64 = 1 << 5;
-
-#[repr(C)]
-#[derive(Default, Clone, Copy)]
-struct PageRegion {
-    start: u64,
-    end: u64,
-    categories: u64,
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct PmScanArg {
-    size: u64,
-    flags: u64,
-    start: u64,
-    end: u64,
-    walk_end: u64,
-    vec: u64,
-    vec_len: u64,
-    max_pages: u64,
-    category_inverted: u64,
-    category_mask: u64,
-    category_anyof_mask: u64,
-    return_mask: u64,
 }
 
 /// A file mapped by a space: a duplicate of the program's descriptor (the
