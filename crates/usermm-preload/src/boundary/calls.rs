@@ -8,7 +8,7 @@ use super::*;
 // its return address: a call from this library's own code (usermm's host
 // calls, Rust's std — e.g. a new thread's signal stack) goes straight to the
 // kernel (`own_*`, a raw system call), anything else through the routing
-// policy of `lib.rs` (`program_*`). usermm's code calls `mmap`, `madvise`,
+// policy of `route.rs` (`program_*`). usermm's code calls `mmap`, `madvise`,
 // `syscall`… by their plain names, which now resolve to these: without the
 // check a handler thread's zap of its own reservation would come back into
 // the space it serves. The policy also sends usermm's threads and re-entrant

@@ -1,9 +1,9 @@
-//! The program's memory calls: the routing policy of `lib.rs` applied (space,
+//! The program's memory calls: the routing policy of `route.rs` applied (space,
 //! kernel, or both, piece by piece).
 
 use super::*;
 
-// The program's calls: the policy of `lib.rs`.
+// The program's calls: the policy of `route.rs`.
 
 pub(super) extern "C" fn program_mmap(
     a: *mut c_void,
