@@ -53,6 +53,9 @@ use crate::consts::{MADV_FREE, MADV_POPULATE_WRITE, MAP_ANONYMOUS, MAP_PRIVATE, 
 use crate::thread_role::SystemOnly;
 use crate::Space;
 
+mod cache;
+use cache::CACHE;
+
 /// Slabs per chunk of the side table (chunks are allocated as slabs are
 /// carved in their address range: 4 MiB of reservation each).
 const CHUNK_SLABS: usize = 64;
@@ -558,55 +561,4 @@ impl Shared {
         m.prev.store(NIL, Relaxed);
         m.next.store(NIL, Relaxed);
     }
-}
-
-#[derive(Clone, Copy)]
-struct CacheBin {
-    n: u32,
-    blocks: [usize; CACHE_MAX],
-}
-
-/// One thread's cached blocks, all of one heap's (`owner`).
-struct Cache {
-    owner: Option<Arc<Shared>>,
-    bins: [CacheBin; NCLASSES],
-}
-
-impl Cache {
-    /// Makes `shared` the cache's heap, giving another heap's blocks back.
-    #[inline]
-    fn adopt(&mut self, shared: &Arc<Shared>) {
-        if self.owner.as_ref().is_some_and(|o| Arc::ptr_eq(o, shared)) {
-            return;
-        }
-        let _system = SystemOnly::enter();
-        self.flush();
-        self.owner = Some(Arc::clone(shared));
-    }
-
-    /// Gives every cached block back to its slabs (their pages are lazily
-    /// freed by the heap's next call that has its space).
-    fn flush(&mut self) {
-        let Some(owner) = &self.owner else { return };
-        for (class, bin) in self.bins.iter_mut().enumerate() {
-            if bin.n > 0 {
-                owner.give(class, &bin.blocks[..bin.n as usize]);
-                bin.n = 0;
-            }
-        }
-    }
-}
-
-impl Drop for Cache {
-    fn drop(&mut self) {
-        let _system = SystemOnly::enter();
-        self.flush();
-        self.owner = None;
-    }
-}
-
-thread_local! {
-    static CACHE: RefCell<Cache> = const {
-        RefCell::new(Cache { owner: None, bins: [CacheBin { n: 0, blocks: [0; CACHE_MAX] }; NCLASSES] })
-    };
 }
