@@ -31,34 +31,7 @@ pub fn tag(p: usize) -> u64 {
     (p as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
 }
 
-/// splitmix64: small, fast, and the same sequence on every machine.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `0..n` (n > 0; the modulo bias is negligible for n ≪ 2^64).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    /// A Fisher–Yates shuffle of `0..n`.
-    pub fn permutation(&mut self, n: usize) -> Vec<u32> {
-        let mut v: Vec<u32> = (0..n as u32).collect();
-        for i in (1..n).rev() {
-            let j = self.below(i as u64 + 1) as usize;
-            v.swap(i, j);
-        }
-        v
-    }
-}
+pub use usermm_core::rng::Rng;
 
 /// Progress lines on stderr: `[name +12.3s] message`.
 pub struct Progress {

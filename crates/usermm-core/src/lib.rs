@@ -33,6 +33,7 @@ pub mod errno;
 pub mod lru;
 pub mod page;
 pub mod region;
+pub mod rng;
 pub mod slots;
 pub mod smaps;
 pub mod types;

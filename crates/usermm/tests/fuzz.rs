@@ -172,39 +172,12 @@ const DEVIATIONS: &[(&str, &str)] = &[
 
 // ---------------------------------------------------------------- randomness
 
-/// splitmix64: small, seedable, good enough for choosing calls.
-#[derive(Clone)]
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn chance(&mut self, num: u64, den: u64) -> bool {
-        self.next() % den < num
-    }
-    fn pick<T: Copy>(&mut self, v: &[T]) -> T {
-        v[self.below(v.len())]
-    }
-    fn fill(&mut self, out: &mut [u8]) {
-        for c in out.chunks_mut(8) {
-            let w = self.next().to_ne_bytes();
-            c.copy_from_slice(&w[..c.len()]);
-        }
-    }
-}
+use usermm_core::rng::Rng;
 
 /// The initial contents of page `p` of file `id` (0: A, 1: B).
 fn file_page(id: u64, p: usize) -> Box<[u8]> {
     let mut b = vec![0u8; PAGE].into_boxed_slice();
-    Rng(id.wrapping_mul(1_000_003).wrapping_add(p as u64 + 1)).fill(&mut b);
+    Rng::new(id.wrapping_mul(1_000_003).wrapping_add(p as u64 + 1)).fill(&mut b);
     b
 }
 
@@ -968,7 +941,7 @@ impl Run {
             self.check_page(index, op, page)?;
         }
         let mut data = vec![0u8; len];
-        Rng(seed).fill(&mut data);
+        Rng::new(seed).fill(&mut data);
         for side in 0..2 {
             let a = self.base(side) + page * PAGE + at;
             self.sides.mm(side).write_bytes(a, &data);
@@ -1131,13 +1104,13 @@ impl Run {
             return Ok(());
         };
         self.check_residency(index, op, lo, hi)?;
-        let mut r = Rng(salt);
+        let mut r = Rng::new(salt);
         let mut cands: Vec<usize> = Vec::new();
         if hi > lo {
-            cands.push(lo + r.below(hi - lo));
-            cands.push(lo + r.below(hi - lo));
+            cands.push(lo + r.index(hi - lo));
+            cands.push(lo + r.index(hi - lo));
         }
-        cands.push(r.below(AREA_PAGES));
+        cands.push(r.index(AREA_PAGES));
         for p in cands {
             if self.model.pages[p].as_ref().is_some_and(|s| readable(s.prot)) {
                 self.check_page(index, op, p)?;
@@ -1509,73 +1482,73 @@ struct Gen<'a> {
 impl Gen<'_> {
     /// A page-aligned range inside the area, usually short.
     fn range(&mut self) -> (usize, usize) {
-        let len = match self.r.below(10) {
-            0..=5 => 1 + self.r.below(8),
-            6..=8 => 1 + self.r.below(48),
-            _ => 1 + self.r.below(256),
+        let len = match self.r.index(10) {
+            0..=5 => 1 + self.r.index(8),
+            6..=8 => 1 + self.r.index(48),
+            _ => 1 + self.r.index(256),
         };
-        let lo = self.r.below(AREA_PAGES);
+        let lo = self.r.index(AREA_PAGES);
         let hi = (lo + len).min(AREA_PAGES);
         (lo * PAGE, (hi - lo) * PAGE)
     }
     /// A mapped page-aligned range, if the area has any mapping.
     fn mapped_range(&mut self) -> (usize, usize) {
         let runs = self.m.runs(0, AREA_PAGES);
-        if runs.is_empty() || self.r.chance(1, 5) {
+        if runs.is_empty() || self.r.ratio(1, 5) {
             return self.range();
         }
         let (s, e) = self.r.pick(&runs);
-        let lo = s + self.r.below(e - s);
-        let most = if self.r.chance(1, 4) { 64 } else { 8 };
-        let n = 1 + self.r.below(most);
+        let lo = s + self.r.index(e - s);
+        let most = if self.r.ratio(1, 4) { 64 } else { 8 };
+        let n = 1 + self.r.index(most);
         (lo * PAGE, (lo + n).min(e) * PAGE - lo * PAGE)
     }
     /// Sometimes bad arguments: unaligned, empty, overflowing, or a range
     /// outside the area (far into the hole, or running past its end).
     fn maybe_bad(&mut self, (off, len): (usize, usize)) -> (usize, usize) {
-        if !self.r.chance(1, 12) {
+        if !self.r.ratio(1, 12) {
             return (off, len);
         }
-        match self.r.below(7) {
-            0 => (off + 1 + self.r.below(PAGE - 1), len),
+        match self.r.index(7) {
+            0 => (off + 1 + self.r.index(PAGE - 1), len),
             1 => (off, 0),
-            2 => (off, usize::MAX - self.r.below(3 * PAGE)),
-            3 => (off, len + 1 + self.r.below(PAGE - 1)),
-            4 => ((AREA_PAGES + self.r.below(1 << 16)) * PAGE, len),
+            2 => (off, usize::MAX - self.r.index(3 * PAGE)),
+            3 => (off, len + 1 + self.r.index(PAGE - 1)),
+            4 => ((AREA_PAGES + self.r.index(1 << 16)) * PAGE, len),
             5 => ((AREA_PAGES - 2) * PAGE, 8 * PAGE),
             _ => (off, len.saturating_mul(1 << 10).min(256 << 20)),
         }
     }
 
     fn op(&mut self) -> Op {
-        let salt = self.r.next();
-        match self.r.below(100) {
+        let salt = self.r.next_u64();
+        match self.r.index(100) {
             0..=24 => {
                 // A write to a writable mapped page, if there is one.
                 let runs = self.m.runs(0, AREA_PAGES);
                 let page = if runs.is_empty() {
-                    self.r.below(AREA_PAGES)
+                    self.r.index(AREA_PAGES)
                 } else {
                     let (s, e) = self.r.pick(&runs);
-                    s + self.r.below(e - s)
+                    s + self.r.index(e - s)
                 };
-                let (at, len) = match self.r.below(4) {
+                let (at, len) = match self.r.index(4) {
                     0 => (0, PAGE),
                     1 => {
-                        let l = 1 + self.r.below(PAGE);
-                        (self.r.below(PAGE - l + 1), l)
+                        let l = 1 + self.r.index(PAGE);
+                        (self.r.index(PAGE - l + 1), l)
                     }
                     _ => {
-                        let l = 1 + self.r.below(64);
-                        (self.r.below(PAGE - l + 1), l)
+                        let l = 1 + self.r.index(64);
+                        (self.r.index(PAGE - l + 1), l)
                     }
                 };
-                Op::Write { page, at, len, seed: self.r.next() }
+                Op::Write { page, at, len, seed: self.r.next_u64() }
             }
-            25..=32 => Op::Read { page: self.r.below(AREA_PAGES) },
+            25..=32 => Op::Read { page: self.r.index(AREA_PAGES) },
             33..=44 => self.mmap(salt),
             45..=50 => {
-                let (off, len) = if self.r.chance(1, 2) { self.mapped_range() } else { self.range() };
+                let (off, len) = if self.r.ratio(1, 2) { self.mapped_range() } else { self.range() };
                 let (off, len) = self.maybe_bad((off, len));
                 Op::Munmap { off, len, salt }
             }
@@ -1583,7 +1556,7 @@ impl Gen<'_> {
                 let range = self.mapped_range();
                 let (off, len) = self.maybe_bad(range);
                 let mut prot =
-                    if self.r.chance(1, 30) { self.r.pick(&[0x8, 0x10, 0x0100_0000]) } else { self.r.pick(PROTS) };
+                    if self.r.ratio(1, 30) { self.r.pick(&[0x8, 0x10, 0x0100_0000]) } else { self.r.pick(PROTS) };
                 let (lo, hi) = page_span(off, len);
                 if !self.m.prot_fits(lo, hi, prot) {
                     prot = PROT_READ | PROT_WRITE;
@@ -1593,12 +1566,12 @@ impl Gen<'_> {
             59..=80 => {
                 let range = self.mapped_range();
                 let (off, len) = self.maybe_bad(range);
-                let advice = if self.r.chance(1, 20) { self.r.pick(ODD_ADVICES) } else { self.r.pick(ADVICES) };
+                let advice = if self.r.ratio(1, 20) { self.r.pick(ODD_ADVICES) } else { self.r.pick(ADVICES) };
                 Op::Madvise { off, len, advice, salt }
             }
             81..=87 => self.lock(salt),
             88..=92 => {
-                let (off, len) = if self.r.chance(1, 10) {
+                let (off, len) = if self.r.ratio(1, 10) {
                     let range = self.range();
                     self.maybe_bad(range)
                 } else {
@@ -1612,7 +1585,7 @@ impl Gen<'_> {
             _ => {
                 let range = self.mapped_range();
                 let (off, len) = self.maybe_bad(range);
-                let flags = match self.r.below(12) {
+                let flags = match self.r.index(12) {
                     0 => MS_ASYNC | MS_SYNC,
                     1 => 8,
                     2 => MS_INVALIDATE,
@@ -1627,8 +1600,8 @@ impl Gen<'_> {
 
     fn mmap(&mut self, salt: u64) -> Op {
         let (off, len) = self.range();
-        let mut prot = if self.r.chance(1, 40) { PROT_READ | 0x8 } else { self.r.pick(PROTS) };
-        let file = match self.r.below(10) {
+        let mut prot = if self.r.ratio(1, 40) { PROT_READ | 0x8 } else { self.r.pick(PROTS) };
+        let file = match self.r.index(10) {
             0..=4 => FileSel::Anon,
             5..=6 => FileSel::Anon,
             7..=8 => FileSel::A,
@@ -1637,26 +1610,26 @@ impl Gen<'_> {
         let mut flags = match file {
             FileSel::A => MAP_SHARED,
             FileSel::B => MAP_PRIVATE,
-            FileSel::Anon if self.r.chance(2, 7) => MAP_SHARED | MAP_ANONYMOUS,
+            FileSel::Anon if self.r.ratio(2, 7) => MAP_SHARED | MAP_ANONYMOUS,
             FileSel::Anon => MAP_PRIVATE | MAP_ANONYMOUS,
         };
         let foff = if file == FileSel::Anon { 0 } else { off as i64 };
         let (lo, hi) = page_span(off, len);
         let free = (lo..hi).all(|p| !self.m.mapped(p));
-        match self.r.below(20) {
+        match self.r.index(20) {
             // A hint, where the model says the range is free (the kernel
             // then takes the hint; elsewhere it would map outside the arena).
             0..=1 if free => {}
             2..=3 => flags |= MAP_FIXED_NOREPLACE,
             _ => flags |= MAP_FIXED,
         }
-        if self.r.chance(1, 15) {
+        if self.r.ratio(1, 15) {
             flags |= MAP_POPULATE;
         }
         if !self.m.pin_fits(lo, hi, prot, false) {
             prot = PROT_READ | PROT_WRITE;
         }
-        if self.r.chance(1, 20)
+        if self.r.ratio(1, 20)
             && self.m.locked_pages() + (hi - lo) <= LOCK_CAP_PAGES
             && self.m.pin_fits(lo, hi, prot, true)
         {
@@ -1665,20 +1638,20 @@ impl Gen<'_> {
             flags |= MAP_LOCKED;
         }
         let mut op = Op::Mmap { off, len, prot, flags, file, foff, salt };
-        if self.r.chance(1, 12) {
+        if self.r.ratio(1, 12) {
             // Bad arguments (with MAP_FIXED kept inside the area).
             if let Op::Mmap { off, len, flags, foff, .. } = &mut op {
-                match self.r.below(6) {
+                match self.r.index(6) {
                     0 => *len = 0,
                     // (Never for a hint: the kernel would round it up to
                     // a page that may not be free.)
-                    1 if *flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0 => *off += 1 + self.r.below(PAGE - 1),
+                    1 if *flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0 => *off += 1 + self.r.index(PAGE - 1),
                     1 => *len = 0,
                     2 => *flags &= !(MAP_SHARED | MAP_PRIVATE),
-                    3 => *foff += 1 + self.r.below(PAGE - 1) as i64,
+                    3 => *foff += 1 + self.r.index(PAGE - 1) as i64,
                     4 => *flags &= !MAP_ANONYMOUS,
                     _ => {
-                        *len = usize::MAX - self.r.below(2 * PAGE);
+                        *len = usize::MAX - self.r.index(2 * PAGE);
                     }
                 }
             }
@@ -1687,20 +1660,20 @@ impl Gen<'_> {
     }
 
     fn lock(&mut self, salt: u64) -> Op {
-        if self.r.chance(1, 60) {
+        if self.r.ratio(1, 60) {
             // More than the budget, all mapped.
             for (s, e) in self.m.runs(0, AREA_PAGES) {
                 if e - s > BUDGET_PAGES + 8 {
-                    let n = BUDGET_PAGES + 8 + self.r.below(e - s - BUDGET_PAGES - 8);
-                    let lo = s + self.r.below(e - s - n + 1);
+                    let n = BUDGET_PAGES + 8 + self.r.index(e - s - BUDGET_PAGES - 8);
+                    let lo = s + self.r.index(e - s - n + 1);
                     return Op::MlockOverBudget { off: lo * PAGE, len: n * PAGE };
                 }
             }
         }
         let (off, len) = self.mapped_range();
-        let (off, len) = if self.r.chance(1, 10) {
+        let (off, len) = if self.r.ratio(1, 10) {
             // Unaligned start and length are fine for mlock: widened.
-            (off + self.r.below(PAGE), len.saturating_sub(self.r.below(PAGE)))
+            (off + self.r.index(PAGE), len.saturating_sub(self.r.index(PAGE)))
         } else {
             self.maybe_bad((off, len))
         };
@@ -1708,13 +1681,13 @@ impl Gen<'_> {
         let newly = (lo..hi).filter(|&p| self.m.pages[p].as_ref().is_some_and(|s| s.lock == Lock::No)).count();
         let pin_newly =
             (lo..hi).filter(|&p| self.m.pages[p].as_ref().is_some_and(|s| s.lock == Lock::No && !pins(s.prot))).count();
-        if self.r.chance(1, 3)
+        if self.r.ratio(1, 3)
             || self.m.locked_pages() + newly > LOCK_CAP_PAGES
             || self.m.pinned_pages() + pin_newly > PIN_CAP_PAGES
         {
             return Op::Munlock { off, len, salt };
         }
-        let flags = match self.r.below(10) {
+        let flags = match self.r.index(10) {
             0..=4 => 0,
             5..=8 => MLOCK_ONFAULT,
             _ => 2,
@@ -1840,7 +1813,7 @@ fn run_seq(
     host_swap: bool,
 ) -> (Vec<Op>, Run, Option<Divergence>) {
     let mut run = Run::new(v, host_swap);
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut ops = Vec::new();
     let n = given.map_or(calls, |g| g.len());
     // USERMM_FUZZ_TRACE=1: every call is printed before it is made (for a

@@ -38,7 +38,7 @@ fn wrong(v: &[u8], k: u64) -> u64 {
 
 /// A block size: mostly small, some medium, one in 64 large.
 fn block_size(rng: &mut Rng) -> usize {
-    let r = rng.next();
+    let r = rng.next_u64();
     match r % 64 {
         0 => LARGE_BYTES + (r >> 8) as usize % (1 << 20),
         1..=8 => FREE_RUN_BYTES + (r >> 8) as usize % (128 << 10),
@@ -73,7 +73,7 @@ fn heap_under_pressure_keeps_every_byte() {
                 let mut live: Vec<(u64, AVec<u8, Heap<'_>>)> = Vec::new();
                 let (mut bytes, mut next_k) = (0usize, t << 40);
                 while go_on() {
-                    let r = rng.next();
+                    let r = rng.next_u64();
                     if bytes > 16 << 20 || (r.is_multiple_of(3) && !live.is_empty()) {
                         let i = (r >> 8) as usize % live.len();
                         let (k, v) = live.swap_remove(i);
@@ -191,12 +191,12 @@ fn threads_share_one_heap() {
                 let mut rng = Rng::new(99 + t);
                 let mut keep: Vec<Option<(u64, AVec<u8, Heap<'_>>)>> = (0..128).map(|_| None).collect();
                 for i in 0..20_000u64 {
-                    let j = rng.next() as usize % keep.len();
+                    let j = rng.next_u64() as usize % keep.len();
                     if let Some((k, v)) = keep[j].take() {
                         corrupted.fetch_add(wrong(&v, k), Ordering::Relaxed);
                     }
                     let k = (t << 32) | i;
-                    let n = 1 + rng.next() as usize % 2000;
+                    let n = 1 + rng.next_u64() as usize % 2000;
                     keep[j] = Some((k, filled(heap, k, n)));
                 }
                 for (k, v) in keep.iter().flatten() {

@@ -183,10 +183,10 @@ fn blocks_freed_by_another_thread() {
             let heap = sp.heap();
             let mut rng = Rng::new(3);
             for k in 0..40_000u64 {
-                let n = 1 + rng.below(3000);
+                let n = 1 + rng.index(3000);
                 let mut v = AVec::with_capacity_in(n, heap);
                 v.extend((0..n).map(|i| pat(k, i)));
-                let m = 1 + rng.below(SMALL_MAX_BYTES);
+                let m = 1 + rng.index(SMALL_MAX_BYTES);
                 // SAFETY: a live handle.
                 let c = unsafe { umm_malloc(handle(sp), m) } as *mut u8;
                 fill(c, k + 1, m);
@@ -318,7 +318,7 @@ fn threads_trade_small_blocks_under_pressure() {
                 let s = handle(sp);
                 let mut rng = Rng::new(77 + t);
                 for i in 0..60_000u64 {
-                    let r = rng.next();
+                    let r = rng.next_u64();
                     if bytes.load(Ordering::Relaxed) > 64 << 20 || r.is_multiple_of(3) {
                         let got = {
                             let mut p = pool.lock().unwrap();

@@ -146,28 +146,7 @@ fn enabled_ops() -> Vec<(Op, u32)> {
 
 // ---------------------------------------------------------------- RNG
 
-/// xorshift64*, seeded through splitmix64.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(mix(seed) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn chance(&mut self, pct: usize) -> bool {
-        self.below(100) < pct
-    }
-}
+use usermm_core::rng::Rng;
 
 fn mix(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -775,9 +754,9 @@ impl Worker<'_> {
 
     /// A random run `[first, first+n)` inside one region, `n <= max`.
     fn run(&mut self, max: usize) -> (usize, usize) {
-        let r = self.rng.below(REGIONS);
-        let n = 1 + self.rng.below(max.min(REGION_PAGES));
-        let off = self.rng.below(REGION_PAGES - n + 1);
+        let r = self.rng.index(REGIONS);
+        let n = 1 + self.rng.index(max.min(REGION_PAGES));
+        let off = self.rng.index(REGION_PAGES - n + 1);
         (r * REGION_PAGES + off, n)
     }
 
@@ -903,7 +882,7 @@ impl Worker<'_> {
         pg.data[0..8].copy_from_slice(&(addr as u64).to_le_bytes());
         pg.data[8..16].copy_from_slice(&self.seq.to_le_bytes());
         for w in pg.data[16..].chunks_exact_mut(8) {
-            w.copy_from_slice(&r.next().to_le_bytes());
+            w.copy_from_slice(&r.next_u64().to_le_bytes());
         }
         pg.alt.clear();
         pg.written_since_free = false;
@@ -938,12 +917,12 @@ impl Worker<'_> {
                 if !self.pages[p].writable() {
                     return;
                 }
-                let off = self.rng.below(PS);
-                let len = (1 + self.rng.below(512)).min(PS - off);
+                let off = self.rng.index(PS);
+                let len = (1 + self.rng.index(512)).min(PS - off);
                 let a = self.addr(p);
                 let mut bytes = vec![0u8; len];
                 for b in bytes.iter_mut() {
-                    *b = self.rng.next() as u8;
+                    *b = self.rng.next_u64() as u8;
                 }
                 self.slot().begin(format!("{name} page {p} [{a:#x}] bytes {off}+{len}"), a, a + PS);
                 mem_write(a + off, &bytes);
@@ -1130,9 +1109,9 @@ impl Worker<'_> {
                 if vol.is_empty() {
                     return;
                 }
-                let p = vol[self.rng.below(vol.len())];
+                let p = vol[self.rng.index(vol.len())];
                 let a = self.addr(p);
-                let off = self.rng.below(PS);
+                let off = self.rng.index(PS);
                 self.slot().begin(format!("{name} page {p} [{a:#x}] byte {off}"), a, a + PS);
                 HANDLED.with(|h| h.set(Handled::None));
                 if self.selftest != "sigbus" {
@@ -1197,7 +1176,7 @@ impl Worker<'_> {
             Op::Mprotect => {
                 let (first, n) = self.run(64);
                 let a = self.addr(first);
-                let prot = match self.rng.below(10) {
+                let prot = match self.rng.index(10) {
                     0..=5 => Prot::Rw,
                     6..=8 => Prot::R,
                     _ => Prot::No,
@@ -1217,16 +1196,16 @@ impl Worker<'_> {
             }
             Op::Remap => {
                 let (mut first, mut n) = self.run(REGION_PAGES);
-                if self.rng.chance(30) {
+                if self.rng.ratio(30, 100) {
                     first -= first % REGION_PAGES;
                     n = REGION_PAGES;
                 }
                 let a = self.addr(first);
-                let unmap_first = self.rng.chance(50);
+                let unmap_first = self.rng.ratio(50, 100);
                 // A third of the new mappings resolve their faults in the
                 // faulting thread (`UMM_MAP_INTHREAD`), beside the others'
                 // handler threads: every op then meets both kinds.
-                let in_thread = if self.rng.chance(33) { UMM_MAP_INTHREAD } else { 0 };
+                let in_thread = if self.rng.ratio(33, 100) { UMM_MAP_INTHREAD } else { 0 };
                 let what = match (unmap_first, in_thread != 0) {
                     (true, false) => "munmap+mmap(MAP_FIXED)",
                     (false, false) => "mmap(MAP_FIXED) over",
@@ -1302,7 +1281,7 @@ impl Worker<'_> {
     fn main_loop(&mut self, ops: &[(Op, u32)]) {
         let total: u32 = ops.iter().map(|o| o.1).sum();
         while !self.sh.stop.load(Ordering::Relaxed) {
-            let mut x = self.rng.below(total as usize) as u32;
+            let mut x = self.rng.index(total as usize) as u32;
             let mut op = ops[0].0;
             for &(o, w) in ops {
                 if x < w {

@@ -99,34 +99,34 @@ fn worker(space: &Space, thread: usize, stop: &AtomicBool, t: &Totals) {
         t.ops.fetch_add(1, Ordering::Relaxed);
     }
     while !stop.load(Ordering::Relaxed) {
-        let ri = rng.below(REGIONS_PER_THREAD);
+        let ri = rng.index(REGIONS_PER_THREAD);
         let r = &mut regions[ri];
-        let op = rng.below(100);
+        let op = rng.index(100);
         match op {
             0..=39 => {
-                let n = 1 + rng.below(64);
-                let first = rng.below(PAGES - n + 1);
+                let n = 1 + rng.index(64);
+                let first = rng.index(PAGES - n + 1);
                 write_run(r, thread, ri, first, n, &mut ver, t);
             }
             40..=79 => {
-                let n = 1 + rng.below(256);
-                let first = rng.below(PAGES - n + 1);
+                let n = 1 + rng.index(256);
+                let first = rng.index(PAGES - n + 1);
                 verify_run(r, thread, ri, first, n, t);
             }
             80..=87 => {
                 // MADV_DONTNEED: the run must read as zeros, then is rewritten.
-                let n = 1 + rng.below(512);
-                let first = rng.below(PAGES - n + 1);
+                let n = 1 + rng.index(512);
+                let first = rng.index(PAGES - n + 1);
                 r.map.as_mut().unwrap().advise_range(first * PAGE, n * PAGE, MADV_DONTNEED).expect("MADV_DONTNEED");
                 r.versions[first..first + n].fill(0);
                 verify_run(r, thread, ri, first, n, t);
-                let k = n.min(1 + rng.below(64));
+                let k = n.min(1 + rng.index(64));
                 write_run(r, thread, ri, first, k, &mut ver, t);
                 t.dontneeds.fetch_add(1, Ordering::Relaxed);
             }
             88..=95 => {
-                let n = 1 + rng.below(512);
-                let first = rng.below(PAGES - n + 1);
+                let n = 1 + rng.index(512);
+                let first = rng.index(PAGES - n + 1);
                 let addr = r.map.as_ref().unwrap().addr() + first * PAGE;
                 space.madvise(addr, n * PAGE, MADV_PAGEOUT).expect("MADV_PAGEOUT");
                 t.pageouts.fetch_add(1, Ordering::Relaxed);
@@ -136,8 +136,8 @@ fn worker(space: &Space, thread: usize, stop: &AtomicBool, t: &Totals) {
                 r.map.take().unwrap().unmap().expect("munmap");
                 r.map = Some(space.map_anon(REGION_BYTES).expect("mmap"));
                 r.versions.fill(0);
-                let n = 1 + rng.below(64);
-                let first = rng.below(PAGES - n + 1);
+                let n = 1 + rng.index(64);
+                let first = rng.index(PAGES - n + 1);
                 verify_run(r, thread, ri, first, n, t);
                 write_run(r, thread, ri, first, n, &mut ver, t);
                 t.remaps.fetch_add(1, Ordering::Relaxed);

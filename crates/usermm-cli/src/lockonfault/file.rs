@@ -20,7 +20,7 @@ const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 /// can be recomputed without the file.
 #[inline(always)]
 fn word(seed: u64, k: u64) -> u64 {
-    Rng::new(seed.wrapping_add(k.wrapping_mul(GOLDEN))).next()
+    Rng::new(seed.wrapping_add(k.wrapping_mul(GOLDEN))).next_u64()
 }
 
 /// The file's byte at `off`.

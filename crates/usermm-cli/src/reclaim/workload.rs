@@ -53,7 +53,7 @@ impl Zipf {
         Zipf { n, theta, alpha, zetan, eta, mult }
     }
     fn next(&self, rng: &mut Rng) -> u64 {
-        let u = rng.next() as f64 / u64::MAX as f64;
+        let u = rng.next_u64() as f64 / u64::MAX as f64;
         let uz = u * self.zetan;
         let rank = if uz < 1.0 {
             0

@@ -61,7 +61,7 @@ pub fn random_writer(s: &Space, bytes: usize, tag: u64, deadline: std::time::Ins
     let mut rng = Rng::new(tag + 1);
     let mut bad = 0;
     while std::time::Instant::now() < deadline {
-        let p = rng.below(n);
+        let p = rng.index(n);
         let page = &mut m[p * PAGE..(p + 1) * PAGE];
         if version[p] > 0 {
             bad += bad_bytes(page, tag << 32 | p as u64, version[p]);

@@ -54,23 +54,5 @@ pub fn bad_bytes(page: &[u8], id: u64, version: u64) -> usize {
     bad
 }
 
-/// A tiny deterministic PRNG (xorshift64*).
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(mix(seed) | 1)
-    }
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in `0..n` (n > 0).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+#[allow(unused_imports)] // (not every test that includes this module draws numbers)
+pub use usermm_core::rng::Rng;
