@@ -118,7 +118,7 @@ impl Space {
     pub fn open(cfg: &Config) -> Result<Space, Errno> {
         let fork_generation = usermm_sys::thread::watch_forks()?;
         let (inner, threads) = Inner::open(cfg)?;
-        let heap = boundary::heap::HeapCore::new(inner.base, inner.reserve_len);
+        let heap = boundary::heap::HeapCore::new(inner.base(), inner.reserve_len());
         Ok(Space {
             inner,
             threads: Some(threads),
@@ -175,18 +175,18 @@ impl Space {
     /// The space's page size in bytes.
     #[inline]
     pub fn page_size(&self) -> usize {
-        self.inner.page_size
+        self.inner.page_size()
     }
 
     /// The reserved range `(start, len)`.
     #[inline]
     pub fn reservation(&self) -> (usize, usize) {
-        (self.inner.base, self.inner.reserve_len)
+        (self.inner.base(), self.inner.reserve_len())
     }
 
     /// How userfaultfd was obtained.
     pub fn uffd_mode(&self) -> UffdMode {
-        if self.inner.user_mode_only {
+        if self.inner.user_mode_only() {
             UffdMode::UserModeOnly
         } else {
             UffdMode::Full
@@ -195,7 +195,7 @@ impl Space {
 
     /// Why the user-mode-only fallback was taken, if it was.
     pub fn fallback_reason(&self) -> Option<&str> {
-        self.inner.fallback_reason.as_deref()
+        self.inner.fallback_reason()
     }
 
     /// `EBUSY` if `[addr, addr+len)` overlaps a live [`Mapping`] (safe
@@ -369,7 +369,7 @@ impl Space {
         self.check_owner()?;
         // Never allocate more than the reservation has pages: a longer range
         // ends in a hole anyway (ENOMEM), which the core reports.
-        let pages = len.div_ceil(self.inner.page_size).min(self.reserve_pages());
+        let pages = len.div_ceil(self.inner.page_size()).min(self.reserve_pages());
         // The core writes 0 or 1 for each page before the first hole; the
         // pages after it keep this byte.
         const UNFILLED: u8 = 0xff;
@@ -385,7 +385,7 @@ impl Space {
     }
 
     fn reserve_pages(&self) -> usize {
-        self.inner.reserve_len / self.inner.page_size
+        self.inner.reserve_len() / self.inner.page_size()
     }
 
     /// `umm_page_state`: one word of `UMM_PAGE_*` bits per page (the words
@@ -396,7 +396,7 @@ impl Space {
         let mut tmp = vec![0u32; pages];
         let n = out.len().min(pages);
         tmp[..n].copy_from_slice(&out[..n]);
-        let r = self.inner.settled_core(addr, npages.saturating_mul(self.inner.page_size)).page_state(
+        let r = self.inner.settled_core(addr, npages.saturating_mul(self.inner.page_size())).page_state(
             addr as u64,
             npages as u64,
             &mut tmp,
@@ -407,7 +407,7 @@ impl Space {
         if r.is_ok() {
             // A locked page that maps the zero page is not locked for Linux
             // (nothing is pinned until a write allocates the page).
-            let ps = self.inner.page_size;
+            let ps = self.inner.page_size();
             for (a, e) in self.inner.zero_pfn_ranges(addr, n * ps) {
                 for w in &mut tmp[(a - addr) / ps..(e - addr) / ps] {
                     *w &= !consts::UMM_PAGE_LOCKED;
@@ -422,7 +422,7 @@ impl Space {
     pub fn stats(&self) -> Stats {
         self.assert_owner();
         let (s, locked) = {
-            let c = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
+            let c = self.inner.core();
             (c.stats(), c.locked_extents())
         };
         // Pages of locked regions that map the zero page are resident (and
@@ -430,10 +430,11 @@ impl Space {
         let zero: usize = locked
             .iter()
             .flat_map(|&(a, l)| self.inner.zero_pfn_ranges(a as usize, l as usize))
-            .map(|(a, e)| (e - a) / self.inner.page_size)
+            .map(|(a, e)| (e - a) / self.inner.page_size())
             .sum();
         let c = &s.counters;
-        let pool = self.inner.plat.pool_stats();
+        let pool = self.inner.plat().pool_stats();
+        let host = self.inner.host_stats();
         Stats {
             budget_pages: s.budget_pages,
             resident_pages: s.resident_pages,
@@ -454,19 +455,19 @@ impl Space {
             host_purges: c.host_purges,
             evictions: c.evictions,
             oom_sigbus: c.oom_sigbus,
-            write_lock_hold_ns_max: self.inner.write_hold_ns_max.load(std::sync::atomic::Ordering::Relaxed),
+            write_lock_hold_ns_max: host.write_hold_ns_max,
             inactive_pages: s.inactive_pages,
             minor_faults: c.minor_faults,
             deactivations: c.deactivations,
             swap_read_errors: c.swap_read_errors,
             swap_write_errors: c.swap_write_errors,
             regions: s.regions,
-            user_mode_only: self.inner.user_mode_only as u64,
-            swap_direct_io: self.inner.plat.caps().swap_direct_io as u64,
-            host_refusals: self.inner.host_refusals.load(std::sync::atomic::Ordering::Relaxed),
-            swap_write_fails: self.inner.swap_write_fails.load(std::sync::atomic::Ordering::Relaxed),
-            swap_backoff_ms: self.inner.store_backoff_ms(),
-            host_unreported_moves: self.inner.host_unreported_moves.load(std::sync::atomic::Ordering::Relaxed),
+            user_mode_only: self.inner.user_mode_only() as u64,
+            swap_direct_io: self.inner.plat().caps().swap_direct_io as u64,
+            host_refusals: host.host_refusals,
+            swap_write_fails: host.swap_write_fails,
+            swap_backoff_ms: host.swap_backoff_ms,
+            host_unreported_moves: host.host_unreported_moves,
             swap_cached_pages: s.swap_cached_pages,
             clean_evictions: c.clean_evictions,
             pool_frames: pool.0,
@@ -484,11 +485,11 @@ impl Space {
         self.assert_owner();
         let extra = format!(
             "{}{}",
-            if self.inner.user_mode_only { "uo " } else { "" },
-            if self.inner.in_thread { "it " } else { "" }
+            if self.inner.user_mode_only() { "uo " } else { "" },
+            if self.inner.in_thread() { "it " } else { "" }
         );
         let extra = extra.as_str();
-        let files = self.inner.files.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let files = self.inner.files();
         let info = |id: u32| {
             files.get(&id).map(|f| {
                 let maj = ((f.dev >> 8) & 0xfff) as u32 | ((f.dev >> 32) & !0xfff) as u32;
@@ -499,16 +500,16 @@ impl Space {
         // The zero-page counts of the locked regions first, with no core
         // lock held (a PAGEMAP_SCAN each); then the text under it. (A
         // region changed in between reads 0 there.)
-        let locked = self.inner.core.lock().unwrap_or_else(|e| e.into_inner()).locked_extents();
+        let locked = self.inner.core().locked_extents();
         let zeros: std::collections::HashMap<(u64, u64), u64> = locked
             .iter()
             .map(|&(a, l)| {
                 let r = self.inner.zero_pfn_ranges(a as usize, l as usize);
-                ((a, l), r.iter().map(|(a, e)| ((e - a) / self.inner.page_size) as u64).sum())
+                ((a, l), r.iter().map(|(a, e)| ((e - a) / self.inner.page_size()) as u64).sum())
             })
             .collect();
         let zero = |a: u64, l: u64| zeros.get(&(a, l)).copied().unwrap_or(0);
-        let c = self.inner.core.lock().unwrap_or_else(|e| e.into_inner());
+        let c = self.inner.core();
         usermm_core::smaps::format_with_files(&c, extra, &info, &zero)
     }
 
@@ -534,7 +535,7 @@ impl Space {
     /// read, no frame) waits `ms` milliseconds before queuing it, as a
     /// preempted handler thread would.
     pub fn inject_signal_stall(&self, ms: u32) {
-        self.inner.inject_signal_stall_ms.store(ms, std::sync::atomic::Ordering::SeqCst);
+        self.inner.set_signal_stall_ms(ms);
     }
 
     #[cfg(feature = "test-hooks")]
@@ -542,7 +543,7 @@ impl Space {
     /// milliseconds between listing the dirty pages and writing them, as a
     /// preempted caller would.
     pub fn inject_writeback_stall(&self, ms: u32) {
-        self.inner.inject_writeback_stall_ms.store(ms, std::sync::atomic::Ordering::SeqCst);
+        self.inner.set_writeback_stall_ms(ms);
     }
 
     #[cfg(feature = "test-hooks")]
@@ -550,16 +551,14 @@ impl Space {
     /// halves at once fail their first half (the second goes in and must
     /// be dropped again). Returns how many split installs were done so far.
     pub fn inject_split_failures(&self, n: u32) -> u64 {
-        self.inner.inject_split_failures.store(n, std::sync::atomic::Ordering::SeqCst);
-        self.inner.split_installs.load(std::sync::atomic::Ordering::SeqCst)
+        self.inner.set_split_failures(n)
     }
 
     /// Debugging hook (also in the C ABI, `umm_debug_inject_swap_errors`,
     /// for programs testing their SIGBUS handling): the next `reads` swap
     /// reads and `writes` swap writes fail with `EIO`.
     pub fn inject_swap_errors(&self, reads: u32, writes: u32) {
-        self.inner.inject_read_errors.store(reads, std::sync::atomic::Ordering::SeqCst);
-        self.inner.inject_write_errors.store(writes, std::sync::atomic::Ordering::SeqCst);
+        self.inner.inject_io_errors(reads, writes);
     }
 
     #[cfg(feature = "test-hooks")]
@@ -571,7 +570,7 @@ impl Space {
     pub fn host_reclaim(&self) -> bool {
         self.assert_owner();
         self.inner.host_reclaim_staging();
-        self.inner.host_lazyfree
+        self.inner.host_lazyfree()
     }
 
     #[cfg(feature = "test-hooks")]
@@ -579,15 +578,14 @@ impl Space {
     /// reaches the page at `addr` is interrupted there with `EINTR`, as a
     /// populate is when the space closes under it; the hook then clears.
     pub fn interrupt_populate_at(&self, addr: usize) {
-        let p = (addr.wrapping_sub(self.inner.base) / self.inner.page_size) as u64;
-        self.inner.populate_interrupt.store(p, std::sync::atomic::Ordering::SeqCst);
+        self.inner.interrupt_populate_at(addr);
     }
 
     #[cfg(feature = "test-hooks")]
     /// Test hook: the whole swap file's contents (to check what reached disk).
     pub fn swap_contents(&self) -> Result<Vec<u8>, Errno> {
         self.check_owner()?;
-        self.inner.plat.swap_contents(self.inner.swap_bytes)
+        self.inner.swap_contents()
     }
 
     /// Checks every invariant of the core (for tests). Takes the region
@@ -597,8 +595,7 @@ impl Space {
     /// the soak as "held range has regions" under the core lock alone).
     pub fn validate(&self) {
         self.assert_owner();
-        let _mm = self.inner.read_mm();
-        self.inner.core.lock().unwrap_or_else(|e| e.into_inner()).validate();
+        self.inner.validate_core();
     }
 }
 

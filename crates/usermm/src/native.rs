@@ -4,7 +4,15 @@
 //! # Where each concern lives
 //! | file | what |
 //! |---|---|
-//! | `native.rs` | `Inner` (the executor's state), `close`, small helpers |
+//! | `native.rs` | `Inner`, a composition of the parts below, `close`, small helpers |
+//! | `native/settings.rs` | `Settings`: what the space was opened with, fixed |
+//! | `native/service.rs` | `FaultService`: the spinning handler, the wake-ahead thread, the signals sent |
+//! | `native/reclaimer.rs` | `Reclaimer`: watermarks, the background thread's poke, the read-in queue |
+//! | `native/backoff.rs` | `StoreBackoff`: the page store's write back-off |
+//! | `native/files.rs` | `FileTable`: the files the regions map |
+//! | `native/counters.rs` | `HostCounters`: what is counted of the host |
+//! | `native/hooks.rs`, `native/inject.rs` | test hooks; I/O errors injected by a wrapper of the platform |
+//! | `native/tuning.rs` | every spin budget, wait and latency threshold, with what decided it |
 //! | `native/open.rs` | `open`: the host platform and the space's threads; `build`: the state over a platform |
 //! | `native/fault.rs` | the handler threads' loop; `resolve`: one fault, planned and served; waits for pages in flight |
 //! | `native/serve.rs` | `serve`: the one plan dispatcher (faults, read-ins, populate, the locks' population), with each caller's failure report |
@@ -59,10 +67,11 @@
 //! # Fault model
 //! Any syscall may fail. A fill that fails leaves the page where its data
 //! was and raises SIGBUS in the faulting thread; an eviction whose write
-//! fails keeps the page resident; I/O errors are counted. The test hook
-//! `inject` makes the next swap reads or writes fail with `EIO`.
+//! fails keeps the page resident; I/O errors are counted.
+//! `Space::inject_swap_errors` makes the next swap or file reads or writes
+//! fail with `EIO` (`native/inject.rs`).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use parking_lot::{RwLock, RwLockReadGuard};
@@ -86,157 +95,68 @@ use crate::Config;
 mod advise;
 mod awake;
 mod background;
+mod backoff;
 mod calls;
 mod commit;
+mod counters;
 mod fault;
 mod filemap;
+mod files;
 mod fill;
+mod hooks;
+mod inject;
 mod install;
 mod open;
 mod populate;
 mod reclaim;
+mod reclaimer;
 mod serve;
+mod service;
+mod settings;
+mod tuning;
 mod volatile;
 mod writeback;
 mod zap;
-/// Zap and unmap work is done in chunks of this many bytes, so that neither
-/// usermm's region lock nor the kernel's mmap lock is held for long.
-pub const ZAP_CHUNK_BYTES: usize = 4 << 20;
-/// A chunk's pages are dropped this many bytes at a time, with a yield of
-/// the CPU between two slices.
-const ZAP_SLICE_BYTES: usize = 512 << 10;
-/// An injected executor bug (`Inner::sim_bug`): an eviction whose swap
-/// write failed is taken as done.
-#[cfg(feature = "test-hooks")]
-pub(crate) const SIM_BUG_LOST_SWAP_WRITE: u32 = 1;
-/// Fills up to this many pages are installed under the core lock.
-const SMALL_FILL_PAGES: u64 = 16;
-/// An in-thread fault's file read of at least this many pages is installed
-/// in two halves at once (`Inner::install_split`); below, the hand-off
-/// costs more than half the copy saves.
-const SPLIT_MIN_PAGES: usize = 4;
-/// How long a handler spins for the next fault after serving one.
-const SPIN_NS: u64 = 100_000;
-/// Pages reclaimed per background round.
-const RECLAIM_BATCH: u64 = 256;
 
+#[cfg(feature = "test-hooks")]
+pub(crate) use hooks::SIM_BUG_LOST_SWAP_WRITE;
+use tuning::*;
+
+/// A space's executor: its identity (the reservation, its page size), its
+/// locks and the platform, and the parts that keep their own state behind
+/// their own methods. Every field is private to the executor
+/// (`native/**`); the API layer asks through methods.
 pub(crate) struct Inner {
-    pub base: usize,
-    pub reserve_len: usize,
-    pub page_size: usize,
-    /// The host: every operation on pages, files, signals and events.
-    pub plat: Box<dyn Platform>,
-    pub mm: RwLock<()>,
-    pub core: Mutex<Core>,
+    base: usize,
+    reserve_len: usize,
+    page_size: usize,
+    /// The host: every operation on pages, files, signals and events (with
+    /// the I/O errors still to inject, `native/inject.rs`).
+    plat: inject::Injecting,
+    mm: RwLock<()>,
+    core: Mutex<Core>,
     /// Signalled whenever a busy page settles or a held range is released.
-    pub settled: Settled,
-    /// Signalled when free frames fall below the low watermark.
-    pub reclaim_wanted: Condvar,
-    /// Whether a fill has poked the background thread since it last went to
-    /// wait (set and cleared under the core lock): a fill pokes it once, not
-    /// on every fault while it works (a futex call each, and a wake-up of
-    /// its vCPU: a sparse run of faults, each needing a fresh page-table
-    /// leaf, kept the spares low and paid one per fault).
-    pub bg_poked: AtomicBool,
-    pub shutdown: AtomicBool,
-    /// Whether a handler thread is spinning for the next message.
-    spinning: AtomicBool,
-    /// Keeps the faulting thread's CPU awake while its fault is served
-    /// (`native/awake.rs`).
-    pub(crate) wake_ahead: awake::WakeAhead,
-    /// `UMM_F_FRAME_POOL`: fills may take recycled frames (`Arena::recycle_slots`).
-    pub frame_pool: bool,
-    pub wake_fd: EventFd,
-    pub write_hold_ns_max: AtomicU64,
-    /// Zaps the host refused at first (see `Arena::zap`).
-    pub host_refusals: AtomicU64,
-    /// Pages a host move moved without saying so (see `deactivate_all`).
-    pub host_unreported_moves: AtomicU64,
-    /// Fills committed so far, and that count at the last drain of the
-    /// host's LRU batches before a `MADV_FREE` (see `AdviceOp::Free`).
-    fills: AtomicU64,
-    fills_drained: AtomicU64,
-    /// Whether guard pages (`MADV_GUARD_INSTALL`) or `MADV_DONTDUMP` were
-    /// ever passed down: unmapped ranges then have them removed, so that a
-    /// new region there starts clean.
-    guards_used: AtomicBool,
-    dontdump_used: AtomicBool,
-    pub low_watermark: u64,
-    pub high_watermark: u64,
-    pub inject_read_errors: AtomicU32,
-    /// How long a fault or populate that found no frame waits for reclaim
-    /// elsewhere before it tries again (µs; 5 ms, 0 in the simulation,
-    /// where nothing runs meanwhile).
-    oom_wait_us: AtomicU64,
-    /// The page store's write back-off (`native/reclaim.rs`, "A store that
-    /// refuses writes"): the first pause after a failed write (ns; 0 in
-    /// the simulation, whose runs must not depend on the clock: no pause),
-    /// the pause now (0: the store takes writes), and when writes are tried
-    /// again.
-    store_backoff_first_ns: AtomicU64,
-    pub(super) store_backoff_ns: AtomicU64,
-    pub(super) store_retry_at_ns: AtomicU64,
-    /// Store writes (one call, a run of up to 256 pages) that failed.
-    pub swap_write_fails: AtomicU64,
-    /// Threads sent a fault's signal (`report`), one entry a thread (the
-    /// last signal): a message of such a thread read before it took the
-    /// signal was for the fault the signal answers (`native/fault.rs`,
-    /// "Answered faults").
-    pub(super) signalled: Mutex<Vec<fault::Signalled>>,
-    /// Batches of fault messages read so far: the number of each batch
-    /// orders its reads against the observations that a thread took its
-    /// signal (`fault::Signalled::taken`).
-    pub(super) read_batches: AtomicU64,
-    /// Whether `signalled` is kept: not in the simulation, whose faults are
-    /// served in the touching step (no messages, nothing to answer twice).
-    pub(super) tracks_signals: AtomicBool,
-    /// Test hook: a bug to inject, so that the simulation shows it catches
-    /// one (`SIM_BUG_*`; 0: none).
-    #[cfg(feature = "test-hooks")]
-    pub sim_bug: AtomicU32,
-    /// Test hook: milliseconds a handler waits between deciding a
-    /// transient SIGBUS and queuing it (widens the window in which a late
-    /// signal could arise).
-    #[cfg(feature = "test-hooks")]
-    pub inject_signal_stall_ms: AtomicU32,
-    /// Test hook: milliseconds a range write-back (msync, munmap, close)
-    /// waits between listing the pages and writing them (widens the window
-    /// in which reclaim could evict a listed page).
-    #[cfg(feature = "test-hooks")]
-    pub inject_writeback_stall_ms: AtomicU32,
-    /// Test hook: the next this many `install_split`s fail their first
-    /// half (the second goes in), as a failed `UFFDIO_COPY` would leave
-    /// them.
-    #[cfg(feature = "test-hooks")]
-    pub inject_split_failures: AtomicU32,
-    /// Test hook: `install_split`s done (both halves tried).
-    #[cfg(feature = "test-hooks")]
-    pub split_installs: AtomicU64,
-    /// Test hook: the page index at which a populate is interrupted (EINTR),
-    /// once; `u64::MAX`: none (see `Space::interrupt_populate_at`).
-    pub populate_interrupt: AtomicU64,
-    pub inject_write_errors: AtomicU32,
-    pub willneed: Mutex<Vec<usize>>,
-    /// Files mapped by the space's regions, by id (ids start at 1).
-    pub files: Mutex<std::collections::HashMap<u32, Arc<MappedFile>>>,
-    next_file: AtomicU32,
-    pub user_mode_only: bool,
-    /// `UMM_F_INTHREAD_FAULTS`: faults are resolved in the faulting thread.
-    pub in_thread: bool,
+    settled: Settled,
+    shutdown: AtomicBool,
+    /// Pokes the handler threads out of their wait (at close).
+    wake_fd: EventFd,
     /// The space itself, for the SIGBUS handler's table
     /// (`Thread::InThreadOn`).
     me: std::sync::Weak<Inner>,
-    /// Lazily freed pages are passed down to the host (`MADV_FREE`) and
-    /// discarded through it (see `Arena::host_lazyfree`).
-    pub host_lazyfree: bool,
-    pub fallback_reason: Option<String>,
-    #[cfg(feature = "test-hooks")]
-    pub swap_bytes: u64,
-    /// `UMM_F_KEEP_FILE_CACHE`: file pages stay in the host page cache.
-    keep_file_cache: bool,
-    /// Locked read-only shared file regions map the page cache's pages
-    /// (not `UMM_F_COPY_LOCKED_FILES`; see `filemap.rs`).
-    map_file_windows: bool,
+    /// What the space was opened with, fixed.
+    settings: settings::Settings,
+    /// The handler threads' spinner, the wake-ahead thread, the signals sent.
+    service: service::FaultService,
+    /// The background reclaimer's watermarks, poke and read-in queue.
+    reclaimer: reclaimer::Reclaimer,
+    /// The page store's write back-off.
+    backoff: backoff::StoreBackoff,
+    /// The files the regions map.
+    files: files::FileTable,
+    /// What the executor counts of the host.
+    counters: counters::HostCounters,
+    /// Bugs and stalls the tests inject.
+    hooks: hooks::TestHooks,
 }
 
 /// The condition "a page in flight settled", with a count of its waiters:
@@ -278,7 +198,7 @@ impl Settled {
 }
 
 pub(crate) struct Threads {
-    pub handles: Vec<JoinHandle<()>>,
+    handles: Vec<JoinHandle<()>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -297,20 +217,10 @@ thread_local! {
     static SERVES_FAULTS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// How long a thread that a faulting thread waits on tries for the core
-/// lock before it sleeps on it ([`lock_spinning`]): the longest holds by
-/// other threads are a large unmap's per-chunk bookkeeping (30–90 µs).
-const LOCK_SPIN_NS: u64 = 150_000;
-
 /// [`lock`] for a thread that a faulting thread waits on: tries for up to
-/// [`LOCK_SPIN_NS`], yielding now and then (to a holder queued on this
-/// CPU), before it sleeps on the lock. Sleeping there lets this vCPU halt,
-/// and on this VM the hypervisor then wakes it up to a millisecond late
-/// while a large unmap frees memory (`perf`: a handler blocked on the core
-/// lock held by the zap's chunk bookkeeping, woken 18 µs later, running
-/// again 0.9–1.5 ms later, the faulting thread waiting all that time;
-/// docs/design.md, "Seed 003"). Async-signal-safe (the in-thread SIGBUS
-/// handler takes the lock this way): an atomic try, the vDSO clock,
+/// [`LOCK_SPIN_NS`] (see there why), yielding now and then (to a holder queued
+/// on this CPU), before it sleeps on the lock. Async-signal-safe (the in-thread
+/// SIGBUS handler takes the lock this way): an atomic try, the vDSO clock,
 /// `sched_yield`.
 fn lock_spinning<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     let mut until = 0;
@@ -346,17 +256,15 @@ impl Inner {
             let _mm = self.read_mm();
             let _ = self.writeback_range(r, &[]);
         }
-        for f in lock(&self.files).values() {
-            let _ = f.sync();
-        }
+        self.files.sync_all();
         self.shutdown.store(true, Ordering::SeqCst);
         self.wake_fd.signal();
         {
             let _c = lock(&self.core);
-            self.reclaim_wanted.notify_all();
+            self.reclaimer.notify();
             self.settled.notify_all();
         }
-        self.wake_ahead.shut();
+        self.service.wake_ahead().shut();
         for h in threads.handles {
             let _ = h.join();
         }
@@ -382,36 +290,15 @@ impl Inner {
     }
 
     /// A fault or populate short of frames waits for reclaim in flight
-    /// elsewhere to settle (at most `oom_wait_us`).
+    /// elsewhere to settle (at most `Reclaimer::oom_wait`).
     fn wait_settled<'a>(&self, c: MutexGuard<'a, Core>) -> MutexGuard<'a, Core> {
-        match self.oom_wait_us.load(Ordering::Relaxed) {
-            0 => c,
-            us => {
-                self.settled.wait_timeout(c, std::time::Duration::from_micros(us)).unwrap_or_else(|e| e.into_inner()).0
-            }
+        match self.reclaimer.oom_wait() {
+            None => c,
+            Some(d) => self.settled.wait_timeout(c, d).unwrap_or_else(|e| e.into_inner()).0,
         }
     }
 
-    #[cfg(feature = "test-hooks")]
-    pub(crate) fn set_oom_wait_us(&self, us: u64) {
-        self.oom_wait_us.store(us, Ordering::Relaxed);
-    }
-
-    /// The first pause of the store's write back-off (0: none; the
-    /// simulation's runs must not depend on the clock).
-    #[cfg(feature = "test-hooks")]
-    pub(crate) fn set_store_backoff_first_ns(&self, ns: u64) {
-        self.store_backoff_first_ns.store(ns, Ordering::Relaxed);
-    }
-
-    /// Stops keeping `signalled` (the simulation: see `tracks_signals`).
-    #[cfg(feature = "test-hooks")]
-    pub(crate) fn set_tracks_signals(&self, on: bool) {
-        self.tracks_signals.store(on, Ordering::Relaxed);
-    }
-
     /// `Core::validate` under the region lock (shared) and the core lock.
-    #[cfg(feature = "test-hooks")]
     pub(crate) fn validate_core(&self) {
         let _mm = self.read_mm();
         lock(&self.core).validate();
@@ -449,6 +336,134 @@ impl Inner {
     }
 }
 
-fn take_one(a: &AtomicU32) -> bool {
-    a.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1)).is_ok()
+/// What the API layer (`Space`) and the simulation read of a space, and the
+/// test hooks they set.
+impl Inner {
+    pub(crate) fn base(&self) -> usize {
+        self.base
+    }
+
+    pub(crate) fn reserve_len(&self) -> usize {
+        self.reserve_len
+    }
+
+    pub(crate) fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// The host, for what the API layer reports of it (capabilities, the
+    /// frame pool).
+    pub(crate) fn plat(&self) -> &dyn Platform {
+        &self.plat
+    }
+
+    /// The core, locked (for introspection).
+    pub(crate) fn core(&self) -> MutexGuard<'_, Core> {
+        lock(&self.core)
+    }
+
+    pub(crate) fn user_mode_only(&self) -> bool {
+        self.settings.user_mode_only()
+    }
+
+    pub(crate) fn in_thread(&self) -> bool {
+        self.settings.in_thread()
+    }
+
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn host_lazyfree(&self) -> bool {
+        self.settings.host_lazyfree()
+    }
+
+    pub(crate) fn fallback_reason(&self) -> Option<&str> {
+        self.settings.fallback_reason()
+    }
+
+    /// The files the regions map, as they are now.
+    pub(crate) fn files(&self) -> std::collections::HashMap<u32, Arc<MappedFile>> {
+        self.files.snapshot()
+    }
+
+    /// The host counters for `Space::stats`: the longest exclusive
+    /// region-lock hold (ns), zaps the host refused at first, failed store
+    /// writes, the store back-off's pause (ms), unreported host moves.
+    pub(crate) fn host_stats(&self) -> HostStats {
+        HostStats {
+            write_hold_ns_max: self.counters.write_hold_ns_max(),
+            host_refusals: self.counters.host_refusals(),
+            swap_write_fails: self.backoff.write_fails(),
+            swap_backoff_ms: self.backoff.pause_ms(),
+            host_unreported_moves: self.counters.host_unreported_moves(),
+        }
+    }
+
+    /// Makes the next `reads` swap or file reads and `writes` swap or file
+    /// writes fail with `EIO` (`native/inject.rs`).
+    pub(crate) fn inject_io_errors(&self, reads: u32, writes: u32) {
+        self.plat.set(reads, writes);
+    }
+
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn set_oom_wait_us(&self, us: u64) {
+        self.reclaimer.set_oom_wait_us(us);
+    }
+
+    /// The first pause of the store's write back-off (0: none; the
+    /// simulation's runs must not depend on the clock).
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn set_store_backoff_first_ns(&self, ns: u64) {
+        self.backoff.set_first_ns(ns);
+    }
+
+    /// Stops keeping the signals sent (the simulation: see
+    /// `FaultService::set_tracks_signals`).
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn set_tracks_signals(&self, on: bool) {
+        self.service.set_tracks_signals(on);
+    }
+
+    /// Test hook: see `Space::inject_signal_stall`.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn set_signal_stall_ms(&self, ms: u32) {
+        self.hooks.set_signal_stall_ms(ms);
+    }
+
+    /// Test hook: see `Space::inject_writeback_stall`.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn set_writeback_stall_ms(&self, ms: u32) {
+        self.hooks.set_writeback_stall_ms(ms);
+    }
+
+    /// Test hook: see `Space::inject_split_failures`.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn set_split_failures(&self, n: u32) -> u64 {
+        self.hooks.set_split_failures(n)
+    }
+
+    /// Test hook: see `Space::interrupt_populate_at`.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn interrupt_populate_at(&self, addr: usize) {
+        self.hooks.set_populate_interrupt((addr.wrapping_sub(self.base) / self.page_size) as u64);
+    }
+
+    /// Test hook: an executor bug to inject (`SIM_BUG_*`).
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn set_sim_bug(&self, bug: u32) {
+        self.hooks.set_sim_bug(bug);
+    }
+
+    /// Test hook: the whole swap's contents.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn swap_contents(&self) -> Result<Vec<u8>, Errno> {
+        self.plat.swap_contents(self.settings.swap_bytes())
+    }
+}
+
+/// [`Inner::host_stats`].
+pub(crate) struct HostStats {
+    pub write_hold_ns_max: u64,
+    pub host_refusals: u64,
+    pub swap_write_fails: u64,
+    pub swap_backoff_ms: u64,
+    pub host_unreported_moves: u64,
 }

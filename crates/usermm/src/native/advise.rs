@@ -41,18 +41,14 @@ impl Inner {
     /// `AdviceOp::Host`: passes the advice down to the host kernel on `r`
     /// (noting the first guard and `MADV_DONTDUMP`).
     fn host_advice(&self, r: PageRange, advice: i32) -> Result<(), Errno> {
-        match advice {
-            MADV_GUARD_INSTALL => self.guards_used.store(true, Ordering::Relaxed),
-            MADV_DONTDUMP => self.dontdump_used.store(true, Ordering::Relaxed),
-            _ => {}
-        }
+        self.counters.advised(advice);
         self.plat.range(Range::Advise(advice), self.addr(r.start), r.pages() as usize * self.page_size).map(drop)
     }
 
     /// `AdviceOp::PunchZap` (`MADV_REMOVE` on a shared file): frees the
     /// file's blocks under `range`, then drops the pages without write-back.
     fn punch_zap(&self, range: PageRange, file: u32, file_page: u64) -> Result<(), Errno> {
-        let f = lock(&self.files).get(&file).cloned().ok_or(Errno::EIO)?;
+        let f = self.files.get(file).ok_or(Errno::EIO)?;
         let ps = self.page_size as u64;
         // The first punch answers whether the file system can
         // (EOPNOTSUPP leaves everything as it was, as on Linux).
@@ -72,7 +68,7 @@ impl Inner {
     /// freed; with the host's lazy free, the host is told too, and the pages
     /// past the space's bound are discarded at once.
     fn lazy_free(&self, r: PageRange) {
-        if !self.host_lazyfree {
+        if !self.settings.host_lazyfree() {
             lock(&self.core).lazyfree(r);
             return;
         }
@@ -87,8 +83,7 @@ impl Inner {
         // first, when pages were installed since the last drain
         // (a free-and-reuse loop installs none, and pays
         // nothing).
-        let fills = self.fills.load(Ordering::Relaxed);
-        if self.fills_drained.swap(fills, Ordering::Relaxed) != fills {
+        if self.counters.drain_due() {
             self.plat.upkeep(Upkeep::DrainLru);
         }
         {
@@ -120,9 +115,9 @@ impl Inner {
     fn will_need(&self, r: PageRange) {
         let pages = lock(&self.core).swapped_in(r);
         if !pages.is_empty() {
-            lock(&self.willneed).extend(pages.into_iter().map(|p| self.addr(p)));
+            self.reclaimer.queue(pages.into_iter().map(|p| self.addr(p)));
             let _c = lock(&self.core);
-            self.reclaim_wanted.notify_all();
+            self.reclaimer.notify();
         }
     }
 

@@ -12,12 +12,12 @@
 //! and in-thread faults never leave their CPU).
 //!
 //! So the handler, as it reads fault messages, tells the wake-ahead thread
-//! (`begin`): if it sleeps, a futex wake starts it — on the idle CPU, i.e.
-//! the faulting thread's, and in parallel with the fill, so the vCPU is up
-//! by the time the page is in. It spins there until every fault read is
-//! served (`end`), yielding nothing to do, then sleeps. At `SCHED_IDLE` it
-//! never takes a CPU from a thread that has work: the woken faulting thread
-//! preempts it at once. It spins at most `MAX_SPIN_NS` per wake-up. Off with
+//! (`begin`): if it sleeps, a futex wake starts it — on the idle CPU, i.e. the
+//! faulting thread's, and in parallel with the fill, so the vCPU is up by the
+//! time the page is in. It spins there until every fault read is served
+//! (`end`), yielding nothing to do, then sleeps. At `SCHED_IDLE` it never takes
+//! a CPU from a thread that has work: the woken faulting thread preempts it at
+//! once. It spins at most `WAKE_AHEAD_MAX_SPIN_NS` per wake-up. Off with
 //! `UMM_F_NO_WAKE_AHEAD` and on one CPU.
 //!
 //! While it spins it also does wake-ups handed to it (`post`): a handler
@@ -40,16 +40,7 @@ use std::sync::{Condvar, Mutex};
 
 use usermm_sys::now_ns;
 
-/// The longest the thread spins for one wake-up (a fault waiting on reclaim
-/// or on I/O may take longer: the CPU then idles as it would without it).
-const MAX_SPIN_NS: u64 = 2_000_000;
-/// How long the thread spins while only brief fills are in flight and none
-/// is served ([`WakeAhead::guard_brief`]): a small zero fill takes 2–50 µs.
-const BRIEF_SPIN_NS: u64 = 200_000;
-/// How long the thread goes on spinning after the last fault is served: a
-/// program faulting in a loop faults again within microseconds, and its CPU
-/// is then still awake.
-const GRACE_NS: u64 = 100_000;
+use super::tuning::{WAKE_AHEAD_BRIEF_SPIN_NS, WAKE_AHEAD_GRACE_NS, WAKE_AHEAD_MAX_SPIN_NS, WAKE_AHEAD_SLEEP_MS};
 
 #[derive(Default)]
 pub(crate) struct WakeAhead {
@@ -106,7 +97,7 @@ impl WakeAhead {
 
     /// [`WakeAhead::guard`] for a fill that takes microseconds (a small
     /// zero fill): while only such fills are in flight, the thread spins
-    /// at most [`BRIEF_SPIN_NS`] without one being served.
+    /// at most [`WAKE_AHEAD_BRIEF_SPIN_NS`] without one being served.
     pub(crate) fn guard_brief(&self, waiting: bool) -> Guard<'_> {
         self.guard_of(waiting, true)
     }
@@ -196,18 +187,19 @@ impl WakeAhead {
             // which this thread holds until it waits. A spin that hit
             // its cap waits for the next `begin`.)
             if (capped || self.inflight.load(Ordering::SeqCst) == 0) && !shutdown.load(Ordering::Relaxed) {
-                let _ = self.cv.wait_timeout(g, std::time::Duration::from_millis(200));
+                let _ = self.cv.wait_timeout(g, std::time::Duration::from_millis(WAKE_AHEAD_SLEEP_MS));
             }
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
-    /// One spell of spinning while faults are in flight, doing posted
-    /// wake-ups and lent installs; returns whether it stopped at a cap
-    /// (`MAX_SPIN_NS`, or `BRIEF_SPIN_NS` of brief fills with none served)
-    /// rather than after `GRACE_NS` with nothing in flight.
+    /// One spell of spinning while faults are in flight, doing posted wake-ups
+    /// and lent installs; returns whether it stopped at a cap
+    /// (`WAKE_AHEAD_MAX_SPIN_NS`, or `WAKE_AHEAD_BRIEF_SPIN_NS` of brief fills
+    /// with none served) rather than after `WAKE_AHEAD_GRACE_NS` with nothing
+    /// in flight.
     fn spin(&self, page_mask: u64, wake: &dyn Fn(usize, usize), help: &dyn Fn() -> bool) -> bool {
-        let until = now_ns() + MAX_SPIN_NS;
+        let until = now_ns() + WAKE_AHEAD_MAX_SPIN_NS;
         let mut idle_since = 0;
         // Since when faults have been in flight with none served (0: none
         // in flight at the last look).
@@ -231,7 +223,7 @@ impl WakeAhead {
             } else if busy_since == 0 || now_served != served {
                 busy_since = t;
                 served = now_served;
-            } else if t - busy_since >= BRIEF_SPIN_NS && self.brief.load(Ordering::Relaxed) >= inflight {
+            } else if t - busy_since >= WAKE_AHEAD_BRIEF_SPIN_NS && self.brief.load(Ordering::Relaxed) >= inflight {
                 return true;
             }
             if self.mail.load(Ordering::Relaxed) != 0 {
@@ -242,7 +234,7 @@ impl WakeAhead {
                 idle_since = 0;
             } else if idle_since == 0 {
                 idle_since = t;
-            } else if t - idle_since >= GRACE_NS {
+            } else if t - idle_since >= WAKE_AHEAD_GRACE_NS {
                 return false;
             }
             // (No `sched_yield` here: with one per turn the lock-on-fault
@@ -342,8 +334,8 @@ mod tests {
         finish(&wa, &stop, t);
     }
 
-    /// A fault that stays in flight longer than `MAX_SPIN_NS` does not keep
-    /// the thread spinning: it sleeps until the next `begin`.
+    /// A fault that stays in flight longer than `WAKE_AHEAD_MAX_SPIN_NS` does
+    /// not keep the thread spinning: it sleeps until the next `begin`.
     #[test]
     fn a_long_fault_stops_the_spin_at_its_cap() {
         let (wa, stop, t, _) = start();
@@ -355,9 +347,9 @@ mod tests {
         finish(&wa, &stop, t);
     }
 
-    /// A brief fill held past `BRIEF_SPIN_NS` (its handler queued behind
-    /// the spinner) stops the spin long before the cap; a fill that reads
-    /// does not; nor does a brief one beside it.
+    /// A brief fill held past `WAKE_AHEAD_BRIEF_SPIN_NS` (its handler queued
+    /// behind the spinner) stops the spin long before the cap; a fill that
+    /// reads does not; nor does a brief one beside it.
     #[test]
     fn a_brief_fill_held_too_long_stops_the_spin_early() {
         let (wa, stop, t, _) = start();
@@ -383,13 +375,13 @@ mod tests {
             drop(g);
         }
         // 0.2 ms, well before the 2 ms cap.
-        assert!(shortest < Duration::from_nanos(MAX_SPIN_NS / 2), "spun {shortest:?}");
+        assert!(shortest < Duration::from_nanos(WAKE_AHEAD_MAX_SPIN_NS / 2), "spun {shortest:?}");
         assert_eq!(wa.brief.load(Ordering::SeqCst), 0);
         let long = wa.guard(true);
         let brief = wa.guard_brief(true);
         until("the thread wakes for the read", || wa.sleepers.load(Ordering::SeqCst) == 0);
         let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_nanos(BRIEF_SPIN_NS * 4) {
+        while t0.elapsed() < Duration::from_nanos(WAKE_AHEAD_BRIEF_SPIN_NS * 4) {
             assert_eq!(wa.sleepers.load(Ordering::SeqCst), 0, "a fill that reads is in flight: the thread spins on");
             std::thread::sleep(Duration::from_micros(100));
         }

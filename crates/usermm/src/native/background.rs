@@ -1,6 +1,7 @@
 //! The background thread: reclaim ahead of the program, spare metadata,
 //! `MADV_WILLNEED` read-in and file read-ahead chaining.
 
+use super::reclaimer::RECLAIM_BATCH;
 use super::serve::{Caller, Next, Retries};
 use super::*;
 
@@ -40,18 +41,15 @@ impl Inner {
                     // reclaim ahead: it would only meet pages that wait for
                     // a write. Woken when the next try is due.)
                     let paused = self.store_retry_due(&mut c);
-                    let need = reclaim
-                        && !paused
-                        && (c.reclaim_ahead_want(self.low_watermark, self.high_watermark) > 0 || c.needs_aging());
-                    if need || c.swap_release_pending() || !lock(&self.willneed).is_empty() {
+                    let need = reclaim && !paused && (self.reclaimer.ahead_want(&mut c) > 0 || c.needs_aging());
+                    if need || c.swap_release_pending() || self.reclaimer.queued() {
                         break;
                     }
-                    // (Under the core lock, as fills set it: a fill after
-                    // this pokes again.)
-                    self.bg_poked.store(false, Ordering::Relaxed);
-                    let idle = std::time::Duration::from_millis(100);
-                    let wait = if paused { self.store_retry_in().map_or(idle, |d| d.min(idle)) } else { idle };
-                    c = self.reclaim_wanted.wait_timeout(c, wait).unwrap_or_else(|e| e.into_inner()).0;
+                    let idle = std::time::Duration::from_millis(BACKGROUND_IDLE_MS);
+                    let wait = if paused { self.backoff.retry_in().map_or(idle, |d| d.min(idle)) } else { idle };
+                    // (Resting, under the core lock, as fills poke: a fill
+                    // after this pokes again.)
+                    c = self.reclaimer.wait(c, wait, true);
                 }
             }
             self.serve_willneed();
@@ -64,11 +62,11 @@ impl Inner {
                 // Nothing evicted this time (the round only aged pages, or
                 // nothing is evictable): give the program a moment to touch
                 // what was just deactivated, instead of spinning.
-                Round::NothingEvicted => self.pause(std::time::Duration::from_millis(2)),
+                Round::NothingEvicted => self.pause(std::time::Duration::from_millis(NOTHING_EVICTED_PAUSE_MS)),
                 // Nothing could be aged (the active list holds only pages
                 // that cannot leave, e.g. writable non-RW ones): wait for
                 // the program instead of spinning on a CPU.
-                Round::NothingAged => self.pause(std::time::Duration::from_millis(10)),
+                Round::NothingAged => self.pause(std::time::Duration::from_millis(NOTHING_AGED_PAUSE_MS)),
             }
         }
     }
@@ -81,12 +79,12 @@ impl Inner {
         let until = std::time::Instant::now() + d;
         let mut c = lock(&self.core);
         // (Under the core lock, as a fill queues a window and then notifies.)
-        while lock(&self.willneed).is_empty() && !self.shutdown.load(Ordering::Relaxed) {
+        while !self.reclaimer.queued() && !self.shutdown.load(Ordering::Relaxed) {
             let left = until.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 return;
             }
-            c = self.reclaim_wanted.wait_timeout(c, left).unwrap_or_else(|e| e.into_inner()).0;
+            c = self.reclaimer.wait(c, left, false);
         }
     }
 
@@ -132,7 +130,7 @@ impl Inner {
 
     /// Serves the queued `MADV_WILLNEED` pages and file read-ahead windows.
     pub(super) fn serve_willneed(&self) {
-        let pending: Vec<usize> = std::mem::take(&mut *lock(&self.willneed));
+        let pending = self.reclaimer.take_queued();
         for a in pending {
             let (swapped, file) = {
                 let c = lock(&self.core);
@@ -162,7 +160,7 @@ impl Inner {
                     None
                 };
                 if let Some(next) = chain {
-                    lock(&self.willneed).push(next);
+                    self.reclaimer.queue([next]);
                 }
             }
         }
@@ -212,7 +210,7 @@ impl Inner {
         let mm = self.read_mm();
         let (want, aging) = {
             let mut c = lock(&self.core);
-            let want = c.reclaim_ahead_want(self.low_watermark, self.high_watermark);
+            let want = self.reclaimer.ahead_want(&mut c);
             (want, c.needs_aging())
         };
         if want > 0 {
@@ -247,7 +245,7 @@ impl Inner {
         self.release_swap();
         let need = {
             let mut c = lock(&self.core);
-            c.reclaim_ahead_want(self.low_watermark, self.high_watermark) > 0 || c.needs_aging()
+            self.reclaimer.ahead_want(&mut c) > 0 || c.needs_aging()
         };
         if need {
             self.reclaim_ahead_round();

@@ -15,24 +15,9 @@ impl Inner {
         // the descriptor's access and type last. The space keeps a
         // duplicate of it.
         let file = if flags & MAP_ANONYMOUS == 0 {
-            let f = MappedFile::from_fd(fd, self.keep_file_cache)?;
             // One entry (and one descriptor) per open file, however many
             // regions map it: 100,000 regions of one file need one fd.
-            let mut files = lock(&self.files);
-            let same = files.iter().find(|(_, e)| {
-                e.dev == f.dev && e.ino == f.ino && e.writable == f.writable && e.readable == f.readable
-            });
-            let (id, f) = match same {
-                Some((id, e)) => (*id, e.clone()),
-                None => {
-                    let id = self.next_file.fetch_add(1, Ordering::Relaxed);
-                    let f = Arc::new(f);
-                    files.insert(id, f.clone());
-                    (id, f)
-                }
-            };
-            drop(files);
-            Some((id, f))
+            Some(self.files.open(fd)?)
         } else {
             None
         };
@@ -79,7 +64,7 @@ impl Inner {
                 MmapReply::Busy => {
                     drop(mm);
                     let c = lock(&self.core);
-                    let _ = self.settled.wait_timeout(c, std::time::Duration::from_millis(10));
+                    let _ = self.settled.wait_timeout(c, std::time::Duration::from_millis(MMAP_BUSY_WAIT_MS));
                     continue;
                 }
                 MmapReply::Done(plan) => {
@@ -165,7 +150,7 @@ impl Inner {
     /// the userfaultfd of its kind, and the first such region puts the
     /// reservation in the SIGBUS handler's table (`Thread::InThreadOn`).
     fn set_in_thread(&self, a: usize, l: usize, on: bool) -> Result<(), Errno> {
-        if self.in_thread {
+        if self.settings.in_thread() {
             // Every fault of the space is resolved in the faulting thread.
             return Ok(());
         }
@@ -187,8 +172,7 @@ impl Inner {
     /// starts as a fresh mapping would. Nothing to do, and no syscall, in a
     /// space that never used them.
     pub(super) fn clear_host_advice(&self, ranges: &[PageRange]) {
-        let guards = self.guards_used.load(Ordering::Relaxed);
-        let dump = self.dontdump_used.load(Ordering::Relaxed);
+        let (guards, dump) = self.counters.marks_used();
         for r in ranges {
             let (a, l) = (self.addr(r.start), r.pages() as usize * self.page_size);
             if guards {
@@ -201,8 +185,7 @@ impl Inner {
     }
 
     pub(super) fn note_hold(&self, t0: u64) {
-        let held = now_ns().saturating_sub(t0);
-        self.write_hold_ns_max.fetch_max(held, Ordering::Relaxed);
+        self.counters.note_hold(now_ns().saturating_sub(t0));
     }
 
     /// Seed 003: detach under the exclusive lock, then zap chunk by chunk
@@ -287,7 +270,7 @@ impl Inner {
         files.sort_unstable();
         files.dedup();
         if flags & MS_SYNC != 0 {
-            let table = lock(&self.files).clone();
+            let table = self.files.snapshot();
             for f in &files {
                 if let Some(mf) = table.get(f) {
                     if let Err(e) = mf.sync() {

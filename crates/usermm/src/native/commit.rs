@@ -36,9 +36,9 @@ impl Inner {
         // never a fill in flight.
         self.wake_run(run, page_addr);
         if let Some(next) = ahead {
-            lock(&self.willneed).push(self.addr(next));
+            self.reclaimer.queue([self.addr(next)]);
             let _c = lock(&self.core);
-            self.reclaim_wanted.notify_all();
+            self.reclaimer.notify();
         }
         r
     }
@@ -105,12 +105,8 @@ impl Inner {
                 }
             }
             Failure::OutOfMemory | Failure::Poisoned | Failure::Unreadable => {
-                #[cfg(feature = "test-hooks")]
-                {
-                    let stall = self.inject_signal_stall_ms.load(Ordering::Relaxed);
-                    if stall > 0 && matches!(failure, Failure::Unreadable | Failure::OutOfMemory) {
-                        std::thread::sleep(std::time::Duration::from_millis(stall.into()));
-                    }
+                if matches!(failure, Failure::Unreadable | Failure::OutOfMemory) {
+                    self.hooks.stall_signal();
                 }
                 let errno = failure.signal_errno();
                 let deferred = super::fault::defer_signal(super::fault::SIGBUS, errno.0);
@@ -181,10 +177,8 @@ impl Inner {
     }
 
     pub(super) fn after_fill(&self, c: &mut MutexGuard<'_, Core>) {
-        self.fills.fetch_add(1, Ordering::Relaxed);
+        self.counters.filled();
         self.settled.notify_all();
-        if (c.free_frames() < self.low_watermark || c.spares_low()) && !self.bg_poked.swap(true, Ordering::Relaxed) {
-            self.reclaim_wanted.notify_one();
-        }
+        self.reclaimer.after_fill(c);
     }
 }

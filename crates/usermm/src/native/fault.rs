@@ -1,6 +1,23 @@
 //! The fault service: the handler threads' loop and `resolve` (one fault,
 //! planned by the core and served by `serve`), and the waits for pages in
 //! flight to settle.
+//!
+//! # Answered faults
+//! A thread leaves a userfaultfd fault whenever it is woken, by a signal of any
+//! kind too, and faults again at once: a second message for the same access,
+//! while the first stays with the handler that read it. Two handlers could then
+//! each decide a SIGBUS (no frame, an unreadable page) for one access: the
+//! thread took the first, recovered from it (a handler that jumps out of the
+//! access) and got the second inside another call. A thread is in one fault at
+//! a time and leaves it once a signal is queued to it, so every message of it
+//! read before it took that signal was for the fault the signal answered: those
+//! get no signal of their own (`Inner::signal_sent`). Whether it has taken it
+//! is looked up before each read (`FaultService::next_read_batch`): a message
+//! read after that is a new fault (a handler that returned retries the access).
+//! A message of a batch read before the look-up saw the signal taken counts as
+//! answered even if it came after: the thread is woken and faults again, into a
+//! later batch. The record of the signals sent is `FaultService`'s
+//! (`native/service.rs`).
 
 use super::serve::{Caller, Next, Retries};
 use super::*;
@@ -20,30 +37,6 @@ pub(super) enum Resolved {
 /// The signals a resolve defers (x86-64 Linux numbers).
 pub(super) const SIGBUS: i32 = 7;
 pub(super) const SIGSEGV: i32 = 11;
-
-/// Spare page-table leaves a top-up hands the core at a time (see
-/// `Inner::refill_spares`).
-const SPARE_LEAVES_BATCH: usize = 16;
-
-/// A thread sent a fault's signal (`Inner::signalled`).
-#[derive(Clone, Copy)]
-pub(crate) struct Signalled {
-    tid: u32,
-    sig: i32,
-    /// `Some(b)` once the thread was seen to have taken the signal, when
-    /// `b` batches of messages had been read: messages of later batches
-    /// are new faults, those of batches up to `b` may have been read before
-    /// it took it.
-    taken: Option<u64>,
-}
-
-impl Signalled {
-    /// Whether a message of the thread from read batch `batch` was for
-    /// the fault this signal answers.
-    fn answers(&self, batch: u64) -> bool {
-        self.taken.is_none_or(|b| batch <= b)
-    }
-}
 
 std::thread_local! {
     /// The read batch of the fault message this handler thread serves
@@ -114,127 +107,80 @@ impl usermm_sys::inthread::Resolve for InThread {
 }
 
 impl Inner {
+    /// A handler thread's life: waits for fault messages, serves them,
+    /// and spins for the next while they keep coming, until shutdown.
     pub(super) fn handler_loop(&self) {
         SERVES_FAULTS.with(|s| s.set(true));
         let mut msgs = [UffdMsg::default(); 32];
         while !self.shutdown.load(Ordering::Relaxed) {
-            match self.plat.wait_events(&self.wake_fd, 200) {
-                Ok(true) => {}
-                Ok(false) => continue,
-                Err(_) => continue,
+            if self.plat.wait_events(&self.wake_fd, HANDLER_POLL_MS) == Ok(true) {
+                self.serve_and_spin(&mut msgs);
             }
-            // Serve, then spin briefly for the next message: a program that
-            // faults in a loop faults again a few microseconds after it is
-            // woken, and catching that without a wake-up of this thread saves
-            // most of a round trip. Only one handler spins at a time, never
-            // for long, and it yields the CPU on every turn, so that a
-            // runnable thread queued on its CPU (the program) runs first.
-            let mut spin_until = 0;
-            loop {
-                let batch = self.next_read_batch();
-                BATCH.with(|b| b.set(batch));
-                let n = self.plat.read_events(&mut msgs).unwrap_or(0);
-                if n > 0 {
-                    for m in &msgs[..n] {
-                        if m.event != UFFD_EVENT_PAGEFAULT {
-                            continue;
-                        }
-                        if self.answered(m.ptid, batch) {
-                            // Its fault was answered by a signal the thread
-                            // has not taken: no second one. (A wake-up in
-                            // case it has meanwhile: it faults again.)
-                            let _ = self.plat.range(
-                                Range::Wake,
-                                m.address as usize & !(self.page_size - 1),
-                                self.page_size,
-                            );
-                            continue;
-                        }
-                        if m.flags & UFFD_PAGEFAULT_FLAG_WP != 0 {
-                            self.resolve_wp(m.address as usize, Some(m.ptid));
-                        } else {
-                            self.resolve(m.address as usize, m.flags & UFFD_PAGEFAULT_FLAG_WRITE != 0, Some(m.ptid));
-                        }
-                    }
-                    // Become the spinner unless this thread already is or
-                    // another one is.
-                    if spin_until == 0
-                        && self.spinning.compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed).is_err()
-                    {
-                        break;
-                    }
-                    spin_until = now_ns() + SPIN_NS;
-                    continue;
-                }
-                if spin_until == 0 || now_ns() >= spin_until {
+        }
+    }
+
+    /// Serves batches of fault messages, then spins briefly for the next
+    /// ([`HANDLER_SPIN_NS`]) if no other handler does. The spin yields the
+    /// CPU on every turn, so that a runnable thread queued on its CPU (the
+    /// program) runs first.
+    fn serve_and_spin(&self, msgs: &mut [UffdMsg]) {
+        let mut spin_until = 0;
+        loop {
+            if self.serve_batch(msgs) > 0 {
+                // Become the spinner unless this thread already is or
+                // another one is.
+                if spin_until == 0 && !self.service.start_spinning() {
                     break;
                 }
-                std::thread::yield_now();
+                spin_until = now_ns() + HANDLER_SPIN_NS;
+                continue;
             }
-            if spin_until != 0 {
-                self.spinning.store(false, Ordering::Release);
+            if spin_until == 0 || now_ns() >= spin_until {
+                break;
             }
+            std::thread::yield_now();
+        }
+        if spin_until != 0 {
+            self.service.stop_spinning();
         }
     }
 
-    /// The number of the batch of fault messages about to be read, after
-    /// noting which signalled threads have taken their signal (`/proc`'s
-    /// `SigPnd`; only while one may not have): see `answered`.
-    fn next_read_batch(&self) -> u64 {
-        let mut s = lock(&self.signalled);
-        if s.iter().any(|e| e.taken.is_none()) {
-            let now = self.read_batches.load(Ordering::SeqCst);
-            for e in s.iter_mut().filter(|e| e.taken.is_none()) {
-                if self.plat.thread(Thread::SignalPending { tid: e.tid, sig: e.sig }) != Ok(true) {
-                    e.taken = Some(now);
-                }
-            }
+    /// Reads one batch of fault messages and serves each; returns how many
+    /// were read.
+    fn serve_batch(&self, msgs: &mut [UffdMsg]) -> usize {
+        let batch = self.service.next_read_batch(&self.plat);
+        BATCH.with(|b| b.set(batch));
+        let n = self.plat.read_events(msgs).unwrap_or(0);
+        for m in &msgs[..n] {
+            self.serve_message(m, batch);
         }
-        drop(s);
-        self.read_batches.fetch_add(1, Ordering::SeqCst) + 1
+        n
     }
 
-    /// Whether a fault message of thread `tid`, read in batch `batch`, was
-    /// answered already by a signal (`report`).
-    ///
-    /// # Answered faults
-    /// A thread leaves a userfaultfd fault whenever it is woken, by a
-    /// signal of any kind too, and faults again at once: a second message
-    /// for the same access, while the first stays with the handler that
-    /// read it. Two handlers could then each decide a SIGBUS (no frame, an
-    /// unreadable page) for one access: the thread took the first,
-    /// recovered from it (a handler that jumps out of the access) and got
-    /// the second inside another call. A thread is in one fault at a time
-    /// and leaves it once a signal is queued to it, so every message of it
-    /// read before it took that signal was for the fault the signal
-    /// answered: those get no signal of their own (`signal_sent`). Whether
-    /// it has taken it is looked up before each read (`next_read_batch`):
-    /// a message read after that is a new fault (a handler that returned
-    /// retries the access). A message of a batch read before the look-up
-    /// saw the signal taken counts as answered even if it came after: the
-    /// thread is woken and faults again, into a later batch.
-    fn answered(&self, tid: u32, batch: u64) -> bool {
-        lock(&self.signalled).iter().any(|e| e.tid == tid && e.answers(batch))
+    /// Serves one fault message of read batch `batch`.
+    fn serve_message(&self, m: &UffdMsg, batch: u64) {
+        if m.event != UFFD_EVENT_PAGEFAULT {
+            return;
+        }
+        if self.service.answered(m.ptid, batch) {
+            // Its fault was answered by a signal the thread has not taken:
+            // no second one. (A wake-up in case it has meanwhile: it faults
+            // again.)
+            let _ = self.plat.range(Range::Wake, m.address as usize & !(self.page_size - 1), self.page_size);
+            return;
+        }
+        if m.flags & UFFD_PAGEFAULT_FLAG_WP != 0 {
+            self.resolve_wp(m.address as usize, Some(m.ptid));
+        } else {
+            self.resolve(m.address as usize, m.flags & UFFD_PAGEFAULT_FLAG_WRITE != 0, Some(m.ptid));
+        }
     }
 
     /// Records that thread `tid` is sent `sig` for the fault of the message
     /// being served, and returns true; false when an earlier signal
     /// answers that fault (see `answered`): it is not sent.
     pub(super) fn signal_sent(&self, tid: u32, sig: i32) -> bool {
-        if !self.tracks_signals.load(Ordering::Relaxed) {
-            return true;
-        }
-        let batch = BATCH.with(|b| b.get());
-        let mut s = lock(&self.signalled);
-        if let Some(e) = s.iter_mut().find(|e| e.tid == tid) {
-            if e.answers(batch) {
-                return false;
-            }
-            *e = Signalled { tid, sig, taken: None };
-        } else {
-            s.push(Signalled { tid, sig, taken: None });
-        }
-        true
+        self.service.signal_sent(tid, sig, BATCH.with(|b| b.get()))
     }
 
     /// Resolves a fault at `addr` (or a read-in when `tid` is None): plans

@@ -19,8 +19,8 @@ impl Inner {
     /// windows, the region is a shared file region, read-only and locked,
     /// and no read error is to be injected (a test hook the copy takes).
     pub(super) fn maps_file_window(&self, c: &Core, run: PageRange) -> bool {
-        self.map_file_windows
-            && self.inject_read_errors.load(Ordering::Relaxed) == 0
+        self.files.maps_windows()
+            && !self.plat.reads_pending()
             && c.region_at(run.start).is_some_and(|r| {
                 r.kind == Kind::FileShared && r.prot & PROT_MASK == PROT_READ && r.lock != LockMode::None
             })
@@ -37,7 +37,7 @@ impl Inner {
         page_addr: usize,
         caller: Caller,
     ) -> Option<Next<'_>> {
-        let f = lock(&self.files).get(&file).cloned()?;
+        let f = self.files.get(file)?;
         let (a, len) = (self.addr(run.start), run.pages() as usize * self.page_size);
         self.plat.window(Window::Map { file: &f, off: file_page * self.page_size as u64, dst: a, len }).ok()?;
         // The wake-up under the core lock, before the commit, as a small
@@ -70,7 +70,7 @@ impl Inner {
     pub(super) fn unmap_file_windows(&self, r: PageRange) {
         let ps = self.page_size;
         // (Most spaces have no window: an atomic load, no region walk.)
-        if !self.map_file_windows
+        if !self.files.maps_windows()
             || self.plat.runs(Runs::FileWindows, self.addr(r.start), r.pages() as usize * ps).is_empty()
         {
             return;
@@ -79,7 +79,7 @@ impl Inner {
         for g in regions {
             let seg = g.range.intersect(&r);
             let Some(file) = g.file() else { continue };
-            let f = lock(&self.files).get(&file).cloned();
+            let f = self.files.get(file);
             for (s, t) in self.plat.runs(Runs::FileWindows, self.addr(seg.start), seg.pages() as usize * ps) {
                 let p = PageIdx(g.range.start.0 + ((s - self.addr(g.range.start)) / ps) as u64);
                 let off = g.file_page(p) * ps as u64;

@@ -61,7 +61,7 @@ impl Inner {
     /// Reads `run` from swap at `slot`, write-protected if `wp` (the pages
     /// keep their swap copies); returns how many pages were installed.
     pub(super) fn swap_in(&self, run: PageRange, slot: u32, wp: bool) -> u64 {
-        if !self.plat.caps().has_swap || take_one(&self.inject_read_errors) {
+        if !self.plat.caps().has_swap {
             return 0;
         }
         let ps = self.page_size;
@@ -89,10 +89,7 @@ impl Inner {
         file_page: u64,
         defer_drop: bool,
     ) -> Result<(u64, Option<Arc<MappedFile>>), Errno> {
-        let f = lock(&self.files).get(&file).cloned().ok_or(Errno::EIO)?;
-        if take_one(&self.inject_read_errors) {
-            return Err(Errno::EIO);
-        }
+        let f = self.files.get(file).ok_or(Errno::EIO)?;
         let ps = self.page_size;
         let len = run.pages() as usize * ps;
         let off = file_page * ps as u64;

@@ -6,11 +6,6 @@
 use super::serve::Caller;
 use super::*;
 
-/// How old an answer of where a faulting thread runs may be
-/// (`Inner::delegates_wake`): a thread moves between CPUs far less often
-/// than it faults, and a read of it costs about 1 µs.
-const THREAD_CPU_AGE_NS: u64 = 100_000;
-
 /// Whether no thread can write to `run`'s region (see `Inner::may_split`).
 fn read_only(c: &Core, run: PageRange) -> bool {
     c.region_at(run.start).is_some_and(|r| r.prot & PROT_WRITE == 0)
@@ -56,7 +51,7 @@ impl Inner {
     /// other half, in a region no thread can write (the undo of a half
     /// installed beside a failed one drops it: a write there would be lost).
     pub(super) fn may_split(&self, c: &Core, run: PageRange, len: usize) -> bool {
-        self.splittable(c, run, len) && self.wake_ahead.spinning()
+        self.splittable(c, run, len) && self.service.wake_ahead().spinning()
     }
 
     /// `may_split` but for the spinning helper: also what decides whether
@@ -78,9 +73,7 @@ impl Inner {
     pub(super) fn install_split(&self, c: &Core, run: PageRange, len: usize) -> usize {
         let (a, ps) = (self.addr(run.start), self.page_size);
         let mid = (len / 2) & !(ps - 1);
-        #[cfg(feature = "test-hooks")]
-        self.split_installs.fetch_add(1, Ordering::SeqCst);
-        let (head, tail) = if self.split_fails() {
+        let (head, tail) = if self.hooks.split_fails() {
             (0, self.plat.fill(Fill::FileRead { from: mid, wake: false }, a, len - mid).unwrap_or(0))
         } else {
             self.plat.file_install_split(a, mid, len)
@@ -101,21 +94,12 @@ impl Inner {
         head
     }
 
-    /// Test hook: whether this split's first half is to fail
-    /// (`inject_split_failures`).
-    pub(super) fn split_fails(&self) -> bool {
-        #[cfg(feature = "test-hooks")]
-        return take_one(&self.inject_split_failures);
-        #[cfg(not(feature = "test-hooks"))]
-        false
-    }
-
     /// Hands the wake-up of `[a, a + len)` (installed without one) to the
     /// spinning wake-ahead thread (`WakeAhead::post`), or does it now if
     /// the thread would not take it. What it returns goes to
     /// [`Inner::settle_wake`] once the caller's other work is done.
     pub(super) fn hand_off_wake(&self, a: usize, len: usize) -> Option<u64> {
-        let post = self.wake_ahead.post(a, len / self.page_size);
+        let post = self.service.wake_ahead().post(a, len / self.page_size);
         if post.is_none() {
             let _ = self.plat.range(Range::Wake, a, len);
         }
@@ -132,7 +116,7 @@ impl Inner {
     /// `/proc` (`Thread::SharesCpu`, about 1 µs).
     pub(super) fn delegates_wake(&self, caller: Caller) -> bool {
         let Caller::Fault { tid: Some(tid), in_thread: false, .. } = caller else { return false };
-        if !self.wake_ahead.spinning() {
+        if !self.service.wake_ahead().spinning() {
             return false;
         }
         // (Unknown: handed off, as to another CPU.)
@@ -142,7 +126,7 @@ impl Inner {
     /// Takes back a handed-off wake-up the wake-ahead thread has not taken
     /// (it may not be running) and does it: never a wake-up left undone.
     pub(super) fn settle_wake(&self, handed: Option<u64>, a: usize, len: usize) {
-        if handed.is_some_and(|p| self.wake_ahead.unpost(p)) {
+        if handed.is_some_and(|p| self.service.wake_ahead().unpost(p)) {
             let _ = self.plat.range(Range::Wake, a, len);
         }
     }

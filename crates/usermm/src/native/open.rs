@@ -70,7 +70,7 @@ impl Inner {
         // (In-thread faults: the thread installs half of a lock-on-fault
         // window's file read, `Inner::install_split`.)
         if cfg.flags & UMM_F_NO_WAKE_AHEAD == 0 && inner.plat.caps().cpus > 1 {
-            inner.wake_ahead.enable();
+            inner.service.wake_ahead().enable();
             let me = inner.clone();
             let tx = started_tx.clone();
             let h = std::thread::Builder::new()
@@ -83,7 +83,7 @@ impl Inner {
                     let _ = tx.send(());
                     drop(tx);
                     let ps = me.page_size;
-                    me.wake_ahead.run(
+                    me.service.wake_ahead().run(
                         &me.shutdown,
                         ps,
                         &|a, pages| {
@@ -167,66 +167,36 @@ impl Inner {
         if cfg.lazyfree_max_bytes != 0 {
             core.set_lazyfree_max((cfg.lazyfree_max_bytes / ps) as u64);
         }
-        let low = (budget_pages / 32).clamp(1, 4096);
-        let high = (low * 2).min(budget_pages);
         let wake_fd = EventFd::new()?;
+        let settings = settings::Settings::new(
+            cfg.flags & UMM_F_FRAME_POOL != 0,
+            user_mode_only,
+            cfg.flags & UMM_F_INTHREAD_FAULTS != 0,
+            host_lazyfree,
+            swap_slots as u64 * ps as u64,
+            fallback_reason,
+        );
         let inner = Arc::new_cyclic(|me| Inner {
             me: me.clone(),
             base,
             reserve_len: reserve,
             page_size: ps,
-            plat,
-            fallback_reason,
+            plat: inject::Injecting::new(plat),
             mm: RwLock::new(()),
             core: Mutex::new(core),
             settled: Settled::default(),
-            reclaim_wanted: Condvar::new(),
-            bg_poked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
-            spinning: AtomicBool::new(false),
-            wake_ahead: awake::WakeAhead::default(),
-            frame_pool: cfg.flags & UMM_F_FRAME_POOL != 0,
             wake_fd,
-            write_hold_ns_max: AtomicU64::new(0),
-            host_refusals: AtomicU64::new(0),
-            host_unreported_moves: AtomicU64::new(0),
-            fills: AtomicU64::new(0),
-            fills_drained: AtomicU64::new(0),
-            guards_used: AtomicBool::new(false),
-            dontdump_used: AtomicBool::new(false),
-            low_watermark: low,
-            high_watermark: high,
-            inject_read_errors: AtomicU32::new(0),
-            oom_wait_us: AtomicU64::new(5_000),
-            store_backoff_first_ns: AtomicU64::new(reclaim::STORE_BACKOFF_FIRST_NS),
-            store_backoff_ns: AtomicU64::new(0),
-            store_retry_at_ns: AtomicU64::new(0),
-            swap_write_fails: AtomicU64::new(0),
-            signalled: Mutex::new(Vec::new()),
-            read_batches: AtomicU64::new(0),
-            tracks_signals: AtomicBool::new(true),
-            #[cfg(feature = "test-hooks")]
-            sim_bug: AtomicU32::new(0),
-            #[cfg(feature = "test-hooks")]
-            inject_signal_stall_ms: AtomicU32::new(0),
-            #[cfg(feature = "test-hooks")]
-            inject_writeback_stall_ms: AtomicU32::new(0),
-            #[cfg(feature = "test-hooks")]
-            inject_split_failures: AtomicU32::new(0),
-            #[cfg(feature = "test-hooks")]
-            split_installs: AtomicU64::new(0),
-            populate_interrupt: AtomicU64::new(u64::MAX),
-            inject_write_errors: AtomicU32::new(0),
-            willneed: Mutex::new(Vec::new()),
-            files: Mutex::new(std::collections::HashMap::new()),
-            next_file: AtomicU32::new(1),
-            user_mode_only,
-            in_thread: cfg.flags & UMM_F_INTHREAD_FAULTS != 0,
-            host_lazyfree,
-            #[cfg(feature = "test-hooks")]
-            swap_bytes: swap_slots as u64 * ps as u64,
-            keep_file_cache: cfg.flags & UMM_F_KEEP_FILE_CACHE != 0,
-            map_file_windows: cfg.flags & UMM_F_COPY_LOCKED_FILES == 0,
+            settings,
+            service: service::FaultService::new(),
+            reclaimer: reclaimer::Reclaimer::new(budget_pages),
+            backoff: backoff::StoreBackoff::new(),
+            files: files::FileTable::new(
+                cfg.flags & UMM_F_KEEP_FILE_CACHE != 0,
+                cfg.flags & UMM_F_COPY_LOCKED_FILES == 0,
+            ),
+            counters: counters::HostCounters::default(),
+            hooks: hooks::TestHooks::new(),
         });
         Ok(inner)
     }

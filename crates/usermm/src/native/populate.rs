@@ -157,13 +157,9 @@ impl Inner {
             let mut skipped = false;
             while p < seg.end {
                 // Interrupted: the space is closing (or the test hook).
-                let stop = if cfg!(feature = "test-hooks") {
-                    self.populate_interrupt.load(Ordering::Relaxed)
-                } else {
-                    u64::MAX
-                };
+                let stop = self.hooks.populate_stop();
                 if self.shutdown.load(Ordering::Relaxed) || p.0 == stop {
-                    self.populate_interrupt.store(u64::MAX, Ordering::Relaxed);
+                    self.hooks.populate_interrupted();
                     return (populated, Err(Errno::EINTR));
                 }
                 // (A step never runs past the interruption point.)

@@ -4,37 +4,23 @@
 //!
 //! # A store that refuses writes
 //!
-//! A failed store write (the swap file's file system is full, the Redis
-//! server is down or out of memory) keeps its pages resident, and the
-//! store is backed off from: no write is tried for a pause that starts at
-//! [`STORE_BACKOFF_FIRST_NS`] and doubles with each failure in a row up to
-//! [`STORE_BACKOFF_MAX_NS`], and the core plans no eviction that needs a
-//! write meanwhile (`Core::set_swap_writes_paused`), so reclaim is hopeless
-//! unless something else can leave and a fault short of frames is out of
-//! memory at once. (Retried at every reclaim round, a full 16 MiB swap file
-//! system took 4.0-4.7 million failing writes in two minutes.) Once the
-//! pause is over the next reclaim round tries again (the background thread
-//! wakes for it); the first write that goes through ends the back-off. A
-//! fault short of frames waits for a retry due within
-//! [`STORE_RETRY_WAIT_NS`] of its start (a store that failed a few writes
-//! and recovers costs it a few milliseconds, not a SIGBUS).
+//! A failed store write (the swap file's file system is full, the Redis server
+//! is down or out of memory) keeps its pages resident, and the store is backed
+//! off from (`StoreBackoff`, `native/backoff.rs`): no write is tried for a
+//! pause that starts at [`STORE_BACKOFF_FIRST_NS`] and doubles with each
+//! failure in a row up to [`STORE_BACKOFF_MAX_NS`], and the core plans no
+//! eviction that needs a write meanwhile (`Core::set_swap_writes_paused`), so
+//! reclaim is hopeless unless something else can leave and a fault short of
+//! frames is out of memory at once. (Retried at every reclaim round, a full 16
+//! MiB swap file system took 4.0-4.7 million failing writes in two minutes.)
+//! Once the pause is over the next reclaim round tries again (the background
+//! thread wakes for it); the first write that goes through ends the back-off. A
+//! fault short of frames waits for a retry due within [`STORE_RETRY_WAIT_NS`]
+//! of its start (a store that failed a few writes and recovers costs it a few
+//! milliseconds, not a SIGBUS).
 
 use super::serve::Retries;
 use super::*;
-
-/// The first pause after a failed store write.
-pub(super) const STORE_BACKOFF_FIRST_NS: u64 = 1_000_000;
-/// The longest pause between two tries of a store that keeps failing: at
-/// most one failing write a second once it is reached (about a dozen in
-/// the first two seconds).
-const STORE_BACKOFF_MAX_NS: u64 = 1_000_000_000;
-/// How long after its start a fault short of frames still waits for the
-/// store's next try rather than being out of memory: pauses of 1, 2, 4, 8
-/// and 16 ms fit (five failures in a row), so a fault behind a store that
-/// is down gets its SIGBUS within about 30 ms. A store that comes back by
-/// itself (a Redis Cluster with replicas, during a failover:
-/// `PageStore::outage_wait`) is waited for that long instead.
-const STORE_RETRY_WAIT_NS: u64 = 40_000_000;
 
 impl Inner {
     /// Reclaims up to `want` frames for a fault that found none (direct
@@ -115,7 +101,7 @@ impl Inner {
                     Ok(true)
                 )
             {
-                self.host_unreported_moves.fetch_add(1, Ordering::Relaxed);
+                self.counters.unreported_move();
                 *ok = true;
             }
         }
@@ -138,7 +124,7 @@ impl Inner {
             .iter()
             .zip(&oks)
             .map(|(d, ok)| {
-                !ok && self.host_lazyfree
+                !ok && self.settings.host_lazyfree()
                     && matches!(self.plat.range(Range::Gone, self.addr(d.page), self.page_size), Ok(true))
             })
             .collect();
@@ -290,8 +276,7 @@ impl Inner {
             let written = self.store_write(&slots, self.swap_off(evs[order[i]].swap), &mut tried);
             // The simulation's injected bug: a failed swap write taken for
             // a successful one (the page's data is lost).
-            #[cfg(feature = "test-hooks")]
-            let written = written || self.sim_bug.load(Ordering::Relaxed) == SIM_BUG_LOST_SWAP_WRITE;
+            let written = written || self.hooks.loses_swap_write();
             if written {
                 self.drop_staging(evs, &order[i..j], &mut ok);
             }
@@ -342,7 +327,7 @@ impl Inner {
         if !self.plat.caps().has_swap {
             return false;
         }
-        if self.store_backing_off() {
+        if self.backoff.backing_off() {
             // Another thread's write failed since this round was planned
             // (the pause was over then): the pause holds for this round too,
             // so that a fault short of frames waits for the store's next try
@@ -351,37 +336,21 @@ impl Inner {
             tried.failed = true;
             return false;
         }
-        let ok = !take_one(&self.inject_write_errors) && self.plat.store(Store::Write { slots, off }).is_ok();
+        let ok = self.plat.store(Store::Write { slots, off }).is_ok();
         if ok {
             tried.ok = true;
-            self.store_backoff_ns.store(0, Ordering::Relaxed);
+            self.backoff.write_ok();
         } else {
             tried.failed = true;
-            self.swap_write_fails.fetch_add(1, Ordering::Relaxed);
-            let first = self.store_backoff_first_ns.load(Ordering::Relaxed);
-            let was = self.store_backoff_ns.load(Ordering::Relaxed);
-            let pause = if was == 0 { first } else { (was * 2).min(STORE_BACKOFF_MAX_NS) };
-            self.store_retry_at_ns.store(now_ns() + pause, Ordering::Relaxed);
-            self.store_backoff_ns.store(pause, Ordering::Relaxed);
+            self.backoff.write_failed();
         }
         ok
-    }
-
-    /// The back-off's pause now, in ms (0: the store takes writes; the
-    /// pause is over once its retry found the store working again).
-    pub(crate) fn store_backoff_ms(&self) -> u64 {
-        self.store_backoff_ns.load(Ordering::Relaxed) / 1_000_000
-    }
-
-    /// Whether no store write is to be tried now (a pause is running).
-    fn store_backing_off(&self) -> bool {
-        self.store_backoff_ns.load(Ordering::Relaxed) > 0 && now_ns() < self.store_retry_at_ns.load(Ordering::Relaxed)
     }
 
     /// Tells the core what a reclaim step's store writes found: a failure
     /// pauses the planning of writes, a success ends the pause.
     fn store_tried(&self, c: &mut Core, tried: StoreTried) {
-        if tried.failed && self.store_backoff_ns.load(Ordering::Relaxed) > 0 {
+        if tried.failed && self.backoff.engaged() {
             c.set_swap_writes_paused(true);
         } else if tried.ok {
             c.set_swap_writes_paused(false);
@@ -392,20 +361,10 @@ impl Inner {
     /// over, so that the next reclaim round tries the store again; returns
     /// whether writes are still paused.
     pub(super) fn store_retry_due(&self, c: &mut Core) -> bool {
-        if c.swap_writes_paused() && !self.store_backing_off() {
+        if c.swap_writes_paused() && !self.backoff.backing_off() {
             c.set_swap_writes_paused(false);
         }
         c.swap_writes_paused()
-    }
-
-    /// How long from now until the store is tried again, while writes are
-    /// paused.
-    pub(super) fn store_retry_in(&self) -> Option<std::time::Duration> {
-        if !self.store_backing_off() {
-            return None;
-        }
-        let left = self.store_retry_at_ns.load(Ordering::Relaxed).saturating_sub(now_ns());
-        Some(std::time::Duration::from_nanos(left))
     }
 
     /// For a fault or populate the core finds out of memory (`c`): whether
@@ -413,15 +372,15 @@ impl Inner {
     /// within `STORE_RETRY_WAIT_NS` of the fault's start (`st`); then how
     /// long to wait for it.
     pub(super) fn store_retry_wait(&self, c: &Core, st: &Retries) -> Option<std::time::Duration> {
-        if !(c.swap_writes_paused() || self.store_backing_off()) || !c.reclaim_possible_but_for_store() {
+        if !(c.swap_writes_paused() || self.backoff.backing_off()) || !c.reclaim_possible_but_for_store() {
             return None;
         }
-        let at = self.store_retry_at_ns.load(Ordering::Relaxed);
+        let at = self.backoff.retry_at_ns();
         let wait_ns = self
             .plat
             .caps()
             .swap_outage_wait
             .map_or(STORE_RETRY_WAIT_NS, |d| (d.as_nanos() as u64).max(STORE_RETRY_WAIT_NS));
-        (at <= st.since_ns() + wait_ns).then(|| self.store_retry_in()).flatten()
+        (at <= st.since_ns() + wait_ns).then(|| self.backoff.retry_in()).flatten()
     }
 }

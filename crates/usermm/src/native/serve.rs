@@ -90,41 +90,48 @@ impl Inner {
     ) -> Next<'a> {
         // The pool's frames count in the budget: never more of them than the
         // free frames this plan leaves (it may just have charged some).
-        if self.frame_pool {
+        if self.settings.frame_pool() {
             self.plat.upkeep(Upkeep::PoolTrim { max: c.free_frames() });
         }
         match *plan {
-            FaultPlan::Wake => {
-                drop(c);
-                let _ = self.plat.range(Range::Wake, page_addr, self.page_size);
-                Next::Served
-            }
-            FaultPlan::Segv { gap } => match caller {
-                Caller::Fault { addr, tid, .. } => self.serve_segv(c, gap, page_addr, addr, tid),
-                Caller::Populate => Next::Failed(Failure::Gone.populate_errno()),
-            },
+            FaultPlan::Wake => self.serve_wake(c, page_addr),
+            FaultPlan::Segv { gap } => self.serve_segv(c, gap, page_addr, caller),
             FaultPlan::Busy => Next::Again(self.settled.wait(c).unwrap_or_else(|e| e.into_inner())),
             FaultPlan::Reclaim { want } => self.serve_reclaim(c, mm, want, caller, st),
             FaultPlan::Refill { page } => self.serve_refill(c, plan, page, page_addr),
-            FaultPlan::Sigbus => match caller {
-                Caller::Fault { addr, tid, .. } => self.serve_sigbus(c, page_addr, addr, tid, st),
-                Caller::Populate => Next::Failed(Failure::Poisoned.populate_errno()),
-            },
+            FaultPlan::Sigbus => self.serve_sigbus(c, page_addr, caller, st),
             FaultPlan::ZeroFill { run } => self.serve_zero_fill(c, plan, run, page_addr, write, caller),
             FaultPlan::FileRead { run, file, file_page } => {
                 self.serve_file_read(c, plan, run, file, file_page, page_addr, caller)
             }
             FaultPlan::SwapIn { run, slot, keep } => self.serve_swap_in(c, plan, run, slot, keep, page_addr, caller),
             FaultPlan::Unprotect { .. } => self.serve_unprotect(c, plan, page_addr),
-            FaultPlan::Reactivate { page, .. } => {
-                drop(c);
-                match self.reactivate_io(plan) {
-                    Some(n) => self.finish_fill(plan, PageRange::new(page.0, page.0 + 1), n, page_addr, caller, None),
-                    // The host purged the parked volatile page: plan again
-                    // (a SIGBUS, as for any purged page).
-                    None => Next::Again(lock(&self.core)),
-                }
-            }
+            FaultPlan::Reactivate { page, .. } => self.serve_reactivate(c, plan, page, page_addr, caller),
+        }
+    }
+
+    /// Nothing to do but wake the thread (the page is there).
+    fn serve_wake<'a>(&'a self, c: MutexGuard<'a, Core>, page_addr: usize) -> Next<'a> {
+        drop(c);
+        let _ = self.plat.range(Range::Wake, page_addr, self.page_size);
+        Next::Served
+    }
+
+    /// A parked page mapped back at `page`.
+    fn serve_reactivate<'a>(
+        &'a self,
+        c: MutexGuard<'a, Core>,
+        plan: &FaultPlan,
+        page: PageIdx,
+        page_addr: usize,
+        caller: Caller,
+    ) -> Next<'a> {
+        drop(c);
+        match self.reactivate_io(plan) {
+            Some(n) => self.finish_fill(plan, PageRange::new(page.0, page.0 + 1), n, page_addr, caller, None),
+            // The host purged the parked volatile page: plan again (a
+            // SIGBUS, as for any purged page).
+            None => Next::Again(lock(&self.core)),
         }
     }
 
@@ -153,7 +160,7 @@ impl Inner {
         write: bool,
         caller: Caller,
     ) -> Next<'a> {
-        let pooled = write && self.frame_pool && pool_fits(&c, run);
+        let pooled = write && self.settings.frame_pool() && pool_fits(&c, run);
         if run.pages() <= SMALL_FILL_PAGES {
             return self.serve_small_zero_fill(c, plan, run, page_addr, write, pooled, caller);
         }
@@ -186,7 +193,7 @@ impl Inner {
             && (!caller.in_thread() || small && self.splittable(&c, run, run.pages() as usize * self.page_size));
         let map = self.maps_file_window(&c, run);
         drop(c);
-        let _awake = self.wake_ahead.guard(waits);
+        let _awake = self.service.wake_ahead().guard(waits);
         if map {
             if let Some(next) = self.serve_file_map(plan, run, file, file_page, page_addr, caller) {
                 return next;
@@ -229,7 +236,7 @@ impl Inner {
             let n = self.swap_in(run, slot, keep);
             return self.finish_fill(plan, run, n, page_addr, caller, None);
         }
-        let pooled = !keep && self.frame_pool && pool_fits(&c, run);
+        let pooled = !keep && self.settings.frame_pool() && pool_fits(&c, run);
         drop(c);
         // (Not while the read polls for its reply: see
         // `serve_small_swap_in`. Nor for a read-around run: its read takes
@@ -238,7 +245,7 @@ impl Inner {
         // usermm run took 10-15% longer with it.)
         let polls = self.plat.caps().swap_read_polls;
         let single = run.pages() == 1;
-        let _awake = self.wake_ahead.guard(caller.waits() && !caller.in_thread() && !polls && single);
+        let _awake = self.service.wake_ahead().guard(caller.waits() && !caller.in_thread() && !polls && single);
         self.serve_small_swap_in(plan, run, slot, keep, pooled, page_addr, caller)
     }
 
@@ -257,15 +264,9 @@ impl Inner {
     }
 
     /// A fault in a hole: the gap becomes `PROT_NONE` in the host and the
-    /// thread retries into the kernel's SIGSEGV.
-    fn serve_segv(
-        &self,
-        c: MutexGuard<'_, Core>,
-        gap: PageRange,
-        page_addr: usize,
-        addr: usize,
-        tid: Option<u32>,
-    ) -> Next<'_> {
+    /// thread retries into the kernel's SIGSEGV. (A populate fails.)
+    fn serve_segv<'a>(&'a self, c: MutexGuard<'a, Core>, gap: PageRange, page_addr: usize, caller: Caller) -> Next<'a> {
+        let Caller::Fault { addr, tid, .. } = caller else { return Next::Failed(Failure::Gone.populate_errno()) };
         drop(c);
         let protected =
             self.plat.range(Range::Protect(PROT_NONE), self.addr(gap.start), gap.pages() as usize * self.page_size);
@@ -337,15 +338,15 @@ impl Inner {
 
     /// A page that must raise SIGBUS (purged, poisoned): a poison marker,
     /// so that the kernel raises it in the touching thread with the exact
-    /// address (and for every later touch).
+    /// address (and for every later touch). (A populate fails.)
     fn serve_sigbus<'a>(
         &'a self,
         mut c: MutexGuard<'a, Core>,
         page_addr: usize,
-        addr: usize,
-        tid: Option<u32>,
+        caller: Caller,
         st: &mut Retries,
     ) -> Next<'a> {
+        let Caller::Fault { addr, tid, .. } = caller else { return Next::Failed(Failure::Poisoned.populate_errno()) };
         if st.poison_failed {
             // Still to be raised, and no marker can be placed: the signal
             // itself, under the core lock (see `serve_reclaim`).
@@ -385,7 +386,7 @@ impl Inner {
         // this handler's (docs/design.md, "Wake-ahead"): `usermm bench
         // fault`, three interleaved pairs, sparse read p50 17.9-19.3 µs
         // without, 4.9-7.4 µs with (write 18.5-19.6 against 6.2-6.6).
-        let _awake = self.wake_ahead.guard_brief(caller.waits() && !caller.in_thread());
+        let _awake = self.service.wake_ahead().guard_brief(caller.waits() && !caller.in_thread());
         let delegate = self.delegates_wake(caller);
         let done = if pooled {
             self.plat.fill(Fill::Zero { how: Zero::Pooled, wake: !delegate }, a, len)
@@ -468,9 +469,7 @@ impl Inner {
     ) -> Next<'_> {
         let ps = self.page_size;
         let len = run.pages() as usize * ps;
-        let read = self.plat.caps().has_swap
-            && !take_one(&self.inject_read_errors)
-            && self.plat.swap_read(self.swap_off(slot), len, pooled).is_ok();
+        let read = self.plat.caps().has_swap && self.plat.swap_read(self.swap_off(slot), len, pooled).is_ok();
         let c = lock(&self.core);
         let a = self.addr(run.start);
         // (In-thread faults: no thread waits, nothing to hand off.)
@@ -505,10 +504,10 @@ impl Inner {
         let ps = self.page_size;
         let len = run.pages() as usize * ps;
         let off = file_page * ps as u64;
-        let f = lock(&self.files).get(&file).cloned();
+        let f = self.files.get(file);
         let read = match &f {
-            Some(f) if !take_one(&self.inject_read_errors) => self.plat.file_read(f, off, len).ok(),
-            _ => None,
+            Some(f) => self.plat.file_read(f, off, len).ok(),
+            None => None,
         };
         let c = lock(&self.core);
         let bytes = match read {

@@ -7,7 +7,7 @@ impl Inner {
     /// Writes pages of shared file regions to their files. Returns one
     /// result per item.
     pub(super) fn write_pages(&self, ws: &[Writeback]) -> Vec<Result<(), Errno>> {
-        let files = lock(&self.files).clone();
+        let files = self.files.snapshot();
         let ps = self.page_size as u64;
         let mut touched = Vec::new();
         let out = ws
@@ -15,9 +15,6 @@ impl Inner {
             .map(|w| {
                 let f = files.get(&w.file).ok_or(Errno::EIO)?;
                 let src = if w.staging.is_none() { Some(self.addr(w.page)) } else { None };
-                if take_one(&self.inject_write_errors) {
-                    return Err(Errno::EIO);
-                }
                 let r = self.plat.page_out_to_file(f, src, w.staging, w.file_page * ps);
                 if r.is_ok() && !touched.contains(&w.file) {
                     touched.push(w.file);
@@ -74,12 +71,8 @@ impl Inner {
         let mut files: Vec<u32> = claimed.iter().map(|w| w.file).collect();
         files.sort_unstable();
         files.dedup();
-        #[cfg(feature = "test-hooks")]
-        {
-            let stall = self.inject_writeback_stall_ms.load(Ordering::Relaxed);
-            if stall > 0 && !claimed.is_empty() {
-                std::thread::sleep(std::time::Duration::from_millis(stall.into()));
-            }
+        if !claimed.is_empty() {
+            self.hooks.stall_writeback();
         }
         let mut results = self.write_pages(&claimed);
         // Nothing left to write for these (their release is skipped).
@@ -143,6 +136,6 @@ impl Inner {
     /// Forgets the files no region maps any more.
     pub(super) fn release_files(&self) {
         let used = lock(&self.core).files_in_use();
-        lock(&self.files).retain(|id, _| used.contains(id));
+        self.files.retain(&used);
     }
 }

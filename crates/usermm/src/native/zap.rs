@@ -68,7 +68,7 @@ impl Inner {
                 // behind our back is unlocked, or replaced): a new region
                 // here must never show them.
                 if !matches!(self.plat.range(Range::Zap(prot), start + off, n), Ok(false)) {
-                    self.host_refusals.fetch_add(1, Ordering::Relaxed);
+                    self.counters.host_refused();
                 }
                 off += n;
                 if off < len {

@@ -355,7 +355,7 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
     inner.set_tracks_signals(false);
     let _ = plat.inner.set(Arc::downgrade(&inner));
     if bug == Some(Bug::LostSwapWrite) {
-        inner.sim_bug.store(crate::native::SIM_BUG_LOST_SWAP_WRITE, std::sync::atomic::Ordering::Relaxed);
+        inner.set_sim_bug(crate::native::SIM_BUG_LOST_SWAP_WRITE);
     }
     let mut sim = Sim {
         inner,
