@@ -30,8 +30,7 @@
 //! | `FileTable` (`core/file_table.rs`) | pages mapping each file; write-back errors to report |
 //!
 //! Beside them `Core` holds its configuration (read only) and the event
-//! `Counters`. (`Lru`'s lists are still public fields, used by the
-//! concerns directly.)
+//! `Counters`.
 //!
 //! # Where each concern lives
 //!

@@ -146,6 +146,6 @@ impl Core {
             && self.swap.capacity() > 0
             && self.resident() * 2 >= self.cfg.budget_pages
             && self.pages.census().inactive < self.inactive_target()
-            && !self.lru.active.is_empty()
+            && self.lru.active_len() > 0
     }
 }

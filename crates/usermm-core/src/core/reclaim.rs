@@ -118,7 +118,7 @@ impl Core {
             // Nothing to age either.
             return plan;
         }
-        if self.options.purge_volatile_first() && !self.lru.volatile.is_empty() {
+        if self.options.purge_volatile_first() && self.lru.volatile_len() > 0 {
             self.plan_volatile(&mut plan, want);
             if !plan.purge.is_empty() || !plan.deactivate.is_empty() {
                 // Volatile pages go first: nothing else leaves while they
@@ -152,11 +152,11 @@ impl Core {
         let mut kept = Vec::new();
         let mut locked = Vec::new();
         let mut scanned = 0;
-        let scan_max = self.lru.inactive.len();
+        let scan_max = self.lru.inactive_len();
         let first = plan.evict.len();
         while ((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64) < want && scanned < scan_max {
             scanned += 1;
-            let Some((p, g)) = self.lru.inactive.pop_front() else { break };
+            let Some((p, g)) = self.lru.isolate_inactive() else { break };
             let m = self.pages.get(p);
             if m.gen != g || m.state != PState::Inactive {
                 continue;
@@ -209,10 +209,10 @@ impl Core {
             plan.evict.push(Evict { page: p, staging: m.slot, swap, clean });
         }
         for e in kept.into_iter().rev() {
-            self.lru.inactive.push_front(e);
+            self.lru.putback_inactive(e);
         }
         for e in locked {
-            self.lru.inactive.push_back(e);
+            self.lru.rotate_inactive(e);
         }
         self.slots_in_address_order(&mut plan.evict[first..]);
     }
@@ -224,13 +224,13 @@ impl Core {
         let target = self.refill_target();
         let short = want.saturating_sub((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64);
         let mut scanned = 0;
-        let scan_max = self.lru.active.len();
+        let scan_max = self.lru.active_len();
         while ((self.pages.census().inactive + plan.deactivate.len() as u64) < target
             || ((plan.deactivate.len() + plan.drop.len()) as u64) < short)
             && scanned < scan_max
         {
             scanned += 1;
-            let Some((p, g)) = self.lru.active.pop_front() else { break };
+            let Some((p, g)) = self.lru.isolate_active() else { break };
             let m = self.pages.get(p);
             if m.gen != g || m.state != PState::Resident {
                 continue;
@@ -242,11 +242,11 @@ impl Core {
             if reg.writable() && reg.prot != PROT_READ | PROT_WRITE {
                 // Writable but not plain RW (e.g. RWX): neither MOVE nor a
                 // race-free copy is possible; keep it (documented).
-                self.lru.active.push_back((p, g));
+                self.lru.rotate_active((p, g));
                 continue;
             }
             if another_trip(&mut self.pages, p) {
-                self.lru.active.push_back((p, g));
+                self.lru.rotate_active((p, g));
                 continue;
             }
             if reg.kind == Kind::FileShared
@@ -257,7 +257,7 @@ impl Core {
                 if (plan.drop.len() as u64) >= short {
                     // Only as many as the round wants (never age a stream
                     // into staging): the rest stays, oldest first.
-                    self.lru.active.push_front((p, g));
+                    self.lru.putback_active((p, g));
                     break;
                 }
                 // (Zapping: being dropped where it is, frame still charged.)
@@ -271,14 +271,14 @@ impl Core {
                 && (self.swap.paused() || self.swap.slots_free() as u64 <= plan.deactivate.len() as u64)
             {
                 // No swap room: only volatile pages can leave.
-                self.lru.active.push_back((p, g));
+                self.lru.rotate_active((p, g));
                 continue;
             }
             let Some(slot) = self.staging.alloc() else {
                 // No staging slot: the page stays where it was, oldest
                 // first (dropping its entry here would leave it resident
                 // and never reclaimed).
-                self.lru.active.push_front((p, g));
+                self.lru.putback_active((p, g));
                 break;
             };
             let how = transfer_for(reg.prot);
@@ -297,10 +297,10 @@ impl Core {
     fn plan_lazy(&mut self, plan: &mut ReclaimPlan, want: u64) {
         let mut parked = Vec::new();
         let mut scanned = 0;
-        let lazy_max = self.lru.lazy.len();
+        let lazy_max = self.lru.lazy_len();
         while ((plan.discard.len() + plan.deactivate.len()) as u64) < want && scanned < lazy_max {
             scanned += 1;
-            let Some(p) = self.lru.lazy.pop_front() else { break };
+            let Some(p) = self.lru.isolate_lazy() else { break };
             let m = self.pages.get(p);
             if !m.has(pf::LAZYFREE) || m.has(pf::VOLATILE) || self.regions.find(p).is_none() {
                 continue;
@@ -322,7 +322,7 @@ impl Core {
                         continue;
                     }
                     let Some(slot) = self.staging.alloc() else {
-                        self.lru.lazy.push_front(p);
+                        self.lru.putback_lazy(p);
                         break;
                     };
                     self.pages.update(p, |m| {
@@ -334,11 +334,11 @@ impl Core {
                     // that parks lazy pages evicts nothing else).
                     parked.push(p);
                 }
-                _ => self.lru.lazy.push_back(p),
+                _ => self.lru.rotate_lazy(p),
             }
         }
         for p in parked.into_iter().rev() {
-            self.lru.lazy.push_front(p);
+            self.lru.putback_lazy(p);
         }
     }
 
@@ -349,10 +349,10 @@ impl Core {
     fn plan_volatile(&mut self, plan: &mut ReclaimPlan, want: u64) {
         let mut parked = Vec::new();
         let mut scanned = 0;
-        let max = self.lru.volatile.len();
+        let max = self.lru.volatile_len();
         while ((plan.purge.len() + plan.deactivate.len()) as u64) < want && scanned < max {
             scanned += 1;
-            let Some(p) = self.lru.volatile.pop_front() else { break };
+            let Some(p) = self.lru.isolate_volatile() else { break };
             let m = self.pages.get(p);
             if !m.has(pf::VOLATILE) || m.has(pf::PURGED) {
                 continue;
@@ -371,7 +371,7 @@ impl Core {
                         continue; // cannot be parked (see reclaim_plan)
                     }
                     let Some(slot) = self.staging.alloc() else {
-                        self.lru.volatile.push_front(p);
+                        self.lru.putback_volatile(p);
                         break;
                     };
                     self.pages.update(p, |m| {
@@ -384,11 +384,11 @@ impl Core {
                     parked.push(p);
                 }
                 PState::Absent | PState::Swapped => {}
-                _ => self.lru.volatile.push_back(p),
+                _ => self.lru.rotate_volatile(p),
             }
         }
         for p in parked.into_iter().rev() {
-            self.lru.volatile.push_front(p);
+            self.lru.putback_volatile(p);
         }
     }
 

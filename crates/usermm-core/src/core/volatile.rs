@@ -37,7 +37,7 @@ impl Core {
                         parked.push(m.slot);
                     }
                     if self.options.purge_volatile_first() && m.state.holds_frame() {
-                        self.lru.volatile.push_back(p);
+                        self.lru.add_volatile(p);
                     }
                 }
             }
@@ -177,7 +177,7 @@ impl Core {
                     // Its data may be discarded (reads zeros) or written.
                     self.uncache(p);
                     self.pages.update(p, |m| m.flags |= pf::LAZYFREE);
-                    self.lru.lazy.push_back(p);
+                    self.lru.add_lazy(p);
                 }
                 _ => {}
             }
