@@ -242,10 +242,10 @@ impl Core {
     pub fn locked_extents(&self) -> Vec<(u64, u64)> {
         self.regions
             .iter()
-            .filter(|r| r.lock != LockMode::None)
+            .filter(|r| r.lock() != LockMode::None)
             .map(|r| {
-                let a = self.addr_of(r.range.start).0;
-                (a, self.addr_of(r.range.end).0 - a)
+                let a = self.addr_of(r.range().start).0;
+                (a, self.addr_of(r.range().end).0 - a)
             })
             .collect()
     }

@@ -106,8 +106,8 @@ impl Core {
         // put the old bytes in it (found by the simulation).
         if detached.is_empty() {
             for reg in self.regions.overlapping(r) {
-                if reg.kind == Kind::FileShared {
-                    let seg = reg.range.intersect(&r);
+                if reg.kind() == Kind::FileShared {
+                    let seg = reg.range().intersect(&r);
                     push(seg, reg.file().expect("file"), reg.file_page(seg.start));
                 }
             }
@@ -181,10 +181,10 @@ impl Core {
         }
         let mut segs = Vec::new();
         for p in &w.pieces {
-            if flags & MS_INVALIDATE != 0 && p.reg.lock != LockMode::None {
+            if flags & MS_INVALIDATE != 0 && p.reg.lock() != LockMode::None {
                 return (segs, bad(Errno::EBUSY));
             }
-            if p.reg.kind == Kind::FileShared {
+            if p.reg.kind() == Kind::FileShared {
                 segs.push(p.seg);
             }
         }
@@ -198,6 +198,6 @@ impl Core {
 
     /// Every shared file segment of the space (for `close`).
     pub fn shared_file_ranges(&self) -> Vec<PageRange> {
-        self.regions.iter().filter(|r| r.kind == Kind::FileShared).map(|r| r.range).collect()
+        self.regions.iter().filter(|r| r.kind() == Kind::FileShared).map(|r| r.range()).collect()
     }
 }

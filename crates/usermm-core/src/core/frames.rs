@@ -30,7 +30,7 @@ impl Core {
     pub(super) fn note_resident(&mut self, p: PageIdx) {
         // (One lookup: this runs for every page a fault fills.)
         let (writable, locked) =
-            self.regions.find(p).map_or((false, false), |r| (r.writable(), r.lock != LockMode::None));
+            self.regions.find(p).map_or((false, false), |r| (r.writable(), r.lock() != LockMode::None));
         if writable {
             self.pages.update(p, |m| m.flags |= pf::MAYBE_DIRTY);
         }

@@ -41,8 +41,8 @@ impl Core {
                 .regions
                 .overlapping(r)
                 .iter()
-                .filter(|g| g.lock != LockMode::None)
-                .map(|g| g.range.intersect(&r).pages())
+                .filter(|g| g.lock() != LockMode::None)
+                .map(|g| g.range().intersect(&r).pages())
                 .sum();
             if self.locks.charged() + pages - already.min(pages) > self.cfg.memlock_pages {
                 plan.result = bad(Errno::ENOMEM);
@@ -76,7 +76,7 @@ impl Core {
             if mode == LockMode::Locked {
                 plan.populate.push(seg);
             }
-            if reg.lock == mode {
+            if reg.lock() == mode {
                 continue;
             }
             let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
@@ -85,7 +85,7 @@ impl Core {
                 break;
             }
             self.set_lock(seg, mode, &mut plan);
-            plan.changed.push((seg, reg.lock));
+            plan.changed.push((seg, reg.lock()));
         }
         self.regions.merge_around(r);
         if hole {
@@ -99,8 +99,7 @@ impl Core {
         self.regions.split_at(seg.start);
         self.regions.split_at(seg.end);
         let reg = self.regions.find_mut(seg.start).expect("split");
-        let old = reg.lock;
-        reg.lock = mode;
+        let old = reg.set_lock(mode);
         self.locks.relock(old, mode, seg.pages());
         for (p, m) in self.pages.live_in(seg) {
             if mode == LockMode::None {
@@ -155,7 +154,7 @@ impl Core {
         }
         let mode = if flags & MCL_ONFAULT != 0 { LockMode::OnFault } else { LockMode::Locked };
         if flags & MCL_CURRENT != 0 {
-            let total: u64 = self.regions.iter().map(|r| r.range.pages()).sum();
+            let total: u64 = self.regions.iter().map(|r| r.range().pages()).sum();
             if self.cfg.memlock_pages != u64::MAX && total > self.cfg.memlock_pages {
                 plan.result = bad(Errno::ENOMEM);
                 return plan;
@@ -165,9 +164,9 @@ impl Core {
         if flags & MCL_CURRENT != 0 {
             let regs: Vec<Region> = self.regions.iter().cloned().collect();
             for reg in regs {
-                if reg.lock != mode {
-                    self.set_lock(reg.range, mode, &mut plan);
-                    plan.changed.push((reg.range, reg.lock));
+                if reg.lock() != mode {
+                    self.set_lock(reg.range(), mode, &mut plan);
+                    plan.changed.push((reg.range(), reg.lock()));
                 }
             }
             self.regions.merge_around(PageRange::new(0, self.cfg.reserve_pages));
@@ -181,9 +180,9 @@ impl Core {
         self.locks.set_future(None);
         let regs: Vec<Region> = self.regions.iter().cloned().collect();
         for reg in regs {
-            if reg.lock != LockMode::None {
-                self.set_lock(reg.range, LockMode::None, &mut plan);
-                plan.changed.push((reg.range, reg.lock));
+            if reg.lock() != LockMode::None {
+                self.set_lock(reg.range(), LockMode::None, &mut plan);
+                plan.changed.push((reg.range(), reg.lock()));
             }
         }
         self.regions.merge_around(PageRange::new(0, self.cfg.reserve_pages));

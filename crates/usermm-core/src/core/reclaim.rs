@@ -107,7 +107,7 @@ impl Core {
         self.swap.capacity() == 0
             && self.pages.census().volatile == 0
             && (self.pages.census().lazyfree == 0 || !self.options.host_lazyfree())
-            && !self.regions.iter().any(|r| r.kind == Kind::FileShared)
+            && !self.regions.iter().any(|r| r.kind() == Kind::FileShared)
     }
 
     /// Plans reclaim of up to `want` frames: evictions from the inactive
@@ -164,7 +164,7 @@ impl Core {
             let Some(reg) = self.regions.find(p) else {
                 continue; // being unmapped: the zap frees it
             };
-            if reg.lock != LockMode::None || m.has(pf::LOCKED) {
+            if reg.lock() != LockMode::None || m.has(pf::LOCKED) {
                 // Parked, then locked (the lock call maps it back, after
                 // letting the region lock go): it stays in memory. Kept
                 // on the list, at its tail, for when it is unlocked.
@@ -177,7 +177,7 @@ impl Core {
                 plan.purge.push((p, m.slot));
                 continue;
             }
-            let file_shared = self.regions.find(p).filter(|r| r.kind == Kind::FileShared).cloned();
+            let file_shared = self.regions.find(p).filter(|r| r.kind() == Kind::FileShared).cloned();
             if let Some(reg) = file_shared {
                 // A shared file page goes back to its file, never to swap.
                 self.pages.update(p, |m| m.state = PState::Evicting);
@@ -236,10 +236,10 @@ impl Core {
                 continue;
             }
             let Some(reg) = self.regions.find(p) else { continue };
-            if reg.lock != LockMode::None || m.has(pf::LOCKED) {
+            if reg.lock() != LockMode::None || m.has(pf::LOCKED) {
                 continue; // unevictable: off the LRU until unlocked
             }
-            if reg.writable() && reg.prot != PROT_READ | PROT_WRITE {
+            if reg.writable() && reg.prot() != PROT_READ | PROT_WRITE {
                 // Writable but not plain RW (e.g. RWX): neither MOVE nor a
                 // race-free copy is possible; keep it (documented).
                 self.lru.rotate_active((p, g));
@@ -249,8 +249,8 @@ impl Core {
                 self.lru.rotate_active((p, g));
                 continue;
             }
-            if reg.kind == Kind::FileShared
-                && reg.advice == Advice::Sequential
+            if reg.kind() == Kind::FileShared
+                && reg.advice() == Advice::Sequential
                 && !m.has(pf::MAYBE_DIRTY)
                 && !m.has(pf::VOLATILE)
             {
@@ -266,7 +266,7 @@ impl Core {
                 continue;
             }
             if !m.has(pf::VOLATILE)
-                && reg.kind != Kind::FileShared
+                && reg.kind() != Kind::FileShared
                 && m.cache == 0
                 && (self.swap.paused() || self.swap.slots_free() as u64 <= plan.deactivate.len() as u64)
             {
@@ -281,7 +281,7 @@ impl Core {
                 self.lru.putback_active((p, g));
                 break;
             };
-            let how = transfer_for(reg.prot);
+            let how = transfer_for(reg.prot());
             self.pages.update(p, |m| {
                 m.state = PState::Deactivating;
                 m.slot = slot;
@@ -305,7 +305,7 @@ impl Core {
             if !m.has(pf::LAZYFREE) || m.has(pf::VOLATILE) || self.regions.find(p).is_none() {
                 continue;
             }
-            if m.has(pf::LOCKED) || self.regions.find(p).is_some_and(|r| r.lock != LockMode::None) {
+            if m.has(pf::LOCKED) || self.regions.find(p).is_some_and(|r| r.lock() != LockMode::None) {
                 // Locked since it was freed (mlock after MADV_FREE): never
                 // reclaimed while locked, and no longer a lazy candidate.
                 continue;
@@ -318,7 +318,7 @@ impl Core {
                 }
                 PState::Resident if self.options.host_lazyfree() => {
                     let Some(reg) = self.regions.find(p) else { continue };
-                    if reg.prot != PROT_READ | PROT_WRITE {
+                    if reg.prot() != PROT_READ | PROT_WRITE {
                         continue;
                     }
                     let Some(slot) = self.staging.alloc() else {
@@ -364,10 +364,10 @@ impl Core {
                     plan.purge.push((p, m.slot));
                 }
                 PState::Resident => {
-                    if reg.lock != LockMode::None || m.has(pf::LOCKED) {
+                    if reg.lock() != LockMode::None || m.has(pf::LOCKED) {
                         continue;
                     }
-                    if reg.writable() && reg.prot != PROT_READ | PROT_WRITE {
+                    if reg.writable() && reg.prot() != PROT_READ | PROT_WRITE {
                         continue; // cannot be parked (see reclaim_plan)
                     }
                     let Some(slot) = self.staging.alloc() else {
@@ -380,7 +380,7 @@ impl Core {
                         forget_use(m);
                     });
                     let host_free = self.options.host_lazyfree();
-                    plan.deactivate.push(Deactivate { page: p, slot, how: transfer_for(reg.prot), host_free });
+                    plan.deactivate.push(Deactivate { page: p, slot, how: transfer_for(reg.prot()), host_free });
                     parked.push(p);
                 }
                 PState::Absent | PState::Swapped => {}

@@ -39,7 +39,7 @@
 
 use super::{Core, FaultPlan};
 use crate::page::PState;
-use crate::region::{CopyFeedback, Kind, LockMode};
+use crate::region::{Kind, LockMode};
 use crate::types::{Addr, PageIdx};
 
 impl Core {
@@ -62,16 +62,10 @@ impl Core {
             return false;
         }
         let Some(r) = self.regions.find_mut(p) else { return false };
-        if r.kind == Kind::FileShared || r.in_thread || r.lock != LockMode::None {
+        if r.kind() == Kind::FileShared || r.in_thread() || r.lock() != LockMode::None {
             return false;
         }
-        if r.copies.pays() || r.copies.probe + 1 >= CopyFeedback::PROBE_EVERY {
-            r.copies.probe = 0;
-            true
-        } else {
-            r.copies.probe += 1;
-            false
-        }
+        r.keep_copy()
     }
 
     /// Drops page `p`'s swap copy, if it has one: its data may change, or
@@ -114,7 +108,7 @@ impl Core {
         }
         if m.cache != 0 {
             if let Some(r) = self.regions.find_mut(p) {
-                r.copies.note(true);
+                r.note_copy(true);
             }
         }
         self.uncache(p);
@@ -129,7 +123,7 @@ impl Core {
             0 => self.swap.alloc().map(|s| (s, false)),
             c => {
                 if let Some(r) = self.regions.find_mut(p) {
-                    r.copies.note(false);
+                    r.note_copy(false);
                 }
                 Some((c - 1, true))
             }

@@ -93,7 +93,7 @@ impl Core {
             if m.has(pf::LOCKED) {
                 lp += 1;
                 assert!(
-                    self.regions.find(p).is_some_and(|r| r.lock != LockMode::None) || self.zaps.is_held(p),
+                    self.regions.find(p).is_some_and(|r| r.lock() != LockMode::None) || self.zaps.is_held(p),
                     "locked page {p:?} outside a locked region"
                 );
                 // A locked page is never evicted: a swap copy would only

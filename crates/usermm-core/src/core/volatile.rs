@@ -60,7 +60,7 @@ impl Core {
             return (vec![], Ok(()));
         }
         let w = self.walk(addr, pages);
-        if refuse_locked && w.pieces.iter().any(|p| p.reg.lock != LockMode::None) {
+        if refuse_locked && w.pieces.iter().any(|p| p.reg.lock() != LockMode::None) {
             return (vec![], bad(Errno::EINVAL));
         }
         let segs = w.pieces.iter().map(|p| p.seg).collect();
@@ -127,7 +127,7 @@ impl Core {
         if m.state != PState::Inactive {
             return None;
         }
-        let prot = self.regions.find(p)?.prot;
+        let prot = self.regions.find(p)?.prot();
         self.pages.update(p, |m| m.state = PState::Filling);
         let checked = self.options.host_lazyfree() && m.has(pf::VOLATILE);
         let wp = m.cache != 0 && !checked;
