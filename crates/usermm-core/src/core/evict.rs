@@ -13,6 +13,7 @@ use crate::page::{pf, PState, PageMeta};
 use crate::region::{Kind, LockMode};
 use crate::types::{PageIdx, PageRange};
 
+/// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Plans the deactivation (MADV_COLD) or deactivation-then-eviction
     /// (MADV_PAGEOUT) of the resident pages of `r`.
@@ -119,7 +120,10 @@ impl Core {
         }
         plan
     }
+}
 
+/// Commits (see "Methods by kind" in `core.rs`).
+impl Core {
     pub fn deactivate_done(&mut self, d: &Deactivate, ok: bool) {
         debug_assert_eq!(self.pages.get(d.page).state, PState::Deactivating);
         if ok {

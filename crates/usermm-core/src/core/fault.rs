@@ -19,6 +19,7 @@ use crate::page::{pf, PState, PageMeta};
 use crate::region::{Advice, Kind, LockMode};
 use crate::types::{Addr, PageIdx, PageRange};
 
+/// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Plans the resolution of a fault at `a`.
     pub fn fault(&mut self, a: Addr, write: bool) -> FaultPlan {
@@ -260,7 +261,10 @@ impl Core {
             None => FaultPlan::ZeroFill { run },
         }
     }
+}
 
+/// Commits (see "Methods by kind" in `core.rs`).
+impl Core {
     /// Commits a fill. `installed` is how many pages of the plan the executor
     /// installed (a prefix of the run); the rest are released.
     pub fn fill_done(&mut self, plan: &FaultPlan, installed: u64) {

@@ -15,56 +15,8 @@ use crate::page::{pf, PState, PageMeta};
 use crate::region::{Kind, LockMode};
 use crate::types::{PageIdx, PageRange};
 
+/// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
-    /// Commits an eviction to a file: on success the page is dropped (a
-    /// touch re-reads it); on failure it stays resident and parked, and the
-    /// error is kept for the next `msync`/`munmap` of the file (as fsync
-    /// reports write-back errors).
-    pub fn writeback_done(&mut self, w: &Writeback, result: Result<(), Errno>) {
-        debug_assert_eq!(self.pages.get(w.page).state, PState::Evicting);
-        let slot = w.staging.expect("evicted page is parked");
-        match result {
-            Ok(()) => {
-                self.staging.release(slot);
-                self.pages.set(w.page, PageMeta::default());
-                if !w.clean {
-                    self.counters.writebacks += 1;
-                }
-                self.counters.evictions += 1;
-            }
-            Err(e) => {
-                self.pages.update(w.page, |m| m.state = PState::Inactive);
-                self.push_inactive(w.page);
-                self.files.note_error(w.file, e);
-            }
-        }
-    }
-
-    /// Records a write-back error for `file` (reported by the next msync or
-    /// munmap of it).
-    pub fn note_file_error(&mut self, file: u32, e: Errno) {
-        self.files.note_error(file, e);
-    }
-
-    /// Counts one page written back to its file; a page of a region that
-    /// is no longer writable is clean from now on.
-    pub fn count_writeback(&mut self, p: PageIdx) {
-        self.counters.writebacks += 1;
-        if self.regions.find(p).is_some_and(|r| !r.writable()) {
-            self.pages.update(p, |m| {
-                if m.state.holds_frame() {
-                    m.flags &= !pf::MAYBE_DIRTY
-                }
-            });
-        }
-    }
-
-    /// The first write-back error recorded for `file` since the last call,
-    /// cleared (fsync semantics).
-    pub fn take_file_error(&mut self, file: u32) -> Option<Errno> {
-        self.files.take_error(file)
-    }
-
     /// The pages of `r` that belong to shared file regions (live or being
     /// unmapped, described by `files`) and hold data: what a write-back of
     /// `r` (msync, munmap, DONTNEED, close) must write. Busy pages are
@@ -124,36 +76,6 @@ impl Core {
         v
     }
 
-    /// Ends a range write-back of one page (`writeback_claim`): counts it
-    /// or keeps its error for the next `msync`/`munmap`, and gives a parked
-    /// page back to reclaim — clean if its write succeeded (a parked page
-    /// cannot be written by the program). Returns the write-back's result:
-    /// a failed copy of a page listed where it was (not parked, so not
-    /// claimed) that reclaim took meanwhile is no failure — its eviction
-    /// wrote it (an eviction whose write fails keeps the page), and the copy
-    /// could not fault it back in (a `PROT_NONE` page: `/proc/self/mem`
-    /// cannot wait for a userfault). Found by the executor simulation.
-    pub fn writeback_release(&mut self, w: &Writeback, result: Result<(), Errno>) -> Result<(), Errno> {
-        if result.is_err() && w.staging.is_none() && !self.pages.get(w.page).state.holds_frame() {
-            return Ok(());
-        }
-        match result {
-            Ok(()) => self.count_writeback(w.page),
-            Err(e) => self.note_file_error(w.file, e),
-        }
-        if w.staging.is_some() {
-            debug_assert_eq!(self.pages.get(w.page).state, PState::Evicting);
-            self.pages.update(w.page, |m| {
-                m.state = PState::Inactive;
-                if result.is_ok() {
-                    m.flags &= !pf::MAYBE_DIRTY;
-                }
-            });
-            self.push_inactive(w.page);
-        }
-        result
-    }
-
     /// Decides `msync`: returns the shared file segments to write back (in
     /// order) and the result (Linux: `EINVAL` for bad flags or an unaligned
     /// start, `ENOMEM` for holes — after syncing the mapped parts — and
@@ -189,6 +111,91 @@ impl Core {
             }
         }
         (segs, if w.has_hole() { bad(Errno::ENOMEM) } else { Ok(()) })
+    }
+}
+
+/// Commits (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// Commits an eviction to a file: on success the page is dropped (a
+    /// touch re-reads it); on failure it stays resident and parked, and the
+    /// error is kept for the next `msync`/`munmap` of the file (as fsync
+    /// reports write-back errors).
+    pub fn writeback_done(&mut self, w: &Writeback, result: Result<(), Errno>) {
+        debug_assert_eq!(self.pages.get(w.page).state, PState::Evicting);
+        let slot = w.staging.expect("evicted page is parked");
+        match result {
+            Ok(()) => {
+                self.staging.release(slot);
+                self.pages.set(w.page, PageMeta::default());
+                if !w.clean {
+                    self.counters.writebacks += 1;
+                }
+                self.counters.evictions += 1;
+            }
+            Err(e) => {
+                self.pages.update(w.page, |m| m.state = PState::Inactive);
+                self.push_inactive(w.page);
+                self.files.note_error(w.file, e);
+            }
+        }
+    }
+
+    /// Records a write-back error for `file` (reported by the next msync or
+    /// munmap of it).
+    pub fn note_file_error(&mut self, file: u32, e: Errno) {
+        self.files.note_error(file, e);
+    }
+
+    /// Counts one page written back to its file; a page of a region that
+    /// is no longer writable is clean from now on.
+    pub fn count_writeback(&mut self, p: PageIdx) {
+        self.counters.writebacks += 1;
+        if self.regions.find(p).is_some_and(|r| !r.writable()) {
+            self.pages.update(p, |m| {
+                if m.state.holds_frame() {
+                    m.flags &= !pf::MAYBE_DIRTY
+                }
+            });
+        }
+    }
+
+    /// Ends a range write-back of one page (`writeback_claim`): counts it
+    /// or keeps its error for the next `msync`/`munmap`, and gives a parked
+    /// page back to reclaim — clean if its write succeeded (a parked page
+    /// cannot be written by the program). Returns the write-back's result:
+    /// a failed copy of a page listed where it was (not parked, so not
+    /// claimed) that reclaim took meanwhile is no failure — its eviction
+    /// wrote it (an eviction whose write fails keeps the page), and the copy
+    /// could not fault it back in (a `PROT_NONE` page: `/proc/self/mem`
+    /// cannot wait for a userfault). Found by the executor simulation.
+    pub fn writeback_release(&mut self, w: &Writeback, result: Result<(), Errno>) -> Result<(), Errno> {
+        if result.is_err() && w.staging.is_none() && !self.pages.get(w.page).state.holds_frame() {
+            return Ok(());
+        }
+        match result {
+            Ok(()) => self.count_writeback(w.page),
+            Err(e) => self.note_file_error(w.file, e),
+        }
+        if w.staging.is_some() {
+            debug_assert_eq!(self.pages.get(w.page).state, PState::Evicting);
+            self.pages.update(w.page, |m| {
+                m.state = PState::Inactive;
+                if result.is_ok() {
+                    m.flags &= !pf::MAYBE_DIRTY;
+                }
+            });
+            self.push_inactive(w.page);
+        }
+        result
+    }
+}
+
+/// Queries (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// The first write-back error recorded for `file` since the last call,
+    /// cleared (fsync semantics).
+    pub fn take_file_error(&mut self, file: u32) -> Option<Errno> {
+        self.files.take_error(file)
     }
 
     /// The file ids still mapped by a live region.

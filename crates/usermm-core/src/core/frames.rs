@@ -18,6 +18,27 @@ use crate::types::PageIdx;
 /// leaves (`PageTable::spare_low`), the executor is asked to refill.
 const SPARES_LOW_CHUNKS: usize = 4;
 
+/// Commits (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// Takes spare metadata buffers allocated outside the core lock: a
+    /// fault's commit then never calls the allocator, whose heap growth (an
+    /// `mprotect` of a thread arena) waits for the kernel's mmap lock —
+    /// behind a concurrent `munmap`'s zap, for hundreds of microseconds.
+    pub fn add_spares(&mut self, s: Spares) {
+        self.pages.add_spare(s.leaves);
+        self.lru.add_spare(s.active, s.inactive);
+    }
+
+    /// Drops stale LRU entries when they dominate, sweeping at most
+    /// `chunks` chunks of 512 entries (`Lru::compact`). A zap, which is
+    /// what leaves entries stale in bulk, sweeps two chunks for every
+    /// chunk's worth it zapped.
+    pub(super) fn maybe_compact(&mut self, chunks: usize) {
+        self.lru.compact(&self.pages, chunks);
+    }
+}
+
+/// Queries (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Counts `n` frames about to be claimed (the pages that take them
     /// become busy at once, and so count as resident).
@@ -72,22 +93,5 @@ impl Core {
     pub fn spares_low(&self) -> bool {
         let (_, a, i) = self.spares_wanted();
         self.pages.spare_low() || a > SPARES_LOW_CHUNKS || i > SPARES_LOW_CHUNKS
-    }
-
-    /// Takes spare metadata buffers allocated outside the core lock: a
-    /// fault's commit then never calls the allocator, whose heap growth (an
-    /// `mprotect` of a thread arena) waits for the kernel's mmap lock —
-    /// behind a concurrent `munmap`'s zap, for hundreds of microseconds.
-    pub fn add_spares(&mut self, s: Spares) {
-        self.pages.add_spare(s.leaves);
-        self.lru.add_spare(s.active, s.inactive);
-    }
-
-    /// Drops stale LRU entries when they dominate, sweeping at most
-    /// `chunks` chunks of 512 entries (`Lru::compact`). A zap, which is
-    /// what leaves entries stale in bulk, sweeps two chunks for every
-    /// chunk's worth it zapped.
-    pub(super) fn maybe_compact(&mut self, chunks: usize) {
-        self.lru.compact(&self.pages, chunks);
     }
 }

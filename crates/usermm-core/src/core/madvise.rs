@@ -46,6 +46,7 @@ fn guard_install_checks(reg: &Region) -> Result<(), Errno> {
     Ok(())
 }
 
+/// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Decides `madvise`. Attribute advice (NORMAL/RANDOM/SEQUENTIAL) is
     /// applied to the regions here (the executor holds the exclusive lock for
@@ -173,7 +174,10 @@ impl Core {
         }
         Ok(())
     }
+}
 
+/// Commits (see "Methods by kind" in `core.rs`).
+impl Core {
     /// Marks every page of `r` poisoned (after the executor zapped them).
     pub fn set_poison(&mut self, r: PageRange) {
         for q in r.start.0..r.end.0 {
@@ -183,7 +187,10 @@ impl Core {
             });
         }
     }
+}
 
+/// Queries (see "Methods by kind" in `core.rs`).
+impl Core {
     /// Swapped pages of `r` to read in (MADV_WILLNEED); none are claimed: the
     /// executor touches them through the normal fault path.
     pub fn swapped_in(&self, r: PageRange) -> Vec<PageIdx> {

@@ -17,6 +17,7 @@ use crate::page::{pf, PState};
 use crate::region::{LockMode, Region};
 use crate::types::{Addr, PageIdx, PageRange};
 
+/// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Decides `mlock2` (`mode` Locked or OnFault) and `munlock` (`mode`
     /// None). `addr` need not be aligned: the range is widened to whole pages
@@ -127,20 +128,6 @@ impl Core {
         }
     }
 
-    /// Undoes a lock plan's changes (the host refused, or the budget could
-    /// not hold a full lock).
-    pub fn lock_revert(&mut self, plan: &LockPlan) {
-        let mut scratch = LockPlan::default();
-        for &(seg, old) in plan.changed.iter().rev() {
-            let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
-            if self.regions.len() + cost > self.cfg.max_regions + 2 {
-                continue;
-            }
-            self.set_lock(seg, old, &mut scratch);
-            self.regions.merge_around(seg);
-        }
-    }
-
     /// Decides `mlockall`: returns the plan for `MCL_CURRENT`'s changes.
     pub fn mlockall(&mut self, flags: i32) -> LockPlan {
         let mut plan = LockPlan { populate_best_effort: true, ..LockPlan::default() };
@@ -188,7 +175,27 @@ impl Core {
         self.regions.merge_around(PageRange::new(0, self.cfg.reserve_pages));
         plan
     }
+}
 
+/// Commits (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// Undoes a lock plan's changes (the host refused, or the budget could
+    /// not hold a full lock).
+    pub fn lock_revert(&mut self, plan: &LockPlan) {
+        let mut scratch = LockPlan::default();
+        for &(seg, old) in plan.changed.iter().rev() {
+            let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
+            if self.regions.len() + cost > self.cfg.max_regions + 2 {
+                continue;
+            }
+            self.set_lock(seg, old, &mut scratch);
+            self.regions.merge_around(seg);
+        }
+    }
+}
+
+/// Queries (see "Methods by kind" in `core.rs`).
+impl Core {
     /// Pages a full lock of `segs` would need resident at once, and whether
     /// the budget can hold them (the locked pages elsewhere stay).
     pub fn lock_fits(&self, segs: &[PageRange]) -> bool {

@@ -37,79 +37,8 @@ pub const OOM_ROUNDS_BUSY: u32 = 1000;
 /// Frames a populate that finds none reclaims at once.
 const POPULATE_RECLAIM_BATCH: u64 = 64;
 
+/// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
-    /// Whether reclaim can free nothing however long it is waited for:
-    /// every resident page is locked, or there is no swap room (full, or
-    /// the page store refuses writes and is being backed off from:
-    /// `set_swap_writes_paused`). What clean pages there were, the round
-    /// that found the fault short of frames dropped.
-    pub fn reclaim_hopeless(&self) -> bool {
-        self.resident() <= self.pages.census().locked || self.swap.slots_free() == 0 || self.swap.paused()
-    }
-
-    /// Whether any page is being worked on (filled, parked, evicted,
-    /// written back, zapped): work whose end may free frames or make pages
-    /// reclaimable, which a fault short of frames waits for rather than
-    /// being out of memory.
-    pub fn reclaim_in_flight(&self) -> bool {
-        self.pages.busy() > 0 || self.zaps.any_zapping()
-    }
-
-    /// Whether a fault or populate that has found no frame after `rounds`
-    /// empty reclaim rounds is out of memory: after one round when nothing
-    /// could ever be reclaimed (no swap, nothing to purge, discard or drop);
-    /// when no work is in flight anywhere (`reclaim_in_flight`), after one
-    /// round when reclaim is hopeless and after `OOM_ROUNDS` otherwise;
-    /// with work in flight only after `OOM_ROUNDS_BUSY` (the executor waits
-    /// for it to settle between rounds). The decision needs no clock: a
-    /// budget full of locked pages, a full swap or a page store that
-    /// refuses writes is out of memory at once, not after a wait (the
-    /// faulting thread's SIGBUS within a millisecond, where waiting 50
-    /// rounds of 5 ms had made it 0.25 s, and 5 s behind a failing store).
-    /// The executor gives up with [`Failure::OutOfMemory`](super::Failure::OutOfMemory).
-    pub fn out_of_memory(&self, rounds: u32) -> bool {
-        if rounds == 0 {
-            return false;
-        }
-        if self.free_frames() == 0 && self.nothing_reclaimable() {
-            return true;
-        }
-        if rounds > OOM_ROUNDS_BUSY {
-            return true;
-        }
-        !self.reclaim_in_flight() && (self.reclaim_hopeless() || rounds > OOM_ROUNDS)
-    }
-
-    /// Whether the page store refuses writes and the executor backs off
-    /// from it: no eviction that needs a write is planned, no page parked
-    /// for one, and reclaim is hopeless once nothing else can leave
-    /// (`reclaim_hopeless`).
-    pub fn set_swap_writes_paused(&mut self, on: bool) {
-        self.swap.set_paused(on);
-    }
-
-    /// Whether reclaim could free a frame were the store taking writes:
-    /// not every resident page is locked, and swap has room.
-    pub fn reclaim_possible_but_for_store(&self) -> bool {
-        self.resident() > self.pages.census().locked && self.swap.slots_free() > 0
-    }
-
-    /// See [`Core::set_swap_writes_paused`].
-    pub fn swap_writes_paused(&self) -> bool {
-        self.swap.paused()
-    }
-
-    /// Whether reclaim has nothing it could ever take: no swap (anonymous
-    /// pages are unevictable, as on a swapless Linux), no volatile page to
-    /// purge, no lazily freed page the host can discard, and no shared file
-    /// region whose pages could go to their file.
-    fn nothing_reclaimable(&self) -> bool {
-        self.swap.capacity() == 0
-            && self.pages.census().volatile == 0
-            && (self.pages.census().lazyfree == 0 || !self.options.host_lazyfree())
-            && !self.regions.iter().any(|r| r.kind() == Kind::FileShared)
-    }
-
     /// Plans reclaim of up to `want` frames: evictions from the inactive
     /// list, and deactivations that refill it.
     pub fn reclaim_plan(&mut self, want: u64) -> ReclaimPlan {
@@ -392,11 +321,6 @@ impl Core {
         }
     }
 
-    /// Lazily freed pages beyond the space's bound (`set_lazyfree_max`).
-    pub fn lazyfree_excess(&self) -> u64 {
-        self.options.lazyfree_excess(self.pages.census().lazyfree)
-    }
-
     /// Plans the eager discard of the lazily freed pages beyond the bound.
     pub fn lazyfree_trim_plan(&mut self) -> ReclaimPlan {
         let mut plan = ReclaimPlan::default();
@@ -406,11 +330,77 @@ impl Core {
         }
         plan
     }
+}
 
-    /// Bounds how many lazily freed pages the space keeps (`u64::MAX`:
-    /// unbounded); past it, `MADV_FREE` discards the oldest at once.
-    pub fn set_lazyfree_max(&mut self, pages: u64) {
-        self.options.set_lazyfree_max(pages);
+/// Queries (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// Whether reclaim can free nothing however long it is waited for:
+    /// every resident page is locked, or there is no swap room (full, or
+    /// the page store refuses writes and is being backed off from:
+    /// `set_swap_writes_paused`). What clean pages there were, the round
+    /// that found the fault short of frames dropped.
+    pub fn reclaim_hopeless(&self) -> bool {
+        self.resident() <= self.pages.census().locked || self.swap.slots_free() == 0 || self.swap.paused()
+    }
+
+    /// Whether any page is being worked on (filled, parked, evicted,
+    /// written back, zapped): work whose end may free frames or make pages
+    /// reclaimable, which a fault short of frames waits for rather than
+    /// being out of memory.
+    pub fn reclaim_in_flight(&self) -> bool {
+        self.pages.busy() > 0 || self.zaps.any_zapping()
+    }
+
+    /// Whether a fault or populate that has found no frame after `rounds`
+    /// empty reclaim rounds is out of memory: after one round when nothing
+    /// could ever be reclaimed (no swap, nothing to purge, discard or drop);
+    /// when no work is in flight anywhere (`reclaim_in_flight`), after one
+    /// round when reclaim is hopeless and after `OOM_ROUNDS` otherwise;
+    /// with work in flight only after `OOM_ROUNDS_BUSY` (the executor waits
+    /// for it to settle between rounds). The decision needs no clock: a
+    /// budget full of locked pages, a full swap or a page store that
+    /// refuses writes is out of memory at once, not after a wait (the
+    /// faulting thread's SIGBUS within a millisecond, where waiting 50
+    /// rounds of 5 ms had made it 0.25 s, and 5 s behind a failing store).
+    /// The executor gives up with [`Failure::OutOfMemory`](super::Failure::OutOfMemory).
+    pub fn out_of_memory(&self, rounds: u32) -> bool {
+        if rounds == 0 {
+            return false;
+        }
+        if self.free_frames() == 0 && self.nothing_reclaimable() {
+            return true;
+        }
+        if rounds > OOM_ROUNDS_BUSY {
+            return true;
+        }
+        !self.reclaim_in_flight() && (self.reclaim_hopeless() || rounds > OOM_ROUNDS)
+    }
+
+    /// Whether reclaim could free a frame were the store taking writes:
+    /// not every resident page is locked, and swap has room.
+    pub fn reclaim_possible_but_for_store(&self) -> bool {
+        self.resident() > self.pages.census().locked && self.swap.slots_free() > 0
+    }
+
+    /// See [`Core::set_swap_writes_paused`].
+    pub fn swap_writes_paused(&self) -> bool {
+        self.swap.paused()
+    }
+
+    /// Whether reclaim has nothing it could ever take: no swap (anonymous
+    /// pages are unevictable, as on a swapless Linux), no volatile page to
+    /// purge, no lazily freed page the host can discard, and no shared file
+    /// region whose pages could go to their file.
+    fn nothing_reclaimable(&self) -> bool {
+        self.swap.capacity() == 0
+            && self.pages.census().volatile == 0
+            && (self.pages.census().lazyfree == 0 || !self.options.host_lazyfree())
+            && !self.regions.iter().any(|r| r.kind() == Kind::FileShared)
+    }
+
+    /// Lazily freed pages beyond the space's bound (`set_lazyfree_max`).
+    pub fn lazyfree_excess(&self) -> u64 {
+        self.options.lazyfree_excess(self.pages.census().lazyfree)
     }
 
     /// How many frames a fault that finds none reclaims at once: enough to
@@ -423,6 +413,23 @@ impl Core {
         } else {
             (self.cfg.budget_pages / 8).clamp(1, 16)
         }
+    }
+}
+
+/// Configuration (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// Whether the page store refuses writes and the executor backs off
+    /// from it: no eviction that needs a write is planned, no page parked
+    /// for one, and reclaim is hopeless once nothing else can leave
+    /// (`reclaim_hopeless`).
+    pub fn set_swap_writes_paused(&mut self, on: bool) {
+        self.swap.set_paused(on);
+    }
+
+    /// Bounds how many lazily freed pages the space keeps (`u64::MAX`:
+    /// unbounded); past it, `MADV_FREE` discards the oldest at once.
+    pub fn set_lazyfree_max(&mut self, pages: u64) {
+        self.options.set_lazyfree_max(pages);
     }
 }
 

@@ -15,6 +15,7 @@ use crate::page::{pf, PState};
 use crate::region::LockMode;
 use crate::types::PageRange;
 
+/// Queries (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Walks the whole state and asserts every invariant.
     pub fn validate(&self) {

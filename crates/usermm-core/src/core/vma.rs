@@ -69,6 +69,7 @@ fn file_mmap_ok(f: &FileMap, off: Option<u64>, len: u64) -> Result<(), Errno> {
     }
 }
 
+/// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Decides an anonymous `mmap`. `anon` is false for a file mapping, which
     /// the executor has validated (the descriptor) before calling.
@@ -358,13 +359,6 @@ impl Core {
         Ok(Some(self.detach(r)))
     }
 
-    /// The last phase of `munmap`: the range may be reused.
-    pub fn unhold(&mut self, d: &Detached) {
-        for r in &d.ranges {
-            self.zaps.unhold(*r);
-        }
-    }
-
     /// Decides `mprotect`. Returns the segments to apply (in order) and the
     /// call's result; on error the segments before the failure are applied,
     /// as Linux does.
@@ -457,6 +451,16 @@ impl Core {
             return (applied, bad(Errno::ENOMEM));
         }
         (applied, Ok(()))
+    }
+}
+
+/// Commits (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// The last phase of `munmap`: the range may be reused.
+    pub fn unhold(&mut self, d: &Detached) {
+        for r in &d.ranges {
+            self.zaps.unhold(*r);
+        }
     }
 }
 

@@ -14,6 +14,7 @@ use crate::page::{pf, PState, PageMeta};
 use crate::region::LockMode;
 use crate::types::{PageIdx, PageRange};
 
+/// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Decides `mvolatile`: marks the pages of the range volatile. A locked
     /// region is `EINVAL`, holes `ENOMEM` (after marking the mapped parts).
@@ -134,20 +135,6 @@ impl Core {
         Some(FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked, wp })
     }
 
-    /// How many pages of `r` are marked volatile (purged ones included).
-    pub fn volatile_in(&self, r: PageRange) -> u64 {
-        let mut n = 0;
-        self.pages.for_each_live(r, |_, m| n += u64::from(m.has(pf::VOLATILE)));
-        n
-    }
-
-    /// Whether any page of `r` is volatile (mlock refuses them).
-    pub fn any_volatile(&self, r: PageRange) -> bool {
-        let mut v = false;
-        self.pages.for_each_live(r, |_, m| v |= m.has(pf::VOLATILE));
-        v
-    }
-
     /// `MADV_FREE` on `r`: swapped pages are freed at once (their slots
     /// released; they read back as zeros); resident pages become lazily
     /// freed and keep their data. Busy pages are left alone (Linux's
@@ -183,6 +170,23 @@ impl Core {
             }
         }
         parked
+    }
+}
+
+/// Queries (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// How many pages of `r` are marked volatile (purged ones included).
+    pub fn volatile_in(&self, r: PageRange) -> u64 {
+        let mut n = 0;
+        self.pages.for_each_live(r, |_, m| n += u64::from(m.has(pf::VOLATILE)));
+        n
+    }
+
+    /// Whether any page of `r` is volatile (mlock refuses them).
+    pub fn any_volatile(&self, r: PageRange) -> bool {
+        let mut v = false;
+        self.pages.for_each_live(r, |_, m| v |= m.has(pf::VOLATILE));
+        v
     }
 
     /// The runs of resident, lazily freed pages of `r` (a write populate

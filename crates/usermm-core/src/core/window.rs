@@ -158,6 +158,34 @@ pub(super) fn file_fault_around_block(p: PageIdx, region: PageRange, page_shift:
 /// is as far as its position is known).
 pub const READAHEAD_DEPTH: u64 = 4;
 
+/// Plans (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// A fault found page `p` busy. When `p` is being read in by a stream's
+    /// read-ahead (a shared or private file region, sequential advice or a
+    /// sequential streak, not locked), the window a handler thread may read
+    /// instead of waiting idle for `p`: `[start, end)` from the next
+    /// untouched page of the stream. Two windows are then read at once (the
+    /// background thread's and this one), one per CPU. Notes where the
+    /// program is (`reader_at`), which lets the read-ahead run on (the
+    /// program takes no fault that fills in a stream read ahead of it).
+    pub fn readahead_instead_of_wait(&mut self, p: PageIdx) -> Option<(PageIdx, PageIdx)> {
+        if self.pages.get(p).state != PState::Filling {
+            return None;
+        }
+        let reg = self.regions.find_mut(p)?;
+        reg.file()?;
+        let streaming = reg.advice() == Advice::Sequential || (reg.advice() == Advice::Normal && reg.streak() >= 3);
+        if !streaming || reg.lock() != LockMode::None {
+            return None;
+        }
+        reg.note_reader_at(p);
+        let r = self.regions.find(p)?;
+        let q = self.stream_next(r, PageIdx(p.0 + 1))?;
+        Some((q, PageIdx(q.0 + self.readahead_window(q))))
+    }
+}
+
+/// Queries (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Whether page `p` is an untouched page of a region of `file`: where a
     /// streaming read of that file goes on.
@@ -213,29 +241,5 @@ impl Core {
             q += 1;
         }
         None
-    }
-
-    /// A fault found page `p` busy. When `p` is being read in by a stream's
-    /// read-ahead (a shared or private file region, sequential advice or a
-    /// sequential streak, not locked), the window a handler thread may read
-    /// instead of waiting idle for `p`: `[start, end)` from the next
-    /// untouched page of the stream. Two windows are then read at once (the
-    /// background thread's and this one), one per CPU. Notes where the
-    /// program is (`reader_at`), which lets the read-ahead run on (the
-    /// program takes no fault that fills in a stream read ahead of it).
-    pub fn readahead_instead_of_wait(&mut self, p: PageIdx) -> Option<(PageIdx, PageIdx)> {
-        if self.pages.get(p).state != PState::Filling {
-            return None;
-        }
-        let reg = self.regions.find_mut(p)?;
-        reg.file()?;
-        let streaming = reg.advice() == Advice::Sequential || (reg.advice() == Advice::Normal && reg.streak() >= 3);
-        if !streaming || reg.lock() != LockMode::None {
-            return None;
-        }
-        reg.note_reader_at(p);
-        let r = self.regions.find(p)?;
-        let q = self.stream_next(r, PageIdx(p.0 + 1))?;
-        Some((q, PageIdx(q.0 + self.readahead_window(q))))
     }
 }
