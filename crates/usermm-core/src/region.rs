@@ -5,7 +5,8 @@
 //! - two adjacent regions that could merge are merged (as Linux's
 //!   `vma_merge` does for anonymous memory), so the region count is the one
 //!   Linux would have;
-//! - the count never exceeds the limit the caller enforces (`max_regions`).
+//! - the count never exceeds the limit the caller enforces (`max_regions`);
+//! - a region's object matches its kind (`Region::validate`).
 //!
 //! A region's fields are private to this module: the core reads them
 //! through accessors and changes them only through `Region`'s named
@@ -374,6 +375,15 @@ impl Region {
     pub fn writable(&self) -> bool {
         self.prot & PROT_WRITE != 0
     }
+
+    /// Asserts the region's own invariants: private anonymous memory has
+    /// no object, shared anonymous memory one of its own, and a file
+    /// region its file's (`FILE_OBJECT` and the file id).
+    fn validate(&self) {
+        let file = matches!(self.kind, Kind::FileShared | Kind::FilePrivate);
+        assert_eq!(self.object == 0, self.kind == Kind::AnonPrivate, "object of {:?} {:?}", self.kind, self.range);
+        assert_eq!(self.object & FILE_OBJECT != 0, file, "object of {:?} {:?}", self.kind, self.range);
+    }
 }
 
 pub struct RegionTree {
@@ -546,6 +556,7 @@ impl RegionTree {
             assert_eq!(*k, r.range.start.0, "key");
             assert!(!r.range.is_empty(), "empty region");
             assert!(r.range.end.0 <= limit, "region beyond reservation");
+            r.validate();
             if let Some(p) = prev {
                 assert!(p.range.end <= r.range.start, "overlap {:?} {:?}", p.range, r.range);
                 assert!(!p.can_merge(r), "unmerged neighbours {:?} {:?}", p.range, r.range);
