@@ -16,31 +16,101 @@
 //! `Core::validate` calls each part's own `validate` before it checks the
 //! parts against one another.
 //!
-//! | part (module)                    | owns                                                   |
-//! |----------------------------------|--------------------------------------------------------|
-//! | `RegionTree` (`region.rs`)       | the regions; shared anonymous objects' identities      |
-//! | `Zaps` (`core/zaps.rs`)          | ranges held by `munmap`; chunks being zapped           |
-//! | `PageTable` (`page.rs`)          | every page's state and flags, and their census         |
-//! | `Lru` (`lru.rs`)                 | the active, inactive, lazy, volatile lists; generations |
-//! | `SwapSpace` (`core/swap.rs`)     | swap slots; slots being released or scrubbed; pause    |
-//! | `SlotAllocator` (`slots.rs`)     | staging slots                                          |
-//! | `Pressure` (`core/pressure.rs`)  | budget ran out; refill to the watermark; demand        |
-//! | `Locks` (`core/locks.rs`)        | pages charged to the lock limit; `mlockall`'s future   |
-//! | `Options` (`core/options.rs`)    | the host's lazy free and write tracking; space options |
-//! | `FileTable` (`core/file_table.rs`) | pages mapping each file; write-back errors to report |
+//! | part (module)                      | owns                                                                             |
+//! |------------------------------------|----------------------------------------------------------------------------------|
+//! | `RegionTree` (`region.rs`)         | the regions (changed only by `Region`'s mutators); shared anonymous objects' ids |
+//! | `Zaps` (`core/zaps.rs`)            | ranges held by `munmap`; chunks being zapped                                     |
+//! | `PageTable` (`page.rs`)            | every page's state and flags, and their census                                   |
+//! | `Lru` (`lru.rs`)                   | the active, inactive, lazy, volatile lists; generations; compaction              |
+//! | `SwapSpace` (`core/swap.rs`)       | swap slots; slots being released or scrubbed; pause                              |
+//! | `SlotAllocator` (`slots.rs`)       | staging slots                                                                    |
+//! | `Pressure` (`core/pressure.rs`)    | budget ran out; refill to the watermark; demand                                  |
+//! | `Locks` (`core/locks.rs`)          | pages charged to the lock limit; `mlockall`'s future                             |
+//! | `Options` (`core/options.rs`)      | the host's lazy free and write tracking; space options                           |
+//! | `FileTable` (`core/file_table.rs`) | pages mapping each file; write-back errors to report                             |
 //!
 //! Beside them `Core` holds its configuration (read only) and the event
-//! `Counters`. (`Lru`'s lists are still public fields, used by the
-//! concerns directly.)
+//! `Counters`.
+//!
+//! # Methods by kind
+//!
+//! Every public method of `Core` is one of four kinds, which the executor
+//! calls in the order of the crate's protocol (plan, act, commit):
+//!
+//! - **plan**: decides, changes the metadata, claims what it decided on
+//!   (pages made busy, slots reserved) and returns what the executor
+//!   carries out outside the core lock — a `FaultPlan`, a `ReclaimPlan`, a
+//!   `LockPlan`, pages, ranges or slots. (`msync` and `populate_check` only
+//!   check their arguments and return ranges; `reclaim_ahead` and
+//!   `reclaim_ahead_want` decide the background thread's rounds.)
+//! - **commit**: applies what the executor did with a plan (`*_done`,
+//!   `*_lost`, `writeback_release`, `unhold`, `zap_end`, `lock_revert`),
+//!   and leaves the state consistent whether it succeeded or failed.
+//! - **query**: reads (`&self`), for the executor's decisions,
+//!   introspection and tests (`validate`); `take_file_error` also clears
+//!   the error it reports (fsync semantics).
+//! - **configuration**: `new`, and the `set_*` of the space's options, the
+//!   host's capabilities and the page store's state.
+//!
+//! Each concern's file holds one `impl Core` block per kind it has, in
+//! that order, headed by its kind (a private helper stays after the
+//! public method it followed):
+//!
+//! | kind          | file            | methods                                                           |
+//! |---------------|-----------------|-------------------------------------------------------------------|
+//! | plan          | `evict.rs`      | `deactivate_range`, `pageout_range`, `evict_pages`, `evict_range` |
+//! |               | `fault.rs`      | `fault`, `fault_in_thread`, `populate_step`, `populate_check`     |
+//! |               | `file.rs`       | `writeback_claim`, `msync`                                        |
+//! |               | `madvise.rs`    | `madvise`                                                         |
+//! |               | `mlock.rs`      | `lock_range`, `mlockall`, `munlockall`                            |
+//! |               | `policy.rs`     | `reclaim_ahead`, `reclaim_ahead_want`                             |
+//! |               | `reclaim.rs`    | `reclaim_plan`, `lazyfree_trim_plan`                              |
+//! |               | `release.rs`    | `swap_scrub_plan`, `swap_release_plan`                            |
+//! |               | `swapcache.rs`  | `wp_fault`                                                        |
+//! |               | `vma.rs`        | `mmap`, `mmap_file`, `munmap`, `mprotect`                         |
+//! |               | `volatile.rs`   | `mvolatile`, `mnovolatile`, `reactivate_step`, `lazyfree`         |
+//! |               | `window.rs`     | `readahead_instead_of_wait`                                       |
+//! |               | `zap.rs`        | `zap_begin`                                                       |
+//! | commit        | `evict.rs`      | `deactivate_done`, `deactivate_lost`, `drop_done`, `evict_done`,  |
+//! |               |                 | `purge_done`, `reactivate_lost`, `discard_done`                   |
+//! |               | `fault.rs`      | `fill_done`, `fault_oom`                                          |
+//! |               | `file.rs`       | `writeback_done`, `note_file_error`, `count_writeback`,           |
+//! |               |                 | `writeback_release`                                               |
+//! |               | `frames.rs`     | `add_spares`                                                      |
+//! |               | `madvise.rs`    | `set_poison`                                                      |
+//! |               | `mlock.rs`      | `lock_revert`                                                     |
+//! |               | `release.rs`    | `swap_scrub_done`, `swap_release_done`                            |
+//! |               | `vma.rs`        | `unhold`                                                          |
+//! |               | `zap.rs`        | `zap_end`                                                         |
+//! | query         | `core.rs`       | `config`, `page_size`, `regions`, `locked_extents`, `page`,       |
+//! |               |                 | `free_frames`, `resident`, `held`, `addr_of`, `page_of`           |
+//! |               | `file.rs`       | `take_file_error`, `files_in_use`, `shared_file_ranges`           |
+//! |               | `frames.rs`     | `lru_sweep_work`, `spares_wanted`, `spares_low`                   |
+//! |               | `introspect.rs` | `any_filling`, `mincore`, `page_state`, `stats`, `region_usage`   |
+//! |               | `madvise.rs`    | `swapped_in`                                                      |
+//! |               | `mlock.rs`      | `lock_fits`, `region_at`                                          |
+//! |               | `policy.rs`     | `inactive_target`, `needs_aging`                                  |
+//! |               | `reclaim.rs`    | `reclaim_hopeless`, `reclaim_in_flight`, `out_of_memory`,         |
+//! |               |                 | `reclaim_possible_but_for_store`, `swap_writes_paused`,           |
+//! |               |                 | `lazyfree_excess`, `direct_reclaim_batch`                         |
+//! |               | `release.rs`    | `swap_release_pending`                                            |
+//! |               | `validate.rs`   | `validate`                                                        |
+//! |               | `volatile.rs`   | `volatile_in`, `any_volatile`, `lazyfree_runs`                    |
+//! |               | `window.rs`     | `file_continues`, `readahead_after_fault`, `readahead_window`,    |
+//! |               |                 | `readahead_chains`                                                |
+//! | configuration | `core.rs`       | `new`, `set_host_lazyfree`, `set_purge_volatile_first`            |
+//! |               | `reclaim.rs`    | `set_swap_writes_paused`, `set_lazyfree_max`                      |
+//! |               | `release.rs`    | `set_swap_release_granule`                                        |
+//! |               | `swapcache.rs`  | `set_tracks_writes`                                               |
 //!
 //! # Where each concern lives
 //!
-//! One `impl Core` block per concern, each in a child module (a helper
-//! another concern calls is `pub(super)`); a concern that needs several
-//! parts at once — a fault claims pages, charges frames and asks the swap
-//! space — is a method of `Core`. Every public method is reached as
-//! `Core::method` whatever file it is in, and every type as
-//! `usermm_core::core::X` and `usermm_core::X` (re-exported below).
+//! Each concern is a child module (a helper another concern calls is
+//! `pub(super)`); a concern that needs several parts at once — a fault
+//! claims pages, charges frames and asks the swap space — is a method of
+//! `Core`. Every public method is reached as `Core::method` whatever file
+//! it is in, and every type as `usermm_core::core::X` and
+//! `usermm_core::X` (re-exported below).
 //!
 //! | file                 | what                                                                   |
 //! |----------------------|------------------------------------------------------------------------|
@@ -51,7 +121,7 @@
 //! | `core/madvise.rs`    | `madvise` decisions, `WILLNEED`/`HWPOISON` page queries                |
 //! | `core/fault.rs`      | fault and populate plans, `fill_done`                                  |
 //! | `core/window.rs`     | fault-around and swap-in window policy, `grow_run`                     |
-//! | `core/frames.rs`     | frame charge, LRU pushes and compaction, spare buffers                 |
+//! | `core/frames.rs`     | frame charge, LRU pushes, spare buffers                                |
 //! | `core/reclaim.rs`    | reclaim policy: what to deactivate, evict, purge, discard, and when    |
 //! | `core/evict.rs`      | `MADV_COLD`/`PAGEOUT` range plans, every reclaim step's `*_done`       |
 //! | `core/file.rs`       | shared file regions: write-back, `msync`, write-back errors            |
@@ -195,39 +265,8 @@ fn bad<T>(e: Errno) -> Result<T, Errno> {
     Err(e)
 }
 
+/// Queries (see "Methods by kind" in `core.rs`).
 impl Core {
-    pub fn new(cfg: CoreConfig) -> Core {
-        assert!(cfg.page_shift >= 12 && cfg.page_shift <= 21);
-        assert_eq!(cfg.base & ((1 << cfg.page_shift) - 1), 0, "base aligned");
-        Core {
-            pages: PageTable::new(cfg.reserve_pages),
-            swap: SwapSpace::new(cfg.swap_slots),
-            staging: SlotAllocator::new(cfg.staging_slots),
-            cfg,
-            regions: RegionTree::default(),
-            zaps: Zaps::default(),
-            lru: Lru::default(),
-            pressure: Pressure::default(),
-            locks: Locks::default(),
-            options: Options::default(),
-            files: FileTable::default(),
-            counters: Counters::default(),
-        }
-    }
-
-    /// The executor can have the host discard clean lazily freed pages.
-    pub fn set_host_lazyfree(&mut self, on: bool) {
-        self.options.set_host_lazyfree(on);
-    }
-
-    /// `UMM_F_PURGE_VOLATILE_FIRST`: reclaim takes the pages that were
-    /// resident when marked volatile before any other page, oldest mark
-    /// first, whatever their recency (SPEC §3's "a space option may purge
-    /// volatile pages first").
-    pub fn set_purge_volatile_first(&mut self, on: bool) {
-        self.options.set_purge_volatile_first(on);
-    }
-
     pub fn config(&self) -> &CoreConfig {
         &self.cfg
     }
@@ -243,10 +282,10 @@ impl Core {
     pub fn locked_extents(&self) -> Vec<(u64, u64)> {
         self.regions
             .iter()
-            .filter(|r| r.lock != LockMode::None)
+            .filter(|r| r.lock() != LockMode::None)
             .map(|r| {
-                let a = self.addr_of(r.range.start).0;
-                (a, self.addr_of(r.range.end).0 - a)
+                let a = self.addr_of(r.range().start).0;
+                (a, self.addr_of(r.range().end).0 - a)
             })
             .collect()
     }
@@ -298,6 +337,41 @@ impl Core {
     fn in_reservation(&self, addr: u64, pages: u64) -> bool {
         let top = self.cfg.base + (self.cfg.reserve_pages << self.cfg.page_shift);
         addr >= self.cfg.base && self.range_end(addr, pages).is_some_and(|e| e <= top)
+    }
+}
+
+/// Configuration (see "Methods by kind" in `core.rs`).
+impl Core {
+    pub fn new(cfg: CoreConfig) -> Core {
+        assert!(cfg.page_shift >= 12 && cfg.page_shift <= 21);
+        assert_eq!(cfg.base & ((1 << cfg.page_shift) - 1), 0, "base aligned");
+        Core {
+            pages: PageTable::new(cfg.reserve_pages),
+            swap: SwapSpace::new(cfg.swap_slots),
+            staging: SlotAllocator::new(cfg.staging_slots),
+            cfg,
+            regions: RegionTree::default(),
+            zaps: Zaps::default(),
+            lru: Lru::default(),
+            pressure: Pressure::default(),
+            locks: Locks::default(),
+            options: Options::default(),
+            files: FileTable::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The executor can have the host discard clean lazily freed pages.
+    pub fn set_host_lazyfree(&mut self, on: bool) {
+        self.options.set_host_lazyfree(on);
+    }
+
+    /// `UMM_F_PURGE_VOLATILE_FIRST`: reclaim takes the pages that were
+    /// resident when marked volatile before any other page, oldest mark
+    /// first, whatever their recency (SPEC §3's "a space option may purge
+    /// volatile pages first").
+    pub fn set_purge_volatile_first(&mut self, on: bool) {
+        self.options.set_purge_volatile_first(on);
     }
 }
 

@@ -19,8 +19,9 @@
 //! page of its range stale at once; sweeping 262,144 entries in one go held
 //! the core lock for up to 0.8 ms and stalled other threads' faults.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
+use crate::page::{pf, PState, PageTable};
 use crate::types::PageIdx;
 
 /// Entries per chunk of a [`Fifo`].
@@ -135,6 +136,13 @@ impl<T: Copy> Fifo<T> {
         }
     }
 
+    /// Asserts that `len` counts the entries and the cursor is inside the
+    /// list.
+    pub fn validate(&self) {
+        assert_eq!(self.len, self.chunks.iter().map(|c| c.len()).sum::<usize>(), "list length");
+        assert!(self.cursor <= self.chunks.len(), "sweep cursor beyond the list");
+    }
+
     /// Compacts up to `max_chunks` chunks, from where the last call stopped,
     /// keeping the entries `keep` accepts (in order). Returns true when the
     /// sweep reached the end of the list (the next call starts over).
@@ -159,27 +167,40 @@ impl<T: Copy> Fifo<T> {
     }
 }
 
+/// An entry of the active or inactive list: a page and the generation it
+/// was queued under.
+pub type Entry = (PageIdx, u32);
+
+/// Pushes per chunk a compaction sweeps (see [`Lru::add_active`]).
+const SWEEP_EVERY_PUSHES: u32 = 64;
+
+/// The lists, and the bookkeeping of their incremental compaction.
+///
+/// Reclaim takes entries from a list's head (`isolate_*`) and either drops
+/// them (stale, or leaving the LRU), returns them to the head where they
+/// were (`putback_*`), or moves them to the tail (`rotate_*`); a page that
+/// becomes resident or parked is added under a new generation
+/// (`add_active`, `add_inactive`), which makes its older entries stale.
 pub struct Lru {
-    pub active: Fifo<(PageIdx, u32)>,
-    pub inactive: Fifo<(PageIdx, u32)>,
+    active: Fifo<Entry>,
+    inactive: Fifo<Entry>,
     /// Pages lazily freed (MADV_FREE), in order: reclaim takes them first,
     /// since discarding a clean one costs no I/O. An entry is valid while the
     /// page still has its `LAZYFREE` flag.
-    pub lazy: Fifo<PageIdx>,
+    lazy: Fifo<PageIdx>,
     /// Pages marked volatile while holding a frame, in order, with
     /// `UMM_F_PURGE_VOLATILE_FIRST` only: reclaim purges them first. An
     /// entry is valid while the page is volatile, not purged, and holds a
     /// frame.
-    pub volatile: Fifo<PageIdx>,
-    /// The list an incremental compaction is sweeping (1: active,
-    /// 2: inactive, 3: lazy, 4: volatile), or 0 (see `Core::maybe_compact`).
-    pub compacting: u8,
-    /// Pushes so far, wrapping: one in `SWEEP_EVERY_PUSHES` sweeps a chunk
-    /// (`Core::sweep_stale`).
-    pub pushes: u32,
+    volatile: Fifo<PageIdx>,
+    /// The list an incremental compaction is sweeping, or `None`
+    /// (see [`Lru::compact`]).
+    compacting: Option<List>,
+    /// Pushes so far, wrapping: one in `SWEEP_EVERY_PUSHES` sweeps a chunk.
+    pushes: u32,
     /// Chunks compaction steps were allowed to sweep so far (a bound on the
-    /// work they did; `Core::lru_sweep_work`).
-    pub sweep_work: u64,
+    /// work they did; [`Lru::sweep_work`]).
+    sweep_work: u64,
     /// Where a page whose metadata starts afresh (generation 0: new, or
     /// reset by a zap) starts its generations, so that an old entry of
     /// the page still in a list does not become valid again (advanced by an
@@ -190,6 +211,15 @@ pub struct Lru {
     fresh_gen: u32,
 }
 
+/// The lists, in the order a compaction sweeps them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum List {
+    Active,
+    Inactive,
+    Lazy,
+    Volatile,
+}
+
 impl Default for Lru {
     fn default() -> Lru {
         Lru {
@@ -197,7 +227,7 @@ impl Default for Lru {
             inactive: Fifo::default(),
             lazy: Fifo::default(),
             volatile: Fifo::default(),
-            compacting: 0,
+            compacting: None,
             pushes: 0,
             sweep_work: 0,
             fresh_gen: 1,
@@ -208,7 +238,7 @@ impl Default for Lru {
 impl Lru {
     /// The generation of a page's next entry, after its generation `gen`
     /// (0: the page's metadata starts afresh). Never 0.
-    pub(crate) fn next_gen(&mut self, gen: u32) -> u32 {
+    fn next_gen(&mut self, gen: u32) -> u32 {
         if gen != 0 {
             return gen.wrapping_add(1).max(1);
         }
@@ -216,12 +246,221 @@ impl Lru {
         self.fresh_gen
     }
 
+    /// Queues page `p` at the tail of the active list under a new
+    /// generation (set in `pages`), and sweeps stale entries a chunk at a
+    /// time (`add_inactive` likewise, for the inactive list).
+    ///
+    /// Stale entries pile up when pages cycle between the lists without
+    /// reclaim popping them and without a zap compacting them (a shared
+    /// file page parked, written back and faulted in again in a loop): once
+    /// the lists are more than twice the resident pages plus 4096, a chunk
+    /// is swept every `SWEEP_EVERY_PUSHES` pushes. Without it, a page came
+    /// back to a generation one of its stale entries still had (when
+    /// generations had 16 bits): a page on the active list twice, seen by
+    /// `validate` after a loop of `MADV_DONTNEED` on a shared file beside a
+    /// writer.
+    ///
+    /// Why not a chunk per push: a fault-around window's commit pushes each
+    /// of its pages, under the core lock, so a 256-page window swept 256
+    /// chunks (131,072 entries, 0.7 ms measured) whenever a large `munmap`
+    /// had left the lists stale — every other thread's fault waited that
+    /// long (`perf` of `usermm bench munmap`: the second thread's worst
+    /// stalls were those commits). A pass over a list of `n` entries now
+    /// takes `n / 8` pushes, which leave at most that many entries stale:
+    /// the lists stay bounded.
+    pub fn add_active(&mut self, pages: &mut PageTable, p: PageIdx) {
+        let e = self.new_entry(pages, p);
+        self.active.push_back(e);
+        self.sweep_stale(pages);
+    }
+
+    /// Queues page `p` at the tail of the inactive list under a new
+    /// generation (see [`Lru::add_active`]).
+    pub fn add_inactive(&mut self, pages: &mut PageTable, p: PageIdx) {
+        let e = self.new_entry(pages, p);
+        self.inactive.push_back(e);
+        self.sweep_stale(pages);
+    }
+
+    /// Gives page `p` its next generation: its entry.
+    fn new_entry(&mut self, pages: &mut PageTable, p: PageIdx) -> Entry {
+        let mut m = pages.get(p);
+        m.gen = self.next_gen(m.gen);
+        pages.set(p, m);
+        (p, m.gen)
+    }
+
+    fn sweep_stale(&mut self, pages: &PageTable) {
+        self.pushes = self.pushes.wrapping_add(1);
+        if self.pushes.is_multiple_of(SWEEP_EVERY_PUSHES) {
+            self.compact(pages, 1);
+        }
+    }
+
+    /// Queues lazily freed page `p` at the tail of the lazy list.
+    pub fn add_lazy(&mut self, p: PageIdx) {
+        self.lazy.push_back(p);
+    }
+
+    /// Queues volatile page `p` at the tail of the volatile list.
+    pub fn add_volatile(&mut self, p: PageIdx) {
+        self.volatile.push_back(p);
+    }
+
+    /// Takes the entry at the head of the active list.
+    pub fn isolate_active(&mut self) -> Option<Entry> {
+        self.active.pop_front()
+    }
+    /// Returns an isolated entry to the head of the active list.
+    pub fn putback_active(&mut self, e: Entry) {
+        self.active.push_front(e);
+    }
+    /// Moves an isolated entry to the tail of the active list.
+    pub fn rotate_active(&mut self, e: Entry) {
+        self.active.push_back(e);
+    }
+
+    /// Takes the entry at the head of the inactive list.
+    pub fn isolate_inactive(&mut self) -> Option<Entry> {
+        self.inactive.pop_front()
+    }
+    /// Returns an isolated entry to the head of the inactive list.
+    pub fn putback_inactive(&mut self, e: Entry) {
+        self.inactive.push_front(e);
+    }
+    /// Moves an isolated entry to the tail of the inactive list.
+    pub fn rotate_inactive(&mut self, e: Entry) {
+        self.inactive.push_back(e);
+    }
+
+    /// Takes the page at the head of the lazy list.
+    pub fn isolate_lazy(&mut self) -> Option<PageIdx> {
+        self.lazy.pop_front()
+    }
+    /// Returns an isolated page to the head of the lazy list.
+    pub fn putback_lazy(&mut self, p: PageIdx) {
+        self.lazy.push_front(p);
+    }
+    /// Moves an isolated page to the tail of the lazy list.
+    pub fn rotate_lazy(&mut self, p: PageIdx) {
+        self.lazy.push_back(p);
+    }
+
+    /// Takes the page at the head of the volatile list.
+    pub fn isolate_volatile(&mut self) -> Option<PageIdx> {
+        self.volatile.pop_front()
+    }
+    /// Returns an isolated page to the head of the volatile list.
+    pub fn putback_volatile(&mut self, p: PageIdx) {
+        self.volatile.push_front(p);
+    }
+    /// Moves an isolated page to the tail of the volatile list.
+    pub fn rotate_volatile(&mut self, p: PageIdx) {
+        self.volatile.push_back(p);
+    }
+
+    /// Entries on the active list, valid or stale.
+    pub fn active_len(&self) -> usize {
+        self.active.len()
+    }
+    /// Entries on the inactive list, valid or stale.
+    pub fn inactive_len(&self) -> usize {
+        self.inactive.len()
+    }
+    /// Entries on the lazy list, valid or stale.
+    pub fn lazy_len(&self) -> usize {
+        self.lazy.len()
+    }
+    /// Entries on the volatile list, valid or stale.
+    pub fn volatile_len(&self) -> usize {
+        self.volatile.len()
+    }
+
+    /// Entries on all lists, valid or stale.
     pub fn len(&self) -> usize {
         self.active.len() + self.inactive.len() + self.lazy.len() + self.volatile.len()
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The spare chunks the active and inactive lists would take.
+    pub fn spare_wanted(&self) -> (usize, usize) {
+        (self.active.spare_wanted(), self.inactive.spare_wanted())
+    }
+
+    /// Takes spare chunks for the active and inactive lists (allocated
+    /// outside the core lock).
+    pub fn add_spare(&mut self, active: Vec<Chunk<Entry>>, inactive: Vec<Chunk<Entry>>) {
+        self.active.add_spare(active);
+        self.inactive.add_spare(inactive);
+    }
+
+    /// How many chunks (of 512 entries) compaction has been allowed to
+    /// sweep so far.
+    pub fn sweep_work(&self) -> u64 {
+        self.sweep_work
+    }
+
+    /// Drops stale entries when they dominate (the lists hold more than
+    /// twice the resident pages plus 4096), sweeping at most `chunks`
+    /// chunks of 512 entries, so that every call stays short. A pass
+    /// sweeps each list in turn (active, inactive, lazy, volatile), from
+    /// where the last call stopped.
+    pub fn compact(&mut self, pages: &PageTable, chunks: usize) {
+        let live = pages.census().resident as usize;
+        if self.compacting.is_none() && self.len() > 2 * live + 4096 {
+            self.compacting = Some(List::Active);
+        }
+        let Some(list) = self.compacting else { return };
+        self.sweep_work += chunks as u64;
+        let swept = match list {
+            List::Active => self.active.sweep(chunks, |e| valid(pages, e, PState::Resident)),
+            List::Inactive => self.inactive.sweep(chunks, |e| valid(pages, e, PState::Inactive)),
+            List::Lazy => self.lazy.sweep(chunks, |p| pages.get(*p).has(pf::LAZYFREE)),
+            List::Volatile => self.volatile.sweep(chunks, |p| {
+                let m = pages.get(*p);
+                m.has(pf::VOLATILE) && !m.has(pf::PURGED) && m.state.holds_frame()
+            }),
+        };
+        if swept {
+            self.compacting = match list {
+                List::Active => Some(List::Inactive),
+                List::Inactive => Some(List::Lazy),
+                List::Lazy => Some(List::Volatile),
+                List::Volatile => None,
+            };
+        }
+    }
+
+    /// How many valid entries of each page the active and inactive lists
+    /// hold (an entry is valid while its generation is the page's and the
+    /// page is in the list's state): `validate` checks every page's counts.
+    pub fn valid_entries(&self, pages: &PageTable) -> HashMap<PageIdx, (u32, u32)> {
+        let mut on = HashMap::<PageIdx, (u32, u32)>::new();
+        for e in self.active.iter().filter(|e| valid(pages, e, PState::Resident)) {
+            on.entry(e.0).or_default().0 += 1;
+        }
+        for e in self.inactive.iter().filter(|e| valid(pages, e, PState::Inactive)) {
+            on.entry(e.0).or_default().1 += 1;
+        }
+        on
+    }
+
+    /// Asserts the lists' own invariants: each list's length is its
+    /// entries' count.
+    pub fn validate(&self) {
+        self.active.validate();
+        self.inactive.validate();
+        self.lazy.validate();
+        self.volatile.validate();
+    }
+}
+
+/// Whether entry `e` of the list of pages in state `state` is valid.
+fn valid(pages: &PageTable, &(p, gen): &Entry, state: PState) -> bool {
+    let m = pages.get(p);
+    m.gen == gen && m.state == state
 }
 
 #[cfg(test)]

@@ -5,7 +5,14 @@
 //! - two adjacent regions that could merge are merged (as Linux's
 //!   `vma_merge` does for anonymous memory), so the region count is the one
 //!   Linux would have;
-//! - the count never exceeds the limit the caller enforces (`max_regions`).
+//! - the count never exceeds the limit the caller enforces (`max_regions`);
+//! - a region's object matches its kind (`Region::validate`).
+//!
+//! A region's fields are private to this module: the core reads them
+//! through accessors and changes them only through `Region`'s named
+//! mutators (`set_prot`, `set_lock`, `set_advice`, the fault-streaming
+//! and swap-copy bookkeeping), reached by `RegionTree::find_mut`; ranges
+//! change only by the tree's splits and merges.
 
 use std::collections::BTreeMap;
 
@@ -48,39 +55,59 @@ pub enum LockMode {
     OnFault,
 }
 
+/// A region: its fields are private to this module, read through
+/// accessors and changed only by the named mutators below (the core's
+/// changes: protection, lock mode, advice, the streaming and swap-copy
+/// bookkeeping of its faults); splits and merges are the tree's.
 #[derive(Clone, Debug)]
 pub struct Region {
-    pub range: PageRange,
-    pub prot: i32,
-    pub kind: Kind,
-    pub advice: Advice,
-    pub noreserve: bool,
-    pub lock: LockMode,
+    range: PageRange,
+    prot: i32,
+    kind: Kind,
+    advice: Advice,
+    noreserve: bool,
+    lock: LockMode,
     /// Identity of the shared object (shared anonymous memory); 0 for private.
-    pub object: u64,
+    object: u64,
     /// Offset of `range.start` in the object, in pages (smaps' offset column).
-    pub pgoff: u64,
+    pgoff: u64,
     /// Streaming detection: the page a sequential reader would fault next.
-    pub next_fault: u64,
+    next_fault: u64,
     /// Streaming detection: consecutive faults that hit `next_fault`.
-    pub streak: u32,
+    streak: u32,
     /// Read-ahead: the page where the program was last seen waiting for a
     /// page being read ahead, since its last fault that filled (it takes no
     /// fault on pages read ahead, so this and `next_fault` are all that is
     /// known of its position); 0 when none.
-    pub reader_at: u64,
+    reader_at: u64,
     /// Swap-in read-around: the region's last few swap-in streams (see
     /// `window::swap_in_window`).
-    pub swap_streams: [SwapStream; SWAP_STREAMS],
+    swap_streams: [SwapStream; SWAP_STREAMS],
     /// Whether `PROT_WRITE` may be set (false for a shared mapping of a
     /// descriptor not open for writing: mprotect says EACCES).
-    pub may_write: bool,
+    may_write: bool,
     /// Its faults are resolved in the faulting thread (`UMM_MAP_INTHREAD`):
     /// a kernel-mode access to a page not resident is `EFAULT`, so its
     /// swap-ins are never installed write-protected.
-    pub in_thread: bool,
+    in_thread: bool,
     /// Whether keeping swap copies pays here (`swapcache.rs`).
-    pub copies: CopyFeedback,
+    copies: CopyFeedback,
+}
+
+/// The attributes `mmap` gives a new region ([`Region::new`]); the
+/// streaming and swap-copy bookkeeping starts afresh.
+#[derive(Clone, Copy, Debug)]
+pub struct RegionAttrs {
+    pub prot: i32,
+    pub kind: Kind,
+    pub noreserve: bool,
+    pub lock: LockMode,
+    /// Identity of the shared object (see [`Region::object`]).
+    pub object: u64,
+    /// Offset of the region's start in the object, in pages.
+    pub pgoff: u64,
+    pub may_write: bool,
+    pub in_thread: bool,
 }
 
 /// What became of a region's swap copies lately: written (a WP fault, an
@@ -90,9 +117,9 @@ pub struct Region {
 /// last one that was (see `Core::keeps_swap_copy`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CopyFeedback {
-    pub written: u32,
-    pub clean: u32,
-    pub probe: u32,
+    written: u32,
+    clean: u32,
+    probe: u32,
 }
 
 impl CopyFeedback {
@@ -114,6 +141,19 @@ impl CopyFeedback {
         self.written <= self.clean.saturating_mul(Self::WRITE_COST)
     }
 
+    /// Whether the next swap-in keeps its swap copy: when copies pay, and
+    /// for one swap-in in `PROBE_EVERY` when they do not.
+    pub fn keep_next(&mut self) -> bool {
+        if self.pays() || self.probe + 1 >= Self::PROBE_EVERY {
+            self.probe = 0;
+            true
+        } else {
+            self.probe += 1;
+            false
+        }
+    }
+
+    /// A swap copy was written (`true`) or evicted clean.
     pub fn note(&mut self, written: bool) {
         if written {
             self.written += 1;
@@ -137,11 +177,11 @@ pub const SWAP_STREAMS: usize = 4;
 /// backwards, and when it was last used (`window::swap_in_window`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SwapStream {
-    pub next: u64,
-    pub back: u64,
-    pub streak: u32,
-    pub backwards: bool,
-    pub used: u32,
+    next: u64,
+    back: u64,
+    streak: u32,
+    backwards: bool,
+    used: u32,
 }
 
 impl Default for SwapStream {
@@ -151,6 +191,154 @@ impl Default for SwapStream {
 }
 
 impl Region {
+    /// A new region over `range`.
+    pub fn new(range: PageRange, a: RegionAttrs) -> Region {
+        Region {
+            range,
+            prot: a.prot,
+            kind: a.kind,
+            advice: Advice::Normal,
+            noreserve: a.noreserve,
+            lock: a.lock,
+            object: a.object,
+            pgoff: a.pgoff,
+            next_fault: u64::MAX,
+            streak: 0,
+            reader_at: 0,
+            swap_streams: Default::default(),
+            may_write: a.may_write,
+            in_thread: a.in_thread,
+            copies: Default::default(),
+        }
+    }
+
+    pub fn range(&self) -> PageRange {
+        self.range
+    }
+    pub fn prot(&self) -> i32 {
+        self.prot
+    }
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+    pub fn advice(&self) -> Advice {
+        self.advice
+    }
+    pub fn noreserve(&self) -> bool {
+        self.noreserve
+    }
+    pub fn lock(&self) -> LockMode {
+        self.lock
+    }
+    /// Identity of the shared object (shared anonymous memory, or
+    /// `FILE_OBJECT` and the file id); 0 for private anonymous memory.
+    pub fn object(&self) -> u64 {
+        self.object
+    }
+    /// Offset of the region's start in its object, in pages.
+    pub fn pgoff(&self) -> u64 {
+        self.pgoff
+    }
+    /// Whether `PROT_WRITE` may be set.
+    pub fn may_write(&self) -> bool {
+        self.may_write
+    }
+    /// Whether its faults are resolved in the faulting thread.
+    pub fn in_thread(&self) -> bool {
+        self.in_thread
+    }
+    /// Consecutive faults that hit where the last run ended (streaming
+    /// detection, normal advice).
+    pub fn streak(&self) -> u32 {
+        self.streak
+    }
+    /// Where the program was last seen in the region: its last fault that
+    /// filled, or a wait on a page being read ahead.
+    pub fn last_seen(&self) -> u64 {
+        self.next_fault.max(self.reader_at)
+    }
+    /// What became of the region's swap copies lately.
+    pub fn copies(&self) -> CopyFeedback {
+        self.copies
+    }
+
+    pub(crate) fn set_prot(&mut self, prot: i32) {
+        self.prot = prot;
+    }
+    /// Sets the lock mode; returns the old one.
+    pub(crate) fn set_lock(&mut self, mode: LockMode) -> LockMode {
+        std::mem::replace(&mut self.lock, mode)
+    }
+    /// Sets the advice; the sequential streak starts over.
+    pub(crate) fn set_advice(&mut self, advice: Advice) {
+        self.advice = advice;
+        self.streak = 0;
+    }
+
+    /// A fault at `p` under normal advice: the streak grows when `p` is
+    /// where the last run ended, and starts over otherwise. Returns it.
+    pub(crate) fn note_fault(&mut self, p: PageIdx) -> u32 {
+        if p.0 == self.next_fault {
+            self.streak = self.streak.saturating_add(1);
+        } else {
+            self.streak = 0;
+        }
+        self.streak
+    }
+    /// A fault (not a populate) filled `run`: a sequential reader faults
+    /// next at its end; the program is no longer waiting on read-ahead.
+    pub(crate) fn note_filled(&mut self, run: PageRange) {
+        self.next_fault = run.end.0;
+        self.reader_at = 0;
+    }
+    /// The program waits for page `p`, being read ahead.
+    pub(crate) fn note_reader_at(&mut self, p: PageIdx) {
+        self.reader_at = p.0;
+    }
+
+    /// The swap-in stream a fault on swapped page `p` continues (one whose
+    /// last run ends within `gap` pages of `p`, forwards or backwards), or
+    /// a new one in place of the least recently used. Returns the stream's
+    /// index, its streak (faults in a row that continued it) and whether
+    /// it runs backwards; `end_swap_stream` records the run it reads.
+    pub(crate) fn follow_swap_stream(&mut self, p: PageIdx, gap: u64) -> (usize, u32, bool) {
+        let clock = self.swap_streams.iter().map(|s| s.used).max().unwrap_or(0).wrapping_add(1);
+        let continues = |s: &SwapStream| {
+            let forwards = p.0 >= s.next && p.0 - s.next < gap;
+            let backwards = s.back != u64::MAX && p.0 < s.back && s.back - p.0 <= gap;
+            (forwards, backwards)
+        };
+        let found = self.swap_streams.iter().position(|s| {
+            let (f, b) = continues(s);
+            f || b
+        });
+        let i = found.unwrap_or_else(|| (0..SWAP_STREAMS).min_by_key(|&i| self.swap_streams[i].used).unwrap_or(0));
+        let s = &mut self.swap_streams[i];
+        let (forwards, backwards) = continues(s);
+        if found.is_some() {
+            s.streak = s.streak.saturating_add(1);
+            s.backwards = backwards && !forwards;
+        } else {
+            *s = SwapStream::default();
+        }
+        s.used = clock;
+        (i, s.streak, s.backwards)
+    }
+    /// Stream `i` (`follow_swap_stream`) read `run`.
+    pub(crate) fn end_swap_stream(&mut self, i: usize, run: PageRange) {
+        self.swap_streams[i].next = run.end.0;
+        self.swap_streams[i].back = run.start.0;
+    }
+
+    /// Whether the next swap-in keeps its swap copy (`CopyFeedback::keep_next`).
+    pub(crate) fn keep_copy(&mut self) -> bool {
+        self.copies.keep_next()
+    }
+    /// One of the region's swap copies was written (`true`) or evicted clean.
+    pub(crate) fn note_copy(&mut self, written: bool) {
+        self.copies.note(written);
+    }
+
     /// The executor's file id, for a file region.
     pub fn file(&self) -> Option<u32> {
         matches!(self.kind, Kind::FileShared | Kind::FilePrivate).then_some((self.object & !FILE_OBJECT) as u32)
@@ -186,6 +374,15 @@ impl Region {
 
     pub fn writable(&self) -> bool {
         self.prot & PROT_WRITE != 0
+    }
+
+    /// Asserts the region's own invariants: private anonymous memory has
+    /// no object, shared anonymous memory one of its own, and a file
+    /// region its file's (`FILE_OBJECT` and the file id).
+    fn validate(&self) {
+        let file = matches!(self.kind, Kind::FileShared | Kind::FilePrivate);
+        assert_eq!(self.object == 0, self.kind == Kind::AnonPrivate, "object of {:?} {:?}", self.kind, self.range);
+        assert_eq!(self.object & FILE_OBJECT != 0, file, "object of {:?} {:?}", self.kind, self.range);
     }
 }
 
@@ -227,7 +424,8 @@ impl RegionTree {
         self.map.range(..=p.0).next_back().map(|(_, r)| r).filter(|r| r.range.contains(p))
     }
 
-    pub fn find_mut(&mut self, p: PageIdx) -> Option<&mut Region> {
+    /// The region containing `p`, to change through its mutators.
+    pub(crate) fn find_mut(&mut self, p: PageIdx) -> Option<&mut Region> {
         self.map.range_mut(..=p.0).next_back().map(|(_, r)| r).filter(|r| r.range.contains(p))
     }
 
@@ -358,6 +556,7 @@ impl RegionTree {
             assert_eq!(*k, r.range.start.0, "key");
             assert!(!r.range.is_empty(), "empty region");
             assert!(r.range.end.0 <= limit, "region beyond reservation");
+            r.validate();
             if let Some(p) = prev {
                 assert!(p.range.end <= r.range.start, "overlap {:?} {:?}", p.range, r.range);
                 assert!(!p.can_merge(r), "unmerged neighbours {:?} {:?}", p.range, r.range);

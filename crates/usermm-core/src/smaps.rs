@@ -22,7 +22,7 @@ pub fn format_region(
     file_info: &dyn Fn(u32) -> Option<FileInfo>,
     zero_pages: &dyn Fn(u64, u64) -> u64,
 ) {
-    let shared = matches!(reg.kind, Kind::AnonShared | Kind::FileShared);
+    let shared = matches!(reg.kind(), Kind::AnonShared | Kind::FileShared);
     let file = reg.file().and_then(file_info);
     let header = header_line(core, reg, shared, file.as_ref());
     let _ = writeln!(out, "{header}");
@@ -36,22 +36,22 @@ pub fn format_region(
 /// The entry's first line: range, permissions, offset, device, inode and
 /// name, as Linux lays them out.
 fn header_line(core: &Core, reg: &Region, shared: bool, file: Option<&FileInfo>) -> String {
-    let start = core.addr_of(reg.range.start).0;
-    let end = core.addr_of(reg.range.end).0;
+    let start = core.addr_of(reg.range().start).0;
+    let end = core.addr_of(reg.range().end).0;
     let perms = format!(
         "{}{}{}{}",
-        if reg.prot & PROT_READ != 0 { 'r' } else { '-' },
-        if reg.prot & PROT_WRITE != 0 { 'w' } else { '-' },
-        if reg.prot & PROT_EXEC != 0 { 'x' } else { '-' },
+        if reg.prot() & PROT_READ != 0 { 'r' } else { '-' },
+        if reg.prot() & PROT_WRITE != 0 { 'w' } else { '-' },
+        if reg.prot() & PROT_EXEC != 0 { 'x' } else { '-' },
         if shared { 's' } else { 'p' }
     );
     if let Some((maj, min, ino, path)) = file {
         let h =
-            format!("{start:08x}-{end:08x} {perms} {:08x} {maj:02x}:{min:02x} {ino} ", reg.pgoff * core.page_size());
+            format!("{start:08x}-{end:08x} {perms} {:08x} {maj:02x}:{min:02x} {ino} ", reg.pgoff() * core.page_size());
         // Linux pads the name to column 73.
         format!("{h:<73}{path}")
     } else if shared {
-        let h = format!("{start:08x}-{end:08x} {perms} {:08x} 00:01 {} ", reg.pgoff * core.page_size(), reg.object);
+        let h = format!("{start:08x}-{end:08x} {perms} {:08x} 00:01 {} ", reg.pgoff() * core.page_size(), reg.object());
         format!("{h:<73}/dev/zero (deleted)")
     } else {
         format!("{start:08x}-{end:08x} {perms} 00000000 00:00 0 ")
@@ -61,15 +61,15 @@ fn header_line(core: &Core, reg: &Region, shared: bool, file: Option<&FileInfo>)
 /// The `Size:` to `Locked:` lines (and usermm's `Volatile:`); returns the
 /// region's volatile pages.
 fn write_usage(out: &mut String, core: &Core, reg: &Region, shared: bool, zero_pages: &dyn Fn(u64, u64) -> u64) -> u64 {
-    let start = core.addr_of(reg.range.start).0;
-    let end = core.addr_of(reg.range.end).0;
+    let start = core.addr_of(reg.range().start).0;
+    let end = core.addr_of(reg.range().end).0;
     let kb = core.page_size() / 1024;
-    let (res, swap, lazy, locked_pages) = core.region_usage(reg.range);
-    let size = reg.range.pages() * kb;
+    let (res, swap, lazy, locked_pages) = core.region_usage(reg.range());
+    let size = reg.range().pages() * kb;
     let rss = res * kb;
     let locked_pages = if locked_pages > 0 { locked_pages.saturating_sub(zero_pages(start, end - start)) } else { 0 };
     let locked = locked_pages * kb;
-    let anon = if shared || reg.kind == Kind::FilePrivate { 0 } else { rss };
+    let anon = if shared || reg.kind() == Kind::FilePrivate { 0 } else { rss };
     let mut kv = |k: &str, v: u64| {
         let _ = writeln!(out, "{:<16}{:>8} kB", format!("{k}:"), v);
     };
@@ -99,7 +99,7 @@ fn write_usage(out: &mut String, core: &Core, reg: &Region, shared: bool, zero_p
     // region has volatile pages, so that other regions read exactly as
     // Linux's: the pages marked volatile, purged ones included (as
     // `umm_stats.volatile_pages`).
-    let volatile = core.volatile_in(reg.range);
+    let volatile = core.volatile_in(reg.range());
     if volatile > 0 {
         kv("Volatile", volatile * kb);
     }
@@ -111,22 +111,22 @@ fn write_usage(out: &mut String, core: &Core, reg: &Region, shared: bool, zero_p
 fn vm_flags(reg: &Region, shared: bool, volatile: u64, extra_flags: &str) -> String {
     let mut flags = String::new();
     for (on, f) in [
-        (reg.prot & PROT_READ != 0, "rd"),
-        (reg.prot & PROT_WRITE != 0, "wr"),
-        (reg.prot & PROT_EXEC != 0, "ex"),
+        (reg.prot() & PROT_READ != 0, "rd"),
+        (reg.prot() & PROT_WRITE != 0, "wr"),
+        (reg.prot() & PROT_EXEC != 0, "ex"),
         (shared, "sh"),
         (true, "mr"),
         (true, "mw"),
         (true, "me"),
         (shared, "ms"),
-        (reg.advice == crate::region::Advice::Sequential, "sr"),
-        (reg.advice == crate::region::Advice::Random, "rr"),
-        (reg.lock != LockMode::None, "lo"),
+        (reg.advice() == crate::region::Advice::Sequential, "sr"),
+        (reg.advice() == crate::region::Advice::Random, "rr"),
+        (reg.lock() != LockMode::None, "lo"),
         (true, "dc"),
-        (reg.kind == Kind::AnonPrivate || reg.kind == Kind::FilePrivate && reg.writable(), "ac"),
-        (reg.noreserve, "nr"),
+        (reg.kind() == Kind::AnonPrivate || reg.kind() == Kind::FilePrivate && reg.writable(), "ac"),
+        (reg.noreserve(), "nr"),
         (true, "nh"),
-        (reg.lock == LockMode::OnFault, "lf"),
+        (reg.lock() == LockMode::OnFault, "lf"),
         (true, "um"),
     ] {
         if on {
@@ -138,7 +138,7 @@ fn vm_flags(reg: &Region, shared: bool, volatile: u64, extra_flags: &str) -> Str
         flags.push_str("vo ");
     }
     flags.push_str(extra_flags);
-    if reg.in_thread && !extra_flags.contains("it ") {
+    if reg.in_thread() && !extra_flags.contains("it ") {
         flags.push_str("it ");
     }
     flags

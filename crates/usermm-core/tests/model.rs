@@ -637,7 +637,7 @@ impl Sim {
                 continue;
             };
             let reg = reg.unwrap();
-            assert_eq!(reg.prot, o.prot, "prot of p{p}");
+            assert_eq!(reg.prot(), o.prot, "prot of p{p}");
             assert_eq!(
                 matches!(m.state, PState::Resident | PState::Deactivating),
                 in_prog.is_some(),
@@ -659,7 +659,7 @@ impl Sim {
                 }
                 s => panic!("p{p} {s:?} between operations (only reclaim stays in flight)"),
             };
-            if o.locked && reg.lock == LockMode::None {
+            if o.locked && reg.lock() == LockMode::None {
                 panic!("p{p}: locked in the oracle, not in the core");
             }
             if o.pinned && matches!(m.state, PState::Evicting | PState::Swapped) {

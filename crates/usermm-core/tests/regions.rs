@@ -11,11 +11,11 @@ use usermm_core::region::Advice;
 use usermm_core::{Core, CoreConfig, Errno, MmapReply, PageIdx};
 
 fn prot_at(c: &Core, p: u64) -> i32 {
-    c.regions().find(PageIdx(p)).expect("mapped").prot
+    c.regions().find(PageIdx(p)).expect("mapped").prot()
 }
 
 fn advice_at(c: &Core, p: u64) -> Advice {
-    c.regions().find(PageIdx(p)).expect("mapped").advice
+    c.regions().find(PageIdx(p)).expect("mapped").advice()
 }
 
 fn regions(c: &Core) -> u64 {

@@ -13,6 +13,7 @@ use crate::page::{pf, PState, PageMeta};
 use crate::region::{Kind, LockMode};
 use crate::types::{PageIdx, PageRange};
 
+/// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Plans the deactivation (MADV_COLD) or deactivation-then-eviction
     /// (MADV_PAGEOUT) of the resident pages of `r`.
@@ -32,19 +33,19 @@ impl Core {
     fn deactivate_range_for(&mut self, r: PageRange, pageout: bool) -> Vec<Deactivate> {
         let mut v = Vec::new();
         let Some(reg) = self.regions.find(r.start).cloned() else { return v };
-        if reg.lock != LockMode::None {
+        if reg.lock() != LockMode::None {
             return v;
         }
         // (Shared file pages go to their file: they need no swap. Lazily
         // freed pages a page-out discards need none either.)
-        let lazy_only = self.swap.capacity() == 0 && reg.kind != Kind::FileShared;
+        let lazy_only = self.swap.capacity() == 0 && reg.kind() != Kind::FileShared;
         if lazy_only && !(pageout && self.options.host_lazyfree()) {
             return v;
         }
-        if reg.writable() && reg.prot != PROT_READ | PROT_WRITE {
+        if reg.writable() && reg.prot() != PROT_READ | PROT_WRITE {
             return v;
         }
-        let how = transfer_for(reg.prot);
+        let how = transfer_for(reg.prot());
         for (p, m) in self.pages.live_in(r) {
             if m.state != PState::Resident || m.has(pf::LOCKED) {
                 continue;
@@ -100,7 +101,7 @@ impl Core {
             if m.state != PState::Inactive || m.has(pf::VOLATILE) {
                 continue;
             }
-            if let Some(reg) = self.regions.find(p).filter(|g| g.kind == Kind::FileShared) {
+            if let Some(reg) = self.regions.find(p).filter(|g| g.kind() == Kind::FileShared) {
                 let (file, file_page) = (reg.file().expect("file region"), reg.file_page(p));
                 self.pages.update(p, |m| m.state = PState::Evicting);
                 let clean = !m.has(pf::MAYBE_DIRTY);
@@ -119,7 +120,10 @@ impl Core {
         }
         plan
     }
+}
 
+/// Commits (see "Methods by kind" in `core.rs`).
+impl Core {
     pub fn deactivate_done(&mut self, d: &Deactivate, ok: bool) {
         debug_assert_eq!(self.pages.get(d.page).state, PState::Deactivating);
         if ok {

@@ -19,6 +19,7 @@ use crate::page::{pf, PState, PageMeta};
 use crate::region::{Advice, Kind, LockMode};
 use crate::types::{Addr, PageIdx, PageRange};
 
+/// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Plans the resolution of a fault at `a`.
     pub fn fault(&mut self, a: Addr, write: bool) -> FaultPlan {
@@ -68,7 +69,7 @@ impl Core {
             if p.hole_before {
                 return (segs, bad(Errno::ENOMEM));
             }
-            if p.reg.prot & need == 0 {
+            if p.reg.prot() & need == 0 {
                 return (segs, bad(Errno::EINVAL));
             }
             segs.push(p.seg);
@@ -92,7 +93,8 @@ impl Core {
             // protection as it was, so the touch reached the handler.
             return FaultPlan::Segv { gap: self.regions.gap_around(p, self.cfg.reserve_pages) };
         };
-        if populate.is_none() && (reg.prot & PROT_READ == 0 && reg.prot & PROT_WRITE == 0 || (write && !reg.writable()))
+        if populate.is_none()
+            && (reg.prot() & PROT_READ == 0 && reg.prot() & PROT_WRITE == 0 || (write && !reg.writable()))
         {
             // The kernel checks protection before it reports a fault; this
             // one raced with mprotect. The retry sees the new protection.
@@ -100,13 +102,13 @@ impl Core {
         }
         // Shared anonymous memory is shmem on Linux: a fault allocates
         // exactly the touched page (no fault-around, no mTHP-like blocks).
-        let exact = exact || reg.kind == Kind::AnonShared;
+        let exact = exact || reg.kind() == Kind::AnonShared;
         let region = match populate {
-            Some(end) => PageRange { start: reg.range.start, end: reg.range.end.min(end) },
-            None => reg.range,
+            Some(end) => PageRange { start: reg.range().start, end: reg.range().end.min(end) },
+            None => reg.range(),
         };
         let region = self.zaps.clear_of(region, p);
-        let prot = reg.prot;
+        let prot = reg.prot();
         let m = self.pages.get(p);
         if self.in_flight(p, &m) {
             return FaultPlan::Busy;
@@ -188,8 +190,7 @@ impl Core {
             }
         }
         if let (Some(reg), Some(i)) = (self.regions.find_mut(p), stream) {
-            reg.swap_streams[i].next = run.end.0;
-            reg.swap_streams[i].back = run.start.0;
+            reg.end_swap_stream(i, run);
         }
         let keep = self.keeps_swap_copy(p, write);
         self.claim_frames(run.pages());
@@ -234,12 +235,12 @@ impl Core {
         while run.pages() < limit && run.end < region.end && self.pages.get(run.end) == PageMeta::default() {
             run.end.0 += 1;
         }
-        if window == 1 && !populate && !exact && reg.advice == Advice::Normal && reg.lock == LockMode::None {
+        if window == 1 && !populate && !exact && reg.advice() == Advice::Normal && reg.lock() == LockMode::None {
             if let Some(block) = dense_block(&self.pages, p, region) {
                 grow_run(&self.pages, &mut run, block, free);
             }
         }
-        if !populate && !write && reg.lock != LockMode::None && reg.file().is_some() {
+        if !populate && !write && reg.lock() != LockMode::None && reg.file().is_some() {
             // Linux maps (and so locks, in a VM_LOCKONFAULT vma) the
             // whole fault-around window of a file read fault (64 KiB
             // around the page, within the vma). That is
@@ -248,8 +249,7 @@ impl Core {
             grow_run(&self.pages, &mut run, block, free);
         }
         if !populate {
-            reg.next_fault = run.end.0;
-            reg.reader_at = 0;
+            reg.note_filled(run);
         }
         let file = reg.file().map(|f| (f, reg.file_page(run.start)));
         self.claim_frames(run.pages());
@@ -261,7 +261,10 @@ impl Core {
             None => FaultPlan::ZeroFill { run },
         }
     }
+}
 
+/// Commits (see "Methods by kind" in `core.rs`).
+impl Core {
     /// Commits a fill. `installed` is how many pages of the plan the executor
     /// installed (a prefix of the run); the rest are released.
     pub fn fill_done(&mut self, plan: &FaultPlan, installed: u64) {
@@ -320,7 +323,7 @@ impl Core {
     fn swap_in_done(&mut self, run: PageRange, slot: u32, keep: bool, installed: u64) {
         // Swapped into a locked region: the slots are freed and their
         // stored copies overwritten (`swap_scrub_plan`).
-        let locked = self.regions.find(run.start).is_some_and(|r| r.lock != LockMode::None);
+        let locked = self.regions.find(run.start).is_some_and(|r| r.lock() != LockMode::None);
         for q in run.start.0..run.end.0 {
             let p = PageIdx(q);
             let k = q - run.start.0;

@@ -59,7 +59,7 @@ impl FileTable {
         let mut fp: HashMap<u32, u64> = HashMap::new();
         for r in regions.iter() {
             if let Some(f) = r.file() {
-                *fp.entry(f).or_insert(0) += r.range.pages();
+                *fp.entry(f).or_insert(0) += r.range().pages();
             }
         }
         assert_eq!(fp, self.pages, "pages per file");

@@ -11,6 +11,7 @@ use crate::errno::Errno;
 use crate::page::{pf, PState, PageMeta};
 use crate::types::{Addr, PageIdx, PageRange};
 
+/// Queries (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Whether any page of the `pages` pages from `a` is being filled (or,
     /// with `any_busy`, is busy in any way).

@@ -69,7 +69,7 @@ impl Locks {
 
     /// The charge against the locked regions.
     pub(super) fn validate(&self, regions: &RegionTree) {
-        let locked: u64 = regions.iter().filter(|r| r.lock != LockMode::None).map(|r| r.range.pages()).sum();
+        let locked: u64 = regions.iter().filter(|r| r.lock() != LockMode::None).map(|r| r.range().pages()).sum();
         assert_eq!(locked, self.charged, "lock charge");
     }
 }

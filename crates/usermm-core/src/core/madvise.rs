@@ -21,10 +21,10 @@ use crate::types::{PageIdx, PageRange};
 /// (madvise_remove): locked EINVAL, no backing object EINVAL, not shared
 /// and writable EACCES.
 fn remove_op(reg: &Region, seg: PageRange) -> Result<AdviceOp, Errno> {
-    if reg.lock != LockMode::None || reg.kind == Kind::AnonPrivate {
+    if reg.lock() != LockMode::None || reg.kind() == Kind::AnonPrivate {
         return bad(Errno::EINVAL);
     }
-    if !matches!(reg.kind, Kind::AnonShared | Kind::FileShared) || !reg.may_write {
+    if !matches!(reg.kind(), Kind::AnonShared | Kind::FileShared) || !reg.may_write() {
         return bad(Errno::EACCES);
     }
     Ok(match reg.file() {
@@ -40,12 +40,13 @@ fn remove_op(reg: &Region, seg: PageRange) -> Result<AdviceOp, Errno> {
 /// (a touch raises SIGSEGV without reaching usermm; MADV_DONTNEED keeps
 /// them; munmap removes them).
 fn guard_install_checks(reg: &Region) -> Result<(), Errno> {
-    if reg.lock != LockMode::None || !matches!(reg.kind, Kind::AnonPrivate | Kind::FilePrivate) {
+    if reg.lock() != LockMode::None || !matches!(reg.kind(), Kind::AnonPrivate | Kind::FilePrivate) {
         return bad(Errno::EINVAL);
     }
     Ok(())
 }
 
+/// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Decides `madvise`. Attribute advice (NORMAL/RANDOM/SEQUENTIAL) is
     /// applied to the regions here (the executor holds the exclusive lock for
@@ -101,14 +102,14 @@ impl Core {
         r: PageRange,
         ops: &mut Vec<AdviceOp>,
     ) -> Result<(), Errno> {
-        let locked = reg.lock != LockMode::None;
+        let locked = reg.lock() != LockMode::None;
         match advice {
             MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL => self.set_advice(advice, reg, seg, r)?,
             MADV_DONTNEED => {
                 if locked {
                     return bad(Errno::EINVAL);
                 }
-                match reg.kind {
+                match reg.kind() {
                     Kind::AnonPrivate | Kind::FilePrivate => ops.push(AdviceOp::Zap(seg)),
                     Kind::FileShared => ops.push(AdviceOp::WritebackZap(seg)),
                     Kind::AnonShared => {}
@@ -132,12 +133,12 @@ impl Core {
             MADV_HWPOISON => ops.push(AdviceOp::Poison(seg)),
             MADV_FREE => {
                 // Linux: only anonymous private memory, never locked.
-                if reg.kind != Kind::AnonPrivate || locked {
+                if reg.kind() != Kind::AnonPrivate || locked {
                     return bad(Errno::EINVAL);
                 }
                 ops.push(AdviceOp::Free(seg));
             }
-            MADV_WIPEONFORK if reg.kind != Kind::AnonPrivate => return bad(Errno::EINVAL),
+            MADV_WIPEONFORK if reg.kind() != Kind::AnonPrivate => return bad(Errno::EINVAL),
             MADV_DONTDUMP | MADV_DODUMP => ops.push(AdviceOp::Host(seg, advice)),
             MADV_REMOVE => ops.push(remove_op(reg, seg)?),
             MADV_GUARD_INSTALL => {
@@ -160,7 +161,7 @@ impl Core {
             MADV_SEQUENTIAL => Advice::Sequential,
             _ => Advice::Normal,
         };
-        if reg.advice != want {
+        if reg.advice() != want {
             let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
             if self.regions.len() + cost > self.cfg.max_regions {
                 self.regions.merge_around(r);
@@ -169,12 +170,14 @@ impl Core {
             self.regions.split_at(seg.start);
             self.regions.split_at(seg.end);
             let reg = self.regions.find_mut(seg.start).expect("split");
-            reg.advice = want;
-            reg.streak = 0;
+            reg.set_advice(want);
         }
         Ok(())
     }
+}
 
+/// Commits (see "Methods by kind" in `core.rs`).
+impl Core {
     /// Marks every page of `r` poisoned (after the executor zapped them).
     pub fn set_poison(&mut self, r: PageRange) {
         for q in r.start.0..r.end.0 {
@@ -184,7 +187,10 @@ impl Core {
             });
         }
     }
+}
 
+/// Queries (see "Methods by kind" in `core.rs`).
+impl Core {
     /// Swapped pages of `r` to read in (MADV_WILLNEED); none are claimed: the
     /// executor touches them through the normal fault path.
     pub fn swapped_in(&self, r: PageRange) -> Vec<PageIdx> {
@@ -201,7 +207,7 @@ impl Core {
             if reg.file().is_none() {
                 continue;
             }
-            let seg = reg.range.intersect(&r);
+            let seg = reg.range().intersect(&r);
             let mut q = seg.start.0;
             while q < seg.end.0 {
                 let m = self.pages.get(PageIdx(q));

@@ -17,6 +17,7 @@ use crate::page::{pf, PState};
 use crate::region::{LockMode, Region};
 use crate::types::{Addr, PageIdx, PageRange};
 
+/// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Decides `mlock2` (`mode` Locked or OnFault) and `munlock` (`mode`
     /// None). `addr` need not be aligned: the range is widened to whole pages
@@ -41,8 +42,8 @@ impl Core {
                 .regions
                 .overlapping(r)
                 .iter()
-                .filter(|g| g.lock != LockMode::None)
-                .map(|g| g.range.intersect(&r).pages())
+                .filter(|g| g.lock() != LockMode::None)
+                .map(|g| g.range().intersect(&r).pages())
                 .sum();
             if self.locks.charged() + pages - already.min(pages) > self.cfg.memlock_pages {
                 plan.result = bad(Errno::ENOMEM);
@@ -76,7 +77,7 @@ impl Core {
             if mode == LockMode::Locked {
                 plan.populate.push(seg);
             }
-            if reg.lock == mode {
+            if reg.lock() == mode {
                 continue;
             }
             let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
@@ -85,7 +86,7 @@ impl Core {
                 break;
             }
             self.set_lock(seg, mode, &mut plan);
-            plan.changed.push((seg, reg.lock));
+            plan.changed.push((seg, reg.lock()));
         }
         self.regions.merge_around(r);
         if hole {
@@ -99,8 +100,7 @@ impl Core {
         self.regions.split_at(seg.start);
         self.regions.split_at(seg.end);
         let reg = self.regions.find_mut(seg.start).expect("split");
-        let old = reg.lock;
-        reg.lock = mode;
+        let old = reg.set_lock(mode);
         self.locks.relock(old, mode, seg.pages());
         for (p, m) in self.pages.live_in(seg) {
             if mode == LockMode::None {
@@ -128,20 +128,6 @@ impl Core {
         }
     }
 
-    /// Undoes a lock plan's changes (the host refused, or the budget could
-    /// not hold a full lock).
-    pub fn lock_revert(&mut self, plan: &LockPlan) {
-        let mut scratch = LockPlan::default();
-        for &(seg, old) in plan.changed.iter().rev() {
-            let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
-            if self.regions.len() + cost > self.cfg.max_regions + 2 {
-                continue;
-            }
-            self.set_lock(seg, old, &mut scratch);
-            self.regions.merge_around(seg);
-        }
-    }
-
     /// Decides `mlockall`: returns the plan for `MCL_CURRENT`'s changes.
     pub fn mlockall(&mut self, flags: i32) -> LockPlan {
         let mut plan = LockPlan { populate_best_effort: true, ..LockPlan::default() };
@@ -155,7 +141,7 @@ impl Core {
         }
         let mode = if flags & MCL_ONFAULT != 0 { LockMode::OnFault } else { LockMode::Locked };
         if flags & MCL_CURRENT != 0 {
-            let total: u64 = self.regions.iter().map(|r| r.range.pages()).sum();
+            let total: u64 = self.regions.iter().map(|r| r.range().pages()).sum();
             if self.cfg.memlock_pages != u64::MAX && total > self.cfg.memlock_pages {
                 plan.result = bad(Errno::ENOMEM);
                 return plan;
@@ -165,9 +151,9 @@ impl Core {
         if flags & MCL_CURRENT != 0 {
             let regs: Vec<Region> = self.regions.iter().cloned().collect();
             for reg in regs {
-                if reg.lock != mode {
-                    self.set_lock(reg.range, mode, &mut plan);
-                    plan.changed.push((reg.range, reg.lock));
+                if reg.lock() != mode {
+                    self.set_lock(reg.range(), mode, &mut plan);
+                    plan.changed.push((reg.range(), reg.lock()));
                 }
             }
             self.regions.merge_around(PageRange::new(0, self.cfg.reserve_pages));
@@ -181,15 +167,35 @@ impl Core {
         self.locks.set_future(None);
         let regs: Vec<Region> = self.regions.iter().cloned().collect();
         for reg in regs {
-            if reg.lock != LockMode::None {
-                self.set_lock(reg.range, LockMode::None, &mut plan);
-                plan.changed.push((reg.range, reg.lock));
+            if reg.lock() != LockMode::None {
+                self.set_lock(reg.range(), LockMode::None, &mut plan);
+                plan.changed.push((reg.range(), reg.lock()));
             }
         }
         self.regions.merge_around(PageRange::new(0, self.cfg.reserve_pages));
         plan
     }
+}
 
+/// Commits (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// Undoes a lock plan's changes (the host refused, or the budget could
+    /// not hold a full lock).
+    pub fn lock_revert(&mut self, plan: &LockPlan) {
+        let mut scratch = LockPlan::default();
+        for &(seg, old) in plan.changed.iter().rev() {
+            let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
+            if self.regions.len() + cost > self.cfg.max_regions + 2 {
+                continue;
+            }
+            self.set_lock(seg, old, &mut scratch);
+            self.regions.merge_around(seg);
+        }
+    }
+}
+
+/// Queries (see "Methods by kind" in `core.rs`).
+impl Core {
     /// Pages a full lock of `segs` would need resident at once, and whether
     /// the budget can hold them (the locked pages elsewhere stay).
     pub fn lock_fits(&self, segs: &[PageRange]) -> bool {

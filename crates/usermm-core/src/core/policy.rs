@@ -83,6 +83,7 @@ pub(super) fn forget_use(m: &mut PageMeta) {
     m.trips = 0;
 }
 
+/// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Whether reclaim should work ahead of the program (keep free frames
     /// above the executor's watermarks, age pages): only once the budget has
@@ -113,7 +114,10 @@ impl Core {
         let free = self.free_frames();
         self.pressure.watermark_want(free, low, high)
     }
+}
 
+/// Queries (see "Methods by kind" in `core.rs`).
+impl Core {
     /// The inactive list's target length: a quarter of the budget.
     pub fn inactive_target(&self) -> u64 {
         (self.cfg.budget_pages / 4).max(1)
@@ -146,6 +150,6 @@ impl Core {
             && self.swap.capacity() > 0
             && self.resident() * 2 >= self.cfg.budget_pages
             && self.pages.census().inactive < self.inactive_target()
-            && !self.lru.active.is_empty()
+            && self.lru.active_len() > 0
     }
 }

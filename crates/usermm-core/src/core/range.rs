@@ -78,7 +78,7 @@ impl Core {
             .overlapping(r)
             .into_iter()
             .map(|reg| {
-                let seg = reg.range.intersect(&r);
+                let seg = reg.range().intersect(&r);
                 let hole_before = seg.start > at;
                 at = seg.end;
                 Piece { reg, seg, hole_before }

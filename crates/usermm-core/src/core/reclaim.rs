@@ -37,6 +37,302 @@ pub const OOM_ROUNDS_BUSY: u32 = 1000;
 /// Frames a populate that finds none reclaims at once.
 const POPULATE_RECLAIM_BATCH: u64 = 64;
 
+/// Plans (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// Plans reclaim of up to `want` frames: evictions from the inactive
+    /// list, and deactivations that refill it.
+    pub fn reclaim_plan(&mut self, want: u64) -> ReclaimPlan {
+        let mut plan = ReclaimPlan::default();
+        if self.nothing_reclaimable() {
+            // Nothing to age either.
+            return plan;
+        }
+        if self.options.purge_volatile_first() && self.lru.volatile_len() > 0 {
+            self.plan_volatile(&mut plan, want);
+            if !plan.purge.is_empty() || !plan.deactivate.is_empty() {
+                // Volatile pages go first: nothing else leaves while they
+                // are on their way out (parked now, purged next round).
+                return plan;
+            }
+        }
+        // Lazily freed pages first: a clean one is discarded with no I/O.
+        self.plan_lazy(&mut plan, want.max(32));
+        if want > 0 && ((plan.deactivate.len() + plan.discard.len()) as u64) >= want {
+            // Enough lazily freed pages are on their way out (parked now,
+            // discarded by the next round): nothing dirty is evicted before
+            // them. With fewer, the rest of the round evicts as usual (every
+            // lazily freed page is already in this plan), so that lazily
+            // freed pages that cannot be parked never stop reclaim. (An
+            // aging round, which wants no frame, goes on to refill the
+            // inactive list.)
+            return plan;
+        }
+        self.plan_evict_inactive(&mut plan, want);
+        self.plan_refill_inactive(&mut plan, want);
+        self.pressure.demand_met();
+        plan
+    }
+
+    /// Evicts the oldest inactive pages into `plan` (up to `want` frames
+    /// with what is there already). A page that cannot go anywhere (no swap
+    /// slot) is kept at the head and the scan goes on, so that volatile
+    /// pages behind it can still be purged.
+    fn plan_evict_inactive(&mut self, plan: &mut ReclaimPlan, want: u64) {
+        let mut kept = Vec::new();
+        let mut locked = Vec::new();
+        let mut scanned = 0;
+        let scan_max = self.lru.inactive_len();
+        let first = plan.evict.len();
+        while ((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64) < want && scanned < scan_max {
+            scanned += 1;
+            let Some((p, g)) = self.lru.isolate_inactive() else { break };
+            let m = self.pages.get(p);
+            if m.gen != g || m.state != PState::Inactive {
+                continue;
+            }
+            let Some(reg) = self.regions.find(p) else {
+                continue; // being unmapped: the zap frees it
+            };
+            if reg.lock() != LockMode::None || m.has(pf::LOCKED) {
+                // Parked, then locked (the lock call maps it back, after
+                // letting the region lock go): it stays in memory. Kept
+                // on the list, at its tail, for when it is unlocked.
+                locked.push((p, g));
+                continue;
+            }
+            if m.has(pf::VOLATILE) {
+                // Volatile: purged instead of swapped, no I/O.
+                self.pages.update(p, |m| m.state = PState::Evicting);
+                plan.purge.push((p, m.slot));
+                continue;
+            }
+            let file_shared = self.regions.find(p).filter(|r| r.kind() == Kind::FileShared).cloned();
+            if let Some(reg) = file_shared {
+                // A shared file page goes back to its file, never to swap.
+                self.pages.update(p, |m| m.state = PState::Evicting);
+                plan.writeback.push(Writeback {
+                    page: p,
+                    staging: Some(m.slot),
+                    file: reg.file().expect("file region"),
+                    file_page: reg.file_page(p),
+                    clean: !m.has(pf::MAYBE_DIRTY),
+                });
+                continue;
+            }
+            if m.has(pf::LAZYFREE) && self.options.host_lazyfree() {
+                let swap = self.swap.alloc();
+                self.pages.update(p, |m| m.state = PState::Evicting);
+                plan.discard.push(Discard { page: p, staging: m.slot, swap });
+                continue;
+            }
+            if self.swap.paused() && m.cache == 0 {
+                // The store refuses writes (backing off): it stays parked.
+                kept.push((p, g));
+                continue;
+            }
+            let Some((swap, clean)) = self.evict_target(p) else {
+                kept.push((p, g));
+                continue;
+            };
+            self.pages.update(p, |m| m.state = PState::Evicting);
+            plan.evict.push(Evict { page: p, staging: m.slot, swap, clean });
+        }
+        for e in kept.into_iter().rev() {
+            self.lru.putback_inactive(e);
+        }
+        for e in locked {
+            self.lru.rotate_inactive(e);
+        }
+        self.slots_in_address_order(&mut plan.evict[first..]);
+    }
+
+    /// Refills the inactive list from the head of the active list (more
+    /// trips for the pages the policy grants them: `policy::another_trip`),
+    /// to its aging target and to what the round still wants.
+    fn plan_refill_inactive(&mut self, plan: &mut ReclaimPlan, want: u64) {
+        let target = self.refill_target();
+        let short = want.saturating_sub((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64);
+        let mut scanned = 0;
+        let scan_max = self.lru.active_len();
+        while ((self.pages.census().inactive + plan.deactivate.len() as u64) < target
+            || ((plan.deactivate.len() + plan.drop.len()) as u64) < short)
+            && scanned < scan_max
+        {
+            scanned += 1;
+            let Some((p, g)) = self.lru.isolate_active() else { break };
+            let m = self.pages.get(p);
+            if m.gen != g || m.state != PState::Resident {
+                continue;
+            }
+            let Some(reg) = self.regions.find(p) else { continue };
+            if reg.lock() != LockMode::None || m.has(pf::LOCKED) {
+                continue; // unevictable: off the LRU until unlocked
+            }
+            if reg.writable() && reg.prot() != PROT_READ | PROT_WRITE {
+                // Writable but not plain RW (e.g. RWX): neither MOVE nor a
+                // race-free copy is possible; keep it (documented).
+                self.lru.rotate_active((p, g));
+                continue;
+            }
+            if another_trip(&mut self.pages, p) {
+                self.lru.rotate_active((p, g));
+                continue;
+            }
+            if reg.kind() == Kind::FileShared
+                && reg.advice() == Advice::Sequential
+                && !m.has(pf::MAYBE_DIRTY)
+                && !m.has(pf::VOLATILE)
+            {
+                if (plan.drop.len() as u64) >= short {
+                    // Only as many as the round wants (never age a stream
+                    // into staging): the rest stays, oldest first.
+                    self.lru.putback_active((p, g));
+                    break;
+                }
+                // (Zapping: being dropped where it is, frame still charged.)
+                self.pages.update(p, |m| m.state = PState::Zapping);
+                plan.drop.push(p);
+                continue;
+            }
+            if !m.has(pf::VOLATILE)
+                && reg.kind() != Kind::FileShared
+                && m.cache == 0
+                && (self.swap.paused() || self.swap.slots_free() as u64 <= plan.deactivate.len() as u64)
+            {
+                // No swap room: only volatile pages can leave.
+                self.lru.rotate_active((p, g));
+                continue;
+            }
+            let Some(slot) = self.staging.alloc() else {
+                // No staging slot: the page stays where it was, oldest
+                // first (dropping its entry here would leave it resident
+                // and never reclaimed).
+                self.lru.putback_active((p, g));
+                break;
+            };
+            let how = transfer_for(reg.prot());
+            self.pages.update(p, |m| {
+                m.state = PState::Deactivating;
+                m.slot = slot;
+            });
+            let host_free = self.options.host_lazyfree() && m.has(pf::VOLATILE);
+            plan.deactivate.push(Deactivate { page: p, slot, how, host_free });
+        }
+    }
+
+    /// Plans work on lazily freed pages, oldest first, up to `want` pages:
+    /// parked ones are discarded now; mapped ones are parked this round (and
+    /// discarded by the next).
+    fn plan_lazy(&mut self, plan: &mut ReclaimPlan, want: u64) {
+        let mut parked = Vec::new();
+        let mut scanned = 0;
+        let lazy_max = self.lru.lazy_len();
+        while ((plan.discard.len() + plan.deactivate.len()) as u64) < want && scanned < lazy_max {
+            scanned += 1;
+            let Some(p) = self.lru.isolate_lazy() else { break };
+            let m = self.pages.get(p);
+            if !m.has(pf::LAZYFREE) || m.has(pf::VOLATILE) || self.regions.find(p).is_none() {
+                continue;
+            }
+            if m.has(pf::LOCKED) || self.regions.find(p).is_some_and(|r| r.lock() != LockMode::None) {
+                // Locked since it was freed (mlock after MADV_FREE): never
+                // reclaimed while locked, and no longer a lazy candidate.
+                continue;
+            }
+            match m.state {
+                PState::Inactive if self.options.host_lazyfree() => {
+                    let swap = self.swap.alloc();
+                    self.pages.update(p, |m| m.state = PState::Evicting);
+                    plan.discard.push(Discard { page: p, staging: m.slot, swap });
+                }
+                PState::Resident if self.options.host_lazyfree() => {
+                    let Some(reg) = self.regions.find(p) else { continue };
+                    if reg.prot() != PROT_READ | PROT_WRITE {
+                        continue;
+                    }
+                    let Some(slot) = self.staging.alloc() else {
+                        self.lru.putback_lazy(p);
+                        break;
+                    };
+                    self.pages.update(p, |m| {
+                        m.state = PState::Deactivating;
+                        m.slot = slot;
+                    });
+                    plan.deactivate.push(Deactivate { page: p, slot, how: Transfer::Move, host_free: false });
+                    // To the front: the next round discards it first (a round
+                    // that parks lazy pages evicts nothing else).
+                    parked.push(p);
+                }
+                _ => self.lru.rotate_lazy(p),
+            }
+        }
+        for p in parked.into_iter().rev() {
+            self.lru.putback_lazy(p);
+        }
+    }
+
+    /// Plans the purge of volatile pages, oldest mark first, up to `want`
+    /// pages (`set_purge_volatile_first`): parked ones are purged now;
+    /// mapped ones are parked this round (and purged by the next, unless
+    /// touched meanwhile, which parks them again the round after).
+    fn plan_volatile(&mut self, plan: &mut ReclaimPlan, want: u64) {
+        let mut parked = Vec::new();
+        let mut scanned = 0;
+        let max = self.lru.volatile_len();
+        while ((plan.purge.len() + plan.deactivate.len()) as u64) < want && scanned < max {
+            scanned += 1;
+            let Some(p) = self.lru.isolate_volatile() else { break };
+            let m = self.pages.get(p);
+            if !m.has(pf::VOLATILE) || m.has(pf::PURGED) {
+                continue;
+            }
+            let Some(reg) = self.regions.find(p).cloned() else { continue };
+            match m.state {
+                PState::Inactive => {
+                    self.pages.update(p, |m| m.state = PState::Evicting);
+                    plan.purge.push((p, m.slot));
+                }
+                PState::Resident => {
+                    if reg.lock() != LockMode::None || m.has(pf::LOCKED) {
+                        continue;
+                    }
+                    if reg.writable() && reg.prot() != PROT_READ | PROT_WRITE {
+                        continue; // cannot be parked (see reclaim_plan)
+                    }
+                    let Some(slot) = self.staging.alloc() else {
+                        self.lru.putback_volatile(p);
+                        break;
+                    };
+                    self.pages.update(p, |m| {
+                        m.state = PState::Deactivating;
+                        m.slot = slot;
+                        forget_use(m);
+                    });
+                    let host_free = self.options.host_lazyfree();
+                    plan.deactivate.push(Deactivate { page: p, slot, how: transfer_for(reg.prot()), host_free });
+                    parked.push(p);
+                }
+                PState::Absent | PState::Swapped => {}
+                _ => self.lru.rotate_volatile(p),
+            }
+        }
+        for p in parked.into_iter().rev() {
+            self.lru.putback_volatile(p);
+        }
+    }
+
+    /// Plans the eager discard of the lazily freed pages beyond the bound.
+    pub fn lazyfree_trim_plan(&mut self) -> ReclaimPlan {
+        let mut plan = ReclaimPlan::default();
+        let excess = self.lazyfree_excess();
+        if excess > 0 && self.options.host_lazyfree() {
+            self.plan_lazy(&mut plan, excess);
+        }
+        plan
+    }
+}
+
+/// Queries (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Whether reclaim can free nothing however long it is waited for:
     /// every resident page is locked, or there is no swap room (full, or
@@ -80,14 +376,6 @@ impl Core {
         !self.reclaim_in_flight() && (self.reclaim_hopeless() || rounds > OOM_ROUNDS)
     }
 
-    /// Whether the page store refuses writes and the executor backs off
-    /// from it: no eviction that needs a write is planned, no page parked
-    /// for one, and reclaim is hopeless once nothing else can leave
-    /// (`reclaim_hopeless`).
-    pub fn set_swap_writes_paused(&mut self, on: bool) {
-        self.swap.set_paused(on);
-    }
-
     /// Whether reclaim could free a frame were the store taking writes:
     /// not every resident page is locked, and swap has room.
     pub fn reclaim_possible_but_for_store(&self) -> bool {
@@ -107,310 +395,12 @@ impl Core {
         self.swap.capacity() == 0
             && self.pages.census().volatile == 0
             && (self.pages.census().lazyfree == 0 || !self.options.host_lazyfree())
-            && !self.regions.iter().any(|r| r.kind == Kind::FileShared)
-    }
-
-    /// Plans reclaim of up to `want` frames: evictions from the inactive
-    /// list, and deactivations that refill it.
-    pub fn reclaim_plan(&mut self, want: u64) -> ReclaimPlan {
-        let mut plan = ReclaimPlan::default();
-        if self.nothing_reclaimable() {
-            // Nothing to age either.
-            return plan;
-        }
-        if self.options.purge_volatile_first() && !self.lru.volatile.is_empty() {
-            self.plan_volatile(&mut plan, want);
-            if !plan.purge.is_empty() || !plan.deactivate.is_empty() {
-                // Volatile pages go first: nothing else leaves while they
-                // are on their way out (parked now, purged next round).
-                return plan;
-            }
-        }
-        // Lazily freed pages first: a clean one is discarded with no I/O.
-        self.plan_lazy(&mut plan, want.max(32));
-        if want > 0 && ((plan.deactivate.len() + plan.discard.len()) as u64) >= want {
-            // Enough lazily freed pages are on their way out (parked now,
-            // discarded by the next round): nothing dirty is evicted before
-            // them. With fewer, the rest of the round evicts as usual (every
-            // lazily freed page is already in this plan), so that lazily
-            // freed pages that cannot be parked never stop reclaim. (An
-            // aging round, which wants no frame, goes on to refill the
-            // inactive list.)
-            return plan;
-        }
-        self.plan_evict_inactive(&mut plan, want);
-        self.plan_refill_inactive(&mut plan, want);
-        self.pressure.demand_met();
-        plan
-    }
-
-    /// Evicts the oldest inactive pages into `plan` (up to `want` frames
-    /// with what is there already). A page that cannot go anywhere (no swap
-    /// slot) is kept at the head and the scan goes on, so that volatile
-    /// pages behind it can still be purged.
-    fn plan_evict_inactive(&mut self, plan: &mut ReclaimPlan, want: u64) {
-        let mut kept = Vec::new();
-        let mut locked = Vec::new();
-        let mut scanned = 0;
-        let scan_max = self.lru.inactive.len();
-        let first = plan.evict.len();
-        while ((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64) < want && scanned < scan_max {
-            scanned += 1;
-            let Some((p, g)) = self.lru.inactive.pop_front() else { break };
-            let m = self.pages.get(p);
-            if m.gen != g || m.state != PState::Inactive {
-                continue;
-            }
-            let Some(reg) = self.regions.find(p) else {
-                continue; // being unmapped: the zap frees it
-            };
-            if reg.lock != LockMode::None || m.has(pf::LOCKED) {
-                // Parked, then locked (the lock call maps it back, after
-                // letting the region lock go): it stays in memory. Kept
-                // on the list, at its tail, for when it is unlocked.
-                locked.push((p, g));
-                continue;
-            }
-            if m.has(pf::VOLATILE) {
-                // Volatile: purged instead of swapped, no I/O.
-                self.pages.update(p, |m| m.state = PState::Evicting);
-                plan.purge.push((p, m.slot));
-                continue;
-            }
-            let file_shared = self.regions.find(p).filter(|r| r.kind == Kind::FileShared).cloned();
-            if let Some(reg) = file_shared {
-                // A shared file page goes back to its file, never to swap.
-                self.pages.update(p, |m| m.state = PState::Evicting);
-                plan.writeback.push(Writeback {
-                    page: p,
-                    staging: Some(m.slot),
-                    file: reg.file().expect("file region"),
-                    file_page: reg.file_page(p),
-                    clean: !m.has(pf::MAYBE_DIRTY),
-                });
-                continue;
-            }
-            if m.has(pf::LAZYFREE) && self.options.host_lazyfree() {
-                let swap = self.swap.alloc();
-                self.pages.update(p, |m| m.state = PState::Evicting);
-                plan.discard.push(Discard { page: p, staging: m.slot, swap });
-                continue;
-            }
-            if self.swap.paused() && m.cache == 0 {
-                // The store refuses writes (backing off): it stays parked.
-                kept.push((p, g));
-                continue;
-            }
-            let Some((swap, clean)) = self.evict_target(p) else {
-                kept.push((p, g));
-                continue;
-            };
-            self.pages.update(p, |m| m.state = PState::Evicting);
-            plan.evict.push(Evict { page: p, staging: m.slot, swap, clean });
-        }
-        for e in kept.into_iter().rev() {
-            self.lru.inactive.push_front(e);
-        }
-        for e in locked {
-            self.lru.inactive.push_back(e);
-        }
-        self.slots_in_address_order(&mut plan.evict[first..]);
-    }
-
-    /// Refills the inactive list from the head of the active list (more
-    /// trips for the pages the policy grants them: `policy::another_trip`),
-    /// to its aging target and to what the round still wants.
-    fn plan_refill_inactive(&mut self, plan: &mut ReclaimPlan, want: u64) {
-        let target = self.refill_target();
-        let short = want.saturating_sub((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64);
-        let mut scanned = 0;
-        let scan_max = self.lru.active.len();
-        while ((self.pages.census().inactive + plan.deactivate.len() as u64) < target
-            || ((plan.deactivate.len() + plan.drop.len()) as u64) < short)
-            && scanned < scan_max
-        {
-            scanned += 1;
-            let Some((p, g)) = self.lru.active.pop_front() else { break };
-            let m = self.pages.get(p);
-            if m.gen != g || m.state != PState::Resident {
-                continue;
-            }
-            let Some(reg) = self.regions.find(p) else { continue };
-            if reg.lock != LockMode::None || m.has(pf::LOCKED) {
-                continue; // unevictable: off the LRU until unlocked
-            }
-            if reg.writable() && reg.prot != PROT_READ | PROT_WRITE {
-                // Writable but not plain RW (e.g. RWX): neither MOVE nor a
-                // race-free copy is possible; keep it (documented).
-                self.lru.active.push_back((p, g));
-                continue;
-            }
-            if another_trip(&mut self.pages, p) {
-                self.lru.active.push_back((p, g));
-                continue;
-            }
-            if reg.kind == Kind::FileShared
-                && reg.advice == Advice::Sequential
-                && !m.has(pf::MAYBE_DIRTY)
-                && !m.has(pf::VOLATILE)
-            {
-                if (plan.drop.len() as u64) >= short {
-                    // Only as many as the round wants (never age a stream
-                    // into staging): the rest stays, oldest first.
-                    self.lru.active.push_front((p, g));
-                    break;
-                }
-                // (Zapping: being dropped where it is, frame still charged.)
-                self.pages.update(p, |m| m.state = PState::Zapping);
-                plan.drop.push(p);
-                continue;
-            }
-            if !m.has(pf::VOLATILE)
-                && reg.kind != Kind::FileShared
-                && m.cache == 0
-                && (self.swap.paused() || self.swap.slots_free() as u64 <= plan.deactivate.len() as u64)
-            {
-                // No swap room: only volatile pages can leave.
-                self.lru.active.push_back((p, g));
-                continue;
-            }
-            let Some(slot) = self.staging.alloc() else {
-                // No staging slot: the page stays where it was, oldest
-                // first (dropping its entry here would leave it resident
-                // and never reclaimed).
-                self.lru.active.push_front((p, g));
-                break;
-            };
-            let how = transfer_for(reg.prot);
-            self.pages.update(p, |m| {
-                m.state = PState::Deactivating;
-                m.slot = slot;
-            });
-            let host_free = self.options.host_lazyfree() && m.has(pf::VOLATILE);
-            plan.deactivate.push(Deactivate { page: p, slot, how, host_free });
-        }
-    }
-
-    /// Plans work on lazily freed pages, oldest first, up to `want` pages:
-    /// parked ones are discarded now; mapped ones are parked this round (and
-    /// discarded by the next).
-    fn plan_lazy(&mut self, plan: &mut ReclaimPlan, want: u64) {
-        let mut parked = Vec::new();
-        let mut scanned = 0;
-        let lazy_max = self.lru.lazy.len();
-        while ((plan.discard.len() + plan.deactivate.len()) as u64) < want && scanned < lazy_max {
-            scanned += 1;
-            let Some(p) = self.lru.lazy.pop_front() else { break };
-            let m = self.pages.get(p);
-            if !m.has(pf::LAZYFREE) || m.has(pf::VOLATILE) || self.regions.find(p).is_none() {
-                continue;
-            }
-            if m.has(pf::LOCKED) || self.regions.find(p).is_some_and(|r| r.lock != LockMode::None) {
-                // Locked since it was freed (mlock after MADV_FREE): never
-                // reclaimed while locked, and no longer a lazy candidate.
-                continue;
-            }
-            match m.state {
-                PState::Inactive if self.options.host_lazyfree() => {
-                    let swap = self.swap.alloc();
-                    self.pages.update(p, |m| m.state = PState::Evicting);
-                    plan.discard.push(Discard { page: p, staging: m.slot, swap });
-                }
-                PState::Resident if self.options.host_lazyfree() => {
-                    let Some(reg) = self.regions.find(p) else { continue };
-                    if reg.prot != PROT_READ | PROT_WRITE {
-                        continue;
-                    }
-                    let Some(slot) = self.staging.alloc() else {
-                        self.lru.lazy.push_front(p);
-                        break;
-                    };
-                    self.pages.update(p, |m| {
-                        m.state = PState::Deactivating;
-                        m.slot = slot;
-                    });
-                    plan.deactivate.push(Deactivate { page: p, slot, how: Transfer::Move, host_free: false });
-                    // To the front: the next round discards it first (a round
-                    // that parks lazy pages evicts nothing else).
-                    parked.push(p);
-                }
-                _ => self.lru.lazy.push_back(p),
-            }
-        }
-        for p in parked.into_iter().rev() {
-            self.lru.lazy.push_front(p);
-        }
-    }
-
-    /// Plans the purge of volatile pages, oldest mark first, up to `want`
-    /// pages (`set_purge_volatile_first`): parked ones are purged now;
-    /// mapped ones are parked this round (and purged by the next, unless
-    /// touched meanwhile, which parks them again the round after).
-    fn plan_volatile(&mut self, plan: &mut ReclaimPlan, want: u64) {
-        let mut parked = Vec::new();
-        let mut scanned = 0;
-        let max = self.lru.volatile.len();
-        while ((plan.purge.len() + plan.deactivate.len()) as u64) < want && scanned < max {
-            scanned += 1;
-            let Some(p) = self.lru.volatile.pop_front() else { break };
-            let m = self.pages.get(p);
-            if !m.has(pf::VOLATILE) || m.has(pf::PURGED) {
-                continue;
-            }
-            let Some(reg) = self.regions.find(p).cloned() else { continue };
-            match m.state {
-                PState::Inactive => {
-                    self.pages.update(p, |m| m.state = PState::Evicting);
-                    plan.purge.push((p, m.slot));
-                }
-                PState::Resident => {
-                    if reg.lock != LockMode::None || m.has(pf::LOCKED) {
-                        continue;
-                    }
-                    if reg.writable() && reg.prot != PROT_READ | PROT_WRITE {
-                        continue; // cannot be parked (see reclaim_plan)
-                    }
-                    let Some(slot) = self.staging.alloc() else {
-                        self.lru.volatile.push_front(p);
-                        break;
-                    };
-                    self.pages.update(p, |m| {
-                        m.state = PState::Deactivating;
-                        m.slot = slot;
-                        forget_use(m);
-                    });
-                    let host_free = self.options.host_lazyfree();
-                    plan.deactivate.push(Deactivate { page: p, slot, how: transfer_for(reg.prot), host_free });
-                    parked.push(p);
-                }
-                PState::Absent | PState::Swapped => {}
-                _ => self.lru.volatile.push_back(p),
-            }
-        }
-        for p in parked.into_iter().rev() {
-            self.lru.volatile.push_front(p);
-        }
+            && !self.regions.iter().any(|r| r.kind() == Kind::FileShared)
     }
 
     /// Lazily freed pages beyond the space's bound (`set_lazyfree_max`).
     pub fn lazyfree_excess(&self) -> u64 {
         self.options.lazyfree_excess(self.pages.census().lazyfree)
-    }
-
-    /// Plans the eager discard of the lazily freed pages beyond the bound.
-    pub fn lazyfree_trim_plan(&mut self) -> ReclaimPlan {
-        let mut plan = ReclaimPlan::default();
-        let excess = self.lazyfree_excess();
-        if excess > 0 && self.options.host_lazyfree() {
-            self.plan_lazy(&mut plan, excess);
-        }
-        plan
-    }
-
-    /// Bounds how many lazily freed pages the space keeps (`u64::MAX`:
-    /// unbounded); past it, `MADV_FREE` discards the oldest at once.
-    pub fn set_lazyfree_max(&mut self, pages: u64) {
-        self.options.set_lazyfree_max(pages);
     }
 
     /// How many frames a fault that finds none reclaims at once: enough to
@@ -423,6 +413,23 @@ impl Core {
         } else {
             (self.cfg.budget_pages / 8).clamp(1, 16)
         }
+    }
+}
+
+/// Configuration (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// Whether the page store refuses writes and the executor backs off
+    /// from it: no eviction that needs a write is planned, no page parked
+    /// for one, and reclaim is hopeless once nothing else can leave
+    /// (`reclaim_hopeless`).
+    pub fn set_swap_writes_paused(&mut self, on: bool) {
+        self.swap.set_paused(on);
+    }
+
+    /// Bounds how many lazily freed pages the space keeps (`u64::MAX`:
+    /// unbounded); past it, `MADV_FREE` discards the oldest at once.
+    pub fn set_lazyfree_max(&mut self, pages: u64) {
+        self.options.set_lazyfree_max(pages);
     }
 }
 

@@ -10,19 +10,8 @@
 
 use super::Core;
 
+/// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
-    /// Logs freed swap slots by granules of `granule` slots from now on
-    /// (0: not at all).
-    pub fn set_swap_release_granule(&mut self, granule: u32) {
-        self.swap.set_release_granule(granule);
-    }
-
-    /// Whether granules with freed slots wait for `swap_release_plan`, or
-    /// slots for `swap_scrub_plan`.
-    pub fn swap_release_pending(&self) -> bool {
-        self.swap.release_pending()
-    }
-
     /// Up to `max` freed swap slots whose stored copy is to be overwritten
     /// (the copies of pages now locked: `swapcache.rs`, `fill_done`),
     /// reserved until `swap_scrub_done` so that no eviction writes there
@@ -32,6 +21,17 @@ impl Core {
         self.swap.scrub_plan(max)
     }
 
+    /// Up to `max` granules whose slots are all free, reserved until
+    /// `swap_release_done`: `(first slot, slots)` each. Granules logged but
+    /// in use again are forgotten (their slots will be freed, and logged,
+    /// again).
+    pub fn swap_release_plan(&mut self, max: usize) -> Vec<(u32, u32)> {
+        self.swap.release_plan(max)
+    }
+}
+
+/// Commits (see "Methods by kind" in `core.rs`).
+impl Core {
     /// The slots of a `swap_scrub_plan` are overwritten in the store
     /// (`ok`) or not: either way they are free again, and their granules
     /// logged for `swap_release_plan`, which deletes a wholly free one. A
@@ -41,17 +41,27 @@ impl Core {
         self.swap.scrub_done(slots, ok);
     }
 
-    /// Up to `max` granules whose slots are all free, reserved until
-    /// `swap_release_done`: `(first slot, slots)` each. Granules logged but
-    /// in use again are forgotten (their slots will be freed, and logged,
-    /// again).
-    pub fn swap_release_plan(&mut self, max: usize) -> Vec<(u32, u32)> {
-        self.swap.release_plan(max)
-    }
-
     /// The granules of a `swap_release_plan` are deleted from the store (or
     /// not: either way their slots are free again).
     pub fn swap_release_done(&mut self, granules: &[(u32, u32)]) {
         self.swap.release_done(granules);
+    }
+}
+
+/// Queries (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// Whether granules with freed slots wait for `swap_release_plan`, or
+    /// slots for `swap_scrub_plan`.
+    pub fn swap_release_pending(&self) -> bool {
+        self.swap.release_pending()
+    }
+}
+
+/// Configuration (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// Logs freed swap slots by granules of `granule` slots from now on
+    /// (0: not at all).
+    pub fn set_swap_release_granule(&mut self, granule: u32) {
+        self.swap.set_release_granule(granule);
     }
 }

@@ -39,9 +39,54 @@
 
 use super::{Core, FaultPlan};
 use crate::page::PState;
-use crate::region::{CopyFeedback, Kind, LockMode};
+use crate::region::{Kind, LockMode};
 use crate::types::{Addr, PageIdx};
 
+/// Plans (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// Plans a WP fault at `a`: a write to a page installed
+    /// write-protected. The page's swap copy is dropped now (before the
+    /// write can land) and the page is claimed until the executor has
+    /// lifted the protection (`FaultPlan::Unprotect`). A page in flight is
+    /// `Busy`; one no longer mapped (parked, evicted, unmapped meanwhile)
+    /// is woken, and its retry faults as a missing page.
+    pub fn wp_fault(&mut self, a: Addr) -> FaultPlan {
+        let Some(p) = self.page_of(a) else {
+            return FaultPlan::Wake;
+        };
+        let m = self.pages.get(p);
+        if self.in_flight(p, &m) {
+            return FaultPlan::Busy;
+        }
+        if m.state != PState::Resident || self.regions.find(p).is_none() {
+            return FaultPlan::Wake;
+        }
+        if m.cache != 0 {
+            if let Some(r) = self.regions.find_mut(p) {
+                r.note_copy(true);
+            }
+        }
+        self.uncache(p);
+        self.pages.update(p, |m| m.state = PState::Filling);
+        FaultPlan::Unprotect { page: p }
+    }
+
+    /// Where an eviction of page `p` writes: its swap copy's slot, with
+    /// nothing to write (`true`), or a new slot; `None` when swap is full.
+    pub(super) fn evict_target(&mut self, p: PageIdx) -> Option<(u32, bool)> {
+        match self.pages.get(p).cache {
+            0 => self.swap.alloc().map(|s| (s, false)),
+            c => {
+                if let Some(r) = self.regions.find_mut(p) {
+                    r.note_copy(false);
+                }
+                Some((c - 1, true))
+            }
+        }
+    }
+}
+
+/// Configuration (see "Methods by kind" in `core.rs`).
 impl Core {
     /// The executor maps swapped-in pages write-protected and reports the
     /// first write to each as a WP fault.
@@ -62,16 +107,10 @@ impl Core {
             return false;
         }
         let Some(r) = self.regions.find_mut(p) else { return false };
-        if r.kind == Kind::FileShared || r.in_thread || r.lock != LockMode::None {
+        if r.kind() == Kind::FileShared || r.in_thread() || r.lock() != LockMode::None {
             return false;
         }
-        if r.copies.pays() || r.copies.probe + 1 >= CopyFeedback::PROBE_EVERY {
-            r.copies.probe = 0;
-            true
-        } else {
-            r.copies.probe += 1;
-            false
-        }
+        r.keep_copy()
     }
 
     /// Drops page `p`'s swap copy, if it has one: its data may change, or
@@ -92,47 +131,6 @@ impl Core {
         if m.cache != 0 {
             self.swap.free_and_scrub(m.cache - 1);
             self.pages.update(p, |m| m.cache = 0);
-        }
-    }
-
-    /// Plans a WP fault at `a`: a write to a page installed
-    /// write-protected. The page's swap copy is dropped now (before the
-    /// write can land) and the page is claimed until the executor has
-    /// lifted the protection (`FaultPlan::Unprotect`). A page in flight is
-    /// `Busy`; one no longer mapped (parked, evicted, unmapped meanwhile)
-    /// is woken, and its retry faults as a missing page.
-    pub fn wp_fault(&mut self, a: Addr) -> FaultPlan {
-        let Some(p) = self.page_of(a) else {
-            return FaultPlan::Wake;
-        };
-        let m = self.pages.get(p);
-        if self.in_flight(p, &m) {
-            return FaultPlan::Busy;
-        }
-        if m.state != PState::Resident || self.regions.find(p).is_none() {
-            return FaultPlan::Wake;
-        }
-        if m.cache != 0 {
-            if let Some(r) = self.regions.find_mut(p) {
-                r.copies.note(true);
-            }
-        }
-        self.uncache(p);
-        self.pages.update(p, |m| m.state = PState::Filling);
-        FaultPlan::Unprotect { page: p }
-    }
-
-    /// Where an eviction of page `p` writes: its swap copy's slot, with
-    /// nothing to write (`true`), or a new slot; `None` when swap is full.
-    pub(super) fn evict_target(&mut self, p: PageIdx) -> Option<(u32, bool)> {
-        match self.pages.get(p).cache {
-            0 => self.swap.alloc().map(|s| (s, false)),
-            c => {
-                if let Some(r) = self.regions.find_mut(p) {
-                    r.copies.note(false);
-                }
-                Some((c - 1, true))
-            }
         }
     }
 }

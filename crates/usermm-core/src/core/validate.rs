@@ -13,8 +13,9 @@
 use super::Core;
 use crate::page::{pf, PState};
 use crate::region::LockMode;
-use crate::types::{PageIdx, PageRange};
+use crate::types::PageRange;
 
+/// Queries (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Walks the whole state and asserts every invariant.
     pub fn validate(&self) {
@@ -23,6 +24,7 @@ impl Core {
         self.zaps.validate(&self.regions);
         self.pages.validate();
         self.staging.validate();
+        self.lru.validate();
         self.validate_page_states();
         self.validate_locks();
         self.files.validate(&self.regions);
@@ -92,7 +94,7 @@ impl Core {
             if m.has(pf::LOCKED) {
                 lp += 1;
                 assert!(
-                    self.regions.find(p).is_some_and(|r| r.lock != LockMode::None) || self.zaps.is_held(p),
+                    self.regions.find(p).is_some_and(|r| r.lock() != LockMode::None) || self.zaps.is_held(p),
                     "locked page {p:?} outside a locked region"
                 );
                 // A locked page is never evicted: a swap copy would only
@@ -110,19 +112,7 @@ impl Core {
     /// A page missing from its list would never be reclaimed; one on it
     /// twice would be aged twice as fast.
     fn validate_lru(&self) {
-        let mut on = std::collections::HashMap::<PageIdx, (u32, u32)>::new();
-        for &(p, gen) in self.lru.active.iter() {
-            let m = self.pages.get(p);
-            if m.gen == gen && m.state == PState::Resident {
-                on.entry(p).or_default().0 += 1;
-            }
-        }
-        for &(p, gen) in self.lru.inactive.iter() {
-            let m = self.pages.get(p);
-            if m.gen == gen && m.state == PState::Inactive {
-                on.entry(p).or_default().1 += 1;
-            }
-        }
+        let mut on = self.lru.valid_entries(&self.pages);
         let all = PageRange::new(0, self.cfg.reserve_pages);
         self.pages.for_each_live(all, |p, m| {
             let (a, i) = on.remove(&p).unwrap_or_default();

@@ -15,7 +15,7 @@ use super::{bad, Core, Detached, FileMap, FileRange, MmapPlan, MmapReply, TASK_S
 use crate::consts::*;
 use crate::errno::Errno;
 use crate::page::pf;
-use crate::region::{Advice, Kind, LockMode, Region, FILE_OBJECT};
+use crate::region::{Kind, LockMode, Region, RegionAttrs, FILE_OBJECT};
 use crate::types::{PageIdx, PageRange};
 
 /// `mmap`'s mapping-type checks, in Linux's order (`do_mmap`'s switch on
@@ -69,6 +69,7 @@ fn file_mmap_ok(f: &FileMap, off: Option<u64>, len: u64) -> Result<(), Errno> {
     }
 }
 
+/// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Decides an anonymous `mmap`. `anon` is false for a file mapping, which
     /// the executor has validated (the descriptor) before calling.
@@ -246,28 +247,24 @@ impl Core {
         if let Some(f) = file {
             self.files.map(f.id, pages);
         }
-        self.regions.insert(Region {
+        self.regions.insert(Region::new(
             range,
-            prot: prot & PROT_MASK,
-            kind: match (file, shared) {
-                (Some(_), true) => Kind::FileShared,
-                (Some(_), false) => Kind::FilePrivate,
-                (None, true) => Kind::AnonShared,
-                (None, false) => Kind::AnonPrivate,
+            RegionAttrs {
+                prot: prot & PROT_MASK,
+                kind: match (file, shared) {
+                    (Some(_), true) => Kind::FileShared,
+                    (Some(_), false) => Kind::FilePrivate,
+                    (None, true) => Kind::AnonShared,
+                    (None, false) => Kind::AnonPrivate,
+                },
+                noreserve: flags & MAP_NORESERVE != 0,
+                lock,
+                object,
+                pgoff: file.map_or(0, |f| f.off_pages),
+                may_write: file.is_none_or(|f| f.writable || !shared),
+                in_thread: flags & UMM_MAP_INTHREAD != 0,
             },
-            advice: Advice::Normal,
-            noreserve: flags & MAP_NORESERVE != 0,
-            lock,
-            object,
-            pgoff: file.map_or(0, |f| f.off_pages),
-            next_fault: u64::MAX,
-            streak: 0,
-            reader_at: 0,
-            swap_streams: Default::default(),
-            may_write: file.is_none_or(|f| f.writable || !shared),
-            in_thread: flags & UMM_MAP_INTHREAD != 0,
-            copies: Default::default(),
-        });
+        ));
         self.regions.merge_around(range);
     }
 
@@ -276,27 +273,23 @@ impl Core {
         if shared {
             return 0;
         }
-        let probe = Region {
+        let probe = Region::new(
             range,
-            prot: prot & PROT_MASK,
-            kind: Kind::AnonPrivate,
-            advice: Advice::Normal,
-            noreserve: flags & MAP_NORESERVE != 0,
-            lock,
-            object: 0,
-            pgoff: 0,
-            next_fault: 0,
-            streak: 0,
-            reader_at: 0,
-            swap_streams: Default::default(),
-            may_write: true,
-            in_thread: flags & UMM_MAP_INTHREAD != 0,
-            copies: Default::default(),
-        };
+            RegionAttrs {
+                prot: prot & PROT_MASK,
+                kind: Kind::AnonPrivate,
+                noreserve: flags & MAP_NORESERVE != 0,
+                lock,
+                object: 0,
+                pgoff: 0,
+                may_write: true,
+                in_thread: flags & UMM_MAP_INTHREAD != 0,
+            },
+        );
         let mut n = 0;
         if range.start.0 > 0 {
             if let Some(prev) = self.regions.find(PageIdx(range.start.0 - 1)) {
-                if prev.range.end == range.start && prev.can_merge(&probe) {
+                if prev.range().end == range.start && prev.can_merge(&probe) {
                     n += 1;
                 }
             }
@@ -320,19 +313,19 @@ impl Core {
         let mut locked = Vec::new();
         let mut files = Vec::new();
         for reg in &removed {
-            if reg.lock != LockMode::None {
-                self.locks.uncharge(reg.range.pages());
-                locked.push(reg.range);
+            if reg.lock() != LockMode::None {
+                self.locks.uncharge(reg.range().pages());
+                locked.push(reg.range());
             }
-            if reg.kind == Kind::FileShared {
-                files.push(FileRange { range: reg.range, file: reg.file().expect("file"), file_page: reg.pgoff });
+            if reg.kind() == Kind::FileShared {
+                files.push(FileRange { range: reg.range(), file: reg.file().expect("file"), file_page: reg.pgoff() });
             }
             if let Some(f) = reg.file() {
-                self.files.unmap(f, reg.range.pages());
+                self.files.unmap(f, reg.range().pages());
             }
             match ranges.last_mut() {
-                Some(last) if last.end == reg.range.start => last.end = reg.range.end,
-                _ => ranges.push(reg.range),
+                Some(last) if last.end == reg.range().start => last.end = reg.range().end,
+                _ => ranges.push(reg.range()),
             }
         }
         self.zaps.hold(&ranges);
@@ -359,18 +352,11 @@ impl Core {
         // Unmapping the middle of a region adds one region (Linux checks the
         // limit before splitting).
         if let Some(reg) = self.regions.find(r.start) {
-            if reg.range.start < r.start && r.end < reg.range.end && self.regions.len() >= self.cfg.max_regions {
+            if reg.range().start < r.start && r.end < reg.range().end && self.regions.len() >= self.cfg.max_regions {
                 return bad(Errno::ENOMEM);
             }
         }
         Ok(Some(self.detach(r)))
-    }
-
-    /// The last phase of `munmap`: the range may be reused.
-    pub fn unhold(&mut self, d: &Detached) {
-        for r in &d.ranges {
-            self.zaps.unhold(*r);
-        }
     }
 
     /// Decides `mprotect`. Returns the segments to apply (in order) and the
@@ -429,19 +415,19 @@ impl Core {
                 hole = true;
                 break;
             }
-            if prot & PROT_WRITE != 0 && !reg.may_write {
+            if prot & PROT_WRITE != 0 && !reg.may_write() {
                 // Linux: PROT_WRITE on a shared mapping of a descriptor not
                 // open for writing (the parts before were changed).
                 self.regions.merge_around(r);
                 return (applied, bad(Errno::EACCES));
             }
-            if reg.prot != prot {
+            if reg.prot() != prot {
                 // Split, change and merge first, then check the count: a
                 // change that merges into a neighbour only moves a boundary
                 // (Linux succeeds at the limit then). Undo if over.
                 self.regions.split_at(seg.start);
                 self.regions.split_at(seg.end);
-                self.regions.find_mut(seg.start).expect("split").prot = prot;
+                self.regions.find_mut(seg.start).expect("split").set_prot(prot);
                 if prot & PROT_WRITE != 0 {
                     for (p, m) in self.pages.live_in(seg) {
                         if m.state.holds_frame() {
@@ -453,7 +439,7 @@ impl Core {
                 if self.regions.len() > self.cfg.max_regions {
                     self.regions.split_at(seg.start);
                     self.regions.split_at(seg.end);
-                    self.regions.find_mut(seg.start).expect("split").prot = reg.prot;
+                    self.regions.find_mut(seg.start).expect("split").set_prot(reg.prot());
                     self.regions.merge_around(r);
                     return (applied, bad(Errno::ENOMEM));
                 }
@@ -465,6 +451,16 @@ impl Core {
             return (applied, bad(Errno::ENOMEM));
         }
         (applied, Ok(()))
+    }
+}
+
+/// Commits (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// The last phase of `munmap`: the range may be reused.
+    pub fn unhold(&mut self, d: &Detached) {
+        for r in &d.ranges {
+            self.zaps.unhold(*r);
+        }
     }
 }
 

@@ -14,6 +14,7 @@ use crate::page::{pf, PState, PageMeta};
 use crate::region::LockMode;
 use crate::types::{PageIdx, PageRange};
 
+/// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Decides `mvolatile`: marks the pages of the range volatile. A locked
     /// region is `EINVAL`, holes `ENOMEM` (after marking the mapped parts).
@@ -37,7 +38,7 @@ impl Core {
                         parked.push(m.slot);
                     }
                     if self.options.purge_volatile_first() && m.state.holds_frame() {
-                        self.lru.volatile.push_back(p);
+                        self.lru.add_volatile(p);
                     }
                 }
             }
@@ -60,7 +61,7 @@ impl Core {
             return (vec![], Ok(()));
         }
         let w = self.walk(addr, pages);
-        if refuse_locked && w.pieces.iter().any(|p| p.reg.lock != LockMode::None) {
+        if refuse_locked && w.pieces.iter().any(|p| p.reg.lock() != LockMode::None) {
             return (vec![], bad(Errno::EINVAL));
         }
         let segs = w.pieces.iter().map(|p| p.seg).collect();
@@ -127,25 +128,11 @@ impl Core {
         if m.state != PState::Inactive {
             return None;
         }
-        let prot = self.regions.find(p)?.prot;
+        let prot = self.regions.find(p)?.prot();
         self.pages.update(p, |m| m.state = PState::Filling);
         let checked = self.options.host_lazyfree() && m.has(pf::VOLATILE);
         let wp = m.cache != 0 && !checked;
         Some(FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked, wp })
-    }
-
-    /// How many pages of `r` are marked volatile (purged ones included).
-    pub fn volatile_in(&self, r: PageRange) -> u64 {
-        let mut n = 0;
-        self.pages.for_each_live(r, |_, m| n += u64::from(m.has(pf::VOLATILE)));
-        n
-    }
-
-    /// Whether any page of `r` is volatile (mlock refuses them).
-    pub fn any_volatile(&self, r: PageRange) -> bool {
-        let mut v = false;
-        self.pages.for_each_live(r, |_, m| v |= m.has(pf::VOLATILE));
-        v
     }
 
     /// `MADV_FREE` on `r`: swapped pages are freed at once (their slots
@@ -177,12 +164,29 @@ impl Core {
                     // Its data may be discarded (reads zeros) or written.
                     self.uncache(p);
                     self.pages.update(p, |m| m.flags |= pf::LAZYFREE);
-                    self.lru.lazy.push_back(p);
+                    self.lru.add_lazy(p);
                 }
                 _ => {}
             }
         }
         parked
+    }
+}
+
+/// Queries (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// How many pages of `r` are marked volatile (purged ones included).
+    pub fn volatile_in(&self, r: PageRange) -> u64 {
+        let mut n = 0;
+        self.pages.for_each_live(r, |_, m| n += u64::from(m.has(pf::VOLATILE)));
+        n
+    }
+
+    /// Whether any page of `r` is volatile (mlock refuses them).
+    pub fn any_volatile(&self, r: PageRange) -> bool {
+        let mut v = false;
+        self.pages.for_each_live(r, |_, m| v |= m.has(pf::VOLATILE));
+        v
     }
 
     /// The runs of resident, lazily freed pages of `r` (a write populate

@@ -18,7 +18,7 @@
 
 use super::Core;
 use crate::page::{PState, PageMeta, PageTable};
-use crate::region::{Advice, LockMode, Region, SwapStream, SWAP_STREAMS};
+use crate::region::{Advice, LockMode, Region};
 use crate::types::{PageIdx, PageRange};
 
 /// Largest fault-around window, in pages.
@@ -87,36 +87,17 @@ pub(super) fn grow_run(pages: &PageTable, run: &mut PageRange, block: PageRange,
 /// region follows `SWAP_STREAMS` streams at once (a fault that continues
 /// none starts one in place of the least recently used): CPython walking a
 /// dict walks its table, its keys and its values in step. Returns the
-/// stream, whose run ends the caller records (`SwapStream::next`, `back`).
+/// stream, whose run the caller records (`Region::end_swap_stream`).
 pub(super) fn swap_in_window(reg: &mut Region, p: PageIdx, populate: bool) -> (u64, bool, Option<usize>) {
     if populate {
         (MAX_WINDOW_PAGES, false, None)
-    } else if reg.advice == Advice::Random || reg.lock != LockMode::None {
+    } else if reg.advice() == Advice::Random || reg.lock() != LockMode::None {
         (1, false, None)
-    } else if reg.advice == Advice::Sequential {
+    } else if reg.advice() == Advice::Sequential {
         (MAX_WINDOW_PAGES, false, None)
     } else {
-        let clock = reg.swap_streams.iter().map(|s| s.used).max().unwrap_or(0).wrapping_add(1);
-        let continues = |s: &SwapStream| {
-            let forwards = p.0 >= s.next && p.0 - s.next < STREAM_GAP_PAGES;
-            let backwards = s.back != u64::MAX && p.0 < s.back && s.back - p.0 <= STREAM_GAP_PAGES;
-            (forwards, backwards)
-        };
-        let found = reg.swap_streams.iter().position(|s| {
-            let (f, b) = continues(s);
-            f || b
-        });
-        let i = found.unwrap_or_else(|| (0..SWAP_STREAMS).min_by_key(|&i| reg.swap_streams[i].used).unwrap_or(0));
-        let s = &mut reg.swap_streams[i];
-        let (forwards, backwards) = continues(s);
-        if found.is_some() {
-            s.streak = s.streak.saturating_add(1);
-            s.backwards = backwards && !forwards;
-        } else {
-            *s = SwapStream::default();
-        }
-        s.used = clock;
-        ((1u64 << s.streak.min(6)).min(SWAP_CLUSTER_PAGES), s.backwards, Some(i))
+        let (i, streak, backwards) = reg.follow_swap_stream(p, STREAM_GAP_PAGES);
+        ((1u64 << streak.min(6)).min(SWAP_CLUSTER_PAGES), backwards, Some(i))
     }
 }
 
@@ -127,20 +108,16 @@ pub(super) fn swap_in_window(reg: &mut Region, p: PageIdx, populate: bool) -> (u
 pub(super) fn fault_around_window(reg: &mut Region, p: PageIdx, populate: bool, exact: bool) -> u64 {
     if populate {
         MAX_WINDOW_PAGES
-    } else if exact || reg.lock != LockMode::None {
+    } else if exact || reg.lock() != LockMode::None {
         1
     } else {
-        match reg.advice {
+        match reg.advice() {
             Advice::Random => 1,
             Advice::Sequential => MAX_WINDOW_PAGES,
             Advice::Normal => {
-                if p.0 == reg.next_fault {
-                    reg.streak = reg.streak.saturating_add(1);
-                } else {
-                    reg.streak = 0;
-                }
-                if reg.streak >= 3 {
-                    (BLOCK_PAGES << (reg.streak - 3).min(4)).min(MAX_WINDOW_PAGES)
+                let streak = reg.note_fault(p);
+                if streak >= 3 {
+                    (BLOCK_PAGES << (streak - 3).min(4)).min(MAX_WINDOW_PAGES)
                 } else {
                     1
                 }
@@ -181,6 +158,34 @@ pub(super) fn file_fault_around_block(p: PageIdx, region: PageRange, page_shift:
 /// is as far as its position is known).
 pub const READAHEAD_DEPTH: u64 = 4;
 
+/// Plans (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// A fault found page `p` busy. When `p` is being read in by a stream's
+    /// read-ahead (a shared or private file region, sequential advice or a
+    /// sequential streak, not locked), the window a handler thread may read
+    /// instead of waiting idle for `p`: `[start, end)` from the next
+    /// untouched page of the stream. Two windows are then read at once (the
+    /// background thread's and this one), one per CPU. Notes where the
+    /// program is (`reader_at`), which lets the read-ahead run on (the
+    /// program takes no fault that fills in a stream read ahead of it).
+    pub fn readahead_instead_of_wait(&mut self, p: PageIdx) -> Option<(PageIdx, PageIdx)> {
+        if self.pages.get(p).state != PState::Filling {
+            return None;
+        }
+        let reg = self.regions.find_mut(p)?;
+        reg.file()?;
+        let streaming = reg.advice() == Advice::Sequential || (reg.advice() == Advice::Normal && reg.streak() >= 3);
+        if !streaming || reg.lock() != LockMode::None {
+            return None;
+        }
+        reg.note_reader_at(p);
+        let r = self.regions.find(p)?;
+        let q = self.stream_next(r, PageIdx(p.0 + 1))?;
+        Some((q, PageIdx(q.0 + self.readahead_window(q))))
+    }
+}
+
+/// Queries (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Whether page `p` is an untouched page of a region of `file`: where a
     /// streaming read of that file goes on.
@@ -202,7 +207,7 @@ impl Core {
     /// anonymous, or another file's) nor into a page read or being read
     /// (another thread's window: the read-in never waits for it).
     pub fn readahead_window(&self, p: PageIdx) -> u64 {
-        let n = self.region_at(p).map_or(MAX_WINDOW_PAGES, |r| MAX_WINDOW_PAGES.min(r.range.end.0 - p.0));
+        let n = self.region_at(p).map_or(MAX_WINDOW_PAGES, |r| MAX_WINDOW_PAGES.min(r.range().end.0 - p.0));
         (0..n).find(|&i| i > 0 && self.pages.get(PageIdx(p.0 + i)) != PageMeta::default()).unwrap_or(n)
     }
 
@@ -222,8 +227,8 @@ impl Core {
     /// program was last seen in the region (its last fault, or a fault on
     /// a page being read ahead).
     fn stream_next(&self, r: &Region, from: PageIdx) -> Option<PageIdx> {
-        let seen = r.next_fault.max(r.reader_at);
-        let limit = seen.saturating_add(READAHEAD_DEPTH * MAX_WINDOW_PAGES).min(r.range.end.0);
+        let seen = r.last_seen();
+        let limit = seen.saturating_add(READAHEAD_DEPTH * MAX_WINDOW_PAGES).min(r.range().end.0);
         let mut q = from.0;
         while q < limit {
             let m = self.pages.get(PageIdx(q));
@@ -236,29 +241,5 @@ impl Core {
             q += 1;
         }
         None
-    }
-
-    /// A fault found page `p` busy. When `p` is being read in by a stream's
-    /// read-ahead (a shared or private file region, sequential advice or a
-    /// sequential streak, not locked), the window a handler thread may read
-    /// instead of waiting idle for `p`: `[start, end)` from the next
-    /// untouched page of the stream. Two windows are then read at once (the
-    /// background thread's and this one), one per CPU. Notes where the
-    /// program is (`reader_at`), which lets the read-ahead run on (the
-    /// program takes no fault that fills in a stream read ahead of it).
-    pub fn readahead_instead_of_wait(&mut self, p: PageIdx) -> Option<(PageIdx, PageIdx)> {
-        if self.pages.get(p).state != PState::Filling {
-            return None;
-        }
-        let reg = self.regions.find_mut(p)?;
-        reg.file()?;
-        let streaming = reg.advice == Advice::Sequential || (reg.advice == Advice::Normal && reg.streak >= 3);
-        if !streaming || reg.lock != LockMode::None {
-            return None;
-        }
-        reg.reader_at = p.0;
-        let r = self.regions.find(p)?;
-        let q = self.stream_next(r, PageIdx(p.0 + 1))?;
-        Some((q, PageIdx(q.0 + self.readahead_window(q))))
     }
 }

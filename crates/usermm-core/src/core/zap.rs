@@ -13,6 +13,7 @@ use super::{Busy, Core, ZapClaim};
 use crate::page::{pf, PState, PageMeta};
 use crate::types::PageRange;
 
+/// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Claims the pages of `r` for dropping, or `Err(Busy)`: a page is
     /// busy, wait and call again.
@@ -42,7 +43,10 @@ impl Core {
         }
         Ok(claim)
     }
+}
 
+/// Commits (see "Methods by kind" in `core.rs`).
+impl Core {
     /// Drops the pages of a claim: the executor has dropped the frames.
     pub fn zap_end(&mut self, c: &ZapClaim) {
         self.zaps.end(c.range);

@@ -55,11 +55,11 @@ pub fn draw(c: &Core, from: u64, to: u64) -> String {
         match c.regions().find(PageIdx(p)) {
             Some(r) => {
                 if let Some(prev) = last {
-                    if prev != r.range.start.0 {
+                    if prev != r.range().start.0 {
                         letter += 1;
                     }
                 }
-                last = Some(r.range.start.0);
+                last = Some(r.range().start.0);
                 s.push(letter as char);
             }
             None => s.push('.'),

@@ -123,7 +123,7 @@ impl Inner {
             return Err(e);
         }
         let (mode, in_thread) =
-            lock(&self.core).region_at(plan.range.start).map_or((LockMode::None, false), |r| (r.lock, r.in_thread));
+            lock(&self.core).region_at(plan.range.start).map_or((LockMode::None, false), |r| (r.lock(), r.in_thread()));
         if let Err(e) = self.set_in_thread(a, l, in_thread) {
             let d = lock(&self.core).munmap(a as u64, l as u64);
             if let Ok(Some(d)) = d {
@@ -310,11 +310,11 @@ impl Inner {
                             .overlapping(r)
                             .iter()
                             .filter(|g| {
-                                g.lock == LockMode::Locked
-                                    && matches!(g.kind, Kind::AnonPrivate | Kind::FilePrivate)
-                                    && g.prot & PROT_WRITE == 0
+                                g.lock() == LockMode::Locked
+                                    && matches!(g.kind(), Kind::AnonPrivate | Kind::FilePrivate)
+                                    && g.prot() & PROT_WRITE == 0
                             })
-                            .map(|g| g.range.intersect(&r))
+                            .map(|g| g.range().intersect(&r))
                             .collect()
                     })
                     .unwrap_or_default()

@@ -22,7 +22,7 @@ impl Inner {
         self.files.maps_windows()
             && !self.plat.reads_pending()
             && c.region_at(run.start).is_some_and(|r| {
-                r.kind == Kind::FileShared && r.prot & PROT_MASK == PROT_READ && r.lock != LockMode::None
+                r.kind() == Kind::FileShared && r.prot() & PROT_MASK == PROT_READ && r.lock() != LockMode::None
             })
     }
 
@@ -77,18 +77,18 @@ impl Inner {
         }
         let regions = lock(&self.core).regions().overlapping(r);
         for g in regions {
-            let seg = g.range.intersect(&r);
+            let seg = g.range().intersect(&r);
             let Some(file) = g.file() else { continue };
             let f = self.files.get(file);
             for (s, t) in self.plat.runs(Runs::FileWindows, self.addr(seg.start), seg.pages() as usize * ps) {
-                let p = PageIdx(g.range.start.0 + ((s - self.addr(g.range.start)) / ps) as u64);
+                let p = PageIdx(g.range().start.0 + ((s - self.addr(g.range().start)) / ps) as u64);
                 let off = g.file_page(p) * ps as u64;
                 let copied = f.as_ref().is_some_and(|f| {
-                    self.plat.window(Window::Unmap { file: f, off, a: s, l: t - s, prot: g.prot & PROT_MASK }).is_ok()
+                    self.plat.window(Window::Unmap { file: f, off, a: s, l: t - s, prot: g.prot() & PROT_MASK }).is_ok()
                 });
                 if !copied {
                     self.zap_range(PageRange::new(p.0, p.0 + ((t - s) / ps) as u64));
-                } else if g.lock != LockMode::None {
+                } else if g.lock() != LockMode::None {
                     // (Still locked, made writable: the fresh mapping is
                     // locked in the host as the region's others are.)
                     let _ = self.plat.range(Range::Lock(true), s, t - s);

@@ -8,7 +8,7 @@ use super::*;
 
 /// Whether no thread can write to `run`'s region (see `Inner::may_split`).
 fn read_only(c: &Core, run: PageRange) -> bool {
-    c.region_at(run.start).is_some_and(|r| r.prot & PROT_WRITE == 0)
+    c.region_at(run.start).is_some_and(|r| r.prot() & PROT_WRITE == 0)
 }
 
 impl Inner {
@@ -84,8 +84,9 @@ impl Inner {
         if tail > 0 {
             // (Its pages are neither committed nor written: dropped as a
             // zap drops them; a locked region's host lock stays.)
-            let (prot, locked) =
-                c.region_at(run.start).map_or((PROT_NONE, false), |r| (r.prot & PROT_MASK, r.lock != LockMode::None));
+            let (prot, locked) = c
+                .region_at(run.start)
+                .map_or((PROT_NONE, false), |r| (r.prot() & PROT_MASK, r.lock() != LockMode::None));
             let _ = self.plat.range(Range::Zap(prot), a + mid, tail);
             if locked {
                 let _ = self.plat.range(Range::Lock(true), a + mid, tail);

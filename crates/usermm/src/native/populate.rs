@@ -33,7 +33,7 @@ impl Inner {
             let modes: Vec<LockMode> = plan
                 .changed
                 .iter()
-                .map(|&(seg, _)| c.region_at(seg.start).map(|r| r.lock).unwrap_or(LockMode::None))
+                .map(|&(seg, _)| c.region_at(seg.start).map(|r| r.lock()).unwrap_or(LockMode::None))
                 .collect();
             (plan, modes)
         };
@@ -95,7 +95,7 @@ impl Inner {
     fn lock_populate(&self, plan: &LockPlan, full: &[PageRange]) -> Result<(), Errno> {
         let populate = if plan.populate.is_empty() { full } else { &plan.populate[..] };
         for seg in populate {
-            let prot = lock(&self.core).region_at(seg.start).map(|r| r.prot).unwrap_or(PROT_NONE);
+            let prot = lock(&self.core).region_at(seg.start).map(|r| r.prot()).unwrap_or(PROT_NONE);
             // Linux populates what it can reach (FOLL_FORCE): not
             // PROT_NONE (ENOMEM), nor exec-only memory, for which builds of
             // Linux 6.18 answer ENOMEM or 0 (measured on this machine's

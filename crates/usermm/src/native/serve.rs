@@ -28,7 +28,7 @@ pub(super) enum Caller {
 /// plainly read-write and unlocked, as `UFFDIO_MOVE` wants of both sides
 /// (the pool is such a mapping).
 pub(super) fn pool_fits(c: &Core, run: PageRange) -> bool {
-    c.region_at(run.start).is_some_and(|r| r.prot == PROT_READ | PROT_WRITE && r.lock == LockMode::None)
+    c.region_at(run.start).is_some_and(|r| r.prot() == PROT_READ | PROT_WRITE && r.lock() == LockMode::None)
 }
 
 impl Caller {

@@ -52,7 +52,7 @@ impl Inner {
                 match c.zap_begin(r) {
                     // (A detached range is PROT_NONE to the program: a
                     // touch is SIGSEGV; see `Arena::zap` for the prot.)
-                    Ok(claim) => break (claim, c.region_at(r.start).map_or(PROT_NONE, |g| g.prot & PROT_MASK)),
+                    Ok(claim) => break (claim, c.region_at(r.start).map_or(PROT_NONE, |g| g.prot() & PROT_MASK)),
                     Err(Busy) => c = self.settled.wait(c).unwrap_or_else(|e| e.into_inner()),
                 }
             }
