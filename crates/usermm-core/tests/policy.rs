@@ -114,18 +114,7 @@ fn lru_misses(trace: &[u64], cap: usize, measure_from: usize) -> u64 {
     misses
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use usermm_core::rng::Rng;
 
 /// YCSB's scrambled zipfian over `0..n` (as the `reclaim` experiment's).
 fn zipfian(n: u64, theta: f64, len: usize, rng: &mut Rng) -> Vec<u64> {
@@ -136,7 +125,7 @@ fn zipfian(n: u64, theta: f64, len: usize, rng: &mut Rng) -> Vec<u64> {
     let mult = (0x9E37_79B9 % n) | 1; // odd: coprime with a power of two
     (0..len)
         .map(|_| {
-            let u = rng.next() as f64 / u64::MAX as f64;
+            let u = rng.next_u64() as f64 / u64::MAX as f64;
             let uz = u * zetan;
             let rank = if uz < 1.0 {
                 0
@@ -162,7 +151,7 @@ fn a_hot_set_survives_a_scan_eight_times_the_budget() {
     let (budget, n) = (512u64, 8 * 512 + 64);
     let hot = budget / 10;
     let mut c = core_with(budget, n);
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let mut trace: Vec<u64> = (0..3).flat_map(|_| 0..hot).collect();
     let warm = trace.len();
     for p in hot..n {
@@ -205,7 +194,7 @@ fn a_hot_set_left_alone_during_a_scan_is_evicted() {
 #[test]
 fn a_zipfian_trace_misses_close_to_an_exact_lru() {
     let (budget, n) = (4096u64, 4 * 4096);
-    let mut rng = Rng(11);
+    let mut rng = Rng::new(11);
     let trace = zipfian(n, 0.99, 8 * n as usize, &mut rng);
     let from = trace.len() / 2;
     let mut c = core_with(budget, n);
@@ -247,7 +236,7 @@ fn experiment_phases() -> Fits {
     let (budget, n) = (4096u64, 4 * 4096);
     let hot = budget / 10;
     let mut c = core_with(budget, n);
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let mix = 2 * n as usize;
     let phase = |name: &str, trace: Vec<u64>, write: bool, c: &mut Core| {
         let m = replay_rw(c, &trace, 0, write);

@@ -139,7 +139,7 @@ impl Sim {
     /// `mlock2(MLOCK_ONFAULT)` or `munlock` of a random range.
     pub(super) fn op_lock(&mut self) {
         let (s, l) = self.random_range();
-        let lock = self.rng.chance(2);
+        let lock = self.rng.one_in(2);
         if lock && (s..s + l).any(|q| self.model[q].is_some_and(|m| m.volatile)) {
             // EINVAL (SPEC): the core's tests check that.
             return;

@@ -36,7 +36,7 @@ impl Sim {
     pub(super) fn op_msync(&mut self) {
         let (s, l) = self.random_range();
         self.set_busy(0, 0);
-        let flags = if self.rng.chance(2) { MS_SYNC } else { MS_ASYNC };
+        let flags = if self.rng.one_in(2) { MS_SYNC } else { MS_ASYNC };
         self.log.push(format!("msync p{s}+{l} flags {flags}"));
         let r = self.inner.msync(Self::addr(s), l * PS, flags);
         let hole = (s..s + l).any(|q| self.model[q].is_none());

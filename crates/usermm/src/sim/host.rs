@@ -105,7 +105,7 @@ impl SimPlatform {
         let want = (self.preempt_one_in != 0)
             .then(|| {
                 let mut h = self.host();
-                h.rng.chance(self.preempt_one_in).then(|| 1 + h.rng.below(8))
+                h.rng.one_in(self.preempt_one_in).then(|| 1 + h.rng.below(8))
             })
             .flatten();
         if want.is_some_and(|want| inner.reclaim_if_unblocked(want)) {
@@ -148,7 +148,7 @@ impl SimPlatform {
 
 impl Host {
     pub(super) fn fail(&mut self) -> bool {
-        if self.fail_one_in != 0 && self.rng.chance(self.fail_one_in) {
+        if self.fail_one_in != 0 && self.rng.one_in(self.fail_one_in) {
             self.injected += 1;
             true
         } else {

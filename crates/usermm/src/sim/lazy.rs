@@ -30,7 +30,7 @@ impl Host {
     /// The host's own reclaim, now and then: it drops one clean lazily
     /// freed page or slot.
     pub(super) fn host_drops_one(&mut self) {
-        if !self.lazy.on || self.lazy.drop_one_in == 0 || !self.rng.chance(self.lazy.drop_one_in) {
+        if !self.lazy.on || self.lazy.drop_one_in == 0 || !self.rng.one_in(self.lazy.drop_one_in) {
             return;
         }
         let n = self.lazy.pages.len() + self.lazy.slots.len();

@@ -44,28 +44,8 @@ const BASE: usize = 0x6000_0000_0000;
 /// Pages of the reservation the program uses.
 const PAGES: usize = 96;
 
-/// xorshift64*: the simulation's only source of choices.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, one_in: u64) -> bool {
-        self.below(one_in) == 0
-    }
-}
+/// The simulation's only source of choices.
+use usermm_core::rng::Rng;
 
 /// The model of one page: what Linux would give the program.
 #[derive(Clone, Copy, Debug)]
@@ -196,7 +176,7 @@ impl Sim {
     /// until the step ends.
     fn random_range(&mut self) -> (usize, usize) {
         let start = self.rng.below(PAGES as u64) as usize;
-        let long = self.rng.chance(4);
+        let long = self.rng.one_in(4);
         let len = 1 + self.rng.below(if long { 32 } else { 8 }) as usize;
         let len = len.min(PAGES - start);
         self.set_busy(start, len);
@@ -223,9 +203,9 @@ impl Sim {
             13 => self.op_msync(),
             _ => {
                 let p = self.rng.below(PAGES as u64) as usize;
-                let write = self.rng.chance(2);
+                let write = self.rng.one_in(2);
                 self.touch_checked(p, write);
-                if !write && self.rng.chance(4) {
+                if !write && self.rng.one_in(4) {
                     // Read, then write the same page: a page a read swapped
                     // in carries its swap copy, and this write must end it
                     // (a WP fault) before it lands.
@@ -331,10 +311,10 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
     let budget_pages = [8usize, 16, 32][rng.below(3) as usize];
     // Swap: none now and then (anonymous memory is then unevictable, and
     // faults past the budget are out of memory), else some or plenty.
-    let swap_pages = if rng.chance(6) { 0 } else { [32usize, 256][rng.below(2) as usize] };
+    let swap_pages = if rng.one_in(6) { 0 } else { [32usize, 256][rng.below(2) as usize] };
     let fail_one_in = [0u64, 16, 64][rng.below(3) as usize];
-    let can_move = !rng.chance(4);
-    let exact = rng.chance(2);
+    let can_move = !rng.one_in(4);
+    let exact = rng.one_in(2);
     let cfg = Config {
         budget_bytes: budget_pages * PS,
         swap_bytes: swap_pages * PS,
@@ -427,7 +407,7 @@ fn sim_platform(seed: u64, preempt_one_in: u64, fail_one_in: u64, can_move: bool
             fail_one_in,
             can_move,
             // Write tracking (the swap cache) on for three seeds in four.
-            tracks_writes: !Rng::new(seed ^ 0x3a3a).chance(4),
+            tracks_writes: !Rng::new(seed ^ 0x3a3a).one_in(4),
             wp: std::collections::HashSet::new(),
             has_swap,
             // The store gives freed slots back for two seeds in three.
@@ -442,7 +422,7 @@ fn sim_platform(seed: u64, preempt_one_in: u64, fail_one_in: u64, can_move: bool
 /// page or slot at every, 1 in 4 or 1 in 16 preemption points.
 fn host_lazy(seed: u64) -> lazy::HostLazy {
     let mut r = Rng::new(seed ^ 0x1a2e);
-    lazy::HostLazy { on: r.chance(2), drop_one_in: [1u64, 4, 16][r.below(3) as usize], ..Default::default() }
+    lazy::HostLazy { on: r.one_in(2), drop_one_in: [1u64, 4, 16][r.below(3) as usize], ..Default::default() }
 }
 
 /// What a failed run reports: the panic's message, the step, how to

@@ -41,13 +41,13 @@ impl SimPlatform {
         let (p, stamp) = {
             let mut o = self.other.lock().unwrap_or_else(|e| e.into_inner());
             let one_in = o.one_in;
-            if one_in == 0 || !o.rng.chance(one_in) {
+            if one_in == 0 || !o.rng.one_in(one_in) {
                 return;
             }
             // Now and then a page just past the step's: where a fill window
             // around the step's page goes on (a stream's page being read,
             // which a waiting handler reads ahead of: `read_ahead_instead`).
-            let p = if o.busy.1 > o.busy.0 && o.rng.chance(4) {
+            let p = if o.busy.1 > o.busy.0 && o.rng.one_in(4) {
                 (o.busy.1 + o.rng.below(8) as usize).min(PAGES - 1)
             } else {
                 o.rng.below(PAGES as u64) as usize
@@ -55,7 +55,7 @@ impl SimPlatform {
             if (o.busy.0..o.busy.1).contains(&p) {
                 return;
             }
-            let stamp = o.rng.chance(2).then(|| {
+            let stamp = o.rng.one_in(2).then(|| {
                 o.next_stamp += 1;
                 o.next_stamp
             });
