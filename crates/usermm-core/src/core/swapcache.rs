@@ -58,13 +58,14 @@ impl Core {
         if self.in_flight(p, &m) {
             return FaultPlan::Busy;
         }
-        if m.state != PState::Resident || self.regions.find(p).is_none() {
+        if m.state != PState::Resident {
             return FaultPlan::Wake;
         }
+        let Some(r) = self.regions.find_mut(p) else {
+            return FaultPlan::Wake;
+        };
         if m.cache != 0 {
-            if let Some(r) = self.regions.find_mut(p) {
-                r.note_copy(true);
-            }
+            r.note_copy(true);
         }
         self.uncache(p);
         self.pages.update(p, |m| m.state = PState::Filling);

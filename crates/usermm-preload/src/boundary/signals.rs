@@ -1,6 +1,7 @@
 //! SIGBUS's action: a program's `sigaction`/`signal` for SIGBUS goes through
 //! `umm_sigbus_action` while usermm's in-thread handler is installed.
 
+use super::libc_only::next_fn;
 use super::*;
 
 // ---------------------------------------------------------------------------
@@ -27,23 +28,10 @@ pub(super) type SignalFn = unsafe extern "C" fn(c_int, libc::sighandler_t) -> li
 pub(super) static LIBC_SIGACTION: AtomicUsize = AtomicUsize::new(0);
 pub(super) static LIBC_SIGNAL: AtomicUsize = AtomicUsize::new(0);
 
-/// The next definition of `name` (NUL-terminated) after this library's,
-/// cached in `cache`.
-pub(super) fn next_symbol(cache: &AtomicUsize, name: &[u8]) -> Option<usize> {
-    let mut f = cache.load(Relaxed);
-    if f == 0 {
-        // SAFETY: `name` is NUL-terminated.
-        let sym = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr() as *const c_char) };
-        f = if sym.is_null() { 1 } else { sym as usize };
-        cache.store(f, Relaxed);
-    }
-    (f != 1).then_some(f)
-}
-
 /// Looks up the C library's signal functions (from the constructor).
 pub(crate) fn find_signal_calls() {
-    next_symbol(&LIBC_SIGACTION, b"sigaction\0");
-    next_symbol(&LIBC_SIGNAL, b"signal\0");
+    next_fn(&LIBC_SIGACTION, b"sigaction\0");
+    next_fn(&LIBC_SIGNAL, b"signal\0");
 }
 
 /// The C library's `sigaction`.
@@ -55,7 +43,7 @@ pub(super) unsafe extern "C" fn own_sigaction(
     act: *const libc::sigaction,
     old: *mut libc::sigaction,
 ) -> c_int {
-    let Some(f) = next_symbol(&LIBC_SIGACTION, b"sigaction\0") else {
+    let Some(f) = next_fn(&LIBC_SIGACTION, b"sigaction\0") else {
         return fail(libc::ENOSYS, -1);
     };
     // SAFETY: `f` is glibc's `sigaction`, of this signature.
@@ -69,7 +57,7 @@ pub(super) unsafe extern "C" fn own_sigaction(
 /// # Safety
 /// `signal(2)`'s contract.
 pub(super) unsafe extern "C" fn own_signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
-    let Some(f) = next_symbol(&LIBC_SIGNAL, b"signal\0") else {
+    let Some(f) = next_fn(&LIBC_SIGNAL, b"signal\0") else {
         return fail(libc::ENOSYS, libc::SIG_ERR);
     };
     // SAFETY: `f` is glibc's `signal`, of this signature.
