@@ -50,7 +50,6 @@
 //! address: a pointer inside the space's reservation goes back to the heap,
 //! any other to the system allocator.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
@@ -166,7 +165,7 @@ const CACHE_CAPS: [u8; NCLASSES] = {
 
 /// The smallest class that holds `size` bytes (1..=[`SMALL_MAX_BYTES`]).
 #[inline]
-fn class_of(size: usize) -> usize {
+pub(crate) fn class_of(size: usize) -> usize {
     if size <= 128 {
         return size.max(1).div_ceil(16) - 1;
     }
@@ -282,20 +281,21 @@ pub(crate) fn free_run_pages(addr: usize, len: usize, page: usize) -> Option<(us
     (end > start).then(|| (start, end - start))
 }
 
-thread_local! {
-    /// How deep this thread is in code whose allocations must not come from
-    /// a [`GlobalHeap`]: its slow path, and every thread usermm starts.
-    static SYSTEM_ONLY: Cell<u32> = const { Cell::new(0) };
-}
-
 /// While alive, this thread's allocations through a [`GlobalHeap`] come
-/// from the system allocator.
-pub(crate) struct SystemOnly(());
+/// from the system allocator (and so do those of the `usermm run` preload
+/// library: it marks its own calls' allocations so). The depth lives beside the thread's
+/// small-block cache, in one thread-local (`small::LOCAL`), so that an
+/// allocation looks up one thread-local, not two.
+pub struct SystemOnly(());
 
 impl SystemOnly {
+    /// Makes the calling thread system-only until the guard drops (see
+    /// [`thread_is_system_only`]); nests.
     #[inline]
-    pub(crate) fn enter() -> SystemOnly {
-        SYSTEM_ONLY.with(|d| d.set(d.get() + 1));
+    pub fn enter() -> SystemOnly {
+        // A thread tearing down its thread-locals counts as system-only
+        // anyway (`system_only`), so a failed lookup changes nothing.
+        let _ = small::LOCAL.try_with(|l| l.depth.set(l.depth.get() + 1));
         SystemOnly(())
     }
 }
@@ -303,7 +303,7 @@ impl SystemOnly {
 impl Drop for SystemOnly {
     #[inline]
     fn drop(&mut self) {
-        SYSTEM_ONLY.with(|d| d.set(d.get() - 1));
+        let _ = small::LOCAL.try_with(|l| l.depth.set(l.depth.get() - 1));
     }
 }
 
@@ -311,22 +311,23 @@ impl Drop for SystemOnly {
 /// allocations never come from a [`GlobalHeap`] (a fault handler that
 /// faulted on the heap would wait on itself).
 pub(crate) fn mark_usermm_thread() {
-    SYSTEM_ONLY.with(|d| d.set(d.get() + 1));
+    std::mem::forget(SystemOnly::enter());
 }
 
 /// Whether this thread's allocations must come from the system allocator.
 #[inline]
 pub(crate) fn system_only() -> bool {
     // A thread tearing down its thread-locals counts as system-only.
-    SYSTEM_ONLY.try_with(|d| d.get() > 0).unwrap_or(true)
+    small::LOCAL.try_with(|l| l.depth.get() > 0).unwrap_or(true)
 }
 
 /// Whether the calling thread's allocations must not come from a space's
 /// heap: one of usermm's own threads (a fault handler that allocated on
 /// the heap it serves could fault on it and wait on itself), or a thread
-/// inside a heap's slow path or [`GlobalHeap::with_space`]. An allocator
-/// that stands in for the C library's `malloc` (the `usermm run` preload
-/// library) sends such allocations to the C library's own allocator.
+/// inside a heap's slow path, [`GlobalHeap::with_space`] or a
+/// [`SystemOnly`] guard. An allocator that stands in for the C library's
+/// `malloc` (the `usermm run` preload library) sends such allocations to
+/// the C library's own allocator.
 #[inline]
 pub fn thread_is_system_only() -> bool {
     system_only()
@@ -371,6 +372,19 @@ impl<'a> Heap<'a> {
     pub fn flush_thread_cache(&self) {
         self.space.heap.flush_thread_cache(self.space);
     }
+}
+
+/// What [`GlobalHeap::malloc_cached`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CachedMalloc {
+    /// The calling thread's allocations must come from the system
+    /// allocator ([`thread_is_system_only`]).
+    System,
+    /// Nothing cached for that size (or no space open): take the full path
+    /// (`umm_malloc`).
+    Slow,
+    /// A live block of at least the size asked, 16-byte aligned.
+    Block(usize),
 }
 
 /// Where a [`GlobalHeap`] takes its space's configuration from.
@@ -451,6 +465,40 @@ impl GlobalHeap {
             return r.as_ref().ok().filter(|sp| sp.check_owner().is_ok());
         }
         self.open_space()
+    }
+
+    /// The space if it is open and this process's (a forked child's is
+    /// not), with no attempt to open it.
+    #[inline]
+    fn space_if_open(&self) -> Option<&Space> {
+        self.space.get()?.as_ref().ok().filter(|sp| sp.check_owner().is_ok())
+    }
+
+    /// `malloc(size)`'s common case for a C allocator on this heap (the
+    /// `usermm run` preload library): a small block from the calling
+    /// thread's cache, with one thread-local lookup and no lock. A block
+    /// from here is freed as `umm_free` frees it (by address, no header).
+    #[inline]
+    pub fn malloc_cached(&self, size: usize) -> CachedMalloc {
+        let Some(sp) = self.space_if_open() else { return CachedMalloc::Slow };
+        match sp.heap.alloc_small_cached(size) {
+            small::Cached::System => CachedMalloc::System,
+            small::Cached::Miss => CachedMalloc::Slow,
+            small::Cached::Block(p) => CachedMalloc::Block(p),
+        }
+    }
+
+    /// `free(p)`'s common case for a C allocator on this heap: whether `p`
+    /// was a small block's address, which is then freed, or refused with
+    /// `umm_free`'s message (a double free, or not a block's start).
+    /// `false`: not in a slab (or the space is not open): free it with
+    /// `umm_free`.
+    #[inline]
+    pub fn free_small(&self, p: usize) -> bool {
+        match self.space_if_open() {
+            Some(sp) => crate::boundary::capi::free_small(sp, p),
+            None => false,
+        }
     }
 
     /// [`GlobalHeap::space`]'s first call. Out of line and cold: a `Space`

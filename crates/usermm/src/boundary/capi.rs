@@ -72,6 +72,7 @@ use crate::{Errno, Space};
 
 pub(crate) use default_space::config_from_env;
 pub use default_space::umm_default_space;
+pub(crate) use heap::free_small;
 pub use heap::{
     umm_aligned_alloc, umm_calloc, umm_free, umm_heap_owns, umm_malloc, umm_malloc_usable_size, umm_realloc,
 };

@@ -4,7 +4,7 @@
 //!  reservation  |..talc arena..|S S S S S S S S|....large....|S S S S|
 //!                               \ slab segment /              (64 KiB slabs)
 //!  slab (class 64 B):  [b0][b1][b2] ... [b1023]    blocks only, no headers
-//!  side table:  slab number -> SlabMeta { class, live bits, avail bits }
+//!  side table:  slab number -> SlabMeta { class, live bytes, avail bits }
 //!  thread cache: per class, a stack of block addresses (in TLS)
 //! ```
 //!
@@ -13,17 +13,19 @@
 //!   slabs) and given to one size class at a time, so that blocks of one
 //!   class share pages only with their own class.
 //! - Everything a free needs is in the side table ([`SlabMeta`], in the
-//!   system allocator's memory, never in the space): the class, and two
-//!   bitmaps over the slab's slots. Neither an allocation nor a free reads
+//!   system allocator's memory, never in the space): the class, a live
+//!   byte per slot and an avail bitmap. Neither an allocation nor a free reads
 //!   or writes the block itself, so freeing a swapped-out block does not
 //!   swap it in.
-//! - A slot is in one of three states: *live* (the program has it: its bit
-//!   in `live` is set), *cached* (in a thread cache: neither bit), *avail*
-//!   (in its slab, for any thread: its bit in `avail` set, under its class's
-//!   lock). Invariant: no slot has both bits set. A free clears the live bit
-//!   with one atomic operation and refuses the block when the bit was
-//!   already clear (a double free, or a pointer that was never handed out):
-//!   nothing else of the heap changes.
+//! - A slot is in one of three states: *live* (the program has it: its
+//!   byte in `live` is set), *cached* (in a thread cache: neither set),
+//!   *avail* (in its slab, for any thread: its bit in `avail` set, under its
+//!   class's lock). Invariant: no slot is both live and avail. A free
+//!   clears the live byte with a plain store (no locked instruction: the
+//!   common `malloc` and `free` are a few loads and stores) and refuses the
+//!   block when it was already clear (a double free, or a pointer that was
+//!   never handed out): nothing else of the heap changes. Two frees of one
+//!   block at the same instant in two threads may both pass the check.
 //! - Each thread keeps up to [`cache_cap`] blocks per class (a stack of
 //!   addresses in its thread-local storage: no lock, no shared cache line on
 //!   the common path). An empty stack is refilled from its class's slabs
@@ -42,7 +44,8 @@
 //! state, so a cache flushed after its space was closed updates only side
 //! tables that are still allocated, and touches no memory of the space.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::*};
 use std::sync::{Arc, OnceLock};
 
@@ -71,8 +74,12 @@ pub(crate) const CACHE_MAX: usize = 32;
 struct SlabMeta {
     /// The class plus one; 0 when the slab is not carved for a class.
     class: AtomicU8,
-    /// Live slots: set by an allocation, cleared by a free.
-    live: [AtomicU64; WORDS],
+    /// Live slots, a byte each: set (1) by an allocation, cleared by a
+    /// free. A byte, not a bit: each slot's state is a memory location of
+    /// its own, so a `malloc` or `free` changes it with a plain store, no
+    /// locked read-modify-write (threads allocating and freeing blocks of
+    /// one slab at once would otherwise serialize on its words).
+    live: [AtomicU8; MAX_SLOTS],
     /// Avail slots, changed only under the class's lock (atomics so the
     /// entry can be shared; `Relaxed`, the lock orders them).
     avail: [AtomicU64; WORDS],
@@ -86,7 +93,7 @@ impl SlabMeta {
     fn new() -> SlabMeta {
         SlabMeta {
             class: AtomicU8::new(0),
-            live: [const { AtomicU64::new(0) }; WORDS],
+            live: [const { AtomicU8::new(0) }; MAX_SLOTS],
             avail: [const { AtomicU64::new(0) }; WORDS],
             avail_n: AtomicU32::new(0),
             next: AtomicU32::new(NIL),
@@ -136,6 +143,17 @@ pub(crate) struct Shared {
 
 #[repr(align(128))]
 struct CachePadded<T>(T);
+
+/// What [`Small::alloc_cached`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Cached {
+    /// The thread's allocations must come from the system allocator.
+    System,
+    /// Nothing cached for this class of this heap: take the slow path.
+    Miss,
+    /// A block, marked live.
+    Block(usize),
+}
 
 /// What a free of an address found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,9 +206,11 @@ impl Small {
     /// A block of `class`, marked live; `None` when the space has no room
     /// for a new slab.
     pub(crate) fn alloc(&self, sp: &Space, class: usize) -> Option<usize> {
-        let got = CACHE.try_with(|c| {
-            let Ok(mut c) = c.try_borrow_mut() else { return Err(()) };
-            c.adopt(&self.shared);
+        let got = LOCAL.try_with(|l| {
+            let Ok(mut c) = l.cache.try_borrow_mut() else { return Err(()) };
+            if !c.adopt(&self.shared) {
+                return Err(());
+            }
             let cap = cache_cap(class);
             let bin = &mut c.bins[class];
             if bin.n == 0 {
@@ -222,19 +242,56 @@ impl Small {
                 one[0]
             }
         };
+        self.mark_live(class, p);
+        Some(p)
+    }
+
+    /// A block of `class` from the calling thread's cache, if it has one
+    /// for this heap: the common `malloc`, one thread-local lookup and no
+    /// lock. [`Cached::System`] for a thread whose allocations must come
+    /// from the system allocator ([`SystemOnly`]).
+    #[inline]
+    pub(crate) fn alloc_cached(&self, class: usize) -> Cached {
+        let got = LOCAL
+            .try_with(|l| {
+                if l.depth.get() != 0 {
+                    return Cached::System;
+                }
+                let Ok(mut c) = l.cache.try_borrow_mut() else { return Cached::Miss };
+                if !c.owned_by(&self.shared) {
+                    return Cached::Miss;
+                }
+                let bin = &mut c.bins[class];
+                if bin.n == 0 {
+                    return Cached::Miss;
+                }
+                bin.n -= 1;
+                Cached::Block(bin.blocks[bin.n as usize])
+            })
+            // The thread is tearing down its thread-locals.
+            .unwrap_or(Cached::System);
+        if let Cached::Block(p) = got {
+            self.mark_live(class, p);
+        }
+        got
+    }
+
+    /// Marks the cached block `p` of `class` live.
+    #[inline]
+    fn mark_live(&self, class: usize, p: usize) {
         let (m, slab) = self.shared.meta(p).expect("a cached block lies in a carved slab");
         let i = slot_of(class, p - slab);
-        let old = m.live[i / 64].fetch_or(1 << (i % 64), AcqRel);
-        debug_assert_eq!(old & (1 << (i % 64)), 0, "a cached block was live");
-        Some(p)
+        debug_assert_eq!(m.live[i].load(Relaxed), 0, "a cached block was live");
+        m.live[i].store(1, Release);
     }
 
     /// The class of the slab block that starts at `p` and is live, without
     /// changing anything: `Ok(class)`, `Err(SmallFree::NotSmall)` outside every
     /// carved slab, `Err(SmallFree::Refused)` for any other address in one.
+    #[inline]
     pub(crate) fn live_class(&self, p: usize) -> Result<usize, SmallFree> {
         let (m, _, class, i) = self.shared.slot(p)?;
-        if m.live[i / 64].load(Acquire) & (1 << (i % 64)) == 0 {
+        if m.live[i].load(Acquire) == 0 {
             return Err(SmallFree::Refused);
         }
         Ok(class)
@@ -242,18 +299,24 @@ impl Small {
 
     /// Frees the block at `p` (see [`SmallFree`]). `sp` is the space when the
     /// caller has it (a slab released on the way is then lazily freed now).
+    #[inline]
     pub(crate) fn free(&self, sp: Option<&Space>, p: usize) -> SmallFree {
         let (m, _, class, i) = match self.shared.slot(p) {
             Ok(s) => s,
             Err(f) => return f,
         };
-        let bit = 1u64 << (i % 64);
-        if m.live[i / 64].fetch_and(!bit, AcqRel) & bit == 0 {
+        // A check and a store, not one atomic operation: two threads that
+        // free one block at the same instant may both get past the check
+        // (a double free is refused when the frees are not simultaneous).
+        if m.live[i].load(Acquire) == 0 {
             return SmallFree::Refused;
         }
-        let pushed = CACHE.try_with(|c| {
-            let Ok(mut c) = c.try_borrow_mut() else { return false };
-            c.adopt(&self.shared);
+        m.live[i].store(0, Release);
+        let pushed = LOCAL.try_with(|l| {
+            let Ok(mut c) = l.cache.try_borrow_mut() else { return false };
+            if !c.adopt(&self.shared) {
+                return false;
+            }
             let cap = cache_cap(class);
             let bin = &mut c.bins[class];
             if bin.n as usize >= cap {
@@ -282,8 +345,8 @@ impl Small {
     /// Gives the calling thread's cached blocks of this heap back to their
     /// slabs (tests; a thread's exit does it by itself).
     pub(crate) fn flush_thread_cache(&self, sp: &Space) {
-        let _ = CACHE.try_with(|c| {
-            if let Ok(mut c) = c.try_borrow_mut() {
+        let _ = LOCAL.try_with(|l| {
+            if let Ok(mut c) = l.cache.try_borrow_mut() {
                 if c.owner.as_ref().is_some_and(|o| Arc::ptr_eq(o, &self.shared)) {
                     c.flush();
                 }
@@ -307,7 +370,7 @@ impl Small {
                 if let Some((m, _)) = s.meta(at) {
                     let c = m.class.load(Acquire);
                     if c != 0 {
-                        let k: u64 = m.live.iter().map(|w| w.load(Relaxed).count_ones() as u64).sum();
+                        let k: u64 = m.live.iter().map(|b| b.load(Relaxed) as u64).sum();
                         n += k;
                         bytes += k * class_size(c as usize - 1) as u64;
                     }
@@ -322,6 +385,7 @@ impl Small {
 impl Shared {
     /// The side-table entry of the slab holding `p` and the slab's start;
     /// `None` outside the reservation or where no slab was ever carved.
+    #[inline]
     fn meta(&self, p: usize) -> Option<(&SlabMeta, usize)> {
         let off = p.wrapping_sub(self.base);
         if off >= self.len {
@@ -342,6 +406,7 @@ impl Shared {
     }
 
     /// The slot `p` starts: `(entry, slab start, class, slot)`.
+    #[inline]
     fn slot(&self, p: usize) -> Result<(&SlabMeta, usize, usize, usize), SmallFree> {
         let (m, slab) = self.meta(p).ok_or(SmallFree::NotSmall)?;
         let c = m.class.load(Acquire);
@@ -498,7 +563,7 @@ impl Shared {
             let n = slots.saturating_sub(w * 64).min(64);
             word.store(if n == 64 { u64::MAX } else { (1u64 << n) - 1 }, Relaxed);
         }
-        debug_assert!(m.live.iter().all(|w| w.load(Relaxed) == 0), "a new slab has live blocks");
+        debug_assert!(m.live.iter().all(|b| b.load(Relaxed) == 0), "a new slab has live blocks");
         m.avail_n.store(slots as u32, Relaxed);
         m.class.store(class as u8 + 1, Release);
         Some(slab)
@@ -538,26 +603,42 @@ struct CacheBin {
 
 /// One thread's cached blocks, all of one heap's (`owner`).
 struct Cache {
-    owner: Option<Arc<Shared>>,
+    /// `ManuallyDrop` so that [`LOCAL`] has no destructor; [`ExitFlush`]
+    /// takes the `Arc` out at the thread's exit.
+    owner: ManuallyDrop<Option<Arc<Shared>>>,
     bins: [CacheBin; NCLASSES],
 }
 
 impl Cache {
-    /// Makes `shared` the cache's heap, giving another heap's blocks back.
     #[inline]
-    fn adopt(&mut self, shared: &Arc<Shared>) {
-        if self.owner.as_ref().is_some_and(|o| Arc::ptr_eq(o, shared)) {
-            return;
+    fn owned_by(&self, shared: &Arc<Shared>) -> bool {
+        self.owner.as_ref().is_some_and(|o| Arc::ptr_eq(o, shared))
+    }
+
+    /// Makes `shared` the cache's heap, giving another heap's blocks back;
+    /// `false` (and nothing changed) when the thread is past the point
+    /// where its cache could still be given back at its exit.
+    #[inline]
+    fn adopt(&mut self, shared: &Arc<Shared>) -> bool {
+        if self.owned_by(shared) {
+            return true;
         }
         let _system = SystemOnly::enter();
+        // The first adoption registers the flush at the thread's exit (its
+        // registration may allocate: from the system allocator, as the
+        // thread is system-only meanwhile).
+        if EXIT.try_with(|_| ()).is_err() {
+            return false;
+        }
         self.flush();
-        self.owner = Some(Arc::clone(shared));
+        *self.owner = Some(Arc::clone(shared));
+        true
     }
 
     /// Gives every cached block back to its slabs (their pages are lazily
     /// freed by the heap's next call that has its space).
     fn flush(&mut self) {
-        let Some(owner) = &self.owner else { return };
+        let Some(owner) = &*self.owner else { return };
         for (class, bin) in self.bins.iter_mut().enumerate() {
             if bin.n > 0 {
                 owner.give(class, &bin.blocks[..bin.n as usize]);
@@ -567,16 +648,39 @@ impl Cache {
     }
 }
 
-impl Drop for Cache {
+/// Gives the thread's cache back when the thread exits. A thread-local of
+/// its own: [`LOCAL`] has no destructor, so that reading it never
+/// registers one (which allocates, and would come back into the heap
+/// before the thread's depth could say where that allocation goes).
+struct ExitFlush;
+
+impl Drop for ExitFlush {
     fn drop(&mut self) {
         let _system = SystemOnly::enter();
-        self.flush();
-        self.owner = None;
+        let _ = LOCAL.try_with(|l| {
+            if let Ok(mut c) = l.cache.try_borrow_mut() {
+                c.flush();
+                *c.owner = None;
+            }
+        });
     }
 }
 
+/// Everything the heap keeps per thread, in one thread-local so that a
+/// `malloc` or `free` looks one up, once.
+pub(crate) struct Local {
+    /// How deep this thread is in code whose allocations must not come
+    /// from a [`GlobalHeap`](crate::GlobalHeap) ([`SystemOnly`]).
+    pub(crate) depth: Cell<u32>,
+    cache: RefCell<Cache>,
+}
+
 thread_local! {
-    static CACHE: RefCell<Cache> = const {
-        RefCell::new(Cache { owner: None, bins: [CacheBin { n: 0, blocks: [0; CACHE_MAX] }; NCLASSES] })
+    static EXIT: ExitFlush = const { ExitFlush };
+    pub(crate) static LOCAL: Local = const {
+        Local {
+            depth: Cell::new(0),
+            cache: RefCell::new(Cache { owner: ManuallyDrop::new(None), bins: [CacheBin { n: 0, blocks: [0; CACHE_MAX] }; NCLASSES] }),
+        }
     };
 }

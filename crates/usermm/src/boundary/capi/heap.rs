@@ -91,6 +91,7 @@ unsafe fn header(p: usize) -> Option<(usize, usize)> {
 
 static WARNED: AtomicBool = AtomicBool::new(false);
 
+#[cold]
 fn refuse(what: &str, p: usize) {
     if !WARNED.swap(true, Ordering::Relaxed) {
         eprintln!("usermm: {what}({p:#x}): not a live allocation of this space's heap (bad or double free); ignored");
@@ -110,13 +111,8 @@ fn may_have_header(sp: &Space, p: usize) -> bool {
 }
 
 fn free(sp: &Space, p: usize) {
-    if p == 0 {
+    if p == 0 || free_small(sp, p) {
         return;
-    }
-    match sp.heap.free_small(sp, p) {
-        SmallFree::Freed(_) => return,
-        SmallFree::Refused => return refuse("umm_free", p),
-        SmallFree::NotSmall => {}
     }
     if !may_have_header(sp, p) {
         return refuse("umm_free", p);
@@ -137,6 +133,20 @@ fn free(sp: &Space, p: usize) {
     // `l` (a large one is checked against the heap's set of them).
     if !unsafe { sp.heap.dealloc_checked(sp, p - HEADER, block) } {
         refuse("umm_free", p);
+    }
+}
+
+/// Frees `p` if it lies in a slab: whether it did (or refused it, with
+/// the message); `false` for any other pointer, left to [`free`].
+#[inline]
+pub(crate) fn free_small(sp: &Space, p: usize) -> bool {
+    match sp.heap.free_small(sp, p) {
+        SmallFree::Freed(_) => true,
+        SmallFree::Refused => {
+            refuse("umm_free", p);
+            true
+        }
+        SmallFree::NotSmall => false,
     }
 }
 
