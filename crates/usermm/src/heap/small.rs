@@ -46,7 +46,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -84,6 +84,9 @@ struct SlabMeta {
     /// entry can be shared; `Relaxed`, the lock orders them).
     avail: [AtomicU64; WORDS],
     avail_n: AtomicU32,
+    /// Held by a thread cache (see [`Shared::take`]): in no list. Under the
+    /// class's lock.
+    held: AtomicBool,
     /// The class's partial list (slab numbers plus one), under its lock.
     next: AtomicU32,
     prev: AtomicU32,
@@ -96,6 +99,7 @@ impl SlabMeta {
             live: [const { AtomicU8::new(0) }; MAX_SLOTS],
             avail: [const { AtomicU64::new(0) }; WORDS],
             avail_n: AtomicU32::new(0),
+            held: AtomicBool::new(false),
             next: AtomicU32::new(NIL),
             prev: AtomicU32::new(NIL),
         }
@@ -212,10 +216,11 @@ impl Small {
                 return Err(());
             }
             let cap = cache_cap(class);
+            let c = &mut *c;
             let bin = &mut c.bins[class];
             if bin.n == 0 {
                 let want = (cap / 2).max(1);
-                let n = self.shared.take(sp, class, &mut bin.blocks[..want]);
+                let n = self.shared.take(sp, class, &mut bin.blocks[..want], Some(&mut c.held[class]));
                 // Taken in address order, handed out from the end: reversed,
                 // a run of allocations gets ascending addresses, so a
                 // program that walks its objects in the order it made them
@@ -236,7 +241,7 @@ impl Small {
             // this is a re-entrant call): straight from the slabs.
             _ => {
                 let mut one = [0usize; 1];
-                if self.shared.take(sp, class, &mut one) == 0 {
+                if self.shared.take(sp, class, &mut one, None) == 0 {
                     return None;
                 }
                 one[0]
@@ -424,18 +429,39 @@ impl Shared {
 
     /// Moves up to `out.len()` avail blocks of `class` into `out` (carving
     /// a new slab when the class has none); how many.
-    fn take(&self, sp: &Space, class: usize, out: &mut [usize]) -> usize {
+    ///
+    /// `held`: the caller's *held* slab of the class (its thread cache's,
+    /// `NIL` for none), which is out of the class's list and only that
+    /// cache takes from: blocks come from it while it has any, then from a
+    /// slab taken off the list (or carved), which becomes the held one. So
+    /// two threads allocating at once take blocks of different slabs, and
+    /// do not write the same cache lines of the side table. `None`: no
+    /// cache (blocks from the list's first slab).
+    fn take(&self, sp: &Space, class: usize, out: &mut [usize], mut held: Option<&mut u32>) -> usize {
         let _system = SystemOnly::enter();
         let size = class_size(class);
         let mut bin = self.bins[class].0.lock();
         let mut got = 0;
         while got < out.len() {
-            if bin.head == NIL {
-                let Some(slab) = self.carve(sp, class, bin.carved > 0) else { break };
-                bin.carved = bin.carved.saturating_add(1);
-                self.link(&mut bin, slab);
-            }
-            let slab = bin.head;
+            let slab = match held.as_deref_mut() {
+                Some(h) if *h != NIL && self.meta_of(*h).avail_n.load(Relaxed) > 0 => *h,
+                Some(h) => {
+                    if *h != NIL {
+                        // Used up: out of every list until a block comes back.
+                        self.meta_of(*h).held.store(false, Relaxed);
+                        *h = NIL;
+                    }
+                    let Some(slab) = self.first(sp, class, &mut bin) else { break };
+                    self.unlink(&mut bin, slab);
+                    self.meta_of(slab).held.store(true, Relaxed);
+                    *h = slab;
+                    slab
+                }
+                None => {
+                    let Some(slab) = self.first(sp, class, &mut bin) else { break };
+                    slab
+                }
+            };
             let m = self.meta_of(slab);
             let start = self.slab_start(slab);
             let mut taken = 0u32;
@@ -455,11 +481,36 @@ impl Shared {
             }
             let left = m.avail_n.load(Relaxed) - taken;
             m.avail_n.store(left, Relaxed);
-            if left == 0 {
+            if left == 0 && !m.held.load(Relaxed) {
                 self.unlink(&mut bin, slab);
             }
         }
         got
+    }
+
+    /// The first slab of the class's list, carving one when it is empty.
+    fn first(&self, sp: &Space, class: usize, bin: &mut Bin) -> Option<u32> {
+        if bin.head == NIL {
+            let slab = self.carve(sp, class, bin.carved > 0)?;
+            bin.carved = bin.carved.saturating_add(1);
+            self.link(bin, slab);
+        }
+        Some(bin.head)
+    }
+
+    /// A thread cache lets go of its held slab of `class` (see
+    /// [`Shared::take`]): back in the class's list if it has avail blocks.
+    fn unhold(&self, class: usize, slab: u32) {
+        if slab == NIL {
+            return;
+        }
+        let _system = SystemOnly::enter();
+        let mut bin = self.bins[class].0.lock();
+        let m = self.meta_of(slab);
+        m.held.store(false, Relaxed);
+        if m.avail_n.load(Relaxed) > 0 {
+            self.link(&mut bin, slab);
+        }
     }
 
     /// Puts `blocks` of `class` (not live, in no cache) back in their
@@ -478,12 +529,14 @@ impl Shared {
             debug_assert_eq!(old & (1 << (i % 64)), 0, "a block given back twice");
             let n = m.avail_n.load(Relaxed) + 1;
             m.avail_n.store(n, Relaxed);
-            if n == 1 {
+            // A held slab is in no list, and its cache takes from it next.
+            let held = m.held.load(Relaxed);
+            if n == 1 && !held {
                 self.link(&mut bin, slab);
             }
             // Wholly avail, and the class has another slab with room:
             // release it.
-            if n == slots && (bin.head != slab || m.next.load(Relaxed) != NIL) {
+            if n == slots && !held && (bin.head != slab || m.next.load(Relaxed) != NIL) {
                 self.unlink(&mut bin, slab);
                 for w in &m.avail {
                     w.store(0, Relaxed);
@@ -607,6 +660,9 @@ struct Cache {
     /// takes the `Arc` out at the thread's exit.
     owner: ManuallyDrop<Option<Arc<Shared>>>,
     bins: [CacheBin; NCLASSES],
+    /// The slab of each class this cache holds (`NIL`: none; see
+    /// [`Shared::take`]).
+    held: [u32; NCLASSES],
 }
 
 impl Cache {
@@ -644,6 +700,7 @@ impl Cache {
                 owner.give(class, &bin.blocks[..bin.n as usize]);
                 bin.n = 0;
             }
+            owner.unhold(class, std::mem::replace(&mut self.held[class], NIL));
         }
     }
 }
@@ -680,7 +737,11 @@ thread_local! {
     pub(crate) static LOCAL: Local = const {
         Local {
             depth: Cell::new(0),
-            cache: RefCell::new(Cache { owner: ManuallyDrop::new(None), bins: [CacheBin { n: 0, blocks: [0; CACHE_MAX] }; NCLASSES] }),
+            cache: RefCell::new(Cache {
+                owner: ManuallyDrop::new(None),
+                bins: [CacheBin { n: 0, blocks: [0; CACHE_MAX] }; NCLASSES],
+                held: [NIL; NCLASSES],
+            }),
         }
     };
 }
