@@ -21,7 +21,15 @@
 //!   `kernel-memcg` (the same program with the system allocator in a child
 //!   process in a memory cgroup of the same limit, with a swap file:
 //!   `memcg.rs`), and `kernel (no limit, upper bound)` (the system
-//!   allocator in this process, everything resident).
+//!   allocator in this process, everything resident). `free`: the time to
+//!   drop the whole map at the end (every value freed), against
+//!   `usermm (budget above the data)`, the same map on a space whose budget
+//!   holds all of it (freeing cold blocks must not swap them in).
+//! - `malloc-free`, `malloc-free-threads`, `larson`, `churn`: C programs'
+//!   `malloc` through `usermm run`'s preload library against the C
+//!   library's (`malloc.rs`).
+
+pub mod malloc;
 
 use allocator_api2::alloc::{Allocator, Global};
 use allocator_api2::vec::Vec as AVec;
@@ -35,6 +43,11 @@ use crate::report::{fmt_num, Experiment, Table};
 
 const MEMCG: &str = "kernel-memcg";
 const NOLIMIT: &str = "kernel (no limit, upper bound)";
+const RESIDENT: &str = "usermm (budget above the data)";
+/// The C-allocator workloads (`malloc.rs`) and their goals: usermm's ns
+/// per operation at most this many times the C library's.
+const MALLOC_WORKLOADS: [(&str, f64); 4] =
+    [("malloc-free", 1.5), ("malloc-free-threads", 1.5), ("larson", 1.3), ("churn", 1.3)];
 
 pub fn params(full: bool) -> Params {
     Params::default()
@@ -72,6 +85,8 @@ struct MapRun {
     /// machine-wide pswpout/pswpin).
     swapouts: u64,
     swapins: u64,
+    /// Time to drop the whole map.
+    free_ns: u64,
 }
 
 /// The `hashmap` program on allocator `a`: builds a map of `data` bytes of
@@ -109,7 +124,9 @@ fn hashmap<A: Allocator + Clone>(a: A, data: usize, queries: u64, seed: u64, swa
     r.queries = queries;
     let (o1, i1) = swap();
     (r.swapouts, r.swapins) = (o1 - o0, i1 - i0);
+    let t2 = now_ns();
     drop(m);
+    r.free_ns = now_ns() - t2;
     r
 }
 
@@ -164,8 +181,8 @@ pub fn kernel_memcg_child(args: &[String]) -> Result<(), String> {
     };
     let r = hashmap(Global, data, queries, seed, &swap);
     println!(
-        "result {} {} {} {} {} {} {}",
-        r.build_ns, r.entries, r.query_ns, r.queries, r.wrong, r.swapouts, r.swapins
+        "result {} {} {} {} {} {} {} {}",
+        r.build_ns, r.entries, r.query_ns, r.queries, r.wrong, r.swapouts, r.swapins, r.free_ns
     );
     Ok(())
 }
@@ -176,7 +193,7 @@ fn parse_child(out: &str) -> Result<MapRun, String> {
         .split_whitespace()
         .map(|x| x.parse().map_err(|_| format!("bad line: {line}")))
         .collect::<Result<_, _>>()?;
-    if w.len() != 7 {
+    if w.len() != 8 {
         return Err(format!("bad line: {line}"));
     }
     Ok(MapRun {
@@ -187,6 +204,7 @@ fn parse_child(out: &str) -> Result<MapRun, String> {
         wrong: w[4],
         swapouts: w[5],
         swapins: w[6],
+        free_ns: w[7],
     })
 }
 
@@ -195,6 +213,10 @@ fn add_map_rows(e: &mut Experiment, sys: &str, r: &MapRun, errors: &mut Vec<Stri
         let msg = format!("{sys} hashmap: {} wrong bytes or missing keys", r.wrong);
         prog.say(&format!("ERROR: {msg}"));
         errors.push(msg);
+    }
+    e.add(sys, "free", "ms", "ms", r.free_ns as f64 / 1e6);
+    if sys == RESIDENT {
+        return;
     }
     e.add(sys, "build", "throughput", "inserts/s", r.entries as f64 / (r.build_ns as f64 / 1e9));
     e.add(sys, "query", "throughput", "lookups/s", r.queries as f64 / (r.query_ns as f64 / 1e9));
@@ -252,14 +274,33 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
             e.add(sys, "alloc-free-threads", "ns_per_op", "ns", ns);
         }
         drop(sp);
-        // hashmap: usermm and kernel-memcg alternate; the unlimited kernel last.
-        let order = if r.is_multiple_of(2) { ["usermm", MEMCG, NOLIMIT] } else { [MEMCG, "usermm", NOLIMIT] };
+        // The C workloads: the same child program with and without the
+        // preload library.
+        for (w, _) in MALLOC_WORKLOADS {
+            for sys in order {
+                prog.say(&format!("{w} {sys}, {which}"));
+                match malloc::run_child(sys == "usermm", w, threads, ops, s) {
+                    Ok(ns) => e.add(sys, w, "ns_per_op", "ns", ns),
+                    Err(why) => {
+                        prog.say(&format!("ERROR: {sys} {why}"));
+                        errors.push(format!("{sys} {why}"));
+                    }
+                }
+            }
+        }
+        // hashmap: usermm and kernel-memcg alternate; the unlimited kernel
+        // and usermm with room for all of it last.
+        let order = if r.is_multiple_of(2) {
+            ["usermm", MEMCG, NOLIMIT, RESIDENT]
+        } else {
+            [MEMCG, "usermm", NOLIMIT, RESIDENT]
+        };
         for sys in order {
             prog.say(&format!("hashmap {sys}, {which}"));
             let m = match sys {
-                "usermm" => {
-                    let sp =
-                        Space::open(&config(budget, swap_bytes, Some(&dir))).map_err(|e| format!("umm_open: {e}"))?;
+                "usermm" | RESIDENT => {
+                    let b = if sys == RESIDENT { 4 * data } else { budget };
+                    let sp = Space::open(&config(b, swap_bytes, Some(&dir))).map_err(|e| format!("umm_open: {e}"))?;
                     let stats = || {
                         let st = sp.stats();
                         (st.swapouts, st.swapins)
@@ -319,7 +360,11 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
          usermm is the heap of a space with a 1 GiB budget (no pressure), kernel the system allocator (glibc malloc) on the \
          kernel's memory. hashmap: a hashbrown HashMap<u64, Vec<u8>> with {} MiB of values (64..2048 bytes each) built, then \
          {queries} random lookups each checking every byte; usermm and {MEMCG} under the same {} MiB ({}% of the data); \
-         page reads: usermm's swap-ins, {MEMCG}'s pswpin (machine-wide, the machine is otherwise idle).",
+         page reads: usermm's swap-ins, {MEMCG}'s pswpin (machine-wide, the machine is otherwise idle); free: the map \
+         dropped at the end, against {RESIDENT} (the same map on a space with a budget of 4× the data). malloc-free, \
+         malloc-free-threads ({threads} threads), larson ({threads} threads, windows passed between threads) and churn \
+         (mixed sizes in bursts, some realloc): the same child program, {ops} operations, with the C library's malloc \
+         (kernel) and under usermm run (usermm, a 1 GiB budget); every block's bytes checked.",
         data / MIB,
         budget / MIB,
         p.int("budget_pct"),
@@ -353,6 +398,25 @@ fn goals(e: &mut Experiment, memcg_measured: bool) {
         1.5,
         1.0,
     );
+    for (w, limit) in MALLOC_WORKLOADS {
+        e.ratio_goal(
+            &format!("C malloc through usermm run vs the C library's, {w} ns per operation (no pressure)"),
+            w,
+            "ns_per_op",
+            false,
+            limit,
+            1.0,
+        );
+    }
+    e.ratio_goal_vs(
+        RESIDENT,
+        "HashMap freed at exit, 4× the budget, vs the same map all resident (time)",
+        "free",
+        "ms",
+        false,
+        2.0,
+        1.0,
+    );
     if memcg_measured {
         e.ratio_goal_vs(
             MEMCG,
@@ -379,7 +443,7 @@ fn goals(e: &mut Experiment, memcg_measured: bool) {
 fn summary(e: &mut Experiment, memcg_measured: bool) {
     let ratio = |e: &Experiment, sys: &str, base: &str, v: &str, m: &str| fmt_num(e.med(sys, v, m) / e.med(base, v, m));
     let mut rows = Vec::new();
-    for v in ["alloc-free", "alloc-free-threads"] {
+    for v in ["alloc-free", "alloc-free-threads"].into_iter().chain(MALLOC_WORKLOADS.map(|(w, _)| w)) {
         rows.push(vec![
             format!("{v} ns/op"),
             fmt_num(e.med("usermm", v, "ns_per_op")),
@@ -404,6 +468,12 @@ fn summary(e: &mut Experiment, memcg_measured: bool) {
             },
         ]);
     }
+    rows.push(vec![
+        "hashmap free ms".into(),
+        fmt_num(e.med("usermm", "free", "ms")),
+        fmt_num(e.med(RESIDENT, "free", "ms")),
+        format!("{}× (vs usermm with the map all resident)", ratio(e, "usermm", RESIDENT, "free", "ms")),
+    ]);
     e.tables.push(Table {
         title: "usermm's heap against the system allocator (medians)".into(),
         head: ["what", "usermm", "kernel / kernel-memcg", "usermm / kernel"].map(String::from).to_vec(),

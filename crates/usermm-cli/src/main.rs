@@ -319,6 +319,16 @@ fn main() -> ExitCode {
         return run::main(&os_args[1..]);
     }
     let args: Vec<String> = os_args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    // The heap bench's C-allocator child (heap/malloc.rs).
+    if args.first().map(String::as_str) == Some(heap::malloc::CHILD_CMD) {
+        return match heap::malloc::child_main(&args[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(m) => {
+                eprintln!("usermm {}: {m}", heap::malloc::CHILD_CMD);
+                ExitCode::from(1)
+            }
+        };
+    }
     // The kernel-memcg child (re-executed by the benchmark, see memcg.rs).
     if args.first().map(String::as_str) == Some(memcg::CHILD_CMD) {
         return memcg_child_main(&args);

@@ -30,7 +30,7 @@ use usermm::capi::{
 use usermm::Space;
 
 use crate::{count, pieces, place, program_call, region_at, route_mmap, with_space, MapRoute, Place, Why};
-use crate::{for_block, in_ancestors, in_space, on_space, COUNTS};
+use crate::{for_block, free_cached, in_ancestors, in_space, malloc_cached, on_space, COUNTS};
 use libc::c_long;
 use usermm::Errno;
 
@@ -212,6 +212,9 @@ fn aligned(align: usize, size: usize) -> *mut c_void {
 #[no_mangle]
 pub extern "C" fn malloc(size: usize) -> *mut c_void {
     guard(std::ptr::null_mut(), || {
+        if let Some(p) = malloc_cached(size) {
+            return p as *mut c_void;
+        }
         // SAFETY: `h` is a live handle (the space `on_space` lends).
         if let Some(p) = space_alloc(|h| unsafe { umm_malloc(h, size) }) {
             return p;
@@ -255,6 +258,9 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
             return;
         }
         if in_space(p as usize) {
+            if free_cached(p as usize) {
+                return;
+            }
             // SAFETY: `h` is a live handle; `p` lies in its reservation, so
             // the heap handed it out (the caller's promise).
             for_block(|sp| unsafe { umm_free(handle(sp), p) });

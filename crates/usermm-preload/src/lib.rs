@@ -110,9 +110,9 @@ mod boundary;
 mod route;
 use route::*;
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
+use usermm::heap::CachedMalloc;
 use usermm::{GlobalHeap, Space};
 
 /// How many generations of forked children get a space of their own: a
@@ -302,26 +302,35 @@ fn after_fork_child() -> Vec<(usize, usize)> {
     RANGES.iter().take(g + 1).map(|(b, e)| (b.load(Relaxed), e.load(Relaxed))).filter(|&(b, e)| b < e).collect()
 }
 
-thread_local! {
-    /// How deep this thread is in code whose allocations must come from the
-    /// C library (`pthread_create`).
-    static LIBC_ONLY: Cell<u32> = const { Cell::new(0) };
-}
+/// While alive, this thread's allocations come from the C library (one
+/// depth with usermm's own system-only threads and calls, kept beside the
+/// heap's thread cache: one thread-local lookup per `malloc`).
+pub(crate) type LibcOnly = usermm::heap::SystemOnly;
 
-/// While alive, this thread's allocations come from the C library.
-struct LibcOnly(());
-
-impl LibcOnly {
-    fn enter() -> LibcOnly {
-        LIBC_ONLY.with(|d| d.set(d.get() + 1));
-        LibcOnly(())
+/// `malloc(size)`'s common case: a small block from the calling thread's
+/// cache on this process's space (`None`: take the full path, which also
+/// decides whether the allocation is the space's at all).
+#[inline]
+fn malloc_cached(size: usize) -> Option<usize> {
+    if !READY.load(Relaxed) {
+        return None;
+    }
+    match HEAPS.get(generation())?.malloc_cached(size) {
+        CachedMalloc::Block(p) => {
+            if counting_space() {
+                COUNTS.space.fetch_add(1, Relaxed);
+            }
+            Some(p)
+        }
+        CachedMalloc::System | CachedMalloc::Slow => None,
     }
 }
 
-impl Drop for LibcOnly {
-    fn drop(&mut self) {
-        LIBC_ONLY.with(|d| d.set(d.get() - 1));
-    }
+/// `free(p)`'s common case for a block in this process's space: whether it
+/// was a small block (freed, or refused with `umm_free`'s message).
+#[inline]
+fn free_cached(p: usize) -> bool {
+    HEAPS.get(generation()).is_some_and(|h| h.free_small(p))
 }
 
 /// Runs `f` on the space when this allocation is the space's to serve (see
@@ -332,7 +341,7 @@ fn on_space<R>(f: impl FnOnce(&Space) -> R) -> Option<R> {
         COUNTS.early.fetch_add(1, Relaxed);
         return None;
     }
-    if usermm::heap::thread_is_system_only() || LIBC_ONLY.try_with(|d| d.get() > 0).unwrap_or(true) {
+    if usermm::heap::thread_is_system_only() {
         COUNTS.usermm.fetch_add(1, Relaxed);
         return None;
     }

@@ -99,7 +99,7 @@ pub(crate) fn program_call() -> Result<(), Why> {
     if !READY.load(Relaxed) {
         return Err(Why::BeforeOpen);
     }
-    if usermm::heap::thread_is_system_only() || LIBC_ONLY.try_with(|d| d.get() > 0).unwrap_or(true) {
+    if usermm::heap::thread_is_system_only() {
         return Err(Why::Usermm);
     }
     if own_range().0 == 0 {

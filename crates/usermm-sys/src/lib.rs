@@ -30,6 +30,7 @@ pub mod host;
 pub mod inthread;
 #[cfg(feature = "bench-helpers")]
 pub mod kernel;
+pub mod lazy;
 pub mod lend;
 pub mod mem;
 #[cfg(feature = "bench-helpers")]

@@ -53,7 +53,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-use crate::thread_role::SystemOnly;
+pub use crate::thread_role::SystemOnly;
 use crate::{Config, Errno, Space, Stats};
 
 pub(crate) mod small;
@@ -166,7 +166,7 @@ const CACHE_CAPS: [u8; NCLASSES] = {
 
 /// The smallest class that holds `size` bytes (1..=[`SMALL_MAX_BYTES`]).
 #[inline]
-fn class_of(size: usize) -> usize {
+pub(crate) fn class_of(size: usize) -> usize {
     if size <= 128 {
         return size.max(1).div_ceil(16) - 1;
     }
@@ -285,9 +285,10 @@ pub(crate) fn free_run_pages(addr: usize, len: usize, page: usize) -> Option<(us
 /// Whether the calling thread's allocations must not come from a space's
 /// heap: one of usermm's own threads (a fault handler that allocated on
 /// the heap it serves could fault on it and wait on itself), or a thread
-/// inside a heap's slow path or [`GlobalHeap::with_space`]. An allocator
-/// that stands in for the C library's `malloc` (the `usermm run` preload
-/// library) sends such allocations to the C library's own allocator.
+/// inside a heap's slow path, [`GlobalHeap::with_space`] or a
+/// [`SystemOnly`] guard. An allocator that stands in for the C library's
+/// `malloc` (the `usermm run` preload library) sends such allocations to
+/// the C library's own allocator.
 #[inline]
 pub fn thread_is_system_only() -> bool {
     crate::thread_role::system_only()
@@ -332,6 +333,19 @@ impl<'a> Heap<'a> {
     pub fn flush_thread_cache(&self) {
         self.space.heap.flush_thread_cache(self.space);
     }
+}
+
+/// What [`GlobalHeap::malloc_cached`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CachedMalloc {
+    /// The calling thread's allocations must come from the system
+    /// allocator ([`thread_is_system_only`]).
+    System,
+    /// Nothing cached for that size (or no space open): take the full path
+    /// (`umm_malloc`).
+    Slow,
+    /// A live block of at least the size asked, 16-byte aligned.
+    Block(usize),
 }
 
 /// Where a [`GlobalHeap`] takes its space's configuration from.
@@ -412,6 +426,13 @@ impl GlobalHeap {
             return r.as_ref().ok().filter(|sp| sp.check_owner().is_ok());
         }
         self.open_space()
+    }
+
+    /// The space if it is open and this process's (a forked child's is
+    /// not), with no attempt to open it.
+    #[inline]
+    pub(crate) fn space_if_open(&self) -> Option<&Space> {
+        self.space.get()?.as_ref().ok().filter(|sp| sp.check_owner().is_ok())
     }
 
     /// [`GlobalHeap::space`]'s first call. Out of line and cold: a `Space`

@@ -19,11 +19,12 @@ thread_local! {
 
 /// While alive, this thread's allocations through a `GlobalHeap` come from
 /// the system allocator.
-pub(crate) struct SystemOnly(());
+pub struct SystemOnly(());
 
 impl SystemOnly {
+    /// Makes the calling thread system-only until the guard drops; nests.
     #[inline]
-    pub(crate) fn enter() -> SystemOnly {
+    pub fn enter() -> SystemOnly {
         SYSTEM_ONLY.with(|d| d.set(d.get() + 1));
         SystemOnly(())
     }

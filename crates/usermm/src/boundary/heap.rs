@@ -14,10 +14,10 @@ use talc::source::Manual;
 use talc::DefaultBinning;
 
 use crate::consts::{MADV_FREE, MAP_ANONYMOUS, MAP_FIXED_NOREPLACE, MAP_PRIVATE, PROT_READ, PROT_WRITE};
-use crate::heap::small::{Small, SmallFree};
+use crate::heap::small::{Cached, Small, SmallFree};
 use crate::heap::{
-    class_size, free_run_pages, next_arena_bytes, small_class, Counters, GlobalHeap, Heap, HeapStats, FREE_RUN_BYTES,
-    LARGE_BYTES, MAX_ARENAS,
+    class_of, class_size, free_run_pages, next_arena_bytes, small_class, Counters, GlobalHeap, Heap, HeapStats,
+    FREE_RUN_BYTES, LARGE_BYTES, MAX_ARENAS, SMALL_MAX_BYTES,
 };
 use crate::thread_role::{system_only, SystemOnly};
 use crate::Space;
@@ -260,6 +260,17 @@ impl HeapCore {
         Some(Some(p))
     }
 
+    /// [`HeapCore::alloc_small`]'s common case: a block from the calling
+    /// thread's cache (see [`Small::alloc_cached`]); every class is a
+    /// multiple of 16 bytes, the C calls' alignment.
+    #[inline]
+    pub(crate) fn alloc_small_cached(&self, size: usize) -> Cached {
+        if size > SMALL_MAX_BYTES {
+            return Cached::Miss;
+        }
+        self.small.alloc_cached(class_of(size.max(1)))
+    }
+
     /// The class a C block of `size` bytes gets (`None`: not small).
     pub(crate) fn alloc_small_class(&self, sp: &Space, size: usize) -> Option<usize> {
         small_class(size.max(1), 16, sp.page_size())
@@ -267,6 +278,7 @@ impl HeapCore {
 
     /// Frees `p` if it lies in a slab (see [`SmallFree`]): the free of a C
     /// block reads nothing of the block.
+    #[inline]
     pub(crate) fn free_small(&self, sp: &Space, p: usize) -> SmallFree {
         if sp.check_owner().is_err() {
             return SmallFree::Refused;

@@ -4,7 +4,7 @@
 //!  reservation  |..talc arena..|S S S S S S S S|....large....|S S S S|
 //!                               \ slab segment /              (64 KiB slabs)
 //!  slab (class 64 B):  [b0][b1][b2] ... [b1023]    blocks only, no headers
-//!  side table:  slab number -> SlabMeta { class, live bits, avail bits }
+//!  side table:  slab number -> SlabMeta { class, live bytes, avail bits }
 //!  thread cache: per class, a stack of block addresses (in TLS)
 //! ```
 //!
@@ -13,17 +13,19 @@
 //!   slabs) and given to one size class at a time, so that blocks of one
 //!   class share pages only with their own class.
 //! - Everything a free needs is in the side table ([`SlabMeta`], in the
-//!   system allocator's memory, never in the space): the class, and two
-//!   bitmaps over the slab's slots. Neither an allocation nor a free reads
+//!   system allocator's memory, never in the space): the class, a live
+//!   byte per slot and an avail bitmap. Neither an allocation nor a free reads
 //!   or writes the block itself, so freeing a swapped-out block does not
 //!   swap it in.
-//! - A slot is in one of three states: *live* (the program has it: its bit
-//!   in `live` is set), *cached* (in a thread cache: neither bit), *avail*
-//!   (in its slab, for any thread: its bit in `avail` set, under its class's
-//!   lock). Invariant: no slot has both bits set. A free clears the live bit
-//!   with one atomic operation and refuses the block when the bit was
-//!   already clear (a double free, or a pointer that was never handed out):
-//!   nothing else of the heap changes.
+//! - A slot is in one of three states: *live* (the program has it: its
+//!   byte in `live` is set), *cached* (in a thread cache: neither set),
+//!   *avail* (in its slab, for any thread: its bit in `avail` set, under its
+//!   class's lock). Invariant: no slot is both live and avail. A free
+//!   clears the live byte with a plain store (no locked instruction: the
+//!   common `malloc` and `free` are a few loads and stores) and refuses the
+//!   block when it was already clear (a double free, or a pointer that was
+//!   never handed out): nothing else of the heap changes. Two frees of one
+//!   block at the same instant in two threads may both pass the check.
 //! - Each thread keeps up to [`cache_cap`] blocks per class (a stack of
 //!   addresses in its thread-local storage: no lock, no shared cache line on
 //!   the common path). An empty stack is refilled from its class's slabs
@@ -43,8 +45,8 @@
 //! tables that are still allocated, and touches no memory of the space.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::*};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -52,19 +54,18 @@ use super::{cache_cap, class_size, slab_slots, slot_of, NCLASSES, SLAB_BYTES, SL
 use crate::consts::{MADV_FREE, MADV_POPULATE_WRITE, MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
 use crate::thread_role::SystemOnly;
 use crate::Space;
+use usermm_sys::lazy::LazyChunks;
 
 mod cache;
-use cache::CACHE;
+use cache::LOCAL;
 
 /// Slabs per chunk of the side table (chunks are allocated as slabs are
-/// carved in their address range: 4 MiB of reservation each).
+/// carved in their address range: 4 MiB of reservation each). The table of
+/// chunks is one pointer per chunk, zeroed memory of the system allocator
+/// (128 KiB for the preload's 64 GiB, none of it written at a process's
+/// start: a table written in full was a fifth of the CPU time `usermm run
+/// -- /bin/true` added), so a lookup is one load.
 const CHUNK_SLABS: usize = 64;
-/// Chunks per directory of the side table (1 GiB of reservation each): the
-/// table is two levels deep, so that a heap's start writes a directory of
-/// a few KiB, not a slot for every chunk of its reservation (a flat table
-/// of the preload's 64 GiB was 384 KiB written at every process's start:
-/// a fifth of the CPU time `usermm run -- /bin/true` added).
-const DIR_CHUNKS: usize = 256;
 /// The most slots of a slab (the smallest class).
 const MAX_SLOTS: usize = SLAB_BYTES / 16;
 const WORDS: usize = MAX_SLOTS / 64;
@@ -82,28 +83,44 @@ const NIL: u32 = 0;
 /// The most blocks any class's cache holds.
 pub(crate) const CACHE_MAX: usize = 32;
 
-/// One slab's side-table entry.
+/// Slabs per chunk of the class table (256 MiB of reservation each: 4 KiB).
+const CLASS_CHUNK_SLABS: usize = 4096;
+
+/// One slab's side-table entry (its class is in the class table, dense:
+/// the line a free reads it from covers 4 MiB of slabs). Aligned to a
+/// cache line, with the live bytes on lines of their own: the list fields
+/// are written under the class's lock, the live bytes by every `malloc`
+/// and `free`, and two threads writing either must not share a line.
+#[repr(C, align(64))]
 struct SlabMeta {
-    /// The class plus one; 0 when the slab is not carved for a class.
-    class: AtomicU8,
-    /// Live slots: set by an allocation, cleared by a free.
-    live: [AtomicU64; WORDS],
+    /// Live slots, a byte each: set (1) by an allocation, cleared by a
+    /// free. A byte, not a bit: each slot's state is a memory location of
+    /// its own, so a `malloc` or `free` changes it with a plain store, no
+    /// locked read-modify-write (threads allocating and freeing blocks of
+    /// one slab at once would otherwise serialize on its words).
+    live: Live,
     /// Avail slots, changed only under the class's lock (atomics so the
     /// entry can be shared; `Relaxed`, the lock orders them).
     avail: [AtomicU64; WORDS],
     avail_n: AtomicU32,
+    /// Held by a thread cache (see [`Shared::take`]): in no list. Under the
+    /// class's lock.
+    held: AtomicBool,
     /// The class's partial list (slab numbers plus one), under its lock.
     next: AtomicU32,
     prev: AtomicU32,
 }
 
+#[repr(C, align(64))]
+struct Live([AtomicU8; MAX_SLOTS]);
+
 impl SlabMeta {
     fn new() -> SlabMeta {
         SlabMeta {
-            class: AtomicU8::new(0),
-            live: [const { AtomicU64::new(0) }; WORDS],
+            live: Live([const { AtomicU8::new(0) }; MAX_SLOTS]),
             avail: [const { AtomicU64::new(0) }; WORDS],
             avail_n: AtomicU32::new(0),
+            held: AtomicBool::new(false),
             next: AtomicU32::new(NIL),
             prev: AtomicU32::new(NIL),
         }
@@ -136,15 +153,16 @@ struct Pool {
     segments: Vec<(usize, usize)>,
 }
 
-/// The side table's entry for `CHUNK_SLABS` slabs, allocated as the first
-/// of them is carved.
-type Chunk = OnceLock<Box<[SlabMeta]>>;
-
 /// The state of one heap's small blocks that threads' caches share.
 pub(crate) struct Shared {
     base: usize,
     len: usize,
-    dirs: Box<[OnceLock<Box<[Chunk]>>]>,
+    /// The side table: a chunk of `CHUNK_SLABS` entries, allocated as the
+    /// first of them is carved.
+    chunks: LazyChunks<SlabMeta>,
+    /// Each slab's class plus one (0: not carved for a class), set after
+    /// its side-table entry (`Release`).
+    classes: LazyChunks<AtomicU8>,
     bins: Box<[CachePadded<Mutex<Bin>>]>,
     pool: Mutex<Pool>,
     /// Bytes of the slab segments, and bytes given back with `MADV_FREE`.
@@ -155,6 +173,17 @@ pub(crate) struct Shared {
 
 #[repr(align(128))]
 struct CachePadded<T>(T);
+
+/// What [`Small::alloc_cached`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Cached {
+    /// The thread's allocations must come from the system allocator.
+    System,
+    /// Nothing cached for this class of this heap: take the slow path.
+    Miss,
+    /// A block, marked live.
+    Block(usize),
+}
 
 /// What a free of an address found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,12 +207,14 @@ impl Small {
     pub(crate) fn new(base: usize, len: usize) -> Small {
         let _system = SystemOnly::enter();
         let slabs = len >> SLAB_SHIFT;
-        let dirs = (0..slabs.div_ceil(CHUNK_SLABS * DIR_CHUNKS)).map(|_| OnceLock::new()).collect();
+        let chunks = LazyChunks::new(slabs.div_ceil(CHUNK_SLABS), CHUNK_SLABS);
+        let classes = LazyChunks::new(slabs.div_ceil(CLASS_CHUNK_SLABS), CLASS_CHUNK_SLABS);
         Small {
             shared: Arc::new(Shared {
                 base,
                 len,
-                dirs,
+                chunks,
+                classes,
                 bins: (0..NCLASSES).map(|_| CachePadded(Mutex::new(Bin { head: NIL, carved: 0 }))).collect(),
                 pool: Mutex::new(Pool {
                     at: 0,
@@ -207,14 +238,17 @@ impl Small {
     /// A block of `class`, marked live; `None` when the space has no room
     /// for a new slab.
     pub(crate) fn alloc(&self, sp: &Space, class: usize) -> Option<usize> {
-        let got = CACHE.try_with(|c| {
-            let Ok(mut c) = c.try_borrow_mut() else { return Err(()) };
-            c.adopt(&self.shared);
+        let got = LOCAL.try_with(|l| {
+            let Ok(mut c) = l.try_borrow_mut() else { return Err(()) };
+            if !c.adopt(&self.shared) {
+                return Err(());
+            }
             let cap = cache_cap(class);
+            let c = &mut *c;
             let bin = &mut c.bins[class];
             if bin.n == 0 {
                 let want = (cap / 2).max(1);
-                let n = self.shared.take(sp, class, &mut bin.blocks[..want]);
+                let n = self.shared.take(sp, class, &mut bin.blocks[..want], Some(&mut c.held[class]));
                 // Taken in address order, handed out from the end: reversed,
                 // a run of allocations gets ascending addresses, so a
                 // program that walks its objects in the order it made them
@@ -235,25 +269,46 @@ impl Small {
             // this is a re-entrant call): straight from the slabs.
             _ => {
                 let mut one = [0usize; 1];
-                if self.shared.take(sp, class, &mut one) == 0 {
+                if self.shared.take(sp, class, &mut one, None) == 0 {
                     return None;
                 }
                 one[0]
             }
         };
+        self.mark_live(class, p);
+        Some(p)
+    }
+
+    /// A block of `class` from the calling thread's cache, if it has one
+    /// for this heap: the common `malloc`, one thread-local lookup and no
+    /// lock. [`Cached::System`] for a thread whose allocations must come
+    /// from the system allocator ([`SystemOnly`]).
+    #[inline]
+    pub(crate) fn alloc_cached(&self, class: usize) -> Cached {
+        // The thread is tearing down its thread-locals: `System`.
+        let got = LOCAL.try_with(|l| pop_cached(l, &self.shared, class)).unwrap_or(Cached::System);
+        if let Cached::Block(p) = got {
+            self.mark_live(class, p);
+        }
+        got
+    }
+
+    /// Marks the cached block `p` of `class` live.
+    #[inline]
+    fn mark_live(&self, class: usize, p: usize) {
         let (m, slab) = self.shared.meta(p).expect("a cached block lies in a carved slab");
         let i = slot_of(class, p - slab);
-        let old = m.live[i / 64].fetch_or(1 << (i % 64), AcqRel);
-        debug_assert_eq!(old & (1 << (i % 64)), 0, "a cached block was live");
-        Some(p)
+        debug_assert_eq!(m.live.0[i].load(Relaxed), 0, "a cached block was live");
+        m.live.0[i].store(1, Release);
     }
 
     /// The class of the slab block that starts at `p` and is live, without
     /// changing anything: `Ok(class)`, `Err(SmallFree::NotSmall)` outside every
     /// carved slab, `Err(SmallFree::Refused)` for any other address in one.
+    #[inline]
     pub(crate) fn live_class(&self, p: usize) -> Result<usize, SmallFree> {
         let (m, _, class, i) = self.shared.slot(p)?;
-        if m.live[i / 64].load(Acquire) & (1 << (i % 64)) == 0 {
+        if m.live.0[i].load(Acquire) == 0 {
             return Err(SmallFree::Refused);
         }
         Ok(class)
@@ -261,18 +316,39 @@ impl Small {
 
     /// Frees the block at `p` (see [`SmallFree`]). `sp` is the space when the
     /// caller has it (a slab released on the way is then lazily freed now).
+    #[inline]
     pub(crate) fn free(&self, sp: Option<&Space>, p: usize) -> SmallFree {
         let (m, _, class, i) = match self.shared.slot(p) {
             Ok(s) => s,
             Err(f) => return f,
         };
-        let bit = 1u64 << (i % 64);
-        if m.live[i / 64].fetch_and(!bit, AcqRel) & bit == 0 {
+        // A check and a store, not one atomic operation: two threads that
+        // free one block at the same instant may both get past the check
+        // (a double free is refused when the frees are not simultaneous).
+        if m.live.0[i].load(Acquire) == 0 {
             return SmallFree::Refused;
         }
-        let pushed = CACHE.try_with(|c| {
-            let Ok(mut c) = c.try_borrow_mut() else { return false };
-            c.adopt(&self.shared);
+        m.live.0[i].store(0, Release);
+        // The common case inline: the block pushed on the thread's cache of
+        // this heap, which has room.
+        let pushed = LOCAL.try_with(|l| push_cached(l, &self.shared, class, p)).unwrap_or(false);
+        if !pushed {
+            self.free_slow(sp, class, p);
+        }
+        SmallFree::Freed(class_size(class))
+    }
+
+    /// [`Small::free`] of a block (no longer live) that the thread's cache
+    /// could not take as it is: a full bin (its older half goes back to the
+    /// slabs first), another heap's cache, or no cache at all.
+    #[cold]
+    #[inline(never)]
+    fn free_slow(&self, sp: Option<&Space>, class: usize, p: usize) {
+        let pushed = LOCAL.try_with(|l| {
+            let Ok(mut c) = l.try_borrow_mut() else { return false };
+            if !c.adopt(&self.shared) {
+                return false;
+            }
             let cap = cache_cap(class);
             let bin = &mut c.bins[class];
             if bin.n as usize >= cap {
@@ -295,14 +371,13 @@ impl Small {
                 self.shared.purge(sp, false);
             }
         }
-        SmallFree::Freed(class_size(class))
     }
 
     /// Gives the calling thread's cached blocks of this heap back to their
     /// slabs (tests; a thread's exit does it by itself).
     pub(crate) fn flush_thread_cache(&self, sp: &Space) {
-        let _ = CACHE.try_with(|c| {
-            if let Ok(mut c) = c.try_borrow_mut() {
+        let _ = LOCAL.try_with(|l| {
+            if let Ok(mut c) = l.try_borrow_mut() {
                 if c.owner.as_ref().is_some_and(|o| Arc::ptr_eq(o, &self.shared)) {
                     c.flush();
                 }
@@ -323,10 +398,9 @@ impl Small {
         for (start, len) in segments {
             let mut at = start;
             while at + SLAB_BYTES <= start + len {
-                if let Some((m, _)) = s.meta(at) {
-                    let c = m.class.load(Acquire);
+                if let (Some((m, _)), c) = (s.meta(at), s.class_at(at)) {
                     if c != 0 {
-                        let k: u64 = m.live.iter().map(|w| w.load(Relaxed).count_ones() as u64).sum();
+                        let k: u64 = m.live.0.iter().map(|b| b.load(Relaxed) as u64).sum();
                         n += k;
                         bytes += k * class_size(c as usize - 1) as u64;
                     }
@@ -338,46 +412,95 @@ impl Small {
     }
 }
 
+/// [`Small::alloc_cached`]'s work on the thread's state.
+#[inline(always)]
+fn pop_cached(l: &RefCell<cache::Cache>, shared: &Arc<Shared>, class: usize) -> Cached {
+    if crate::thread_role::system_only() {
+        return Cached::System;
+    }
+    let Ok(mut c) = l.try_borrow_mut() else { return Cached::Miss };
+    if !c.owned_by(shared) {
+        return Cached::Miss;
+    }
+    let bin = &mut c.bins[class];
+    if bin.n == 0 {
+        return Cached::Miss;
+    }
+    bin.n -= 1;
+    Cached::Block(bin.blocks[bin.n as usize])
+}
+
+/// [`Small::free`]'s common case on the thread's state: `p` pushed on the
+/// thread's cache of this heap if it has room (`false`: nothing done).
+#[inline(always)]
+fn push_cached(l: &RefCell<cache::Cache>, shared: &Arc<Shared>, class: usize, p: usize) -> bool {
+    let Ok(mut c) = l.try_borrow_mut() else { return false };
+    if !c.owned_by(shared) {
+        return false;
+    }
+    let bin = &mut c.bins[class];
+    if bin.n as usize >= cache_cap(class) {
+        return false;
+    }
+    bin.blocks[bin.n as usize] = p;
+    bin.n += 1;
+    true
+}
+
 impl Shared {
     /// The side-table entry of the slab holding `p` and the slab's start;
     /// `None` outside the reservation or where no slab was ever carved.
+    #[inline]
     fn meta(&self, p: usize) -> Option<(&SlabMeta, usize)> {
         let off = p.wrapping_sub(self.base);
         if off >= self.len {
             return None;
         }
         let s = off >> SLAB_SHIFT;
-        let chunk = self.chunk(s)?.get()?;
+        let chunk = self.chunks.get(s / CHUNK_SLABS)?;
         Some((&chunk[s % CHUNK_SLABS], self.base + (s << SLAB_SHIFT)))
-    }
-
-    /// The side table's chunk of slab number `s` (from 0), if its directory
-    /// is allocated.
-    fn chunk(&self, s: usize) -> Option<&Chunk> {
-        let c = s / CHUNK_SLABS;
-        Some(&self.dirs[c / DIR_CHUNKS].get()?[c % DIR_CHUNKS])
     }
 
     fn meta_of(&self, slab: u32) -> &SlabMeta {
         let s = slab as usize - 1;
-        &self.chunk(s).and_then(|c| c.get()).expect("a listed slab's chunk")[s % CHUNK_SLABS]
+        &self.chunks.get(s / CHUNK_SLABS).expect("a listed slab's chunk")[s % CHUNK_SLABS]
     }
 
     fn slab_start(&self, slab: u32) -> usize {
         self.base + ((slab as usize - 1) << SLAB_SHIFT)
     }
 
+    /// The class plus one of the slab holding `p` (0: none, or outside
+    /// the reservation).
+    #[inline]
+    fn class_at(&self, p: usize) -> u8 {
+        let s = p.wrapping_sub(self.base) >> SLAB_SHIFT;
+        match self.classes.get(s / CLASS_CHUNK_SLABS) {
+            Some(c) => c[s % CLASS_CHUNK_SLABS].load(Acquire),
+            None => 0,
+        }
+    }
+
+    /// The class entry of slab number `slab` (plus one).
+    fn class_of_slab(&self, slab: u32) -> &AtomicU8 {
+        let s = slab as usize - 1;
+        &self.classes.get_or_init(s / CLASS_CHUNK_SLABS, || AtomicU8::new(0))[s % CLASS_CHUNK_SLABS]
+    }
+
     /// The slot `p` starts: `(entry, slab start, class, slot)`.
+    #[inline]
     fn slot(&self, p: usize) -> Result<(&SlabMeta, usize, usize, usize), SmallFree> {
-        let (m, slab) = self.meta(p).ok_or(SmallFree::NotSmall)?;
-        let c = m.class.load(Acquire);
+        let c = self.class_at(p);
         if c == 0 {
             return Err(SmallFree::NotSmall);
         }
+        // A carved slab's entry was made before its class was set.
+        let (m, slab) = self.meta(p).ok_or(SmallFree::NotSmall)?;
         let class = c as usize - 1;
         let off = p - slab;
         let i = slot_of(class, off);
-        if i * class_size(class) != off || i >= slab_slots(class) {
+        // (`off + size > SLAB_BYTES`: the slab's tail past its last slot.)
+        if i * class_size(class) != off || off + class_size(class) > SLAB_BYTES {
             return Err(SmallFree::Refused);
         }
         Ok((m, slab, class, i))
@@ -385,18 +508,39 @@ impl Shared {
 
     /// Moves up to `out.len()` avail blocks of `class` into `out` (carving
     /// a new slab when the class has none); how many.
-    fn take(&self, sp: &Space, class: usize, out: &mut [usize]) -> usize {
+    ///
+    /// `held`: the caller's *held* slab of the class (its thread cache's,
+    /// `NIL` for none), which is out of the class's list and only that
+    /// cache takes from: blocks come from it while it has any, then from a
+    /// slab taken off the list (or carved), which becomes the held one. So
+    /// two threads allocating at once take blocks of different slabs, and
+    /// do not write the same cache lines of the side table. `None`: no
+    /// cache (blocks from the list's first slab).
+    fn take(&self, sp: &Space, class: usize, out: &mut [usize], mut held: Option<&mut u32>) -> usize {
         let _system = SystemOnly::enter();
         let size = class_size(class);
         let mut bin = self.bins[class].0.lock();
         let mut got = 0;
         while got < out.len() {
-            if bin.head == NIL {
-                let Some(slab) = self.carve(sp, class, bin.carved > 0) else { break };
-                bin.carved = bin.carved.saturating_add(1);
-                self.link(&mut bin, slab);
-            }
-            let slab = bin.head;
+            let slab = match held.as_deref_mut() {
+                Some(h) if *h != NIL && self.meta_of(*h).avail_n.load(Relaxed) > 0 => *h,
+                Some(h) => {
+                    if *h != NIL {
+                        // Used up: out of every list until a block comes back.
+                        self.meta_of(*h).held.store(false, Relaxed);
+                        *h = NIL;
+                    }
+                    let Some(slab) = self.first(sp, class, &mut bin) else { break };
+                    self.unlink(&mut bin, slab);
+                    self.meta_of(slab).held.store(true, Relaxed);
+                    *h = slab;
+                    slab
+                }
+                None => {
+                    let Some(slab) = self.first(sp, class, &mut bin) else { break };
+                    slab
+                }
+            };
             let m = self.meta_of(slab);
             let start = self.slab_start(slab);
             let mut taken = 0u32;
@@ -416,11 +560,36 @@ impl Shared {
             }
             let left = m.avail_n.load(Relaxed) - taken;
             m.avail_n.store(left, Relaxed);
-            if left == 0 {
+            if left == 0 && !m.held.load(Relaxed) {
                 self.unlink(&mut bin, slab);
             }
         }
         got
+    }
+
+    /// The first slab of the class's list, carving one when it is empty.
+    fn first(&self, sp: &Space, class: usize, bin: &mut Bin) -> Option<u32> {
+        if bin.head == NIL {
+            let slab = self.carve(sp, class, bin.carved > 0)?;
+            bin.carved = bin.carved.saturating_add(1);
+            self.link(bin, slab);
+        }
+        Some(bin.head)
+    }
+
+    /// A thread cache lets go of its held slab of `class` (see
+    /// [`Shared::take`]): back in the class's list if it has avail blocks.
+    fn unhold(&self, class: usize, slab: u32) {
+        if slab == NIL {
+            return;
+        }
+        let _system = SystemOnly::enter();
+        let mut bin = self.bins[class].0.lock();
+        let m = self.meta_of(slab);
+        m.held.store(false, Relaxed);
+        if m.avail_n.load(Relaxed) > 0 {
+            self.link(&mut bin, slab);
+        }
     }
 
     /// Puts `blocks` of `class` (not live, in no cache) back in their
@@ -439,18 +608,20 @@ impl Shared {
             debug_assert_eq!(old & (1 << (i % 64)), 0, "a block given back twice");
             let n = m.avail_n.load(Relaxed) + 1;
             m.avail_n.store(n, Relaxed);
-            if n == 1 {
+            // A held slab is in no list, and its cache takes from it next.
+            let held = m.held.load(Relaxed);
+            if n == 1 && !held {
                 self.link(&mut bin, slab);
             }
             // Wholly avail, and the class has another slab with room:
             // release it.
-            if n == slots && (bin.head != slab || m.next.load(Relaxed) != NIL) {
+            if n == slots && !held && (bin.head != slab || m.next.load(Relaxed) != NIL) {
                 self.unlink(&mut bin, slab);
                 for w in &m.avail {
                     w.store(0, Relaxed);
                 }
                 m.avail_n.store(0, Relaxed);
-                m.class.store(0, Release);
+                self.class_of_slab(slab).store(0, Release);
                 self.pool.lock().dirty.push(slab);
                 released = true;
             }
@@ -522,18 +693,16 @@ impl Shared {
             let _ = sp.populate(self.slab_start(slab), SLAB_BYTES, MADV_POPULATE_WRITE);
         }
         let s = slab as usize - 1;
-        let c = s / CHUNK_SLABS;
-        let dir = self.dirs[c / DIR_CHUNKS].get_or_init(|| (0..DIR_CHUNKS).map(|_| OnceLock::new()).collect());
-        let chunk = dir[c % DIR_CHUNKS].get_or_init(|| (0..CHUNK_SLABS).map(|_| SlabMeta::new()).collect());
+        let chunk = self.chunks.get_or_init(s / CHUNK_SLABS, SlabMeta::new);
         let m = &chunk[s % CHUNK_SLABS];
         let slots = slab_slots(class);
         for (w, word) in m.avail.iter().enumerate() {
             let n = slots.saturating_sub(w * 64).min(64);
             word.store(if n == 64 { u64::MAX } else { (1u64 << n) - 1 }, Relaxed);
         }
-        debug_assert!(m.live.iter().all(|w| w.load(Relaxed) == 0), "a new slab has live blocks");
+        debug_assert!(m.live.0.iter().all(|b| b.load(Relaxed) == 0), "a new slab has live blocks");
         m.avail_n.store(slots as u32, Relaxed);
-        m.class.store(class as u8 + 1, Release);
+        self.class_of_slab(slab).store(class as u8 + 1, Release);
         Some(slab)
     }
 

@@ -26,8 +26,9 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{guard, space, umm_space};
-use crate::heap::small::SmallFree;
-use crate::{Errno, Space};
+use crate::heap::small::{Cached, SmallFree};
+use crate::heap::CachedMalloc;
+use crate::{Errno, GlobalHeap, Space};
 
 const HEADER: usize = 16;
 /// The smallest alignment handed out (as glibc's `malloc` on x86-64).
@@ -91,6 +92,7 @@ unsafe fn header(p: usize) -> Option<(usize, usize)> {
 
 static WARNED: AtomicBool = AtomicBool::new(false);
 
+#[cold]
 fn refuse(what: &str, p: usize) {
     if !WARNED.swap(true, Ordering::Relaxed) {
         eprintln!("usermm: {what}({p:#x}): not a live allocation of this space's heap (bad or double free); ignored");
@@ -110,13 +112,8 @@ fn may_have_header(sp: &Space, p: usize) -> bool {
 }
 
 fn free(sp: &Space, p: usize) {
-    if p == 0 {
+    if p == 0 || free_small(sp, p) {
         return;
-    }
-    match sp.heap.free_small(sp, p) {
-        SmallFree::Freed(_) => return,
-        SmallFree::Refused => return refuse("umm_free", p),
-        SmallFree::NotSmall => {}
     }
     if !may_have_header(sp, p) {
         return refuse("umm_free", p);
@@ -137,6 +134,20 @@ fn free(sp: &Space, p: usize) {
     // `l` (a large one is checked against the heap's set of them).
     if !unsafe { sp.heap.dealloc_checked(sp, p - HEADER, block) } {
         refuse("umm_free", p);
+    }
+}
+
+/// Frees `p` if it lies in a slab: whether it did (or refused it, with
+/// the message); `false` for any other pointer, left to [`free`].
+#[inline]
+pub(crate) fn free_small(sp: &Space, p: usize) -> bool {
+    match sp.heap.free_small(sp, p) {
+        SmallFree::Freed(_) => true,
+        SmallFree::Refused => {
+            refuse("umm_free", p);
+            true
+        }
+        SmallFree::NotSmall => false,
     }
 }
 
@@ -311,4 +322,35 @@ pub unsafe extern "C" fn umm_heap_owns(s: *mut umm_space, p: *const c_void) -> c
     // SAFETY: `s` is NULL or a live handle (this function's contract).
     let sp = unsafe { space(s) };
     guard(0, || Ok(sp.is_ok_and(|sp| in_space(sp, p as usize)) as c_int))
+}
+
+/// The C allocator's common cases on a [`GlobalHeap`] (the `usermm run`
+/// preload library's `malloc` and `free`).
+impl GlobalHeap {
+    /// `malloc(size)`'s common case for a C allocator on this heap (the
+    /// `usermm run` preload library): a small block from the calling
+    /// thread's cache, with one thread-local lookup and no lock. A block
+    /// from here is freed as `umm_free` frees it (by address, no header).
+    #[inline]
+    pub fn malloc_cached(&self, size: usize) -> CachedMalloc {
+        let Some(sp) = self.space_if_open() else { return CachedMalloc::Slow };
+        match sp.heap.alloc_small_cached(size) {
+            Cached::System => CachedMalloc::System,
+            Cached::Miss => CachedMalloc::Slow,
+            Cached::Block(p) => CachedMalloc::Block(p),
+        }
+    }
+
+    /// `free(p)`'s common case for a C allocator on this heap: whether `p`
+    /// was a small block's address, which is then freed, or refused with
+    /// `umm_free`'s message (a double free, or not a block's start).
+    /// `false`: not in a slab (or the space is not open): free it with
+    /// `umm_free`.
+    #[inline]
+    pub fn free_small(&self, p: usize) -> bool {
+        match self.space_if_open() {
+            Some(sp) => free_small(sp, p),
+            None => false,
+        }
+    }
 }
