@@ -475,6 +475,25 @@ size_t umm_malloc_usable_size(umm_space *s, void *p);
 /* 1 if p lies in the space's reservation (umm_free's, not libc's), else 0. */
 int umm_heap_owns(umm_space *s, const void *p);
 
+/* What the heap holds, from its own counters (struct umm_stats says what of
+ * it is resident, swapped or lazily freed). */
+struct umm_heap_stats {
+    size_t size;                  /* sizeof, set by the caller */
+    uint64_t arena_bytes;         /* arenas (medium blocks) and slab segments (small) mapped */
+    uint64_t arenas;              /* arenas and slab segments */
+    uint64_t large_bytes;         /* regions of live large blocks (256 KiB and up) */
+    uint64_t large_regions;       /* live large blocks, a region each */
+    uint64_t live_bytes;          /* live blocks: small ones at their class's size */
+    uint64_t live_allocations;    /* live blocks of every size */
+    uint64_t lazily_freed_bytes;  /* given back to the space with MADV_FREE so far */
+};
+
+/* The heap's counters into *out: the whole words after out->size that fit
+ * in out->size bytes (a larger struct's tail zeroed). 0, or -1 with errno:
+ * EINVAL for a NULL space or out, or out->size < 8; EFAULT for an out (of
+ * out->size bytes) that cannot be read or written. */
+int umm_heap_stats(umm_space *s, struct umm_heap_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -112,83 +112,206 @@
 
 /*
  * Opt-in: the C heap too. Compiled with USERMM_MALLOC defined to 1
- * (-DUSERMM_MALLOC=1, or #define before including this header),
+ * (-DUSERMM_MALLOC=1, or #define before including this header), every
+ * allocation entry point of the C library,
  *
- *     malloc calloc realloc aligned_alloc free
+ *     malloc calloc realloc reallocarray free aligned_alloc posix_memalign
+ *     memalign valloc pvalloc malloc_usable_size
  *
- * written in these translation units allocate from the default space's
- * heap (umm_malloc and friends, usermm.h): the blocks live under its budget,
- * reclaim, swap and locks, so that mlock() of a malloc'd buffer locks space
- * memory. free and realloc take any pointer: one outside the default space
- * (from strdup, getline or another translation unit's malloc) goes to the
- * C library's own free/realloc. If the default space cannot be opened,
- * malloc, calloc and aligned_alloc fail with ENOMEM (the message above says
- * why), and free/realloc of the C library's pointers still work.
+ * written in these translation units -- called, or taken as a function
+ * pointer -- allocates from the default space's heap (umm_malloc and
+ * friends, usermm.h): the blocks live under its budget, reclaim, swap and
+ * locks, so that mlock() of a malloc'd buffer locks space memory. free,
+ * realloc, reallocarray and malloc_usable_size take any pointer: one
+ * outside the default space (from strdup, getline or another translation
+ * unit's malloc) goes to the C library's own. If the default space cannot
+ * be opened, the allocating calls fail with ENOMEM (the message above says
+ * why), and the C library's pointers still work. Semantics are glibc's:
+ * posix_memalign returns EINVAL for an alignment that is not a power of two
+ * multiple of sizeof(void *); memalign and aligned_alloc (glibc 2.36's)
+ * round any other alignment up to a power of two (EINVAL above 2^63,
+ * ENOMEM when no block has it: the heap aligns up to 1 GiB); valloc and pvalloc align to the page,
+ * pvalloc rounds the size up to whole pages; reallocarray fails with ENOMEM
+ * when n * size overflows. umm_heap_stats (usermm.h) says what the heap
+ * holds.
+ *
+ * The names are object-like macros (so that `free` passed as a pointer is
+ * the space's too), defined after <stdlib.h> and <malloc.h> (<cstdlib> in
+ * C++) are included here, so including those again later changes nothing.
+ * One consequence: any other identifier spelled like one of the names in
+ * these translation units (a struct member called `free`) is renamed with
+ * it, consistently.
  */
 #if defined(USERMM_MALLOC) && USERMM_MALLOC
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
+#if defined(__has_include)
+#if __has_include(<malloc.h>)
+#include <malloc.h>
+#define USERMM_COMPAT_HAVE_MALLOC_H 1
+#endif
+#endif
+#ifdef __cplusplus
+#include <cstdlib>
+#endif
 
 #undef malloc
 #undef calloc
 #undef realloc
+#undef reallocarray
 #undef aligned_alloc
+#undef posix_memalign
+#undef memalign
+#undef valloc
+#undef pvalloc
+#undef malloc_usable_size
 #undef free
 
-static inline void *usermm_compat_malloc(size_t n) {
+/* The default space, or NULL with errno ENOMEM. */
+static inline umm_space *usermm_compat_heap(void) {
     umm_space *s = umm_default_space();
-    if (!s) {
+    if (!s)
         errno = ENOMEM;
-        return NULL;
-    }
-    return umm_malloc(s, n);
+    return s;
+}
+
+/* Whether p is a block of the default space's heap. */
+static inline int usermm_compat_owns(void *p) {
+    umm_space *s = umm_default_space();
+    return p && s && umm_heap_owns(s, p);
+}
+
+static inline void *usermm_compat_malloc(size_t n) {
+    umm_space *s = usermm_compat_heap();
+    return s ? umm_malloc(s, n) : NULL;
 }
 
 static inline void *usermm_compat_calloc(size_t n, size_t size) {
-    umm_space *s = umm_default_space();
-    if (!s) {
-        errno = ENOMEM;
+    umm_space *s = usermm_compat_heap();
+    return s ? umm_calloc(s, n, size) : NULL;
+}
+
+/* memalign's alignment: a power of two, at least 16 (glibc rounds up);
+ * 0 when there is none that large. */
+static inline size_t usermm_compat_align(size_t align) {
+    size_t a = 16;
+    while (a < align && a <= SIZE_MAX / 2)
+        a <<= 1;
+    return a >= align ? a : 0;
+}
+
+static inline void *usermm_compat_memalign(size_t align, size_t n) {
+    umm_space *s;
+    void *p;
+    size_t a = usermm_compat_align(align);
+    if (!a) {
+        errno = EINVAL;
         return NULL;
     }
-    return umm_calloc(s, n, size);
+    s = usermm_compat_heap();
+    if (!s)
+        return NULL;
+    p = umm_aligned_alloc(s, a, n);
+    /* The heap refuses alignments above 1 GiB (EINVAL): glibc says ENOMEM
+     * when it cannot find such a block. */
+    if (!p && errno == EINVAL)
+        errno = ENOMEM;
+    return p;
 }
 
 static inline void *usermm_compat_aligned_alloc(size_t align, size_t n) {
-    umm_space *s = umm_default_space();
-    if (!s) {
+    return usermm_compat_memalign(align, n);
+}
+
+static inline int usermm_compat_posix_memalign(void **out, size_t align, size_t n) {
+    void *p;
+    if (align < sizeof(void *) || (align & (align - 1)) != 0)
+        return EINVAL;
+    p = usermm_compat_memalign(align, n);
+    if (!p)
+        return ENOMEM;
+    *out = p;
+    return 0;
+}
+
+static inline size_t usermm_compat_page(void) {
+    long page = sysconf(_SC_PAGESIZE);
+    return page > 0 ? (size_t)page : 4096;
+}
+
+static inline void *usermm_compat_valloc(size_t n) {
+    return usermm_compat_memalign(usermm_compat_page(), n);
+}
+
+static inline void *usermm_compat_pvalloc(size_t n) {
+    size_t page = usermm_compat_page();
+    if (n > SIZE_MAX - page) {
         errno = ENOMEM;
         return NULL;
     }
-    return umm_aligned_alloc(s, align, n);
+    return usermm_compat_memalign(page, n ? (n + page - 1) / page * page : page);
 }
 
 static inline void usermm_compat_free(void *p) {
-    umm_space *s;
     if (!p)
         return;
-    s = umm_default_space();
-    if (s && umm_heap_owns(s, p))
-        umm_free(s, p);
+    if (usermm_compat_owns(p))
+        umm_free(umm_default_space(), p);
     else
         (free)(p);
 }
 
 static inline void *usermm_compat_realloc(void *p, size_t n) {
-    umm_space *s = umm_default_space();
-    if (p && !(s && umm_heap_owns(s, p)))
+    umm_space *s;
+    if (p && !usermm_compat_owns(p))
         return (realloc)(p, n);
-    if (!s) {
+    s = usermm_compat_heap();
+    return s ? umm_realloc(s, p, n) : NULL;
+}
+
+static inline void *usermm_compat_reallocarray(void *p, size_t n, size_t size) {
+    if (size && n > SIZE_MAX / size) {
         errno = ENOMEM;
         return NULL;
     }
-    return umm_realloc(s, p, n);
+    return usermm_compat_realloc(p, n * size);
 }
 
-#define malloc(n) usermm_compat_malloc(n)
-#define calloc(n, size) usermm_compat_calloc((n), (size))
-#define realloc(p, n) usermm_compat_realloc((p), (n))
-#define aligned_alloc(align, n) usermm_compat_aligned_alloc((align), (n))
-#define free(p) usermm_compat_free(p)
+static inline size_t usermm_compat_malloc_usable_size(void *p) {
+    if (!p)
+        return 0;
+    if (usermm_compat_owns(p))
+        return umm_malloc_usable_size(umm_default_space(), p);
+#ifdef USERMM_COMPAT_HAVE_MALLOC_H
+    return (malloc_usable_size)(p);
+#else
+    return 0;
+#endif
+}
+
+#define malloc usermm_compat_malloc
+#define calloc usermm_compat_calloc
+#define realloc usermm_compat_realloc
+#define reallocarray usermm_compat_reallocarray
+#define aligned_alloc usermm_compat_aligned_alloc
+#define posix_memalign usermm_compat_posix_memalign
+#define memalign usermm_compat_memalign
+#define valloc usermm_compat_valloc
+#define pvalloc usermm_compat_pvalloc
+#define malloc_usable_size usermm_compat_malloc_usable_size
+#define free usermm_compat_free
+#ifdef __cplusplus
+/* std::malloc and friends (<cstdlib>) are the same functions. */
+namespace std {
+using ::usermm_compat_aligned_alloc;
+using ::usermm_compat_calloc;
+using ::usermm_compat_free;
+using ::usermm_compat_malloc;
+using ::usermm_compat_realloc;
+} /* namespace std */
+#endif
 #endif /* USERMM_MALLOC */
 
 #endif /* USERMM_COMPAT_H */

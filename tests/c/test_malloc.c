@@ -10,7 +10,10 @@
  * LTP mlock01 case (mlock of a malloc'd buffer locks space memory), C
  * library pointers through the redirected free/realloc, a refused double
  * free (also of blocks of 256 KiB and more, whose memory the first free
- * unmapped), and two threads allocating and freeing at once.
+ * unmapped), two threads allocating and freeing at once, every other
+ * allocation entry point of the C library (posix_memalign, memalign, valloc,
+ * pvalloc, reallocarray, malloc_usable_size, and free and malloc taken as
+ * function pointers), and umm_heap_stats.
  *
  * The last line of output is "N passed, M failed"; the exit status is 0 only
  * when nothing failed.
@@ -23,6 +26,9 @@
 #define USERMM_MALLOC 1
 #include "usermm_compat.h"
 
+/* After the compat header: nothing of it undone, no clash. */
+#include <malloc.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -144,8 +150,17 @@ static void semantics(void) {
     unsigned char *a2 = realloc(a, 20000);
     CHECK(a2 != NULL && ((uintptr_t)a2 & 4095) == 0 && a2[9999] == 0x5a);
     free(a2);
+    /* glibc 2.36's aligned_alloc is memalign: any alignment rounded up to
+     * a power of two; EINVAL above 2^63, ENOMEM when none is found. */
+    void *a3 = aligned_alloc(3, 64);
+    CHECK(a3 != NULL && ((uintptr_t)a3 & 3) == 0);
+    free(a3);
     errno = 0;
-    CHECK(aligned_alloc(3, 64) == NULL && errno == EINVAL);
+    CHECK(aligned_alloc(((size_t)1 << 63) + 1, 64) == NULL && errno == EINVAL);
+    errno = 0;
+    CHECK(aligned_alloc((size_t)1 << 40, 64) == NULL && errno == ENOMEM);
+    void *pm = NULL;
+    CHECK(posix_memalign(&pm, (size_t)1 << 40, 64) == ENOMEM && pm == NULL);
 
     errno = 0;
     CHECK(calloc(SIZE_MAX / 2, 4) == NULL && errno == ENOMEM);
@@ -182,6 +197,111 @@ static void semantics(void) {
     CHECK(st.locked_pages >= (n >> 12) - 1);
     CHECK(munlock(buf, n) == 0);
     free(buf);
+}
+
+static struct umm_heap_stats heap_stats(umm_space *s) {
+    struct umm_heap_stats h;
+    memset(&h, 0, sizeof h);
+    h.size = sizeof h;
+    CHECK(umm_heap_stats(s, &h) == 0);
+    return h;
+}
+
+/* Every entry point, glibc's semantics, on the default space's heap. */
+static void entry_points(void) {
+    umm_space *s = umm_default_space();
+    CHECK(s != NULL);
+    if (!s)
+        return;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+
+    void *p = (void *)1;
+    CHECK(posix_memalign(&p, 3, 10) == EINVAL && p == (void *)1);
+    CHECK(posix_memalign(&p, sizeof(void *) / 2, 10) == EINVAL);
+    CHECK(posix_memalign(&p, 256, 1000) == 0 && ((uintptr_t)p & 255) == 0 && umm_heap_owns(s, p));
+    memset(p, 3, 1000);
+    CHECK(malloc_usable_size(p) >= 1000);
+    free(p);
+
+    unsigned char *m = memalign(100, 10); /* rounded up to 128 */
+    CHECK(m != NULL && ((uintptr_t)m & 127) == 0 && umm_heap_owns(s, m));
+    free(m);
+    m = valloc(10);
+    CHECK(m != NULL && ((uintptr_t)m & (page - 1)) == 0 && umm_heap_owns(s, m));
+    free(m);
+    m = pvalloc(1);
+    CHECK(m != NULL && ((uintptr_t)m & (page - 1)) == 0 && malloc_usable_size(m) >= page);
+    memset(m, 4, page);
+    free(m);
+    errno = 0;
+    CHECK(pvalloc(SIZE_MAX - 10) == NULL && errno == ENOMEM);
+
+    errno = 0;
+    CHECK(reallocarray(NULL, SIZE_MAX / 2, 3) == NULL && errno == ENOMEM);
+    unsigned char *r = reallocarray(NULL, 10, 10);
+    CHECK(r != NULL && umm_heap_owns(s, r) && malloc_usable_size(r) >= 100);
+    if (r) {
+        fill(r, 9, 100);
+        unsigned char *r2 = reallocarray(r, 100, 10);
+        CHECK(r2 != NULL && wrong(r2, 9, 100) == 0);
+        free(r2);
+    }
+
+    /* malloc_usable_size of the C library's blocks is the C library's. */
+    char *d = strdup("the C library's");
+    CHECK(d != NULL && !umm_heap_owns(s, d) && malloc_usable_size(d) >= 16);
+    free(d);
+    CHECK(malloc_usable_size(NULL) == 0);
+
+    /* Taken as function pointers, they are the space's too. */
+    void *(*mal)(size_t) = malloc;
+    void (*fre)(void *) = free;
+    void *(*rea)(void *, size_t) = realloc;
+    struct umm_heap_stats h0 = heap_stats(s);
+    unsigned char *f = mal(50);
+    CHECK(f != NULL && umm_heap_owns(s, f));
+    struct umm_heap_stats h1 = heap_stats(s);
+    CHECK(h1.live_allocations == h0.live_allocations + 1 && h1.live_bytes >= h0.live_bytes + 50);
+    f = rea(f, 60);
+    CHECK(f != NULL && umm_heap_owns(s, f));
+    fre(f);
+    struct umm_heap_stats h2 = heap_stats(s);
+    CHECK(h2.live_allocations == h0.live_allocations && h2.arenas >= 1 && h2.arena_bytes > 0);
+
+    /* A large block shows in the large counters until it is freed. */
+    void *big = malloc(1u << 20);
+    struct umm_heap_stats h3 = heap_stats(s);
+    CHECK(big != NULL && h3.large_regions == h2.large_regions + 1 && h3.large_bytes >= h2.large_bytes + (1u << 20));
+    free(big);
+    CHECK(heap_stats(s).large_regions == h2.large_regions);
+
+    /* umm_heap_stats' errors, and a short struct gets only what fits. */
+    errno = 0;
+    CHECK(umm_heap_stats(s, NULL) == -1 && errno == EINVAL);
+    errno = 0;
+    CHECK(umm_heap_stats(NULL, &h0) == -1 && errno == EINVAL);
+    struct umm_heap_stats tiny;
+    memset(&tiny, 0x77, sizeof tiny);
+    tiny.size = 4;
+    errno = 0;
+    CHECK(umm_heap_stats(s, &tiny) == -1 && errno == EINVAL);
+    tiny.size = 16;
+    CHECK(umm_heap_stats(s, &tiny) == 0 && tiny.arena_bytes > 0 && tiny.arenas == 0x7777777777777777ULL);
+    errno = 0;
+    CHECK(umm_heap_stats(s, (struct umm_heap_stats *)8) == -1 && errno == EFAULT);
+
+    /* A pointer into a small block, or at a free slot of a slab, is
+     * refused, and the block is still whole. */
+    unsigned char *sm = malloc(64);
+    CHECK(sm != NULL);
+    if (sm) {
+        fill(sm, 5, 64);
+        free(sm + 16);
+        CHECK(malloc_usable_size(sm + 16) == 0 && wrong(sm, 5, 64) == 0 && malloc_usable_size(sm) >= 64);
+        free(sm);
+        free(sm);
+        CHECK(malloc_usable_size(sm) == 0);
+    }
 }
 
 static void *churn(void *arg) {
@@ -323,6 +443,7 @@ int main(void) {
     setenv("USERMM_SWAP_BYTES", "256M", 0);
     setenv("USERMM_RESERVE_BYTES", "0x100000000", 0);
     semantics();
+    entry_points();
     under_pressure();
     threads();
     own_space();

@@ -208,6 +208,19 @@ fn headers_compile_as_cxx_and_strict_c() {
     // Also with the C heap routed (USERMM_MALLOC=1), used once.
     let malloc_src =
         format!("#define USERMM_MALLOC 1\n{}", src.replace("return s ?", "void *m = malloc(8); free(m); return s ?"));
+    // The C library's own headers after it (which declare every name it
+    // redirects), and free taken as a pointer.
+    let after = |headers: &str, free: &str| {
+        format!(
+            "#define USERMM_MALLOC 1\n#include \"usermm_compat.h\"\n{headers}\n\
+             int main(void) {{ void (*f)(void *) = {free}; void *p = NULL; \
+             if (posix_memalign(&p, 64, 10) == 0) f(p); \
+             f(reallocarray(memalign(64, 1), 2, 3)); f(valloc(1)); f(pvalloc(1)); \
+             return (int)malloc_usable_size(NULL); }}\n"
+        )
+    };
+    let cxx_after = after("#include <cstdlib>\n#include <malloc.h>\n#include <stdlib.h>", "std::free");
+    let c_after = after("#include <malloc.h>\n#include <stdlib.h>", "free");
     for (file, args, text) in [
         ("hdr.cpp", &["c++", "-std=c++11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only"][..], src),
         ("hdr.c", &["cc", "-std=c11", "-pedantic", "-Wall", "-Wextra", "-Werror", "-fsyntax-only"][..], src),
@@ -217,6 +230,8 @@ fn headers_compile_as_cxx_and_strict_c() {
             &["cc", "-std=c11", "-pedantic", "-Wall", "-Wextra", "-Werror", "-fsyntax-only"][..],
             &malloc_src,
         ),
+        ("hdr_after.cpp", &["c++", "-std=c++11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only"][..], &cxx_after),
+        ("hdr_after.c", &["cc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only"][..], &c_after),
     ] {
         let path = dir.join(file);
         std::fs::write(&path, text).unwrap();

@@ -72,7 +72,8 @@ use crate::{Errno, Space};
 
 pub use default_space::umm_default_space;
 pub use heap::{
-    umm_aligned_alloc, umm_calloc, umm_free, umm_heap_owns, umm_malloc, umm_malloc_usable_size, umm_realloc,
+    umm_aligned_alloc, umm_calloc, umm_free, umm_heap_owns, umm_heap_stats, umm_malloc, umm_malloc_usable_size,
+    umm_realloc,
 };
 pub use introspect::{
     umm_debug_inject_swap_errors, umm_mincore, umm_page_state, umm_smaps, umm_stats, STATS_SIZE, STATS_WORDS,

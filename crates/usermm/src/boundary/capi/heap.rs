@@ -25,9 +25,10 @@ use std::alloc::Layout;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::copy::{copy_out_zero_padded, read_usize};
 use super::{guard, space, umm_space};
 use crate::heap::small::{Cached, SmallFree};
-use crate::heap::CachedMalloc;
+use crate::heap::{CachedMalloc, HeapStats};
 use crate::{Errno, GlobalHeap, Space};
 
 const HEADER: usize = 16;
@@ -353,4 +354,36 @@ impl GlobalHeap {
             None => false,
         }
     }
+}
+
+/// `struct umm_heap_stats`'s words after `size`, in the header's order.
+pub(crate) fn heap_stats_words(h: &HeapStats) -> [u64; 7] {
+    [h.arena_bytes, h.arenas, h.large_bytes, h.large_regions, h.live_bytes, h.live_allocations, h.lazily_freed_bytes]
+}
+
+/// `umm_heap_stats`: the heap's counters ([`HeapStats`]) into `*out`, as
+/// many whole words after `out->size` as it says fit (the rest of a larger
+/// struct zeroed). `EINVAL` for NULL or `size < 8`, `EFAULT` for an `out`
+/// that cannot be read or written.
+///
+/// # Safety
+/// `s` must be NULL or a live handle (see `usermm.h`). `out` need not be
+/// valid: it is only copied through (`EFAULT` when bad).
+#[no_mangle]
+pub unsafe extern "C" fn umm_heap_stats(s: *mut umm_space, out: *mut c_void) -> c_int {
+    // SAFETY: `s` is NULL or a live handle (this function's contract).
+    let sp = unsafe { space(s) };
+    guard(-1, || {
+        let sp = sp?;
+        if out.is_null() {
+            return Err(Errno::EINVAL);
+        }
+        let size = read_usize(Some(sp), out as usize)?;
+        if size < 8 {
+            return Err(Errno::EINVAL);
+        }
+        let bytes: Vec<u8> = heap_stats_words(&sp.heap().stats()).iter().flat_map(|w| w.to_ne_bytes()).collect();
+        copy_out_zero_padded(Some(sp), out as usize + 8, &bytes, (size / 8 - 1) * 8)?;
+        Ok(0)
+    })
 }
