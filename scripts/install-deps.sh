@@ -8,6 +8,8 @@
 #                            program `usermm run`'s tests run
 #   python3, sqlite3         programs `usermm run`'s tests run
 #                            (crates/usermm-cli/tests/run.rs), from /usr/bin
+#   g++                      the C++ program `usermm run`'s tests run and
+#                            the header test's C++ builds (`c++`)
 #   libcap-dev               the kernel selftest mlock-random-test links -lcap
 #                            (crates/usermm-cli/tests/upstream_kernel_mm.rs)
 #   linux-source-6.12        the kernel's sources, whose mm selftests that
@@ -90,6 +92,7 @@ usermm_install_deps() {
   usermm_install_pkg redis-server /usr/bin/redis-server /usr/bin/redis-cli || return 1
   usermm_install_pkg python3 /usr/bin/python3 || return 1
   usermm_install_pkg sqlite3 /usr/bin/sqlite3 || return 1
+  usermm_install_pkg g++ /usr/bin/g++ /usr/bin/c++ || return 1
   usermm_install_file libcap-dev /usr/include/sys/capability.h || return 1
 }
 

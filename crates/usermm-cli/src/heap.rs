@@ -85,8 +85,11 @@ struct MapRun {
     /// machine-wide pswpout/pswpin).
     swapouts: u64,
     swapins: u64,
-    /// Time to drop the whole map.
+    /// Time to drop the whole map, and the pages read from swap meanwhile
+    /// (the map's own table, which the drop walks: the heap's frees read
+    /// nothing of the blocks).
     free_ns: u64,
+    free_swapins: u64,
 }
 
 /// The `hashmap` program on allocator `a`: builds a map of `data` bytes of
@@ -127,6 +130,7 @@ fn hashmap<A: Allocator + Clone>(a: A, data: usize, queries: u64, seed: u64, swa
     let t2 = now_ns();
     drop(m);
     r.free_ns = now_ns() - t2;
+    r.free_swapins = swap().1 - i1;
     r
 }
 
@@ -181,8 +185,8 @@ pub fn kernel_memcg_child(args: &[String]) -> Result<(), String> {
     };
     let r = hashmap(Global, data, queries, seed, &swap);
     println!(
-        "result {} {} {} {} {} {} {} {}",
-        r.build_ns, r.entries, r.query_ns, r.queries, r.wrong, r.swapouts, r.swapins, r.free_ns
+        "result {} {} {} {} {} {} {} {} {}",
+        r.build_ns, r.entries, r.query_ns, r.queries, r.wrong, r.swapouts, r.swapins, r.free_ns, r.free_swapins
     );
     Ok(())
 }
@@ -193,7 +197,7 @@ fn parse_child(out: &str) -> Result<MapRun, String> {
         .split_whitespace()
         .map(|x| x.parse().map_err(|_| format!("bad line: {line}")))
         .collect::<Result<_, _>>()?;
-    if w.len() != 8 {
+    if w.len() != 9 {
         return Err(format!("bad line: {line}"));
     }
     Ok(MapRun {
@@ -205,6 +209,7 @@ fn parse_child(out: &str) -> Result<MapRun, String> {
         swapouts: w[5],
         swapins: w[6],
         free_ns: w[7],
+        free_swapins: w[8],
     })
 }
 
@@ -217,6 +222,9 @@ fn add_map_rows(e: &mut Experiment, sys: &str, r: &MapRun, errors: &mut Vec<Stri
     e.add(sys, "free", "ms", "ms", r.free_ns as f64 / 1e6);
     if sys == RESIDENT {
         return;
+    }
+    if sys != NOLIMIT {
+        e.add(sys, "free", "swapins", "pages", r.free_swapins as f64);
     }
     e.add(sys, "build", "throughput", "inserts/s", r.entries as f64 / (r.build_ns as f64 / 1e9));
     e.add(sys, "query", "throughput", "lookups/s", r.queries as f64 / (r.query_ns as f64 / 1e9));
@@ -361,7 +369,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
          kernel's memory. hashmap: a hashbrown HashMap<u64, Vec<u8>> with {} MiB of values (64..2048 bytes each) built, then \
          {queries} random lookups each checking every byte; usermm and {MEMCG} under the same {} MiB ({}% of the data); \
          page reads: usermm's swap-ins, {MEMCG}'s pswpin (machine-wide, the machine is otherwise idle); free: the map \
-         dropped at the end, against {RESIDENT} (the same map on a space with a budget of 4× the data). malloc-free, \
+         dropped at the end, against {RESIDENT} (the same map on a space with a budget of 4× the data); its swap-ins are pages of the map's own table, which the drop walks (a free reads nothing of its block). malloc-free, \
          malloc-free-threads ({threads} threads), larson ({threads} threads, windows passed between threads) and churn \
          (mixed sizes in bursts, some realloc): the same child program, {ops} operations, with the C library's malloc \
          (kernel) and under usermm run (usermm, a 1 GiB budget); every block's bytes checked.",

@@ -4,7 +4,7 @@
 //!  reservation  |..talc arena..|S S S S S S S S|....large....|S S S S|
 //!                               \ slab segment /              (64 KiB slabs)
 //!  slab (class 64 B):  [b0][b1][b2] ... [b1023]    blocks only, no headers
-//!  side table:  slab number -> SlabMeta { class, live bytes, avail bits }
+//!  side table:  slab number -> class byte; SlabMeta { live bytes, avail bits }
 //!  thread cache: per class, a stack of block addresses (in TLS)
 //! ```
 //!
