@@ -4,7 +4,7 @@
 //!  reservation  |..talc arena..|S S S S S S S S|....large....|S S S S|
 //!                               \ slab segment /              (64 KiB slabs)
 //!  slab (class 64 B):  [b0][b1][b2] ... [b1023]    blocks only, no headers
-//!  side table:  slab number -> class byte; SlabMeta { live bytes, avail bits }
+//!  side table:  slab number -> SlabMeta { class, live bytes, avail bits }
 //!  thread cache: per class, a stack of block addresses (in TLS)
 //! ```
 //!
@@ -13,10 +13,12 @@
 //!   slabs) and given to one size class at a time, so that blocks of one
 //!   class share pages only with their own class.
 //! - Everything a free needs is in the side table ([`SlabMeta`], in the
-//!   system allocator's memory, never in the space): the class, a live
-//!   byte per slot and an avail bitmap. Neither an allocation nor a free reads
-//!   or writes the block itself, so freeing a swapped-out block does not
-//!   swap it in.
+//!   system allocator's memory, never in the space): a *live* byte per 16
+//!   bytes of the slab (the class plus one where a live block starts, else
+//!   0), an avail bitmap per slot, the slab's class. Neither an allocation
+//!   nor a free reads or writes the block itself, so freeing a swapped-out
+//!   block does not swap it in, and a free of a live block reads one line of
+//!   the side table (its live byte says the class too).
 //! - A slot is in one of three states: *live* (the program has it: its
 //!   byte in `live` is set), *cached* (in a thread cache: neither set),
 //!   *avail* (in its slab, for any thread: its bit in `avail` set, under its
@@ -66,8 +68,11 @@ use cache::LOCAL;
 /// start: a table written in full was a fifth of the CPU time `usermm run
 /// -- /bin/true` added), so a lookup is one load.
 const CHUNK_SLABS: usize = 64;
-/// The most slots of a slab (the smallest class).
+/// The most slots of a slab (the smallest class), and its granules (the
+/// live bytes: every class is a multiple of 16 bytes).
 const MAX_SLOTS: usize = SLAB_BYTES / 16;
+const GRANULE_SHIFT: usize = 4;
+const GRANULE_MASK: usize = (1 << GRANULE_SHIFT) - 1;
 const WORDS: usize = MAX_SLOTS / 64;
 /// The first slab segment's size; each next one doubles up to
 /// [`MAX_SEGMENT_BYTES`].
@@ -83,26 +88,29 @@ const NIL: u32 = 0;
 /// The most blocks any class's cache holds.
 pub(crate) const CACHE_MAX: usize = 32;
 
-/// Slabs per chunk of the class table (256 MiB of reservation each: 4 KiB).
-const CLASS_CHUNK_SLABS: usize = 4096;
-
-/// One slab's side-table entry (its class is in the class table, dense:
-/// the line a free reads it from covers 4 MiB of slabs). Aligned to a
-/// cache line, with the live bytes on lines of their own: the list fields
-/// are written under the class's lock, the live bytes by every `malloc`
-/// and `free`, and two threads writing either must not share a line.
+/// One slab's side-table entry. Aligned to a cache line, with the live
+/// bytes on lines of their own: the class and the list fields are written
+/// under the class's lock (the class read by every free), the live bytes by
+/// every `malloc` and `free`, and two threads writing either must not share
+/// a line (adjacent entries sharing one made two threads' malloc+free pairs
+/// 2.4× slower).
 #[repr(C, align(64))]
 struct SlabMeta {
-    /// Live slots, a byte each: set (1) by an allocation, cleared by a
-    /// free. A byte, not a bit: each slot's state is a memory location of
-    /// its own, so a `malloc` or `free` changes it with a plain store, no
-    /// locked read-modify-write (threads allocating and freeing blocks of
-    /// one slab at once would otherwise serialize on its words).
+    /// Live blocks, a byte per 16-byte granule of the slab (every class is
+    /// a multiple of 16): the class plus one at the granule where a live
+    /// block starts, set by an allocation and cleared by a free; 0 at every
+    /// other granule. A byte, not a bit: each block's state is a memory
+    /// location of its own, so a `malloc` or `free` changes it with a plain
+    /// store, no locked read-modify-write (threads allocating and freeing
+    /// blocks of one slab at once would otherwise serialize on its words);
+    /// and the class in it, so that a free needs no other line.
     live: Live,
     /// Avail slots, changed only under the class's lock (atomics so the
     /// entry can be shared; `Relaxed`, the lock orders them).
     avail: [AtomicU64; WORDS],
     avail_n: AtomicU32,
+    /// The class plus one; 0 when the slab is not carved for a class.
+    class: AtomicU8,
     /// Held by a thread cache (see [`Shared::take`]): in no list. Under the
     /// class's lock.
     held: AtomicBool,
@@ -120,6 +128,7 @@ impl SlabMeta {
             live: Live([const { AtomicU8::new(0) }; MAX_SLOTS]),
             avail: [const { AtomicU64::new(0) }; WORDS],
             avail_n: AtomicU32::new(0),
+            class: AtomicU8::new(0),
             held: AtomicBool::new(false),
             next: AtomicU32::new(NIL),
             prev: AtomicU32::new(NIL),
@@ -160,9 +169,6 @@ pub(crate) struct Shared {
     /// The side table: a chunk of `CHUNK_SLABS` entries, allocated as the
     /// first of them is carved.
     chunks: LazyChunks<SlabMeta>,
-    /// Each slab's class plus one (0: not carved for a class), set after
-    /// its side-table entry (`Release`).
-    classes: LazyChunks<AtomicU8>,
     bins: Box<[CachePadded<Mutex<Bin>>]>,
     pool: Mutex<Pool>,
     /// Bytes of the slab segments, and bytes given back with `MADV_FREE`.
@@ -208,13 +214,11 @@ impl Small {
         let _system = SystemOnly::enter();
         let slabs = len >> SLAB_SHIFT;
         let chunks = LazyChunks::new(slabs.div_ceil(CHUNK_SLABS), CHUNK_SLABS);
-        let classes = LazyChunks::new(slabs.div_ceil(CLASS_CHUNK_SLABS), CLASS_CHUNK_SLABS);
         Small {
             shared: Arc::new(Shared {
                 base,
                 len,
                 chunks,
-                classes,
                 bins: (0..NCLASSES).map(|_| CachePadded(Mutex::new(Bin { head: NIL, carved: 0 }))).collect(),
                 pool: Mutex::new(Pool {
                     at: 0,
@@ -245,23 +249,23 @@ impl Small {
             }
             let cap = cache_cap(class);
             let c = &mut *c;
-            let bin = &mut c.bins[class];
-            if bin.n == 0 {
+            let blocks = &mut c.blocks[class];
+            if c.n[class] == 0 {
                 let want = (cap / 2).max(1);
-                let n = self.shared.take(sp, class, &mut bin.blocks[..want], Some(&mut c.held[class]));
+                let n = self.shared.take(sp, class, &mut blocks[..want], Some(&mut c.held[class]));
                 // Taken in address order, handed out from the end: reversed,
                 // a run of allocations gets ascending addresses, so a
                 // program that walks its objects in the order it made them
                 // walks its pages forwards (and the space's fault-around and
                 // swap read-around see a stream).
-                bin.blocks[..n].reverse();
-                bin.n = n as u32;
+                blocks[..n].reverse();
+                c.n[class] = n as u8;
             }
-            if bin.n == 0 {
+            if c.n[class] == 0 {
                 return Ok(None);
             }
-            bin.n -= 1;
-            Ok(Some(bin.blocks[bin.n as usize]))
+            c.n[class] -= 1;
+            Ok(Some(blocks[c.n[class] as usize]))
         });
         let p = match got {
             Ok(Ok(p)) => p?,
@@ -297,9 +301,9 @@ impl Small {
     #[inline]
     fn mark_live(&self, class: usize, p: usize) {
         let (m, slab) = self.shared.meta(p).expect("a cached block lies in a carved slab");
-        let i = slot_of(class, p - slab);
-        debug_assert_eq!(m.live.0[i].load(Relaxed), 0, "a cached block was live");
-        m.live.0[i].store(1, Release);
+        let g = (p - slab) >> GRANULE_SHIFT;
+        debug_assert_eq!(m.live.0[g].load(Relaxed), 0, "a cached block was live");
+        m.live.0[g].store(class as u8 + 1, Release);
     }
 
     /// The class of the slab block that starts at `p` and is live, without
@@ -307,28 +311,21 @@ impl Small {
     /// carved slab, `Err(SmallFree::Refused)` for any other address in one.
     #[inline]
     pub(crate) fn live_class(&self, p: usize) -> Result<usize, SmallFree> {
-        let (m, _, class, i) = self.shared.slot(p)?;
-        if m.live.0[i].load(Acquire) == 0 {
-            return Err(SmallFree::Refused);
-        }
-        Ok(class)
+        self.shared.live_at(p).map(|(_, _, class)| class)
     }
 
     /// Frees the block at `p` (see [`SmallFree`]). `sp` is the space when the
     /// caller has it (a slab released on the way is then lazily freed now).
     #[inline]
     pub(crate) fn free(&self, sp: Option<&Space>, p: usize) -> SmallFree {
-        let (m, _, class, i) = match self.shared.slot(p) {
-            Ok(s) => s,
-            Err(f) => return f,
-        };
         // A check and a store, not one atomic operation: two threads that
         // free one block at the same instant may both get past the check
         // (a double free is refused when the frees are not simultaneous).
-        if m.live.0[i].load(Acquire) == 0 {
-            return SmallFree::Refused;
-        }
-        m.live.0[i].store(0, Release);
+        let (m, g, class) = match self.shared.live_at(p) {
+            Ok(s) => s,
+            Err(f) => return f,
+        };
+        m.live.0[g].store(0, Release);
         // The common case inline: the block pushed on the thread's cache of
         // this heap, which has room.
         let pushed = LOCAL.try_with(|l| push_cached(l, &self.shared, class, p)).unwrap_or(false);
@@ -350,20 +347,21 @@ impl Small {
                 return false;
             }
             let cap = cache_cap(class);
-            let bin = &mut c.bins[class];
-            if bin.n as usize >= cap {
+            let c = &mut *c;
+            let blocks = &mut c.blocks[class];
+            if c.n[class] as usize >= cap {
                 // Give the older half back.
                 let half = cap / 2;
-                if self.shared.give(class, &bin.blocks[..half]) {
+                if self.shared.give(class, &blocks[..half]) {
                     if let Some(sp) = sp {
                         self.shared.purge(sp, false);
                     }
                 }
-                bin.blocks.copy_within(half..cap, 0);
-                bin.n -= half as u32;
+                blocks.copy_within(half..cap, 0);
+                c.n[class] -= half as u8;
             }
-            bin.blocks[bin.n as usize] = p;
-            bin.n += 1;
+            blocks[c.n[class] as usize] = p;
+            c.n[class] += 1;
             true
         });
         if !pushed.unwrap_or(false) && self.shared.give(class, &[p]) {
@@ -398,9 +396,10 @@ impl Small {
         for (start, len) in segments {
             let mut at = start;
             while at + SLAB_BYTES <= start + len {
-                if let (Some((m, _)), c) = (s.meta(at), s.class_at(at)) {
+                if let Some((m, _)) = s.meta(at) {
+                    let c = m.class.load(Acquire);
                     if c != 0 {
-                        let k: u64 = m.live.0.iter().map(|b| b.load(Relaxed) as u64).sum();
+                        let k: u64 = m.live.0.iter().map(|b| (b.load(Relaxed) != 0) as u64).sum();
                         n += k;
                         bytes += k * class_size(c as usize - 1) as u64;
                     }
@@ -422,12 +421,12 @@ fn pop_cached(l: &RefCell<cache::Cache>, shared: &Arc<Shared>, class: usize) -> 
     if !c.owned_by(shared) {
         return Cached::Miss;
     }
-    let bin = &mut c.bins[class];
-    if bin.n == 0 {
+    let n = c.n[class];
+    if n == 0 {
         return Cached::Miss;
     }
-    bin.n -= 1;
-    Cached::Block(bin.blocks[bin.n as usize])
+    c.n[class] = n - 1;
+    Cached::Block(c.blocks[class][n as usize - 1])
 }
 
 /// [`Small::free`]'s common case on the thread's state: `p` pushed on the
@@ -438,12 +437,12 @@ fn push_cached(l: &RefCell<cache::Cache>, shared: &Arc<Shared>, class: usize, p:
     if !c.owned_by(shared) {
         return false;
     }
-    let bin = &mut c.bins[class];
-    if bin.n as usize >= cache_cap(class) {
+    let n = c.n[class];
+    if n as usize >= cache_cap(class) {
         return false;
     }
-    bin.blocks[bin.n as usize] = p;
-    bin.n += 1;
+    c.blocks[class][n as usize] = p;
+    c.n[class] = n + 1;
     true
 }
 
@@ -470,40 +469,21 @@ impl Shared {
         self.base + ((slab as usize - 1) << SLAB_SHIFT)
     }
 
-    /// The class plus one of the slab holding `p` (0: none, or outside
-    /// the reservation).
+    /// The live block that starts at `p`: `(entry, granule, class)`;
+    /// `Err(NotSmall)` outside every carved slab, `Err(Refused)` for any
+    /// other address in one (a block freed already, or not a block's
+    /// start). A live block's start reads one line (its live byte); only
+    /// the others read the slab's class.
     #[inline]
-    fn class_at(&self, p: usize) -> u8 {
-        let s = p.wrapping_sub(self.base) >> SLAB_SHIFT;
-        match self.classes.get(s / CLASS_CHUNK_SLABS) {
-            Some(c) => c[s % CLASS_CHUNK_SLABS].load(Acquire),
-            None => 0,
-        }
-    }
-
-    /// The class entry of slab number `slab` (plus one).
-    fn class_of_slab(&self, slab: u32) -> &AtomicU8 {
-        let s = slab as usize - 1;
-        &self.classes.get_or_init(s / CLASS_CHUNK_SLABS, || AtomicU8::new(0))[s % CLASS_CHUNK_SLABS]
-    }
-
-    /// The slot `p` starts: `(entry, slab start, class, slot)`.
-    #[inline]
-    fn slot(&self, p: usize) -> Result<(&SlabMeta, usize, usize, usize), SmallFree> {
-        let c = self.class_at(p);
-        if c == 0 {
-            return Err(SmallFree::NotSmall);
-        }
-        // A carved slab's entry was made before its class was set.
+    fn live_at(&self, p: usize) -> Result<(&SlabMeta, usize, usize), SmallFree> {
         let (m, slab) = self.meta(p).ok_or(SmallFree::NotSmall)?;
-        let class = c as usize - 1;
         let off = p - slab;
-        let i = slot_of(class, off);
-        // (`off + size > SLAB_BYTES`: the slab's tail past its last slot.)
-        if i * class_size(class) != off || off + class_size(class) > SLAB_BYTES {
-            return Err(SmallFree::Refused);
+        let g = off >> GRANULE_SHIFT;
+        let c = if off & GRANULE_MASK == 0 { m.live.0[g].load(Acquire) } else { 0 };
+        if c == 0 {
+            return Err(if m.class.load(Acquire) == 0 { SmallFree::NotSmall } else { SmallFree::Refused });
         }
-        Ok((m, slab, class, i))
+        Ok((m, g, c as usize - 1))
     }
 
     /// Moves up to `out.len()` avail blocks of `class` into `out` (carving
@@ -621,7 +601,7 @@ impl Shared {
                     w.store(0, Relaxed);
                 }
                 m.avail_n.store(0, Relaxed);
-                self.class_of_slab(slab).store(0, Release);
+                m.class.store(0, Release);
                 self.pool.lock().dirty.push(slab);
                 released = true;
             }
@@ -702,7 +682,7 @@ impl Shared {
         }
         debug_assert!(m.live.0.iter().all(|b| b.load(Relaxed) == 0), "a new slab has live blocks");
         m.avail_n.store(slots as u32, Relaxed);
-        self.class_of_slab(slab).store(class as u8 + 1, Release);
+        m.class.store(class as u8 + 1, Release);
         Some(slab)
     }
 

@@ -381,10 +381,13 @@ mod tests {
         // 0.2 ms, well before the 2 ms cap.
         assert!(shortest < Duration::from_nanos(WAKE_AHEAD_MAX_SPIN_NS / 2), "spun {shortest:?}");
         assert_eq!(wa.brief.load(Ordering::SeqCst), 0);
+        // (Timed from before the guards: the spinner's cap runs from its
+        // wake-up, which is later, so no look below comes after the cap
+        // however long this thread is off its CPU before it looks.)
+        let t0 = Instant::now();
         let long = wa.guard(true);
         let brief = wa.guard_brief(true);
         until("the thread wakes for the read", || wa.sleepers.load(Ordering::SeqCst) == 0);
-        let t0 = Instant::now();
         while t0.elapsed() < Duration::from_nanos(WAKE_AHEAD_BRIEF_SPIN_NS * 4) {
             let asleep = wa.sleepers.load(Ordering::SeqCst) != 0;
             // (A look after the 2 ms cap proves nothing: this thread was

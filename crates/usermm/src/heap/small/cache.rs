@@ -7,21 +7,20 @@ use std::mem::ManuallyDrop;
 
 use super::*;
 
-#[derive(Clone, Copy)]
-pub(super) struct CacheBin {
-    pub(super) n: u32,
-    pub(super) blocks: [usize; CACHE_MAX],
-}
-
-/// One thread's cached blocks, all of one heap's (`owner`).
+/// One thread's cached blocks, all of one heap's (`owner`): per class, a
+/// stack of addresses (`blocks[class][..n[class]]`). The counts of every
+/// class come first, on one line that every `malloc` and `free` reads (in a
+/// per-class struct, a count and its stack's top were two lines to miss).
+#[repr(C)]
 pub(super) struct Cache {
+    pub(super) n: [u8; NCLASSES],
     /// `ManuallyDrop` so that [`LOCAL`] has no destructor; [`ExitFlush`]
     /// takes the `Arc` out at the thread's exit.
     pub(super) owner: ManuallyDrop<Option<Arc<Shared>>>,
-    pub(super) bins: [CacheBin; NCLASSES],
     /// The slab of each class this cache holds (`NIL`: none; see
     /// [`Shared::take`]).
     pub(super) held: [u32; NCLASSES],
+    pub(super) blocks: [[usize; CACHE_MAX]; NCLASSES],
 }
 
 impl Cache {
@@ -54,10 +53,10 @@ impl Cache {
     /// freed by the heap's next call that has its space).
     pub(super) fn flush(&mut self) {
         let Some(owner) = &*self.owner else { return };
-        for (class, bin) in self.bins.iter_mut().enumerate() {
-            if bin.n > 0 {
-                owner.give(class, &bin.blocks[..bin.n as usize]);
-                bin.n = 0;
+        for class in 0..NCLASSES {
+            if self.n[class] > 0 {
+                owner.give(class, &self.blocks[class][..self.n[class] as usize]);
+                self.n[class] = 0;
             }
             owner.unhold(class, std::mem::replace(&mut self.held[class], NIL));
         }
@@ -88,7 +87,8 @@ thread_local! {
     pub(super) static LOCAL: RefCell<Cache> = const {
         RefCell::new(Cache {
             owner: ManuallyDrop::new(None),
-            bins: [CacheBin { n: 0, blocks: [0; CACHE_MAX] }; NCLASSES],
+            n: [0; NCLASSES],
+            blocks: [[0; CACHE_MAX]; NCLASSES],
             held: [NIL; NCLASSES],
         })
     };
