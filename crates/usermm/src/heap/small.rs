@@ -241,7 +241,20 @@ impl Small {
 
     /// A block of `class`, marked live; `None` when the space has no room
     /// for a new slab.
+    #[inline]
     pub(crate) fn alloc(&self, sp: &Space, class: usize) -> Option<usize> {
+        if let Ok(Some(p)) = LOCAL.try_with(|l| pop(l, &self.shared, class)) {
+            self.mark_live(class, p);
+            return Some(p);
+        }
+        self.alloc_slow(sp, class)
+    }
+
+    /// [`Small::alloc`] when the thread's cache has no block of `class`
+    /// (or is another heap's): refilled from the slabs.
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow(&self, sp: &Space, class: usize) -> Option<usize> {
         let got = LOCAL.try_with(|l| {
             let Ok(mut c) = l.try_borrow_mut() else { return Err(()) };
             if !c.adopt(&self.shared) {
@@ -417,16 +430,25 @@ fn pop_cached(l: &RefCell<cache::Cache>, shared: &Arc<Shared>, class: usize) -> 
     if crate::thread_role::system_only() {
         return Cached::System;
     }
-    let Ok(mut c) = l.try_borrow_mut() else { return Cached::Miss };
+    match pop(l, shared, class) {
+        Some(p) => Cached::Block(p),
+        None => Cached::Miss,
+    }
+}
+
+/// A block of `class` off the thread's cache of this heap, if it has one.
+#[inline(always)]
+fn pop(l: &RefCell<cache::Cache>, shared: &Arc<Shared>, class: usize) -> Option<usize> {
+    let mut c = l.try_borrow_mut().ok()?;
     if !c.owned_by(shared) {
-        return Cached::Miss;
+        return None;
     }
     let n = c.n[class];
     if n == 0 {
-        return Cached::Miss;
+        return None;
     }
     c.n[class] = n - 1;
-    Cached::Block(c.blocks[class][n as usize - 1])
+    Some(c.blocks[class][n as usize - 1])
 }
 
 /// [`Small::free`]'s common case on the thread's state: `p` pushed on the
