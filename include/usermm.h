@@ -291,7 +291,12 @@ void umm_config_init(struct umm_config *cfg);
  * a cfg->size smaller than this header's struct or a bad value, EPERM where
  * userfaultfd is refused, ENOMEM when the range cannot be reserved, EFAULT
  * for a cfg or swap_dir that cannot be read, ENAMETOOLONG for a swap_dir
- * with no NUL in PATH_MAX (4096) bytes.
+ * with no NUL in PATH_MAX (4096) bytes. With a swap_url, what its server
+ * says when open writes, reads and deletes a key of the prefix (its words
+ * on stderr): EACCES for a login or key permission refused (WRONGPASS,
+ * NOAUTH, NOPERM), ENOMEM for OOM, EROFS for a read-only replica, EAGAIN
+ * while it loads its data or a cluster has no master, EIO when it does not
+ * answer.
  */
 umm_space *umm_open(const struct umm_config *cfg);
 

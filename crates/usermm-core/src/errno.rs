@@ -21,6 +21,7 @@ impl Errno {
     pub const ENODEV: Errno = Errno(19);
     pub const EINVAL: Errno = Errno(22);
     pub const ENOSPC: Errno = Errno(28);
+    pub const EROFS: Errno = Errno(30);
     pub const ENAMETOOLONG: Errno = Errno(36);
     pub const ENOSYS: Errno = Errno(38);
     pub const EOVERFLOW: Errno = Errno(75);
@@ -50,6 +51,7 @@ impl Errno {
             19 => "ENODEV",
             22 => "EINVAL",
             28 => "ENOSPC",
+            30 => "EROFS",
             36 => "ENAMETOOLONG",
             38 => "ENOSYS",
             75 => "EOVERFLOW",

@@ -161,7 +161,15 @@ fn a_user_password_and_database_in_the_url() {
         swap_url: Some(url("wrong")),
         ..Config::default()
     });
-    assert!(bad.is_err(), "opened with a wrong password");
+    assert_eq!(bad.err(), Some(usermm::Errno::EACCES), "opened with a wrong password (WRONGPASS)");
+    // No password where the server wants one (NOAUTH).
+    let none = common::open_mode(&Config {
+        budget_bytes: 1 << 20,
+        swap_bytes: 8 << 20,
+        swap_url: Some(format!("redis://127.0.0.1:{}/3?prefix=db3:&timeout_ms=1000", srv.port)),
+        ..Config::default()
+    });
+    assert_eq!(none.err(), Some(usermm::Errno::EACCES), "opened without a password");
     let s = space(1 << 20, 16 << 20, url("s3cret"));
     let mut m = s.map_anon(4 << 20).expect("mmap"); // 4x the budget
     fill(&mut m, 5, 1);
@@ -181,6 +189,42 @@ fn a_user_password_and_database_in_the_url() {
     redis::cmd("SELECT").arg(3).query::<()>(&mut c).unwrap();
     let left: Vec<String> = redis::cmd("KEYS").arg("db3:*").query(&mut c).unwrap();
     assert!(left.is_empty(), "the space's keys outlived it: {}", left.len());
+}
+
+/// A login the server lets in but whose keys exclude the prefix (an ACL
+/// key pattern): the open fails with `EACCES` (the server's `NOPERM`), not
+/// the first swap-out or swap-in; the same user opens on a prefix it may
+/// write. A server that is not there: `EIO`.
+#[test]
+fn an_open_the_server_refuses_fails_with_its_errno() {
+    let srv = Server::start(&[]);
+    let mut admin = srv.client().unwrap();
+    redis::cmd("ACL")
+        .arg(&["SETUSER", "narrow", "on", ">pw", "~mine:*", "~{usermm}*", "+@all"])
+        .query::<()>(&mut admin)
+        .unwrap();
+    let cfg = |prefix: &str| Config {
+        budget_bytes: 1 << 20,
+        swap_bytes: 8 << 20,
+        swap_url: Some(format!("redis://narrow:pw@127.0.0.1:{}/?prefix={prefix}&timeout_ms=1000", srv.port)),
+        ..Config::default()
+    };
+    assert_eq!(common::open_mode(&cfg("theirs:")).err(), Some(usermm::Errno::EACCES), "NOPERM on the prefix");
+    assert!(srv.keys("theirs:*").is_empty());
+    let s = common::open_mode(&cfg("mine:")).expect("open on a prefix the user may write");
+    let mut m = s.map_anon(4 << 20).expect("mmap"); // 4x the budget
+    fill(&mut m, 7, 1);
+    pageout_all(&s, &mut m);
+    assert_eq!(bad_in(&m, 7, 1), 0);
+    assert!(srv.keys("mine:probe*").is_empty(), "the open's probe key stayed");
+    drop(m);
+    s.close().unwrap();
+    // Nothing listens on the port of a server that has gone.
+    let mut gone = Server::start(&[]);
+    let url = gone.url("gone:");
+    gone.kill();
+    let r = common::open_mode(&Config { swap_url: Some(url), ..cfg("x:") });
+    assert_eq!(r.err(), Some(usermm::Errno::EIO), "a server that does not answer");
 }
 
 #[test]

@@ -105,6 +105,9 @@ const GROUP: u64 = 256;
 const CHUNK: u64 = 16;
 
 pub(crate) struct RedisStore {
+    /// Set once the open got through: a store whose open failed has
+    /// nothing on the server to delete when it is dropped.
+    opened: bool,
     backend: Backend,
     pool: Mutex<Vec<Conn>>,
     prefix: String,
@@ -141,6 +144,28 @@ fn io_error(_e: &redis::RedisError) -> Errno {
     Errno::EIO
 }
 
+/// The errno for a server's refusal at open: `EACCES` for a login or
+/// permission the server refuses (`WRONGPASS`, `NOAUTH`, `NOPERM`),
+/// `ENOMEM` for `OOM`, `EROFS` for a read-only replica, `EAGAIN` for a
+/// server loading its data or a cluster without a master, `EIO` for
+/// anything else (a server that does not answer).
+fn server_errno(e: &redis::RedisError) -> Errno {
+    use redis::ErrorKind as K;
+    // (The client reports a `NOAUTH` reply to its own `SELECT` as a
+    // response error whose text alone says so.)
+    let text = e.to_string();
+    if text.contains("NOAUTH") || text.contains("Authentication required") {
+        return Errno::EACCES;
+    }
+    match (e.kind(), e.code()) {
+        (K::AuthenticationFailed, _) | (_, Some("WRONGPASS" | "NOAUTH" | "NOPERM")) => Errno::EACCES,
+        (_, Some("OOM")) => Errno::ENOMEM,
+        (K::ReadOnly, _) => Errno::EROFS,
+        (K::BusyLoadingError | K::TryAgain | K::ClusterDown | K::MasterDown, _) => Errno::EAGAIN,
+        _ => Errno::EIO,
+    }
+}
+
 impl RedisStore {
     /// Connects to the server or cluster of `url` (checking it answers),
     /// deletes the keys of dead spaces ([`RedisStore::reap_dead`]) and those
@@ -151,14 +176,45 @@ impl RedisStore {
     pub(crate) fn open(url: &str, page: usize, slots: u64, poll_replies: bool) -> Result<RedisStore, Errno> {
         let space = random_id();
         let u = parse(url, space)?;
-        let s = Self::build(&u, page, slots, poll_replies, space)?;
-        s.with_conn(|c| redis::cmd("PING").query::<String>(c.link()).map(drop))
-            .inspect_err(|_| eprintln!("usermm: swap_url {}: the server does not answer", s.shown))?;
+        let mut s = Self::build(&u, page, slots, poll_replies, space)?;
+        s.check_access().map_err(|e| {
+            if e.kind() == redis::ErrorKind::IoError {
+                eprintln!("usermm: swap_url {}: the server does not answer ({e})", s.shown);
+            } else {
+                eprintln!("usermm: swap_url {}: the server refuses: {e}", s.shown);
+            }
+            server_errno(&e)
+        })?;
+        s.opened = true;
         s.reap_dead();
         s.register();
         s.delete_all()?;
         s.track(url);
         Ok(s)
+    }
+
+    /// Whether the server answers and lets this login write, read and
+    /// delete a key of the prefix (a key of its own, gone at once): what
+    /// the server says when it does not (`WRONGPASS`, `NOPERM`, `OOM`, …),
+    /// so that `open` fails with it rather than the first swap-out or
+    /// swap-in.
+    fn check_access(&self) -> redis::RedisResult<()> {
+        let key = format!("{}probe:{:x}", self.prefix, self.space);
+        let run = |c: &mut dyn redis::ConnectionLike| -> redis::RedisResult<()> {
+            redis::cmd("PING").query::<String>(c)?;
+            redis::cmd("SET").arg(&key).arg(b"usermm".as_slice()).arg("PX").arg(60_000).exec(c)?;
+            let _: Option<Vec<u8>> = redis::cmd("GET").arg(&key).query(c)?;
+            redis::cmd("DEL").arg(&key).exec(c)
+        };
+        match &self.backend {
+            Backend::Single(client) => {
+                let mut c = client.get_connection_with_timeout(self.timeout)?;
+                c.set_read_timeout(Some(self.timeout))?;
+                c.set_write_timeout(Some(self.timeout))?;
+                run(&mut c)
+            }
+            Backend::Cluster(client) => run(&mut client.get_connection()?),
+        }
     }
 
     /// The store of `u` for space `space`, with no I/O yet.
@@ -208,6 +264,7 @@ impl RedisStore {
             lease_next_ns: AtomicU64::new(u64::MAX),
             lease_lapsed: AtomicBool::new(false),
             shown,
+            opened: false,
         })
     }
 

@@ -215,6 +215,9 @@ impl RedisStore {
 
 impl Drop for RedisStore {
     fn drop(&mut self) {
+        if !self.opened {
+            return;
+        }
         if let Err(e) = self.delete_all() {
             eprintln!("usermm: swap_url {}: could not delete the space's keys at close ({e})", self.shown);
         }
