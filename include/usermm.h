@@ -296,7 +296,8 @@ void umm_config_init(struct umm_config *cfg);
  * on stderr): EACCES for a login or key permission refused (WRONGPASS,
  * NOAUTH, NOPERM), ENOMEM for OOM, EROFS for a read-only replica, EAGAIN
  * while it loads its data or a cluster has no master, EIO when it does not
- * answer.
+ * answer; EBUSY while another space owns the URL's prefix (holds its lease,
+ * waited for 2 s, or is still connected past it: the prefix is one space's).
  */
 umm_space *umm_open(const struct umm_config *cfg);
 

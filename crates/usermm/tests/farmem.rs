@@ -550,6 +550,43 @@ fn a_killed_spaces_keys_go_at_the_next_open_after_its_lease() {
     assert_eq!(srv.dbsize(), 0, "keys left after both spaces closed: {:?}", srv.keys("*"));
 }
 
+/// A prefix belongs to one space at a time: a second opener gets `EBUSY`
+/// (within a few seconds) and leaves the first one's keys and pages alone;
+/// once the first closes, the prefix opens again; a killed owner's prefix
+/// opens once its lease has lapsed, with the dead owner's keys gone.
+#[test]
+fn a_prefix_is_owned_by_one_space_at_a_time() {
+    let srv = Server::start(&[]);
+    let url = format!("redis://127.0.0.1:{}/?prefix=own:&timeout_ms=1000&lease_ms=300", srv.port);
+    let cfg = Config { budget_bytes: 1 << 20, swap_bytes: 16 << 20, swap_url: Some(url.clone()), ..Config::default() };
+    let first = space(1 << 20, 16 << 20, url.clone());
+    let mut m = first.map_anon(4 << 20).expect("mmap"); // 4x the budget
+    fill(&mut m, 3, 1);
+    pageout_all(&first, &mut m);
+    let keys = srv.keys("own:*").len();
+    assert!(keys > 0);
+    let t0 = Instant::now();
+    assert_eq!(common::open_mode(&cfg).err(), Some(usermm::Errno::EBUSY), "a second opener of the prefix");
+    assert!(t0.elapsed() < Duration::from_secs(10), "EBUSY took {:?}", t0.elapsed());
+    assert_eq!(srv.keys("own:*").len(), keys, "the second open touched the first one's keys");
+    assert_eq!(bad_in(&m, 3, 1), 0, "the first space's pages");
+    drop(m);
+    first.close().unwrap();
+    let again = common::open_mode(&cfg).expect("the prefix is free once its owner closed");
+    again.close().unwrap();
+    // A killed owner: its keys stay until its lease lapses, then go.
+    let mut run = start_child("1", url);
+    assert!(run.log.contains("child: page 0 SWAPPED"), "the child could not set up the scenario:\n{}", run.log);
+    run.child.kill().expect("SIGKILL");
+    assert_eq!(run.child.wait().expect("wait").signal(), Some(libc::SIGKILL));
+    assert!(!srv.keys("own:*").is_empty(), "no key of the killed owner's");
+    assert!(eventually(|| srv.keys("{usermm}lease:own:*").is_empty()), "the killed owner's lease never lapsed");
+    let next = common::open_mode(&cfg).expect("the prefix opens once its dead owner's lease lapsed");
+    assert!(srv.keys("own:*").is_empty(), "the dead owner's keys outlived the open: {:?}", srv.keys("own:*"));
+    next.close().unwrap();
+    assert_eq!(srv.dbsize(), 0, "keys left: {:?}", srv.keys("*"));
+}
+
 /// A process stopped for longer than its lease (SIGSTOP) still has its
 /// connections: the next space opened leaves its keys, and once continued
 /// it reads its page back.

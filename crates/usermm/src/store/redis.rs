@@ -185,9 +185,9 @@ impl RedisStore {
             }
             server_errno(&e)
         })?;
-        s.opened = true;
         s.reap_dead();
-        s.register();
+        s.register()?;
+        s.opened = true;
         s.delete_all()?;
         s.track(url);
         Ok(s)

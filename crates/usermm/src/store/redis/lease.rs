@@ -55,13 +55,18 @@ impl RedisStore {
     /// Takes the space's lease (`{usermm}lease:P`, expiring after `lease`)
     /// and enters the space in the registry (`{usermm}spaces`: prefix →
     /// slots and space id), in that order, so that a space reaping dead
-    /// ones never finds this one registered without its lease. A lease held
-    /// by a reaper of an earlier space with the same prefix is waited for
-    /// (up to 10 s). Best effort: a server that refuses (an ACL confined to
-    /// the prefix) only loses the clean-up after a crash, said on stderr.
-    pub(super) fn register(&self) {
+    /// ones never finds this one registered without its lease. The prefix
+    /// is owned: `EBUSY` while another space holds its lease, or is still
+    /// connected past a lapsed one (stopped: its pages stay), after
+    /// `OWNER_WAIT` for it to go (an exited owner's reaper); a lease held
+    /// by a reaper of an earlier space with the prefix is waited for (up to
+    /// 10 s), and a dead owner's (lapsed, not connected) is taken over, its
+    /// keys then deleted by the open. Best effort otherwise: a server that
+    /// refuses (an ACL confined to the prefix) only loses the clean-up
+    /// after a crash, said on stderr.
+    pub(super) fn register(&self) -> Result<(), Errno> {
         if self.lease.is_zero() {
-            return;
+            return Ok(());
         }
         let ms = self.lease.as_millis() as u64;
         let lease = lease_key(&self.prefix);
@@ -74,27 +79,64 @@ impl RedisStore {
                     break;
                 }
                 let holder: Option<String> = redis::cmd("GET").arg(&lease).query(c.link())?;
-                if holder.as_deref() != Some(REAPING) || t0.elapsed() > Duration::from_secs(10) {
-                    // Another space with this prefix (one at a time, the
-                    // docs say), or a reaper that took too long.
-                    redis::cmd("SET").arg(&lease).arg(self.space).arg("PX").arg(ms).query::<()>(c.link())?;
-                    break;
+                match holder.as_deref() {
+                    Some(REAPING) if t0.elapsed() <= Duration::from_secs(10) => {}
+                    // A reaper that took too long: the prefix is taken.
+                    Some(REAPING) => {
+                        redis::cmd("SET").arg(&lease).arg(self.space).arg("PX").arg(ms).query::<()>(c.link())?;
+                        break;
+                    }
+                    // Lapsed meanwhile: try again.
+                    None => {}
+                    // Another space's: a process that just exited leaves
+                    // its lease to its reaper, which gives it up once the
+                    // keys are gone (`reap_after_exit`), so it is waited
+                    // for a while; a live owner keeps it.
+                    Some(_) if t0.elapsed() <= OWNER_WAIT => {}
+                    Some(id) => return Ok(Some(id.to_string())),
                 }
                 std::thread::sleep(Duration::from_millis(20));
+            }
+            // A lapsed lease of a space that is still connected (stopped):
+            // the prefix is still its own.
+            let entry: Option<String> = redis::cmd("HGET").arg(REGISTRY).arg(&self.prefix).query(c.link())?;
+            let owner = entry.as_deref().and_then(|v| v.split_once(' ')).map(|(_, id)| id.to_string());
+            if let Some(id) = owner.filter(|id| u64::from_str_radix(id, 16).is_ok_and(|id| id != self.space)) {
+                if !self.cluster() {
+                    let list: String = redis::cmd("CLIENT").arg("LIST").query(c.link())?;
+                    let name = format!("name={}", client_name(u64::from_str_radix(&id, 16).unwrap_or(0)));
+                    if list.split_whitespace().any(|f| f == name) {
+                        redis::cmd("DEL").arg(&lease).query::<u64>(c.link())?;
+                        return Ok(Some(id));
+                    }
+                }
             }
             redis::cmd("HSET")
                 .arg(REGISTRY)
                 .arg(&self.prefix)
                 .arg(format!("{} {:016x}", self.slots, self.space))
                 .query::<u64>(c.link())
-                .map(drop)
+                .map(|_| None)
         });
         match r {
-            Ok(()) => self.lease_next_ns.store(usermm_sys::now_ns() + refresh_ns(self.lease), Ordering::Relaxed),
-            Err(e) => eprintln!(
-                "usermm: swap_url {}: cannot take the space's lease ({e}); its keys outlive a crash of the process",
-                self.shown
-            ),
+            Ok(None) => {
+                self.lease_next_ns.store(usermm_sys::now_ns() + refresh_ns(self.lease), Ordering::Relaxed);
+                Ok(())
+            }
+            Ok(Some(id)) => {
+                eprintln!(
+                    "usermm: swap_url {}: prefix {:?} is another space's (id {id}, alive): EBUSY",
+                    self.shown, self.prefix
+                );
+                Err(Errno::EBUSY)
+            }
+            Err(e) => {
+                eprintln!(
+                    "usermm: swap_url {}: cannot take the space's lease ({e}); its keys outlive a crash of the process",
+                    self.shown
+                );
+                Ok(())
+            }
         }
     }
 
@@ -185,7 +227,9 @@ impl RedisStore {
                     self.shown
                 );
             }
-            self.register();
+            // (Taken by another space meanwhile: said by `register`; this
+            // space's pages then read as errors.)
+            let _ = self.register();
         }
     }
 
@@ -233,6 +277,10 @@ impl Drop for RedisStore {
 pub(super) const REGISTRY: &str = "{usermm}spaces";
 /// A lease's value while a reaper deletes the keys of its dead space.
 pub(super) const REAPING: &str = "reaping";
+/// How long an open waits for another space's lease on its prefix to go
+/// (a process that just exited, whose reaper is deleting its keys) before
+/// it fails with `EBUSY`.
+const OWNER_WAIT: Duration = Duration::from_secs(2);
 /// `lease_ms`'s default: the bound on how long the keys of a process killed
 /// outright stay before the next space opened on the server deletes them.
 pub(super) const DEFAULT_LEASE: Duration = Duration::from_secs(30);
