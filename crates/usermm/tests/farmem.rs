@@ -570,6 +570,21 @@ fn a_prefix_is_owned_by_one_space_at_a_time() {
     assert!(t0.elapsed() < Duration::from_secs(10), "EBUSY took {:?}", t0.elapsed());
     assert_eq!(srv.keys("own:*").len(), keys, "the second open touched the first one's keys");
     assert_eq!(bad_in(&m, 3, 1), 0, "the first space's pages");
+    // A forked child of the owner opening the prefix: EBUSY at once (its
+    // parent is alive), not after the wait for an exited owner.
+    let child_cfg = cfg.clone();
+    let exit = usermm_sys::thread::fork_run(20, move || {
+        let t0 = Instant::now();
+        let r = Space::open(&child_cfg);
+        let ok = r.as_ref().err() == Some(&usermm::Errno::EBUSY) && t0.elapsed() < Duration::from_millis(1500);
+        // SAFETY: _exit in the forked child: nothing of the parent's to
+        // run or flush.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) }
+    })
+    .expect("fork");
+    assert_eq!(exit, usermm_sys::thread::ChildExit::Exited(0), "the forked child's open");
+    assert_eq!(srv.keys("own:*").len(), keys, "the child's open touched its parent's keys");
+    assert_eq!(bad_in(&m, 3, 1), 0, "the first space's pages after the child's open");
     drop(m);
     first.close().unwrap();
     let again = common::open_mode(&cfg).expect("the prefix is free once its owner closed");

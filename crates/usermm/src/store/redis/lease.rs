@@ -88,6 +88,9 @@ impl RedisStore {
                     }
                     // Lapsed meanwhile: try again.
                     None => {}
+                    // A space of the process this one was forked from
+                    // (alive: it forked this one).
+                    Some(id) if ancestor_holds(id) => return Ok(Some(id.to_string())),
                     // Another space's: a process that just exited leaves
                     // its lease to its reaper, which gives it up once the
                     // keys are gone (`reap_after_exit`), so it is waited
@@ -315,6 +318,14 @@ struct Reap {
 
 /// The stores open in this process (for the exit hook).
 static LIVE: Mutex<Vec<Reap>> = Mutex::new(Vec::new());
+
+/// Whether lease holder `id` (a space id, as the lease stores it) is a
+/// store of a process this one was forked from.
+fn ancestor_holds(id: &str) -> bool {
+    let Ok(id) = id.parse::<u64>() else { return false };
+    let generation = usermm_sys::thread::fork_generation();
+    LIVE.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|r| r.space == id && r.generation < generation)
+}
 
 /// At exit (`atexit`): the keys of every store this process opened and
 /// never closed — `usermm_compat.h`'s default space, a `GlobalHeap`'s, any
