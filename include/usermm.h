@@ -297,7 +297,8 @@ void umm_config_init(struct umm_config *cfg);
  * NOAUTH, NOPERM), ENOMEM for OOM, EROFS for a read-only replica, EAGAIN
  * while it loads its data or a cluster has no master, EIO when it does not
  * answer; EBUSY while another space owns the URL's prefix (holds its lease,
- * waited for 2 s, or is still connected past it: the prefix is one space's).
+ * waited for 2 s, or is still connected past it: the prefix is one space's;
+ * with lease_ms=0 there is no lease, and no such guard).
  */
 umm_space *umm_open(const struct umm_config *cfg);
 
