@@ -387,7 +387,10 @@ fn run_all(
     fits_budget: usize,
 ) -> Result<(), String> {
     let store = Server::start(&[]).map_err(|e| format!("the Redis page store: {e}"))?;
-    let store_url = format!("redis://127.0.0.1:{}/?prefix=usermm-programs:", store.port);
+    // (No prefix of its own: each process of a program, the server and its
+    // client, gets the default one, unique per space; a prefix is one
+    // space's.)
+    let store_url = format!("redis://127.0.0.1:{}/", store.port);
     let nolimit = KernelLimit::setup(NO_LIMIT_BYTES, 0, swap_dir);
     if let Err(why) = &nolimit {
         say.say(&format!("kernel rows: not measured: {why}"));
