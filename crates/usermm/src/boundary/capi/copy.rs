@@ -100,6 +100,23 @@ pub(super) fn copy_out_zero_padded(sp: Option<&Space>, dst: usize, head: &[u8], 
     Ok(())
 }
 
+/// Fills a caller's sized struct of 64-bit words (`umm_stats`,
+/// `umm_heap_stats`): `*out` starts with its `size`, and gets the whole
+/// words after it that fit (`words`, then zeros for a newer caller's
+/// fields); `size` itself is left as the caller set it. `EINVAL` for NULL
+/// or `size < 8`, `EFAULT` for memory that cannot be read or written.
+pub(super) fn copy_out_sized_words(sp: &Space, out: usize, words: &[u64]) -> Result<(), Errno> {
+    if out == 0 {
+        return Err(Errno::EINVAL);
+    }
+    let size = read_usize(Some(sp), out)?;
+    if size < 8 {
+        return Err(Errno::EINVAL);
+    }
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    copy_out_zero_padded(Some(sp), out + 8, &bytes, (size / 8 - 1) * 8)
+}
+
 pub(super) fn read_usize(sp: Option<&Space>, addr: usize) -> Result<usize, Errno> {
     let mut b = [0u8; 8];
     copy_in(sp, &mut b, addr)?;

@@ -25,7 +25,7 @@ use std::alloc::Layout;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::copy::{copy_out_zero_padded, read_usize};
+use super::copy::copy_out_sized_words;
 use super::{guard, space, umm_space};
 use crate::heap::small::{Cached, SmallFree};
 use crate::heap::{CachedMalloc, HeapStats};
@@ -375,15 +375,7 @@ pub unsafe extern "C" fn umm_heap_stats(s: *mut umm_space, out: *mut c_void) -> 
     let sp = unsafe { space(s) };
     guard(-1, || {
         let sp = sp?;
-        if out.is_null() {
-            return Err(Errno::EINVAL);
-        }
-        let size = read_usize(Some(sp), out as usize)?;
-        if size < 8 {
-            return Err(Errno::EINVAL);
-        }
-        let bytes: Vec<u8> = heap_stats_words(&sp.heap().stats()).iter().flat_map(|w| w.to_ne_bytes()).collect();
-        copy_out_zero_padded(Some(sp), out as usize + 8, &bytes, (size / 8 - 1) * 8)?;
+        copy_out_sized_words(sp, out as usize, &heap_stats_words(&sp.heap().stats()))?;
         Ok(0)
     })
 }

@@ -6,7 +6,7 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use usermm_sys::ffi::write_fd;
 
-use super::copy::{access_ok, copy_out, copy_out_zero_padded, read_usize};
+use super::copy::{access_ok, copy_out, copy_out_sized_words};
 use super::{guard, space, umm_space};
 use crate::{Errno, Space, Stats};
 
@@ -156,16 +156,7 @@ pub unsafe extern "C" fn umm_stats(s: *mut umm_space, out: *mut c_void) -> c_int
     let sp = unsafe { space(s) };
     guard(-1, || {
         let sp = sp?;
-        if out.is_null() {
-            return Err(Errno::EINVAL);
-        }
-        let size = read_usize(Some(sp), out as usize)?;
-        if size < 8 {
-            return Err(Errno::EINVAL);
-        }
-        let bytes: Vec<u8> = stats_words(&sp.stats()).iter().flat_map(|w| w.to_ne_bytes()).collect();
-        // The whole words after `size` that fit in it.
-        copy_out_zero_padded(Some(sp), out as usize + 8, &bytes, (size / 8 - 1) * 8)?;
+        copy_out_sized_words(sp, out as usize, &stats_words(&sp.stats()))?;
         Ok(0)
     })
 }
