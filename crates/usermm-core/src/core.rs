@@ -24,7 +24,7 @@
 //! | `Lru` (`lru.rs`)                   | the active, inactive, lazy, volatile lists; generations; compaction              |
 //! | `SwapSpace` (`core/swap.rs`)       | swap slots; slots being released or scrubbed; pause                              |
 //! | `SlotAllocator` (`slots.rs`)       | staging slots                                                                    |
-//! | `Pressure` (`core/pressure.rs`)    | budget ran out; refill to the watermark; demand                                  |
+//! | `Pressure` (`core/pressure.rs`)    | budget ran out; refill to the watermark; demand; parked since it eased           |
 //! | `Locks` (`core/locks.rs`)          | pages charged to the lock limit; `mlockall`'s future                             |
 //! | `Options` (`core/options.rs`)      | the host's lazy free and write tracking; space options                           |
 //! | `FileTable` (`core/file_table.rs`) | pages mapping each file; write-back errors to report                             |
@@ -63,10 +63,11 @@
 //! |               | `file.rs`       | `writeback_claim`, `msync`                                        |
 //! |               | `madvise.rs`    | `madvise`                                                         |
 //! |               | `mlock.rs`      | `lock_range`, `mlockall`, `munlockall`                            |
-//! |               | `policy.rs`     | `reclaim_ahead`, `reclaim_ahead_want`                             |
+//! |               | `policy.rs`     | `reclaim_ahead`, `reclaim_ahead_want`, `ease_if_calm`             |
 //! |               | `reclaim.rs`    | `reclaim_plan`, `lazyfree_trim_plan`                              |
 //! |               | `release.rs`    | `swap_scrub_plan`, `swap_release_plan`                            |
 //! |               | `swapcache.rs`  | `wp_fault`                                                        |
+//! |               | `unpark.rs`     | `unpark_plan`                                                     |
 //! |               | `vma.rs`        | `mmap`, `mmap_file`, `munmap`, `mprotect`                         |
 //! |               | `volatile.rs`   | `mvolatile`, `mnovolatile`, `reactivate_step`, `lazyfree`         |
 //! |               | `window.rs`     | `readahead_instead_of_wait`                                       |
@@ -80,6 +81,7 @@
 //! |               | `madvise.rs`    | `set_poison`                                                      |
 //! |               | `mlock.rs`      | `lock_revert`                                                     |
 //! |               | `release.rs`    | `swap_scrub_done`, `swap_release_done`                            |
+//! |               | `unpark.rs`     | `unpark_done`                                                     |
 //! |               | `vma.rs`        | `unhold`                                                          |
 //! |               | `zap.rs`        | `zap_end`                                                         |
 //! | query         | `core.rs`       | `config`, `page_size`, `regions`, `locked_extents`, `page`,       |
@@ -89,7 +91,7 @@
 //! |               | `introspect.rs` | `any_filling`, `mincore`, `page_state`, `stats`, `region_usage`   |
 //! |               | `madvise.rs`    | `swapped_in`                                                      |
 //! |               | `mlock.rs`      | `lock_fits`, `region_at`                                          |
-//! |               | `policy.rs`     | `inactive_target`, `needs_aging`                                  |
+//! |               | `policy.rs`     | `inactive_target`, `needs_aging`, `unpark_due`, `calm_mark`       |
 //! |               | `reclaim.rs`    | `reclaim_hopeless`, `reclaim_in_flight`, `out_of_memory`,         |
 //! |               |                 | `reclaim_possible_but_for_store`, `swap_writes_paused`,           |
 //! |               |                 | `lazyfree_excess`, `direct_reclaim_batch`                         |
@@ -124,6 +126,7 @@
 //! | `core/frames.rs`     | frame charge, LRU pushes, spare buffers                                |
 //! | `core/reclaim.rs`    | reclaim policy: what to deactivate, evict, purge, discard, and when    |
 //! | `core/evict.rs`      | `MADV_COLD`/`PAGEOUT` range plans, every reclaim step's `*_done`       |
+//! | `core/unpark.rs`     | pressure's end: parked pages mapped back in bulk                       |
 //! | `core/file.rs`       | shared file regions: write-back, `msync`, write-back errors            |
 //! | `core/release.rs`    | the swap space's release and scrub plans, as the executor calls them   |
 //! | `core/volatile.rs`   | `mvolatile`/`mnovolatile`, lazy free (`MADV_FREE`)                     |
@@ -163,6 +166,7 @@ mod reclaim;
 mod release;
 mod swap;
 mod swapcache;
+mod unpark;
 mod validate;
 mod vma;
 mod volatile;
@@ -222,6 +226,9 @@ pub struct Counters {
     pub host_purges: u64,
     pub evictions: u64,
     pub deactivations: u64,
+    /// Parked pages mapped back in bulk when pressure eased (`unpark.rs`):
+    /// no fault, no use counted.
+    pub unparked: u64,
     pub oom_sigbus: u64,
     pub swap_read_errors: u64,
     pub swap_write_errors: u64,

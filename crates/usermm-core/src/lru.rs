@@ -274,6 +274,15 @@ impl Lru {
         self.sweep_stale(pages);
     }
 
+    /// Queues page `p` at the head of the active list (first in line for
+    /// deactivation) under a new generation: a parked page mapped back in
+    /// bulk, which earned no use (`core/unpark.rs`).
+    pub fn add_active_front(&mut self, pages: &mut PageTable, p: PageIdx) {
+        let e = self.new_entry(pages, p);
+        self.active.push_front(e);
+        self.sweep_stale(pages);
+    }
+
     /// Queues page `p` at the tail of the inactive list under a new
     /// generation (see [`Lru::add_active`]).
     pub fn add_inactive(&mut self, pages: &mut PageTable, p: PageIdx) {

@@ -297,3 +297,55 @@ fn a_working_set_that_fits_is_not_evicted_after_warm_up() {
 fn policy_table() {
     experiment_phases();
 }
+
+/// Pressure's end (`core/unpark.rs`): after pressure and a warm-up of a
+/// working set that fits, a calm stretch — the executor reads the same
+/// calm mark a while apart — ends the pressure, every parked page goes back
+/// in bulk (no fault, no use counted), and the working set then runs with
+/// no fault at all; nothing is aged until the budget runs out again. A
+/// claim in between keeps the pressure on.
+#[test]
+fn parked_pages_go_back_in_bulk_when_pressure_eases() {
+    let (budget, n) = (4096u64, 4 * 4096);
+    let low = budget / 32;
+    let mut c = core_with(budget, n);
+    replay_rw(&mut c, &(0..n).collect::<Vec<_>>(), usize::MAX, true);
+    let fits = budget * 9 / 10;
+    replay(&mut c, &(0..fits).collect::<Vec<_>>(), usize::MAX);
+    let before = c.stats();
+    assert!(before.inactive_pages > 0 && c.unpark_due(), "nothing parked: {before:?}");
+    // A claim since the mark was read: not calm.
+    let mark = c.calm_mark();
+    replay(&mut c, &[n / 2], usize::MAX);
+    assert!(!c.ease_if_calm(mark, low), "eased although a frame was claimed");
+    // Calm: the same mark a while later.
+    let parked = c.stats().inactive_pages;
+    let mark = c.calm_mark();
+    assert!(c.ease_if_calm(mark, low));
+    let mut rounds = 0;
+    loop {
+        let plans = c.unpark_plan(64);
+        if plans.is_empty() {
+            break;
+        }
+        assert!(plans.iter().all(|p| matches!(p, FaultPlan::Reactivate { .. })));
+        let done: Vec<(FaultPlan, u64)> = plans.into_iter().map(|p| (p, 1)).collect();
+        c.unpark_done(&done);
+        rounds += 1;
+    }
+    let after = c.stats();
+    assert!(rounds > 0 && after.inactive_pages == 0, "{after:?}");
+    assert_eq!(after.counters.unparked, parked);
+    assert_eq!(after.counters.minor_faults, before.counters.minor_faults);
+    assert!(!c.unpark_due() && !c.needs_aging());
+    c.validate();
+    let mut rng = Rng::new(3);
+    let m = replay(&mut c, &(0..4 * fits).map(|_| rng.below(fits)).collect::<Vec<_>>(), 0);
+    assert_eq!((m.major, m.minor), (0, 0), "faults in a working set that fits, after pressure ended");
+    assert_eq!(c.stats().counters.evictions, after.counters.evictions);
+    // Pressure again: reclaim parks and evicts as before.
+    replay(&mut c, &(fits..n).collect::<Vec<_>>(), usize::MAX);
+    let again = c.stats();
+    assert!(again.counters.evictions > after.counters.evictions && again.inactive_pages > 0, "{again:?}");
+    c.validate();
+}

@@ -473,6 +473,7 @@ impl Space {
             clean_evictions: c.clean_evictions,
             pool_frames: pool.0,
             pool_fills: pool.1,
+            unparked_pages: c.unparked,
         }
     }
 

@@ -98,6 +98,9 @@ stats! {
     /// Pages installed by moving a pool frame in (a zero fill or a swap-in
     /// with no frame allocated). Not in `struct umm_stats`.
     pool_fills,
+    /// Parked pages mapped back in bulk, without a fault, when pressure
+    /// eased (docs/design.md, "Pressure's end"). Not in `struct umm_stats`.
+    unparked_pages,
 }
 
 /// What `umm_populate` reports (`struct umm_populate_report`).

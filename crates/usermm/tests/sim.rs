@@ -40,6 +40,7 @@ fn seeded_simulation_of_core_and_executor() {
                 total.file_checks += s.file_checks;
                 total.other_touches += s.other_touches;
                 total.host_drops += s.host_drops;
+                total.unparked += s.unparked;
             }
             Err(e) => panic!("{e}"),
         }
@@ -52,6 +53,8 @@ fn seeded_simulation_of_core_and_executor() {
     assert!(total.clean_evictions > seeds && total.wp_faults > seeds / 25, "{total:?}");
     assert!(total.sigbus > 0 && total.injected > seeds && total.preemptions > seeds, "{total:?}");
     assert!(total.file_checks > seeds && total.other_touches > seeds && total.host_drops > seeds / 2, "{total:?}");
+    // Pressure's end: parked pages mapped back in bulk.
+    assert!(total.unparked > seeds, "{total:?}");
 }
 
 /// The simulation catches an executor bug: an eviction whose swap write

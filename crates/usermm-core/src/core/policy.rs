@@ -18,7 +18,9 @@
 //!   ([`Core::inactive_target`], [`Core::refill_target`],
 //!   [`Core::needs_aging`]);
 //! - when reclaim works ahead of the program, and how much
-//!   ([`Core::reclaim_ahead`], [`Core::reclaim_ahead_want`]).
+//!   ([`Core::reclaim_ahead`], [`Core::reclaim_ahead_want`]);
+//! - when pressure is over, and parked pages go back in bulk
+//!   ([`Core::ease_if_calm`], `unpark.rs`).
 //!
 //! The mechanism — the lists (`lru.rs`, `frames.rs`) and the plans that
 //! carry decisions out (`reclaim.rs`, `evict.rs`) — is elsewhere. The
@@ -114,6 +116,27 @@ impl Core {
         let free = self.free_frames();
         self.pressure.watermark_want(free, low, high)
     }
+
+    /// Ends pressure if it has eased: `mark` is [`Core::calm_mark`] as the
+    /// executor read it a calm interval ago, and since then no frame was
+    /// claimed, the budget did not run out, no refill to the high watermark
+    /// began, and free frames are at or above `low`. Then nothing is aged or reclaimed ahead until
+    /// the budget runs out again, and the pages reclaim parked go back
+    /// (`unpark_plan`): a working set that fits after a pressure phase runs
+    /// at memory speed, where each parked page would cost it a fault when
+    /// touched (the `reclaim` experiment's `fits`: 57 minor faults per
+    /// 1,000 touches in `tests/policy.rs`'s replay, and a hundredth of the
+    /// unlimited kernel's throughput). Returns whether it ended.
+    pub fn ease_if_calm(&mut self, mark: u64, low: u64) -> bool {
+        let calm = self.unpark_due()
+            && mark == self.pressure.calm_mark()
+            && !self.pressure.refilling()
+            && self.free_frames() >= low;
+        if calm {
+            self.pressure.ease();
+        }
+        calm
+    }
 }
 
 /// Queries (see "Methods by kind" in `core.rs`).
@@ -130,6 +153,20 @@ impl Core {
     pub(super) fn refill_target(&self) -> u64 {
         self.inactive_target()
             .min(self.pages.census().inactive.saturating_add(AGING_PER_CLAIM.saturating_mul(self.pressure.demand())))
+    }
+
+    /// Whether pressure's end would map pages back: reclaim parked pages
+    /// since it last eased, or the budget ran out, and pages are parked.
+    /// The executor then watches for a calm interval (`ease_if_calm`).
+    pub fn unpark_due(&self) -> bool {
+        (self.pressure.under() || self.pressure.aged()) && self.pages.census().inactive > 0
+    }
+
+    /// The mark [`Core::ease_if_calm`] compares: it changes whenever frames
+    /// are claimed, the budget runs out or a refill to the high watermark
+    /// begins.
+    pub fn calm_mark(&self) -> u64 {
+        self.pressure.calm_mark()
     }
 
     /// Whether the inactive list should be refilled ahead of need: once the

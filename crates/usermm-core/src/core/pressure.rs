@@ -1,6 +1,7 @@
 //! Reclaim's memory of demand: whether the budget ran out under a fault,
-//! whether background reclaim is bringing free frames back up, and how many
-//! frames were claimed since the inactive list was last refilled.
+//! whether background reclaim is bringing free frames back up, how many
+//! frames were claimed since the inactive list was last refilled, and
+//! whether reclaim parked pages since pressure last eased.
 //!
 //! The state only; what it decides — when reclaim works ahead, how much it
 //! frees, how fast pages age — is the policy's (`policy.rs`), which reads
@@ -17,12 +18,20 @@ pub(super) struct Pressure {
     /// Frames faults and populates have claimed since reclaim last
     /// refilled the inactive list.
     demand: u64,
+    /// Whether reclaim parked pages (aging or eviction, not `MADV_COLD`)
+    /// since pressure last eased.
+    aged: bool,
+    /// Times frames were claimed, the budget ran out or a refill to the
+    /// high watermark began, ever: unchanged over a while, pressure has
+    /// eased (`calm_mark`).
+    stirs: u64,
 }
 
 impl Pressure {
     /// A fault or populate found no free frame.
     pub(super) fn ran_out(&mut self) {
         self.ran_out = true;
+        self.stirs += 1;
     }
 
     /// Whether the budget is under pressure: it ran out since it was last
@@ -46,6 +55,7 @@ impl Pressure {
     /// between the two otherwise.
     pub(super) fn watermark_want(&mut self, free: u64, low: u64, high: u64) -> u64 {
         if free < low {
+            self.stirs += u64::from(!self.refilling);
             self.refilling = true;
         } else if free >= high {
             self.refilling = false;
@@ -66,6 +76,7 @@ impl Pressure {
     /// `n` frames are being claimed by a fault or populate.
     pub(super) fn claimed(&mut self, n: u64) {
         self.demand = self.demand.saturating_add(n);
+        self.stirs += 1;
     }
 
     /// Frames claimed since the inactive list was last refilled.
@@ -76,5 +87,36 @@ impl Pressure {
     /// A reclaim round refilled the inactive list.
     pub(super) fn demand_met(&mut self) {
         self.demand = 0;
+    }
+
+    /// Reclaim parked pages.
+    pub(super) fn parked(&mut self) {
+        self.aged = true;
+    }
+
+    /// Whether reclaim parked pages since pressure last eased.
+    pub(super) fn aged(&self) -> bool {
+        self.aged
+    }
+
+    /// What changes whenever pressure stirs: frames are claimed, the budget
+    /// runs out, or a refill to the high watermark begins. The same mark a
+    /// while later, with no refill under way, is a calm stretch.
+    pub(super) fn calm_mark(&self) -> u64 {
+        self.stirs
+    }
+
+    /// Whether a refill to the high watermark is under way.
+    pub(super) fn refilling(&self) -> bool {
+        self.refilling
+    }
+
+    /// Pressure is over: nothing runs ahead or ages until the budget runs
+    /// out again.
+    pub(super) fn ease(&mut self) {
+        self.ran_out = false;
+        self.refilling = false;
+        self.demand = 0;
+        self.aged = false;
     }
 }

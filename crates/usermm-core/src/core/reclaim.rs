@@ -42,6 +42,15 @@ impl Core {
     /// Plans reclaim of up to `want` frames: evictions from the inactive
     /// list, and deactivations that refill it.
     pub fn reclaim_plan(&mut self, want: u64) -> ReclaimPlan {
+        let plan = self.plan_reclaim(want);
+        if !plan.deactivate.is_empty() {
+            // (What pressure parks goes back when it eases: `unpark.rs`.)
+            self.pressure.parked();
+        }
+        plan
+    }
+
+    fn plan_reclaim(&mut self, want: u64) -> ReclaimPlan {
         let mut plan = ReclaimPlan::default();
         if self.nothing_reclaimable() {
             // Nothing to age either.

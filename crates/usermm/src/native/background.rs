@@ -17,7 +17,10 @@ pub(super) enum Round {
 
 impl Inner {
     pub(super) fn background_loop(&self, reclaim: bool) {
+        // Where a calm stretch began: `Core::calm_mark` then, and when.
+        let mut calm: Option<(u64, std::time::Instant)> = None;
         loop {
+            let mut unpark = false;
             {
                 let mut c = lock(&self.core);
                 loop {
@@ -41,16 +44,25 @@ impl Inner {
                     // reclaim ahead: it would only meet pages that wait for
                     // a write. Woken when the next try is due.)
                     let paused = self.store_retry_due(&mut c);
+                    let watch = reclaim && !paused && c.unpark_due();
+                    if self.calm_over(&mut c, &mut calm, watch) {
+                        unpark = true;
+                        break;
+                    }
                     let need = reclaim && !paused && (self.reclaimer.ahead_want(&mut c) > 0 || c.needs_aging());
                     if need || c.swap_release_pending() || self.reclaimer.queued() {
                         break;
                     }
-                    let idle = std::time::Duration::from_millis(BACKGROUND_IDLE_MS);
+                    let idle = std::time::Duration::from_millis(if watch { CALM_MS } else { BACKGROUND_IDLE_MS });
                     let wait = if paused { self.backoff.retry_in().map_or(idle, |d| d.min(idle)) } else { idle };
                     // (Resting, under the core lock, as fills poke: a fill
                     // after this pokes again.)
                     c = self.reclaimer.wait(c, wait, true);
                 }
+            }
+            if unpark {
+                self.unpark_parked();
+                continue;
             }
             self.serve_willneed();
             self.release_swap();
@@ -204,6 +216,61 @@ impl Inner {
         (done, true)
     }
 
+    /// Pressure's end: while parked pages are due to go back (`watch`),
+    /// follows the calm stretch in `calm` (the core's calm mark when it
+    /// began, and when) and ends pressure once it has lasted `CALM_MS`
+    /// (a frame claimed, the budget running out or a refill beginning breaks
+    /// it; docs/design.md, "Pressure's end").
+    /// Returns whether it ended: the parked pages go back now.
+    fn calm_over(&self, c: &mut Core, calm: &mut Option<(u64, std::time::Instant)>, watch: bool) -> bool {
+        if !watch {
+            *calm = None;
+            return false;
+        }
+        let mark = c.calm_mark();
+        match *calm {
+            Some((m, since)) if m == mark => {
+                let ended = since.elapsed() >= std::time::Duration::from_millis(CALM_MS)
+                    && self.reclaimer.ease_if_calm(c, mark);
+                if ended {
+                    *calm = None;
+                }
+                ended
+            }
+            _ => {
+                *calm = Some((mark, std::time::Instant::now()));
+                false
+            }
+        }
+    }
+
+    /// Maps the parked pages back once pressure is over
+    /// (`Core::unpark_plan`): moves, a batch per core-lock round, until
+    /// none is left or the budget runs out again.
+    pub(super) fn unpark_parked(&self) {
+        let _mm = self.read_mm();
+        loop {
+            if self.shutdown.load(Ordering::Relaxed) {
+                return;
+            }
+            let plans = lock(&self.core).unpark_plan(UNPARK_BATCH);
+            if plans.is_empty() {
+                return;
+            }
+            // (Never checked reactivations: `reactivate_io` gives a count.)
+            let done: Vec<(FaultPlan, u64)> = plans
+                .into_iter()
+                .map(|p| {
+                    let n = self.reactivate_io(&p).unwrap_or(0);
+                    (p, n)
+                })
+                .collect();
+            let mut c = lock(&self.core);
+            c.unpark_done(&done);
+            self.settled.notify_all();
+        }
+    }
+
     /// One background reclaim round when the core wants reclaim ahead or
     /// aging.
     pub(super) fn reclaim_ahead_round(&self) -> Round {
@@ -240,6 +307,17 @@ impl Inner {
     pub(crate) fn background_step(&self) {
         if lock(&self.core).spares_low() {
             self.refill_spares();
+        }
+        // Pressure's end, as the thread sees it: the same calm mark as at
+        // the last step (the simulation's steps stand for the calm stretch).
+        let eased = {
+            let mut c = lock(&self.core);
+            let mark = c.calm_mark();
+            let last = self.reclaimer.last_calm_mark(mark);
+            c.unpark_due() && last == Some(mark) && self.reclaimer.ease_if_calm(&mut c, mark)
+        };
+        if eased {
+            self.unpark_parked();
         }
         self.serve_willneed();
         self.release_swap();

@@ -39,6 +39,10 @@ pub(crate) struct Reclaimer {
     oom_wait_us: AtomicU64,
     /// Page addresses to read in (`MADV_WILLNEED`, read-ahead windows).
     willneed: Mutex<Vec<usize>>,
+    /// The simulation's background step: the calm mark it saw last
+    /// (`u64::MAX`: none yet).
+    #[cfg(feature = "test-hooks")]
+    calm_seen: AtomicU64,
 }
 
 impl Reclaimer {
@@ -54,6 +58,8 @@ impl Reclaimer {
             poked: AtomicBool::new(false),
             oom_wait_us: AtomicU64::new(OOM_WAIT_US),
             willneed: Mutex::new(Vec::new()),
+            #[cfg(feature = "test-hooks")]
+            calm_seen: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -61,6 +67,21 @@ impl Reclaimer {
     /// free frames up to the high watermark once under the low one.
     pub(super) fn ahead_want(&self, c: &mut Core) -> u64 {
         c.reclaim_ahead_want(self.low_watermark, self.high_watermark)
+    }
+
+    /// Ends pressure if it stayed calm since the core's calm mark was
+    /// `mark` (see `Core::ease_if_calm`), with this reclaimer's low
+    /// watermark.
+    pub(super) fn ease_if_calm(&self, c: &mut Core, mark: u64) -> bool {
+        c.ease_if_calm(mark, self.low_watermark)
+    }
+
+    /// The simulation's background step: the calm mark it saw at the step
+    /// before (None at the first), and `mark` remembered for the next.
+    #[cfg(feature = "test-hooks")]
+    pub(super) fn last_calm_mark(&self, mark: u64) -> Option<u64> {
+        let last = self.calm_seen.swap(mark, Ordering::Relaxed);
+        (last != u64::MAX).then_some(last)
     }
 
     /// After a fill (the core lock `c` held): pokes the thread, once until

@@ -114,6 +114,21 @@ pub(super) const STORE_RETRY_WAIT_NS: u64 = 40_000_000;
 /// looks again (ms): a fill that leaves free frames low pokes it sooner.
 pub(super) const BACKGROUND_IDLE_MS: u64 = 100;
 
+/// How long pressure must stay calm — the budget never ran out, no refill
+/// to the high watermark began, free frames at or above the low one —
+/// before it is over and the parked pages go back (ms; `Core::ease_if_calm`,
+/// docs/design.md "Pressure's end"). Pressure that goes on stirs it every
+/// few hundred microseconds (a refill per `low` frames claimed); a program
+/// that pauses longer than this between bursts pays a bulk map-back (about
+/// 1 µs a parked page, in the background) instead of a fault (5-15 µs) per
+/// parked page it touches after the pause.
+pub(super) const CALM_MS: u64 = 10;
+
+/// Parked pages the background thread maps back per core-lock round once
+/// pressure is over: a fault on one of them waits for at most this many
+/// moves.
+pub(super) const UNPARK_BATCH: usize = 64;
+
 /// The background thread's pause after a round that evicted nothing (it
 /// only aged pages, or nothing is evictable): a moment for the program to
 /// touch what was just deactivated, instead of spinning (ms). A queued

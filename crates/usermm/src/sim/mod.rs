@@ -112,6 +112,8 @@ pub struct SimSummary {
     pub other_touches: u64,
     /// Lazily freed pages and slots the host dropped by itself.
     pub host_drops: u64,
+    /// Parked pages mapped back in bulk when pressure eased.
+    pub unparked: u64,
 }
 
 struct Sim {
@@ -367,6 +369,7 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
     sim.sum.swapins = c.swapins;
     sim.sum.swapouts = c.swapouts;
     sim.sum.clean_evictions = c.clean_evictions;
+    sim.sum.unparked = c.unparked;
     sim.sum.wp_faults = sim.plat.wp_faults.load(std::sync::atomic::Ordering::Relaxed);
     sim.sum.injected = sim.plat.host().injected;
     sim.sum.host_drops = sim.plat.host().lazy.drops;
