@@ -436,8 +436,45 @@ fn a_corrupted_value_gets_sigbus_never_wrong_data() {
 #[test]
 fn a_server_that_is_gone_gets_sigbus_never_wrong_data() {
     let mut srv = Server::start(&[]);
-    let url = srv.url("gone:");
+    // (A read of a server that cannot be reached is tried for `failover_ms`.)
+    let url = srv.url("gone:") + "&failover_ms=300";
     let (status, log) = run_child(url, || srv.kill());
+    assert!(log.contains("child: page 0 SWAPPED"), "the child could not set up the scenario");
+    assert!(!log.contains("bad bytes"), "the child's touch returned instead of faulting");
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "the child must die of SIGBUS, not {status:?}");
+}
+
+/// A server restarted with its data (saved, killed, started again on its
+/// RDB file) while the child's page is out: the read that finds the old
+/// connection broken makes a new one and the child goes on, every byte right.
+#[test]
+fn a_server_restarted_with_its_data_serves_the_read() {
+    let mut srv = Server::start(&[]);
+    let url = srv.url("restart:");
+    let (status, log) = run_child(url, || {
+        let mut c = srv.client().unwrap();
+        redis::cmd("SAVE").query::<()>(&mut c).unwrap();
+        drop(c);
+        srv.kill();
+        srv.restart();
+        assert!(!srv.keys("restart:*").is_empty(), "the server came back without the child's pages");
+    });
+    assert!(log.contains("child: page 0 SWAPPED"), "the child could not set up the scenario");
+    assert!(log.contains("child: read page 0, 0 bad bytes"), "{log}");
+    assert_eq!(status.code(), Some(0), "{log}");
+}
+
+/// A server restarted empty: the page is gone, and the child gets SIGBUS,
+/// never zeros.
+#[test]
+fn a_server_restarted_empty_gets_sigbus_never_zeros() {
+    let mut srv = Server::start(&[]);
+    let url = srv.url("empty:");
+    let (status, log) = run_child(url, || {
+        srv.kill();
+        srv.restart();
+        assert!(srv.keys("empty:*").is_empty(), "the server kept its data");
+    });
     assert!(log.contains("child: page 0 SWAPPED"), "the child could not set up the scenario");
     assert!(!log.contains("bad bytes"), "the child's touch returned instead of faulting");
     assert_eq!(status.signal(), Some(libc::SIGBUS), "the child must die of SIGBUS, not {status:?}");

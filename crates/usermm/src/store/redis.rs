@@ -12,9 +12,11 @@
 //! (default 30,000: below), `replicas=N`
 //! (default 0: a write is acknowledged only once `WAIT` says N replicas of
 //! the node have it — the issue's `swap_replicas`), `failover_ms=F` (default
-//! 10,000: how long a read from a cluster keeps trying, with a fresh slot map,
-//! while a replica takes over a master that stopped answering; writes do not
-//! wait: a failed write only keeps its pages resident).
+//! 10,000: how long a read keeps trying with a fresh connection — from a
+//! cluster, with a fresh slot map, while a replica takes over a master that
+//! stopped answering; from one server, while it cannot be reached or is
+//! loading its data after a restart; writes do not wait: a failed write only
+//! keeps its pages resident).
 //! - One key per chunk of 16 consecutive slots: `P` followed by the chunk
 //!   number on one server; `{P<g>}<chunk>` in a cluster, `g` being the
 //!   chunk's group of 256 slots, so that a run of pages (at most 256) lies in
@@ -55,9 +57,13 @@ use usermm_core::Errno;
 
 use super::{header, open_sealed, PageStore, HEADER};
 
+mod chunk;
+mod errors;
 mod lease;
 mod link;
 mod url;
+use chunk::{pieces, Chunk};
+use errors::{io_error, server_errno, transient};
 use lease::client_name;
 use link::Link;
 use url::{hash_slot, parse, random_id, Url};
@@ -136,34 +142,6 @@ pub(crate) struct RedisStore {
     lease_lapsed: AtomicBool,
     /// The URL without credentials, for messages.
     pub(crate) shown: String,
-}
-
-/// Every failure of the server (unreachable, timed out, refusing the
-/// command, out of memory) is an I/O error of the store.
-fn io_error(_e: &redis::RedisError) -> Errno {
-    Errno::EIO
-}
-
-/// The errno for a server's refusal at open: `EACCES` for a login or
-/// permission the server refuses (`WRONGPASS`, `NOAUTH`, `NOPERM`),
-/// `ENOMEM` for `OOM`, `EROFS` for a read-only replica, `EAGAIN` for a
-/// server loading its data or a cluster without a master, `EIO` for
-/// anything else (a server that does not answer).
-fn server_errno(e: &redis::RedisError) -> Errno {
-    use redis::ErrorKind as K;
-    // (The client reports a `NOAUTH` reply to its own `SELECT` as a
-    // response error whose text alone says so.)
-    let text = e.to_string();
-    if text.contains("NOAUTH") || text.contains("Authentication required") {
-        return Errno::EACCES;
-    }
-    match (e.kind(), e.code()) {
-        (K::AuthenticationFailed, _) | (_, Some("WRONGPASS" | "NOAUTH" | "NOPERM")) => Errno::EACCES,
-        (_, Some("OOM")) => Errno::ENOMEM,
-        (K::ReadOnly, _) => Errno::EROFS,
-        (K::BusyLoadingError | K::TryAgain | K::ClusterDown | K::MasterDown, _) => Errno::EAGAIN,
-        _ => Errno::EIO,
-    }
 }
 
 impl RedisStore {
@@ -292,32 +270,42 @@ impl RedisStore {
 
     /// Runs `f` on a pooled connection; a connection that failed is dropped.
     fn with_conn<R>(&self, f: impl FnOnce(&mut Conn) -> redis::RedisResult<R>) -> Result<R, Errno> {
+        self.try_conn(f).map_err(|(e, _)| e)
+    }
+
+    /// [`RedisStore::with_conn`], its error with whether it is transient:
+    /// no connection could be made, or the one in use broke, timed out, or
+    /// was told to come back (`LOADING`, `TRYAGAIN`, `CLUSTERDOWN`,
+    /// `MASTERDOWN`) — a server restarting, or a failover.
+    fn try_conn<R>(&self, f: impl FnOnce(&mut Conn) -> redis::RedisResult<R>) -> Result<R, (Errno, bool)> {
         let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut c = match pooled {
             Some(c) => c,
-            None => self.connect()?,
+            None => self.connect().map_err(|e| (e, true))?,
         };
         match f(&mut c) {
             Ok(r) => {
                 self.pool.lock().unwrap_or_else(|e| e.into_inner()).push(c);
                 Ok(r)
             }
-            Err(e) => Err(io_error(&e)),
+            Err(e) => Err((io_error(&e), transient(&e))),
         }
     }
 
     /// [`RedisStore::with_conn`], tried again with backoff (with a fresh
-    /// connection, and so a fresh slot map) for up to `failover` in a
-    /// cluster: the client does not wait for a replica to take over a
-    /// master that stopped answering (a refused connection is retried at
-    /// once, 16 times in a few milliseconds), so the store does.
+    /// connection, and so a fresh slot map) for up to `failover`: in a
+    /// cluster after any error (the client does not wait for a replica to
+    /// take over a master that stopped answering: a refused connection is
+    /// retried at once, 16 times in a few milliseconds, so the store does);
+    /// on one server after a transient one (`try_conn`: a server restarted
+    /// with its data serves the read once it is back and loaded).
     fn with_retry<R>(&self, mut f: impl FnMut(&mut Conn) -> redis::RedisResult<R>) -> Result<R, Errno> {
         let t0 = std::time::Instant::now();
         let mut pause = Duration::from_millis(20);
         loop {
-            match self.with_conn(&mut f) {
+            match self.try_conn(&mut f) {
                 Ok(r) => return Ok(r),
-                Err(e) if !self.cluster() || t0.elapsed() + pause > self.failover => return Err(e),
+                Err((e, again)) if !(self.cluster() || again) || t0.elapsed() + pause > self.failover => return Err(e),
                 Err(_) => {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(500));
@@ -437,7 +425,7 @@ impl PageStore for RedisStore {
             // a page, a tenth of the round trip).
             let start = (first % CHUNK) as usize * stride;
             let mut opened = false;
-            let fast = self.with_conn(|c| {
+            let fast = self.with_retry(|c| {
                 let Conn::Own(link, scratch) = c else { return Ok(false) };
                 // (`key`'s form for a single server.)
                 let got = link.getrange_into(&self.prefix, first / CHUNK, start, start + n * stride - 1, scratch)?;
@@ -576,57 +564,5 @@ impl PageStore for RedisStore {
             }
         }
         Ok(())
-    }
-}
-
-/// The pieces of the run `pages` starting at slot `first` that lie in one
-/// chunk each: `(first slot, pages)`.
-fn pieces<'a, 'b>(first: u64, pages: &'b [&'a [u8]]) -> impl Iterator<Item = (u64, &'b [&'a [u8]])> {
-    let mut i = 0;
-    std::iter::from_fn(move || {
-        if i >= pages.len() {
-            return None;
-        }
-        let slot = first + i as u64;
-        let end = ((slot / CHUNK + 1) * CHUNK - first).min(pages.len() as u64) as usize;
-        let piece = (slot, &pages[i..end]);
-        i = end;
-        Some(piece)
-    })
-}
-
-/// Consecutive pages, each behind its header, as one argument, written
-/// straight into the command's buffer (no sealed copy of the pages first).
-struct Chunk<'a, 'b> {
-    space: u64,
-    first: u64,
-    pages: &'b [&'a [u8]],
-}
-
-impl redis::ToRedisArgs for Chunk<'_, '_> {
-    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        use std::io::Write;
-        let mut w = out.writer_for_next_arg();
-        // (Writing into the command's Vec cannot fail.)
-        for (j, p) in self.pages.iter().enumerate() {
-            let _ = w.write_all(&header(self.space, self.first + j as u64, p));
-            let _ = w.write_all(p);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_run_splits_at_chunk_boundaries() {
-        let page = [0u8; 8];
-        let pages: Vec<&[u8]> = vec![&page; 40];
-        let got: Vec<(u64, usize)> = pieces(13, &pages).map(|(s, p)| (s, p.len())).collect();
-        assert_eq!(got, [(13, 3), (16, 16), (32, 16), (48, 5)]);
-        let got: Vec<(u64, usize)> = pieces(32, &pages[..16]).map(|(s, p)| (s, p.len())).collect();
-        assert_eq!(got, [(32, 16)]);
-        assert_eq!(pieces(0, &pages[..0]).count(), 0);
     }
 }

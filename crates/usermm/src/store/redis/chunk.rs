@@ -1,0 +1,58 @@
+//! A run of pages as the server keeps it: cut into chunks of `CHUNK`
+//! consecutive slots (`pieces`), each written as one argument of pages
+//! behind their headers (`Chunk`).
+
+use super::CHUNK;
+use crate::store::header;
+
+/// The pieces of the run `pages` starting at slot `first` that lie in one
+/// chunk each: `(first slot, pages)`.
+pub(super) fn pieces<'a, 'b>(first: u64, pages: &'b [&'a [u8]]) -> impl Iterator<Item = (u64, &'b [&'a [u8]])> {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        if i >= pages.len() {
+            return None;
+        }
+        let slot = first + i as u64;
+        let end = ((slot / CHUNK + 1) * CHUNK - first).min(pages.len() as u64) as usize;
+        let piece = (slot, &pages[i..end]);
+        i = end;
+        Some(piece)
+    })
+}
+
+/// Consecutive pages, each behind its header, as one argument, written
+/// straight into the command's buffer (no sealed copy of the pages first).
+pub(super) struct Chunk<'a, 'b> {
+    pub(super) space: u64,
+    pub(super) first: u64,
+    pub(super) pages: &'b [&'a [u8]],
+}
+
+impl redis::ToRedisArgs for Chunk<'_, '_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        use std::io::Write;
+        let mut w = out.writer_for_next_arg();
+        // (Writing into the command's Vec cannot fail.)
+        for (j, p) in self.pages.iter().enumerate() {
+            let _ = w.write_all(&header(self.space, self.first + j as u64, p));
+            let _ = w.write_all(p);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_splits_at_chunk_boundaries() {
+        let page = [0u8; 8];
+        let pages: Vec<&[u8]> = vec![&page; 40];
+        let got: Vec<(u64, usize)> = pieces(13, &pages).map(|(s, p)| (s, p.len())).collect();
+        assert_eq!(got, [(13, 3), (16, 16), (32, 16), (48, 5)]);
+        let got: Vec<(u64, usize)> = pieces(32, &pages[..16]).map(|(s, p)| (s, p.len())).collect();
+        assert_eq!(got, [(32, 16)]);
+        assert_eq!(pieces(0, &pages[..0]).count(), 0);
+    }
+}
