@@ -45,7 +45,7 @@ pub(crate) fn help() -> &'static str {
      --budget BYTES       resident budget of the space              (USERMM_BUDGET_BYTES; default 1/4 of RAM)\n  \
      --swap-bytes BYTES   largest swap file; 0: no swap              (USERMM_SWAP_BYTES; default 8g)\n  \
      --swap-dir DIR       directory of the swap file                 (USERMM_SWAP_DIR; default $TMPDIR or /tmp)\n  \
-     --swap-url URL       a Redis page store instead of the file     (USERMM_SWAP_URL), e.g. redis://127.0.0.1:6379/\n                       (each process of the program a space, its keys under a prefix of its own;\n                       a ?prefix= is one space's: a second process opening it runs without a space: EBUSY)\n  \
+     --swap-url URL       a Redis page store instead of the file     (USERMM_SWAP_URL), e.g. redis://127.0.0.1:6379/\n                       (also redis+cluster://SEEDS and redis+sentinel://SENTINELS/MASTER;\n                       each process of the program a space, its keys under a prefix of its own;\n                       a ?prefix= is one space's: a second process opening it runs without a space: EBUSY)\n  \
      --memlock BYTES      lock limit of the space; 0: locks are EPERM (USERMM_MEMLOCK_BYTES; default unlimited)\n  \
      --inthread           resolve faults in the faulting thread (UMM_F_INTHREAD_FAULTS, in USERMM_FLAGS);\n                       \
      read(2)/write(2) on heap memory that is not resident then fail with EFAULT\n  \

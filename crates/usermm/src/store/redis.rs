@@ -1,12 +1,17 @@
-//! A page store on a Redis-protocol server (Redis, Valkey) or a Redis
-//! Cluster, through redis-rs's synchronous client.
+//! A page store on a Redis-protocol server (Redis, Valkey), a Redis Cluster
+//! or the master of a group Redis Sentinel watches, through redis-rs's
+//! synchronous client.
 //!
 //! `swap_url` is one of
 //! - `redis://[user:password@]host:port[/db][?OPTIONS]`: one server;
 //! - `redis+cluster://host:port[,host:port…][?OPTIONS]`: a cluster, given by
 //!   seed nodes; the client reads the slot map from them, follows `MOVED` and
 //!   `ASK` redirections, re-reads the map when it changes, and retries (with
-//!   backoff, about 10 s in all) while a failover is under way.
+//!   backoff, about 10 s in all) while a failover is under way;
+//! - `redis+sentinel://[user:password@]host:port[,host:port…]/MASTER[/db][?OPTIONS]`:
+//!   the master Sentinels (given by their addresses) name `MASTER`, asked
+//!   again at each new connection (the login and database are the
+//!   master's): after a failover a read's retry finds the new master.
 //!
 //! OPTIONS: `prefix=P`, `timeout_ms=T` (default 2,000), `lease_ms=L`
 //! (default 30,000: below), `replicas=N`
@@ -68,10 +73,13 @@ use lease::client_name;
 use link::Link;
 use url::{hash_slot, parse, random_id, Url};
 
-/// One server, or a cluster.
+/// One server, a cluster, or the master of a Sentinel-watched group.
 enum Backend {
     Single(redis::Client),
     Cluster(redis::cluster::ClusterClient),
+    /// Asked for the master's address at each new connection: after a
+    /// failover, a read's retry (`with_retry`) connects to the new one.
+    Sentinel(Mutex<redis::sentinel::SentinelClient>),
 }
 
 /// A pooled connection of either kind. A single server's keeps the buffer
@@ -185,13 +193,24 @@ impl RedisStore {
             redis::cmd("DEL").arg(&key).exec(c)
         };
         match &self.backend {
-            Backend::Single(client) => {
+            Backend::Single(_) | Backend::Sentinel(_) => {
+                let client = self.master()?;
                 let mut c = client.get_connection_with_timeout(self.timeout)?;
                 c.set_read_timeout(Some(self.timeout))?;
                 c.set_write_timeout(Some(self.timeout))?;
                 run(&mut c)
             }
             Backend::Cluster(client) => run(&mut client.get_connection()?),
+        }
+    }
+
+    /// The client of the one server: the URL's, or the master Sentinel
+    /// names now. (Not for a cluster.)
+    fn master(&self) -> redis::RedisResult<redis::Client> {
+        match &self.backend {
+            Backend::Single(client) => Ok(client.clone()),
+            Backend::Sentinel(s) => s.lock().unwrap_or_else(|e| e.into_inner()).get_client(),
+            Backend::Cluster(_) => Err(redis::RedisError::from((redis::ErrorKind::ClientError, "a cluster"))),
         }
     }
 
@@ -221,11 +240,29 @@ impl RedisStore {
                 .build()
                 .map_err(|_| Errno::EINVAL)?;
             Backend::Cluster(c)
+        } else if let Some(m) = &u.sentinel {
+            use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+            let login = redis::RedisConnectionInfo {
+                db: m.db,
+                username: m.username.clone(),
+                password: m.password.clone(),
+                ..Default::default()
+            };
+            let node = SentinelNodeConnectionInfo { tls_mode: None, redis_connection_info: Some(login) };
+            let nodes: Vec<&str> = u.nodes.iter().map(String::as_str).collect();
+            let c = SentinelClient::build(nodes, m.name.clone(), Some(node), SentinelServerType::Master)
+                .map_err(|_| Errno::EINVAL)?;
+            Backend::Sentinel(Mutex::new(c))
         } else {
             Backend::Single(redis::Client::open(u.nodes[0].as_str()).map_err(|_| Errno::EINVAL)?)
         };
-        let reads_poll =
-            poll_replies && matches!(&backend, Backend::Single(c) if Link::serves(c.get_connection_info()));
+        // (A Sentinel's masters are plain TCP servers, which a `Link` serves.)
+        let reads_poll = poll_replies
+            && match &backend {
+                Backend::Single(c) => Link::serves(c.get_connection_info()),
+                Backend::Sentinel(_) => true,
+                Backend::Cluster(_) => false,
+            };
         Ok(RedisStore {
             reads_poll,
             backend,
@@ -248,7 +285,8 @@ impl RedisStore {
 
     fn connect(&self) -> Result<Conn, Errno> {
         match &self.backend {
-            Backend::Single(client) => {
+            Backend::Single(_) | Backend::Sentinel(_) => {
+                let client = self.master().map_err(|e| io_error(&e))?;
                 let mut c = match Link::connect(client.get_connection_info(), self.timeout, self.poll_replies) {
                     Some(link) => Conn::Own(link.map_err(|e| io_error(&e))?, Vec::new()),
                     None => {
@@ -418,7 +456,7 @@ impl PageStore for RedisStore {
         let n = buf.len() / self.page;
         let stride = self.stride();
         let last = first + n as u64;
-        if n > 0 && first / CHUNK == (last - 1) / CHUNK && matches!(self.backend, Backend::Single(_)) {
+        if n > 0 && first / CHUNK == (last - 1) / CHUNK && !self.cluster() {
             // One chunk from one server over TCP: the reply read straight
             // into the connection's buffer and opened from there (building
             // a `Cmd` and parsing its reply into a fresh value cost 1.9 µs

@@ -247,3 +247,81 @@ impl Cluster {
         self.masters().iter().map(|&i| self.nodes[i].dbsize()).sum()
     }
 }
+
+/// A group Redis Sentinel watches: a master, a replica of it, and one
+/// Sentinel (quorum 1) that promotes the replica 1 s after the master
+/// stops answering. Stopped (and its directory removed) on drop.
+pub struct SentinelGroup {
+    pub name: String,
+    pub master: Server,
+    pub replica: Server,
+    pub sentinel_port: u16,
+    sentinel: Option<Child>,
+    dir: PathBuf,
+}
+
+impl SentinelGroup {
+    pub fn start(name: &str) -> SentinelGroup {
+        let master = Server::start(&[]);
+        let mport = master.port.to_string();
+        let replica = Server::start(&["--replicaof", "127.0.0.1", &mport]);
+        let t0 = Instant::now();
+        while !replica.info_replication().contains("master_link_status:up") {
+            assert!(t0.elapsed() < Duration::from_secs(20), "the replica never linked to its master");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let port = usermm_sys::testing::free_cluster_port().expect("a free loopback port");
+        let dir = std::env::temp_dir().join(format!("usermm-sentinel-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\nlogfile {}\nsentinel monitor {name} 127.0.0.1 {mport} 1\n\
+                 sentinel down-after-milliseconds {name} 1000\nsentinel failover-timeout {name} 10000\n\
+                 sentinel parallel-syncs {name} 1\n",
+                dir.display(),
+                dir.join("sentinel.log").display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start redis-server --sentinel ({e})"));
+        let g =
+            SentinelGroup { name: name.to_string(), master, replica, sentinel_port: port, sentinel: Some(child), dir };
+        let t0 = Instant::now();
+        while g.master_port() != Some(g.master.port) {
+            assert!(t0.elapsed() < Duration::from_secs(20), "the Sentinel never named the master");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        g
+    }
+
+    /// The store's URL for the group's master, under `prefix`.
+    pub fn url(&self, prefix: &str) -> String {
+        format!("redis+sentinel://127.0.0.1:{}/{}?prefix={prefix}&timeout_ms=1000", self.sentinel_port, self.name)
+    }
+
+    /// The master's port, as the Sentinel names it now.
+    pub fn master_port(&self) -> Option<u16> {
+        let c = redis::Client::open(format!("redis://127.0.0.1:{}/", self.sentinel_port)).ok()?;
+        let mut c = c.get_connection_with_timeout(Duration::from_secs(1)).ok()?;
+        let addr: Vec<String> =
+            redis::cmd("SENTINEL").arg("get-master-addr-by-name").arg(&self.name).query(&mut c).ok()?;
+        addr.get(1)?.parse().ok()
+    }
+}
+
+impl Drop for SentinelGroup {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.sentinel.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

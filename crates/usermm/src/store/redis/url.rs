@@ -21,9 +21,13 @@ pub(super) fn random_id() -> u64 {
 /// A parsed `swap_url`.
 #[derive(Debug, PartialEq)]
 pub(super) struct Url {
-    /// `redis://…` of the one server, or of each seed node of a cluster.
+    /// `redis://…` of the one server, of each seed node of a cluster, or of
+    /// each Sentinel.
     pub(super) nodes: Vec<String>,
     pub(super) cluster: bool,
+    /// Through Sentinel: the master's name, and the login and database of
+    /// the master (`user:password@`, `/db`).
+    pub(super) sentinel: Option<Master>,
     pub(super) prefix: String,
     pub(super) timeout: Duration,
     pub(super) replicas: u32,
@@ -33,9 +37,51 @@ pub(super) struct Url {
     pub(super) lease: Duration,
 }
 
+/// The master a `redis+sentinel://` URL names, and how to log in to it.
+#[derive(Debug, PartialEq)]
+pub(super) struct Master {
+    pub(super) name: String,
+    pub(super) db: i64,
+    pub(super) username: Option<String>,
+    pub(super) password: Option<String>,
+}
+
+/// `redis+sentinel://[[user]:password@]host:port[,host:port…]/MASTER[/db]`
+/// (before the options): the Sentinels' URLs and the master.
+fn parse_sentinel(rest: &str) -> Result<(Vec<String>, Master), Errno> {
+    let (login, rest) = match rest.rsplit_once('@') {
+        Some((l, r)) => (Some(l), r),
+        None => (None, rest),
+    };
+    let (hosts, path) = rest.split_once('/').ok_or(Errno::EINVAL)?;
+    let mut path = path.trim_end_matches('/').split('/');
+    let name = path.next().filter(|n| !n.is_empty()).ok_or(Errno::EINVAL)?.to_string();
+    let db = match path.next() {
+        Some(d) => d.parse::<i64>().map_err(|_| Errno::EINVAL)?,
+        None => 0,
+    };
+    if path.next().is_some() {
+        return Err(Errno::EINVAL);
+    }
+    let (username, password) = match login.map(|l| l.split_once(':').unwrap_or((l, ""))) {
+        Some((u, p)) => ((!u.is_empty()).then(|| u.to_string()), (!p.is_empty()).then(|| p.to_string())),
+        None => (None, None),
+    };
+    let nodes: Vec<String> = hosts.split(',').filter(|h| !h.is_empty()).map(|h| format!("redis://{h}/")).collect();
+    if nodes.is_empty() {
+        return Err(Errno::EINVAL);
+    }
+    Ok((nodes, Master { name, db, username, password }))
+}
+
 pub(super) fn parse(url: &str, space: u64) -> Result<Url, Errno> {
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    let (nodes, cluster) = if let Some(rest) = base.strip_prefix("redis+cluster://") {
+    let mut sentinel = None;
+    let (nodes, cluster) = if let Some(rest) = base.strip_prefix("redis+sentinel://") {
+        let (nodes, master) = parse_sentinel(rest)?;
+        sentinel = Some(master);
+        (nodes, false)
+    } else if let Some(rest) = base.strip_prefix("redis+cluster://") {
         let hosts = rest.trim_end_matches('/');
         let nodes: Vec<String> = hosts.split(',').filter(|h| !h.is_empty()).map(|h| format!("redis://{h}/")).collect();
         if nodes.is_empty() {
@@ -71,7 +117,7 @@ pub(super) fn parse(url: &str, space: u64) -> Result<Url, Errno> {
         // A brace would change the cluster's hash tag.
         return Err(Errno::EINVAL);
     }
-    Ok(Url { nodes, cluster, prefix, timeout, replicas, failover, lease })
+    Ok(Url { nodes, cluster, sentinel, prefix, timeout, replicas, failover, lease })
 }
 
 /// The cluster hash slot of `key` (CRC16/XMODEM of its hash tag, mod 16384).
@@ -135,6 +181,24 @@ mod tests {
         assert_eq!(parse("redis://h:1?timeout_ms=x", 0).err(), Some(Errno::EINVAL));
         assert_eq!(parse("redis://h:1?prefix=a{b", 0).err(), Some(Errno::EINVAL));
         assert_eq!(glob_escape("a*b[c]"), "a\\*b\\[c\\]");
+    }
+
+    #[test]
+    fn sentinel_urls_name_their_master() {
+        let u = parse("redis+sentinel://a:26379,b:26380/mymaster?prefix=p:&replicas=1", 0).unwrap();
+        assert_eq!(u.nodes, ["redis://a:26379/", "redis://b:26380/"]);
+        assert!(!u.cluster);
+        let m = u.sentinel.unwrap();
+        assert_eq!((m.name.as_str(), m.db, m.username, m.password), ("mymaster", 0, None, None));
+        let m = parse("redis+sentinel://bob:pw@a:1/m/3", 0).unwrap().sentinel.unwrap();
+        assert_eq!((m.name.as_str(), m.db), ("m", 3));
+        assert_eq!((m.username.as_deref(), m.password.as_deref()), (Some("bob"), Some("pw")));
+        let m = parse("redis+sentinel://:pw@a:1/m", 0).unwrap().sentinel.unwrap();
+        assert_eq!((m.username, m.password.as_deref()), (None, Some("pw")));
+        for bad in ["redis+sentinel://a:1", "redis+sentinel://a:1/", "redis+sentinel:///m", "redis+sentinel://a:1/m/x"]
+        {
+            assert_eq!(parse(bad, 0).err(), Some(Errno::EINVAL), "{bad}");
+        }
     }
 
     #[test]
