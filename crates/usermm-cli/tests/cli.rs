@@ -396,6 +396,12 @@ fn bench_farmem_writes_results() {
     // A page and its header, key and protocol: a little over 4 KiB a page.
     let out = value(&rows, "usermm (redis)", "all", "wire_bytes_per_page_out");
     assert!((4096.0 + 32.0..6000.0).contains(&out), "{out}");
+    // The store holds at least the bytes swapped out (a page and its header
+    // each), and not many times them.
+    for sys in ["usermm (redis)", "usermm (redis cluster)"] {
+        let mem = value(&rows, sys, "all", "store_bytes_per_swapped_byte");
+        assert!((1.0..4.0).contains(&mem), "{sys}: store memory {mem}× the swapped bytes");
+    }
     assert!(value(&rows, "redis GET", "roundtrip", "p50") > 0.0);
     // The goals' yardsticks: GETs interleaved with each single-server space's probes.
     for row in ["redis GET (interleaved, handler)", "redis GET (interleaved, in-thread)"] {
