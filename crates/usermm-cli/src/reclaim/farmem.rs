@@ -610,7 +610,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
          Bytes on the wire: the server's total_net_input_bytes per page swapped out and total_net_output_bytes per \
          page swapped in (keys, 32-byte headers and protocol included). Store memory: the growth of the \
          servers' used_memory over the phases ÷ the bytes the space has swapped out at their end (a full chunk's \
-         value, 16 pages behind their headers, is 66,048 bytes, in jemalloc's 80 KiB size class: 1.24×; a slot \
+         value, 15 pages behind their headers, 61,920 bytes, takes jemalloc's 64 KiB size class: 1.07×; a slot \
          freed while others of its chunk are in use keeps its bytes until the chunk is wholly free).",
         budget / MIB,
         set / MIB

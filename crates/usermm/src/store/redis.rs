@@ -22,10 +22,12 @@
 //! stopped answering; from one server, while it cannot be reached or is
 //! loading its data after a restart; writes do not wait: a failed write only
 //! keeps its pages resident).
-//! - One key per chunk of 16 consecutive slots: `P` followed by the chunk
+//! - One key per chunk of 15 consecutive slots: `P` followed by the chunk
 //!   number on one server; `{P<g>}<chunk>` in a cluster, `g` being the
-//!   chunk's group of 256 slots, so that a run of pages (at most 256) lies in
-//!   one or two hash slots. The value holds each slot's page behind a 32-byte
+//!   chunk's group of 240 slots, so that a run of pages (at most 256) lies in
+//!   two or three hash slots. (15: a chunk's value, 15 pages behind their
+//!   headers, 61,920 bytes, fits the server allocator's 64 KiB size class;
+//!   16 made 66,048 bytes, in the 80 KiB class: 1.24× the pages.) The value holds each slot's page behind a 32-byte
 //!   header (the space's random id, the slot, a checksum: `store.rs`), checked
 //!   on every read; a slot never written reads as zeros and fails the check.
 //!   The default prefix is `usermm:<host>:<pid>:<space id>:`, unique per open
@@ -113,10 +115,13 @@ impl Conn {
     }
 }
 
-/// Pages per key group (a cluster keeps a group in one hash slot).
-const GROUP: u64 = 256;
-/// Pages per key (a chunk): one value holds this many consecutive slots.
-const CHUNK: u64 = 16;
+/// Pages per key group (a cluster keeps a group in one hash slot): a
+/// whole number of chunks.
+const GROUP: u64 = 16 * CHUNK;
+/// Pages per key (a chunk): one value holds this many consecutive slots,
+/// each behind its header — as many as fit jemalloc's 64 KiB size class
+/// (the server's allocator; module documentation).
+const CHUNK: u64 = 15;
 
 pub(crate) struct RedisStore {
     /// Set once the open got through: a store whose open failed has

@@ -49,10 +49,11 @@ mod tests {
     fn a_run_splits_at_chunk_boundaries() {
         let page = [0u8; 8];
         let pages: Vec<&[u8]> = vec![&page; 40];
+        assert_eq!(CHUNK, 15);
         let got: Vec<(u64, usize)> = pieces(13, &pages).map(|(s, p)| (s, p.len())).collect();
-        assert_eq!(got, [(13, 3), (16, 16), (32, 16), (48, 5)]);
-        let got: Vec<(u64, usize)> = pieces(32, &pages[..16]).map(|(s, p)| (s, p.len())).collect();
-        assert_eq!(got, [(32, 16)]);
+        assert_eq!(got, [(13, 2), (15, 15), (30, 15), (45, 8)]);
+        let got: Vec<(u64, usize)> = pieces(30, &pages[..15]).map(|(s, p)| (s, p.len())).collect();
+        assert_eq!(got, [(30, 15)]);
         assert_eq!(pieces(0, &pages[..0]).count(), 0);
     }
 }
