@@ -444,6 +444,25 @@ fn a_server_that_is_gone_gets_sigbus_never_wrong_data() {
     assert_eq!(status.signal(), Some(libc::SIGBUS), "the child must die of SIGBUS, not {status:?}");
 }
 
+/// Writes the server cannot get acknowledged (`replicas=1` on a server
+/// with no replica): they fail within the `WAIT` timeout, the pages stay
+/// resident, and the child's stderr says why — once, however many writes
+/// fail.
+#[test]
+fn writes_no_replica_acknowledges_fail_and_say_why_once() {
+    let srv = Server::start(&[]);
+    let url = srv.url("noack:") + "&replicas=1";
+    let t0 = Instant::now();
+    let (status, log) = run_child(url, || {});
+    assert!(log.contains("child: page 0 not swapped out"), "{log}");
+    assert_eq!(status.code(), Some(3), "{log}");
+    let said = log.matches("a page write failed (WAIT").count();
+    assert_eq!(said, 1, "said {said} times:\n{log}");
+    // (`WAIT` gets half the URL's `timeout_ms=1000`.)
+    assert!(log.contains("0 of 1 replicas acknowledged within 500 ms"), "{log}");
+    assert!(t0.elapsed() < Duration::from_secs(25), "{:?}", t0.elapsed());
+}
+
 /// A server restarted with its data (saved, killed, started again on its
 /// RDB file) while the child's page is out: the read that finds the old
 /// connection broken makes a new one and the child goes on, every byte right.

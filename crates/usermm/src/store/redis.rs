@@ -15,8 +15,9 @@
 //!
 //! OPTIONS: `prefix=P`, `timeout_ms=T` (default 2,000), `lease_ms=L`
 //! (default 30,000: below), `replicas=N`
-//! (default 0: a write is acknowledged only once `WAIT` says N replicas of
-//! the node have it — the issue's `swap_replicas`), `failover_ms=F` (default
+//! (default 0: a write is acknowledged only once `WAIT`, given half of
+//! `timeout_ms`, says N replicas of the node have it; a write that fails
+//! says why on stderr, once until one succeeds again), `failover_ms=F` (default
 //! 10,000: how long a read keeps trying with a fresh connection — from a
 //! cluster, with a fresh slot map, while a replica takes over a master that
 //! stopped answering; from one server, while it cannot be reached or is
@@ -56,7 +57,7 @@
 //! - Connections are pooled (one per thread doing I/O at a time); a
 //!   connection that failed is dropped and a new one made on next use.
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -153,6 +154,9 @@ pub(crate) struct RedisStore {
     lease_next_ns: AtomicU64,
     /// Whether a refresh found the lease lapsed (said once on stderr).
     lease_lapsed: AtomicBool,
+    /// Whether writes fail since the last that went through (said once on
+    /// stderr: `say_write_failed`).
+    write_failing: AtomicBool,
     /// The URL without credentials, for messages.
     pub(crate) shown: String,
 }
@@ -283,6 +287,7 @@ impl RedisStore {
             lease: u.lease,
             lease_next_ns: AtomicU64::new(u64::MAX),
             lease_lapsed: AtomicBool::new(false),
+            write_failing: AtomicBool::new(false),
             shown,
             opened: false,
         })
@@ -429,11 +434,64 @@ impl RedisStore {
         })
     }
 
-    /// `WAIT replicas timeout` on the node that holds `key` (its group's
-    /// hash slot); an error unless that many replicas acknowledged.
+    /// Writes `run` (slots `slot…`, within one group) as the pipelined
+    /// `SET`s and `SETRANGE`s of its chunks on `c`, then `WAIT`s for the
+    /// replicas asked for.
+    fn write_group(&self, c: &mut Conn, slot: u64, run: &[&[u8]], key: &str) -> redis::RedisResult<()> {
+        match c {
+            // Encoded straight into the connection's buffer (one copy of
+            // each page, into memory already faulted in: a pipeline built
+            // of `Cmd`s copies every page twice into fresh allocations of up
+            // to a megabyte, whose page faults cost more than the copies).
+            Conn::Own(..) | Conn::Single(..) => {
+                let (link, buf) = c.single().expect("a single server's connection");
+                let n = self.encode_writes(buf, slot, run);
+                for v in link.req_packed_commands(buf, 0, n)? {
+                    v.extract_error()?;
+                }
+            }
+            Conn::Cluster(link) => {
+                let mut p = redis::cluster::cluster_pipe();
+                for (s, part) in pieces(slot, run) {
+                    let value = Chunk { space: self.space, first: s, pages: part };
+                    if part.len() as u64 == CHUNK {
+                        p.cmd("SET").arg(self.key(s / CHUNK)).arg(value).ignore();
+                    } else {
+                        let off = (s % CHUNK) as usize * self.stride();
+                        p.cmd("SETRANGE").arg(self.key(s / CHUNK)).arg(off).arg(value).ignore();
+                    }
+                }
+                p.query::<()>(link)?;
+            }
+        }
+        if self.replicas > 0 {
+            self.wait_replicas(c, key)?;
+        }
+        Ok(())
+    }
+
+    /// Says on stderr why a page write failed, once until a write succeeds
+    /// again (`write_failing`): the pages stay resident meanwhile, and the
+    /// write is tried again with back-off.
+    fn say_write_failed(&self, why: &str) {
+        if !self.write_failing.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "usermm: swap_url {}: a page write failed ({why}); its pages stay resident and writes are tried \
+                 again with back-off (umm_stats swap_write_fails counts them)",
+                self.shown
+            );
+        }
+    }
+
+    /// `WAIT replicas T` on the node that holds `key` (its group's hash
+    /// slot), `T` half the command timeout (with the whole of it, the
+    /// socket timed out just before the server's answer, and the write
+    /// failed as a broken connection); an error unless that many replicas
+    /// acknowledged.
     fn wait_replicas(&self, c: &mut Conn, key: &str) -> redis::RedisResult<()> {
+        let wait_ms = (self.timeout.as_millis() as u64 / 2).max(1);
         let mut cmd = redis::cmd("WAIT");
-        cmd.arg(self.replicas).arg(self.timeout.as_millis() as u64);
+        cmd.arg(self.replicas).arg(wait_ms);
         let acked: u64 = match c {
             Conn::Own(..) | Conn::Single(..) => cmd.query(c.link())?,
             Conn::Cluster(c) => {
@@ -444,7 +502,8 @@ impl RedisStore {
             }
         };
         if acked < self.replicas as u64 {
-            return Err(redis::RedisError::from((redis::ErrorKind::ResponseError, "WAIT: too few replicas")));
+            let detail = format!("{acked} of {} replicas acknowledged within {wait_ms} ms", self.replicas);
+            return Err(redis::RedisError::from((redis::ErrorKind::ResponseError, "WAIT", detail)));
         }
         Ok(())
     }
@@ -532,41 +591,17 @@ impl PageStore for RedisStore {
             let end = (((slot / GROUP) + 1) * GROUP - first).min(pages.len() as u64) as usize;
             let run = &pages[i..end];
             let key = self.key(slot / CHUNK);
-            self.with_conn(|c| {
-                match c {
-                    // Encoded straight into the connection's buffer (one
-                    // copy of each page, into memory already faulted in: a
-                    // pipeline built of `Cmd`s copies every page twice into
-                    // fresh allocations of up to a megabyte, whose page
-                    // faults cost more than the copies).
-                    Conn::Own(..) | Conn::Single(..) => {
-                        let (link, buf) = c.single().expect("a single server's connection");
-                        let n = self.encode_writes(buf, slot, run);
-                        for v in link.req_packed_commands(buf, 0, n)? {
-                            v.extract_error()?;
-                        }
-                    }
-                    Conn::Cluster(link) => {
-                        let mut p = redis::cluster::cluster_pipe();
-                        for (s, part) in pieces(slot, run) {
-                            let value = Chunk { space: self.space, first: s, pages: part };
-                            if part.len() as u64 == CHUNK {
-                                p.cmd("SET").arg(self.key(s / CHUNK)).arg(value).ignore();
-                            } else {
-                                let off = (s % CHUNK) as usize * self.stride();
-                                p.cmd("SETRANGE").arg(self.key(s / CHUNK)).arg(off).arg(value).ignore();
-                            }
-                        }
-                        p.query::<()>(link)?;
-                    }
-                }
-                if self.replicas > 0 {
-                    self.wait_replicas(c, &key)?;
-                }
-                Ok(())
-            })?;
+            // (The server's words, for the message: `with_conn` keeps only
+            // the errno.)
+            let mut why = None;
+            let r = self.with_conn(|c| self.write_group(c, slot, run, &key).inspect_err(|e| why = Some(e.to_string())));
+            if let Err(e) = r {
+                self.say_write_failed(why.as_deref().unwrap_or("no connection could be made"));
+                return Err(e);
+            }
             i = end;
         }
+        self.write_failing.store(false, Ordering::Relaxed);
         Ok(())
     }
 
