@@ -246,13 +246,15 @@ impl Inner {
 
     /// Maps the parked pages back once pressure is over
     /// (`Core::unpark_plan`): moves, a batch per core-lock round, until
-    /// none is left or the budget runs out again.
+    /// none is left or the budget runs out again. The shared region lock is
+    /// held a batch at a time: a `munmap` waiting for it waits for one batch,
+    /// not the whole list.
     pub(super) fn unpark_parked(&self) {
-        let _mm = self.read_mm();
         loop {
             if self.shutdown.load(Ordering::Relaxed) {
                 return;
             }
+            let _mm = self.read_mm();
             let plans = lock(&self.core).unpark_plan(UNPARK_BATCH);
             if plans.is_empty() {
                 return;
