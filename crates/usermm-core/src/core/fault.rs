@@ -355,10 +355,23 @@ impl Core {
     /// `fill_done` of the reactivation of parked `page` from staging `slot`
     /// (`wp`: mapped back write-protected, keeping its swap copy).
     fn reactivate_done(&mut self, page: PageIdx, slot: u32, wp: bool, installed: u64) {
+        if self.mapped_back(page, slot, wp, installed) {
+            self.pages.update(page, super::policy::touched_parked);
+            self.note_resident(page);
+            self.counters.minor_faults += 1;
+        }
+    }
+
+    /// The part every commit of a reactivation shares (a fault's, a bulk
+    /// map-back's: `unpark.rs`): a parked page the executor mapped back
+    /// (`installed` > 0) is resident again, its staging slot free; one it
+    /// did not stays parked. Returns whether it is resident; the caller
+    /// queues it on the active list.
+    pub(super) fn mapped_back(&mut self, page: PageIdx, slot: u32, wp: bool, installed: u64) -> bool {
         if installed == 0 {
             self.pages.update(page, |m| m.state = PState::Inactive);
             self.push_inactive(page);
-            return;
+            return false;
         }
         if !wp {
             // Mapped back writable (moved, or copied without protection):
@@ -369,10 +382,8 @@ impl Core {
         self.pages.update(page, |m| {
             m.state = PState::Resident;
             m.slot = 0;
-            super::policy::touched_parked(m);
         });
-        self.note_resident(page);
-        self.counters.minor_faults += 1;
+        true
     }
 
     /// Counts a fault that could get no frame (SIGBUS raised).

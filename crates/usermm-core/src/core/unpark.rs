@@ -74,23 +74,12 @@ impl Core {
         for (plan, installed) in done.iter().rev() {
             let FaultPlan::Reactivate { page, slot, wp, .. } = *plan else { continue };
             debug_assert_eq!(self.pages.get(page).state, PState::Filling);
-            if *installed == 0 {
-                self.pages.update(page, |m| m.state = PState::Inactive);
-                self.push_inactive(page);
+            if !self.mapped_back(page, slot, wp, *installed) {
                 continue;
             }
-            if !wp {
-                self.uncache(page);
+            if self.regions.find(page).is_some_and(|r| r.writable()) {
+                self.pages.update(page, |m| m.flags |= pf::MAYBE_DIRTY);
             }
-            self.staging.release(slot);
-            let writable = self.regions.find(page).is_some_and(|r| r.writable());
-            self.pages.update(page, |m| {
-                m.state = PState::Resident;
-                m.slot = 0;
-                if writable {
-                    m.flags |= pf::MAYBE_DIRTY;
-                }
-            });
             self.lru.add_active_front(&mut self.pages, page);
             self.counters.unparked += 1;
         }
