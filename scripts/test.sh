@@ -114,7 +114,7 @@ single_port=$started_port
 [ -n "$single_port" ] || { echo "FATAL: redis-server did not start" >&2; exit 1; }
 USERMM_TEST_SWAP_URL="redis://127.0.0.1:$single_port/" cargo test --release -p usermm \
   --test swap_errors --test swapcache --test lru --test reclaim_idle --test lazyfree --test purgeable \
-  --test volatile --test smoke -- --test-threads=2
+  --test volatile --test smoke --test swap_ahead -- --test-threads=2
 # The pass really swapped to the server (not to files).
 swapped=$(redis-cli -s "$redis_dir/redis.sock" INFO stats | tr -d '\r' | sed -n 's/^total_net_input_bytes://p')
 echo "the Redis server took $swapped bytes"

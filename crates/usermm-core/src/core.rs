@@ -165,6 +165,7 @@ mod range;
 mod reclaim;
 mod release;
 mod swap;
+mod swap_ahead;
 mod swapcache;
 mod unpark;
 mod validate;
@@ -178,6 +179,7 @@ pub use introspect::state_bits;
 pub use mlock::lock_populate_errno;
 pub use plan::*;
 pub use reclaim::{OOM_ROUNDS, OOM_ROUNDS_BUSY};
+pub use swap_ahead::{SwapAhead, AHEAD_STREAK};
 pub use window::{
     BLOCK_MIN_REGION_PAGES, BLOCK_PAGES, FAULT_AROUND_BYTES, IN_THREAD_ZERO_WINDOW_PAGES, MAX_WINDOW_PAGES,
     READAHEAD_DEPTH, SMALL_BLOCK_PAGES, STREAM_GAP_PAGES, SWAP_CLUSTER_PAGES,
@@ -229,6 +231,9 @@ pub struct Counters {
     /// Parked pages mapped back in bulk when pressure eased (`unpark.rs`):
     /// no fault, no use counted.
     pub unparked: u64,
+    /// Pages read ahead of a swap-in stream (`swap_ahead.rs`), also counted
+    /// in `swapins`.
+    pub swap_ahead: u64,
     pub oom_sigbus: u64,
     pub swap_read_errors: u64,
     pub swap_write_errors: u64,

@@ -313,6 +313,16 @@ impl Region {
             f || b
         });
         let i = found.unwrap_or_else(|| (0..SWAP_STREAMS).min_by_key(|&i| self.swap_streams[i].used).unwrap_or(0));
+        if found.is_none() {
+            // A fault that continues no stream takes one from every
+            // streak: random faults that now and then land just past a
+            // stream's end (the gap is wide) never build one up, while a
+            // walk whose faults (nearly) all continue one of the region's
+            // streams keeps its own.
+            for o in self.swap_streams.iter_mut() {
+                o.streak = o.streak.saturating_sub(1);
+            }
+        }
         let s = &mut self.swap_streams[i];
         let (forwards, backwards) = continues(s);
         if found.is_some() {
@@ -324,6 +334,23 @@ impl Region {
         s.used = clock;
         (i, s.streak, s.backwards)
     }
+    /// The swap-in stream whose last run was `run` (it ended there going
+    /// forwards, or started there going backwards): its index, streak and
+    /// direction (`true`: backwards).
+    pub(crate) fn swap_stream_of(&self, run: PageRange) -> Option<(usize, u32, bool)> {
+        let i =
+            self.swap_streams.iter().position(
+                |s| {
+                    if s.backwards {
+                        s.back == run.start.0
+                    } else {
+                        s.next == run.end.0
+                    }
+                },
+            )?;
+        let s = &self.swap_streams[i];
+        Some((i, s.streak, s.backwards))
+    }
     /// Stream `i` (`follow_swap_stream`) read `run`.
     pub(crate) fn end_swap_stream(&mut self, i: usize, run: PageRange) {
         self.swap_streams[i].next = run.end.0;
@@ -331,6 +358,11 @@ impl Region {
     }
 
     /// Whether the next swap-in keeps its swap copy (`CopyFeedback::keep_next`).
+    /// Whether the region's swap copies pay (`CopyFeedback::pays`), without
+    /// counting a probe.
+    pub(crate) fn copies_pay(&self) -> bool {
+        self.copies.pays()
+    }
     pub(crate) fn keep_copy(&mut self) -> bool {
         self.copies.keep_next()
     }

@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use usermm_core::consts::*;
 use usermm_core::page::{pf, PState};
-use usermm_core::{Addr, Core, CoreConfig, FaultPlan, MmapReply, PageIdx, PageRange, Transfer};
+use usermm_core::{Addr, Core, CoreConfig, FaultPlan, MmapReply, PageIdx, PageRange, Transfer, STREAM_GAP_PAGES};
 
 fn fault(c: &mut Core, p: u64, write: bool) -> FaultPlan {
     let plan = c.fault(Addr(at(p)), write);
@@ -225,9 +225,21 @@ fn a_swap_in_stream_reads_ahead_forwards() {
     assert_eq!(swap_in(&mut c, 1), PageRange::new(1, 3));
     assert_eq!(swap_in(&mut c, 3), PageRange::new(3, 7));
     assert_eq!(swap_in(&mut c, 7), PageRange::new(7, 15));
-    // A fault elsewhere reads its page alone.
-    madvise(&mut c, at(0), pages(4), MADV_PAGEOUT).unwrap();
-    assert_eq!(swap_in(&mut c, 2), PageRange::new(2, 3));
+}
+
+#[test]
+fn a_swap_in_far_from_every_stream_reads_its_page_alone() {
+    let mut c = Core::new(CoreConfig { budget_pages: 128, swap_slots: 128, staging_slots: 128, ..cfg() });
+    swapped_in_order(&mut c, 128);
+    assert_eq!(swap_in(&mut c, 0), PageRange::new(0, 1));
+    assert_eq!(swap_in(&mut c, 1), PageRange::new(1, 3));
+    // More than `STREAM_GAP_PAGES` past the stream's end: a stream of its own.
+    assert_eq!(swap_in(&mut c, 3 + STREAM_GAP_PAGES), PageRange::new(3 + STREAM_GAP_PAGES, 4 + STREAM_GAP_PAGES));
+    // Within it (a walk that skips resident pages): the stream goes on.
+    assert_eq!(
+        swap_in(&mut c, 3 + STREAM_GAP_PAGES - 1),
+        PageRange::new(3 + STREAM_GAP_PAGES - 1, 3 + STREAM_GAP_PAGES)
+    );
 }
 
 #[test]
@@ -251,19 +263,22 @@ fn a_swap_in_stream_reads_ahead_backwards() {
 /// and the objects it points to): each keeps its growing window.
 #[test]
 fn interleaved_swap_in_streams_each_read_ahead() {
-    let mut c = Core::new(CoreConfig { budget_pages: 128, swap_slots: 128, staging_slots: 64, ..cfg() });
-    swapped_in_order(&mut c, 64);
+    let mut c = Core::new(CoreConfig { budget_pages: 256, swap_slots: 256, staging_slots: 256, ..cfg() });
+    swapped_in_order(&mut c, 256);
     assert_eq!(swap_in(&mut c, 0), PageRange::new(0, 1));
-    assert_eq!(swap_in(&mut c, 32), PageRange::new(32, 33));
+    assert_eq!(swap_in(&mut c, 128), PageRange::new(128, 129));
     assert_eq!(swap_in(&mut c, 1), PageRange::new(1, 3));
-    assert_eq!(swap_in(&mut c, 33), PageRange::new(33, 35));
+    assert_eq!(swap_in(&mut c, 129), PageRange::new(129, 131));
     assert_eq!(swap_in(&mut c, 3), PageRange::new(3, 7));
-    assert_eq!(swap_in(&mut c, 35), PageRange::new(35, 39));
-    // A fault far from both starts a third stream with one page; the two
-    // go on growing.
-    assert_eq!(swap_in(&mut c, 20), PageRange::new(20, 21));
+    assert_eq!(swap_in(&mut c, 131), PageRange::new(131, 135));
     assert_eq!(swap_in(&mut c, 7), PageRange::new(7, 15));
-    assert_eq!(swap_in(&mut c, 39), PageRange::new(39, 47));
+    assert_eq!(swap_in(&mut c, 135), PageRange::new(135, 143));
+    // A fault far from both starts a third stream with one page; the two
+    // lose one step of their windows and go on growing.
+    assert_eq!(swap_in(&mut c, 64), PageRange::new(64, 65));
+    assert_eq!(swap_in(&mut c, 15), PageRange::new(15, 23));
+    assert_eq!(swap_in(&mut c, 143), PageRange::new(143, 151));
+    assert_eq!(swap_in(&mut c, 23), PageRange::new(23, 39));
 }
 
 #[test]

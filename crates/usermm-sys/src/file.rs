@@ -139,6 +139,40 @@ impl SwapFile {
         }
     }
 
+    /// Reads the pages at `offs` into `buf` (one page of
+    /// `buf.len() / offs.len()` bytes each, in order) on rings of `rings`,
+    /// in one batch, neighbouring offsets in one read, without polling
+    /// (`RingPool::pread_batch`); a read the batch did not do is done with
+    /// `pread`. Says for each page whether it was read.
+    pub fn read_pages(&self, offs: &[u64], buf: &mut [u8], rings: &RingPool) -> Vec<bool> {
+        let ps = buf.len() / offs.len().max(1);
+        let base = buf.as_mut_ptr() as usize;
+        // Runs of neighbouring offsets: (first page, pages).
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for (i, &off) in offs.iter().enumerate() {
+            match runs.last_mut() {
+                Some((f, n)) if offs[*f] + (*n * ps) as u64 == off => *n += 1,
+                _ => runs.push((i, 1)),
+            }
+        }
+        let reads: Vec<(usize, usize, u64)> = runs.iter().map(|&(f, n)| (base + f * ps, n * ps, offs[f])).collect();
+        // SAFETY: `buf` is a live slice borrowed mutably for the call, cut
+        // into disjoint runs: nothing else touches it until every read the
+        // kernel took has completed (the batch reaps them all).
+        let got = unsafe { rings.pread_batch(self.fd.as_raw_fd(), &reads, false) };
+        let mut ok = vec![false; offs.len()];
+        for (&(f, n), r) in runs.iter().zip(got) {
+            let whole = match r {
+                Some(Ok(len)) if len == n * ps => true,
+                Some(Ok(0)) => false,
+                Some(Err(e)) if e != Errno::EINTR && e != Errno::EAGAIN => false,
+                _ => self.read_at(&mut buf[f * ps..(f + n) * ps], offs[f]).is_ok(),
+            };
+            ok[f..f + n].fill(whole);
+        }
+        ok
+    }
+
     /// Writes `pages`, in order, at `off` in one call.
     pub fn write_at(&self, pages: &[&[u8]], off: u64) -> Result<(), Errno> {
         let bufs: Vec<(usize, usize)> = pages.iter().map(|p| (p.as_ptr() as usize, p.len())).collect();

@@ -29,6 +29,9 @@ use crate::Errno;
 /// `O_DIRECT` read here takes 40–80 µs).
 const POLL_NS: u64 = 200_000;
 
+/// Entries of a ring's submission queue: reads submitted at once.
+const RING_ENTRIES: u32 = 32;
+
 /// A ring, and the process it was made in.
 struct Ring {
     ring: IoUring,
@@ -67,28 +70,12 @@ impl RingPool {
         if self.unavailable.load(Ordering::Relaxed) {
             return None;
         }
-        let pid = std::process::id();
-        let mut r = loop {
-            let popped = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-            match popped {
-                Some(r) if r.pid == pid => break r,
-                // A fork child's copy of its parent's ring: closed here
-                // (the child's descriptor and mappings only).
-                Some(_) => {}
-                None => match IoUring::new(4) {
-                    Ok(ring) => break Ring { ring, pid },
-                    Err(_) => {
-                        self.unavailable.store(true, Ordering::Relaxed);
-                        return None;
-                    }
-                },
-            }
-        };
+        let mut r = self.take()?;
         // SAFETY: the caller's guarantee on `dst`; the completion is waited
         // for before this returns, whatever happens.
         match unsafe { read_one(&mut r.ring, fd, dst, len, off, POLL_NS) } {
             Done::Read(res) => {
-                self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+                self.give(r);
                 Some(res)
             }
             // The entry may still sit in the submission queue, pointing at
@@ -97,6 +84,131 @@ impl RingPool {
             Done::NotSubmitted => None,
         }
     }
+}
+
+impl RingPool {
+    /// [`RingPool::pread_polled`] of many reads at once, `(dst, len, off)`
+    /// each, submitted together (`RING_ENTRIES` at a time), so the device
+    /// serves them in parallel; polled for only if `poll` (a read nobody
+    /// waits for sleeps, leaving the CPU to the program). Says for each what it read, or `None` for a
+    /// read not done (no ring to be had, or the kernel did not take it: the
+    /// caller reads it with `pread`). Never returns while the kernel may
+    /// still write into a buffer.
+    ///
+    /// # Safety
+    /// Each `[dst, dst+len)` must be writable memory that nothing else reads
+    /// or writes until this returns, and no two may overlap.
+    pub unsafe fn pread_batch(
+        &self,
+        fd: i32,
+        reads: &[(usize, usize, u64)],
+        poll: bool,
+    ) -> Vec<Option<Result<usize, Errno>>> {
+        let mut out = vec![None; reads.len()];
+        if self.unavailable.load(Ordering::Relaxed) {
+            return out;
+        }
+        for (k, chunk) in reads.chunks(RING_ENTRIES as usize).enumerate() {
+            let Some(mut r) = self.take() else { return out };
+            // SAFETY: the caller's guarantee on the buffers; every read the
+            // kernel took is reaped before this returns.
+            let (done, whole) = unsafe { read_batch(&mut r.ring, fd, chunk, if poll { POLL_NS } else { 0 }) };
+            out[k * RING_ENTRIES as usize..][..chunk.len()].copy_from_slice(&done);
+            if !whole {
+                // Entries the kernel did not take may sit in the
+                // submission queue: the ring goes (closing drops them).
+                return out;
+            }
+            self.give(r);
+        }
+        out
+    }
+
+    /// A ring of this process's from the pool, or a new one; `None` (and
+    /// the pool unavailable from then on) when none can be set up.
+    fn take(&self) -> Option<Ring> {
+        let pid = std::process::id();
+        loop {
+            let popped = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            match popped {
+                Some(r) if r.pid == pid => return Some(r),
+                // A fork child's copy of its parent's ring: closed here
+                // (the child's descriptor and mappings only).
+                Some(_) => {}
+                None => match IoUring::new(RING_ENTRIES) {
+                    Ok(ring) => return Some(Ring { ring, pid }),
+                    Err(_) => {
+                        self.unavailable.store(true, Ordering::Relaxed);
+                        return None;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Gives back a ring with nothing in flight.
+    fn give(&self, r: Ring) {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+    }
+}
+
+/// `reads` (at most the ring's size) on `ring`, which has nothing in
+/// flight: what each read (`None`: not taken by the kernel), and whether
+/// the kernel took them all (if not, the ring must be closed).
+///
+/// # Safety
+/// As [`RingPool::pread_batch`].
+unsafe fn read_batch(
+    ring: &mut IoUring,
+    fd: i32,
+    reads: &[(usize, usize, u64)],
+    poll_ns: u64,
+) -> (Vec<Option<Result<usize, Errno>>>, bool) {
+    let mut out = vec![None; reads.len()];
+    let mut pushed = 0;
+    for (i, &(dst, len, off)) in reads.iter().enumerate() {
+        let Ok(len32) = u32::try_from(len) else {
+            out[i] = Some(Err(Errno::EINVAL));
+            continue;
+        };
+        let sqe = opcode::Read::new(types::Fd(fd), dst as *mut u8, len32).offset(off).build().user_data(i as u64);
+        // SAFETY: the buffer stays valid and untouched until the completion
+        // is reaped below (the caller's guarantee), or the ring is closed.
+        if unsafe { ring.submission().push(&sqe) }.is_err() {
+            break;
+        }
+        pushed += 1;
+    }
+    let mut taken = 0;
+    while taken < pushed {
+        match ring.submit() {
+            Ok(n) if n > 0 => taken += n,
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+            _ => break,
+        }
+    }
+    let whole = taken == pushed;
+    let until = crate::now_ns() + poll_ns;
+    let mut reaped = 0;
+    while reaped < taken {
+        let before = reaped;
+        for c in ring.completion() {
+            let res = c.result();
+            out[c.user_data() as usize] = Some(if res < 0 { Err(Errno(-res)) } else { Ok(res as usize) });
+            reaped += 1;
+        }
+        if reaped >= taken || reaped > before {
+            continue;
+        }
+        if crate::now_ns() < until || !whole {
+            // (Not taken in full: entering the kernel to wait would submit
+            // the rest, whose buffers the caller reads with `pread`.)
+            std::thread::yield_now();
+            continue;
+        }
+        let _ = ring.submitter().submit_and_wait(taken - reaped);
+    }
+    (out, whole)
 }
 
 /// How [`read_one`] ended.
@@ -149,6 +261,40 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::os::fd::AsRawFd;
+
+    #[test]
+    fn a_batch_reads_what_pread_reads() {
+        let path = std::env::temp_dir().join(format!("usermm-ring-batch-{}", std::process::id()));
+        let pages = 100usize;
+        let data: Vec<u8> = (0..pages * 4096).map(|i| (i * 7 % 253) as u8).collect();
+        std::fs::File::create(&path).unwrap().write_all(&data).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        let pool = RingPool::new();
+        // More reads than a ring takes at once, scattered, one past the end
+        // of the file (0 bytes) and one that ends there (short).
+        let mut buf = vec![0xeeu8; 80 * 4096];
+        let base = buf.as_mut_ptr() as usize;
+        let mut reads: Vec<(usize, usize, u64)> =
+            (0..78).map(|i| (base + i * 4096, 4096, ((i * 37) % pages) as u64 * 4096)).collect();
+        reads.push((base + 78 * 4096, 4096, (pages as u64) * 4096));
+        reads.push((base + 79 * 4096, 4096, (pages as u64) * 4096 - 100));
+        for poll in [true, false] {
+            // SAFETY: `buf` is ours, plain memory, cut into disjoint pages,
+            // untouched until the call returns.
+            let got = unsafe { pool.pread_batch(f.as_raw_fd(), &reads, poll) };
+            assert_eq!(got.len(), reads.len());
+            for (i, (r, &(_, _, off))) in got.iter().zip(&reads).enumerate() {
+                let want = (data.len() as u64).saturating_sub(off).min(4096) as usize;
+                assert_eq!(*r, Some(Ok(want)), "read {i} at {off}");
+                assert_eq!(&buf[i * 4096..i * 4096 + want], &data[off as usize..off as usize + want], "read {i}");
+            }
+        }
+        // A read error is the kernel's errno, read by read.
+        // SAFETY: as above.
+        let bad = unsafe { pool.pread_batch(i32::MAX - 7, &reads[..3], true) };
+        assert!(bad.iter().all(|r| *r == Some(Err(Errno::EBADF))), "{bad:?}");
+        let _ = std::fs::remove_file(&path);
+    }
 
     #[test]
     fn a_polled_read_reads_what_pread_reads() {

@@ -474,6 +474,7 @@ impl Space {
             pool_frames: pool.0,
             pool_fills: pool.1,
             unparked_pages: c.unparked,
+            swap_ahead_pages: c.swap_ahead,
         }
     }
 

@@ -62,6 +62,14 @@ pub(crate) trait Platform: Send + Sync {
     /// `pooled` (a read-write, unlocked region, not write-protected), into
     /// frames of the space's pool where it has enough.
     fn swap_read(&self, off: u64, len: usize, pooled: bool) -> Result<(), Errno>;
+    /// Reads the swap pages at byte offsets `reads[i].0` (one page of `ps`
+    /// bytes each) and installs each at `reads[i].1` of the program range,
+    /// write-protected if `wp`, waking nobody; says for each whether it
+    /// went in. By default one `Fill::SwapIn` a page; a host that can
+    /// reads them in one batch.
+    fn swap_gather(&self, reads: &[(u64, usize)], ps: usize, wp: bool) -> Vec<bool> {
+        reads.iter().map(|&(off, dst)| self.fill(Fill::SwapIn { off, wp }, dst, ps) == Ok(ps)).collect()
+    }
     /// Reads a file run into the program range (the tail past the end of
     /// the file reads zeros); also whether the page cache was used.
     fn file_in(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno>;
@@ -413,6 +421,46 @@ impl Native {
 }
 
 impl Platform for Native {
+    fn swap_gather(&self, reads: &[(u64, usize)], ps: usize, wp: bool) -> Vec<bool> {
+        let n = reads.len();
+        let Some(swap) = self.swap.as_ref() else { return vec![false; n] };
+        let offs: Vec<u64> = reads.iter().map(|r| r.0).collect();
+        let installed = with_bounce(n * ps, |b| {
+            let mut read = Vec::new();
+            let _ = self.arena.store_read(n * ps, b, |buf| {
+                read = swap.read_pages(&offs, buf);
+                Ok(())
+            });
+            // Page `i` sits at `i * ps` of the buffer; neighbouring pages
+            // read are installed with one copy (a prefix of it goes in).
+            let mut ok = vec![false; n];
+            let mut i = 0;
+            while i < n {
+                let mut j = i + 1;
+                while j < n && read[j] && reads[j].1 == reads[j - 1].1 + ps {
+                    j += 1;
+                }
+                if read.get(i) == Some(&true) {
+                    let got = self.arena.install_bounce_part(
+                        &self.uffd,
+                        reads[i].1 - i * ps,
+                        i * ps,
+                        (j - i) * ps,
+                        wp,
+                        false,
+                        b,
+                    );
+                    let pages = got.map_or(0, |len| len / ps);
+                    ok[i..i + pages].fill(true);
+                } else {
+                    j = i + 1;
+                }
+                i = j;
+            }
+            ok
+        });
+        installed.unwrap_or_else(|| vec![false; n])
+    }
     fn window(&self, op: Window<'_>) -> Result<(), Errno> {
         match op {
             Window::Map { file, off, dst, len } => self.map_window(file, off, dst, len),

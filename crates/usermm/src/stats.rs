@@ -101,6 +101,10 @@ stats! {
     /// Parked pages mapped back in bulk, without a fault, when pressure
     /// eased (docs/design.md, "Pressure's end"). Not in `struct umm_stats`.
     unparked_pages,
+    /// Pages read ahead of a stream of swap faults, from wherever they sit
+    /// in swap (docs/design.md, "Swap read-ahead"); also counted in
+    /// `swapins`. Not in `struct umm_stats`.
+    swap_ahead_pages,
 }
 
 /// What `umm_populate` reports (`struct umm_populate_report`).

@@ -29,6 +29,13 @@ use usermm_sys::ring::RingPool;
 pub(crate) trait PageStore: Send + Sync {
     /// Reads `buf.len()` bytes (whole pages) stored at `off`.
     fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), Errno>;
+    /// Reads the pages stored at `offs` into `buf` (one page each, in
+    /// order); says for each whether it was read. By default one `read` a
+    /// page; a store that can serves them at once.
+    fn read_pages(&self, offs: &[u64], buf: &mut [u8]) -> Vec<bool> {
+        let ps = buf.len() / offs.len().max(1);
+        offs.iter().zip(buf.chunks_mut(ps.max(1))).map(|(&off, b)| self.read(off, b).is_ok()).collect()
+    }
     /// Writes `pages` (each one page) at `off`, `off + page_size`, ….
     fn write(&self, off: u64, pages: &[&[u8]]) -> Result<(), Errno>;
     /// Whether reads and writes bypass the host's page cache.
@@ -85,6 +92,9 @@ pub(crate) struct LocalFile {
 impl PageStore for LocalFile {
     fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), Errno> {
         self.file.read_at_polled(buf, off, &self.rings)
+    }
+    fn read_pages(&self, offs: &[u64], buf: &mut [u8]) -> Vec<bool> {
+        self.file.read_pages(offs, buf, &self.rings)
     }
     fn write(&self, off: u64, pages: &[&[u8]]) -> Result<(), Errno> {
         self.file.write_at(pages, off)

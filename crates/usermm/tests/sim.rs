@@ -41,6 +41,7 @@ fn seeded_simulation_of_core_and_executor() {
                 total.other_touches += s.other_touches;
                 total.host_drops += s.host_drops;
                 total.unparked += s.unparked;
+                total.swap_ahead += s.swap_ahead;
             }
             Err(e) => panic!("{e}"),
         }
@@ -55,6 +56,8 @@ fn seeded_simulation_of_core_and_executor() {
     assert!(total.file_checks > seeds && total.other_touches > seeds && total.host_drops > seeds / 2, "{total:?}");
     // Pressure's end: parked pages mapped back in bulk.
     assert!(total.unparked > seeds, "{total:?}");
+    // Swap read-ahead of a stream, checked byte by byte like every fill.
+    assert!(total.swap_ahead > 0, "{total:?}");
 }
 
 /// The simulation catches an executor bug: an eviction whose swap write

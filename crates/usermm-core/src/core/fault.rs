@@ -278,8 +278,13 @@ impl Core {
                 // The frame stays charged either way; the page is no longer
                 // lazily freed (a discard reads back as zeros, and the
                 // program is about to use it).
+                // A copy that installed nothing found the page there, as it
+                // was (a fault that raced with the fill, a read-ahead's
+                // say): its swap copy, if any, is still exact.
                 let lazy = self.pages.get(page).has(pf::LAZYFREE);
-                self.uncache(page);
+                if installed > 0 {
+                    self.uncache(page);
+                }
                 self.pages.update(page, |m| {
                     m.state = PState::Resident;
                     m.flags &= !pf::LAZYFREE;
@@ -321,28 +326,14 @@ impl Core {
     /// `fill_done` of a swap-in of `run` from consecutive slots from `slot`
     /// (`keep`: the pages keep their swap copies).
     fn swap_in_done(&mut self, run: PageRange, slot: u32, keep: bool, installed: u64) {
-        // Swapped into a locked region: the slots are freed and their
-        // stored copies overwritten (`swap_scrub_plan`).
-        let locked = self.regions.find(run.start).is_some_and(|r| r.lock() != LockMode::None);
         for q in run.start.0..run.end.0 {
             let p = PageIdx(q);
             let k = q - run.start.0;
-            if k >= installed {
+            if k < installed {
+                self.commit_swapped_in(p, slot + k as u32, keep);
+            } else {
                 self.pages.update(p, |m| m.state = PState::Swapped);
-                continue;
             }
-            let s = slot + k as u32;
-            if !keep && locked {
-                self.swap.free_and_scrub(s);
-            } else if !keep {
-                self.swap.free_slot(s);
-            }
-            self.pages.update(p, |m| {
-                m.state = PState::Resident;
-                m.slot = 0;
-                m.cache = if keep { s + 1 } else { 0 };
-            });
-            self.note_resident(p);
         }
         if installed > 0 {
             self.counters.swapins += installed;
@@ -350,6 +341,24 @@ impl Core {
         } else {
             self.counters.swap_read_errors += 1;
         }
+    }
+
+    /// Page `p` was read from swap `slot` and installed (`keep`: it keeps
+    /// its swap copy). Swapped into a locked region, the slot is freed and
+    /// its stored copy overwritten (`swap_scrub_plan`).
+    pub(super) fn commit_swapped_in(&mut self, p: PageIdx, s: u32, keep: bool) {
+        let locked = self.regions.find(p).is_some_and(|r| r.lock() != LockMode::None);
+        if !keep && locked {
+            self.swap.free_and_scrub(s);
+        } else if !keep {
+            self.swap.free_slot(s);
+        }
+        self.pages.update(p, |m| {
+            m.state = PState::Resident;
+            m.slot = 0;
+            m.cache = if keep { s + 1 } else { 0 };
+        });
+        self.note_resident(p);
     }
 
     /// `fill_done` of the reactivation of parked `page` from staging `slot`

@@ -104,14 +104,20 @@ impl Core {
     /// evicted (`CopyFeedback::pays`), but for one swap-in in
     /// `PROBE_EVERY`, which keeps the verdict current.
     pub(super) fn keeps_swap_copy(&mut self, p: PageIdx, write: bool) -> bool {
-        if !self.options.tracks_writes() || write || self.swap.short() {
+        if write || !self.may_keep_swap_copy(p) {
             return false;
         }
-        let Some(r) = self.regions.find_mut(p) else { return false };
-        if r.kind() == Kind::FileShared || r.in_thread() || r.lock() != LockMode::None {
+        self.regions.find_mut(p).is_some_and(|r| r.keep_copy())
+    }
+
+    /// Whether a swap-in at page `p` may keep its swap copies at all (the
+    /// region's feedback aside).
+    pub(super) fn may_keep_swap_copy(&self, p: PageIdx) -> bool {
+        if !self.options.tracks_writes() || self.swap.short() {
             return false;
         }
-        r.keep_copy()
+        let Some(r) = self.regions.find(p) else { return false };
+        !(r.kind() == Kind::FileShared || r.in_thread() || r.lock() != LockMode::None)
     }
 
     /// Drops page `p`'s swap copy, if it has one: its data may change, or

@@ -11,7 +11,8 @@
 //! second fault in it (`dense_block`); an anonymous write fault the
 //! faulting thread resolves itself stops at `IN_THREAD_ZERO_WINDOW_PAGES`
 //! (`Core::fault_in_thread`). A swap-in clusters up to
-//! `SWAP_CLUSTER_PAGES` consecutive slots. A read fault in a locked file
+//! `SWAP_CLUSTER_PAGES` consecutive slots (and a stream reads ahead from
+//! any slots, `swap_ahead.rs`). A read fault in a locked file
 //! region maps Linux's fault-around window (`file_fault_around_block`).
 //! Every window is bounded by the free frames, the region (or the populate
 //! range), and any chunk being zapped.
@@ -33,11 +34,14 @@ pub const MAX_WINDOW_PAGES: u64 = 256;
 pub const IN_THREAD_ZERO_WINDOW_PAGES: u64 = 128;
 
 /// How far past the end of one of a region's swap-in streams a fault still
-/// continues its stream, in pages: a page the stream skips (one the program
-/// only read, whose swap copy kept its old slot when it was evicted clean
-/// between rewritten neighbours) is read on its own, and must not end the
-/// stream.
-pub const STREAM_GAP_PAGES: u64 = 4;
+/// continues its stream, in pages: a walk over a structure part of which
+/// stayed resident faults only on its swapped pages (a hash table dropped
+/// at exit under 4× pressure: one page in eleven, gaps past 32 one in
+/// twenty), and a page the stream skips (one whose swap copy kept its old
+/// slot) is read on its own. Random faults land that near a stream's end
+/// now and then; one that continues no stream takes a step off every
+/// streak (`Region::follow_swap_stream`), so they seldom build one.
+pub const STREAM_GAP_PAGES: u64 = 32;
 
 /// Swap-in cluster for `MADV_NORMAL` regions, in pages.
 pub const SWAP_CLUSTER_PAGES: u64 = 32;
@@ -87,7 +91,8 @@ pub(super) fn grow_run(pages: &PageTable, run: &mut PageRange, block: PageRange,
 /// region follows `SWAP_STREAMS` streams at once (a fault that continues
 /// none starts one in place of the least recently used): CPython walking a
 /// dict walks its table, its keys and its values in step. Returns the
-/// stream, whose run the caller records (`Region::end_swap_stream`).
+/// stream, whose run the caller records (`Region::end_swap_stream`); past
+/// `AHEAD_STREAK` the executor also reads ahead (`swap_ahead.rs`).
 pub(super) fn swap_in_window(reg: &mut Region, p: PageIdx, populate: bool) -> (u64, bool, Option<usize>) {
     if populate {
         (MAX_WINDOW_PAGES, false, None)

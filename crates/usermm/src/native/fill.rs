@@ -72,6 +72,27 @@ impl Inner {
             .unwrap_or(0)
     }
 
+    /// The read-ahead after a fault's swap-in of `run`
+    /// (`Core::swap_ahead_plan`): the stream's next swapped pages, read in
+    /// one batch (`Platform::swap_gather`) and installed after the faulting
+    /// thread was woken; a thread that touched one meanwhile waits for the
+    /// commit (its fault is `Busy`).
+    pub(super) fn swap_ahead(&self, run: PageRange) {
+        let a = lock(&self.core).swap_ahead_plan(run);
+        if a.pages.is_empty() {
+            return;
+        }
+        let installed = if self.plat.caps().has_swap {
+            let reads: Vec<(u64, usize)> = a.pages.iter().map(|&(p, s)| (self.swap_off(s), self.addr(p))).collect();
+            self.plat.swap_gather(&reads, self.page_size, a.keep)
+        } else {
+            Vec::new()
+        };
+        let mut c = lock(&self.core);
+        c.swap_ahead_done(&a, &installed);
+        self.after_fill(&mut c);
+    }
+
     /// Reads file pages into `run` (its first page is file page
     /// `file_page`); returns how many (a prefix) were installed — 0 when the
     /// run starts past the end of the file — and, if a drop of the host's

@@ -73,6 +73,13 @@ impl Platform for Injecting {
         }
         self.host.fill(op, dst, len)
     }
+    fn swap_gather(&self, reads: &[(u64, usize)], ps: usize, wp: bool) -> Vec<bool> {
+        if !self.reads_pending() {
+            return self.host.swap_gather(reads, ps, wp);
+        }
+        // A page at a time, each read one that may fail.
+        reads.iter().map(|&(off, dst)| self.fill(Fill::SwapIn { off, wp }, dst, ps) == Ok(ps)).collect()
+    }
     fn pool_stats(&self) -> (u64, u64) {
         self.host.pool_stats()
     }

@@ -104,7 +104,14 @@ impl Inner {
             FaultPlan::FileRead { run, file, file_page } => {
                 self.serve_file_read(c, plan, run, file, file_page, page_addr, caller)
             }
-            FaultPlan::SwapIn { run, slot, keep } => self.serve_swap_in(c, plan, run, slot, keep, page_addr, caller),
+            FaultPlan::SwapIn { run, slot, keep } => {
+                let next = self.serve_swap_in(c, plan, run, slot, keep, page_addr, caller);
+                // (Not in the faulting thread: it would wait for the batch.)
+                if matches!(next, Next::Served) && caller.waits() && !caller.in_thread() {
+                    self.swap_ahead(run);
+                }
+                next
+            }
             FaultPlan::Unprotect { .. } => self.serve_unprotect(c, plan, page_addr),
             FaultPlan::Reactivate { page, .. } => self.serve_reactivate(c, plan, page, page_addr, caller),
         }

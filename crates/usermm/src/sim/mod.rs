@@ -114,6 +114,8 @@ pub struct SimSummary {
     pub host_drops: u64,
     /// Parked pages mapped back in bulk when pressure eased.
     pub unparked: u64,
+    /// Pages read ahead of a stream of swap faults.
+    pub swap_ahead: u64,
 }
 
 struct Sim {
@@ -370,6 +372,7 @@ pub fn run_with(seed: u64, steps: usize, bug: Option<Bug>) -> Result<SimSummary,
     sim.sum.swapouts = c.swapouts;
     sim.sum.clean_evictions = c.clean_evictions;
     sim.sum.unparked = c.unparked;
+    sim.sum.swap_ahead = c.swap_ahead;
     sim.sum.wp_faults = sim.plat.wp_faults.load(std::sync::atomic::Ordering::Relaxed);
     sim.sum.injected = sim.plat.host().injected;
     sim.sum.host_drops = sim.plat.host().lazy.drops;
