@@ -149,7 +149,7 @@ done
 seeds=$(printf '127.0.0.1:%s,' "${cluster_ports[@]}")
 USERMM_TEST_SWAP_URL="redis+cluster://${seeds%,}/?replicas=1" cargo test --release -p usermm \
   --test swap_errors --test swapcache --test lru --test reclaim_idle --test lazyfree --test purgeable \
-  --test volatile --test smoke -- --test-threads=2
+  --test volatile --test smoke --test swap_ahead -- --test-threads=2
 taken=0
 for port in "${cluster_ports[@]}"; do
   n=$(redis-cli -p "$port" INFO stats | tr -d '\r' | sed -n 's/^total_net_input_bytes://p')

@@ -27,8 +27,8 @@
 //!   number on one server; `{P<g>}<chunk>` in a cluster, `g` being the
 //!   chunk's group of 240 slots, so that a run of pages (at most 256) lies in
 //!   two or three hash slots. (15: a chunk's value, 15 pages behind their
-//!   headers, 61,920 bytes, fits the server allocator's 64 KiB size class;
-//!   16 made 66,048 bytes, in the 80 KiB class: 1.24× the pages.) The value holds each slot's page behind a 32-byte
+//!   headers, 61,920 bytes, fits the server allocator's 64 KiB size class.)
+//!   The value holds each slot's page behind a 32-byte
 //!   header (the space's random id, the slot, a checksum: `store.rs`), checked
 //!   on every read; a slot never written reads as zeros and fails the check.
 //!   The default prefix is `usermm:<host>:<pid>:<space id>:`, unique per open
@@ -37,7 +37,9 @@
 //!   values of 8 pages or more are read straight into place.)
 //! - A run goes out as a `SET` of each whole chunk and a `SETRANGE` of each
 //!   part of one, pipelined per group (then `WAIT` on that group's node when
-//!   `replicas` > 0), and comes back as a `GETRANGE` per chunk it touches.
+//!   `replicas` > 0), and comes back as a `GETRANGE` per chunk it touches
+//!   (a read-ahead's scattered pages: a `GETRANGE` per run of neighbouring
+//!   slots, all in one pipeline).
 //! - A chunk whose slots the space has all freed (its pages came back or
 //!   were dropped) is unlinked by the space's background thread, the slots
 //!   reserved meanwhile (`release_granule`, `core/release.rs`).
@@ -418,6 +420,35 @@ impl RedisStore {
         n
     }
 
+    /// The values of `cmds` (`GETRANGE`s, with the slots each reads), in
+    /// one pipeline (a single command alone), retried as a read is.
+    fn getranges(&self, cmds: &[(u64, u64, redis::Cmd)]) -> Result<Vec<Vec<u8>>, Errno> {
+        let values: Vec<Vec<u8>> = if let [(_, _, cmd)] = cmds {
+            vec![self.with_retry(|c| cmd.query(c.link()))?]
+        } else {
+            self.with_retry(|c| match c {
+                Conn::Own(..) | Conn::Single(..) => {
+                    let mut p = redis::pipe();
+                    for (_, _, cmd) in cmds {
+                        p.add_command(cmd.clone());
+                    }
+                    p.query(c.link())
+                }
+                Conn::Cluster(link) => {
+                    let mut p = redis::cluster::cluster_pipe();
+                    for (_, _, cmd) in cmds {
+                        p.add_command(cmd.clone());
+                    }
+                    p.query(link)
+                }
+            })?
+        };
+        if values.len() != cmds.len() {
+            return Err(Errno::EIO);
+        }
+        Ok(values)
+    }
+
     /// Opens slots `from..to` out of `v` (their chunk's `GETRANGE` reply)
     /// into their pages of `buf`, whose first page is slot `first`. False
     /// unless every one checks out: a chunk that is not there reads as
@@ -550,35 +581,46 @@ impl PageStore for RedisStore {
             cmds.push((slot, end, cmd));
             slot = end;
         }
-        let values: Vec<Vec<u8>> = if let [(_, _, cmd)] = &cmds[..] {
-            vec![self.with_retry(|c| cmd.query(c.link()))?]
-        } else {
-            self.with_retry(|c| match c {
-                Conn::Own(..) | Conn::Single(..) => {
-                    let mut p = redis::pipe();
-                    for (_, _, cmd) in &cmds {
-                        p.add_command(cmd.clone());
-                    }
-                    p.query(c.link())
-                }
-                Conn::Cluster(link) => {
-                    let mut p = redis::cluster::cluster_pipe();
-                    for (_, _, cmd) in &cmds {
-                        p.add_command(cmd.clone());
-                    }
-                    p.query(link)
-                }
-            })?
-        };
-        if values.len() != cmds.len() {
-            return Err(Errno::EIO);
-        }
+        let values = self.getranges(&cmds)?;
         for ((from, to, _), v) in cmds.iter().zip(&values) {
             if !self.open_run(first, *from, *to, v, buf) {
                 return Err(Errno::EIO);
             }
         }
         Ok(())
+    }
+
+    fn read_pages(&self, offs: &[u64], buf: &mut [u8]) -> Vec<bool> {
+        // One GETRANGE per run of neighbouring slots within a chunk, all in
+        // one pipeline: one round trip for a read-ahead's pages.
+        let (ps, stride) = (self.page, self.stride());
+        let mut cmds = Vec::new();
+        let mut at = Vec::new();
+        let mut i = 0;
+        while i < offs.len() {
+            let slot = offs[i] / ps as u64;
+            let mut j = i + 1;
+            while j < offs.len()
+                && offs[j] / ps as u64 == slot + (j - i) as u64
+                && (slot + (j - i) as u64) / CHUNK == slot / CHUNK
+            {
+                j += 1;
+            }
+            let start = (slot % CHUNK) as usize * stride;
+            let mut cmd = redis::cmd("GETRANGE");
+            cmd.arg(self.key(slot / CHUNK)).arg(start).arg(start + (j - i) * stride - 1);
+            cmds.push((slot, slot + (j - i) as u64, cmd));
+            at.push(i);
+            i = j;
+        }
+        let mut ok = vec![false; offs.len()];
+        let Ok(values) = self.getranges(&cmds) else { return ok };
+        for (((from, to, _), v), &i) in cmds.iter().zip(&values).zip(&at) {
+            let k = (to - from) as usize;
+            let good = self.open_run(*from, *from, *to, v, &mut buf[i * ps..(i + k) * ps]);
+            ok[i..i + k].fill(good);
+        }
+        ok
     }
 
     fn write(&self, off: u64, pages: &[&[u8]]) -> Result<(), Errno> {
