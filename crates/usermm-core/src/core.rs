@@ -228,8 +228,8 @@ pub struct Counters {
     pub host_purges: u64,
     pub evictions: u64,
     pub deactivations: u64,
-    /// Parked pages mapped back in bulk when pressure eased (`unpark.rs`):
-    /// no fault, no use counted.
+    /// Parked pages mapped back in bulk when pressure eased (`unpark.rs`)
+    /// or ahead of a swap stream (`swap_ahead.rs`): no fault, no use counted.
     pub unparked: u64,
     /// Pages read ahead of a swap-in stream (`swap_ahead.rs`), also counted
     /// in `swapins`.

@@ -58,6 +58,8 @@ fn ahead(c: &mut Core, p: u64, installed: bool) -> SwapAhead {
     }
     c.validate();
     c.swap_ahead_done(&a, &vec![installed; a.pages.len()]);
+    let parked: Vec<(FaultPlan, u64)> = a.parked.iter().map(|p| (p.clone(), u64::from(installed))).collect();
+    c.swap_ahead_unparked(&parked);
     c.validate();
     a
 }
@@ -160,4 +162,45 @@ fn random_faults_random_advice_and_short_frames_read_nothing_ahead() {
     assert_eq!(c.free_frames(), 0);
     let run = PageRange::new(0, 1);
     assert!(c.swap_ahead_plan(run).pages.is_empty());
+}
+
+#[test]
+fn the_windows_parked_pages_are_mapped_back_without_a_fault() {
+    let cfg = CoreConfig { budget_pages: N, swap_slots: 2 * N as u32, staging_slots: N as u32, ..cfg() };
+    let mut c = Core::new(cfg);
+    map_at(&mut c, 0, N);
+    for p in 0..N {
+        assert!(matches!(touch(&mut c, p, true), Touch::Served(_)));
+    }
+    // Pages 200..208 stay, parked (reclaim's sampling); the rest go out.
+    for p in (0..N).filter(|p| !(200..208).contains(p)) {
+        madvise(&mut c, at(p), PS, MADV_PAGEOUT).unwrap();
+    }
+    madvise(&mut c, at(200), pages(8), MADV_COLD).unwrap();
+    assert_eq!(draw_pages(&c, 199, 209), "SIIIIIIIIS");
+    // A walk from 180 (its runs of neighbouring slots grow: 1, 2, 4, 8
+    // pages), until it reads ahead.
+    let mut p = 180;
+    let a = loop {
+        assert!(p < 200, "no read-ahead before the parked pages");
+        let a = ahead(&mut c, p, true);
+        if !a.parked.is_empty() || !a.pages.is_empty() {
+            break a;
+        }
+        while c.page(PageIdx(p)).state != PState::Swapped {
+            p += 1;
+        }
+    };
+    let parked: Vec<u64> = a
+        .parked
+        .iter()
+        .map(|p| match p {
+            FaultPlan::Reactivate { page, .. } => page.0,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(parked, (200..208).collect::<Vec<u64>>());
+    assert_eq!(draw_pages(&c, 200, 208), "RRRRRRRR", "mapped back");
+    let s = c.stats().counters;
+    assert_eq!((s.unparked, s.minor_faults), (8, 0));
 }

@@ -99,7 +99,8 @@ stats! {
     /// with no frame allocated). Not in `struct umm_stats`.
     pool_fills,
     /// Parked pages mapped back in bulk, without a fault, when pressure
-    /// eased (docs/design.md, "Pressure's end"). Not in `struct umm_stats`.
+    /// eased (docs/design.md, "Pressure's end") or ahead of a stream of
+    /// swap faults ("Swap read-ahead"). Not in `struct umm_stats`.
     unparked_pages,
     /// Pages read ahead of a stream of swap faults, from wherever they sit
     /// in swap (docs/design.md, "Swap read-ahead"); also counted in

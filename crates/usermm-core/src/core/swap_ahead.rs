@@ -17,9 +17,9 @@
 //! reads nothing ahead), at most half the free frames (a read-ahead never
 //! makes reclaim run), and no page being worked on.
 
-use super::window::{MAX_WINDOW_PAGES, SWAP_CLUSTER_PAGES};
-use super::Core;
-use crate::page::PState;
+use super::window::SWAP_CLUSTER_PAGES;
+use super::{transfer_for, Core, FaultPlan};
+use crate::page::{pf, PState};
 use crate::region::{Advice, LockMode};
 use crate::types::{PageIdx, PageRange};
 
@@ -27,13 +27,41 @@ use crate::types::{PageIdx, PageRange};
 /// it: the third fault of a walk).
 pub const AHEAD_STREAK: u32 = 3;
 
+/// The widest read-ahead window, in pages scanned: 4 MiB, ~90 swapped
+/// pages of a hash table one page in eleven of which is swapped (each
+/// window costs the program one fault, on its marker).
+pub const AHEAD_MAX_PAGES: u64 = 256;
+
 /// The pages a read-ahead claimed (`Filling`), each with its slot, in
 /// address order; `keep`: they keep their swap copies (installed
-/// write-protected).
+/// write-protected); `backwards`: the stream runs downwards.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SwapAhead {
     pub pages: Vec<(PageIdx, u32)>,
     pub keep: bool,
+    pub backwards: bool,
+    /// The window's parked pages, each claimed as a `Reactivate` plan: the
+    /// executor maps them back with a move (`Core::swap_ahead_unparked`),
+    /// instead of a fault each as the walk reaches them.
+    pub parked: Vec<FaultPlan>,
+}
+
+impl SwapAhead {
+    /// The plan in two: the `n` pages nearest the fault that started it,
+    /// which the program reaches first, and the rest (each committed on
+    /// its own, `Core::swap_ahead_done`).
+    pub fn split_nearest(mut self, n: usize) -> (SwapAhead, SwapAhead) {
+        let n = n.min(self.pages.len());
+        let (near, far) = if self.backwards {
+            let near = self.pages.split_off(self.pages.len() - n);
+            (near, std::mem::take(&mut self.pages))
+        } else {
+            let far = self.pages.split_off(n);
+            (std::mem::take(&mut self.pages), far)
+        };
+        let part = |pages| SwapAhead { pages, keep: self.keep, backwards: self.backwards, parked: Vec::new() };
+        (part(near), part(far))
+    }
 }
 
 /// Plans (see "Methods by kind" in `core.rs`).
@@ -47,46 +75,46 @@ impl Core {
         let mut a = SwapAhead::default();
         let room = self.free_frames() / 2;
         let Some(reg) = self.regions.find_mut(run.start) else { return a };
-        if room == 0 || reg.advice() != Advice::Normal || reg.lock() != LockMode::None {
+        if reg.advice() != Advice::Normal || reg.lock() != LockMode::None {
             return a;
         }
         let Some((i, streak, backwards)) = reg.swap_stream_of(run) else { return a };
         if streak < AHEAD_STREAK {
             return a;
         }
-        let window = (SWAP_CLUSTER_PAGES << (streak - AHEAD_STREAK).min(3)).min(MAX_WINDOW_PAGES);
-        let span = reg.range();
+        let window = (SWAP_CLUSTER_PAGES << (streak - AHEAD_STREAK).min(3)).min(AHEAD_MAX_PAGES);
+        let (span, prot) = (reg.range(), reg.prot());
         let ahead = if backwards {
             PageRange { start: PageIdx(run.start.0.saturating_sub(window).max(span.start.0)), end: run.start }
         } else {
             PageRange { start: run.end, end: PageIdx((run.end.0 + window).min(span.end.0)) }
         };
-        // Scanned from the run outwards, up to the room; `reach`: the first
-        // page past what was scanned, in the stream's direction.
-        let mut reach = if backwards { ahead.end.0 } else { ahead.start.0 };
-        let mut at = |q: u64| {
+        // Scanned from the run outwards; `reach`: where the stream goes on
+        // (the first swapped page past the room, else the window's end).
+        let mut reach = if backwards { ahead.start.0 } else { ahead.end.0 };
+        let mut parked = Vec::new();
+        let order: Box<dyn Iterator<Item = u64>> =
+            if backwards { Box::new((ahead.start.0..ahead.end.0).rev()) } else { Box::new(ahead.start.0..ahead.end.0) };
+        for q in order {
             let p = PageIdx(q);
             let m = self.pages.get(p);
             if m.state == PState::Swapped && !self.in_flight(p, &m) {
+                if a.pages.len() as u64 >= room {
+                    reach = if backwards { q + 1 } else { q };
+                    break;
+                }
                 a.pages.push((p, m.slot));
             }
-            (a.pages.len() as u64) < room
-        };
+            // (As pressure's end takes them: `unpark_plan`.)
+            if m.state == PState::Inactive
+                && m.flags & (pf::LOCKED | pf::VOLATILE | pf::LAZYFREE) == 0
+                && !self.zaps.zapping_at(p)
+            {
+                parked.push((p, m));
+            }
+        }
         if backwards {
-            for q in (ahead.start.0..ahead.end.0).rev() {
-                reach = q;
-                if !at(q) {
-                    break;
-                }
-            }
             a.pages.reverse();
-        } else {
-            for q in ahead.start.0..ahead.end.0 {
-                reach = q + 1;
-                if !at(q) {
-                    break;
-                }
-            }
         }
         // The marker: the middle page of those found stays swapped, and the
         // program's fault there continues the stream and reads the next
@@ -94,6 +122,9 @@ impl Core {
         // `PG_readahead`). With fewer than two pages, the stream goes on
         // past what was scanned.
         let marker = (a.pages.len() >= 2).then(|| a.pages.remove(a.pages.len() / 2).0);
+        if a.pages.is_empty() && parked.is_empty() {
+            return a;
+        }
         let seen = match (marker, backwards) {
             (Some(m), false) => PageRange { start: run.start, end: m },
             (Some(m), true) => PageRange { start: PageIdx(m.0 + 1), end: run.end },
@@ -102,6 +133,14 @@ impl Core {
         };
         if let Some(reg) = self.regions.find_mut(run.start) {
             reg.end_swap_stream(i, seen);
+        }
+        a.backwards = backwards;
+        for (p, m) in parked {
+            self.pages.update(p, |m| m.state = PState::Filling);
+            // A page with a swap copy comes back write-protected, as a read
+            // fault would bring it.
+            let wp = m.cache != 0;
+            a.parked.push(FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked: false, wp });
         }
         let Some(&(first, _)) = a.pages.first() else { return a };
         // Read ahead, the pages keep their copies where the region's do pay
@@ -133,5 +172,20 @@ impl Core {
         }
         self.counters.swapins += n;
         self.counters.swap_ahead += n;
+    }
+
+    /// Commits the parked pages of a read-ahead (`SwapAhead::parked`),
+    /// each with the pages its move installed (0 or 1): a page mapped back
+    /// is resident again, as a swap-in would leave it, with no use counted
+    /// (counted in `unparked`); one not mapped back stays parked.
+    pub fn swap_ahead_unparked(&mut self, done: &[(FaultPlan, u64)]) {
+        for (plan, installed) in done {
+            let FaultPlan::Reactivate { page, slot, wp, .. } = *plan else { continue };
+            if !self.mapped_back(page, slot, wp, *installed) {
+                continue;
+            }
+            self.note_resident(page);
+            self.counters.unparked += 1;
+        }
     }
 }

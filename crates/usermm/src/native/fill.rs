@@ -73,23 +73,45 @@ impl Inner {
     }
 
     /// The read-ahead after a fault's swap-in of `run`
-    /// (`Core::swap_ahead_plan`): the stream's next swapped pages, read in
-    /// one batch (`Platform::swap_gather`) and installed after the faulting
-    /// thread was woken; a thread that touched one meanwhile waits for the
-    /// commit (its fault is `Busy`).
+    /// (`Core::swap_ahead_plan`), after the faulting thread was woken: the
+    /// `AHEAD_FIRST_PAGES` swapped pages nearest it, which the program
+    /// reaches first, read in one batch (`Platform::swap_gather`); the
+    /// window's parked pages mapped back with moves; the rest of its
+    /// swapped pages in a second batch. A thread that touches one of them
+    /// meanwhile waits for its commit (its fault is `Busy`).
     pub(super) fn swap_ahead(&self, run: PageRange) {
-        let a = lock(&self.core).swap_ahead_plan(run);
-        if a.pages.is_empty() {
+        let mut a = lock(&self.core).swap_ahead_plan(run);
+        let parked = std::mem::take(&mut a.parked);
+        let (near, far) = a.split_nearest(AHEAD_FIRST_PAGES);
+        self.swap_ahead_read(near);
+        if !parked.is_empty() {
+            let done: Vec<(FaultPlan, u64)> = parked
+                .into_iter()
+                .map(|p| {
+                    let n = self.reactivate_io(&p).unwrap_or(0);
+                    (p, n)
+                })
+                .collect();
+            let mut c = lock(&self.core);
+            c.swap_ahead_unparked(&done);
+            self.after_fill(&mut c);
+        }
+        self.swap_ahead_read(far);
+    }
+
+    /// Reads and installs the pages of `part` of a read-ahead, and commits.
+    fn swap_ahead_read(&self, part: usermm_core::SwapAhead) {
+        if part.pages.is_empty() {
             return;
         }
         let installed = if self.plat.caps().has_swap {
-            let reads: Vec<(u64, usize)> = a.pages.iter().map(|&(p, s)| (self.swap_off(s), self.addr(p))).collect();
-            self.plat.swap_gather(&reads, self.page_size, a.keep)
+            let reads: Vec<(u64, usize)> = part.pages.iter().map(|&(p, s)| (self.swap_off(s), self.addr(p))).collect();
+            self.plat.swap_gather(&reads, self.page_size, part.keep)
         } else {
             Vec::new()
         };
         let mut c = lock(&self.core);
-        c.swap_ahead_done(&a, &installed);
+        c.swap_ahead_done(&part, &installed);
         self.after_fill(&mut c);
     }
 
