@@ -67,10 +67,11 @@ impl SwapAhead {
 /// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
     /// After a fault's swap-in of `run` (installed in full): the swapped
-    /// pages to read ahead past it, claimed, if the swap-in continued a
-    /// forward stream long enough. The window scanned is
-    /// `SWAP_CLUSTER_PAGES` at `AHEAD_STREAK`, doubling with the streak up
-    /// to `MAX_WINDOW_PAGES`, past the run in the stream's direction.
+    /// pages to read ahead past it, claimed, and the window's parked pages,
+    /// if the swap-in continued a stream (either way) long enough. The
+    /// window scanned is `SWAP_CLUSTER_PAGES` at `AHEAD_STREAK`, doubling
+    /// with the streak up to `AHEAD_MAX_PAGES`, past the run in the
+    /// stream's direction.
     pub fn swap_ahead_plan(&mut self, run: PageRange) -> SwapAhead {
         let mut a = SwapAhead::default();
         let room = self.free_frames() / 2;

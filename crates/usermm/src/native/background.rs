@@ -259,14 +259,7 @@ impl Inner {
             if plans.is_empty() {
                 return;
             }
-            // (Never checked reactivations: `reactivate_io` gives a count.)
-            let done: Vec<(FaultPlan, u64)> = plans
-                .into_iter()
-                .map(|p| {
-                    let n = self.reactivate_io(&p).unwrap_or(0);
-                    (p, n)
-                })
-                .collect();
+            let done = self.reactivate_all(plans);
             let mut c = lock(&self.core);
             c.unpark_done(&done);
             self.settled.notify_all();

@@ -124,6 +124,18 @@ impl Inner {
         Next::Served
     }
 
+    /// Maps back the parked pages of `plans` (never checked reactivations,
+    /// for which `reactivate_io` gives a count), each with what went in.
+    pub(super) fn reactivate_all(&self, plans: Vec<FaultPlan>) -> Vec<(FaultPlan, u64)> {
+        plans
+            .into_iter()
+            .map(|p| {
+                let n = self.reactivate_io(&p).unwrap_or(0);
+                (p, n)
+            })
+            .collect()
+    }
+
     /// A reactivation's I/O: `Some(pages installed)`, or `None` when a
     /// checked reactivation found that the host discarded the parked page
     /// (the loss is committed: the page is purged).

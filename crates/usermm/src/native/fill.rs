@@ -85,13 +85,7 @@ impl Inner {
         let (near, far) = a.split_nearest(AHEAD_FIRST_PAGES);
         self.swap_ahead_read(near);
         if !parked.is_empty() {
-            let done: Vec<(FaultPlan, u64)> = parked
-                .into_iter()
-                .map(|p| {
-                    let n = self.reactivate_io(&p).unwrap_or(0);
-                    (p, n)
-                })
-                .collect();
+            let done = self.reactivate_all(parked);
             let mut c = lock(&self.core);
             c.swap_ahead_unparked(&done);
             self.after_fill(&mut c);
