@@ -204,3 +204,45 @@ fn the_windows_parked_pages_are_mapped_back_without_a_fault() {
     let s = c.stats().counters;
     assert_eq!((s.unparked, s.minor_faults), (8, 0));
 }
+
+#[test]
+fn the_handlers_first_pages_then_the_rest_of_the_window() {
+    // Forwards and backwards: `swap_ahead_near` claims the `n` swapped
+    // pages nearest the run and nothing else (no parked page, no marker,
+    // the stream where it was); `swap_ahead_plan` of the same run then
+    // reads the rest of the window, as it would have read it all.
+    for backwards in [false, true] {
+        let mut c = scattered();
+        let step = |k: u64| if backwards { N - 1 - k } else { k };
+        for k in 0..u64::from(AHEAD_STREAK) {
+            assert!(ahead(&mut c, step(k), true).pages.is_empty());
+        }
+        let p = step(u64::from(AHEAD_STREAK));
+        let run = swap_in(&mut c, p);
+        let near = c.swap_ahead_near(run, 4);
+        let got: Vec<u64> = near.pages.iter().map(|&(q, _)| q.0).collect();
+        let mut want: Vec<u64> = (1..=4).map(|d| if backwards { p - d } else { p + d }).collect();
+        want.sort_unstable();
+        assert_eq!(got, want, "backwards {backwards}");
+        assert!(near.parked.is_empty());
+        assert_eq!(near.backwards, backwards);
+        for &(q, _) in &near.pages {
+            assert_eq!(c.page(q).state, PState::Filling);
+        }
+        c.validate();
+        c.swap_ahead_done(&near, &[true; 4]);
+        let rest = c.swap_ahead_plan(run);
+        let rest_pages: Vec<u64> = rest.pages.iter().map(|&(q, _)| q.0).collect();
+        assert_eq!(rest_pages.len() as u64, SWAP_CLUSTER_PAGES - 4 - 1, "the window less the first 4 and the marker");
+        assert!(rest_pages.iter().all(|q| !want.contains(q)), "{rest_pages:?}");
+        let marker: Vec<u64> = (1..=SWAP_CLUSTER_PAGES)
+            .map(|d| if backwards { p - d } else { p + d })
+            .filter(|&q| c.page(PageIdx(q)).state == PState::Swapped)
+            .collect();
+        assert_eq!(marker.len(), 1, "one marker left swapped: {marker:?}");
+        c.swap_ahead_done(&rest, &vec![true; rest.pages.len()]);
+        c.validate();
+        let s = c.stats().counters;
+        assert_eq!(s.swap_ahead, SWAP_CLUSTER_PAGES - 1);
+    }
+}

@@ -61,6 +61,9 @@ pub(crate) struct WakeAhead {
     /// A wake-up handed to it (`post`): the address of a run and its
     /// pages in the low bits; 0 when none.
     mail: AtomicU64,
+    /// The CPU of the handler that last began serving faults, plus one
+    /// (0: not known).
+    handler_cpu: AtomicU32,
 }
 
 impl WakeAhead {
@@ -74,6 +77,7 @@ impl WakeAhead {
             return;
         }
         self.inflight.fetch_add(n, Ordering::SeqCst);
+        self.handler_cpu.store(usermm_sys::thread::current_cpu().map_or(0, |c| c + 1), Ordering::Relaxed);
         if self.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
             self.cv.notify_all();
@@ -228,6 +232,18 @@ impl WakeAhead {
             }
             if self.mail.load(Ordering::Relaxed) != 0 {
                 self.deliver(page_mask, wake);
+            }
+            // On the handler's CPU: that CPU is awake while the handler
+            // works, and this thread ran only because the handler yielded
+            // it (polling for its read) — a `SCHED_IDLE` thread then keeps
+            // the CPU from the runnable handler until the scheduler's
+            // tick: the faulting thread waited 2 ms (the spin's cap) for
+            // its page, a fault in three of a walk while the background
+            // thread read ahead on the other CPU. Stop.
+            if inflight > 0
+                && usermm_sys::thread::current_cpu().map(|c| c + 1) == Some(self.handler_cpu.load(Ordering::Relaxed))
+            {
+                return true;
             }
             help();
             if self.inflight.load(Ordering::Relaxed) > 0 {
