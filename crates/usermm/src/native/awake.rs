@@ -62,13 +62,21 @@ pub(crate) struct WakeAhead {
     /// pages in the low bits; 0 when none.
     mail: AtomicU64,
     /// The CPU of the handler that last began serving faults, plus one
-    /// (0: not known).
+    /// (0: not known, or not tracked).
     handler_cpu: AtomicU32,
+    track_cpu: AtomicBool,
 }
 
 impl WakeAhead {
     pub(crate) fn enable(&self) {
         self.enabled.store(true, Ordering::Relaxed);
+    }
+
+    /// Makes `begin` note the handler's CPU, where the thread then does
+    /// not spin (`spin`). (Off in the unit tests below, whose "handler" is
+    /// the test's thread and may share a CPU with the spinner.)
+    pub(crate) fn track_handler_cpu(&self) {
+        self.track_cpu.store(true, Ordering::Relaxed);
     }
 
     /// A handler read `n` faults: the thread spins until they are served.
@@ -77,7 +85,9 @@ impl WakeAhead {
             return;
         }
         self.inflight.fetch_add(n, Ordering::SeqCst);
-        self.handler_cpu.store(usermm_sys::thread::current_cpu().map_or(0, |c| c + 1), Ordering::Relaxed);
+        if self.track_cpu.load(Ordering::Relaxed) {
+            self.handler_cpu.store(usermm_sys::thread::current_cpu().map_or(0, |c| c + 1), Ordering::Relaxed);
+        }
         if self.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
             self.cv.notify_all();
@@ -233,17 +243,18 @@ impl WakeAhead {
             if self.mail.load(Ordering::Relaxed) != 0 {
                 self.deliver(page_mask, wake);
             }
-            // On the handler's CPU: that CPU is awake while the handler
-            // works, and this thread ran only because the handler yielded
-            // it (polling for its read) — a `SCHED_IDLE` thread then keeps
-            // the CPU from the runnable handler until the scheduler's
-            // tick: the faulting thread waited 2 ms (the spin's cap) for
-            // its page, a fault in three of a walk while the background
-            // thread read ahead on the other CPU. Stop.
-            if inflight > 0
-                && usermm_sys::thread::current_cpu().map(|c| c + 1) == Some(self.handler_cpu.load(Ordering::Relaxed))
+            // On the handler's CPU: this thread runs there only because
+            // the handler yielded it (polling for its read), and a
+            // `SCHED_IDLE` thread that spins on keeps the CPU from the
+            // runnable handler until the scheduler's tick: the faulting
+            // thread waited 2 ms (the spin's cap) for its page, a fault in
+            // three of a walk while the background thread read ahead on
+            // the other CPU. Yield back at once.
+            let handler_cpu = self.handler_cpu.load(Ordering::Relaxed);
+            if inflight > 0 && handler_cpu != 0 && usermm_sys::thread::current_cpu().map(|c| c + 1) == Some(handler_cpu)
             {
-                return true;
+                std::thread::yield_now();
+                continue;
             }
             help();
             if self.inflight.load(Ordering::Relaxed) > 0 {

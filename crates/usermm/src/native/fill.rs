@@ -89,14 +89,15 @@ impl Inner {
     /// The rest of the read-ahead after a fault's swap-in of `run`
     /// (`Core::swap_ahead_plan`), in the background thread, the `mm` lock
     /// held shared: the window's parked pages mapped back with moves, its
-    /// swapped pages read in one batch. A thread that touches one of them
-    /// meanwhile waits for its commit (its fault is `Busy`); one that
-    /// faults past them first continues the stream itself, and this window
-    /// is not read (the stream no longer ends at `run`).
+    /// swapped pages read in batches of `AHEAD_BATCH_PAGES`, nearest first,
+    /// each committed as it completes. A thread that touches one of them
+    /// meanwhile waits for its batch's commit (its fault is `Busy`); one
+    /// that faults past them first continues the stream itself, and this
+    /// window is not read (the stream no longer ends at `run`).
     pub(super) fn swap_ahead(&self, run: PageRange) {
         let mut a = lock(&self.core).swap_ahead_plan(run);
         let parked = std::mem::take(&mut a.parked);
-        let (near, far) = a.split_nearest(AHEAD_FIRST_PAGES);
+        let (near, mut rest) = a.split_nearest(AHEAD_FIRST_PAGES);
         self.swap_ahead_read(near);
         if !parked.is_empty() {
             let done = self.reactivate_all(parked);
@@ -104,7 +105,11 @@ impl Inner {
             c.swap_ahead_unparked(&done);
             self.after_fill(&mut c);
         }
-        self.swap_ahead_read(far);
+        while !rest.pages.is_empty() {
+            let (batch, more) = rest.split_nearest(AHEAD_BATCH_PAGES);
+            self.swap_ahead_read(batch);
+            rest = more;
+        }
     }
 
     /// Reads and installs the pages of `part` of a read-ahead, and commits.

@@ -71,6 +71,7 @@ impl Inner {
         // window's file read, `Inner::install_split`.)
         if cfg.flags & UMM_F_NO_WAKE_AHEAD == 0 && inner.plat.caps().cpus > 1 {
             inner.service.wake_ahead().enable();
+            inner.service.wake_ahead().track_handler_cpu();
             let me = inner.clone();
             let tx = started_tx.clone();
             let h = std::thread::Builder::new()
