@@ -36,6 +36,7 @@ pub mod mem;
 #[cfg(feature = "bench-helpers")]
 pub mod process;
 pub mod ring;
+pub mod secret;
 #[cfg(feature = "bench-helpers")]
 pub mod testing;
 pub mod thread;

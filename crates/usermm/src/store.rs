@@ -15,6 +15,8 @@
 //! for.
 
 mod redis;
+mod seal;
+pub(crate) use seal::Sealer;
 
 pub(crate) use self::redis::RedisStore;
 
@@ -152,6 +154,33 @@ pub(crate) fn header(space: u64, slot: u64, page: &[u8]) -> [u8; HEADER] {
     h[16..24].copy_from_slice(&slot.to_le_bytes());
     h[24..].copy_from_slice(&checksum(space ^ slot.rotate_left(32), page).to_le_bytes());
     h
+}
+
+/// Writes `page` as `slot` of space `space` to `out`: its header and its
+/// bytes, sealed by `sealer` if the store seals (`seal.rs`).
+pub(crate) fn put_page(sealer: Option<&Sealer>, space: u64, slot: u64, page: &[u8], out: &mut impl std::io::Write) {
+    // (The stores write into Vecs, which cannot fail.)
+    match sealer {
+        None => {
+            let _ = out.write_all(&header(space, slot, page));
+            let _ = out.write_all(page);
+        }
+        Some(s) => {
+            let mut sealed = vec![0u8; page.len()];
+            let h = s.seal(space, slot, page, &mut sealed);
+            let _ = out.write_all(&h);
+            let _ = out.write_all(&sealed);
+        }
+    }
+}
+
+/// The page of a stored value as [`open_sealed`] or, if the store seals,
+/// [`Sealer::open`] opens it.
+pub(crate) fn open_page(sealer: Option<&Sealer>, space: u64, slot: u64, value: &[u8], out: &mut [u8]) -> bool {
+    match sealer {
+        None => open_sealed(space, slot, value, out),
+        Some(s) => s.open(space, slot, value, out),
+    }
 }
 
 /// `page` with its header for `slot` of space `space`.

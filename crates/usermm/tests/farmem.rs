@@ -12,7 +12,10 @@
 //! memory) keeps pages resident and loses nothing; a corrupted value and a
 //! server that is gone give the faulting thread SIGBUS, never wrong data;
 //! in a cluster, a killed master loses nothing with `replicas=1`, and
-//! without replicas its pages' faults get SIGBUS, counted as read errors.
+//! without replicas its pages' faults get SIGBUS, counted as read errors;
+//! sealed pages (`seal=1`) reach the server with no plaintext, round-trip
+//! through one server and a cluster, and one moved to another slot gets
+//! SIGBUS.
 //!
 //! Needs `redis-server` (Debian's `redis-server` package; `scripts/test.sh`
 //! installs it when missing). Without it these tests fail, saying so.
@@ -433,6 +436,87 @@ fn a_corrupted_value_gets_sigbus_never_wrong_data() {
     assert_eq!(status.signal(), Some(libc::SIGBUS), "the child must die of SIGBUS, not {status:?}");
 }
 
+/// Every value under `pattern` on `srv`, in full.
+fn values(srv: &Server, pattern: &str) -> Vec<Vec<u8>> {
+    let mut c = srv.client().unwrap();
+    srv.keys(pattern).iter().map(|k| redis::cmd("GET").arg(k).query::<Vec<u8>>(&mut c).unwrap()).collect()
+}
+
+/// Pages of a text that says what it is, paged out to `url` and read back:
+/// whether the server's values hold that text in the clear.
+fn plaintext_on_server(srv: &Server, url: String, pattern: &str) -> bool {
+    const TEXT: &[u8] = b"usermm sealed-page test: this sentence must not reach the server. ";
+    let s = space(1 << 20, 16 << 20, url);
+    let mut m = s.map_anon(64 * PAGE).expect("mmap");
+    for (i, b) in m.iter_mut().enumerate() {
+        *b = TEXT[i % TEXT.len()];
+    }
+    let st = pageout_all(&s, &mut m);
+    assert!(st.iter().all(|&b| b & UMM_PAGE_SWAPPED != 0), "not all paged out: {st:x?}");
+    let vals = values(srv, pattern);
+    assert!(vals.iter().map(Vec::len).sum::<usize>() >= 64 * PAGE, "the pages are not on the server");
+    let clear = vals.iter().any(|v| v.windows(TEXT.len()).any(|w| w == TEXT));
+    // Read back (the same text, every byte), then gone with the space.
+    assert!(m.iter().enumerate().all(|(i, &b)| b == TEXT[i % TEXT.len()]), "a page came back wrong");
+    assert_eq!((s.stats().swap_read_errors, s.stats().oom_sigbus), (0, 0));
+    drop(m);
+    s.close().unwrap();
+    clear
+}
+
+#[test]
+fn sealed_pages_reach_the_server_encrypted_and_come_back_whole() {
+    let srv = Server::start(&[]);
+    // The same pages without `seal` are on the server in the clear (so the
+    // search below can find them), with it they are not.
+    assert!(plaintext_on_server(&srv, srv.url("clear:"), "clear:*"), "the check finds nothing even in the clear");
+    assert!(!plaintext_on_server(&srv, srv.url("sealed:") + "&seal=1", "sealed:*"), "sealed pages in the clear");
+    // Under pressure from threads, every byte right.
+    let s = space(2 << 20, 64 << 20, srv.url("sealrt:") + "&seal=1");
+    let mut m = s.map_anon(16 << 20).expect("mmap");
+    fill(&mut m, 1, 1);
+    assert_eq!(bad_in(&m, 1, 1), 0, "first pass");
+    fill(&mut m, 1, 2);
+    assert_eq!(bad_in(&m, 1, 2), 0, "second pass");
+    let st = s.stats();
+    assert!(st.swapouts > 4096 && st.swapins > 4096, "{st:?}");
+    assert_eq!((st.swap_read_errors, st.swap_write_errors, st.oom_sigbus), (0, 0, 0));
+    drop(m);
+    s.close().unwrap();
+    // A malformed `seal` is refused at open.
+    let cfg = Config {
+        budget_bytes: 1 << 20,
+        swap_bytes: 4 << 20,
+        swap_url: Some(srv.url("x:") + "&seal=maybe"),
+        ..Config::default()
+    };
+    assert_eq!(Space::open(&cfg).err(), Some(usermm::Errno::EINVAL));
+}
+
+#[test]
+fn a_sealed_page_from_another_slot_gets_sigbus_never_its_bytes() {
+    // The store hands back, in place of page 0, a page this space sealed
+    // itself (slot 1's value, header and all: a replay from another slot).
+    let srv = Server::start(&[]);
+    let (status, _) = run_child(srv.url("intact:") + "&seal=1", || {});
+    assert!(status.success(), "left alone, the sealed page reads back: {status:?}");
+    let (status, log) = run_child(srv.url("replay:") + "&seal=1", || {
+        let mut c = srv.client().unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS").arg("replay:*").query(&mut c).unwrap();
+        assert!(!keys.is_empty(), "no page on the server");
+        let stride = 32 + PAGE;
+        for k in &keys {
+            let v: Vec<u8> = redis::cmd("GET").arg(k).query(&mut c).unwrap();
+            if v.len() >= 2 * stride {
+                redis::cmd("SETRANGE").arg(k).arg(0).arg(&v[stride..2 * stride]).query::<u64>(&mut c).unwrap();
+            }
+        }
+    });
+    assert!(log.contains("child: page 0 SWAPPED"), "the child could not set up the scenario");
+    assert!(!log.contains("bad bytes"), "the child's touch returned instead of faulting");
+    assert_eq!(status.signal(), Some(libc::SIGBUS), "the child must die of SIGBUS, not {status:?}");
+}
+
 #[test]
 fn a_server_that_is_gone_gets_sigbus_never_wrong_data() {
     let mut srv = Server::start(&[]);
@@ -709,6 +793,16 @@ fn pages_round_trip_through_a_cluster() {
     drop(m);
     s.close().unwrap();
     assert_eq!(cl.total_keys(), 0, "the space's keys outlived it");
+    // Sealed pages, through the cluster's own write path.
+    let s = space(2 << 20, 64 << 20, cl.url("csealed:", 1) + "&seal=1");
+    let mut m = s.map_anon(16 << 20).expect("mmap");
+    fill(&mut m, 5, 1);
+    assert_eq!(bad_in(&m, 5, 1), 0, "sealed, through a cluster");
+    let st = s.stats();
+    assert!(st.swapouts >= 4096 && st.swapins >= 3584, "{st:?}");
+    assert_eq!((st.swap_read_errors, st.swap_write_errors), (0, 0));
+    drop(m);
+    s.close().unwrap();
 }
 
 /// A cluster has no `SCAN` across nodes nor one `CLIENT LIST`: a child

@@ -22,7 +22,8 @@
 //! cluster, with a fresh slot map, while a replica takes over a master that
 //! stopped answering; from one server, while it cannot be reached or is
 //! loading its data after a restart; writes do not wait: a failed write only
-//! keeps its pages resident).
+//! keeps its pages resident), `seal=1` (pages go out encrypted and
+//! authenticated with the space's own key: `store/seal.rs`).
 //! - One key per chunk of 15 consecutive slots: `P` followed by the chunk
 //!   number on one server; `{P<g>}<chunk>` in a cluster, `g` being the
 //!   chunk's group of 240 slots, so that a run of pages (at most 256) lies in
@@ -65,7 +66,7 @@ use std::time::Duration;
 
 use usermm_core::Errno;
 
-use super::{header, open_sealed, PageStore, HEADER};
+use super::{open_page, put_page, PageStore, Sealer, HEADER};
 
 mod chunk;
 mod errors;
@@ -135,6 +136,8 @@ pub(crate) struct RedisStore {
     prefix: String,
     /// A random id of this space: part of every stored page's header.
     space: u64,
+    /// The space's key when pages go out sealed (`seal=1`).
+    sealer: Option<Sealer>,
     page: usize,
     /// Slots the space may use (a cluster's keys are deleted by
     /// enumerating them).
@@ -274,12 +277,19 @@ impl RedisStore {
                 Backend::Sentinel(_) => true,
                 Backend::Cluster(_) => false,
             };
+        let sealer = match u.seal {
+            false => None,
+            true => Some(Sealer::new().inspect_err(|e| {
+                eprintln!("usermm: swap_url {shown}: seal=1: no key page could be made and locked ({e:?})");
+            })?),
+        };
         Ok(RedisStore {
             reads_poll,
             backend,
             pool: Mutex::new(Vec::new()),
             prefix: u.prefix.clone(),
             space,
+            sealer,
             page,
             slots,
             timeout: u.timeout,
@@ -411,8 +421,7 @@ impl RedisStore {
                 );
             }
             for (j, p) in run.iter().enumerate() {
-                buf.extend_from_slice(&header(self.space, slot + j as u64, p));
-                buf.extend_from_slice(p);
+                put_page(self.sealer.as_ref(), self.space, slot + j as u64, p, buf);
             }
             buf.extend_from_slice(b"\r\n");
             n += 1;
@@ -461,7 +470,13 @@ impl RedisStore {
         (from..to).all(|s| {
             let i = (s - first) as usize;
             let at = (s - from) as usize * stride;
-            open_sealed(self.space, s, &v[at..at + stride], &mut buf[i * self.page..(i + 1) * self.page])
+            open_page(
+                self.sealer.as_ref(),
+                self.space,
+                s,
+                &v[at..at + stride],
+                &mut buf[i * self.page..(i + 1) * self.page],
+            )
         })
     }
 
@@ -484,7 +499,7 @@ impl RedisStore {
             Conn::Cluster(link) => {
                 let mut p = redis::cluster::cluster_pipe();
                 for (s, part) in pieces(slot, run) {
-                    let value = Chunk { space: self.space, first: s, pages: part };
+                    let value = Chunk { sealer: self.sealer.as_ref(), space: self.space, first: s, pages: part };
                     if part.len() as u64 == CHUNK {
                         p.cmd("SET").arg(self.key(s / CHUNK)).arg(value).ignore();
                     } else {

@@ -3,7 +3,7 @@
 //! behind their headers (`Chunk`).
 
 use super::CHUNK;
-use crate::store::header;
+use crate::store::{put_page, Sealer};
 
 /// The pieces of the run `pages` starting at slot `first` that lie in one
 /// chunk each: `(first slot, pages)`.
@@ -24,6 +24,7 @@ pub(super) fn pieces<'a, 'b>(first: u64, pages: &'b [&'a [u8]]) -> impl Iterator
 /// Consecutive pages, each behind its header, as one argument, written
 /// straight into the command's buffer (no sealed copy of the pages first).
 pub(super) struct Chunk<'a, 'b> {
+    pub(super) sealer: Option<&'b Sealer>,
     pub(super) space: u64,
     pub(super) first: u64,
     pub(super) pages: &'b [&'a [u8]],
@@ -31,12 +32,9 @@ pub(super) struct Chunk<'a, 'b> {
 
 impl redis::ToRedisArgs for Chunk<'_, '_> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        use std::io::Write;
         let mut w = out.writer_for_next_arg();
-        // (Writing into the command's Vec cannot fail.)
         for (j, p) in self.pages.iter().enumerate() {
-            let _ = w.write_all(&header(self.space, self.first + j as u64, p));
-            let _ = w.write_all(p);
+            put_page(self.sealer, self.space, self.first + j as u64, p, &mut w);
         }
     }
 }

@@ -35,6 +35,8 @@ pub(super) struct Url {
     /// How long the space's lease lasts unless refreshed (`lease_ms`);
     /// zero: no lease (the keys of a process killed outright stay).
     pub(super) lease: Duration,
+    /// Pages go out sealed (`seal=1`, `store/seal.rs`).
+    pub(super) seal: bool,
 }
 
 /// The master a `redis+sentinel://` URL names, and how to log in to it.
@@ -98,6 +100,7 @@ pub(super) fn parse(url: &str, space: u64) -> Result<Url, Errno> {
     let mut replicas = 0;
     let mut failover = Duration::from_millis(10_000);
     let mut lease = DEFAULT_LEASE;
+    let mut seal = false;
     for kv in query.split('&').filter(|s| !s.is_empty()) {
         let (k, v) = kv.split_once('=').ok_or(Errno::EINVAL)?;
         match k {
@@ -106,6 +109,13 @@ pub(super) fn parse(url: &str, space: u64) -> Result<Url, Errno> {
             "replicas" => replicas = v.parse::<u32>().map_err(|_| Errno::EINVAL)?,
             "failover_ms" => failover = Duration::from_millis(v.parse::<u64>().map_err(|_| Errno::EINVAL)?),
             "lease_ms" => lease = Duration::from_millis(v.parse::<u64>().map_err(|_| Errno::EINVAL)?),
+            "seal" => {
+                seal = match v {
+                    "1" | "true" | "yes" => true,
+                    "0" | "false" | "no" => false,
+                    _ => return Err(Errno::EINVAL),
+                }
+            }
             _ => return Err(Errno::EINVAL),
         }
     }
@@ -117,7 +127,7 @@ pub(super) fn parse(url: &str, space: u64) -> Result<Url, Errno> {
         // A brace would change the cluster's hash tag.
         return Err(Errno::EINVAL);
     }
-    Ok(Url { nodes, cluster, sentinel, prefix, timeout, replicas, failover, lease })
+    Ok(Url { nodes, cluster, sentinel, prefix, timeout, replicas, failover, lease, seal })
 }
 
 /// The cluster hash slot of `key` (CRC16/XMODEM of its hash tag, mod 16384).
@@ -170,6 +180,10 @@ mod tests {
         assert_eq!(parse("redis://h:1?lease_ms=250", 0).unwrap().lease, Duration::from_millis(250));
         assert_eq!(parse("redis://h:1?lease_ms=0", 0).unwrap().lease, Duration::ZERO);
         assert_eq!(parse("redis://h:1?lease_ms=soon", 0).err(), Some(Errno::EINVAL));
+        assert!(!parse("redis://h:1", 0).unwrap().seal);
+        assert!(parse("redis://h:1?seal=1", 0).unwrap().seal);
+        assert!(!parse("redis://h:1?seal=0", 0).unwrap().seal);
+        assert_eq!(parse("redis://h:1?seal=maybe", 0).err(), Some(Errno::EINVAL));
         assert_ne!(lease_key("usermm:h:1:ab:"), "usermm:h:1:ab:lease", "a lease must not match its prefix");
         assert!(!lease_key("p:").starts_with("p:") && !REGISTRY.starts_with("usermm:"));
         let u = parse("redis+cluster://a:1,b:2,c:3/?prefix=p:", 0).unwrap();
