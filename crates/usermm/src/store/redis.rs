@@ -279,7 +279,7 @@ impl RedisStore {
             };
         let sealer = match u.seal {
             false => None,
-            true => Some(Sealer::new().inspect_err(|e| {
+            true => Some(Sealer::new(slots).inspect_err(|e| {
                 eprintln!("usermm: swap_url {shown}: seal=1: no key page could be made and locked ({e:?})");
             })?),
         };
