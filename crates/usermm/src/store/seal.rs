@@ -35,8 +35,10 @@ const MAGIC: [u8; 4] = *b"UMS1";
 pub(crate) struct Sealer {
     cipher: Locked<ChaCha20Poly1305>,
     sealed: AtomicU64,
-    /// Each slot's last nonce (0: never sealed).
-    last: Box<[AtomicU64]>,
+    /// Each slot's last nonce (0: never sealed). A zeroed `Vec` (calloc:
+    /// the pages of untouched slots are never made), behind a lock a seal
+    /// or an open holds for a load or a store.
+    last: parking_lot::Mutex<Vec<u64>>,
 }
 
 impl Sealer {
@@ -52,7 +54,7 @@ impl Sealer {
         // The stack's copy cleared (`black_box`: the stores are kept).
         key.fill(0);
         std::hint::black_box(&key);
-        let last = (0..slots).map(|_| AtomicU64::new(0)).collect();
+        let last = parking_lot::Mutex::new(vec![0u64; usize::try_from(slots).map_err(|_| Errno::ENOMEM)?]);
         Ok(Sealer { cipher: cipher?, sealed: AtomicU64::new(0), last })
     }
 
@@ -61,8 +63,8 @@ impl Sealer {
     /// opens as the slot.
     pub(crate) fn seal(&self, space: u64, slot: u64, page: &[u8], out: &mut [u8]) -> [u8; HEADER] {
         let n = self.sealed.fetch_add(1, Ordering::Relaxed) + 1;
-        if let Some(l) = self.last.get(slot as usize) {
-            l.store(n, Ordering::Relaxed);
+        if let Some(l) = self.last.lock().get_mut(slot as usize) {
+            *l = n;
         }
         let mut h = [0u8; HEADER];
         h[..4].copy_from_slice(&MAGIC);
@@ -80,7 +82,7 @@ impl Sealer {
     /// into `out`: false, with `out` zeroed, unless it is the value this
     /// sealer last sealed as that slot of that space, unchanged.
     pub(crate) fn open(&self, space: u64, slot: u64, value: &[u8], out: &mut [u8]) -> bool {
-        let last = self.last.get(slot as usize).map_or(0, |l| l.load(Ordering::Relaxed));
+        let last = self.last.lock().get(slot as usize).copied().unwrap_or(0);
         if value.len() != HEADER + out.len() || value[..4] != MAGIC || last == 0 || value[4..12] != last.to_le_bytes() {
             out.fill(0);
             return false;
