@@ -6,6 +6,7 @@
 #   redis-server, redis-cli  the far-memory tests' servers, the report's
 #                            far-memory rows (`usermm bench farmem`), and a
 #                            program `usermm run`'s tests run
+#   openssl                  the TLS far-memory test's certificates
 #   python3, sqlite3         programs `usermm run`'s tests run
 #                            (crates/usermm-cli/tests/run.rs), from /usr/bin
 #   g++                      the C++ program `usermm run`'s tests run and
@@ -90,6 +91,7 @@ usermm_minor() {
 
 usermm_install_deps() {
   usermm_install_pkg redis-server /usr/bin/redis-server /usr/bin/redis-cli || return 1
+  usermm_install_pkg openssl /usr/bin/openssl || return 1
   usermm_install_pkg python3 /usr/bin/python3 || return 1
   usermm_install_pkg sqlite3 /usr/bin/sqlite3 || return 1
   usermm_install_pkg g++ /usr/bin/g++ /usr/bin/c++ || return 1

@@ -3,8 +3,10 @@
 //! synchronous client.
 //!
 //! `swap_url` is one of
-//! - `redis://[user:password@]host:port[/db][?OPTIONS]`: one server;
-//! - `redis+cluster://host:port[,host:port…][?OPTIONS]`: a cluster, given by
+//! - `redis://[user:password@]host:port[/db][?OPTIONS]`: one server
+//!   (`rediss://`: over TLS, with rustls);
+//! - `redis+cluster://host:port[,host:port…][?OPTIONS]` (`rediss+cluster://`
+//!   over TLS): a cluster, given by
 //!   seed nodes; the client reads the slot map from them, follows `MOVED` and
 //!   `ASK` redirections, re-reads the map when it changes, and retries (with
 //!   backoff, about 10 s in all) while a failover is under way;
@@ -23,7 +25,10 @@
 //! stopped answering; from one server, while it cannot be reached or is
 //! loading its data after a restart; writes do not wait: a failed write only
 //! keeps its pages resident), `seal=1` (pages go out encrypted and
-//! authenticated with the space's own key: `store/seal.rs`).
+//! authenticated with the space's own key: `store/seal.rs`), and over TLS
+//! `tls_ca=FILE` (the PEM certificate authority the server's certificate
+//! must chain to; else the system's), `tls_cert=FILE` and `tls_key=FILE`
+//! (the client's certificate and key, PEM, both or neither).
 //! - One key per chunk of 15 consecutive slots: `P` followed by the chunk
 //!   number on one server; `{P<g>}<chunk>` in a cluster, `g` being the
 //!   chunk's group of 240 slots, so that a run of pages (at most 256) lies in
@@ -77,7 +82,7 @@ use chunk::{pieces, Chunk};
 use errors::{io_error, server_errno, transient};
 use lease::client_name;
 use link::Link;
-use url::{hash_slot, parse, random_id, Url};
+use url::{hash_slot, parse, random_id, TlsFiles, Url};
 
 /// One server, a cluster, or the master of a Sentinel-watched group.
 enum Backend {
@@ -126,6 +131,26 @@ const GROUP: u64 = 16 * CHUNK;
 /// each behind its header — as many as fit jemalloc's 64 KiB size class
 /// (the server's allocator; module documentation).
 const CHUNK: u64 = 15;
+
+/// The certificates of `files` (`tls_ca`, `tls_cert`, `tls_key`), read
+/// now: a file that cannot be read fails the open with its errno, said on
+/// stderr. Without `tls_ca` the system's authorities are trusted.
+fn tls_certificates(files: &TlsFiles, shown: &str) -> Result<redis::TlsCertificates, Errno> {
+    let read = |what: &str, path: &String| {
+        std::fs::read(path).map_err(|e| {
+            eprintln!("usermm: swap_url {shown}: {what} {path}: {e}");
+            e.raw_os_error().map_or(Errno::EIO, Errno)
+        })
+    };
+    let client_tls = match (&files.cert, &files.key) {
+        (Some(c), Some(k)) => {
+            Some(redis::ClientTlsConfig { client_cert: read("tls_cert", c)?, client_key: read("tls_key", k)? })
+        }
+        _ => None,
+    };
+    let root_cert = files.ca.as_ref().map(|c| read("tls_ca", c)).transpose()?;
+    Ok(redis::TlsCertificates { client_tls, root_cert })
+}
 
 pub(crate) struct RedisStore {
     /// Set once the open got through: a store whose open failed has
@@ -179,7 +204,7 @@ impl RedisStore {
         let mut s = Self::build(&u, page, slots, poll_replies, space)?;
         s.check_access().map_err(|e| {
             if e.kind() == redis::ErrorKind::IoError {
-                eprintln!("usermm: swap_url {}: the server does not answer ({e})", s.shown);
+                eprintln!("usermm: swap_url {}: no connection to the server ({e})", s.shown);
             } else {
                 eprintln!("usermm: swap_url {}: the server refuses: {e}", s.shown);
             }
@@ -241,8 +266,16 @@ impl RedisStore {
             })
             .collect::<Vec<_>>()
             .join(",");
+        let certs = match &u.tls {
+            Some(files) => Some(tls_certificates(files, &shown)?),
+            None => None,
+        };
         let backend = if u.cluster {
-            let c = redis::cluster::ClusterClient::builder(u.nodes.iter().map(String::as_str))
+            let mut b = redis::cluster::ClusterClient::builder(u.nodes.iter().map(String::as_str));
+            if let Some(c) = certs {
+                b = b.certs(c);
+            }
+            let c = b
                 .connection_timeout(u.timeout)
                 .response_timeout(u.timeout)
                 // A failover (a replica promoted after the cluster's node
@@ -268,7 +301,14 @@ impl RedisStore {
                 .map_err(|_| Errno::EINVAL)?;
             Backend::Sentinel(Mutex::new(c))
         } else {
-            Backend::Single(redis::Client::open(u.nodes[0].as_str()).map_err(|_| Errno::EINVAL)?)
+            let c = match certs {
+                Some(certs) => redis::Client::build_with_tls(u.nodes[0].as_str(), certs),
+                None => redis::Client::open(u.nodes[0].as_str()),
+            };
+            Backend::Single(c.map_err(|e| {
+                eprintln!("usermm: swap_url {shown}: {e}");
+                Errno::EINVAL
+            })?)
         };
         // (A Sentinel's masters are plain TCP servers, which a `Link` serves.)
         let reads_poll = poll_replies

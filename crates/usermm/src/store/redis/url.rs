@@ -37,6 +37,19 @@ pub(super) struct Url {
     pub(super) lease: Duration,
     /// Pages go out sealed (`seal=1`, `store/seal.rs`).
     pub(super) seal: bool,
+    /// TLS (`rediss://`, `rediss+cluster://`): the files of `tls_ca`,
+    /// `tls_cert` and `tls_key`, if given.
+    pub(super) tls: Option<TlsFiles>,
+}
+
+/// The PEM files a TLS connection uses: the certificate authority its
+/// server's certificate must chain to (else the system's), and the
+/// client's certificate and key (both or neither).
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct TlsFiles {
+    pub(super) ca: Option<String>,
+    pub(super) cert: Option<String>,
+    pub(super) key: Option<String>,
 }
 
 /// The master a `redis+sentinel://` URL names, and how to log in to it.
@@ -83,9 +96,14 @@ pub(super) fn parse(url: &str, space: u64) -> Result<Url, Errno> {
         let (nodes, master) = parse_sentinel(rest)?;
         sentinel = Some(master);
         (nodes, false)
-    } else if let Some(rest) = base.strip_prefix("redis+cluster://") {
+    } else if let Some((rest, scheme)) = base
+        .strip_prefix("redis+cluster://")
+        .map(|r| (r, "redis"))
+        .or_else(|| base.strip_prefix("rediss+cluster://").map(|r| (r, "rediss")))
+    {
         let hosts = rest.trim_end_matches('/');
-        let nodes: Vec<String> = hosts.split(',').filter(|h| !h.is_empty()).map(|h| format!("redis://{h}/")).collect();
+        let nodes: Vec<String> =
+            hosts.split(',').filter(|h| !h.is_empty()).map(|h| format!("{scheme}://{h}/")).collect();
         if nodes.is_empty() {
             return Err(Errno::EINVAL);
         }
@@ -101,6 +119,7 @@ pub(super) fn parse(url: &str, space: u64) -> Result<Url, Errno> {
     let mut failover = Duration::from_millis(10_000);
     let mut lease = DEFAULT_LEASE;
     let mut seal = false;
+    let mut tls = TlsFiles::default();
     for kv in query.split('&').filter(|s| !s.is_empty()) {
         let (k, v) = kv.split_once('=').ok_or(Errno::EINVAL)?;
         match k {
@@ -109,6 +128,9 @@ pub(super) fn parse(url: &str, space: u64) -> Result<Url, Errno> {
             "replicas" => replicas = v.parse::<u32>().map_err(|_| Errno::EINVAL)?,
             "failover_ms" => failover = Duration::from_millis(v.parse::<u64>().map_err(|_| Errno::EINVAL)?),
             "lease_ms" => lease = Duration::from_millis(v.parse::<u64>().map_err(|_| Errno::EINVAL)?),
+            "tls_ca" if !v.is_empty() => tls.ca = Some(v.to_string()),
+            "tls_cert" if !v.is_empty() => tls.cert = Some(v.to_string()),
+            "tls_key" if !v.is_empty() => tls.key = Some(v.to_string()),
             "seal" => {
                 seal = match v {
                     "1" | "true" | "yes" => true,
@@ -119,6 +141,12 @@ pub(super) fn parse(url: &str, space: u64) -> Result<Url, Errno> {
             _ => return Err(Errno::EINVAL),
         }
     }
+    let secure = nodes.iter().all(|n| n.starts_with("rediss://"));
+    if tls.cert.is_some() != tls.key.is_some() || (!secure && tls != TlsFiles::default()) {
+        // A certificate without its key, or TLS files for a plain URL.
+        return Err(Errno::EINVAL);
+    }
+    let tls = secure.then_some(tls);
     let prefix = prefix.unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("usermm:{}:{}:{space:016x}:", host.trim(), std::process::id())
@@ -127,7 +155,7 @@ pub(super) fn parse(url: &str, space: u64) -> Result<Url, Errno> {
         // A brace would change the cluster's hash tag.
         return Err(Errno::EINVAL);
     }
-    Ok(Url { nodes, cluster, sentinel, prefix, timeout, replicas, failover, lease, seal })
+    Ok(Url { nodes, cluster, sentinel, prefix, timeout, replicas, failover, lease, seal, tls })
 }
 
 /// The cluster hash slot of `key` (CRC16/XMODEM of its hash tag, mod 16384).
@@ -184,6 +212,22 @@ mod tests {
         assert!(parse("redis://h:1?seal=1", 0).unwrap().seal);
         assert!(!parse("redis://h:1?seal=0", 0).unwrap().seal);
         assert_eq!(parse("redis://h:1?seal=maybe", 0).err(), Some(Errno::EINVAL));
+        assert_eq!(parse("redis://h:1", 0).unwrap().tls, None);
+        let u = parse("rediss://h:1/?tls_ca=/c.pem&tls_cert=/a.pem&tls_key=/k.pem", 0).unwrap();
+        let want = TlsFiles { ca: Some("/c.pem".into()), cert: Some("/a.pem".into()), key: Some("/k.pem".into()) };
+        assert_eq!(u.tls, Some(want));
+        assert_eq!(parse("rediss://h:1", 0).unwrap().tls, Some(TlsFiles::default()));
+        assert_eq!(
+            parse("rediss://h:1?tls_cert=/a.pem", 0).err(),
+            Some(Errno::EINVAL),
+            "a certificate without its key"
+        );
+        assert_eq!(parse("redis://h:1?tls_ca=/c.pem", 0).err(), Some(Errno::EINVAL), "TLS files for a plain URL");
+        let u = parse("rediss+cluster://a:1,b:2/?tls_ca=/c.pem", 0).unwrap();
+        assert_eq!(
+            (u.cluster, u.nodes.as_slice()),
+            (true, ["rediss://a:1/".to_string(), "rediss://b:2/".to_string()].as_slice())
+        );
         assert_ne!(lease_key("usermm:h:1:ab:"), "usermm:h:1:ab:lease", "a lease must not match its prefix");
         assert!(!lease_key("p:").starts_with("p:") && !REGISTRY.starts_with("usermm:"));
         let u = parse("redis+cluster://a:1,b:2,c:3/?prefix=p:", 0).unwrap();
