@@ -32,8 +32,10 @@ struct Rule {
 
 /// What the executor may name of `usermm_sys`: data it holds or reads (a
 /// file handle, the eventfd that pokes the handlers, fault messages and
-/// their flags, the in-thread resolver's interface), the clock and the
-/// calling thread's id. Every host operation goes through `Platform`, which
+/// their flags, the in-thread resolver's interface), the clock, the
+/// calling thread's id and the CPU it runs on (the wake-ahead thread's
+/// check, `native/awake.rs`: a read of the thread's rseq area, no host
+/// operation). Every host operation goes through `Platform`, which
 /// the simulation implements too: a `usermm_sys` function called from the
 /// executor would be a host call the simulation never sees.
 const EXECUTOR_SYS: &[&str] = &[
@@ -47,6 +49,7 @@ const EXECUTOR_SYS: &[&str] = &[
     "usermm_sys::inthread::Outcome",
     "usermm_sys::now_ns",
     "usermm_sys::thread::gettid",
+    "usermm_sys::thread::current_cpu",
 ];
 
 /// The executor and the page stores know nothing of the API layer (the heap
