@@ -386,7 +386,13 @@ fn bench_farmem_writes_results() {
         let left = memcg_leftovers(pid, &swap_dir());
         assert!(left.is_empty(), "the benchmark left behind: {left:?}");
     }
-    for sys in ["usermm (swap file)", "usermm (redis)", "usermm (redis, in-thread)", "usermm (redis cluster)"] {
+    for sys in [
+        "usermm (swap file)",
+        "usermm (redis)",
+        "usermm (redis, sealed)",
+        "usermm (redis, in-thread)",
+        "usermm (redis cluster)",
+    ] {
         for ph in ["seq-write", "seq-read", "uniform"] {
             assert!(value(&rows, sys, ph, "throughput") > 0.0, "{sys} {ph}");
         }

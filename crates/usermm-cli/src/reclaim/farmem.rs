@@ -6,6 +6,9 @@
 //! - `usermm (redis)`: the same space with `swap_url` naming a
 //!   `redis-server` this benchmark starts on a loopback port (no
 //!   persistence) and stops at the end;
+//! - `usermm (redis, sealed)`: the same with `seal=1` (every page
+//!   encrypted and authenticated with ChaCha20-Poly1305: what sealing
+//!   costs, `sealed / redis` in the table);
 //! - `usermm (redis, in-thread)`: the same with `UMM_F_INTHREAD_FAULTS`
 //!   (faults resolved in the faulting thread: the round trip has no
 //!   hand-off to a handler thread);
@@ -53,6 +56,8 @@ const FILE: &str = "usermm (swap file)";
 const REDIS: &str = "usermm (redis)";
 const REDIS_IT: &str = "usermm (redis, in-thread)";
 const CLUSTER: &str = "usermm (redis cluster)";
+/// `usermm (redis)` with `seal=1`: every page encrypted and authenticated.
+const SEALED: &str = "usermm (redis, sealed)";
 const GET: &str = "redis GET";
 /// The GETs interleaved with `usermm (redis)`'s probes, and with
 /// `usermm (redis, in-thread)`'s: the yardsticks of the round-trip goals.
@@ -470,13 +475,19 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
                 e.add(MEMCG, name, "throughput", unit, p.touches as f64 / (p.ns as f64 / 1e9));
             }
         }
-        let order =
-            if r.is_multiple_of(2) { [FILE, REDIS, REDIS_IT, CLUSTER] } else { [CLUSTER, REDIS_IT, REDIS, FILE] };
+        let order = if r.is_multiple_of(2) {
+            [FILE, REDIS, SEALED, REDIS_IT, CLUSTER]
+        } else {
+            [CLUSTER, REDIS_IT, SEALED, REDIS, FILE]
+        };
         for sys in order {
             let (url, servers): (Option<String>, &[Server]) = match sys {
                 FILE => (None, &[]),
-                REDIS | REDIS_IT => match &server {
-                    Some(s) => (Some(format!("redis://127.0.0.1:{}/?prefix=farmem:", s.port)), std::slice::from_ref(s)),
+                REDIS | REDIS_IT | SEALED => match &server {
+                    Some(s) => {
+                        let seal = if sys == SEALED { "&seal=1" } else { "" };
+                        (Some(format!("redis://127.0.0.1:{}/?prefix=farmem:{seal}", s.port)), std::slice::from_ref(s))
+                    }
                     None => continue,
                 },
                 _ => match &cluster {
@@ -512,23 +523,36 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     for ph in PHASES.iter().chain(["roundtrip"].iter()) {
         let metric = if *ph == "roundtrip" { "p50" } else { "throughput" };
         let (f, r, c) = (e.med(FILE, ph, metric), e.med(REDIS, ph, metric), e.med(CLUSTER, ph, metric));
-        let (k, ri) = (e.med(MEMCG, ph, metric), e.med(REDIS_IT, ph, metric));
+        let (k, ri, sd) = (e.med(MEMCG, ph, metric), e.med(REDIS_IT, ph, metric), e.med(SEALED, ph, metric));
         rows.push(vec![
             ph.to_string(),
             fmt_num(f),
             fmt_num(r),
+            fmt_num(sd),
             fmt_num(ri),
             fmt_num(c),
             fmt_num(k),
             fmt_num(r / f),
+            fmt_num(sd / r),
             fmt_num(c / f),
         ]);
     }
     e.tables.push(Table {
         title: "medians: throughput per phase (pages or touches/s), round trip p50 (µs)".into(),
-        head: ["phase", FILE, REDIS, REDIS_IT, CLUSTER, MEMCG, "redis / file", "cluster / file"]
-            .map(String::from)
-            .to_vec(),
+        head: [
+            "phase",
+            FILE,
+            REDIS,
+            SEALED,
+            REDIS_IT,
+            CLUSTER,
+            MEMCG,
+            "redis / file",
+            "sealed / redis",
+            "cluster / file",
+        ]
+        .map(String::from)
+        .to_vec(),
         rows,
     });
     if !measured {
