@@ -72,9 +72,10 @@ impl WakeAhead {
         self.enabled.store(true, Ordering::Relaxed);
     }
 
-    /// Makes `begin` note the handler's CPU, where the thread then does
-    /// not spin (`spin`). (Off in the unit tests below, whose "handler" is
-    /// the test's thread and may share a CPU with the spinner.)
+    /// Makes `begin` note the handler's CPU, where the thread then yields
+    /// at every turn instead of spinning (`spin`). (Off in the unit tests
+    /// below, whose "handler" is the test's thread and may share a CPU with
+    /// the spinner.)
     pub(crate) fn track_handler_cpu(&self) {
         self.track_cpu.store(true, Ordering::Relaxed);
     }

@@ -1,8 +1,8 @@
 //! What starts the background reclaimer and what it is asked to do: the
 //! free-frame watermarks it keeps above, the condition it waits on and the
 //! poke a fill gives it, the read-ins queued for it (`MADV_WILLNEED`, file
-//! read-ahead windows, swap read-ahead after a fault), and how long a fault short of frames waits for
-//! reclaim elsewhere.
+//! read-ahead windows, a swap read-ahead's window), and how long a fault
+//! short of frames waits for reclaim elsewhere.
 //!
 //! Invariants: `1 <= low <= high <= budget`; `poked` is set and cleared
 //! under the core lock (a fill sets it, the thread clears it before it
