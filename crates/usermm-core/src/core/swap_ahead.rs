@@ -73,21 +73,8 @@ impl Core {
     /// with the streak up to `AHEAD_MAX_PAGES`, past the run in the
     /// stream's direction.
     pub fn swap_ahead_plan(&mut self, run: PageRange) -> SwapAhead {
-        self.swap_ahead_scan(run, None)
-    }
-
-    /// The first `n` pages `swap_ahead_plan` would read past `run`,
-    /// claimed, and nothing else: no parked page, no marker, the stream
-    /// left where it is — a later `swap_ahead_plan(run)` reads the rest of
-    /// the window (the fault's handler reads these before it serves the
-    /// next fault, another thread the rest meanwhile).
-    pub fn swap_ahead_near(&mut self, run: PageRange, n: usize) -> SwapAhead {
-        self.swap_ahead_scan(run, Some(n))
-    }
-
-    fn swap_ahead_scan(&mut self, run: PageRange, near: Option<usize>) -> SwapAhead {
         let mut a = SwapAhead::default();
-        let room = (self.free_frames() / 2).min(near.map_or(u64::MAX, |n| n as u64));
+        let room = self.free_frames() / 2;
         let Some(reg) = self.regions.find_mut(run.start) else { return a };
         if reg.advice() != Advice::Normal || reg.lock() != LockMode::None {
             return a;
@@ -120,8 +107,7 @@ impl Core {
                 a.pages.push((p, m.slot));
             }
             // (As pressure's end takes them: `unpark_plan`.)
-            if near.is_none()
-                && m.state == PState::Inactive
+            if m.state == PState::Inactive
                 && m.flags & (pf::LOCKED | pf::VOLATILE | pf::LAZYFREE) == 0
                 && !self.zaps.zapping_at(p)
             {
@@ -136,13 +122,9 @@ impl Core {
         // window while the program uses the rest of this one (Linux's
         // `PG_readahead`). With fewer than two pages, the stream goes on
         // past what was scanned.
-        let marker = (near.is_none() && a.pages.len() >= 2).then(|| a.pages.remove(a.pages.len() / 2).0);
+        let marker = (a.pages.len() >= 2).then(|| a.pages.remove(a.pages.len() / 2).0);
         if a.pages.is_empty() && parked.is_empty() {
             return a;
-        }
-        if near.is_some() {
-            a.backwards = backwards;
-            return self.claim_ahead(a);
         }
         let seen = match (marker, backwards) {
             (Some(m), false) => PageRange { start: run.start, end: m },
@@ -161,11 +143,6 @@ impl Core {
             let wp = m.cache != 0;
             a.parked.push(FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked: false, wp });
         }
-        self.claim_ahead(a)
-    }
-
-    /// Claims the pages of read-ahead `a` (`Filling`, with their frames).
-    fn claim_ahead(&mut self, mut a: SwapAhead) -> SwapAhead {
         let Some(&(first, _)) = a.pages.first() else { return a };
         // Read ahead, the pages keep their copies where the region's do pay
         // (the faults' probes keep that verdict current; a read-ahead,

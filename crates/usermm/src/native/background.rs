@@ -140,13 +140,8 @@ impl Inner {
         }
     }
 
-    /// Serves the queued swap read-aheads, `MADV_WILLNEED` pages and file
-    /// read-ahead windows.
+    /// Serves the queued `MADV_WILLNEED` pages and file read-ahead windows.
     pub(super) fn serve_willneed(&self) {
-        for run in self.reclaimer.take_swap_ahead() {
-            let _mm = self.read_mm();
-            self.swap_ahead(run);
-        }
         let pending = self.reclaimer.take_queued();
         for a in pending {
             let (swapped, file) = {

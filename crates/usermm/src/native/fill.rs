@@ -72,28 +72,15 @@ impl Inner {
             .unwrap_or(0)
     }
 
-    /// The handler's part of the read-ahead after a fault's swap-in of
-    /// `run`, after the faulting thread was woken: the
+    /// The read-ahead after a fault's swap-in of `run`
+    /// (`Core::swap_ahead_plan`), after the faulting thread was woken: the
     /// `AHEAD_FIRST_PAGES` swapped pages nearest it, which the program
-    /// reaches first, read in one batch (`Platform::swap_gather`); the rest
-    /// of the window is queued for the background thread (`swap_ahead`), so
-    /// that the next fault is not served only after the whole window.
-    pub(super) fn swap_ahead_first(&self, run: PageRange) {
-        let near = lock(&self.core).swap_ahead_near(run, AHEAD_FIRST_PAGES);
-        self.swap_ahead_read(near);
-        let _c = lock(&self.core);
-        self.reclaimer.queue_swap_ahead(run);
-        self.reclaimer.notify();
-    }
-
-    /// The rest of the read-ahead after a fault's swap-in of `run`
-    /// (`Core::swap_ahead_plan`), in the background thread, the `mm` lock
-    /// held shared: the window's parked pages mapped back with moves, its
-    /// swapped pages read in batches of `AHEAD_BATCH_PAGES`, nearest first,
-    /// each committed as it completes. A thread that touches one of them
-    /// meanwhile waits for its batch's commit (its fault is `Busy`); one
-    /// that faults past them first continues the stream itself, and this
-    /// window is not read (the stream no longer ends at `run`).
+    /// reaches first, read in one batch (`Platform::swap_gather`); the
+    /// window's parked pages mapped back with moves; the rest of its
+    /// swapped pages in batches of `AHEAD_BATCH_PAGES`, nearest first, each
+    /// installed and committed as it completes, so the program goes on
+    /// over them meanwhile. A thread that touches a page not yet in waits
+    /// for its commit (its fault is `Busy`).
     pub(super) fn swap_ahead(&self, run: PageRange) {
         let mut a = lock(&self.core).swap_ahead_plan(run);
         let parked = std::mem::take(&mut a.parked);

@@ -1,8 +1,8 @@
 //! What starts the background reclaimer and what it is asked to do: the
 //! free-frame watermarks it keeps above, the condition it waits on and the
 //! poke a fill gives it, the read-ins queued for it (`MADV_WILLNEED`, file
-//! read-ahead windows, a swap read-ahead's window), and how long a fault
-//! short of frames waits for reclaim elsewhere.
+//! read-ahead windows), and how long a fault short of frames waits for
+//! reclaim elsewhere.
 //!
 //! Invariants: `1 <= low <= high <= budget`; `poked` is set and cleared
 //! under the core lock (a fill sets it, the thread clears it before it
@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use usermm_core::types::PageRange;
 use usermm_core::Core;
 
 use super::lock;
@@ -40,9 +39,6 @@ pub(crate) struct Reclaimer {
     oom_wait_us: AtomicU64,
     /// Page addresses to read in (`MADV_WILLNEED`, read-ahead windows).
     willneed: Mutex<Vec<usize>>,
-    /// Swap-in runs of faults whose stream may read ahead
-    /// (`Inner::swap_ahead`).
-    swap_ahead: Mutex<Vec<PageRange>>,
     /// The simulation's background step: the calm mark it saw last
     /// (`u64::MAX`: none yet).
     #[cfg(feature = "test-hooks")]
@@ -62,7 +58,6 @@ impl Reclaimer {
             poked: AtomicBool::new(false),
             oom_wait_us: AtomicU64::new(OOM_WAIT_US),
             willneed: Mutex::new(Vec::new()),
-            swap_ahead: Mutex::new(Vec::new()),
             #[cfg(feature = "test-hooks")]
             calm_seen: AtomicU64::new(u64::MAX),
         }
@@ -118,20 +113,9 @@ impl Reclaimer {
         lock(&self.willneed).extend(addrs);
     }
 
-    /// Queues a fault's swap-in run for a read-ahead (the caller then
-    /// notifies, under the core lock).
-    pub(super) fn queue_swap_ahead(&self, run: PageRange) {
-        lock(&self.swap_ahead).push(run);
-    }
-
     /// Whether read-ins are queued.
     pub(super) fn queued(&self) -> bool {
-        !lock(&self.willneed).is_empty() || !lock(&self.swap_ahead).is_empty()
-    }
-
-    /// Takes the queued swap read-aheads.
-    pub(super) fn take_swap_ahead(&self) -> Vec<PageRange> {
-        std::mem::take(&mut *lock(&self.swap_ahead))
+        !lock(&self.willneed).is_empty()
     }
 
     /// Takes the queued read-ins.

@@ -108,7 +108,7 @@ impl Inner {
                 let next = self.serve_swap_in(c, plan, run, slot, keep, page_addr, caller);
                 // (Not in the faulting thread: it would wait for the batch.)
                 if matches!(next, Next::Served) && caller.waits() && !caller.in_thread() {
-                    self.swap_ahead_first(run);
+                    self.swap_ahead(run);
                 }
                 next
             }
