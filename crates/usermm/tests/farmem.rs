@@ -493,6 +493,23 @@ fn sealed_pages_reach_the_server_encrypted_and_come_back_whole() {
     assert_eq!(Space::open(&cfg).err(), Some(usermm::Errno::EINVAL));
 }
 
+/// One pass over 16 MiB through a 2 MiB budget on the store at `url`
+/// (pages tagged `tag`): every byte read back right, every page out and
+/// nearly every one in, no read or write error; `on_server` runs while the
+/// pages are still there.
+fn one_pass(url: String, tag: u64, on_server: impl FnOnce()) {
+    let s = space(2 << 20, 64 << 20, url);
+    let mut m = s.map_anon(16 << 20).expect("mmap");
+    fill(&mut m, tag, 1);
+    assert_eq!(bad_in(&m, tag, 1), 0, "pages read back wrong");
+    let st = s.stats();
+    assert!(st.swapouts >= 4096 && st.swapins >= 3584, "{st:?}");
+    assert_eq!((st.swap_read_errors, st.swap_write_errors), (0, 0));
+    on_server();
+    drop(m);
+    s.close().unwrap();
+}
+
 /// A certificate authority, and a server and a client certificate it
 /// signed (for 127.0.0.1), made with the `openssl` command in `dir`; plus a
 /// second authority that signed neither.
@@ -565,16 +582,9 @@ fn pages_round_trip_over_tls_with_client_certificates() {
     let base = format!("rediss://127.0.0.1:{tls_port}/?timeout_ms=2000&tls_ca={}", f("ca.crt"));
     let with_client = format!("{base}&tls_cert={}&tls_key={}", f("client.crt"), f("client.key"));
     // Pages through TLS, every byte right, under 8x pressure.
-    let s = space(2 << 20, 64 << 20, format!("{with_client}&prefix=tls:"));
-    let mut m = s.map_anon(16 << 20).expect("mmap");
-    fill(&mut m, 6, 1);
-    assert_eq!(bad_in(&m, 6, 1), 0, "through TLS");
-    let st = s.stats();
-    assert!(st.swapouts >= 4096 && st.swapins >= 3584, "{st:?}");
-    assert_eq!((st.swap_read_errors, st.swap_write_errors), (0, 0));
-    assert!(!srv.keys("tls:*").is_empty(), "no page on the server");
-    drop(m);
-    s.close().unwrap();
+    one_pass(format!("{with_client}&prefix=tls:"), 6, || {
+        assert!(!srv.keys("tls:*").is_empty(), "no page on the server");
+    });
     // Refused at open, not at the first swap-out: no client certificate
     // (the server asks for one), a server certificate of an authority not
     // trusted, plain TCP to the TLS port; a certificate file not there.
@@ -900,15 +910,7 @@ fn pages_round_trip_through_a_cluster() {
     s.close().unwrap();
     assert_eq!(cl.total_keys(), 0, "the space's keys outlived it");
     // Sealed pages, through the cluster's own write path.
-    let s = space(2 << 20, 64 << 20, cl.url("csealed:", 1) + "&seal=1");
-    let mut m = s.map_anon(16 << 20).expect("mmap");
-    fill(&mut m, 5, 1);
-    assert_eq!(bad_in(&m, 5, 1), 0, "sealed, through a cluster");
-    let st = s.stats();
-    assert!(st.swapouts >= 4096 && st.swapins >= 3584, "{st:?}");
-    assert_eq!((st.swap_read_errors, st.swap_write_errors), (0, 0));
-    drop(m);
-    s.close().unwrap();
+    one_pass(cl.url("csealed:", 1) + "&seal=1", 5, || {});
 }
 
 /// A cluster has no `SCAN` across nodes nor one `CLIENT LIST`: a child
