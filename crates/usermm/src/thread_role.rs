@@ -6,15 +6,39 @@
 //! and the stores read; kept apart from all of them so that none needs the
 //! others to know what the thread is doing.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
-thread_local! {
+use crate::heap::small::cache::Cache;
+
+/// The calling thread's marks and its heap cache, in one thread-local: a
+/// `malloc` reads both the system-only mark and the cache, and in a shared
+/// library (the `usermm run` preload) each thread-local is a call of
+/// `__tls_get_addr` (a malloc+free pair made three of them, a quarter of
+/// its time). No destructor (the cache is flushed by a thread-local of its
+/// own, `heap/small/cache.rs`'s `ExitFlush`), so it is never torn down.
+pub(crate) struct Thread {
     /// How deep this thread is in code whose allocations must not come from
     /// a `GlobalHeap`: its slow path, and every thread usermm starts.
-    static SYSTEM_ONLY: Cell<u32> = const { Cell::new(0) };
+    system_only: Cell<u32>,
     /// How many in-thread resolves (this thread's own fault, in its SIGBUS
     /// handler) this thread is inside.
-    static RESOLVING_OWN_FAULT: Cell<u32> = const { Cell::new(0) };
+    resolving_own_fault: Cell<u32>,
+    /// The thread's cache of small blocks.
+    pub(crate) heap_cache: RefCell<Cache>,
+}
+
+impl Thread {
+    /// Whether this thread's allocations must come from the system allocator.
+    #[inline]
+    pub(crate) fn system_only(&self) -> bool {
+        self.system_only.get() > 0
+    }
+}
+
+thread_local! {
+    pub(crate) static THREAD: Thread = const {
+        Thread { system_only: Cell::new(0), resolving_own_fault: Cell::new(0), heap_cache: RefCell::new(Cache::EMPTY) }
+    };
 }
 
 /// While alive, this thread's allocations through a `GlobalHeap` come from
@@ -25,7 +49,7 @@ impl SystemOnly {
     /// Makes the calling thread system-only until the guard drops; nests.
     #[inline]
     pub fn enter() -> SystemOnly {
-        SYSTEM_ONLY.with(|d| d.set(d.get() + 1));
+        THREAD.with(|t| t.system_only.set(t.system_only.get() + 1));
         SystemOnly(())
     }
 }
@@ -33,7 +57,7 @@ impl SystemOnly {
 impl Drop for SystemOnly {
     #[inline]
     fn drop(&mut self) {
-        SYSTEM_ONLY.with(|d| d.set(d.get() - 1));
+        THREAD.with(|t| t.system_only.set(t.system_only.get() - 1));
     }
 }
 
@@ -41,14 +65,14 @@ impl Drop for SystemOnly {
 /// allocations never come from a `GlobalHeap` (a fault handler that faulted
 /// on the heap would wait on itself).
 pub(crate) fn mark_usermm_thread() {
-    SYSTEM_ONLY.with(|d| d.set(d.get() + 1));
+    THREAD.with(|t| t.system_only.set(t.system_only.get() + 1));
 }
 
 /// Whether this thread's allocations must come from the system allocator.
 #[inline]
 pub(crate) fn system_only() -> bool {
     // A thread tearing down its thread-locals counts as system-only.
-    SYSTEM_ONLY.try_with(|d| d.get() > 0).unwrap_or(true)
+    THREAD.try_with(Thread::system_only).unwrap_or(true)
 }
 
 /// While alive, this thread is resolving its own fault in its SIGBUS
@@ -58,7 +82,7 @@ pub(crate) struct ResolvingOwnFault(());
 impl ResolvingOwnFault {
     #[inline]
     pub(crate) fn enter() -> ResolvingOwnFault {
-        RESOLVING_OWN_FAULT.with(|d| d.set(d.get() + 1));
+        THREAD.with(|t| t.resolving_own_fault.set(t.resolving_own_fault.get() + 1));
         ResolvingOwnFault(())
     }
 }
@@ -66,7 +90,7 @@ impl ResolvingOwnFault {
 impl Drop for ResolvingOwnFault {
     #[inline]
     fn drop(&mut self) {
-        RESOLVING_OWN_FAULT.with(|d| d.set(d.get() - 1));
+        THREAD.with(|t| t.resolving_own_fault.set(t.resolving_own_fault.get() - 1));
     }
 }
 
@@ -76,7 +100,7 @@ impl Drop for ResolvingOwnFault {
 /// `UMM_MAP_INTHREAD` regions.
 #[inline]
 pub(crate) fn resolving_own_fault() -> bool {
-    RESOLVING_OWN_FAULT.with(|d| d.get() > 0)
+    THREAD.with(|t| t.resolving_own_fault.get() > 0)
 }
 
 #[cfg(test)]

@@ -56,7 +56,10 @@ const EXECUTOR_SYS: &[&str] = &[
 /// and the C ABI); the stores know nothing of the executor either, and the
 /// executor nothing of `usermm_sys` but data ([`EXECUTOR_SYS`]); the heap
 /// knows nothing of the C ABI; the thread roles and the configuration,
-/// which all of them use, know none of them. The environment a space is
+/// which all of them use, know none of them (but the type of the heap's
+/// per-thread cache, which lives in the one thread-local with the thread's
+/// marks: a thread-local of the `usermm run` preload is a `__tls_get_addr`
+/// call, and a `malloc` reads both). The environment a space is
 /// configured from is read in `config/` only (not in the C ABI, the heap,
 /// the executor, the platform nor the stores).
 const RULES: &[Rule] = &[
@@ -84,7 +87,7 @@ const RULES: &[Rule] = &[
         part: "thread roles and configuration",
         modules: &["thread_role", "config"],
         forbidden: &["crate::store", "crate::native", "crate::platform", "crate::heap", "crate::boundary"],
-        allowed: &[],
+        allowed: &["crate::heap::small::cache::Cache"],
     },
 ];
 

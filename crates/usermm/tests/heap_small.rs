@@ -82,9 +82,11 @@ fn every_size_refuses_double_and_foreign_frees() {
             assert!(usable >= n, "{n}: usable {usable}");
             fill(p, k, usable);
             assert_eq!(wrong(p, k, usable), 0, "{n}");
-            // An interior pointer: not a block.
-            umm_free(s, p.add(8) as *mut c_void);
-            assert_eq!(umm_malloc_usable_size(s, p.add(8) as *mut c_void), 0, "{n}");
+            // Interior pointers, one at a 16-byte boundary: not a block.
+            for at in [8, 16].into_iter().filter(|&at| at < usable) {
+                umm_free(s, p.add(at) as *mut c_void);
+                assert_eq!(umm_malloc_usable_size(s, p.add(at) as *mut c_void), 0, "{n} +{at}");
+            }
             assert_eq!(wrong(p, k, usable), 0, "{n}: an interior free changed the block");
             umm_free(s, p as *mut c_void);
             assert_eq!(umm_malloc_usable_size(s, p as *mut c_void), 0, "{n}: freed, still usable");

@@ -58,8 +58,8 @@ use crate::thread_role::SystemOnly;
 use crate::Space;
 use usermm_sys::lazy::LazyChunks;
 
-mod cache;
-use cache::LOCAL;
+pub(crate) mod cache;
+use crate::thread_role::{Thread, THREAD};
 
 /// Slabs per chunk of the side table (chunks are allocated as slabs are
 /// carved in their address range: 4 MiB of reservation each). The table of
@@ -103,7 +103,12 @@ struct SlabMeta {
     /// location of its own, so a `malloc` or `free` changes it with a plain
     /// store, no locked read-modify-write (threads allocating and freeing
     /// blocks of one slab at once would otherwise serialize on its words);
-    /// and the class in it, so that a free needs no other line.
+    /// and the class in it, so that a free needs no other line. By granule,
+    /// not by slot: a slab's slots pass between threads (a block given back
+    /// by one is taken by another), and with a byte per slot 64 neighbouring
+    /// blocks, of both threads, shared a line (two threads' alloc+free pairs
+    /// went from ~80 to ~130 ns once the slabs were mixed; one thread gained
+    /// nothing measurable).
     live: Live,
     /// Avail slots, changed only under the class's lock (atomics so the
     /// entry can be shared; `Relaxed`, the lock orders them).
@@ -243,7 +248,7 @@ impl Small {
     /// for a new slab.
     #[inline]
     pub(crate) fn alloc(&self, sp: &Space, class: usize) -> Option<usize> {
-        if let Ok(Some(p)) = LOCAL.try_with(|l| pop(l, &self.shared, class)) {
+        if let Ok(Some(p)) = THREAD.try_with(|t| pop(&t.heap_cache, &self.shared, class)) {
             self.mark_live(class, p);
             return Some(p);
         }
@@ -255,8 +260,8 @@ impl Small {
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, sp: &Space, class: usize) -> Option<usize> {
-        let got = LOCAL.try_with(|l| {
-            let Ok(mut c) = l.try_borrow_mut() else { return Err(()) };
+        let got = THREAD.try_with(|t| {
+            let Ok(mut c) = t.heap_cache.try_borrow_mut() else { return Err(()) };
             if !c.adopt(&self.shared) {
                 return Err(());
             }
@@ -303,7 +308,7 @@ impl Small {
     #[inline]
     pub(crate) fn alloc_cached(&self, class: usize) -> Cached {
         // The thread is tearing down its thread-locals: `System`.
-        let got = LOCAL.try_with(|l| pop_cached(l, &self.shared, class)).unwrap_or(Cached::System);
+        let got = THREAD.try_with(|t| pop_cached(t, &self.shared, class)).unwrap_or(Cached::System);
         if let Cached::Block(p) = got {
             self.mark_live(class, p);
         }
@@ -341,7 +346,7 @@ impl Small {
         m.live.0[g].store(0, Release);
         // The common case inline: the block pushed on the thread's cache of
         // this heap, which has room.
-        let pushed = LOCAL.try_with(|l| push_cached(l, &self.shared, class, p)).unwrap_or(false);
+        let pushed = THREAD.try_with(|t| push_cached(&t.heap_cache, &self.shared, class, p)).unwrap_or(false);
         if !pushed {
             self.free_slow(sp, class, p);
         }
@@ -354,8 +359,8 @@ impl Small {
     #[cold]
     #[inline(never)]
     fn free_slow(&self, sp: Option<&Space>, class: usize, p: usize) {
-        let pushed = LOCAL.try_with(|l| {
-            let Ok(mut c) = l.try_borrow_mut() else { return false };
+        let pushed = THREAD.try_with(|t| {
+            let Ok(mut c) = t.heap_cache.try_borrow_mut() else { return false };
             if !c.adopt(&self.shared) {
                 return false;
             }
@@ -387,8 +392,8 @@ impl Small {
     /// Gives the calling thread's cached blocks of this heap back to their
     /// slabs (tests; a thread's exit does it by itself).
     pub(crate) fn flush_thread_cache(&self, sp: &Space) {
-        let _ = LOCAL.try_with(|l| {
-            if let Ok(mut c) = l.try_borrow_mut() {
+        let _ = THREAD.try_with(|t| {
+            if let Ok(mut c) = t.heap_cache.try_borrow_mut() {
                 if c.owner.as_ref().is_some_and(|o| Arc::ptr_eq(o, &self.shared)) {
                     c.flush();
                 }
@@ -426,11 +431,11 @@ impl Small {
 
 /// [`Small::alloc_cached`]'s work on the thread's state.
 #[inline(always)]
-fn pop_cached(l: &RefCell<cache::Cache>, shared: &Arc<Shared>, class: usize) -> Cached {
-    if crate::thread_role::system_only() {
+fn pop_cached(t: &Thread, shared: &Arc<Shared>, class: usize) -> Cached {
+    if t.system_only() {
         return Cached::System;
     }
-    match pop(l, shared, class) {
+    match pop(&t.heap_cache, shared, class) {
         Some(p) => Cached::Block(p),
         None => Cached::Miss,
     }

@@ -2,19 +2,19 @@
 //! addresses and a held slab, all of one heap's, flushed back when the
 //! thread ends.
 
-use std::cell::RefCell;
 use std::mem::ManuallyDrop;
 
 use super::*;
+use crate::thread_role::THREAD;
 
 /// One thread's cached blocks, all of one heap's (`owner`): per class, a
 /// stack of addresses (`blocks[class][..n[class]]`). The counts of every
 /// class come first, on one line that every `malloc` and `free` reads (in a
 /// per-class struct, a count and its stack's top were two lines to miss).
 #[repr(C)]
-pub(super) struct Cache {
+pub(crate) struct Cache {
     pub(super) n: [u8; NCLASSES],
-    /// `ManuallyDrop` so that [`LOCAL`] has no destructor; [`ExitFlush`]
+    /// `ManuallyDrop` so that [`THREAD`] has no destructor; [`ExitFlush`]
     /// takes the `Arc` out at the thread's exit.
     pub(super) owner: ManuallyDrop<Option<Arc<Shared>>>,
     /// The slab of each class this cache holds (`NIL`: none; see
@@ -24,6 +24,14 @@ pub(super) struct Cache {
 }
 
 impl Cache {
+    /// A cache of no heap.
+    pub(crate) const EMPTY: Cache = Cache {
+        owner: ManuallyDrop::new(None),
+        n: [0; NCLASSES],
+        blocks: [[0; CACHE_MAX]; NCLASSES],
+        held: [NIL; NCLASSES],
+    };
+
     #[inline]
     pub(super) fn owned_by(&self, shared: &Arc<Shared>) -> bool {
         self.owner.as_ref().is_some_and(|o| Arc::ptr_eq(o, shared))
@@ -64,7 +72,7 @@ impl Cache {
 }
 
 /// Gives the thread's cache back when the thread exits. A thread-local of
-/// its own: [`LOCAL`] has no destructor, so that reading it never
+/// its own: [`THREAD`] has no destructor, so that reading it never
 /// registers one (which allocates, and would come back into the heap
 /// before the thread's depth could say where that allocation goes).
 struct ExitFlush;
@@ -72,8 +80,8 @@ struct ExitFlush;
 impl Drop for ExitFlush {
     fn drop(&mut self) {
         let _system = SystemOnly::enter();
-        let _ = LOCAL.try_with(|l| {
-            if let Ok(mut c) = l.try_borrow_mut() {
+        let _ = THREAD.try_with(|t| {
+            if let Ok(mut c) = t.heap_cache.try_borrow_mut() {
                 c.flush();
                 *c.owner = None;
             }
@@ -83,13 +91,4 @@ impl Drop for ExitFlush {
 
 thread_local! {
     static EXIT: ExitFlush = const { ExitFlush };
-    /// The thread's cache (no destructor: see [`ExitFlush`]).
-    pub(super) static LOCAL: RefCell<Cache> = const {
-        RefCell::new(Cache {
-            owner: ManuallyDrop::new(None),
-            n: [0; NCLASSES],
-            blocks: [[0; CACHE_MAX]; NCLASSES],
-            held: [NIL; NCLASSES],
-        })
-    };
 }
