@@ -407,6 +407,9 @@ fn bench_farmem_writes_results() {
     for sys in ["usermm (redis)", "usermm (redis cluster)"] {
         let mem = value(&rows, sys, "all", "store_bytes_per_swapped_byte");
         assert!((1.0..4.0).contains(&mem), "{sys}: store memory {mem}× the swapped bytes");
+        // Over every page held (swap copies too): at most the swapped ones' ratio.
+        let per_slot = value(&rows, sys, "all", "store_bytes_per_slot_byte");
+        assert!((1.0..=mem).contains(&per_slot), "{sys}: store memory {per_slot}× the bytes in slots");
     }
     assert!(value(&rows, "redis GET", "roundtrip", "p50") > 0.0);
     // The goals' yardsticks: GETs interleaved with each single-server space's probes.

@@ -234,6 +234,11 @@ fn space_run(
         let swapped = space.stats().swapped_pages * PAGE as u64;
         let held = used().saturating_sub(mem0);
         e.add(sys, "all", "store_bytes_per_swapped_byte", "×", held as f64 / swapped.max(1) as f64);
+        // The same over every page the store holds: the swapped ones and
+        // the swap copies of resident pages (Linux's swap used, which
+        // counts its swap cache): the layout's own overhead.
+        let slots = swapped + space.stats().swap_cached_pages * PAGE as u64;
+        e.add(sys, "all", "store_bytes_per_slot_byte", "×", held as f64 / slots.max(1) as f64);
     }
     let mut errors = 0;
     for (name, p) in PHASES.iter().zip(&ph) {
@@ -635,7 +640,10 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
          page swapped in (keys, 32-byte headers and protocol included). Store memory: the growth of the \
          servers' used_memory over the phases ÷ the bytes the space has swapped out at their end (a full chunk's \
          value, 15 pages behind their headers, 61,920 bytes, takes jemalloc's 64 KiB size class: 1.07×; a slot \
-         freed while others of its chunk are in use keeps its bytes until the chunk is wholly free).",
+         freed while others of its chunk are in use keeps its bytes until it is written again, which the next \
+         eviction does first, or the chunk is wholly free). store_bytes_per_slot_byte divides by every page the \
+         store holds, the swap copies of resident pages included (kept so that evicting a page only read since \
+         its swap-in writes nothing; Linux's swap used counts its swap cache the same way).",
         budget / MIB,
         set / MIB
     ));
