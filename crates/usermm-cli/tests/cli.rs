@@ -390,6 +390,7 @@ fn bench_farmem_writes_results() {
         "usermm (swap file)",
         "usermm (redis)",
         "usermm (redis, sealed)",
+        "usermm (redis, TLS)",
         "usermm (redis, in-thread)",
         "usermm (redis cluster)",
     ] {

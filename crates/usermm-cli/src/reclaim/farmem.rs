@@ -9,6 +9,9 @@
 //! - `usermm (redis, sealed)`: the same with `seal=1` (every page
 //!   encrypted and authenticated with ChaCha20-Poly1305: what sealing
 //!   costs, `sealed / redis` in the table);
+//! - `usermm (redis, TLS)`: the same server through its TLS port
+//!   (`rediss://`, a certificate authority and a server certificate made
+//!   with the `openssl` command for the run): what TLS costs;
 //! - `usermm (redis, in-thread)`: the same with `UMM_F_INTHREAD_FAULTS`
 //!   (faults resolved in the faulting thread: the round trip has no
 //!   hand-off to a handler thread);
@@ -58,6 +61,8 @@ const REDIS_IT: &str = "usermm (redis, in-thread)";
 const CLUSTER: &str = "usermm (redis cluster)";
 /// `usermm (redis)` with `seal=1`: every page encrypted and authenticated.
 const SEALED: &str = "usermm (redis, sealed)";
+/// `usermm (redis)` over TLS (`rediss://`) to the same server.
+const TLS: &str = "usermm (redis, TLS)";
 const GET: &str = "redis GET";
 /// The GETs interleaved with `usermm (redis)`'s probes, and with
 /// `usermm (redis, in-thread)`'s: the yardsticks of the round-trip goals.
@@ -197,6 +202,53 @@ impl Drop for Server {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A certificate authority and a server certificate it signed for
+/// 127.0.0.1, made with the `openssl` command in `dir`: `(ca, server
+/// certificate, server key)`.
+fn tls_files(dir: &std::path::Path) -> Result<[String; 3], String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+    let run = |args: &[&str]| -> Result<(), String> {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .map_err(|e| format!("cannot run openssl ({e}): apt-get install openssl"))?;
+        if !out.status.success() {
+            return Err(format!("openssl {}: {}", args[0], String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        Ok(())
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let mut a = vec!["req", "-x509", "-days", "2", "-subj", "/CN=usermm bench CA"];
+    a.extend(ec);
+    a.extend(["-keyout", "ca.key", "-out", "ca.crt"]);
+    run(&a)?;
+    std::fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+        .map_err(|e| format!("write server.ext: {e}"))?;
+    let mut a = vec!["req", "-new", "-subj", "/CN=usermm bench server"];
+    a.extend(ec);
+    a.extend(["-keyout", "server.key", "-out", "server.csr"]);
+    run(&a)?;
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-out",
+        "server.crt",
+        "-extfile",
+        "server.ext",
+    ])?;
+    Ok(["ca.crt", "server.crt", "server.key"].map(|f| dir.join(f).display().to_string()))
 }
 
 /// One run of the phases and the round-trip probe in a fresh space.
@@ -446,7 +498,34 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     let (dir, probes) = (p.text("swap_dir"), p.int("probes").max(1) as usize);
     let mut e =
         Experiment::new("farmem", "far memory: the reclaim phases swapping to a file and to a Redis server", p.pairs());
-    let server = match Server::start(&[]) {
+    // The server also listens on a TLS port when certificates could be made.
+    let tls_dir = std::env::temp_dir().join(format!("usermm-farmem-bench-tls-{}", std::process::id()));
+    let tls = tls_files(&tls_dir).and_then(|files| {
+        let port = usermm_sys::testing::free_cluster_port().map_err(|e| format!("no free port: {e}"))?;
+        Ok((port, files))
+    });
+    let tls_args: Vec<String> = match &tls {
+        Ok((port, [ca, crt, key])) => [
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            crt,
+            "--tls-key-file",
+            key,
+            "--tls-ca-cert-file",
+            ca,
+            "--tls-auth-clients",
+            "no",
+        ]
+        .map(String::from)
+        .to_vec(),
+        Err(why) => {
+            prog.say(&format!("{TLS}: not measured: {why}"));
+            e.notes.push(format!("{TLS} not measured: {why}"));
+            Vec::new()
+        }
+    };
+    let server = match Server::start(&tls_args.iter().map(String::as_str).collect::<Vec<_>>()) {
         Ok(s) => Some(s),
         Err(why) => {
             prog.say(&format!("{REDIS}: not measured: {why}"));
@@ -481,9 +560,9 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
             }
         }
         let order = if r.is_multiple_of(2) {
-            [FILE, REDIS, SEALED, REDIS_IT, CLUSTER]
+            [FILE, REDIS, SEALED, TLS, REDIS_IT, CLUSTER]
         } else {
-            [CLUSTER, REDIS_IT, SEALED, REDIS, FILE]
+            [CLUSTER, REDIS_IT, TLS, SEALED, REDIS, FILE]
         };
         for sys in order {
             let (url, servers): (Option<String>, &[Server]) = match sys {
@@ -494,6 +573,13 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
                         (Some(format!("redis://127.0.0.1:{}/?prefix=farmem:{seal}", s.port)), std::slice::from_ref(s))
                     }
                     None => continue,
+                },
+                TLS => match (&server, &tls) {
+                    (Some(s), Ok((port, [ca, ..]))) => (
+                        Some(format!("rediss://127.0.0.1:{port}/?prefix=farmem:&tls_ca={ca}")),
+                        std::slice::from_ref(s),
+                    ),
+                    _ => continue,
                 },
                 _ => match &cluster {
                     Some(c) => {
@@ -519,6 +605,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
     }
     let measured = server.is_some();
     drop(server);
+    let _ = std::fs::remove_dir_all(&tls_dir);
     drop(cluster);
     drop(limit);
     if !totals.errors.is_empty() {
@@ -529,16 +616,19 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
         let metric = if *ph == "roundtrip" { "p50" } else { "throughput" };
         let (f, r, c) = (e.med(FILE, ph, metric), e.med(REDIS, ph, metric), e.med(CLUSTER, ph, metric));
         let (k, ri, sd) = (e.med(MEMCG, ph, metric), e.med(REDIS_IT, ph, metric), e.med(SEALED, ph, metric));
+        let t = e.med(TLS, ph, metric);
         rows.push(vec![
             ph.to_string(),
             fmt_num(f),
             fmt_num(r),
             fmt_num(sd),
+            fmt_num(t),
             fmt_num(ri),
             fmt_num(c),
             fmt_num(k),
             fmt_num(r / f),
             fmt_num(sd / r),
+            fmt_num(t / r),
             fmt_num(c / f),
         ]);
     }
@@ -549,11 +639,13 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
             FILE,
             REDIS,
             SEALED,
+            TLS,
             REDIS_IT,
             CLUSTER,
             MEMCG,
             "redis / file",
             "sealed / redis",
+            "TLS / redis",
             "cluster / file",
         ]
         .map(String::from)
@@ -611,6 +703,7 @@ pub fn run(p: &Params, prog: &Progress) -> Result<Experiment, String> {
         false,
         1.5,
     );
+    goal("page round trip p50 with sealed pages vs without", SEALED, REDIS, "roundtrip", "p50", false, 1.2);
     e.goals.push(crate::report::Goal {
         what: "store memory per byte swapped out to one Redis server (its used_memory)".into(),
         how: format!("{REDIS} all store_bytes_per_swapped_byte"),
