@@ -505,6 +505,7 @@ impl Platform for Native {
                 swap_direct_io: swap.is_some_and(|s| s.direct_io()),
                 swap_read_polls: swap.is_some_and(|s| s.read_polls()),
                 swap_release_granule: swap.map_or(0, |s| s.release_granule()),
+                swap_write_granule: swap.map_or(0, |s| s.write_granule()),
                 swap_outage_wait: swap.and_then(|s| s.outage_wait()),
                 cpus: usermm_sys::ncpus(),
                 mlock_exec_only: open::host_mlock_exec_only_ok(),

@@ -54,6 +54,14 @@ pub(crate) trait PageStore: Send + Sync {
     fn release_granule(&self) -> u32 {
         0
     }
+    /// Pages the store writes as a group that can fail while the others
+    /// go through (a cluster's hash slots, on different nodes: one whose
+    /// master lost its replicas cannot acknowledge a write); 0: a write
+    /// fails or goes through as a whole. The executor writes each group
+    /// apart, so that one failing group keeps only its own pages resident.
+    fn write_granule(&self) -> u32 {
+        0
+    }
     /// Gives back the space of the runs `(off, len)` (bytes; whole
     /// granules), whose slots the core no longer uses.
     fn release(&self, _runs: &[(u64, u64)]) -> Result<(), Errno> {

@@ -13,6 +13,8 @@
 //! server that is gone give the faulting thread SIGBUS, never wrong data;
 //! in a cluster, a killed master loses nothing with `replicas=1`, and
 //! without replicas its pages' faults get SIGBUS, counted as read errors;
+//! a master lost for good (its replica promoted, with none of its own)
+//! fails the writes there within their `WAIT` and stalls no touch past it;
 //! sealed pages (`seal=1`) reach the server with no plaintext, round-trip
 //! through one server and a cluster, and one moved to another slot gets
 //! SIGBUS.
@@ -1004,4 +1006,73 @@ fn killing_a_master_without_replicas_gets_sigbus() {
         .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next())
         .and_then(|n| n.parse::<u64>().ok());
     assert!(errors.is_some_and(|n| n > 0), "the SIGBUS must be counted as a read error: {log}");
+}
+
+/// A master killed for good in a 3+3 cluster with `replicas=1`: its replica
+/// takes over with no replica of its own, so no write to its slots can be
+/// acknowledged again. Two threads keep writing and checking pages 4× the
+/// budget meanwhile: the writes there fail within their `WAIT` (counted,
+/// their pages kept resident), the rest go on, no byte is wrong, and no
+/// touch stalls past a bound (a failed write keeps its pages resident; it
+/// never holds a touch for the store's sake). It once took 530 s, with
+/// touches stalled for 80 s.
+#[test]
+fn a_master_lost_for_good_stalls_no_touch() {
+    use pattern::fill_page;
+    let mut cl = Cluster::start(3, 1);
+    let s = space(4 << 20, 128 << 20, format!("{}&failover_ms=20000", cl.url("lost:", 1)));
+    let maps: Vec<_> = (0..2).map(|_| s.map_anon(8 << 20).expect("mmap")).collect();
+    let victim_at = Instant::now() + Duration::from_secs(3);
+    let deadline = victim_at + Duration::from_secs(12);
+    let results: Vec<(usize, Duration, u64)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = maps
+            .into_iter()
+            .enumerate()
+            .map(|(t, mut m)| {
+                sc.spawn(move || {
+                    let n = m.len() / PAGE;
+                    let mut version = vec![0u64; n];
+                    let (mut x, mut bad, mut worst, mut touches) = (t as u64 * 7919 + 1, 0, Duration::ZERO, 0u64);
+                    while Instant::now() < deadline {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let p = (x % n as u64) as usize;
+                        let id = (t as u64) << 32 | p as u64;
+                        let t0 = Instant::now();
+                        let page = &mut m[p * PAGE..(p + 1) * PAGE];
+                        if version[p] > 0 {
+                            bad += bad_bytes(page, id, version[p]);
+                        }
+                        version[p] += 1;
+                        fill_page(page, id, version[p]);
+                        // (After the failover only: the failover itself
+                        // holds reads up to failover_ms, by design.)
+                        if t0 > victim_at + Duration::from_secs(1) {
+                            worst = worst.max(t0.elapsed());
+                        }
+                        touches += 1;
+                    }
+                    for p in (0..n).filter(|&p| version[p] > 0) {
+                        bad += bad_bytes(&m[p * PAGE..(p + 1) * PAGE], (t as u64) << 32 | p as u64, version[p]);
+                    }
+                    (bad, worst, touches)
+                })
+            })
+            .collect();
+        std::thread::sleep(victim_at.saturating_duration_since(Instant::now()));
+        let victim = cl.masters()[0];
+        let took = cl.fail_over(victim, Duration::from_secs(20));
+        eprintln!("master on port {} killed for good; its replica took over after {took:?}", cl.nodes[victim].port);
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let st = s.stats();
+    eprintln!("after: {results:?} {st:?}");
+    assert!(results.iter().all(|r| r.0 == 0), "wrong bytes: {results:?}");
+    assert!(results.iter().all(|r| r.2 > 1000), "a thread barely ran: {results:?}");
+    assert!(st.swap_write_fails > 0, "no write failed although a node has no replica: {st:?}");
+    assert_eq!(st.swap_read_errors, 0, "{st:?}");
+    let worst = results.iter().map(|r| r.1).max().unwrap();
+    assert!(worst < Duration::from_secs(5), "a touch stalled {worst:?} for a store that cannot acknowledge writes");
+    s.validate();
 }

@@ -201,9 +201,11 @@ impl Core {
             self.counters.evictions += 1;
         } else {
             // The page stays resident (parked); the slot is not reused
-            // blindly (a swap copy's slot stays the page's copy).
+            // blindly (a swap copy's slot stays the page's copy), nor
+            // first: the page's next try takes another (a slot whose store
+            // group cannot take writes would fail again).
             if !e.clean {
-                self.swap.free_slot(e.swap);
+                self.swap.free_unwritten(e.swap);
             }
             self.pages.update(e.page, |m| m.state = PState::Inactive);
             self.push_inactive(e.page);

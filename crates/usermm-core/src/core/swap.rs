@@ -125,10 +125,22 @@ impl SwapSpace {
 
     /// Frees slot `s` (and logs its granule).
     pub(super) fn free_slot(&mut self, s: u32) {
+        self.free(s, true);
+    }
+
+    /// Frees slot `s`, whose write failed: not a dead slot to write first
+    /// (its store group may not take writes now).
+    pub(super) fn free_unwritten(&mut self, s: u32) {
+        self.free(s, false);
+    }
+
+    fn free(&mut self, s: u32, hole: bool) {
         self.slots.release(s);
         if let Some(g) = s.checked_div(self.release_granule) {
             self.release_log.push(g);
-            self.holes.push(g);
+            if hole {
+                self.holes.push(g);
+            }
             // Bounded: at most one entry per granule once deduplicated.
             let max = self.release_log_max();
             for log in [&mut self.release_log, &mut self.holes] {

@@ -48,9 +48,15 @@ impl StoreBackoff {
         self.pause_ns.store(0, Ordering::Relaxed);
     }
 
-    /// A store write failed: the back-off starts, or its pause doubles.
-    pub(super) fn write_failed(&self) {
+    /// A store write failed (counted; the back-off follows the step's
+    /// writes as a whole: [`StoreBackoff::write_failed`]).
+    pub(super) fn count_failure(&self) {
         self.write_fails.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A step's store writes all failed: the back-off starts, or its pause
+    /// doubles.
+    pub(super) fn write_failed(&self) {
         let first = self.first_ns.load(Ordering::Relaxed);
         let was = self.pause_ns.load(Ordering::Relaxed);
         let pause = if was == 0 { first } else { (was * 2).min(STORE_BACKOFF_MAX_NS) };

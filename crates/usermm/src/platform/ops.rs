@@ -32,6 +32,10 @@ pub(crate) struct Caps {
     /// Swap slots the store gives back a granule at a time (0: it keeps
     /// them; `PageStore::release_granule`).
     pub swap_release_granule: u32,
+    /// Swap slots the store writes as a group that fails or succeeds apart
+    /// from the others (0: a write fails or succeeds as a whole;
+    /// `PageStore::write_granule`).
+    pub swap_write_granule: u32,
     /// How long a failing page store may take to come back by itself
     /// (`PageStore::outage_wait`).
     pub swap_outage_wait: Option<std::time::Duration>,

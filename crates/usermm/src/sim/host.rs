@@ -395,6 +395,7 @@ impl Platform for SimPlatform {
             tracks_writes: h.tracks_writes,
             has_swap: h.has_swap,
             swap_release_granule: h.release_granule,
+            swap_write_granule: h.release_granule,
             // (Two CPUs, as the machine usermm is measured on; the host's
             // mlock refuses exec-only memory, as Linux 6.18's first builds.)
             cpus: 2,

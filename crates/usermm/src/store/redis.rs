@@ -24,7 +24,9 @@
 //! cluster, with a fresh slot map, while a replica takes over a master that
 //! stopped answering; from one server, while it cannot be reached or is
 //! loading its data after a restart; writes do not wait: a failed write only
-//! keeps its pages resident), `seal=1` (pages go out encrypted and
+//! keeps its pages resident, and in a cluster its group's writes then fail at
+//! once for `GROUP_FAIL_FAST`, so that the pages go to other slots instead of
+//! waiting on a node that cannot acknowledge them), `seal=1` (pages go out encrypted and
 //! authenticated with the space's own key: `store/seal.rs`), and over TLS
 //! `tls_ca=FILE` (the PEM certificate authority the server's certificate
 //! must chain to; else the system's), `tls_cert=FILE` and `tls_key=FILE`
@@ -131,6 +133,8 @@ const GROUP: u64 = 16 * CHUNK;
 /// each behind its header — as many as fit jemalloc's 64 KiB size class
 /// (the server's allocator; module documentation).
 const CHUNK: u64 = 15;
+/// How long writes to a cluster group whose write failed fail at once.
+const GROUP_FAIL_FAST: Duration = Duration::from_secs(5);
 
 /// The certificates of `files` (`tls_ca`, `tls_cert`, `tls_key`), read
 /// now: a file that cannot be read fails the open with its errno, said on
@@ -187,6 +191,12 @@ pub(crate) struct RedisStore {
     /// Whether writes fail since the last that went through (said once on
     /// stderr: `say_write_failed`).
     write_failing: AtomicBool,
+    /// Cluster groups whose last write failed, and until when a write
+    /// there fails at once (`GROUP_FAIL_FAST`) instead of waiting out its
+    /// `WAIT` again: the page then takes another slot, most likely of a
+    /// group on another node (a node that lost its replicas cost every
+    /// eviction into it half of `timeout_ms`, and stalled the space).
+    failing_groups: Mutex<Vec<(u64, std::time::Instant)>>,
     /// The URL without credentials, for messages.
     pub(crate) shown: String,
 }
@@ -340,6 +350,7 @@ impl RedisStore {
             lease_next_ns: AtomicU64::new(u64::MAX),
             lease_lapsed: AtomicBool::new(false),
             write_failing: AtomicBool::new(false),
+            failing_groups: Mutex::new(Vec::new()),
             shown,
             opened: false,
         })
@@ -416,6 +427,18 @@ impl RedisStore {
 
     fn cluster(&self) -> bool {
         matches!(self.backend, Backend::Cluster(_))
+    }
+
+    /// Whether group `g`'s last write failed less than `GROUP_FAIL_FAST`
+    /// ago (forgetting the groups whose time is up).
+    fn group_failing(&self, g: u64) -> bool {
+        let mut f = self.failing_groups.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_empty() {
+            return false;
+        }
+        let now = std::time::Instant::now();
+        f.retain(|&(_, until)| until > now);
+        f.iter().any(|&(k, _)| k == g)
     }
 
     /// The key of chunk `chunk` (slots `chunk × CHUNK` …).
@@ -688,12 +711,20 @@ impl PageStore for RedisStore {
             let end = (((slot / GROUP) + 1) * GROUP - first).min(pages.len() as u64) as usize;
             let run = &pages[i..end];
             let key = self.key(slot / CHUNK);
+            if self.group_failing(slot / GROUP) {
+                return Err(Errno::EIO);
+            }
             // (The server's words, for the message: `with_conn` keeps only
             // the errno.)
             let mut why = None;
             let r = self.with_conn(|c| self.write_group(c, slot, run, &key).inspect_err(|e| why = Some(e.to_string())));
             if let Err(e) = r {
                 self.say_write_failed(why.as_deref().unwrap_or("no connection could be made"));
+                if self.cluster() {
+                    let mut f = self.failing_groups.lock().unwrap_or_else(|e| e.into_inner());
+                    f.retain(|&(g, _)| g != slot / GROUP);
+                    f.push((slot / GROUP, std::time::Instant::now() + GROUP_FAIL_FAST));
+                }
                 return Err(e);
             }
             i = end;
@@ -713,6 +744,14 @@ impl PageStore for RedisStore {
 
     fn release_granule(&self) -> u32 {
         CHUNK as u32
+    }
+
+    fn write_granule(&self) -> u32 {
+        if self.cluster() {
+            GROUP as u32
+        } else {
+            0
+        }
     }
 
     fn keep_alive_due(&self) -> bool {
