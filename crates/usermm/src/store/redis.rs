@@ -19,7 +19,8 @@
 //! (default 30,000: below), `replicas=N`
 //! (default 0: a write is acknowledged only once `WAIT`, given half of
 //! `timeout_ms`, says N replicas of the node have it; a write that fails
-//! says why on stderr, once until one succeeds again), `failover_ms=F` (default
+//! says why on stderr, once until one succeeds again and at most once a
+//! minute), `failover_ms=F` (default
 //! 10,000: how long a read keeps trying with a fresh connection — from a
 //! cluster, with a fresh slot map, while a replica takes over a master that
 //! stopped answering; from one server, while it cannot be reached or is
@@ -133,6 +134,8 @@ const GROUP: u64 = 16 * CHUNK;
 /// each behind its header — as many as fit jemalloc's 64 KiB size class
 /// (the server's allocator; module documentation).
 const CHUNK: u64 = 15;
+/// The least time between two messages of a failed write (ns).
+const SAY_AGAIN_NS: u64 = 60_000_000_000;
 /// How long writes to a cluster group whose write failed fail at once.
 const GROUP_FAIL_FAST: Duration = Duration::from_secs(5);
 
@@ -197,6 +200,8 @@ pub(crate) struct RedisStore {
     /// group on another node (a node that lost its replicas cost every
     /// eviction into it half of `timeout_ms`, and stalled the space).
     failing_groups: Mutex<Vec<(u64, std::time::Instant)>>,
+    /// When a failed write was last said (`usermm_sys::now_ns`; 0: never).
+    write_said_ns: AtomicU64,
     /// The URL without credentials, for messages.
     pub(crate) shown: String,
 }
@@ -351,6 +356,7 @@ impl RedisStore {
             lease_lapsed: AtomicBool::new(false),
             write_failing: AtomicBool::new(false),
             failing_groups: Mutex::new(Vec::new()),
+            write_said_ns: AtomicU64::new(0),
             shown,
             opened: false,
         })
@@ -580,10 +586,15 @@ impl RedisStore {
     }
 
     /// Says on stderr why a page write failed, once until a write succeeds
-    /// again (`write_failing`): the pages stay resident meanwhile, and the
-    /// write is tried again with back-off.
+    /// again (`write_failing`) and at most once a minute (`write_said_ns`:
+    /// with one cluster node failing beside healthy ones, writes succeed
+    /// and fail in turn, and it was said 193 times in 20 s): the pages stay
+    /// resident meanwhile, and the write is tried again with back-off.
     fn say_write_failed(&self, why: &str) {
-        if !self.write_failing.swap(true, Ordering::Relaxed) {
+        let now = usermm_sys::now_ns();
+        let was_failing = self.write_failing.swap(true, Ordering::Relaxed);
+        if say_again(was_failing, self.write_said_ns.load(Ordering::Relaxed), now) {
+            self.write_said_ns.store(now, Ordering::Relaxed);
             eprintln!(
                 "usermm: swap_url {}: a page write failed ({why}); its pages stay resident and writes are tried \
                  again with back-off (umm_stats swap_write_fails counts them)",
@@ -778,5 +789,31 @@ impl PageStore for RedisStore {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether a failed write is said on stderr (`RedisStore::say_write_failed`):
+/// not while writes keep failing (`was_failing`), and not within
+/// `SAY_AGAIN_NS` of the last time (`said_ns`, 0: never) even after writes
+/// went through in between.
+fn say_again(was_failing: bool, said_ns: u64, now_ns: u64) -> bool {
+    !was_failing && (said_ns == 0 || now_ns.saturating_sub(said_ns) >= SAY_AGAIN_NS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_write_is_said_once_a_failure_and_at_most_once_a_minute() {
+        let t0 = 5_000_000_000;
+        // The first failure ever is said; the failures after it are not.
+        assert!(say_again(false, 0, t0));
+        assert!(!say_again(true, t0, t0 + 1));
+        assert!(!say_again(true, t0, t0 + 2 * SAY_AGAIN_NS));
+        // Writes went through, then fail again: not said within the minute…
+        assert!(!say_again(false, t0, t0 + SAY_AGAIN_NS - 1));
+        // …said after it.
+        assert!(say_again(false, t0, t0 + SAY_AGAIN_NS));
     }
 }
