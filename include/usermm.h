@@ -28,16 +28,18 @@
  *     changes state, such as umm_mnovolatile or umm_populate, has made the
  *     change when it reports EFAULT, as wait4 has reaped the child whose
  *     status it cannot store). Caller memory may lie in a space.
- *   - fork: a space belongs to the process that opened it. In a forked
- *     child every call on a space of the parent fails at once with ESTALE
- *     ("stale handle": the handle was copied into the child, the space was
- *     not; nothing of the parent's space is touched and no lock is waited
- *     for, whatever parent threads held at the fork), and umm_close only
- *     forgets the handle (0). A child opens its own spaces; the default
- *     space of usermm_compat.h is re-opened in the child by its first call.
- *     Touching a parent space's memory in the child raises SIGSEGV (the
- *     reservation is MADV_DONTFORK). Detected with a pthread_atfork child
- *     handler: a child made by a raw clone(2) or vfork is not detected.
+ *   - fork: a forked child gets a copy of every space of its parent, as
+ *     Linux gives it a copy of its memory (every byte at the same address,
+ *     served by the child's own threads under a budget of its own; locks
+ *     not inherited; MADV_DONTFORK regions absent, MADV_WIPEONFORK ones
+ *     zeros), whatever parent threads held at the fork. A space that cannot
+ *     be copied (a MAP_SHARED region, in-thread faults, a frame pool or a
+ *     page store) is PROT_NONE in the child (a touch raises SIGSEGV, never a
+ *     silent zero), every call on it there fails at once with ESTALE
+ *     ("stale handle"), and umm_close only forgets the handle (0); the
+ *     default space of usermm_compat.h is then re-opened in the child by its
+ *     first call. Done by pthread_atfork handlers: a child made by a raw
+ *     clone(2) or vfork is not detected.
  *   - File regions: MAP_SHARED pages are written back on reclaim, msync,
  *     munmap and umm_close; MAP_PRIVATE written pages go to swap, never to
  *     the file. A touch past the end of the file raises SIGBUS. A region's
@@ -306,8 +308,8 @@ umm_space *umm_open(const struct umm_config *cfg);
  * Unmaps everything, writes back shared files, stops the space's threads
  * and frees it; nothing may touch its memory afterwards. 0, or -1/EINVAL for
  * NULL or the default space of usermm_compat.h (which is never closed). In
- * a forked child, a space of the parent (default or not) is only forgotten:
- * 0.
+ * a forked child, a space of the parent that was not copied (default or
+ * not) is only forgotten: 0.
  */
 int umm_close(umm_space *s);
 
@@ -443,7 +445,8 @@ int umm_debug_inject_swap_errors(umm_space *s, unsigned reads, unsigned writes);
 /* usermm extension (usermm_compat.h): the process-wide default space,
  * opened once from the USERMM_* environment variables (see
  * usermm_compat.h); NULL + errno if it could not be opened. Never closed.
- * In a forked child the first call opens the child's own default space. */
+ * A forked child has its copy (where it was not copied, the child's first
+ * call opens a default space of its own). */
 umm_space *umm_default_space(void);
 
 /* usermm extension: a heap on the space (docs/design.md, "A heap on a

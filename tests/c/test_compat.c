@@ -2,8 +2,9 @@
  * test_compat.c: a program written against the plain calls (mmap, munmap,
  * madvise, mincore), compiled against usermm through usermm_compat.h and
  * run by crates/usermm/tests/c_abi.rs. It also forks (while a thread keeps
- * the default space busy): each child gets a fresh default space of its own
- * and never hangs on the parent's.
+ * the default space busy): each child gets its copy of the parent's default
+ * space (or, where spaces are not copied, a fresh one of its own) and never
+ * hangs on the parent's.
  *
  * It configures the default space through the environment (setenv without
  * overwriting, so that the runner can pass other values): a 4 MiB budget and
@@ -66,40 +67,68 @@ static void *hammer(void *arg) {
     return NULL;
 }
 
-/* In a forked child: the plain calls go to a fresh default space of the
- * child's own; the parent's spaces are stale (ESTALE) and umm_close only
- * forgets them. Returns the number of failed checks. */
+/* In a forked child: the plain calls go to the child's copy of the parent's
+ * default space, or, where it was not copied (in-thread faults, a frame
+ * pool, a page store), to a fresh default space of the child's own; a
+ * parent's space the child was given works there, one it was not is stale
+ * (ESTALE) and umm_close only forgets it. Returns the number of failed
+ * checks. */
+/* A failed check of the child, counted in `bad` and said with its line. */
+#define CHILD_CHECK(ok)                                                            \
+    do {                                                                           \
+        if (!(ok)) {                                                               \
+            bad++;                                                                 \
+            fprintf(stderr, "child: check at line %d failed (errno %d)\n", __LINE__, errno); \
+        }                                                                          \
+    } while (0)
+
 static int child_after_fork(umm_space *parent_default, umm_space *parent_other) {
     alarm(10); /* a child that hangs is killed by SIGALRM */
     int bad = 0;
     unsigned char *q = mmap(NULL, 64 * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    bad += q == MAP_FAILED;
+    CHILD_CHECK(q != MAP_FAILED);
     if (q != MAP_FAILED) {
         for (size_t i = 0; i < 64 * PAGE; i++)
             q[i] = (unsigned char)(i * 7);
         for (size_t i = 0; i < 64 * PAGE; i++)
-            bad += q[i] != (unsigned char)(i * 7);
+            CHILD_CHECK(q[i] == (unsigned char)(i * 7));
         unsigned char v[64];
-        bad += mincore(q, 64 * PAGE, v) != 0 || (v[0] & 1) != 1;
-        bad += munmap(q, 64 * PAGE) != 0;
+        CHILD_CHECK(mincore(q, 64 * PAGE, v) == 0 && (v[0] & 1) == 1);
+        CHILD_CHECK(munmap(q, 64 * PAGE) == 0);
     }
     umm_space *mine = umm_default_space();
-    bad += mine == NULL || mine == parent_default;
+    CHILD_CHECK(mine != NULL);
     struct umm_stats st;
     memset(&st, 0, sizeof st);
     st.size = sizeof st;
-    errno = 0;
-    bad += !(umm_stats(parent_default, &st) == -1 && errno == ESTALE);
-    if (mine) {
-        bad += umm_stats(mine, &st) != 0 || st.regions != 0;
+    if (mine == parent_default) {
+        /* The copy: it works, and is never closed. */
+        CHILD_CHECK(umm_stats(parent_default, &st) == 0);
+        errno = 0;
+        CHILD_CHECK(umm_close(parent_default) == -1 && errno == EINVAL);
+    } else {
+        errno = 0;
+        CHILD_CHECK(umm_stats(parent_default, &st) == -1 && errno == ESTALE);
+        if (mine) {
+            CHILD_CHECK(umm_stats(mine, &st) == 0 && st.regions == 0);
+        }
+        CHILD_CHECK(umm_close(parent_default) == 0);
     }
     errno = 0;
-    bad += !(umm_munmap(parent_other, NULL, PAGE) == -1 && errno == ESTALE);
-    errno = 0;
-    bad += umm_mmap(parent_other, NULL, PAGE, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) != MAP_FAILED ||
-           errno != ESTALE;
-    bad += umm_close(parent_other) != 0;
-    bad += umm_close(parent_default) != 0;
+    if (umm_stats(parent_other, &st) == 0) {
+        /* The child's copy of the other space. */
+        CHILD_CHECK(umm_munmap(parent_other, NULL, PAGE) == 0 || errno != ESTALE);
+        void *m = umm_mmap(parent_other, NULL, PAGE, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHILD_CHECK(m != MAP_FAILED);
+    } else {
+        CHILD_CHECK(errno == ESTALE);
+        errno = 0;
+        CHILD_CHECK(umm_munmap(parent_other, NULL, PAGE) == -1 && errno == ESTALE);
+        errno = 0;
+        CHILD_CHECK(umm_mmap(parent_other, NULL, PAGE, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == MAP_FAILED &&
+                    errno == ESTALE);
+    }
+    CHILD_CHECK(umm_close(parent_other) == 0);
     return bad;
 }
 

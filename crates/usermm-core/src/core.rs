@@ -152,6 +152,7 @@ mod evict;
 mod fault;
 mod file;
 mod file_table;
+mod fork;
 mod frames;
 mod introspect;
 mod locks;
@@ -176,6 +177,7 @@ mod zap;
 mod zaps;
 
 pub use introspect::state_bits;
+pub use madvise::is_attribute_advice;
 pub use mlock::lock_populate_errno;
 pub use plan::*;
 pub use reclaim::{OOM_ROUNDS, OOM_ROUNDS_BUSY};

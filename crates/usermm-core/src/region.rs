@@ -67,6 +67,11 @@ pub struct Region {
     advice: Advice,
     noreserve: bool,
     lock: LockMode,
+    /// `MADV_DONTFORK` (a forked child has no copy: Linux's `VM_DONTCOPY`)
+    /// and `MADV_WIPEONFORK` (the child's copy reads zeros) until
+    /// `MADV_DOFORK`/`MADV_KEEPONFORK`.
+    dontfork: bool,
+    wipeonfork: bool,
     /// Identity of the shared object (shared anonymous memory); 0 for private.
     object: u64,
     /// Offset of `range.start` in the object, in pages (smaps' offset column).
@@ -198,6 +203,8 @@ impl Region {
             prot: a.prot,
             kind: a.kind,
             advice: Advice::Normal,
+            dontfork: false,
+            wipeonfork: false,
             noreserve: a.noreserve,
             lock: a.lock,
             object: a.object,
@@ -269,6 +276,26 @@ impl Region {
     pub(crate) fn set_lock(&mut self, mode: LockMode) -> LockMode {
         std::mem::replace(&mut self.lock, mode)
     }
+    /// `MADV_DONTFORK` (`dontfork`, true) or `MADV_WIPEONFORK` (false)
+    /// set or cleared (`on`).
+    pub(crate) fn set_fork_advice(&mut self, dontfork: bool, on: bool) {
+        if dontfork {
+            self.dontfork = on;
+        } else {
+            self.wipeonfork = on;
+        }
+    }
+
+    /// Whether a forked child gets no copy of the region (`MADV_DONTFORK`).
+    pub fn dontfork(&self) -> bool {
+        self.dontfork
+    }
+
+    /// Whether a forked child's copy reads zeros (`MADV_WIPEONFORK`).
+    pub fn wipeonfork(&self) -> bool {
+        self.wipeonfork
+    }
+
     /// Sets the advice; the sequential streak starts over.
     pub(crate) fn set_advice(&mut self, advice: Advice) {
         self.advice = advice;
@@ -388,6 +415,8 @@ impl Region {
             && self.prot == next.prot
             && self.kind == next.kind
             && self.advice == next.advice
+            && self.dontfork == next.dontfork
+            && self.wipeonfork == next.wipeonfork
             && self.noreserve == next.noreserve
             && self.lock == next.lock
             && self.in_thread == next.in_thread

@@ -107,8 +107,11 @@ fn write_usage(out: &mut String, core: &Core, reg: &Region, shared: bool, zero_p
 }
 
 /// The `VmFlags` line's flags, Linux's order, then usermm's `vo` (volatile
-/// pages) and `extra_flags`.
+/// pages) and `extra_flags` (whose `dc`, a space a fork does not copy, goes
+/// in Linux's place instead).
 fn vm_flags(reg: &Region, shared: bool, volatile: u64, extra_flags: &str) -> String {
+    let space_dc = extra_flags.contains("dc ");
+    let extra_flags = &extra_flags.replace("dc ", "");
     let mut flags = String::new();
     for (on, f) in [
         (reg.prot() & PROT_READ != 0, "rd"),
@@ -122,9 +125,10 @@ fn vm_flags(reg: &Region, shared: bool, volatile: u64, extra_flags: &str) -> Str
         (reg.advice() == crate::region::Advice::Sequential, "sr"),
         (reg.advice() == crate::region::Advice::Random, "rr"),
         (reg.lock() != LockMode::None, "lo"),
-        (true, "dc"),
+        (reg.dontfork() || space_dc, "dc"),
         (reg.kind() == Kind::AnonPrivate || reg.kind() == Kind::FilePrivate && reg.writable(), "ac"),
         (reg.noreserve(), "nr"),
+        (reg.wipeonfork(), "wf"),
         (true, "nh"),
         (reg.lock() == LockMode::OnFault, "lf"),
         (true, "um"),

@@ -41,6 +41,9 @@ pub struct Arena {
     pool_len: std::sync::Mutex<PoolState>,
     /// Pages moved from the pool into the program's range so far.
     pool_installed: std::sync::atomic::AtomicU64,
+    /// Whether a forked child gets a copy of the reservation and the
+    /// staging area (else they are `MADV_DONTFORK`: [`Arena::with_pool`]).
+    fork_copies: bool,
 }
 
 impl Arena {
@@ -48,17 +51,21 @@ impl Arena {
     /// `staging_slots` staging pages; applies `MADV_DONTFORK` and
     /// `MADV_NOHUGEPAGE` to both and registers both with `uffd`.
     pub fn new(uffd: &Uffd, reserve_len: usize, staging_slots: usize, page_size: usize) -> Result<Arena, Errno> {
-        Arena::with_pool(uffd, reserve_len, staging_slots, page_size, 0)
+        Arena::with_pool(uffd, reserve_len, staging_slots, page_size, 0, false)
     }
 
     /// As `new`, with a frame pool of `pool_pages` (0: none; see
-    /// [`Arena::recycle_slots`]).
+    /// [`Arena::recycle_slots`]); `fork_copies`: the reservation and the
+    /// staging area are left to forks (a child gets a copy, and re-arms it:
+    /// [`Arena::rearm_in_child`]) instead of `MADV_DONTFORK`. The pool
+    /// always stays out of forks.
     pub fn with_pool(
         uffd: &Uffd,
         reserve_len: usize,
         staging_slots: usize,
         page_size: usize,
         pool_pages: usize,
+        fork_copies: bool,
     ) -> Result<Arena, Errno> {
         let base = mem::reserve(reserve_len, page_size.max(1 << 21))?;
         let mut a = Arena {
@@ -76,12 +83,15 @@ impl Arena {
             pool_cap: 0,
             pool_len: std::sync::Mutex::new(PoolState::default()),
             pool_installed: std::sync::atomic::AtomicU64::new(0),
+            fork_copies,
         };
         a.staging_base = mem::map_rw(a.staging_len)?;
         a.zero_buf = mem::map_rw(a.zero_len)?;
         for (s, l) in [(a.base, a.reserve_len), (a.staging_base, a.staging_len)] {
-            // SAFETY: this arena's memory (checked range or own slot): no reference into it.
-            unsafe { mem::advise(s, l, libc::MADV_DONTFORK) }?;
+            if !fork_copies {
+                // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+                unsafe { mem::advise(s, l, libc::MADV_DONTFORK) }?;
+            }
             // SAFETY: this arena's memory (checked range or own slot): no reference into it.
             unsafe { mem::advise(s, l, libc::MADV_NOHUGEPAGE) }?;
         }
@@ -138,6 +148,36 @@ impl Arena {
             }
         }
         Ok(a)
+    }
+
+    /// In a forked child whose `uffd` was just replaced
+    /// ([`Uffd::replace_in_child`]): registers the reservation and the
+    /// staging area with it again, as at the start (a child's inherited
+    /// mappings are registered with no userfaultfd: a missing page there
+    /// would read as the zero page), and opens pagemap again (the inherited
+    /// one shows the parent's pages). `ENOTSUP` for an arena with a frame
+    /// pool (left out of forks) or one made without `fork_copies`.
+    pub fn rearm_in_child(&self, uffd: &Uffd) -> Result<(), Errno> {
+        if !self.fork_copies || self.pool_cap > 0 {
+            return Err(Errno(libc::ENOTSUP));
+        }
+        uffd.register_mode(self.base, self.reserve_len, self.program_register_mode())?;
+        let staging_mode = if self.staging_wp_only {
+            crate::uffd::UFFDIO_REGISTER_MODE_WP
+        } else {
+            crate::uffd::UFFDIO_REGISTER_MODE_MISSING
+        };
+        uffd.register_mode(self.staging_base, self.staging_len, staging_mode)?;
+        if let Some(pm) = &self.pagemap {
+            pm.reopen_in_child()?;
+        }
+        Ok(())
+    }
+
+    /// Whether a forked child gets a copy of the arena (see
+    /// [`Arena::with_pool`]).
+    pub fn fork_copies(&self) -> bool {
+        self.fork_copies
     }
 
     /// Whether swapped-in pages can be mapped write-protected, their first
@@ -512,8 +552,10 @@ impl Arena {
         self.check(a, l)?;
         // SAFETY: this arena's memory (checked range): no reference into it.
         unsafe { mem::replace_anon(a, l, prot) }?;
-        // SAFETY: this arena's memory (checked range): no reference into it.
-        unsafe { mem::advise(a, l, libc::MADV_DONTFORK) }?;
+        if !self.fork_copies {
+            // SAFETY: this arena's memory (checked range): no reference into it.
+            unsafe { mem::advise(a, l, libc::MADV_DONTFORK) }?;
+        }
         // SAFETY: this arena's memory (checked range): no reference into it.
         unsafe { mem::advise(a, l, libc::MADV_NOHUGEPAGE) }?;
         register(a, l)

@@ -17,6 +17,10 @@ pub struct SwapFile {
     /// How the file was created (for the docs and smaps): "O_TMPFILE" or
     /// "unlinked 0600".
     pub how: &'static str,
+    /// Where it was created, and its size (a forked child makes its own
+    /// there: [`SwapFile::copy_for_child`]).
+    dir: String,
+    size: u64,
 }
 
 impl SwapFile {
@@ -59,13 +63,45 @@ impl SwapFile {
                 last = last_errno();
                 continue;
             }
-            return Ok(SwapFile { fd, direct, how });
+            return Ok(SwapFile { fd, direct, how, dir: dir.to_string(), size });
         }
         Err(last)
     }
 
     pub fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// In a forked child: a swap file of the child's own in the same
+    /// directory, with the byte runs `runs` (`(offset, length)`, the slots
+    /// in use) copied from the parent's, put under this file's number. From
+    /// then on neither process reads or writes the other's file, so the
+    /// parent frees and reuses its slots as it likes.
+    pub fn copy_for_child(&self, runs: &[(u64, u64)]) -> Result<(), Errno> {
+        let mine = SwapFile::create(&self.dir, self.size)?;
+        const BUF: usize = 1 << 20;
+        let buf = crate::mem::map_rw(BUF)?;
+        let r = runs.iter().try_for_each(|&(off, len)| {
+            let mut done = 0u64;
+            while done < len {
+                let n = (len - done).min(BUF as u64) as usize;
+                // SAFETY: `buf` is ours, mapped and writable for BUF bytes,
+                // page-aligned (O_DIRECT); `n` is a multiple of the page.
+                unsafe {
+                    self.pread(buf, n, off + done)?;
+                    mine.pwritev(&[(buf, n)], off + done)?;
+                }
+                done += n as u64;
+            }
+            Ok(())
+        });
+        // SAFETY: `buf` is ours and no longer used.
+        unsafe {
+            let _ = crate::mem::unmap(buf, BUF);
+        }
+        r?;
+        let SwapFile { fd, .. } = mine;
+        crate::replace_fd(self.raw(), fd)
     }
 
     /// Writes the page-sized buffers `bufs` at `off` in one call, looping over
@@ -251,6 +287,12 @@ impl ProcMem {
         let fd = check(unsafe { libc::open(c"/proc/self/mem".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) })?;
         // SAFETY: a new descriptor we own.
         Ok(ProcMem(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// In a forked child: opens the file again under the same number (one
+    /// opened before the fork still reads the parent's memory).
+    pub fn reopen_in_child(&self) -> Result<(), Errno> {
+        crate::replace_fd(self.0.as_raw_fd(), ProcMem::open()?.0)
     }
 
     /// Copies `len` bytes at address `src` into `dst`.

@@ -66,6 +66,18 @@ fn check_isize(r: isize) -> Result<usize, Errno> {
     }
 }
 
+/// Puts `new` in place of descriptor `old` (`dup3`, close-on-exec), so that
+/// whatever holds `old`'s number now uses `new`'s file; `new` is closed.
+/// For a forked child, whose inherited descriptors of `/proc/self/*` and
+/// userfaultfd still refer to its parent.
+pub fn replace_fd(old: std::os::fd::RawFd, new: std::os::fd::OwnedFd) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: dup3 takes its arguments by value; `old` is a descriptor the
+    // caller owns (it stays open, now on `new`'s file).
+    check(unsafe { libc::dup3(new.as_raw_fd(), old, libc::O_CLOEXEC) })?;
+    Ok(())
+}
+
 /// `CLOCK_MONOTONIC` in nanoseconds.
 pub fn now_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };

@@ -51,6 +51,18 @@ impl RingPool {
         RingPool::default()
     }
 
+    /// In a forked child: no ring of the pool is ever used again (their
+    /// queues are shared with the parent's: a submission here would run
+    /// there, or complete into its queue); reads go to `pread`. The rings
+    /// are left as they are (closing one here could not harm the parent,
+    /// but a parent thread may have held the pool's lock at the fork).
+    pub fn forget_in_child(&self) {
+        self.unavailable.store(true, Ordering::Relaxed);
+        if let Ok(mut idle) = self.idle.try_lock() {
+            std::mem::forget(std::mem::take(&mut *idle));
+        }
+    }
+
     /// Reads up to `len` bytes of `fd` at `off` into `dst` with one read
     /// on a ring of the pool, polling for its completion for up to
     /// `POLL_NS` (then sleeping). Returns the count (short at the end of

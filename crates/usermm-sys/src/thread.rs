@@ -89,6 +89,12 @@ impl EventFd {
     pub fn raw(&self) -> RawFd {
         self.0.as_raw_fd()
     }
+    /// In a forked child: a new eventfd under this one's number (the
+    /// inherited one is shared with the parent: a signal would wake it).
+    pub fn replace_in_child(&self) -> Result<(), Errno> {
+        let new = EventFd::new()?;
+        crate::replace_fd(self.raw(), new.0)
+    }
 }
 
 /// Whether signal `sig` is pending for thread `tid` of this process and
@@ -157,12 +163,13 @@ pub fn is_fifo() -> bool {
 /// usermm, bumped in the child of every `fork` after [`watch_forks`] ran.
 ///
 /// # Why?
-/// A space belongs to the process that opened it: its handler threads do not
-/// exist in a forked child, its reservation is not even mapped there
-/// (`MADV_DONTFORK`), and its locks may have been held by a parent thread at
-/// the moment of the fork (so a child taking one would wait forever). A space
-/// records the generation it was opened in, and every call compares it with
-/// this counter first: an atomic load, no `getpid` syscall on the hot path.
+/// A space belongs to one process: its opener's, or a forked child's that
+/// took a copy of it over. In a child that did not, its handler threads do
+/// not exist and its locks may have been held by a parent thread at the
+/// moment of the fork (so a child taking one would wait forever). A space
+/// records the generation of the process it belongs to, and every call
+/// compares it with this counter first: an atomic load, no `getpid`
+/// syscall on the hot path.
 static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// The `pthread_atfork` child handler. It runs in the child, single-threaded,
@@ -175,6 +182,96 @@ extern "C" fn on_fork_child() {
     FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
     WATCH.store(WATCHED, Ordering::Release);
     crate::inthread::after_fork_in_child();
+    if let Some(h) = fork_hooks() {
+        (h.child)();
+    }
+}
+
+/// The `pthread_atfork` prepare handler: the hooks' `prepare` (the library
+/// above takes every lock a fork must not split).
+extern "C" fn on_fork_prepare() {
+    if let Some(h) = fork_hooks() {
+        (h.prepare)();
+    }
+}
+
+/// The `pthread_atfork` parent handler: the hooks' `parent`.
+extern "C" fn on_fork_parent() {
+    if let Some(h) = fork_hooks() {
+        (h.parent)();
+    }
+}
+
+/// What the library above runs at every fork once it set them
+/// ([`set_fork_hooks`]): `prepare` in the forking thread before the fork,
+/// then `parent` in it after, and `child` in the child (after the
+/// generation moved on), each single-threaded with respect to the others.
+pub struct ForkHooks {
+    pub prepare: fn(),
+    pub parent: fn(),
+    pub child: fn(),
+}
+
+static HOOKS: std::sync::atomic::AtomicPtr<ForkHooks> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+/// Sets the fork hooks (the last call wins; call [`watch_forks`] too, which
+/// registers the handlers that run them).
+pub fn set_fork_hooks(h: &'static ForkHooks) {
+    HOOKS.store(h as *const ForkHooks as *mut ForkHooks, Ordering::Release);
+}
+
+fn fork_hooks() -> Option<&'static ForkHooks> {
+    let p = HOOKS.load(Ordering::Acquire);
+    // SAFETY: `HOOKS` only ever holds null or a `&'static ForkHooks`
+    // (`set_fork_hooks`).
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// Anything, as a lock guard kept across a fork ([`keep_across_fork`]).
+pub trait Kept {}
+impl<T: ?Sized> Kept for T {}
+
+/// A guard kept across a fork with the owner of the lock it holds.
+struct KeptGuard {
+    /// Dropped first (declaration order): it borrows from `_owner`'s pointee.
+    _guard: Box<dyn Kept>,
+    _owner: Box<dyn Kept>,
+}
+
+thread_local! {
+    /// The guards the forking thread keeps from the prepare handler to the
+    /// parent's or the child's (the child's one thread is its copy).
+    static KEPT: std::cell::RefCell<Vec<KeptGuard>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Keeps the guard `take` returns — a lock of `*owner` — held by this
+/// thread until [`release_kept`]: a fork's prepare handler takes the locks
+/// a fork must not split, and its parent and child handlers let them go.
+pub fn keep_across_fork<O: Send + Sync + 'static>(
+    owner: std::sync::Arc<O>,
+    take: impl for<'a> FnOnce(&'a O) -> Box<dyn Kept + 'a>,
+) {
+    let guard = take(&owner);
+    // SAFETY: `guard` borrows only from `*owner` (the closure's signature
+    // gives it no other lifetime), which the `Arc` keeps at its address for
+    // as long as the `Arc` lives; the `Arc` is kept beside the guard and
+    // dropped after it (`KeptGuard`'s field order), and the guard is never
+    // given out. So the guard never outlives what it borrows.
+    let guard: Box<dyn Kept + 'static> = unsafe { std::mem::transmute::<Box<dyn Kept + '_>, Box<dyn Kept>>(guard) };
+    KEPT.with(|k| k.borrow_mut().push(KeptGuard { _guard: guard, _owner: Box::new(owner) }));
+}
+
+/// Keeps a guard that borrows nothing but statics (a static lock's).
+pub fn keep_static_across_fork(guard: Box<dyn Kept>) {
+    KEPT.with(|k| k.borrow_mut().push(KeptGuard { _guard: guard, _owner: Box::new(()) }));
+}
+
+/// Lets go of every guard kept by this thread, the last kept first.
+pub fn release_kept() {
+    let kept = KEPT.with(|k| std::mem::take(&mut *k.borrow_mut()));
+    for g in kept.into_iter().rev() {
+        drop(g);
+    }
 }
 
 /// Whether the fork handler is registered: [`WATCHED`], 0 (not yet), or
@@ -236,13 +333,15 @@ pub fn watch_forks() -> Result<u64, Errno> {
         }
         #[cfg(feature = "bench-helpers")]
         hold_for_test(0);
-        // SAFETY: `on_fork_child` is an `extern "C" fn()` that only performs
-        // atomic adds and stores (async-signal-safe, as a child handler of a
-        // multithreaded process must be); it lives in this library for as
-        // long as the library is loaded, and glibc's `pthread_atfork`
-        // registers it against this object's `__dso_handle`, so an unload
-        // unregisters it. The prepare and parent handlers are none.
-        let r = unsafe { libc::pthread_atfork(None, None, Some(on_fork_child)) };
+        // SAFETY: the three handlers are `extern "C" fn()`s of this library,
+        // which lives as long as the library is loaded (glibc's
+        // `pthread_atfork` registers them against this object's
+        // `__dso_handle`, so an unload unregisters them); they catch no
+        // unwinding (the hooks they call are the library's own, which do
+        // not panic). `on_fork_child` first performs atomic adds and stores
+        // only; the hooks it then runs are the library's (see
+        // `ForkHooks`).
+        let r = unsafe { libc::pthread_atfork(Some(on_fork_prepare), Some(on_fork_parent), Some(on_fork_child)) };
         #[cfg(feature = "bench-helpers")]
         hold_for_test(1);
         if r != 0 {

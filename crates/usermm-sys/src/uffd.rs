@@ -199,6 +199,22 @@ impl Uffd {
         Ok(Uffd { fd: fd2, mode, features: features & wanted, fallback_reason: reason })
     }
 
+    /// In a forked child: replaces this userfaultfd — which still acts on
+    /// the *parent's* memory (an ioctl through it installs, protects or
+    /// registers there) — with a new one of the same mode and features,
+    /// under the same descriptor number. Nothing is registered with it.
+    pub fn replace_in_child(&self) -> Result<(), Errno> {
+        let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+        let fd = match self.mode {
+            UffdMode::Full => open_dev(flags).or_else(|_| syscall_uffd(flags))?,
+            UffdMode::UserModeOnly => syscall_uffd(flags | UFFD_USER_MODE_ONLY)?,
+        };
+        if api(&fd, self.features)? & self.features != self.features {
+            return Err(Errno(libc::EINVAL));
+        }
+        crate::replace_fd(self.raw(), fd)
+    }
+
     pub fn has(&self, feature: u64) -> bool {
         self.features & feature != 0
     }

@@ -453,7 +453,7 @@ impl GlobalHeap {
                 ConfigFrom::Fn(f) => Ok(f()),
                 ConfigFrom::Env => crate::config::from_env(),
             };
-            let r = cfg.and_then(|c| Space::open(&c));
+            let r = cfg.and_then(|c| Space::open_forking(&c, false));
             if let Err(e) = &r {
                 eprintln!("usermm: GlobalHeap: cannot open its space ({e}); using the system allocator");
             }

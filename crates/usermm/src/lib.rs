@@ -72,38 +72,32 @@ pub use usermm_core::consts;
 pub use usermm_core::Errno;
 pub use usermm_sys::uffd::UffdMode;
 
-use native::{Inner, Threads};
+use native::Inner;
 
 /// A space: a reserved virtual range whose pages usermm serves.
 ///
 /// # fork
-/// A space belongs to the process that opened it. In a forked child every
-/// call on it fails at once with [`Errno::ESTALE`] (the calls that return no
+/// A forked child gets a copy of the space, as Linux gives it a copy of its
+/// memory: every byte at the same address, served by threads of the
+/// child's own under a budget of its own; neither process sees the other's
+/// writes, locks are not inherited, `MADV_DONTFORK` regions are absent in
+/// the child and `MADV_WIPEONFORK` ones read zeros (docs/design.md,
+/// "fork"). A space that cannot be copied — one with a `MAP_SHARED`
+/// region, in-thread faults, a frame pool or a page store — is
+/// inaccessible in the child (a touch raises SIGSEGV) and every call on it
+/// there fails at once with [`Errno::ESTALE`] (the calls that return no
 /// `Result` — [`Space::stats`], [`Space::smaps`], [`Space::validate`],
-/// `Space::host_reclaim` — panic), before any lock is taken: a parent
-/// thread may have held one at the fork, and the handler threads that serve
-/// the space do not exist in the child. Dropping or closing it in the child
-/// only forgets it; the parent's space is untouched. A child opens its own.
+/// `Space::host_reclaim` — panic); dropping or closing it there only
+/// forgets it.
 pub struct Space {
+    /// The space; whose it is (the opener's, or a forked child's that was
+    /// given a copy) is `Inner::owned_here`. Invariant: the space is used
+    /// (locked, closed) only where it is owned.
     inner: Arc<Inner>,
-    threads: Option<Threads>,
-    /// The fork generation ([`usermm_sys::thread::fork_generation`]) of the
-    /// process that opened the space. Invariant: the space is used (locked,
-    /// closed) only while the current generation equals it.
-    fork_generation: u64,
-    /// The ranges of the live [`Mapping`]s (and [`Purgeable`]s): safe code
-    /// may hold a `&[u8]` into them, so the address-based calls that would
-    /// change or remove their bytes refuse them (`EBUSY`); the handle's own
-    /// methods, which hold it by `&mut` or by value, do it instead.
-    owned: std::sync::Mutex<Vec<(usize, usize)>>,
-    /// Makes a range check and the call it guards one step: the
-    /// address-based calls hold it shared from their check to their end,
-    /// and a new handle holds it exclusively from its `mmap` to its
-    /// registration in `owned` (otherwise a `munmap` that found a hole
-    /// could unmap the handle `map_anon` had just placed there).
-    own_gate: std::sync::RwLock<()>,
     /// The space's heap ([`Space::heap`], `umm_malloc`).
     pub(crate) heap: boundary::heap::HeapCore,
+    /// Closed (or forgotten, in a forked child not given a copy).
+    closed: bool,
 }
 
 /// Advice that changes a range's bytes now or later, or removes access to
@@ -117,24 +111,24 @@ pub(crate) fn advice_changes_bytes(advice: i32) -> bool {
 impl Space {
     /// Opens a space (`umm_open`).
     pub fn open(cfg: &Config) -> Result<Space, Errno> {
-        let fork_generation = usermm_sys::thread::watch_forks()?;
-        let (inner, threads) = Inner::open(cfg)?;
-        let heap = boundary::heap::HeapCore::new(inner.base(), inner.reserve_len());
-        Ok(Space {
-            inner,
-            threads: Some(threads),
-            fork_generation,
-            owned: std::sync::Mutex::new(Vec::new()),
-            own_gate: std::sync::RwLock::new(()),
-            heap,
-        })
+        Space::open_forking(cfg, true)
     }
 
-    /// `Err(ESTALE)` in a process forked after the space was opened (see
-    /// [`Space`]'s "fork"); an atomic load, checked before any lock.
+    /// `open`; `fork_copies`: whether a forked child gets a copy (a
+    /// `GlobalHeap`'s space: not yet, its child gets a heap of its own).
+    pub(crate) fn open_forking(cfg: &Config, fork_copies: bool) -> Result<Space, Errno> {
+        usermm_sys::thread::watch_forks()?;
+        let inner = Inner::open(cfg, fork_copies)?;
+        let heap = boundary::heap::HeapCore::new(inner.base(), inner.reserve_len());
+        Ok(Space { inner, closed: false, heap })
+    }
+
+    /// `Err(ESTALE)` in a process forked after the space was opened that was
+    /// not given a copy of it (see [`Space`]'s "fork"); an atomic load,
+    /// checked before any lock.
     #[inline]
     pub fn check_owner(&self) -> Result<(), Errno> {
-        if usermm_sys::thread::fork_generation() != self.fork_generation {
+        if !self.inner.owned_here() {
             return Err(Errno::ESTALE);
         }
         Ok(())
@@ -144,7 +138,7 @@ impl Space {
     fn assert_owner(&self) {
         assert!(
             self.check_owner().is_ok(),
-            "usermm: a space used in a forked child (ESTALE): a child must open its own"
+            "usermm: a space used in a forked child that was not given a copy of it (ESTALE)"
         );
     }
 
@@ -157,20 +151,19 @@ impl Space {
     }
 
     fn close_inner(&mut self) {
-        if self.check_owner().is_err() {
-            // A forked child: the handler threads to join do not exist here,
-            // and the space's locks may be held forever by threads that did
-            // not come along. Forget everything; freeing the reservation
-            // could even unmap what the child has mapped there since.
-            if let Some(t) = self.threads.take() {
-                std::mem::forget(t);
-                std::mem::forget(Arc::clone(&self.inner));
-            }
+        if std::mem::replace(&mut self.closed, true) {
             return;
         }
-        if let Some(t) = self.threads.take() {
-            self.inner.close(t);
+        if self.check_owner().is_err() {
+            // A forked child not given a copy: the handler threads do not
+            // exist here, and the space's locks may be held forever by
+            // threads that did not come along. Forget everything; freeing
+            // the reservation could even unmap what the child has mapped
+            // there since.
+            std::mem::forget(Arc::clone(&self.inner));
+            return;
         }
+        self.inner.shut();
     }
 
     /// The space's page size in bytes.
@@ -203,8 +196,8 @@ impl Space {
     /// code may be borrowing its bytes); otherwise a guard that keeps new
     /// handles out until the caller's call is done.
     fn not_owned(&self, addr: usize, len: usize) -> Result<std::sync::RwLockReadGuard<'_, ()>, Errno> {
-        let gate = self.own_gate.read().unwrap_or_else(|e| e.into_inner());
-        let owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        let gate = self.inner.handles().gate.read().unwrap_or_else(|e| e.into_inner());
+        let owned = self.inner.handles().owned.lock().unwrap_or_else(|e| e.into_inner());
         let end = addr.saturating_add(len);
         if owned.iter().any(|&(a, l)| a < end && addr < a + l) {
             return Err(Errno::EBUSY);
@@ -213,11 +206,11 @@ impl Space {
     }
 
     fn own(&self, addr: usize, len: usize) {
-        self.owned.lock().unwrap_or_else(|e| e.into_inner()).push((addr, len));
+        self.inner.handles().owned.lock().unwrap_or_else(|e| e.into_inner()).push((addr, len));
     }
 
     fn disown(&self, addr: usize) {
-        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        let mut owned = self.inner.handles().owned.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = owned.iter().position(|&(a, _)| a == addr) {
             owned.swap_remove(i);
         }
@@ -479,6 +472,8 @@ impl Space {
     }
 
     /// The smaps text: one entry per region in `/proc/PID/smaps`'s layout.
+    /// Linux's `dc` on a region a fork does not copy (`MADV_DONTFORK`, or
+    /// every region of a space not copied), `wf` for `MADV_WIPEONFORK`;
     /// usermm's own VmFlags: `um` (served by usermm) on every region, `uo`
     /// when the space runs on the user-mode-only fallback, `it` when its
     /// faults are resolved in the faulting thread (`UMM_F_INTHREAD_FAULTS`,
@@ -487,9 +482,10 @@ impl Space {
     pub fn smaps(&self) -> String {
         self.assert_owner();
         let extra = format!(
-            "{}{}",
+            "{}{}{}",
             if self.inner.user_mode_only() { "uo " } else { "" },
-            if self.inner.in_thread() { "it " } else { "" }
+            if self.inner.in_thread() { "it " } else { "" },
+            if self.inner.fork_copies() { "" } else { "dc " }
         );
         let extra = extra.as_str();
         let files = self.inner.files();
@@ -526,8 +522,8 @@ impl Space {
     /// handle's (see `owned`). [`MapOptions`] builds on it.
     pub(crate) fn map_owned(&self, len: usize, prot: i32, flags: i32, fd: i32, off: i64) -> Result<Mapping<'_>, Errno> {
         // No address-based call between the placement and the registration
-        // (see `own_gate`).
-        let _gate = self.own_gate.write().unwrap_or_else(|e| e.into_inner());
+        // (see `Handles::gate`).
+        let _gate = self.inner.handles().gate.write().unwrap_or_else(|e| e.into_inner());
         let addr = self.mmap(0, len, prot, flags, fd, off)?;
         self.own(addr, len);
         Ok(Mapping { space: self, addr, len })

@@ -41,10 +41,12 @@
 //! - the swap file.
 //!
 //! # Locks
-//! - `mm`: the region lock (the mmap lock analogue), a task-fair
-//!   reader-writer lock (parking_lot: a waiting writer blocks new readers,
-//!   which is what lets another thread's mmap in between two zap chunks;
-//!   std's lock lets a reader loop starve writers).
+//! - `mm`: the region lock (the mmap lock analogue), a writer-preferring
+//!   reader-writer lock (std's futex lock: a waiting writer blocks new
+//!   readers, which is what lets another thread's mmap in between two zap
+//!   chunks). Not parking_lot's: a fork holds it across (`native/fork.rs`),
+//!   and in the child parking_lot's unlock may hand it to a parent thread
+//!   that was parked on it — which does not exist there (a child hung so).
 //!   Exclusive for region changes (mmap, the detach phase of munmap,
 //!   mprotect, attribute madvise); shared for everything that works on pages
 //!   (fault resolution, reclaim, zap chunks, page madvise).
@@ -74,7 +76,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use parking_lot::{RwLock, RwLockReadGuard};
+use std::sync::{RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 
 use usermm_core::consts::*;
@@ -103,6 +105,7 @@ mod fault;
 mod filemap;
 mod files;
 mod fill;
+mod fork;
 mod hooks;
 mod inject;
 mod install;
@@ -157,6 +160,9 @@ pub(crate) struct Inner {
     counters: counters::HostCounters,
     /// Bugs and stalls the tests inject.
     hooks: hooks::TestHooks,
+    /// Whose the space is (the fork generation), its threads, and whether
+    /// a forked child gets a copy (`native/fork.rs`).
+    fork: fork::ForkState,
 }
 
 /// The condition "a page in flight settled", with a count of its waiters:
@@ -314,7 +320,7 @@ impl Inner {
             Ok(c) => drop(c),
             Err(_) => return false,
         }
-        let Some(mm) = self.mm.try_read() else { return false };
+        let Ok(mm) = self.mm.try_read() else { return false };
         self.reclaim_rounds(&mm, want, false);
         true
     }
@@ -332,7 +338,7 @@ impl Inner {
     }
 
     pub fn read_mm(&self) -> RwLockReadGuard<'_, ()> {
-        self.mm.read()
+        self.mm.read().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -25,6 +25,7 @@ use usermm_sys::thread::EventFd;
 use usermm_sys::uffd::{Uffd, UffdMsg, UFFD_FEATURE_MOVE, UFFD_FEATURE_SIGBUS};
 
 mod direct;
+pub(crate) mod fork;
 mod in_thread;
 mod open;
 mod ops;
@@ -141,6 +142,19 @@ pub(crate) trait Platform: Send + Sync {
     /// (`Thread`). `Ok(false)`: a `SignalPending` whose signal was taken, a
     /// `SharesCpu` on another CPU; otherwise `Ok(true)`.
     fn thread(&self, op: Thread) -> Result<bool, Errno>;
+
+    // ---- fork
+    /// In a forked child, before anything touches the space: takes the
+    /// host side over from the parent's — a userfaultfd of the child's own
+    /// with the reservation and staging area registered again, `/proc`
+    /// files opened again, no io_uring of the parent's used, and a swap
+    /// file of the child's own holding the parent's byte runs `swap_runs`
+    /// (`(offset, length)`). `ENOTSUP` where the host side cannot be
+    /// copied (a frame pool, a page store, a second userfaultfd, page-cache
+    /// windows); the space is then not the child's.
+    fn fork_child(&self, _swap_runs: &[(u64, u64)]) -> Result<(), Errno> {
+        Err(Errno::EOPNOTSUPP)
+    }
 }
 
 /// The host kernel.
@@ -569,5 +583,18 @@ impl Platform for Native {
     }
     fn thread(&self, op: Thread) -> Result<bool, Errno> {
         op.dispatch(self)
+    }
+
+    fn fork_child(&self, swap_runs: &[(u64, u64)]) -> Result<(), Errno> {
+        if self.in_thread.uffd().is_some() || self.direct.any() {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let Some(swap) = self.swap.as_ref().map(|s| s.fork_child(swap_runs)) else {
+            return self.fork_child_host();
+        };
+        // (The swap file first: a store that cannot be copied leaves the
+        // rest untouched.)
+        swap?;
+        self.fork_child_host()
     }
 }

@@ -54,6 +54,12 @@ pub(crate) trait PageStore: Send + Sync {
     fn release_granule(&self) -> u32 {
         0
     }
+    /// In a forked child: a store of the child's own, holding the parent's
+    /// byte runs `runs` (`(offset, length)`); the parent's is not used
+    /// again here. `ENOTSUP`: the store cannot be copied.
+    fn fork_child(&self, _runs: &[(u64, u64)]) -> Result<(), Errno> {
+        Err(Errno::EOPNOTSUPP)
+    }
     /// Pages the store writes as a group that can fail while the others
     /// go through (a cluster's hash slots, on different nodes: one whose
     /// master lost its replicas cannot acknowledge a write); 0: a write
@@ -108,6 +114,9 @@ impl PageStore for LocalFile {
     }
     fn write(&self, off: u64, pages: &[&[u8]]) -> Result<(), Errno> {
         self.file.write_at(pages, off)
+    }
+    fn fork_child(&self, runs: &[(u64, u64)]) -> Result<(), Errno> {
+        self.file.copy_for_child(runs)
     }
     fn direct_io(&self) -> bool {
         self.file.direct

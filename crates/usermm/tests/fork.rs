@@ -1,9 +1,11 @@
-//! SPEC §4 "fork": a child process gets no space, and never silently reads
-//! zeros where the parent had data. usermm marks the reservation
-//! `MADV_DONTFORK`, so the child has no mapping there at all: any touch of a
-//! space's memory in the child raises SIGSEGV. Every call on a parent's space
-//! in the child fails at once with `ESTALE`, whatever locks parent threads
-//! held at the fork (issue 16 item 9, LTP madvise09 hung there).
+//! SPEC §4 "fork": a child gets a copy of every space it can be given
+//! (`fork_copy.rs` checks the copy's bytes); a space that cannot be copied
+//! (a `MAP_SHARED` region, which must stay shared; in-thread faults, a
+//! frame pool or a page store, whose host side a child cannot take over
+//! yet) is inaccessible in the child — any touch raises SIGSEGV, never a
+//! silent zero — and every call on it there fails at once with `ESTALE`.
+//! Whatever locks parent threads held at the fork, the child never hangs
+//! (issue 16 item 9, LTP madvise09 hung there).
 
 mod common;
 
@@ -11,35 +13,40 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use usermm::consts::{
-    MADV_DONTNEED, MADV_POPULATE_WRITE, MAP_ANONYMOUS, MAP_FIXED, MAP_PRIVATE, PROT_READ, PROT_WRITE,
+    MADV_DONTNEED, MADV_POPULATE_WRITE, MAP_ANONYMOUS, MAP_FIXED, MAP_PRIVATE, MAP_SHARED, PROT_READ, PROT_WRITE,
 };
 use usermm::{Config, Errno, Space};
 use usermm_sys::thread::{fork_probe_read, fork_run, ChildExit, ProbeOutcome};
 
+/// A space with a `MAP_SHARED` anonymous region is not copied: the child
+/// gets SIGSEGV at every page of it, resident in the parent or not.
 #[test]
-fn child_gets_sigsegv_never_zeros() {
+fn a_space_not_copied_gives_sigsegv_never_zeros() {
     let s = common::open_mode(&Config { budget_bytes: 8 << 20, swap_bytes: 64 << 20, ..Config::default() }).unwrap();
     let mut m = s.map_anon(1 << 20).unwrap();
     m.fill(0x5a);
     // A resident page, and a page that is not resident in the parent.
     let resident = m.addr();
     let untouched = s.map_anon(1 << 20).unwrap();
-    for addr in [resident, untouched.addr()] {
+    let ps = s.page_size();
+    let shared = s.mmap(0, 16 * ps, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0).unwrap();
+    for addr in [resident, untouched.addr(), shared] {
         match fork_probe_read(addr).unwrap() {
             ProbeOutcome::Signaled(sig) => assert_eq!(sig, libc::SIGSEGV, "child killed by {sig}"),
-            ProbeOutcome::Read(v) => panic!("child read {v:#x} at {addr:#x}: it must have no mapping there"),
+            ProbeOutcome::Read(v) => panic!("child read {v:#x} at {addr:#x}: it must have no access there"),
         }
     }
     // The parent is unaffected.
     assert!(m.iter().all(|&b| b == 0x5a));
+    s.munmap(shared, 16 * ps).unwrap();
     s.validate();
 }
 
-/// The calls a child makes on a space of its parent, each of which must fail
-/// at once with `ESTALE`; returns 0, or the number of the first call that did
-/// not. No allocation, no stdio: this runs in the child of a multithreaded
-/// process.
-fn child_calls(s: &Space, addr: usize, ps: usize) -> i32 {
+/// The calls a child makes on a space of its parent that it was not given,
+/// each of which must fail at once with `ESTALE`; returns 0, or the number
+/// of the first call that did not. No allocation, no stdio: this runs in
+/// the child of a multithreaded process.
+fn child_calls_stale(s: &Space, addr: usize, ps: usize) -> i32 {
     let stale = |r: Result<(), Errno>| r == Err(Errno::ESTALE);
     let mut vec = [0u8; 4];
     let mut words = [0u32; 4];
@@ -63,16 +70,57 @@ fn child_calls(s: &Space, addr: usize, ps: usize) -> i32 {
     }
 }
 
+/// The calls a child makes on its copy of a space: each works on the
+/// child's copy (the parent's page at `addr` holds `0x3c`); returns 0, or
+/// the number of the first that did not.
+fn child_calls_copy(s: &Space, addr: usize, ps: usize) -> i32 {
+    let mut vec = [0u8; 1];
+    if usermm_sys::kernel::peek(addr) != 0x3c {
+        return 20;
+    }
+    let Ok(a) = s.mmap(0, 64 * ps, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) else { return 21 };
+    if s.madvise(a, 64 * ps, MADV_POPULATE_WRITE).is_err() {
+        return 22;
+    }
+    usermm_sys::kernel::poke(a + 7 * ps, 0x77);
+    usermm_sys::kernel::poke(a + 8 * ps, 0x78);
+    if usermm_sys::kernel::peek(a + 7 * ps) != 0x77 || s.madvise(a + 7 * ps, ps, MADV_DONTNEED).is_err() {
+        return 23;
+    }
+    if usermm_sys::kernel::peek(a + 7 * ps) != 0 || usermm_sys::kernel::peek(a + 8 * ps) != 0x78 {
+        return 24;
+    }
+    if s.munmap(a, 64 * ps).is_err() || s.mincore(addr, ps, &mut vec).is_err() || vec[0] & 1 == 0 {
+        return 25;
+    }
+    if s.munlockall().is_err() {
+        return 26;
+    }
+    // A handle (the handles' gate, which a parent thread inside an
+    // address-based call held at the fork).
+    let Ok(mut h) = s.map_anon(4 * ps) else { return 27 };
+    h.fill(0x66);
+    if h.iter().any(|&b| b != 0x66) {
+        return 28;
+    }
+    drop(h);
+    s.validate();
+    0
+}
+
 /// A thread keeps the space's locks busy (map, populate, unmap: the region
 /// lock exclusive and shared, the core lock, fills waiting for the handler
-/// threads) while the main thread forks again and again. Each child calls
-/// the space under `alarm(5)`: every call must fail at once with `ESTALE`,
-/// and dropping a space of the parent must return at once. Before the fork
-/// generation check the children blocked on a lock held at the fork (or on
-/// handler threads that do not exist in a child) and were killed by SIGALRM.
+/// threads) while the main thread forks again and again. Each child uses
+/// the space under `alarm(5)`: its copy works (`child_calls_copy`), or, in
+/// a run whose spaces are not copied, every call fails at once with
+/// `ESTALE`; dropping a space of the parent returns at once either way.
+/// Before the fork generation check the children blocked on a lock held at
+/// the fork (or on handler threads that do not exist in a child) and were
+/// killed by SIGALRM.
 #[test]
 fn child_never_hangs_on_a_parent_space() {
     let cfg = Config { budget_bytes: 32 << 20, swap_bytes: 64 << 20, ..Config::default() };
+    let copies = common::forks_copy(&cfg);
     let s = common::open_mode(&cfg).unwrap();
     let mut owned = Some(common::open_mode(&cfg).unwrap());
     let ps = s.page_size();
@@ -94,11 +142,12 @@ fn child_never_hangs_on_a_parent_space() {
         for round in 0..ROUNDS {
             std::thread::sleep(Duration::from_micros(500 + 97 * (round as u64 % 13)));
             let o = fork_run(5, || {
-                let r = child_calls(&s, addr, ps);
+                let r = if copies { child_calls_copy(&s, addr, ps) } else { child_calls_stale(&s, addr, ps) };
                 if r != 0 {
                     return r;
                 }
-                // Dropping (closing) a space of the parent forgets it.
+                // Dropping (closing) a space of the parent: the child's
+                // copy closes, one not copied is forgotten.
                 drop(owned.take());
                 0
             })
@@ -111,7 +160,7 @@ fn child_never_hangs_on_a_parent_space() {
     let hung = outcomes.iter().filter(|&&o| o == ChildExit::Signaled(libc::SIGALRM)).count();
     assert_eq!(hung, 0, "{hung} of {ROUNDS} children hung (killed by SIGALRM): {outcomes:?}");
     for o in &outcomes {
-        assert_eq!(*o, ChildExit::Exited(0), "a child's call number {o:?} did not fail with ESTALE: {outcomes:?}");
+        assert_eq!(*o, ChildExit::Exited(0), "a child's call number {o:?} failed (copies: {copies}): {outcomes:?}");
     }
     // The parent's spaces are untouched and still work.
     assert!(data.iter().all(|&b| b == 0x3c));
@@ -145,13 +194,16 @@ fn child_space_round_trip(cfg: &Config, byte: u8) -> i32 {
     0
 }
 
-/// In the parent, nothing changes: a space keeps its generation, and a
-/// space opened in a child (after the fork) works there.
+/// In the parent, nothing changes: a space stays its own; the child has
+/// the copy, or, where spaces are not copied, finds it stale; and a space
+/// opened in a child (after the fork) works there.
 #[test]
 fn child_opens_its_own_space() {
-    let s = common::open_mode(&Config { budget_bytes: 8 << 20, swap_bytes: 0, ..Config::default() }).unwrap();
+    let cfg = Config { budget_bytes: 8 << 20, swap_bytes: 0, ..Config::default() };
+    let s = common::open_mode(&cfg).unwrap();
+    let copies = common::forks_copy(&cfg);
     let o = fork_run(10, || {
-        if s.check_owner() != Err(Errno::ESTALE) {
+        if s.check_owner() != if copies { Ok(()) } else { Err(Errno::ESTALE) } {
             return 1;
         }
         child_space_round_trip(&Config { budget_bytes: 8 << 20, swap_bytes: 0, ..Config::default() }, 0x11)
@@ -313,9 +365,11 @@ fn entry_fork_during_the_fork_handler_registration() {
     h.join().unwrap();
     assert_eq!(o, ChildExit::Exited(0), "the child's first space (a hang is SIGALRM)");
     // The parent's registration completed: a later fork is counted, and
-    // the child finds the parent's space stale.
+    // the child finds the parent's space its copy, or stale where spaces
+    // are not copied.
     let s = common::open_mode(&cfg).unwrap();
-    let o = fork_run(10, || if s.check_owner() == Err(Errno::ESTALE) { 0 } else { 1 }).unwrap();
+    let want = if common::forks_copy(&cfg) { Ok(()) } else { Err(Errno::ESTALE) };
+    let o = fork_run(10, || if s.check_owner() == want { 0 } else { 1 }).unwrap();
     assert_eq!(o, ChildExit::Exited(0));
     s.close().unwrap();
     println!("child exited 0, parent's later fork counted");

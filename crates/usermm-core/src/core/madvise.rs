@@ -56,11 +56,11 @@ impl Core {
         match advice {
             MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL | MADV_WILLNEED | MADV_DONTNEED | MADV_COLD | MADV_PAGEOUT
             | MADV_HWPOISON | MADV_FREE => {}
-            // Advice Linux knows whose effect usermm does not need: fork
-            // (the reservation is always MADV_DONTFORK), KSM, THP (usermm
-            // installs 4 KiB pages), core dumps. Accepted, no effect.
-            MADV_DONTFORK | MADV_DOFORK | MADV_MERGEABLE | MADV_UNMERGEABLE | MADV_HUGEPAGE | MADV_NOHUGEPAGE
-            | MADV_WIPEONFORK | MADV_KEEPONFORK => {}
+            // What a fork copies: region attributes (`core/fork.rs`).
+            MADV_DONTFORK | MADV_DOFORK | MADV_WIPEONFORK | MADV_KEEPONFORK => {}
+            // Advice Linux knows whose effect usermm does not need: KSM,
+            // THP (usermm installs 4 KiB pages). Accepted, no effect.
+            MADV_MERGEABLE | MADV_UNMERGEABLE | MADV_HUGEPAGE | MADV_NOHUGEPAGE => {}
             // Passed down to the host (a secret kept in a space stays out
             // of core dumps), freeing the backing, and guard pages.
             MADV_DONTDUMP | MADV_DODUMP | MADV_REMOVE | MADV_GUARD_INSTALL | MADV_GUARD_REMOVE => {}
@@ -85,7 +85,7 @@ impl Core {
                 return (ops, Err(e));
             }
         }
-        if matches!(advice, MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL) {
+        if is_attribute_advice(advice) {
             self.regions.merge_around(r);
         }
         (ops, if hole { bad(Errno::ENOMEM) } else { Ok(()) })
@@ -105,6 +105,8 @@ impl Core {
         let locked = reg.lock() != LockMode::None;
         match advice {
             MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL => self.set_advice(advice, reg, seg, r)?,
+            MADV_DONTFORK | MADV_DOFORK | MADV_KEEPONFORK => self.set_fork_advice(advice, reg, seg, r)?,
+            MADV_WIPEONFORK if reg.kind() == Kind::AnonPrivate => self.set_fork_advice(advice, reg, seg, r)?,
             MADV_DONTNEED => {
                 if locked {
                     return bad(Errno::EINVAL);
@@ -148,6 +150,30 @@ impl Core {
             }
             MADV_GUARD_REMOVE => ops.push(AdviceOp::Host(seg, advice)),
             _ => {}
+        }
+        Ok(())
+    }
+
+    /// `MADV_DONTFORK/DOFORK/WIPEONFORK/KEEPONFORK` on a region's part
+    /// `seg`: split off and flagged, as `set_advice`.
+    fn set_fork_advice(&mut self, advice: i32, reg: &Region, seg: PageRange, r: PageRange) -> Result<(), Errno> {
+        let (dontfork, on) = match advice {
+            MADV_DONTFORK => (true, true),
+            MADV_DOFORK => (true, false),
+            MADV_WIPEONFORK => (false, true),
+            _ => (false, false),
+        };
+        let now = if dontfork { reg.dontfork() } else { reg.wipeonfork() };
+        if now != on {
+            let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
+            if self.regions.len() + cost > self.cfg.max_regions {
+                self.regions.merge_around(r);
+                return bad(Errno::EAGAIN);
+            }
+            self.regions.split_at(seg.start);
+            self.regions.split_at(seg.end);
+            let reg = self.regions.find_mut(seg.start).expect("split");
+            reg.set_fork_advice(dontfork, on);
         }
         Ok(())
     }
@@ -222,4 +248,13 @@ impl Core {
         v.sort_unstable();
         v
     }
+}
+
+/// Whether `advice` changes a region attribute (the executor holds the
+/// region lock exclusively for it): the access pattern, what a fork copies.
+pub fn is_attribute_advice(advice: i32) -> bool {
+    matches!(
+        advice,
+        MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL | MADV_DONTFORK | MADV_DOFORK | MADV_WIPEONFORK | MADV_KEEPONFORK
+    )
 }

@@ -63,6 +63,11 @@ impl Zaps {
         }
     }
 
+    /// The chunks being zapped.
+    pub(super) fn zapping(&self) -> &[PageRange] {
+        &self.zapping
+    }
+
     /// Whether any chunk is being zapped.
     pub(super) fn any_zapping(&self) -> bool {
         !self.zapping.is_empty()

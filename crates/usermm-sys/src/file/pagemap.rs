@@ -14,6 +14,12 @@ impl Pagemap {
         Ok(Pagemap(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
+    /// In a forked child: opens the file again under the same number (one
+    /// opened before the fork still shows the parent's pages).
+    pub fn reopen_in_child(&self) -> Result<(), Errno> {
+        crate::replace_fd(self.0.as_raw_fd(), Pagemap::open()?.0)
+    }
+
     /// Whether the page at `addr` is gone: neither present (bit 63 of its
     /// entry) nor swapped out by the host (bit 62). A page the host swapped
     /// (a host with swap of its own, under its own pressure) still holds

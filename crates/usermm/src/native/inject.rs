@@ -150,4 +150,7 @@ impl Platform for Injecting {
     fn thread(&self, op: Thread) -> Result<bool, Errno> {
         self.host.thread(op)
     }
+    fn fork_child(&self, swap_runs: &[(u64, u64)]) -> Result<(), Errno> {
+        self.host.fork_child(swap_runs)
+    }
 }

@@ -7,7 +7,9 @@ use super::*;
 use crate::platform::Setup;
 
 impl Inner {
-    pub fn open(cfg: &Config) -> Result<(Arc<Inner>, Threads), Errno> {
+    /// Opens a space; `fork_copies`: a forked child is to get a copy of it
+    /// where the configuration allows (`native/fork.rs`).
+    pub fn open(cfg: &Config, fork_copies: bool) -> Result<Arc<Inner>, Errno> {
         let shift = if cfg.page_shift == 0 { 12 } else { cfg.page_shift };
         if !(12..=21).contains(&shift) {
             return Err(Errno::EINVAL);
@@ -32,19 +34,56 @@ impl Inner {
         // The frame pool (`Arena::recycle_slots`), opt-in: an eighth of the
         // budget, 16 to 512 frames.
         let pool_pages = if cfg.flags & UMM_F_FRAME_POOL == 0 { 0 } else { (staging_slots / 8).clamp(16, 512) };
-        let native =
-            Native::open(&Setup { cfg, page_size: ps, reserve_bytes: reserve, staging_slots, pool_pages, swap_slots })?;
+        // A child's copy re-arms the host side (`Platform::fork_child`):
+        // not a frame pool's (its frames stay out of forks), a page store's
+        // (connections, a prefix of the child's own: not yet), or
+        // in-thread faults' (the SIGBUS table).
+        let fork_copies = fork_copies && !in_thread && pool_pages == 0 && cfg.swap_url.is_none();
+        let native = Native::open(&Setup {
+            cfg,
+            page_size: ps,
+            reserve_bytes: reserve,
+            staging_slots,
+            pool_pages,
+            swap_slots,
+            fork_copies,
+        })?;
         let (user_mode_only, fallback_reason) = (native.user_mode_only(), native.fallback_reason());
         let plat: Box<dyn Platform> = Box::new(native);
         let inner = Inner::build(cfg, plat, user_mode_only, fallback_reason)?;
         // In-thread faults: no fault ever reaches a handler thread.
-        let nthreads = if in_thread {
-            0
-        } else if cfg.fault_threads == 0 {
-            default_fault_threads(inner.plat.caps().cpus)
-        } else {
-            cfg.fault_threads.min(64) as usize
+        let plan = ThreadPlan {
+            handlers: if in_thread {
+                0
+            } else if cfg.fault_threads == 0 {
+                default_fault_threads(inner.plat.caps().cpus)
+            } else {
+                cfg.fault_threads.min(64) as usize
+            },
+            wake_ahead: cfg.flags & UMM_F_NO_WAKE_AHEAD == 0 && inner.plat.caps().cpus > 1,
+            background_reclaim: cfg.flags & UMM_F_NO_BACKGROUND_RECLAIM == 0,
         };
+        let threads = inner.start_threads(plan)?;
+        inner.fork.set(fork_copies, plan, threads);
+        if in_thread {
+            let (start, end) = (inner.base, inner.base + inner.reserve_len);
+            let resolver = Arc::new(fault::InThread(inner.clone()));
+            if let Err(e) = inner.plat.thread(Thread::InThreadOn { start, end, resolver }) {
+                inner.shut();
+                return Err(e);
+            }
+        }
+        if fork_copies {
+            fork::register(&inner);
+        }
+        Ok(inner)
+    }
+
+    /// Starts the space's threads as `plan` says: the fault handlers, the
+    /// wake-ahead thread and the background thread (at `open`, and again in
+    /// a forked child that got a copy of the space).
+    pub(super) fn start_threads(self: &Arc<Inner>, plan: ThreadPlan) -> Result<Threads, Errno> {
+        let inner = self;
         let mut handles = Vec::new();
         // Each thread says when it has started and marked itself as
         // usermm's own (`thread_role::mark_usermm_thread`), and `open` waits
@@ -53,7 +92,7 @@ impl Inner {
         // while starting a thread never waits on the heap its own space
         // serves.
         let (started_tx, started) = std::sync::mpsc::channel::<()>();
-        for i in 0..nthreads {
+        for i in 0..plan.handlers {
             let me = inner.clone();
             let tx = started_tx.clone();
             let h = std::thread::Builder::new()
@@ -69,7 +108,7 @@ impl Inner {
         }
         // (In-thread faults: the thread installs half of a lock-on-fault
         // window's file read, `Inner::install_split`.)
-        if cfg.flags & UMM_F_NO_WAKE_AHEAD == 0 && inner.plat.caps().cpus > 1 {
+        if plan.wake_ahead {
             inner.service.wake_ahead().enable();
             inner.service.wake_ahead().track_handler_cpu();
             let me = inner.clone();
@@ -100,7 +139,7 @@ impl Inner {
             // The background thread also serves MADV_WILLNEED; with
             // UMM_F_NO_BACKGROUND_RECLAIM it only does that.
             let me = inner.clone();
-            let bg = cfg.flags & UMM_F_NO_BACKGROUND_RECLAIM == 0;
+            let bg = plan.background_reclaim;
             let h = std::thread::Builder::new()
                 .name("usermm-reclaim".into())
                 .spawn(move || {
@@ -114,16 +153,7 @@ impl Inner {
         }
         // Every sender is gone once every thread has sent (or died).
         while started.recv().is_ok() {}
-        let threads = Threads { handles };
-        if in_thread {
-            let (start, end) = (inner.base, inner.base + inner.reserve_len);
-            let resolver = Arc::new(fault::InThread(inner.clone()));
-            if let Err(e) = inner.plat.thread(Thread::InThreadOn { start, end, resolver }) {
-                inner.close(threads);
-                return Err(e);
-            }
-        }
-        Ok((inner, threads))
+        Ok(Threads { handles })
     }
 
     /// The space's state over a platform (no threads started). The
@@ -198,9 +228,22 @@ impl Inner {
             ),
             counters: counters::HostCounters::default(),
             hooks: hooks::TestHooks::new(),
+            fork: fork::ForkState::new(),
         });
         Ok(inner)
     }
+}
+
+/// The threads a space runs (`Inner::start_threads`).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct ThreadPlan {
+    /// Fault handler threads (0: faults are resolved in the faulting thread).
+    pub handlers: usize,
+    /// The wake-ahead thread.
+    pub wake_ahead: bool,
+    /// Reclaim ahead of the program in the background thread (which also
+    /// serves `MADV_WILLNEED` either way).
+    pub background_reclaim: bool,
 }
 
 /// Handler threads when the configuration says 0. One spinning handler

@@ -46,6 +46,11 @@ impl DirectWindows {
         self.ranges.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether any window is mapped.
+    pub(super) fn any(&self) -> bool {
+        !self.ranges().is_empty()
+    }
+
     /// Whether one more window may be mapped.
     pub(super) fn room(&self) -> bool {
         self.runs.load(Ordering::Relaxed) < self.cap && !self.refused.load(Ordering::Relaxed)

@@ -28,6 +28,9 @@ pub(crate) struct Setup<'a> {
     pub pool_pages: usize,
     /// Swap slots (0: no swap).
     pub swap_slots: u32,
+    /// A forked child gets a copy of the space (the reservation and staging
+    /// area are not `MADV_DONTFORK`).
+    pub fork_copies: bool,
 }
 
 impl Native {
@@ -55,7 +58,7 @@ impl Native {
                 rings: rings.clone(),
             }))
         };
-        let arena = Arena::with_pool(&uffd, s.reserve_bytes, s.staging_slots, ps, s.pool_pages)?;
+        let arena = Arena::with_pool(&uffd, s.reserve_bytes, s.staging_slots, ps, s.pool_pages, s.fork_copies)?;
         Ok(Native {
             arena,
             uffd,
@@ -70,6 +73,21 @@ impl Native {
             caps: Default::default(),
             in_thread_entry: Default::default(),
         })
+    }
+
+    /// `Platform::fork_child`'s host part, the page store done: the
+    /// userfaultfd, the arena's registration, the `/proc` files, the rings.
+    pub(super) fn fork_child_host(&self) -> Result<(), Errno> {
+        self.uffd.replace_in_child()?;
+        self.arena.rearm_in_child(&self.uffd)?;
+        if let Some(pm) = &self.pagemap {
+            pm.reopen_in_child()?;
+        }
+        if let Some(pm) = &self.procmem {
+            pm.reopen_in_child()?;
+        }
+        self.rings.forget_in_child();
+        Ok(())
     }
 
     /// Whether the userfaultfd serves user-mode faults only (kernel

@@ -11,15 +11,16 @@ use crate::{Errno, Space};
 /// The process-wide default space of `usermm_compat.h` for one fork
 /// generation; the error is kept so that every call reports it.
 struct DefaultCell {
-    fork_generation: u64,
+    fork_generation: std::sync::atomic::AtomicU64,
     space: OnceLock<Result<Space, Errno>>,
 }
 
 /// The default space's cell of the current fork generation: a forked child
-/// gets a fresh cell (and so a fresh space, opened by its first call) and
-/// never waits on the parent's, whose `OnceLock` a parent thread may have
-/// been initialising at the fork (every fork after the first call is
-/// counted: see `default_cell`). Cells are leaked, never freed: one per
+/// keeps its parent's when the parent's space was copied into it, and
+/// otherwise gets a fresh cell (and so a fresh space, opened by its first
+/// call), never waiting on the parent's, whose `OnceLock` a parent thread
+/// may have been initialising at the fork (every fork after the first call
+/// is counted: see `default_cell`). Cells are leaked, never freed: one per
 /// generation that called `umm_default_space`.
 static DEFAULT_CELL: AtomicPtr<DefaultCell> = AtomicPtr::new(std::ptr::null_mut());
 
@@ -35,12 +36,21 @@ pub(super) fn default_cell() -> &'static OnceLock<Result<Space, Errno>> {
         // SAFETY: DEFAULT_CELL holds NULL or a pointer from `Box::leak`
         // below, never freed, so it is valid for 'static.
         if let Some(cell) = unsafe { cur.as_ref() } {
-            if cell.fork_generation == generation {
+            let g = cell.fork_generation.load(Ordering::Acquire);
+            if g == generation {
                 return &cell.space;
             }
+            // A forked child that was given a copy of the parent's default
+            // space keeps it (its memory is the parent's, copied).
+            if g < generation && matches!(cell.space.get(), Some(Ok(sp)) if sp.check_owner().is_ok()) {
+                let _ = cell.fork_generation.compare_exchange(g, generation, Ordering::AcqRel, Ordering::Acquire);
+                continue;
+            }
         }
-        let new: &'static mut DefaultCell =
-            Box::leak(Box::new(DefaultCell { fork_generation: generation, space: OnceLock::new() }));
+        let new: &'static mut DefaultCell = Box::leak(Box::new(DefaultCell {
+            fork_generation: std::sync::atomic::AtomicU64::new(generation),
+            space: OnceLock::new(),
+        }));
         match DEFAULT_CELL.compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => return &new.space,
             // Another thread installed a cell first: use it if it is this
@@ -55,8 +65,10 @@ pub(super) fn default_cell() -> &'static OnceLock<Result<Space, Errno>> {
 /// first caller opens it; concurrent callers wait) from the `USERMM_*`
 /// environment. NULL + errno if it could not be opened (a message says why,
 /// once, on stderr). It is never closed (its swap file, or its Redis keys,
-/// go after the process exits: `store/redis.rs`). A forked child's first call opens
-/// the child's own default space (the parent's is stale there).
+/// go after the process exits: `store/redis.rs`). A forked child has its
+/// copy of the parent's (`docs/design.md`, "fork"); where it was not
+/// copied, the child's first call opens the child's own (the parent's is
+/// stale there).
 #[no_mangle]
 pub extern "C" fn umm_default_space() -> *mut umm_space {
     guard(std::ptr::null_mut(), || {

@@ -1,0 +1,137 @@
+//! A fork: what the executor asks of the core to give a forked child a copy
+//! of the space (docs/design.md, "fork").
+//!
+//! The child inherits the core as it was at the fork (the executor holds
+//! every lock across it, so no page is in flight) and the host's mappings:
+//! resident pages shared copy-on-write with the parent, parked pages in
+//! the staging area likewise, swapped pages in the parent's swap file. Two
+//! things the host does not carry over are the core's business: the
+//! write protection of a swapped-in clean page (dropped in the child, so a
+//! write there would go unseen while the core believes the page clean:
+//! [`Core::forget_copies_after_fork`]), and locks (not inherited, as on
+//! Linux: the executor unlocks everything through `munlockall`).
+
+use super::{Core, ZapClaim};
+use crate::page::PState;
+use crate::region::Kind;
+use crate::types::{PageIdx, PageRange};
+
+/// Queries and the child's one change (see "Methods by kind" in `core.rs`).
+impl Core {
+    /// Why the space cannot be copied into a forked child, or `None`: a
+    /// `MAP_SHARED` region (anonymous, or of a file) must stay shared with
+    /// the parent, which a copy would not be, and a region whose faults are
+    /// served in the faulting thread has a userfaultfd of its own.
+    pub fn fork_blocker(&self) -> Option<&'static str> {
+        for r in self.regions.iter() {
+            match r.kind() {
+                Kind::AnonShared => return Some("a MAP_SHARED anonymous region"),
+                Kind::FileShared => return Some("a MAP_SHARED file region"),
+                _ => {}
+            }
+            if r.in_thread() {
+                return Some("a region with in-thread faults");
+            }
+        }
+        None
+    }
+
+    /// The runs of resident pages of writable regions, which a fork left
+    /// shared with the other process: the host moves none of them
+    /// (`UFFDIO_MOVE` is `EBUSY`) until a write fault has made it the
+    /// process's own again, so the executor write-faults them
+    /// (`MADV_POPULATE_WRITE`) before reclaim needs them.
+    pub fn fork_shared_runs(&self) -> Vec<PageRange> {
+        let mut runs: Vec<PageRange> = Vec::new();
+        for r in self.regions.iter().filter(|r| r.writable()) {
+            self.pages.for_each_live(r.range(), |p, m| {
+                if m.state != PState::Resident {
+                    return;
+                }
+                match runs.last_mut() {
+                    Some(last) if last.end == p => last.end = PageIdx(p.0 + 1),
+                    _ => runs.push(PageRange { start: p, end: PageIdx(p.0 + 1) }),
+                }
+            });
+        }
+        runs
+    }
+
+    /// The runs `(first slot, slots)` of swap slots in use: what a child's
+    /// own swap file must hold of its parent's.
+    pub fn swap_used_runs(&self) -> Vec<(u32, u32)> {
+        let mut runs: Vec<(u32, u32)> = Vec::new();
+        for s in 0..self.swap.capacity() {
+            if !self.swap.is_used(s) {
+                continue;
+            }
+            match runs.last_mut() {
+                Some((first, n)) if *first + *n == s => *n += 1,
+                _ => runs.push((s, 1)),
+            }
+        }
+        runs
+    }
+
+    /// In a forked child: the zaps the parent's threads had under way (a
+    /// `munmap` or `MADV_DONTNEED` between two of its slices at the fork:
+    /// the region lock is let go between them), claimed for the child to
+    /// finish, and the ranges `munmap` had detached (held): the threads that
+    /// would have finished them did not come along, and their pages would
+    /// stay charged, their ranges held, for good. The executor drops each
+    /// claim's pages and calls [`Core::zap_end`]; then, for each held range,
+    /// [`Core::zap_begin`], the drop, `zap_end` and
+    /// [`Core::unhold_after_fork`].
+    pub fn zaps_after_fork(&self) -> (Vec<ZapClaim>, Vec<PageRange>) {
+        let mut claims = Vec::new();
+        for &r in self.zaps.zapping() {
+            let mut claim = ZapClaim { range: r, staging: Vec::new(), mapped: true };
+            self.pages.for_each_live(r, |_, m| {
+                if m.state == PState::Zapping && m.from == PState::Inactive {
+                    claim.staging.push(m.slot);
+                }
+            });
+            claims.push(claim);
+        }
+        (claims, self.zaps.held().to_vec())
+    }
+
+    /// In a forked child: held range `r` (see [`Core::zaps_after_fork`]) is
+    /// free again.
+    pub fn unhold_after_fork(&mut self, r: PageRange) {
+        self.zaps.unhold(r);
+    }
+
+    /// Pages some thread is working on (filled, parked, evicted, zapped):
+    /// none may be in a forked child once its zaps are finished, or the
+    /// space cannot be its.
+    pub fn busy_pages(&self) -> u64 {
+        self.pages.busy()
+    }
+
+    /// The ranges a forked child gets no copy of (`MADV_DONTFORK`) and those
+    /// whose copy reads zeros (`MADV_WIPEONFORK`).
+    pub fn fork_advised(&self) -> (Vec<PageRange>, Vec<PageRange>) {
+        let dont = self.regions.iter().filter(|r| r.dontfork()).map(|r| r.range()).collect();
+        let wipe = self.regions.iter().filter(|r| !r.dontfork() && r.wipeonfork()).map(|r| r.range()).collect();
+        (dont, wipe)
+    }
+
+    /// In a forked child: every resident page's swap copy is dropped (the
+    /// fork dropped the page's write protection, so its first write would
+    /// go unseen); returns how many.
+    pub fn forget_copies_after_fork(&mut self) -> u64 {
+        let mut cached = Vec::new();
+        for r in self.regions.iter() {
+            self.pages.for_each_live(r.range(), |p, m| {
+                if m.state == PState::Resident && m.cache != 0 {
+                    cached.push(p);
+                }
+            });
+        }
+        for &p in &cached {
+            self.uncache(p);
+        }
+        cached.len() as u64
+    }
+}

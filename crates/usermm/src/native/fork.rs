@@ -1,0 +1,273 @@
+//! fork: a child gets a copy of every space that can be copied
+//! (docs/design.md, "fork").
+//!
+//! # How
+//! The reservation and staging area of such a space are not
+//! `MADV_DONTFORK`: the host copies them as it copies any private memory
+//! (resident and parked pages shared copy-on-write). Around the fork:
+//! - **prepare** (the forking thread, before the fork): every such space's
+//!   region lock exclusively — no page is in flight, no handler, reclaim or
+//!   zap is half done — and its core lock, kept until after the fork
+//!   (`platform::fork::keep`), with the registry's lock;
+//! - **child** (its only thread, before anything else runs there): the
+//!   locks let go; then, per space, the host side taken over
+//!   (`Platform::fork_child`: a userfaultfd of its own with the reservation
+//!   and staging area registered before any touch — an inherited mapping is
+//!   registered with nothing, and a missing page read there would be the
+//!   zero page for good —, `/proc` files and an eventfd of its own, a swap
+//!   file of its own holding the parent's slots in use), the swap copies of
+//!   resident pages dropped (the fork dropped their write protection),
+//!   threads of its own started, every lock undone (`munlockall`: locks are
+//!   not inherited), and the shared pages made its own (below). A space
+//!   that cannot be copied (a `MAP_SHARED` region, which must stay shared;
+//!   a host side that cannot be taken over) is made inaccessible
+//!   (`PROT_NONE`: a touch is SIGSEGV, never another process's bytes or a
+//!   zero) and stays the parent's (its calls `ESTALE`), with a message;
+//! - **parent**: the locks let go, then the shared pages made its own.
+//!
+//! Shared pages: `UFFDIO_MOVE` refuses a page a fork left shared (`EBUSY`,
+//! in both processes, even after the other exits) until a write fault has
+//! made it the process's own, so each process write-faults its resident
+//! pages (`MADV_POPULATE_WRITE`: a copy while the other still shares it, a
+//! reuse after) — without any lock held, since a write-protected page's
+//! fault goes to the handler threads.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Weak};
+
+use super::open::ThreadPlan;
+use super::*;
+use crate::platform::fork::ForkHooks;
+
+/// The API layer's record of live handles (`Space`'s `Mapping`s): kept here,
+/// beside the space's locks, so that a fork holds them too (a parent thread
+/// inside an address-based call holds `gate`; its child would wait on it for
+/// good).
+#[derive(Default)]
+pub(crate) struct Handles {
+    /// The ranges of the live `Mapping`s (and `Purgeable`s): safe code may
+    /// hold a `&[u8]` into them, so the address-based calls that would
+    /// change or remove their bytes refuse them (`EBUSY`); the handle's own
+    /// methods, which hold it by `&mut` or by value, do it instead.
+    pub(crate) owned: Mutex<Vec<(usize, usize)>>,
+    /// Makes a range check and the call it guards one step: the
+    /// address-based calls hold it shared from their check to their end,
+    /// and a new handle holds it exclusively from its `mmap` to its
+    /// registration in `owned` (otherwise a `munmap` that found a hole
+    /// could unmap the handle `map_anon` had just placed there). Lock
+    /// order: `gate`, `owned`, then the region and core locks.
+    pub(crate) gate: RwLock<()>,
+}
+
+/// Whose a space is and what a fork does with it.
+pub(crate) struct ForkState {
+    /// The fork generation of the process the space belongs to
+    /// (`platform::fork::generation`): its opener's, or a forked
+    /// child's that took over a copy.
+    generation: AtomicU64,
+    /// Whether a child gets a copy, and with which threads.
+    copies: AtomicBool,
+    plan: Mutex<ThreadPlan>,
+    /// The space's threads, joined at close.
+    threads: Mutex<Option<Threads>>,
+    /// See [`Handles`].
+    handles: Handles,
+}
+
+impl ForkState {
+    pub(super) fn new() -> ForkState {
+        ForkState {
+            generation: AtomicU64::new(crate::platform::fork::generation()),
+            copies: AtomicBool::new(false),
+            plan: Mutex::new(ThreadPlan::default()),
+            threads: Mutex::new(None),
+            handles: Handles::default(),
+        }
+    }
+
+    pub(super) fn set(&self, copies: bool, plan: ThreadPlan, threads: Threads) {
+        self.copies.store(copies, Ordering::Relaxed);
+        *lock(&self.plan) = plan;
+        *lock(&self.threads) = Some(threads);
+    }
+}
+
+/// The spaces a fork copies (weak: a closed space leaves by itself).
+static SPACES: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
+
+static HOOKS: ForkHooks = ForkHooks { prepare: on_prepare, parent: on_parent, child: on_child };
+
+thread_local! {
+    /// The spaces held across the fork in progress (the forking thread's).
+    static FORKING: std::cell::RefCell<Vec<Arc<Inner>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Makes a fork copy `inner` (see the module's documentation).
+pub(super) fn register(inner: &Arc<Inner>) {
+    crate::platform::fork::set_hooks(&HOOKS);
+    let mut s = lock(&SPACES);
+    s.retain(|w| w.strong_count() > 0);
+    s.push(Arc::downgrade(inner));
+}
+
+fn on_prepare() {
+    let reg = lock(&SPACES);
+    let spaces: Vec<Arc<Inner>> = reg
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|i| i.fork.copies.load(Ordering::Relaxed) && i.owned_here())
+        .collect();
+    crate::platform::fork::keep_static(Box::new(reg));
+    for i in &spaces {
+        // Lock order: the handles' gate and list, the region lock, then the
+        // core's (`native.rs`).
+        crate::platform::fork::keep(i.clone(), |i| {
+            Box::new(i.fork.handles.gate.write().unwrap_or_else(|e| e.into_inner()))
+        });
+        crate::platform::fork::keep(i.clone(), |i| Box::new(lock(&i.fork.handles.owned)));
+        crate::platform::fork::keep(i.clone(), |i| Box::new(i.mm.write().unwrap_or_else(|e| e.into_inner())));
+        crate::platform::fork::keep(i.clone(), |i| Box::new(lock(&i.core)));
+    }
+    FORKING.with(|f| *f.borrow_mut() = spaces);
+}
+
+fn on_parent() {
+    crate::platform::fork::release_kept();
+    for i in FORKING.with(|f| std::mem::take(&mut *f.borrow_mut())) {
+        i.own_shared_pages();
+    }
+}
+
+fn on_child() {
+    crate::platform::fork::release_kept();
+    for i in FORKING.with(|f| std::mem::take(&mut *f.borrow_mut())) {
+        i.take_over_in_child();
+    }
+}
+
+impl Inner {
+    /// Whether the space belongs to this process (not a forked child's copy
+    /// it was not given).
+    #[inline]
+    pub(crate) fn owned_here(&self) -> bool {
+        self.fork.generation.load(Ordering::Relaxed) == crate::platform::fork::generation()
+    }
+
+    /// The API layer's record of live handles.
+    pub(crate) fn handles(&self) -> &Handles {
+        &self.fork.handles
+    }
+
+    /// Whether a forked child gets a copy of the space.
+    pub(crate) fn fork_copies(&self) -> bool {
+        self.fork.copies.load(Ordering::Relaxed)
+    }
+
+    /// Stops the space's threads (`close`), if it has them here.
+    pub(crate) fn shut(&self) {
+        if let Some(t) = lock(&self.fork.threads).take() {
+            self.close(t);
+        }
+    }
+
+    /// Write-faults the resident pages of writable regions, which a fork
+    /// left shared with the other process (see the module's documentation).
+    fn own_shared_pages(&self) {
+        let runs = lock(&self.core).fork_shared_runs();
+        for r in runs {
+            let _ = self.plat.range(Range::PopulateWrite, self.addr(r.start), r.pages() as usize * self.page_size);
+        }
+    }
+
+    /// In a forked child: the space becomes the child's (see the module's
+    /// documentation), or, when it cannot, inaccessible here.
+    fn take_over_in_child(self: Arc<Inner>) {
+        // The parent's threads did not come along.
+        if let Some(t) = lock(&self.fork.threads).take() {
+            std::mem::forget(t);
+        }
+        if let Err(why) = self.rearm_in_child() {
+            let _ = self.plat.range(Range::Protect(PROT_NONE), self.base, self.reserve_len);
+            eprintln!(
+                "usermm: pid {}: the space at {:#x} is not copied into this forked child ({why}): its memory is \
+                 not accessible here, and its calls fail with ESTALE",
+                std::process::id(),
+                self.base
+            );
+            return;
+        }
+        self.fork.generation.store(crate::platform::fork::generation(), Ordering::Relaxed);
+        let plan = *lock(&self.fork.plan);
+        match self.start_threads(plan) {
+            Ok(t) => *lock(&self.fork.threads) = Some(t),
+            Err(e) => {
+                // (Faults would wait for handlers that do not exist.)
+                self.fork.generation.store(u64::MAX, Ordering::Relaxed);
+                let _ = self.plat.range(Range::Protect(PROT_NONE), self.base, self.reserve_len);
+                eprintln!(
+                    "usermm: pid {}: the space at {:#x} is not copied into this forked child (its threads: {e}): \
+                     its memory is not accessible here",
+                    std::process::id(),
+                    self.base
+                );
+                return;
+            }
+        }
+        // Locks are not inherited (as on Linux); nor are `MADV_DONTFORK`
+        // regions, and `MADV_WIPEONFORK` ones read zeros.
+        let _ = self.lock_call(|c| c.munlockall());
+        let (dont, wipe) = lock(&self.core).fork_advised();
+        for r in dont {
+            let _ = self.munmap(self.addr(r.start), r.pages() as usize * self.page_size);
+        }
+        for r in wipe {
+            let _ = self.madvise(self.addr(r.start), r.pages() as usize * self.page_size, MADV_DONTNEED);
+        }
+        self.own_shared_pages();
+    }
+
+    /// The host side and the core made the child's (no thread started).
+    fn rearm_in_child(&self) -> Result<(), String> {
+        let (blocker, swap_runs) = {
+            let c = lock(&self.core);
+            (c.fork_blocker(), c.swap_used_runs())
+        };
+        if let Some(b) = blocker {
+            return Err(b.into());
+        }
+        let ps = self.page_size as u64;
+        let runs: Vec<(u64, u64)> = swap_runs.iter().map(|&(s, n)| (u64::from(s) * ps, u64::from(n) * ps)).collect();
+        self.plat.fork_child(&runs).map_err(|e| format!("its host side: {e}"))?;
+        self.wake_fd.replace_in_child().map_err(|e| format!("an eventfd: {e}"))?;
+        // The zaps parent threads had under way (see `zaps_after_fork`).
+        let (claims, held) = lock(&self.core).zaps_after_fork();
+        for c in &claims {
+            self.drop_claimed(c);
+            lock(&self.core).zap_end(c);
+        }
+        for h in held {
+            let claim = lock(&self.core).zap_begin(h).map_err(|_| "a range being unmapped at the fork".to_string())?;
+            self.drop_claimed(&claim);
+            let mut c = lock(&self.core);
+            c.zap_end(&claim);
+            c.unhold_after_fork(h);
+        }
+        let mut c = lock(&self.core);
+        if c.busy_pages() > 0 {
+            return Err(format!("{} pages in flight at the fork", c.busy_pages()));
+        }
+        c.forget_copies_after_fork();
+        Ok(())
+    }
+
+    /// Drops the pages of a zap claimed in a forked child: the host's, with
+    /// the protection the range has now, and the staging frames.
+    fn drop_claimed(&self, claim: &usermm_core::ZapClaim) {
+        let prot = lock(&self.core).region_at(claim.range.start).map_or(PROT_NONE, |g| g.prot() & PROT_MASK);
+        let (a, l) = (self.addr(claim.range.start), claim.range.pages() as usize * self.page_size);
+        let _ = self.plat.range(Range::Zap(prot), a, l);
+        for &slot in &claim.staging {
+            let _ = self.plat.staging(Staging::Drop { slot, n: 1 });
+        }
+    }
+}

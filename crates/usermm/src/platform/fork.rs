@@ -1,0 +1,32 @@
+//! The process's forks, for the executor (`native/fork.rs`): the hooks run
+//! around each fork, the locks kept across one, and the fork generation.
+
+use std::sync::Arc;
+
+pub(crate) use usermm_sys::thread::{ForkHooks, Kept};
+
+/// Runs `h` around every later fork (`usermm_sys::thread::set_fork_hooks`).
+pub(crate) fn set_hooks(h: &'static ForkHooks) {
+    usermm_sys::thread::set_fork_hooks(h);
+}
+
+/// Keeps the guard `take` returns, a lock of `*owner`, until
+/// [`release_kept`] (`usermm_sys::thread::keep_across_fork`).
+pub(crate) fn keep<O: Send + Sync + 'static>(owner: Arc<O>, take: impl for<'a> FnOnce(&'a O) -> Box<dyn Kept + 'a>) {
+    usermm_sys::thread::keep_across_fork(owner, take);
+}
+
+/// Keeps a guard of a static lock until [`release_kept`].
+pub(crate) fn keep_static(guard: Box<dyn Kept>) {
+    usermm_sys::thread::keep_static_across_fork(guard);
+}
+
+/// Lets go of every guard this thread kept, the last first.
+pub(crate) fn release_kept() {
+    usermm_sys::thread::release_kept();
+}
+
+/// The process's fork generation (`usermm_sys::thread::fork_generation`).
+pub(crate) fn generation() -> u64 {
+    usermm_sys::thread::fork_generation()
+}

@@ -1,0 +1,182 @@
+//! SPEC §4 "fork": a child gets a copy of every space of its parent —
+//! every byte the parent had at the fork, resident, parked or swapped, at
+//! the same addresses — and after the fork neither sees the other's
+//! writes; both go on swapping. (A space that cannot be copied: `fork.rs`.)
+
+use usermm::consts::{MADV_COLD, MADV_PAGEOUT};
+use usermm::{Config, Space};
+use usermm_sys::thread::{fork_run, ChildExit};
+
+const PAGE: usize = 4096;
+
+/// The byte at offset `i` of page `p` in round `r`.
+fn byte(r: u8, p: usize, i: usize) -> u8 {
+    (p as u8).wrapping_mul(31).wrapping_add(r).wrapping_add((i % 251) as u8)
+}
+
+fn fill(m: &mut [u8], r: u8) {
+    for (p, page) in m.chunks_mut(PAGE).enumerate() {
+        for (i, b) in page.iter_mut().enumerate().step_by(61) {
+            *b = byte(r, p, i);
+        }
+    }
+}
+
+/// Pages of `m` whose bytes are not round `r`'s.
+fn bad_pages(m: &[u8], r: u8) -> usize {
+    m.chunks(PAGE)
+        .enumerate()
+        .filter(|(p, page)| page.iter().enumerate().step_by(61).any(|(i, &b)| b != byte(r, *p, i)))
+        .count()
+}
+
+fn space() -> Space {
+    // (The default mode only: in-thread faults and a frame pool are not
+    // copied, see `fork.rs`.)
+    Space::open(&Config { budget_bytes: 8 << 20, swap_bytes: 128 << 20, ..Config::default() }).unwrap()
+}
+
+#[test]
+fn a_child_reads_every_byte_resident_parked_and_swapped() {
+    let s = space();
+    // 32 MiB under an 8 MiB budget: most pages swapped, some resident,
+    // some parked (MADV_COLD).
+    let mut m = s.map_anon(32 << 20).unwrap();
+    fill(&mut m, 1);
+    let mut hot = s.map_anon(1 << 20).unwrap();
+    fill(&mut hot, 2);
+    let mut cold = s.map_anon(1 << 20).unwrap();
+    fill(&mut cold, 3);
+    cold.advise(MADV_COLD).unwrap();
+    let st = s.stats();
+    eprintln!("before the fork: {st:?}");
+    assert!(st.swapped_pages > 4096, "not much swapped: {st:?}");
+    let (maddr, mlen) = (m.addr(), m.len());
+    let out = fork_run(60, || {
+        // SAFETY: the child's copy of the parent's mapping, which this
+        // thread alone uses.
+        let m = unsafe { std::slice::from_raw_parts_mut(maddr as *mut u8, mlen) };
+        if bad_pages(m, 1) != 0 || bad_pages(&hot, 2) != 0 || bad_pages(&cold, 3) != 0 {
+            return 2;
+        }
+        // The child's own writes, under pressure: swapped out and back.
+        fill(m, 4);
+        if bad_pages(m, 4) != 0 {
+            return 3;
+        }
+        if s.madvise(maddr, mlen, MADV_PAGEOUT).is_err() || bad_pages(m, 4) != 0 {
+            return 4;
+        }
+        let st = s.stats();
+        if st.swapins == 0 {
+            return 5;
+        }
+        s.validate();
+        0
+    })
+    .unwrap();
+    assert_eq!(out, ChildExit::Exited(0), "the child's check failed");
+    // The parent saw none of the child's writes, and goes on swapping.
+    assert_eq!(bad_pages(&m, 1), 0);
+    assert_eq!(bad_pages(&hot, 2), 0);
+    assert_eq!(bad_pages(&cold, 3), 0);
+    fill(&mut m, 5);
+    m.advise(MADV_PAGEOUT).unwrap();
+    assert_eq!(bad_pages(&m, 5), 0);
+    s.validate();
+}
+
+/// What a forked child sees of a parent's four ranges of 4 pages, each
+/// page's first byte `0x5c` in the parent: `plain`, `dontfork`
+/// (`MADV_DONTFORK`), `wipe` (`MADV_WIPEONFORK`) and `locked` (`mlock`).
+/// One bit each: the plain page's byte came along; `mincore` on the
+/// `dontfork` range fails with `ENOMEM` (no mapping); the `wipe` page reads
+/// 0; the lock is not inherited (`locked(…)` says so).
+fn child_view(ranges: [usize; 4], mincore: &dyn Fn(usize) -> Result<(), i32>, locked: &dyn Fn() -> bool) -> i32 {
+    let [plain, dontfork, wipe, _] = ranges;
+    let mut code = 0;
+    code |= i32::from(usermm_sys::kernel::peek(plain) == 0x5c);
+    code |= i32::from(mincore(dontfork) == Err(libc::ENOMEM)) << 1;
+    code |= i32::from(usermm_sys::kernel::peek(wipe) == 0) << 2;
+    code |= i32::from(!locked()) << 3;
+    code
+}
+
+/// `MADV_DONTFORK`, `MADV_WIPEONFORK` and `mlock` across a fork, on the
+/// kernel's anonymous memory and on a space's, compared: the child has no
+/// mapping of the first, zeros in the second, no lock on the third.
+#[test]
+fn fork_advice_and_locks_as_the_kernel() {
+    const LEN: usize = 4 * PAGE;
+    // The kernel's.
+    // SAFETY: a fresh anonymous mapping the kernel places.
+    let k = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4 * LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    } as usize;
+    assert_ne!(k as *mut libc::c_void, libc::MAP_FAILED);
+    let kr = [k, k + LEN, k + 2 * LEN, k + 3 * LEN];
+    for &r in &kr {
+        for p in 0..4 {
+            usermm_sys::kernel::poke(r + p * PAGE, 0x5c);
+        }
+    }
+    // SAFETY: ranges of the mapping above, which nothing else uses.
+    unsafe {
+        assert_eq!(libc::madvise(kr[1] as *mut libc::c_void, LEN, libc::MADV_DONTFORK), 0);
+        assert_eq!(libc::madvise(kr[2] as *mut libc::c_void, LEN, libc::MADV_WIPEONFORK), 0);
+        assert_eq!(libc::mlock(kr[3] as *const libc::c_void, LEN), 0);
+    }
+    let kmincore = |a: usize| {
+        let mut v = [0u8; 4];
+        // SAFETY: `v` holds one byte for each of the 4 pages asked about.
+        if unsafe { libc::mincore(a as *mut libc::c_void, LEN, v.as_mut_ptr()) } == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+        }
+    };
+    let klocked = || {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        !status.lines().any(|l| l.starts_with("VmLck:") && l.split_whitespace().nth(1) == Some("0"))
+    };
+    let kernel = fork_run(20, || child_view(kr, &kmincore, &klocked)).unwrap();
+    // A space's.
+    let s = space();
+    let a =
+        s.mmap(0, 4 * LEN, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0).unwrap();
+    let ur = [a, a + LEN, a + 2 * LEN, a + 3 * LEN];
+    for &r in &ur {
+        for p in 0..4 {
+            usermm_sys::kernel::poke(r + p * PAGE, 0x5c);
+        }
+    }
+    s.madvise(ur[1], LEN, libc::MADV_DONTFORK).unwrap();
+    s.madvise(ur[2], LEN, libc::MADV_WIPEONFORK).unwrap();
+    s.mlock(ur[3], LEN).unwrap();
+    let smaps = s.smaps();
+    assert!(smaps.contains(" dc ") && smaps.contains(" wf "), "VmFlags dc and wf: {smaps}");
+    let umincore = |a: usize| {
+        let mut v = [0u8; 4];
+        s.mincore(a, LEN, &mut v).map_err(|e| e.0)
+    };
+    let ulocked = || s.stats().locked_pages > 0;
+    let usermm = fork_run(20, || child_view(ur, &umincore, &ulocked)).unwrap();
+    assert_eq!(kernel, ChildExit::Exited(15), "the kernel's child");
+    assert_eq!(usermm, kernel, "usermm's child against the kernel's");
+    // The parent keeps all four, and its lock.
+    for &r in &ur {
+        assert_eq!(usermm_sys::kernel::peek(r), 0x5c);
+    }
+    assert_eq!(s.stats().locked_pages, 4);
+    // SAFETY: the kernel mapping above, no longer used.
+    unsafe { libc::munmap(k as *mut libc::c_void, 4 * LEN) };
+    s.munmap(a, 4 * LEN).unwrap();
+    s.validate();
+}
