@@ -234,8 +234,10 @@ impl<T: ?Sized> Kept for T {}
 /// A guard kept across a fork with the owner of the lock it holds.
 struct KeptGuard {
     /// Dropped first (declaration order): it borrows from `_owner`'s pointee.
-    _guard: Box<dyn Kept>,
+    guard: Option<Box<dyn Kept>>,
     _owner: Box<dyn Kept>,
+    /// Never let go in the child (see [`keep_across_fork`]).
+    forget_in_child: bool,
 }
 
 thread_local! {
@@ -247,9 +249,13 @@ thread_local! {
 /// Keeps the guard `take` returns — a lock of `*owner` — held by this
 /// thread until [`release_kept`]: a fork's prepare handler takes the locks
 /// a fork must not split, and its parent and child handlers let them go.
+/// `forget_in_child`: the child never lets this one go (a lock whose
+/// unlock may hand it to a parent thread parked on it, which does not exist
+/// in the child; the child uses another).
 pub fn keep_across_fork<O: Send + Sync + 'static>(
     owner: std::sync::Arc<O>,
     take: impl for<'a> FnOnce(&'a O) -> Box<dyn Kept + 'a>,
+    forget_in_child: bool,
 ) {
     let guard = take(&owner);
     // SAFETY: `guard` borrows only from `*owner` (the closure's signature
@@ -258,18 +264,23 @@ pub fn keep_across_fork<O: Send + Sync + 'static>(
     // dropped after it (`KeptGuard`'s field order), and the guard is never
     // given out. So the guard never outlives what it borrows.
     let guard: Box<dyn Kept + 'static> = unsafe { std::mem::transmute::<Box<dyn Kept + '_>, Box<dyn Kept>>(guard) };
-    KEPT.with(|k| k.borrow_mut().push(KeptGuard { _guard: guard, _owner: Box::new(owner) }));
+    KEPT.with(|k| k.borrow_mut().push(KeptGuard { guard: Some(guard), _owner: Box::new(owner), forget_in_child }));
 }
 
 /// Keeps a guard that borrows nothing but statics (a static lock's).
 pub fn keep_static_across_fork(guard: Box<dyn Kept>) {
-    KEPT.with(|k| k.borrow_mut().push(KeptGuard { _guard: guard, _owner: Box::new(()) }));
+    KEPT.with(|k| k.borrow_mut().push(KeptGuard { guard: Some(guard), _owner: Box::new(()), forget_in_child: false }));
 }
 
-/// Lets go of every guard kept by this thread, the last kept first.
-pub fn release_kept() {
+/// Lets go of every guard kept by this thread, the last kept first; in the
+/// child of the fork (`in_child`), those kept with `forget_in_child` are
+/// forgotten instead (their locks stay held there).
+pub fn release_kept(in_child: bool) {
     let kept = KEPT.with(|k| std::mem::take(&mut *k.borrow_mut()));
-    for g in kept.into_iter().rev() {
+    for mut g in kept.into_iter().rev() {
+        if in_child && g.forget_in_child {
+            std::mem::forget(g.guard.take());
+        }
         drop(g);
     }
 }

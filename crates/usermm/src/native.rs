@@ -41,12 +41,15 @@
 //! - the swap file.
 //!
 //! # Locks
-//! - `mm`: the region lock (the mmap lock analogue), a writer-preferring
-//!   reader-writer lock (std's futex lock: a waiting writer blocks new
-//!   readers, which is what lets another thread's mmap in between two zap
-//!   chunks). Not parking_lot's: a fork holds it across (`native/fork.rs`),
-//!   and in the child parking_lot's unlock may hand it to a parent thread
-//!   that was parked on it — which does not exist there (a child hung so).
+//! - `mm`: the region lock (the mmap lock analogue), a task-fair
+//!   reader-writer lock (parking_lot: a waiting writer blocks new readers,
+//!   and a fair unlock hands it the lock, which is what lets another
+//!   thread's mmap in between two zap slices: with std's lock the zapping
+//!   thread took it back first, and a map/unmap loop beside a 4 GiB unmap
+//!   stalled 113 ms against 4). A fork holds it across; a child never lets
+//!   the parent's go (its unlock could hand it to a parent thread parked
+//!   on it, which does not exist there) but takes the next of `mm_locks`
+//!   (`native/fork.rs`).
 //!   Exclusive for region changes (mmap, the detach phase of munmap,
 //!   mprotect, attribute madvise); shared for everything that works on pages
 //!   (fault resolution, reclaim, zap chunks, page madvise).
@@ -76,7 +79,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use std::sync::{RwLock, RwLockReadGuard};
+use parking_lot::{RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 
 use usermm_core::consts::*;
@@ -136,7 +139,10 @@ pub(crate) struct Inner {
     /// The host: every operation on pages, files, signals and events (with
     /// the I/O errors still to inject, `native/inject.rs`).
     plat: inject::Injecting,
-    mm: RwLock<()>,
+    /// The region lock (`mm()`): one of these per fork generation the space
+    /// went through, `mm_ix` naming this process's (see `native/fork.rs`).
+    mm_locks: Box<[RwLock<()>]>,
+    mm_ix: std::sync::atomic::AtomicUsize,
     core: Mutex<Core>,
     /// Signalled whenever a busy page settles or a held range is released.
     settled: Settled,
@@ -320,7 +326,7 @@ impl Inner {
             Ok(c) => drop(c),
             Err(_) => return false,
         }
-        let Ok(mm) = self.mm.try_read() else { return false };
+        let Some(mm) = self.mm().try_read() else { return false };
         self.reclaim_rounds(&mm, want, false);
         true
     }
@@ -337,8 +343,14 @@ impl Inner {
         lock(&self.core).stats().counters
     }
 
+    /// The region lock of this process (see `mm_locks`).
+    #[inline]
+    pub(crate) fn mm(&self) -> &RwLock<()> {
+        &self.mm_locks[self.mm_ix.load(Ordering::Relaxed)]
+    }
+
     pub fn read_mm(&self) -> RwLockReadGuard<'_, ()> {
-        self.mm.read().unwrap_or_else(|e| e.into_inner())
+        self.mm().read()
     }
 }
 

@@ -40,7 +40,7 @@ impl Inner {
         file: Option<&(u32, Arc<MappedFile>)>,
     ) -> Result<usize, Errno> {
         loop {
-            let mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+            let mm = self.mm().write();
             let t0 = now_ns();
             let reply = match file {
                 Some((id, f)) => lock(&self.core).mmap_file(
@@ -193,7 +193,7 @@ impl Inner {
     /// between chunks), with the range held back from reuse until done.
     pub fn munmap(&self, addr: usize, len: usize) -> Result<(), Errno> {
         let detached: Option<Detached> = {
-            let _mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+            let _mm = self.mm().write();
             let t0 = now_ns();
             let d = lock(&self.core).munmap(addr as u64, len as u64)?;
             self.note_hold(t0);
@@ -293,7 +293,7 @@ impl Inner {
     }
 
     pub fn mprotect(&self, addr: usize, len: usize, prot: i32) -> Result<(), Errno> {
-        let mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+        let mm = self.mm().write();
         let t0 = now_ns();
         let (segs, res, populate) = {
             let mut c = lock(&self.core);
@@ -346,7 +346,7 @@ impl Inner {
         }
         let attr = usermm_core::is_attribute_advice(advice);
         let (ops, res) = if attr {
-            let _mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+            let _mm = self.mm().write();
             let t0 = now_ns();
             let r = lock(&self.core).madvise(addr as u64, len as u64, advice);
             self.note_hold(t0);

@@ -309,7 +309,7 @@ impl Inner {
     pub(crate) fn resolve_unblocked(&self, addr: usize, write: bool, wp: bool, tid: u32) -> bool {
         let Ok(c) = self.core.try_lock() else { return false };
         drop(c);
-        let Ok(mm) = self.mm.try_read() else { return false };
+        let Some(mm) = self.mm().try_read() else { return false };
         let c = lock(&self.core);
         self.resolve_locked(&mm, c, addr, write, wp, Some(tid), false)
     }

@@ -55,8 +55,9 @@ pub(crate) struct Handles {
     /// and a new handle holds it exclusively from its `mmap` to its
     /// registration in `owned` (otherwise a `munmap` that found a hole
     /// could unmap the handle `map_anon` had just placed there). Lock
-    /// order: `gate`, `owned`, then the region and core locks.
-    pub(crate) gate: RwLock<()>,
+    /// order: `gate`, `owned`, then the region and core locks. (std's: let
+    /// go in a child, it wakes no parent thread that was waiting on it.)
+    pub(crate) gate: std::sync::RwLock<()>,
 }
 
 /// Whose a space is and what a fork does with it.
@@ -92,6 +93,10 @@ impl ForkState {
     }
 }
 
+/// Region locks a space has (`Inner::mm_locks`): one for its opener and
+/// one for each generation of forked children that copied it.
+pub(super) const MM_LOCKS: usize = 16;
+
 /// The spaces a fork copies (weak: a closed space leaves by itself).
 static SPACES: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
 
@@ -121,25 +126,28 @@ fn on_prepare() {
     for i in &spaces {
         // Lock order: the handles' gate and list, the region lock, then the
         // core's (`native.rs`).
-        crate::platform::fork::keep(i.clone(), |i| {
-            Box::new(i.fork.handles.gate.write().unwrap_or_else(|e| e.into_inner()))
-        });
-        crate::platform::fork::keep(i.clone(), |i| Box::new(lock(&i.fork.handles.owned)));
-        crate::platform::fork::keep(i.clone(), |i| Box::new(i.mm.write().unwrap_or_else(|e| e.into_inner())));
-        crate::platform::fork::keep(i.clone(), |i| Box::new(lock(&i.core)));
+        crate::platform::fork::keep(
+            i.clone(),
+            |i| Box::new(i.fork.handles.gate.write().unwrap_or_else(|e| e.into_inner())),
+            false,
+        );
+        crate::platform::fork::keep(i.clone(), |i| Box::new(lock(&i.fork.handles.owned)), false);
+        // (The child takes the next region lock: `mm_locks`.)
+        crate::platform::fork::keep(i.clone(), |i| Box::new(i.mm().write()), true);
+        crate::platform::fork::keep(i.clone(), |i| Box::new(lock(&i.core)), false);
     }
     FORKING.with(|f| *f.borrow_mut() = spaces);
 }
 
 fn on_parent() {
-    crate::platform::fork::release_kept();
+    crate::platform::fork::release_kept(false);
     for i in FORKING.with(|f| std::mem::take(&mut *f.borrow_mut())) {
         i.own_shared_pages();
     }
 }
 
 fn on_child() {
-    crate::platform::fork::release_kept();
+    crate::platform::fork::release_kept(true);
     for i in FORKING.with(|f| std::mem::take(&mut *f.borrow_mut())) {
         i.take_over_in_child();
     }
@@ -186,7 +194,16 @@ impl Inner {
         if let Some(t) = lock(&self.fork.threads).take() {
             std::mem::forget(t);
         }
-        if let Err(why) = self.rearm_in_child() {
+        // The parent's region lock stays held here (see `mm_locks`): the
+        // next one is this process's.
+        let next = self.mm_ix.load(Ordering::Relaxed) + 1;
+        let rearmed = if next < self.mm_locks.len() {
+            self.mm_ix.store(next, Ordering::Relaxed);
+            self.rearm_in_child()
+        } else {
+            Err(format!("forked more than {MM_LOCKS} times deep"))
+        };
+        if let Err(why) = rearmed {
             let _ = self.plat.range(Range::Protect(PROT_NONE), self.base, self.reserve_len);
             eprintln!(
                 "usermm: pid {}: the space at {:#x} is not copied into this forked child ({why}): its memory is \

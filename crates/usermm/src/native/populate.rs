@@ -25,7 +25,7 @@ impl Inner {
     /// Anything that fails undoes the whole call (a full lock that the budget
     /// cannot hold is `EAGAIN` and locks nothing new).
     pub fn lock_call(&self, decide: impl FnOnce(&mut Core) -> LockPlan) -> Result<(), Errno> {
-        let mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+        let mm = self.mm().write();
         let t0 = now_ns();
         let (plan, modes) = {
             let mut c = lock(&self.core);
@@ -117,7 +117,7 @@ impl Inner {
                     // The budget cannot hold the pages: EAGAIN, and
                     // nothing new stays locked (usermm's improvement on
                     // Linux, which leaves the range locked).
-                    let _mm = self.mm.write().unwrap_or_else(|e| e.into_inner());
+                    let _mm = self.mm().write();
                     for &(seg, old) in plan.changed.iter().rev() {
                         let _ = self.host_lock(seg, old);
                     }

@@ -72,9 +72,10 @@ impl Inner {
                 }
                 off += n;
                 if off < len {
-                    // A waiting writer goes first: the lock prefers
-                    // writers, so this thread's next read waits for it.
-                    let held = mm.take().is_some();
+                    // A fair unlock hands the lock to a parked writer at
+                    // once, instead of letting this thread take it back
+                    // first.
+                    let held = mm.take().map(RwLockReadGuard::unlock_fair).is_some();
                     std::thread::yield_now();
                     if held {
                         mm = Some(self.read_mm());

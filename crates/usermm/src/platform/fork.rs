@@ -11,9 +11,14 @@ pub(crate) fn set_hooks(h: &'static ForkHooks) {
 }
 
 /// Keeps the guard `take` returns, a lock of `*owner`, until
-/// [`release_kept`] (`usermm_sys::thread::keep_across_fork`).
-pub(crate) fn keep<O: Send + Sync + 'static>(owner: Arc<O>, take: impl for<'a> FnOnce(&'a O) -> Box<dyn Kept + 'a>) {
-    usermm_sys::thread::keep_across_fork(owner, take);
+/// [`release_kept`] (`usermm_sys::thread::keep_across_fork`; `forget_in_child`:
+/// never let go in the child).
+pub(crate) fn keep<O: Send + Sync + 'static>(
+    owner: Arc<O>,
+    take: impl for<'a> FnOnce(&'a O) -> Box<dyn Kept + 'a>,
+    forget_in_child: bool,
+) {
+    usermm_sys::thread::keep_across_fork(owner, take, forget_in_child);
 }
 
 /// Keeps a guard of a static lock until [`release_kept`].
@@ -21,9 +26,10 @@ pub(crate) fn keep_static(guard: Box<dyn Kept>) {
     usermm_sys::thread::keep_static_across_fork(guard);
 }
 
-/// Lets go of every guard this thread kept, the last first.
-pub(crate) fn release_kept() {
-    usermm_sys::thread::release_kept();
+/// Lets go of every guard this thread kept, the last first (`in_child`:
+/// those kept with `forget_in_child` stay held).
+pub(crate) fn release_kept(in_child: bool) {
+    usermm_sys::thread::release_kept(in_child);
 }
 
 /// The process's fork generation (`usermm_sys::thread::fork_generation`).
