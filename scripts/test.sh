@@ -28,7 +28,12 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 echo "== cargo clippy -D warnings: the libraries a program links (no test hooks, no bench helpers)"
 cargo clippy -p usermm -p usermm-sys -p usermm-core -p usermm-preload --lib --release -- -D warnings
 echo "== cargo doc -D warnings (every intra-doc link resolves; none points at a private item)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+# (The libraries, then the command apart: `usermm`'s library and the
+# `usermm` binary write the same doc directory, and documented in one run
+# they raced — "output filename collision", cargo#6313 — and the run failed
+# with a missing file now and then.)
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --lib
+RUSTDOCFLAGS="-D warnings" cargo doc -p usermm-cli --no-deps --bins
 echo "== cargo build --release (also the preload library usermm run's tests need)"
 cargo build --release --workspace
 echo "== the README's first command: scripts/demo.sh (CPython under usermm run at a quarter of its working set)"
