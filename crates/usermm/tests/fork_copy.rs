@@ -30,6 +30,13 @@ fn bad_pages(m: &[u8], r: u8) -> usize {
         .count()
 }
 
+/// Pages of `m` resident (`mincore`).
+fn resident(s: &Space, m: &[u8]) -> usize {
+    let mut v = vec![0u8; m.len() / PAGE];
+    s.mincore(m.as_ptr() as usize, m.len(), &mut v).unwrap();
+    v.iter().filter(|&&b| b & 1 != 0).count()
+}
+
 fn space() -> Space {
     // (The default mode only: in-thread faults and a frame pool are not
     // copied, see `fork.rs`.)
@@ -59,6 +66,14 @@ fn a_child_reads_every_byte_resident_parked_and_swapped() {
         if bad_pages(m, 1) != 0 || bad_pages(&hot, 2) != 0 || bad_pages(&cold, 3) != 0 {
             return 2;
         }
+        // Pages resident at the fork and only read since go out all the
+        // same (the host refuses to move a page the fork left shared).
+        if s.madvise(hot.addr(), hot.len(), MADV_PAGEOUT).is_err() || resident(&s, &hot) != 0 {
+            return 6;
+        }
+        if bad_pages(&hot, 2) != 0 {
+            return 7;
+        }
         // The child's own writes, under pressure: swapped out and back.
         fill(m, 4);
         if bad_pages(m, 4) != 0 {
@@ -76,7 +91,11 @@ fn a_child_reads_every_byte_resident_parked_and_swapped() {
     })
     .unwrap();
     assert_eq!(out, ChildExit::Exited(0), "the child's check failed");
-    // The parent saw none of the child's writes, and goes on swapping.
+    // The parent saw none of the child's writes, and goes on swapping, the
+    // pages it only read since the fork too.
+    assert_eq!(bad_pages(&hot, 2), 0);
+    hot.advise(MADV_PAGEOUT).unwrap();
+    assert_eq!(resident(&s, &hot), 0, "pages resident at the fork and only read since stayed");
     assert_eq!(bad_pages(&m, 1), 0);
     assert_eq!(bad_pages(&hot, 2), 0);
     assert_eq!(bad_pages(&cold, 3), 0);

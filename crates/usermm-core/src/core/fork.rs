@@ -36,25 +36,14 @@ impl Core {
         None
     }
 
-    /// The runs of resident pages of writable regions, which a fork left
-    /// shared with the other process: the host moves none of them
-    /// (`UFFDIO_MOVE` is `EBUSY`) until a write fault has made it the
-    /// process's own again, so the executor write-faults them
-    /// (`MADV_POPULATE_WRITE`) before reclaim needs them.
-    pub fn fork_shared_runs(&self) -> Vec<PageRange> {
-        let mut runs: Vec<PageRange> = Vec::new();
-        for r in self.regions.iter().filter(|r| r.writable()) {
-            self.pages.for_each_live(r.range(), |p, m| {
-                if m.state != PState::Resident {
-                    return;
-                }
-                match runs.last_mut() {
-                    Some(last) if last.end == p => last.end = PageIdx(p.0 + 1),
-                    _ => runs.push(PageRange { start: p, end: PageIdx(p.0 + 1) }),
-                }
-            });
+    /// Page `p`, being parked, would not move: a fork left it shared with
+    /// the other process, and the executor write-faults it before moving it
+    /// again (`native/reclaim.rs`). Its swap copy is dropped first: the
+    /// write protection that kept the copy exact is lifted for the fault.
+    pub fn unshare_for_move(&mut self, p: PageIdx) {
+        if self.pages.get(p).state == PState::Deactivating {
+            self.uncache(p);
         }
-        runs
     }
 
     /// The runs `(first slot, slots)` of swap slots in use: what a child's

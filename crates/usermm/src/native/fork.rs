@@ -18,19 +18,20 @@
 //!   file of its own holding the parent's slots in use), the swap copies of
 //!   resident pages dropped (the fork dropped their write protection),
 //!   threads of its own started, every lock undone (`munlockall`: locks are
-//!   not inherited), and the shared pages made its own (below). A space
+//!   not inherited). A space
 //!   that cannot be copied (a `MAP_SHARED` region, which must stay shared;
 //!   a host side that cannot be taken over) is made inaccessible
 //!   (`PROT_NONE`: a touch is SIGSEGV, never another process's bytes or a
 //!   zero) and stays the parent's (its calls `ESTALE`), with a message;
-//! - **parent**: the locks let go, then the shared pages made its own.
+//! - **parent**: the locks let go.
 //!
 //! Shared pages: `UFFDIO_MOVE` refuses a page a fork left shared (`EBUSY`,
 //! in both processes, even after the other exits) until a write fault has
-//! made it the process's own, so each process write-faults its resident
-//! pages (`MADV_POPULATE_WRITE`: a copy while the other still shares it, a
-//! reuse after) — without any lock held, since a write-protected page's
-//! fault goes to the handler threads.
+//! made it the process's own; so in a space that went through a fork,
+//! reclaim write-faults a page that would not move (`MADV_POPULATE_WRITE`: a
+//! copy while the other still shares it, a reuse after; its swap copy
+//! dropped and its write protection lifted first) and moves it again
+//! (`native/reclaim.rs`).
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Weak};
@@ -68,6 +69,8 @@ pub(crate) struct ForkState {
     generation: AtomicU64,
     /// Whether a child gets a copy, and with which threads.
     copies: AtomicBool,
+    /// Whether the space went through a fork in this process.
+    forked: AtomicBool,
     plan: Mutex<ThreadPlan>,
     /// The space's threads, joined at close.
     threads: Mutex<Option<Threads>>,
@@ -80,6 +83,7 @@ impl ForkState {
         ForkState {
             generation: AtomicU64::new(crate::platform::fork::generation()),
             copies: AtomicBool::new(false),
+            forked: AtomicBool::new(false),
             plan: Mutex::new(ThreadPlan::default()),
             threads: Mutex::new(None),
             handles: Handles::default(),
@@ -142,7 +146,7 @@ fn on_prepare() {
 fn on_parent() {
     crate::platform::fork::release_kept(false);
     for i in FORKING.with(|f| std::mem::take(&mut *f.borrow_mut())) {
-        i.own_shared_pages();
+        i.fork.forked.store(true, Ordering::Relaxed);
     }
 }
 
@@ -178,13 +182,11 @@ impl Inner {
         }
     }
 
-    /// Write-faults the resident pages of writable regions, which a fork
-    /// left shared with the other process (see the module's documentation).
-    fn own_shared_pages(&self) {
-        let runs = lock(&self.core).fork_shared_runs();
-        for r in runs {
-            let _ = self.plat.range(Range::PopulateWrite, self.addr(r.start), r.pages() as usize * self.page_size);
-        }
+    /// Whether the space went through a fork here (as the parent, or as
+    /// the child that took it over): pages may be shared with another
+    /// process, and a move of one is refused (`native/reclaim.rs`).
+    pub(crate) fn forked_since_open(&self) -> bool {
+        self.fork.forked.load(Ordering::Relaxed)
     }
 
     /// In a forked child: the space becomes the child's (see the module's
@@ -214,6 +216,7 @@ impl Inner {
             return;
         }
         self.fork.generation.store(crate::platform::fork::generation(), Ordering::Relaxed);
+        self.fork.forked.store(true, Ordering::Relaxed);
         let plan = *lock(&self.fork.plan);
         match self.start_threads(plan) {
             Ok(t) => *lock(&self.fork.threads) = Some(t),
@@ -240,7 +243,6 @@ impl Inner {
         for r in wipe {
             let _ = self.madvise(self.addr(r.start), r.pages() as usize * self.page_size, MADV_DONTNEED);
         }
-        self.own_shared_pages();
     }
 
     /// The host side and the core made the child's (no thread started).

@@ -110,6 +110,31 @@ impl Inner {
                 *ok = true;
             }
         }
+        // A page a fork left shared with the other process does not move
+        // (`EBUSY`, until a write fault makes it this process's own again:
+        // `native/fork.rs`): its swap copy is dropped (the protection that
+        // keeps it exact goes), it is write-faulted in place and moved
+        // again. (Not a page the host may have dropped: its write fault
+        // would wait for this very deactivation.)
+        if self.forked_since_open() {
+            let ps = self.page_size;
+            for (d, ok) in ds.iter().zip(&mut oks) {
+                if *ok || !can_move || d.how != Transfer::Move {
+                    continue;
+                }
+                let a = self.addr(d.page);
+                if self.settings.host_lazyfree() && !matches!(self.plat.range(Range::Gone, a, ps), Ok(false)) {
+                    continue;
+                }
+                lock(&self.core).unshare_for_move(d.page);
+                let _ = self.plat.range(Range::Unprotect, a, ps);
+                if self.plat.range(Range::PopulateWrite, a, ps).is_ok()
+                    && matches!(self.plat.pages_to_slots_move(a, d.slot, 1), Ok(1))
+                {
+                    *ok = true;
+                }
+            }
+        }
         // Parked volatile pages may be purged by the host under its own
         // pressure (found out when they are mapped back). Before the commit,
         // while the slots are surely still theirs. (The host only takes
