@@ -165,15 +165,7 @@ impl Core {
         };
         let now = if dontfork { reg.dontfork() } else { reg.wipeonfork() };
         if now != on {
-            let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
-            if self.regions.len() + cost > self.cfg.max_regions {
-                self.regions.merge_around(r);
-                return bad(Errno::EAGAIN);
-            }
-            self.regions.split_at(seg.start);
-            self.regions.split_at(seg.end);
-            let reg = self.regions.find_mut(seg.start).expect("split");
-            reg.set_fork_advice(dontfork, on);
+            self.split_off(seg, r)?.set_fork_advice(dontfork, on);
         }
         Ok(())
     }
@@ -188,17 +180,23 @@ impl Core {
             _ => Advice::Normal,
         };
         if reg.advice() != want {
-            let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
-            if self.regions.len() + cost > self.cfg.max_regions {
-                self.regions.merge_around(r);
-                return bad(Errno::EAGAIN);
-            }
-            self.regions.split_at(seg.start);
-            self.regions.split_at(seg.end);
-            let reg = self.regions.find_mut(seg.start).expect("split");
-            reg.set_advice(want);
+            self.split_off(seg, r)?.set_advice(want);
         }
         Ok(())
+    }
+
+    /// A region's part `seg` split off for an attribute change of a call
+    /// over `r`: `EAGAIN` (the pieces merged back) when the splits would
+    /// pass `vm.max_map_count`, as Linux.
+    fn split_off(&mut self, seg: PageRange, r: PageRange) -> Result<&mut Region, Errno> {
+        let cost = self.regions.split_cost(seg.start) + self.regions.split_cost(seg.end);
+        if self.regions.len() + cost > self.cfg.max_regions {
+            self.regions.merge_around(r);
+            return bad(Errno::EAGAIN);
+        }
+        self.regions.split_at(seg.start);
+        self.regions.split_at(seg.end);
+        Ok(self.regions.find_mut(seg.start).expect("split"))
     }
 }
 
