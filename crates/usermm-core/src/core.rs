@@ -255,6 +255,8 @@ pub struct Stats {
     pub volatile_pages: u64,
     /// Resident pages whose swap slot still holds their data (`swapcache.rs`).
     pub swap_cached_pages: u64,
+    /// Swap slots freed but kept for a forked child (`core/fork.rs`).
+    pub swap_fork_held_pages: u64,
     pub regions: u64,
     pub counters: Counters,
 }

@@ -28,6 +28,11 @@ impl SlotAllocator {
         self.capacity - self.used
     }
 
+    /// The bitmap: slot `s` is used when bit `s % 64` of word `s / 64` is set.
+    pub fn words(&self) -> &[u64] {
+        &self.bits
+    }
+
     pub fn is_used(&self, s: u32) -> bool {
         self.bits[(s / 64) as usize] & (1 << (s % 64)) != 0
     }

@@ -2,6 +2,8 @@
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 
 use crate::ring::RingPool;
 use crate::{check, check_isize, last_errno, Errno};
@@ -18,9 +20,40 @@ pub struct SwapFile {
     /// "unlinked 0600".
     pub how: &'static str,
     /// Where it was created, and its size (a forked child makes its own
-    /// there: [`SwapFile::copy_for_child`]).
+    /// there: [`SwapFile::share_for_child`]).
     dir: String,
     size: u64,
+    /// In a forked child: the files of its parent (and of theirs) whose
+    /// units it still reads in place, the first `layers_n` set.
+    layers: [OnceLock<Layer>; MAX_LAYERS],
+    layers_n: AtomicUsize,
+}
+
+/// Forks deep a swap file follows its ancestors' files.
+const MAX_LAYERS: usize = 16;
+/// The unit a layer tells apart: the smallest page.
+const UNIT: u64 = 4096;
+
+/// An ancestor's swap file, as a forked child reads it: a descriptor of its
+/// own (the parent's file stays open here whatever the parent does), and a
+/// bit a 4 KiB unit: the unit's bytes are that file's. A write here clears
+/// the unit's bit (the bytes are this file's from then on); the ancestor
+/// does not write the units a child holds until every process that may
+/// read them exited or exec'd (its core's swap holds, `ChildTie`).
+struct Layer {
+    fd: OwnedFd,
+    here: Box<[AtomicU64]>,
+}
+
+impl Layer {
+    fn has(&self, unit: u64) -> bool {
+        self.here.get((unit / 64) as usize).is_some_and(|w| w.load(Ordering::Relaxed) & (1 << (unit % 64)) != 0)
+    }
+    fn clear(&self, unit: u64) {
+        if let Some(w) = self.here.get((unit / 64) as usize) {
+            w.fetch_and(!(1 << (unit % 64)), Ordering::Relaxed);
+        }
+    }
 }
 
 impl SwapFile {
@@ -63,7 +96,15 @@ impl SwapFile {
                 last = last_errno();
                 continue;
             }
-            return Ok(SwapFile { fd, direct, how, dir: dir.to_string(), size });
+            return Ok(SwapFile {
+                fd,
+                direct,
+                how,
+                dir: dir.to_string(),
+                size,
+                layers: Default::default(),
+                layers_n: AtomicUsize::new(0),
+            });
         }
         Err(last)
     }
@@ -73,35 +114,54 @@ impl SwapFile {
     }
 
     /// In a forked child: a swap file of the child's own in the same
-    /// directory, with the byte runs `runs` (`(offset, length)`, the slots
-    /// in use) copied from the parent's, put under this file's number. From
-    /// then on neither process reads or writes the other's file, so the
-    /// parent frees and reuses its slots as it likes.
-    pub fn copy_for_child(&self, runs: &[(u64, u64)]) -> Result<(), Errno> {
-        let mine = SwapFile::create(&self.dir, self.size)?;
-        const BUF: usize = 1 << 20;
-        let buf = crate::mem::map_rw(BUF)?;
-        let r = runs.iter().try_for_each(|&(off, len)| {
-            let mut done = 0u64;
-            while done < len {
-                let n = (len - done).min(BUF as u64) as usize;
-                // SAFETY: `buf` is ours, mapped and writable for BUF bytes,
-                // page-aligned (O_DIRECT); `n` is a multiple of the page.
-                unsafe {
-                    self.pread(buf, n, off + done)?;
-                    mine.pwritev(&[(buf, n)], off + done)?;
-                }
-                done += n as u64;
-            }
-            Ok(())
-        });
-        // SAFETY: `buf` is ours and no longer used.
-        unsafe {
-            let _ = crate::mem::unmap(buf, BUF);
+    /// directory, put under this file's number, for every write from now
+    /// on; the parent's byte runs `runs` (`(offset, length)`, the slots in
+    /// use at the fork) are read in place in the parent's file, through a
+    /// descriptor of its own, until written here. Costs no copy: the
+    /// parent keeps those runs as they are while the child may read them
+    /// (its core's swap holds).
+    pub fn share_for_child(&self, runs: &[(u64, u64)]) -> Result<(), Errno> {
+        let n = self.layers_n.load(Ordering::Relaxed);
+        if n == MAX_LAYERS {
+            return Err(Errno(libc::EMFILE));
         }
-        r?;
-        let SwapFile { fd, .. } = mine;
-        crate::replace_fd(self.raw(), fd)
+        let units = runs.iter().map(|&(o, l)| (o + l).div_ceil(UNIT)).max().unwrap_or(0);
+        let here: Box<[AtomicU64]> = (0..units.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
+        let older = self.layers();
+        for &(o, l) in runs {
+            for u in o / UNIT..(o + l).div_ceil(UNIT) {
+                if !older.clone().any(|y| y.has(u)) {
+                    here[(u / 64) as usize].fetch_or(1 << (u % 64), Ordering::Relaxed);
+                }
+            }
+        }
+        let mine = SwapFile::create(&self.dir, self.size)?;
+        // SAFETY: F_DUPFD_CLOEXEC takes our descriptor and an integer.
+        let old = check(unsafe { libc::fcntl(self.raw(), libc::F_DUPFD_CLOEXEC, 0) })?;
+        // SAFETY: a new descriptor we own.
+        let old = unsafe { OwnedFd::from_raw_fd(old) };
+        crate::replace_fd(self.raw(), mine.fd)?;
+        // (Single-threaded: a forked child before anything else runs.)
+        let _ = self.layers[n].set(Layer { fd: old, here });
+        self.layers_n.store(n + 1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn layers(&self) -> impl Iterator<Item = &Layer> + Clone {
+        let n = self.layers_n.load(Ordering::Relaxed);
+        self.layers[..n].iter().filter_map(OnceLock::get)
+    }
+
+    /// The descriptor holding unit `u`'s bytes: an ancestor's file, or
+    /// this one's.
+    fn fd_of(&self, u: u64) -> RawFd {
+        self.layers().find(|y| y.has(u)).map_or(self.fd.as_raw_fd(), |y| y.fd.as_raw_fd())
+    }
+
+    /// Whether any byte of `[off, off+len)` is read from an ancestor's file.
+    fn layered(&self, off: u64, len: u64) -> bool {
+        self.layers_n.load(Ordering::Relaxed) > 0
+            && (off / UNIT..(off + len).div_ceil(UNIT)).any(|u| self.fd_of(u) != self.raw())
     }
 
     /// Writes the page-sized buffers `bufs` at `off` in one call, looping over
@@ -113,6 +173,11 @@ impl SwapFile {
         let mut iov: Vec<libc::iovec> =
             bufs.iter().map(|&(a, l)| libc::iovec { iov_base: a as *mut libc::c_void, iov_len: l }).collect();
         let total: usize = bufs.iter().map(|b| b.1).sum();
+        // (These units' bytes are this file's from now on; nobody reads them
+        // while they are written.)
+        for y in self.layers() {
+            (off / UNIT..(off + total as u64).div_ceil(UNIT)).for_each(|u| y.clear(u));
+        }
         let mut done = 0usize;
         let mut first = 0usize;
         while done < total {
@@ -146,9 +211,20 @@ impl SwapFile {
     /// # Safety
     /// `[dst, dst+len)` must be writable memory for the call.
     pub unsafe fn pread(&self, dst: usize, len: usize, off: u64) -> Result<(), Errno> {
-        // SAFETY: the caller guarantees the buffer is writable.
-        if unsafe { pread_upto(self.fd.as_raw_fd(), dst, len, off) }? < len {
-            return Err(Errno::EIO);
+        // Runs of units in one file each (one run where no ancestor's is read).
+        let mut at = 0u64;
+        while at < len as u64 {
+            let fd = self.fd_of((off + at) / UNIT);
+            let mut end = ((off + at) / UNIT + 1) * UNIT - off;
+            while end < len as u64 && self.fd_of((off + end) / UNIT) == fd {
+                end += UNIT;
+            }
+            let n = end.min(len as u64) - at;
+            // SAFETY: the caller guarantees the buffer is writable.
+            if unsafe { pread_upto(fd, dst + at as usize, n as usize, off + at) }? < n as usize {
+                return Err(Errno::EIO);
+            }
+            at += n;
         }
         Ok(())
     }
@@ -162,6 +238,9 @@ impl SwapFile {
     /// [`SwapFile::read_at`] on a ring of `rings`, polled for
     /// ([`crate::ring`]), where there is a ring to be had.
     pub fn read_at_polled(&self, buf: &mut [u8], off: u64, rings: &RingPool) -> Result<(), Errno> {
+        if self.layered(off, buf.len() as u64) {
+            return self.read_at(buf, off);
+        }
         // SAFETY: `buf` is a live slice borrowed mutably for the call:
         // nothing else touches it until the read has completed.
         let r = unsafe { rings.pread_polled(self.fd.as_raw_fd(), buf.as_mut_ptr() as usize, buf.len(), off) };
@@ -183,20 +262,28 @@ impl SwapFile {
     pub fn read_pages(&self, offs: &[u64], buf: &mut [u8], rings: &RingPool) -> Vec<bool> {
         let ps = buf.len() / offs.len().max(1);
         let base = buf.as_mut_ptr() as usize;
-        // Runs of neighbouring offsets: (first page, pages).
+        // Runs of neighbouring offsets: (first page, pages); a page read from
+        // an ancestor's file on its own.
         let mut runs: Vec<(usize, usize)> = Vec::new();
+        let mut ok = vec![false; offs.len()];
+        let mut alone = false;
         for (i, &off) in offs.iter().enumerate() {
+            if self.layered(off, ps as u64) {
+                ok[i] = self.read_at(&mut buf[i * ps..(i + 1) * ps], off).is_ok();
+                alone = true;
+                continue;
+            }
             match runs.last_mut() {
-                Some((f, n)) if offs[*f] + (*n * ps) as u64 == off => *n += 1,
+                Some((f, n)) if !alone && offs[*f] + (*n * ps) as u64 == off => *n += 1,
                 _ => runs.push((i, 1)),
             }
+            alone = false;
         }
         let reads: Vec<(usize, usize, u64)> = runs.iter().map(|&(f, n)| (base + f * ps, n * ps, offs[f])).collect();
         // SAFETY: `buf` is a live slice borrowed mutably for the call, cut
         // into disjoint runs: nothing else touches it until every read the
         // kernel took has completed (the batch reaps them all).
         let got = unsafe { rings.pread_batch(self.fd.as_raw_fd(), &reads, false) };
-        let mut ok = vec![false; offs.len()];
         for (&(f, n), r) in runs.iter().zip(got) {
             let whole = match r {
                 Some(Ok(len)) if len == n * ps => true,

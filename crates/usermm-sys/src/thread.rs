@@ -1,6 +1,6 @@
 //! Threads and signals: thread ids, SIGBUS/SIGSEGV delivery, the wake-up eventfd.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{check, last_errno, Errno};
@@ -282,6 +282,53 @@ pub fn release_kept(in_child: bool) {
             std::mem::forget(g.guard.take());
         }
         drop(g);
+    }
+}
+
+/// A forked child's tie to its parent: a pipe whose write end, close-on-exec,
+/// only the child holds (and the processes it forks in turn), so that the
+/// parent's read end reads end-of-file once every one of them has exited
+/// (`kill -9` included) or exec'd — from then on none reads what the
+/// parent shared with it at the fork.
+pub struct ChildTie {
+    read: OwnedFd,
+    write: Option<OwnedFd>,
+}
+
+impl ChildTie {
+    /// Before the fork (the prepare handler).
+    pub fn new() -> Result<ChildTie, Errno> {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: `fds` has room for two descriptors.
+        check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) })?;
+        // SAFETY: two new descriptors we own.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        Ok(ChildTie { read, write: Some(write) })
+    }
+
+    /// In the parent after the fork: its copy of the write end closed.
+    pub fn in_parent(mut self) -> ChildTie {
+        self.write = None;
+        self
+    }
+
+    /// In the child after the fork: the read end closed, the write end kept
+    /// open until the child exits or execs.
+    pub fn in_child(self) {
+        let ChildTie { read, write } = self;
+        drop(read);
+        if let Some(w) = write {
+            let _ = w.into_raw_fd();
+        }
+    }
+
+    /// Whether every holder of the write end has exited or exec'd (asks
+    /// the kernel without waiting).
+    pub fn gone(&self) -> bool {
+        let mut p = libc::pollfd { fd: self.read.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd, no wait.
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        r == 1 && p.revents & (libc::POLLHUP | libc::POLLIN | libc::POLLERR) != 0
     }
 }
 

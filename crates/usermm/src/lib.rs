@@ -468,6 +468,7 @@ impl Space {
             pool_fills: pool.1,
             unparked_pages: c.unparked,
             swap_ahead_pages: c.swap_ahead,
+            swap_fork_held_pages: s.swap_fork_held_pages,
         }
     }
 

@@ -148,8 +148,10 @@ pub(crate) trait Platform: Send + Sync {
     /// host side over from the parent's — a userfaultfd of the child's own
     /// with the reservation and staging area registered again, `/proc`
     /// files opened again, no io_uring of the parent's used, and a swap
-    /// file of the child's own holding the parent's byte runs `swap_runs`
-    /// (`(offset, length)`). `ENOTSUP` where the host side cannot be
+    /// file of the child's own for its writes, the parent's byte runs
+    /// `swap_runs` (`(offset, length)`) read in place until written there
+    /// (the parent keeps them: the core's swap holds). `ENOTSUP` where the
+    /// host side cannot be
     /// copied (a frame pool, a page store, a second userfaultfd, page-cache
     /// windows); the space is then not the child's.
     fn fork_child(&self, _swap_runs: &[(u64, u64)]) -> Result<(), Errno> {

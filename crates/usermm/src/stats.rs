@@ -106,6 +106,11 @@ stats! {
     /// in swap (docs/design.md, "Swap read-ahead"); also counted in
     /// `swapins`. Not in `struct umm_stats`.
     swap_ahead_pages,
+    /// Swap slots freed here but kept as they are for a forked child that
+    /// may still read them in place, until it (and every process it
+    /// forked) has exited or exec'd (docs/design.md, "fork"). Not in
+    /// `struct umm_stats`.
+    swap_fork_held_pages,
 }
 
 /// What `umm_populate` reports (`struct umm_populate_report`).

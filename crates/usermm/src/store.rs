@@ -54,9 +54,11 @@ pub(crate) trait PageStore: Send + Sync {
     fn release_granule(&self) -> u32 {
         0
     }
-    /// In a forked child: a store of the child's own, holding the parent's
-    /// byte runs `runs` (`(offset, length)`); the parent's is not used
-    /// again here. `ENOTSUP`: the store cannot be copied.
+    /// In a forked child: a store of the child's own for every write from
+    /// now on, still reading the parent's byte runs `runs` (`(offset,
+    /// length)`, the slots in use at the fork) until they are written here
+    /// (the parent keeps them as they are meanwhile: the core's swap
+    /// holds). `ENOTSUP`: the store cannot be shared.
     fn fork_child(&self, _runs: &[(u64, u64)]) -> Result<(), Errno> {
         Err(Errno::EOPNOTSUPP)
     }
@@ -116,7 +118,7 @@ impl PageStore for LocalFile {
         self.file.write_at(pages, off)
     }
     fn fork_child(&self, runs: &[(u64, u64)]) -> Result<(), Errno> {
-        self.file.copy_for_child(runs)
+        self.file.share_for_child(runs)
     }
     fn direct_io(&self) -> bool {
         self.file.direct

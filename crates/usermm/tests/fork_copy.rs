@@ -199,3 +199,152 @@ fn fork_advice_and_locks_as_the_kernel() {
     s.munmap(a, 4 * LEN).unwrap();
     s.validate();
 }
+
+/// A word in kernel memory shared by the processes of a test (`MAP_SHARED`
+/// anonymous, never a space's).
+fn shared_word() -> &'static std::sync::atomic::AtomicU32 {
+    // SAFETY: a fresh shared anonymous page the kernel places, never
+    // unmapped: a `'static` atomic for every process forked from here.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        &*(p as *const std::sync::atomic::AtomicU32)
+    }
+}
+
+/// Waits up to `secs` for `w` to hold `v`.
+fn wait_for(w: &std::sync::atomic::AtomicU32, v: u32, secs: u64) -> bool {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while w.load(std::sync::atomic::Ordering::SeqCst) != v {
+        if std::time::Instant::now() > until {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    true
+}
+
+/// The child reads the parent's swap slots in place: while it waits, the
+/// parent swaps every page in, writes it and swaps it out five times over
+/// (its slots of the fork freed, every slot's turn come round again); the child still reads every
+/// byte as of the fork, and the slots the parent freed meanwhile are kept
+/// for the child (`swap_fork_held_pages`) until it is gone, then freed.
+#[test]
+fn the_parent_rewrites_its_swap_while_the_child_reads_it_in_place() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let s = space();
+    let mut m = s.map_anon(32 << 20).unwrap();
+    fill(&mut m, 1);
+    m.advise(MADV_PAGEOUT).unwrap();
+    assert!(s.stats().swapped_pages > 7000, "{:?}", s.stats());
+    let (maddr, mlen) = (m.addr(), m.len());
+    let word = shared_word();
+    let sp = &s;
+    std::thread::scope(|sc| {
+        let child = sc.spawn(move || {
+            fork_run(120, || {
+                word.store(1, SeqCst);
+                if !wait_for(word, 2, 100) {
+                    return 9;
+                }
+                // SAFETY: the child's copy of the parent's mapping, which this
+                // thread alone uses.
+                let m = unsafe { std::slice::from_raw_parts_mut(maddr as *mut u8, mlen) };
+                if bad_pages(m, 1) != 0 {
+                    return 2;
+                }
+                // Its own writes go to a swap file of its own.
+                fill(m, 7);
+                if sp.madvise(maddr, mlen, MADV_PAGEOUT).is_err() || bad_pages(m, 7) != 0 {
+                    return 3;
+                }
+                sp.validate();
+                0
+            })
+        });
+        assert!(wait_for(word, 1, 60), "the child did not start");
+        // (Five rounds of 8,192 pages: the 32,768 slots' next-fit goes
+        // round to the fork's.)
+        for r in 2..=6 {
+            fill(&mut m, r);
+            m.advise(MADV_PAGEOUT).unwrap();
+        }
+        let held = s.stats();
+        word.store(2, SeqCst);
+        assert_eq!(child.join().unwrap().unwrap(), ChildExit::Exited(0), "the child's check failed");
+        assert!(held.swap_fork_held_pages > 7000, "the slots of the fork are kept for the child: {held:?}");
+    });
+    assert_eq!(bad_pages(&m, 6), 0);
+    // Gone: its slots are the parent's again (the background thread asks).
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.stats().swap_fork_held_pages != 0 {
+        assert!(std::time::Instant::now() < until, "held slots never freed: {:?}", s.stats());
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    s.validate();
+    // And are written again.
+    for r in [8, 9, 10] {
+        fill(&mut m, r);
+        m.advise(MADV_PAGEOUT).unwrap();
+        assert_eq!(bad_pages(&m, r), 0);
+    }
+    s.validate();
+}
+
+/// A child outlives its parent: the parent closes the space and exits,
+/// and the child still reads every byte the parent had swapped out at the
+/// fork (its swap file stays open in the child).
+#[test]
+fn a_child_reads_the_swap_of_a_parent_that_exited() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let word = shared_word();
+    let parent = fork_run(120, || {
+        let s = space();
+        let mut m = s.map_anon(32 << 20).unwrap();
+        fill(&mut m, 1);
+        if s.madvise(m.addr(), m.len(), MADV_PAGEOUT).is_err() || s.stats().swapped_pages < 7000 {
+            return 2;
+        }
+        let (maddr, mlen) = (m.addr(), m.len());
+        let me = std::process::id() as i32;
+        // SAFETY: fork; the child runs only the check below and `_exit`.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return 3;
+        }
+        if pid == 0 {
+            // SAFETY: `getppid`, `alarm` and `_exit` take no pointer.
+            unsafe { libc::alarm(60) };
+            // SAFETY: as above.
+            while unsafe { libc::getppid() } == me {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            // SAFETY: the child's copy of the mapping, this thread's alone.
+            let m = unsafe { std::slice::from_raw_parts_mut(maddr as *mut u8, mlen) };
+            let bad = bad_pages(m, 1) as u32;
+            fill(m, 4);
+            let again = s.madvise(maddr, mlen, MADV_PAGEOUT).is_ok() && bad_pages(m, 4) == 0;
+            word.store(if bad == 0 && again { 1 } else { 2 + bad }, SeqCst);
+            // SAFETY: as above.
+            unsafe { libc::_exit(0) };
+        }
+        drop(m);
+        drop(s);
+        0
+    })
+    .unwrap();
+    assert_eq!(parent, ChildExit::Exited(0));
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while word.load(SeqCst) == 0 {
+        assert!(std::time::Instant::now() < until, "the orphaned child never answered");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(word.load(SeqCst), 1, "the child read bad pages (2 + their count)");
+}

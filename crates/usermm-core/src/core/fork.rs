@@ -4,7 +4,9 @@
 //! The child inherits the core as it was at the fork (the executor holds
 //! every lock across it, so no page is in flight) and the host's mappings:
 //! resident pages shared copy-on-write with the parent, parked pages in
-//! the staging area likewise, swapped pages in the parent's swap file. Two
+//! the staging area likewise, swapped pages in the parent's swap file,
+//! which the child reads in place: the parent keeps the slots in use at
+//! the fork as they are until the child is gone ([`Core::swap_hold`]). Two
 //! things the host does not carry over are the core's business: the
 //! write protection of a swapped-in clean page (dropped in the child, so a
 //! write there would go unseen while the core believes the page clean:
@@ -60,6 +62,31 @@ impl Core {
             }
         }
         runs
+    }
+
+    /// Before a fork (every lock held): the swap slots in use now stay as
+    /// they are — freed, they are not reused or scrubbed — until
+    /// [`Core::swap_hold_end`] with `id`: the child reads them in place,
+    /// in this process's swap file, for as long as it may.
+    pub fn swap_hold(&mut self, id: u64) {
+        self.swap.hold(id);
+    }
+
+    /// The child of hold `id` (and every process it forked) has exited or
+    /// exec'd: the slots freed meanwhile are free.
+    pub fn swap_hold_end(&mut self, id: u64) {
+        self.swap.hold_end(id);
+    }
+
+    /// Whether a forked child holds swap slots.
+    pub fn swap_holds_any(&self) -> bool {
+        self.swap.holds_any()
+    }
+
+    /// In a forked child: the parent's holds (for its other children) are
+    /// dropped, and the slots they kept are free here.
+    pub fn swap_holds_forget_after_fork(&mut self) {
+        self.swap.holds_forget();
     }
 
     /// In a forked child: the zaps the parent's threads had under way (a

@@ -87,6 +87,7 @@ impl Core {
             lazyfree_pages: n.lazyfree,
             volatile_pages: n.volatile,
             swap_cached_pages: n.swap_cached,
+            swap_fork_held_pages: self.swap.deferred(),
             regions: self.regions.len() as u64,
             counters: self.counters.clone(),
         }

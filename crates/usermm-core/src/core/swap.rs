@@ -50,6 +50,30 @@ pub(super) struct SwapSpace {
     /// The page store refuses writes and is backed off from: evictions
     /// that need a write wait.
     paused: bool,
+    /// Forked children that may read slots in place (`core/fork.rs`): each
+    /// one's id and the slots in use at its fork, a bit a slot. A slot of
+    /// any is not reused (nor scrubbed) until every such child is gone.
+    holds: Vec<(u64, Vec<u64>)>,
+    /// Invariant: slots freed here while a hold had them, still allocated
+    /// (counted in `reserved`); `deferred_scrub`, those to scrub once free.
+    deferred: Vec<u64>,
+    deferred_scrub: Vec<u64>,
+}
+
+fn bit(v: &[u64], s: u32) -> bool {
+    v.get(s as usize / 64).is_some_and(|w| w & (1 << (s % 64)) != 0)
+}
+
+fn set_bit(v: &mut Vec<u64>, s: u32, on: bool) {
+    let i = s as usize / 64;
+    if v.len() <= i {
+        v.resize(i + 1, 0);
+    }
+    if on {
+        v[i] |= 1 << (s % 64);
+    } else {
+        v[i] &= !(1 << (s % 64));
+    }
 }
 
 impl SwapSpace {
@@ -63,6 +87,9 @@ impl SwapSpace {
             scrub_log: Vec::new(),
             scrub_retry: Vec::new(),
             paused: false,
+            holds: Vec::new(),
+            deferred: Vec::new(),
+            deferred_scrub: Vec::new(),
         }
     }
 
@@ -135,6 +162,10 @@ impl SwapSpace {
     }
 
     fn free(&mut self, s: u32, hole: bool) {
+        if self.held(s) {
+            self.defer(s, false);
+            return;
+        }
         self.slots.release(s);
         if let Some(g) = s.checked_div(self.release_granule) {
             self.release_log.push(g);
@@ -160,8 +191,93 @@ impl SwapSpace {
     /// Frees slot `s` and has its stored copy overwritten (`scrub_plan`):
     /// it held the data of a page now locked.
     pub(super) fn free_and_scrub(&mut self, s: u32) {
+        if self.held(s) {
+            self.defer(s, true);
+            return;
+        }
         self.free_slot(s);
         self.scrub_log.push(s);
+    }
+
+    fn held(&self, s: u32) -> bool {
+        self.holds.iter().any(|(_, h)| bit(h, s))
+    }
+
+    /// Slot `s`, freed while a hold has it, stays allocated until the last
+    /// such hold ends.
+    fn defer(&mut self, s: u32, scrub: bool) {
+        debug_assert!(!bit(&self.deferred, s), "slot {s} freed twice");
+        set_bit(&mut self.deferred, s, true);
+        set_bit(&mut self.deferred_scrub, s, scrub);
+        self.reserved += 1;
+    }
+
+    /// A forked child that may read slots in place: every slot in use now
+    /// stays unwritten until [`SwapSpace::hold_end`] with `id`.
+    pub(super) fn hold(&mut self, id: u64) {
+        if self.slots.used() == 0 {
+            return;
+        }
+        // (A slot kept for another child is no page's: this one does not
+        // read it.)
+        let h = self
+            .slots
+            .words()
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| w & !self.deferred.get(i).copied().unwrap_or(0))
+            .collect();
+        self.holds.push((id, h));
+    }
+
+    /// Hold `id`'s child is gone: the slots freed meanwhile that no other
+    /// hold has are freed (and scrubbed if they were to be).
+    pub(super) fn hold_end(&mut self, id: u64) {
+        let Some(i) = self.holds.iter().position(|h| h.0 == id) else { return };
+        self.holds.swap_remove(i);
+        self.free_deferred();
+    }
+
+    /// In a forked child: the parent's holds are not its (its own swap
+    /// file holds nothing of the parent's children), and the slots they
+    /// kept are free here.
+    pub(super) fn holds_forget(&mut self) {
+        self.holds.clear();
+        self.free_deferred();
+    }
+
+    /// Slots freed here but kept for a forked child.
+    pub(super) fn deferred(&self) -> u64 {
+        self.deferred.iter().map(|w| u64::from(w.count_ones())).sum()
+    }
+
+    /// Whether a forked child holds slots.
+    pub(super) fn holds_any(&self) -> bool {
+        !self.holds.is_empty()
+    }
+
+    fn free_deferred(&mut self) {
+        let mut free = Vec::new();
+        for (w, &bits) in self.deferred.iter().enumerate() {
+            let mut b = bits;
+            while b != 0 {
+                let s = (w * 64) as u32 + b.trailing_zeros();
+                b &= b - 1;
+                if !self.held(s) {
+                    free.push(s);
+                }
+            }
+        }
+        for s in free {
+            set_bit(&mut self.deferred, s, false);
+            self.reserved -= 1;
+            if bit(&self.deferred_scrub, s) {
+                set_bit(&mut self.deferred_scrub, s, false);
+                self.free_and_scrub(s);
+            } else {
+                self.free_slot(s);
+            }
+        }
     }
 
     /// Logs freed slots by granules of `granule` slots from now on (0: not
@@ -269,6 +385,17 @@ impl SwapSpace {
             assert!(self.release_log.len() as u64 <= self.release_log_max(), "release log bound");
             assert!(self.holes.len() as u64 <= self.release_log_max(), "holes bound");
         }
+        let mut deferred = 0u64;
+        for (w, &bits) in self.deferred.iter().enumerate() {
+            deferred += u64::from(bits.count_ones());
+            let mut b = bits;
+            while b != 0 {
+                let s = (w * 64) as u32 + b.trailing_zeros();
+                b &= b - 1;
+                assert!(self.slots.is_used(s) && self.held(s), "deferred slot {s} allocated and held");
+            }
+        }
+        assert!(deferred <= self.reserved, "deferred slots are reserved");
         let su = u64::from(self.slots.used()) - cached - self.reserved;
         // (A lazily freed page being discarded may hold no swap slot.)
         assert!(su >= swapped && su <= swapped + in_flight, "swap slots in use");
@@ -300,6 +427,38 @@ mod tests {
             assert_eq!(s.release_plan(8), [(15, 15)], "granule 1 goes back to the store");
             s.release_done(&[(15, 15)]);
         }
+    }
+
+    /// A slot a forked child holds, freed, is not handed out again (nor
+    /// scrubbed) until every hold that has it ends; then it is free (and
+    /// scrubbed if it was to be). A child drops its parent's holds.
+    #[test]
+    fn held_slots_wait_for_every_hold() {
+        let mut s = SwapSpace::new(8);
+        let a: Vec<u32> = (0..4).map(|_| s.alloc().unwrap()).collect();
+        s.hold(1);
+        s.free_slot(a[0]);
+        s.hold(2);
+        s.free_and_scrub(a[1]);
+        s.free_slot(a[2]);
+        assert_eq!((s.deferred(), s.reserved), (3, 3));
+        let got: Vec<u32> = std::iter::from_fn(|| s.alloc()).collect();
+        assert_eq!(got, [4, 5, 6, 7], "no held slot handed out");
+        s.validate(0, 4 + 1, 0);
+        s.hold_end(1);
+        // a[0] was only hold 1's; a[1] and a[2] are hold 2's too.
+        assert_eq!(s.deferred(), 2);
+        assert!(!s.is_used(a[0]) && s.is_used(a[1]));
+        s.hold_end(2);
+        assert_eq!((s.deferred(), s.reserved), (0, 0));
+        assert_eq!(s.scrub_plan(8), [a[1]], "the scrub waited for the holds");
+        let mut t = SwapSpace::new(4);
+        let b = t.alloc().unwrap();
+        t.hold(7);
+        t.free_slot(b);
+        assert!(t.is_used(b));
+        t.holds_forget();
+        assert!(!t.is_used(b) && !t.holds_any(), "a child's copy keeps no hold of its parent's");
     }
 
     /// However slots come and go, the holes stay bounded and no slot is

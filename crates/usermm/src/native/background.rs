@@ -33,6 +33,14 @@ impl Inner {
                         c = lock(&self.core);
                         continue;
                     }
+                    if c.swap_holds_any() && self.holds_ask_due() {
+                        // (Forked children gone free the swap slots they
+                        // held: asked outside the core lock.)
+                        drop(c);
+                        self.end_gone_holds();
+                        c = lock(&self.core);
+                        continue;
+                    }
                     if matches!(self.plat.store(Store::KeepAliveDue), Ok(true)) {
                         // (No I/O under the core lock.)
                         drop(c);

@@ -38,7 +38,7 @@ use std::sync::{Arc, Weak};
 
 use super::open::ThreadPlan;
 use super::*;
-use crate::platform::fork::ForkHooks;
+use crate::platform::fork::{ChildTie, ForkHooks};
 
 /// The API layer's record of live handles (`Space`'s `Mapping`s): kept here,
 /// beside the space's locks, so that a fork holds them too (a parent thread
@@ -76,6 +76,11 @@ pub(crate) struct ForkState {
     threads: Mutex<Option<Threads>>,
     /// See [`Handles`].
     handles: Handles,
+    /// The forked children that may read this space's swap slots in place
+    /// (the core's swap holds, by id), with their ties.
+    holds: Mutex<Vec<(u64, Arc<ChildTie>)>>,
+    /// When the ties were last asked (`CLOCK_MONOTONIC` ns).
+    holds_asked: AtomicU64,
 }
 
 impl ForkState {
@@ -87,6 +92,8 @@ impl ForkState {
             plan: Mutex::new(ThreadPlan::default()),
             threads: Mutex::new(None),
             handles: Handles::default(),
+            holds: Mutex::new(Vec::new()),
+            holds_asked: AtomicU64::new(0),
         }
     }
 
@@ -106,10 +113,21 @@ static SPACES: Mutex<Vec<Weak<Inner>>> = Mutex::new(Vec::new());
 
 static HOOKS: ForkHooks = ForkHooks { prepare: on_prepare, parent: on_parent, child: on_child };
 
+/// The spaces held across a fork, and the child's tie with its hold id
+/// (`None`: no pipe could be had, and no space is copied).
+type Forking = (Vec<Arc<Inner>>, Option<(u64, ChildTie)>);
+
 thread_local! {
     /// The spaces held across the fork in progress (the forking thread's).
-    static FORKING: std::cell::RefCell<Vec<Arc<Inner>>> = const { std::cell::RefCell::new(Vec::new()) };
+    static FORKING: std::cell::RefCell<Forking> = const { std::cell::RefCell::new((Vec::new(), None)) };
 }
+
+/// The next swap hold's id (one for each fork that copies spaces).
+static NEXT_HOLD: AtomicU64 = AtomicU64::new(1);
+
+/// How often the background thread asks whether a forked child holding
+/// swap slots is gone (ms).
+const HOLDS_ASK_MS: u64 = 10;
 
 /// Makes a fork copy `inner` (see the module's documentation).
 pub(super) fn register(inner: &Arc<Inner>) {
@@ -127,6 +145,11 @@ fn on_prepare() {
         .filter(|i| i.fork.copies.load(Ordering::Relaxed) && i.owned_here())
         .collect();
     crate::platform::fork::keep_static(Box::new(reg));
+    let tie = match spaces.is_empty() {
+        true => None,
+        false => ChildTie::new().ok().map(|t| (NEXT_HOLD.fetch_add(1, Ordering::Relaxed), t)),
+    };
+    let hold = tie.as_ref().map(|t| t.0);
     for i in &spaces {
         // Lock order: the handles' gate and list, the region lock, then the
         // core's (`native.rs`).
@@ -138,22 +161,50 @@ fn on_prepare() {
         crate::platform::fork::keep(i.clone(), |i| Box::new(lock(&i.fork.handles.owned)), false);
         // (The child takes the next region lock: `mm_locks`.)
         crate::platform::fork::keep(i.clone(), |i| Box::new(i.mm().write()), true);
-        crate::platform::fork::keep(i.clone(), |i| Box::new(lock(&i.core)), false);
+        // (The swap slots in use now stay unwritten while the child may
+        // read them in place: the hold, under the lock kept across.)
+        crate::platform::fork::keep(
+            i.clone(),
+            move |i| {
+                let mut c = lock(&i.core);
+                if let Some(id) = hold {
+                    c.swap_hold(id);
+                }
+                Box::new(c)
+            },
+            false,
+        );
     }
-    FORKING.with(|f| *f.borrow_mut() = spaces);
+    FORKING.with(|f| *f.borrow_mut() = (spaces, tie));
 }
 
 fn on_parent() {
     crate::platform::fork::release_kept(false);
-    for i in FORKING.with(|f| std::mem::take(&mut *f.borrow_mut())) {
+    let (spaces, tie) = FORKING.with(|f| std::mem::take(&mut *f.borrow_mut()));
+    let tie = tie.map(|(id, t)| (id, Arc::new(t.in_parent())));
+    for i in spaces {
         i.fork.forked.store(true, Ordering::Relaxed);
+        if let Some((id, t)) = &tie {
+            if lock(&i.core).swap_holds_any() {
+                lock(&i.fork.holds).push((*id, t.clone()));
+            }
+        }
     }
 }
 
 fn on_child() {
     crate::platform::fork::release_kept(true);
-    for i in FORKING.with(|f| std::mem::take(&mut *f.borrow_mut())) {
-        i.take_over_in_child();
+    let (spaces, tie) = FORKING.with(|f| std::mem::take(&mut *f.borrow_mut()));
+    let mut copied = false;
+    for i in spaces {
+        // (The parent's other children's ties are not this process's.)
+        lock(&i.fork.holds).clear();
+        copied |= i.take_over_in_child(tie.is_some());
+    }
+    // The tie's write end stays open here while a copied space may read
+    // its parent's swap file (until this process exits or execs).
+    if let Some((_, t)) = tie.filter(|_| copied) {
+        t.in_child();
     }
 }
 
@@ -189,9 +240,36 @@ impl Inner {
         self.fork.forked.load(Ordering::Relaxed)
     }
 
+    /// Whether the forked children holding swap slots are due to be asked
+    /// whether they are gone (every [`HOLDS_ASK_MS`]; the background
+    /// thread asks).
+    pub(super) fn holds_ask_due(&self) -> bool {
+        let now = crate::platform::fork::now_ns();
+        now.saturating_sub(self.fork.holds_asked.load(Ordering::Relaxed)) >= HOLDS_ASK_MS * 1_000_000
+    }
+
+    /// Ends the swap holds of forked children that are gone.
+    pub(super) fn end_gone_holds(&self) {
+        self.fork.holds_asked.store(crate::platform::fork::now_ns(), Ordering::Relaxed);
+        let mut gone = Vec::new();
+        lock(&self.fork.holds).retain(|(id, t)| {
+            let g = t.gone();
+            if g {
+                gone.push(*id);
+            }
+            !g
+        });
+        if !gone.is_empty() {
+            let mut c = lock(&self.core);
+            gone.into_iter().for_each(|id| c.swap_hold_end(id));
+        }
+    }
+
     /// In a forked child: the space becomes the child's (see the module's
-    /// documentation), or, when it cannot, inaccessible here.
-    fn take_over_in_child(self: Arc<Inner>) {
+    /// documentation), or, when it cannot, inaccessible here. `tied`: the
+    /// parent keeps the swap slots in use for the child (`ChildTie`).
+    /// Whether it became the child's.
+    fn take_over_in_child(self: Arc<Inner>, tied: bool) -> bool {
         // The parent's threads did not come along.
         if let Some(t) = lock(&self.fork.threads).take() {
             std::mem::forget(t);
@@ -199,7 +277,9 @@ impl Inner {
         // The parent's region lock stays held here (see `mm_locks`): the
         // next one is this process's.
         let next = self.mm_ix.load(Ordering::Relaxed) + 1;
-        let rearmed = if next < self.mm_locks.len() {
+        let rearmed = if !tied {
+            Err("no pipe to tie the child to its parent".to_string())
+        } else if next < self.mm_locks.len() {
             self.mm_ix.store(next, Ordering::Relaxed);
             self.rearm_in_child()
         } else {
@@ -213,7 +293,7 @@ impl Inner {
                 std::process::id(),
                 self.base
             );
-            return;
+            return false;
         }
         self.fork.generation.store(crate::platform::fork::generation(), Ordering::Relaxed);
         self.fork.forked.store(true, Ordering::Relaxed);
@@ -230,7 +310,7 @@ impl Inner {
                     std::process::id(),
                     self.base
                 );
-                return;
+                return false;
             }
         }
         // Locks are not inherited (as on Linux); nor are `MADV_DONTFORK`
@@ -243,12 +323,14 @@ impl Inner {
         for r in wipe {
             let _ = self.madvise(self.addr(r.start), r.pages() as usize * self.page_size, MADV_DONTNEED);
         }
+        true
     }
 
     /// The host side and the core made the child's (no thread started).
     fn rearm_in_child(&self) -> Result<(), String> {
         let (blocker, swap_runs) = {
-            let c = lock(&self.core);
+            let mut c = lock(&self.core);
+            c.swap_holds_forget_after_fork();
             (c.fork_blocker(), c.swap_used_runs())
         };
         if let Some(b) = blocker {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-pub(crate) use usermm_sys::thread::{ForkHooks, Kept};
+pub(crate) use usermm_sys::thread::{ChildTie, ForkHooks, Kept};
 
 /// Runs `h` around every later fork (`usermm_sys::thread::set_fork_hooks`).
 pub(crate) fn set_hooks(h: &'static ForkHooks) {
@@ -35,4 +35,9 @@ pub(crate) fn release_kept(in_child: bool) {
 /// The process's fork generation (`usermm_sys::thread::fork_generation`).
 pub(crate) fn generation() -> u64 {
     usermm_sys::thread::fork_generation()
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds (`usermm_sys::now_ns`).
+pub(crate) fn now_ns() -> u64 {
+    usermm_sys::now_ns()
 }
