@@ -17,6 +17,7 @@
 
 mod common;
 mod fault;
+mod fork;
 mod heap;
 mod lockonfault;
 mod madvfree;
@@ -46,7 +47,7 @@ struct ExpDef {
     run: fn(&Params, &Progress) -> Result<Experiment, String>,
 }
 
-const EXPERIMENTS: [ExpDef; 11] = [
+const EXPERIMENTS: [ExpDef; 12] = [
     ExpDef {
         name: "fault",
         about: "first touch of a fresh region (seq/random/sparse × read/write): throughput, sparse latency",
@@ -106,6 +107,12 @@ const EXPERIMENTS: [ExpDef; 11] = [
         about: "far memory: the reclaim phases swapping to the local swap file and to a Redis server it starts; page round trip vs GET, bytes on the wire",
         params: reclaim::farmem::params,
         run: reclaim::farmem::run,
+    },
+    ExpDef {
+        name: "fork",
+        about: "fork of a process with 4× its budget written: the parent's fork, the child's start and first touches vs the kernel in a memory cgroup of the budget",
+        params: fork::params,
+        run: fork::run,
     },
     ExpDef {
         name: "programs",
@@ -282,6 +289,7 @@ fn memcg_child_main(args: &[String]) -> ExitCode {
         Some("outofcore") => outofcore::kernel_memcg_child(&args[2..]),
         Some("heap") => heap::kernel_memcg_child(&args[2..]),
         Some("programs") => programs::kernel_memcg_child(&args[2..]),
+        Some("fork") => fork::kernel_memcg_child(&args[2..]),
         other => Err(format!("unknown child experiment {other:?}")),
     };
     match r {

@@ -159,6 +159,8 @@ fn help_lists_every_experiment_and_parameter() {
         "--probes",
         "programs",
         "--python-kib-values",
+        "fork",
+        "--touches",
         "--fits-budget-mib",
         "--slow-runs",
         "--size-mib",
@@ -276,6 +278,31 @@ fn bench_populate_writes_results() {
     }
     // The seed's reference rows are there, under their own system name.
     assert!(value(&rows, "seed004-other-hw", "4096MiB-private-populate-write", "ns_per_page_fastest") > 0.0);
+}
+
+/// `bench fork`: every system forks and its child reads its pages back
+/// (the benchmark fails on a wrong byte); under a quarter of the set, the
+/// touches before the fork are swap-ins, slower than the unlimited
+/// kernel's hits.
+#[test]
+fn bench_fork_writes_results() {
+    let _bench = bench_lock();
+    let (pid, rows, stderr) = bench_rows_pid_stderr("fork", &["fork", "--set-mib=32", "--touches=200", "--runs=1"]);
+    let mut systems = vec!["usermm", "kernel (no limit, upper bound)"];
+    if am_root() {
+        systems.push("kernel-memcg");
+    }
+    for sys in &systems {
+        for (v, m) in
+            [("fork", "parent_returns"), ("fork", "child_runs"), ("touch", "before_fork"), ("touch", "child_first")]
+        {
+            assert!(value(&rows, sys, v, m) > 0.0, "{sys} {v} {m}; the benchmark said:\n{stderr}");
+        }
+    }
+    let unlimited = value(&rows, "kernel (no limit, upper bound)", "touch", "before_fork");
+    assert!(value(&rows, "usermm", "touch", "before_fork") > unlimited, "usermm's touches were no swap-ins");
+    let left = memcg_leftovers(pid, &swap_dir());
+    assert!(left.is_empty(), "the benchmark left behind: {left:?}");
 }
 
 #[test]

@@ -500,9 +500,17 @@ pub enum ChildExit {
 /// `malloc` is safe. The child leaves with `_exit`: no destructor, no exit
 /// handler of the parent's runs twice.
 pub fn fork_run(timeout_s: u32, child: impl FnOnce() -> i32) -> Result<ChildExit, Errno> {
+    fork_run_timed(timeout_s, child).map(|r| r.0)
+}
+
+/// [`fork_run`], also saying when `fork` returned in the parent
+/// ([`crate::now_ns`]: the child can say when it started, and both are
+/// measured from a `now_ns` taken just before the call).
+pub fn fork_run_timed(timeout_s: u32, child: impl FnOnce() -> i32) -> Result<(ChildExit, u64), Errno> {
     // SAFETY: fork has no memory-safety preconditions; the child runs only
     // `child` (whose constraints are this function's contract) and `_exit`.
     let pid = unsafe { libc::fork() };
+    let returned = crate::now_ns();
     if pid < 0 {
         return Err(last_errno());
     }
@@ -530,9 +538,9 @@ pub fn fork_run(timeout_s: u32, child: impl FnOnce() -> i32) -> Result<ChildExit
         }
     }
     if libc::WIFSIGNALED(status) {
-        Ok(ChildExit::Signaled(libc::WTERMSIG(status)))
+        Ok((ChildExit::Signaled(libc::WTERMSIG(status)), returned))
     } else {
-        Ok(ChildExit::Exited(libc::WEXITSTATUS(status)))
+        Ok((ChildExit::Exited(libc::WEXITSTATUS(status)), returned))
     }
 }
 
