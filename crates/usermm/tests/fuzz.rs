@@ -79,6 +79,7 @@ use std::time::{Duration, Instant};
 use conform::{KernelMm, Mm, UserMm, PAGE};
 use usermm::consts::*;
 use usermm::{Config, Errno};
+use usermm_sys::thread::ChildExit;
 
 /// Pages of the fuzzed area (3 MiB), from `base()`.
 const AREA_PAGES: usize = 768;
@@ -168,6 +169,18 @@ const DEVIATIONS: &[(&str, &str)] = &[
          written, on either side independently (usermm discards under its budget, the \
          kernel on MADV_PAGEOUT): the model allows both.",
     ),
+];
+
+/// The forked child's exit codes ([`Run::child_check`]).
+const CHILD_NOT_COPIED: i32 = 77;
+const CHILD_CODES: &[(i32, &str)] = &[
+    (CHILD_NOT_COPIED, "the space was not copied into the child (its calls fail with ESTALE)"),
+    (2, "the two sides' mappings differ in the child"),
+    (3, "usermm's copy of a page the kernel's fork wiped (MADV_WIPEONFORK) is not zeros"),
+    (4, "the kernel's copy of a page differs from the model (a fuzzer bug)"),
+    (5, "usermm's copy of a page differs from the model as of the fork"),
+    (6, "usermm's copy of a page differs from the model after the child paged it out"),
+    (101, "the child panicked (usermm's validate, or the check itself)"),
 ];
 
 // ---------------------------------------------------------------- randomness
@@ -260,6 +273,11 @@ enum Op {
     Read {
         page: usize,
     },
+    /// Forks: the child checks both sides' every page against the model as
+    /// of the fork, pages out its copy of the space and checks it again;
+    /// then the parent checks everything. (Shared regions and locked file
+    /// windows, which usermm does not copy, are unmapped first.)
+    Fork,
 }
 
 fn hexlen(len: usize) -> String {
@@ -384,6 +402,7 @@ impl fmt::Display for Op {
                 write!(f, "write(base+{:#x}, {len} random bytes of seed {seed:#x})", page * PAGE + at)
             }
             Op::Read { page } => write!(f, "read+check(base+{:#x}, one page)", page * PAGE),
+            Op::Fork => write!(f, "fork (the child checks every page, pages out and checks again)"),
         }
     }
 }
@@ -761,6 +780,8 @@ struct Run {
     trace: bool,
     deviations: [u64; DEVIATIONS.len()],
     calls: usize,
+    /// Forks whose child checked a copy of both sides.
+    forks: usize,
     /// The calls made, with both results (for the reproduction).
     log: Vec<(String, String, String)>,
 }
@@ -795,6 +816,7 @@ impl Run {
             trace: std::env::var_os("USERMM_FUZZ_TRACE").is_some(),
             deviations: [0; DEVIATIONS.len()],
             calls: 0,
+            forks: 0,
             log: Vec::new(),
         }
     }
@@ -833,7 +855,7 @@ impl Run {
             Op::Munlock { off, len, .. } => Res::Unit(mm.munlock(b + off, len)),
             Op::Mincore { off, len } => Res::Core(mm.mincore(b + off, len)),
             Op::Msync { off, len, flags, .. } => Res::Unit(mm.msync(b + off, len, flags)),
-            Op::Write { .. } | Op::Read { .. } => Res::Skip,
+            Op::Write { .. } | Op::Read { .. } | Op::Fork => Res::Skip,
         }
     }
 
@@ -854,6 +876,10 @@ impl Run {
                 if self.model.mapped(*page) && readable(self.model.pages[*page].as_ref().unwrap().prot) {
                     self.check_page(index, op, *page)?;
                 }
+                (Res::Skip, Res::Skip)
+            }
+            Op::Fork => {
+                self.fork(index, op)?;
                 (Res::Skip, Res::Skip)
             }
             Op::MlockOverBudget { off, len } => {
@@ -951,6 +977,100 @@ impl Run {
     }
 
     /// Reads page `p` on both sides and checks each against its model.
+    /// [`Op::Fork`]: a child (of this process, so of both sides) checks
+    /// its copies ([`Run::child_check`]); the parent then checks that the
+    /// child changed nothing of its own.
+    fn fork(&mut self, index: usize, op: &Op) -> Result<(), Divergence> {
+        // usermm copies no space with a MAP_SHARED region (it must stay
+        // shared), nor one with locked windows of the page cache (the child's
+        // copy is PROT_NONE: docs/design.md, "fork"): those are unmapped on
+        // both sides first, as calls of their own.
+        let uncopied =
+            |s: &Slot| matches!(s.kind, Kind::Shared | Kind::FileA) || s.kind == Kind::FileB && s.lock != Lock::No;
+        let mut p = 0;
+        while p < AREA_PAGES {
+            if !self.model.pages[p].as_ref().is_some_and(uncopied) {
+                p += 1;
+                continue;
+            }
+            let q =
+                (p..AREA_PAGES).find(|&q| !self.model.pages[q].as_ref().is_some_and(uncopied)).unwrap_or(AREA_PAGES);
+            self.step(index, &Op::Munmap { off: p * PAGE, len: (q - p) * PAGE, salt: 0 })?;
+            p = q;
+        }
+        let out = usermm_sys::thread::fork_run(60, || self.child_check());
+        match out {
+            Ok(ChildExit::Exited(0)) => self.forks += 1,
+            other => {
+                let what = match other {
+                    Ok(ChildExit::Exited(c)) => {
+                        CHILD_CODES.iter().find(|x| x.0 == c).map_or_else(|| format!("exit {c}"), |x| x.1.to_string())
+                    }
+                    _ => format!("{other:?}"),
+                };
+                return Err(self.diverge(index, op, format!("the forked child's check: {what}")));
+            }
+        }
+        self.full_check(index, op)
+    }
+
+    /// In a forked child: both sides' copies against the model as of the
+    /// fork (a range neither side has is `MADV_DONTFORK`'s; one the kernel
+    /// reads as zeros where the model has bytes, `MADV_WIPEONFORK`'s, and
+    /// usermm must read zeros there too); then usermm's copy paged out and
+    /// read again. Returns 0, or a code of [`CHILD_CODES`].
+    fn child_check(&mut self) -> i32 {
+        let b = self.base(1);
+        if self.sides.u.space.madvise(b, AREA_PAGES * PAGE, MADV_NORMAL) == Err(Errno::ESTALE) {
+            return CHILD_NOT_COPIED;
+        }
+        let (pk, pu) = (self.perms(0), self.perms(1));
+        if pk != pu {
+            return 2;
+        }
+        let mut bufs = [vec![0u8; PAGE], vec![0u8; PAGE]];
+        let mut wiped = vec![false; AREA_PAGES];
+        for p in 0..AREA_PAGES {
+            if pk[p].is_none() || !self.model.pages[p].as_ref().is_some_and(|s| readable(s.prot)) {
+                continue;
+            }
+            for (side, buf) in bufs.iter_mut().enumerate() {
+                self.sides.mm(side).read_bytes(self.base(side) + p * PAGE, buf);
+            }
+            if bufs[0].iter().all(|&x| x == 0) && self.model.alts(0, p).clone().observe(&bufs[0]).is_err() {
+                wiped[p] = true;
+                if bufs[1].iter().any(|&x| x != 0) {
+                    return 3;
+                }
+                continue;
+            }
+            for (side, buf) in bufs.iter().enumerate() {
+                if self.model.alts(side, p).observe(buf).is_err() {
+                    return 4 + side as i32;
+                }
+            }
+        }
+        // The child's own evictions (its swap file; the parent's slots read
+        // in place), then every page again.
+        let _ = self.sides.u.space.madvise(b, AREA_PAGES * PAGE, MADV_PAGEOUT);
+        for p in 0..AREA_PAGES {
+            if pk[p].is_none() || !self.model.pages[p].as_ref().is_some_and(|s| readable(s.prot)) {
+                continue;
+            }
+            self.sides.u.read_bytes(b + p * PAGE, &mut bufs[1]);
+            let ok = if wiped[p] {
+                bufs[1].iter().all(|&x| x == 0)
+            } else {
+                self.model.alts(1, p).observe(&bufs[1]).is_ok()
+            };
+            if !ok {
+                return 6;
+            }
+        }
+        self.sides.u.space.validate();
+        0
+    }
+
     fn check_page(&mut self, index: usize, op: &Op, p: usize) -> Result<(), Divergence> {
         let mut buf = vec![0u8; PAGE];
         for side in 0..2 {
@@ -1545,6 +1665,7 @@ impl Gen<'_> {
                 };
                 Op::Write { page, at, len, seed: self.r.next_u64() }
             }
+            25 if self.r.ratio(1, 8) => Op::Fork,
             25..=32 => Op::Read { page: self.r.index(AREA_PAGES) },
             33..=44 => self.mmap(salt),
             45..=50 => {
@@ -1945,6 +2066,7 @@ fn fuzz(v: Variant) {
     );
     let t = Instant::now();
     let mut dev = [0u64; DEVIATIONS.len()];
+    let mut forks = 0usize;
     let mut done = 0;
     for i in 0..seqs {
         let s = seed.wrapping_add(SEQ_STRIDE.wrapping_mul(i as u64));
@@ -1991,11 +2113,12 @@ fn fuzz(v: Variant) {
         for (a, b) in dev.iter_mut().zip(run.deviations) {
             *a += b;
         }
+        forks += run.forks;
         done += n;
     }
     let secs = t.elapsed().as_secs_f64();
     eprintln!(
-        "fuzz[{}]: {done} calls clean in {secs:.1} s ({:.0} calls/s); deviations used: {}",
+        "fuzz[{}]: {done} calls clean in {secs:.1} s ({:.0} calls/s), {forks} forks checked; deviations used: {}",
         v.name,
         done as f64 / secs,
         DEVIATIONS.iter().zip(dev).map(|((n, _), c)| format!("{n} x{c}")).collect::<Vec<_>>().join(", ")

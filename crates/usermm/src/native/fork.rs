@@ -151,6 +151,12 @@ fn on_prepare() {
     };
     let hold = tie.as_ref().map(|t| t.0);
     for i in &spaces {
+        // The fork state's own locks first (each taken alone elsewhere):
+        // held by a parent thread at the fork, the child would wait on them
+        // for good.
+        crate::platform::fork::keep(i.clone(), |i| Box::new(lock(&i.fork.threads)), false);
+        crate::platform::fork::keep(i.clone(), |i| Box::new(lock(&i.fork.plan)), false);
+        crate::platform::fork::keep(i.clone(), |i| Box::new(lock(&i.fork.holds)), false);
         // Lock order: the handles' gate and list, the region lock, then the
         // core's (`native.rs`).
         crate::platform::fork::keep(
@@ -228,7 +234,9 @@ impl Inner {
 
     /// Stops the space's threads (`close`), if it has them here.
     pub(crate) fn shut(&self) {
-        if let Some(t) = lock(&self.fork.threads).take() {
+        // (Not under the lock: a fork meanwhile waits for it.)
+        let t = lock(&self.fork.threads).take();
+        if let Some(t) = t {
             self.close(t);
         }
     }
@@ -271,13 +279,16 @@ impl Inner {
     /// Whether it became the child's.
     fn take_over_in_child(self: Arc<Inner>, tied: bool) -> bool {
         // The parent's threads did not come along.
-        if let Some(t) = lock(&self.fork.threads).take() {
-            std::mem::forget(t);
-        }
+        let t = lock(&self.fork.threads).take();
+        let closing = t.is_none();
+        std::mem::forget(t);
         // The parent's region lock stays held here (see `mm_locks`): the
         // next one is this process's.
         let next = self.mm_ix.load(Ordering::Relaxed) + 1;
-        let rearmed = if !tied {
+        let rearmed = if closing {
+            // (A parent thread was closing it: no handle to it is left here.)
+            Err("it was being closed at the fork".to_string())
+        } else if !tied {
             Err("no pipe to tie the child to its parent".to_string())
         } else if next < self.mm_locks.len() {
             self.mm_ix.store(next, Ordering::Relaxed);
