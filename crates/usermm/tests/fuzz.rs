@@ -4,6 +4,9 @@
 //! with swap, so that reclaim, swap-out and swap-in run all the time. Every
 //! call's result is compared at once; contents and residency are checked
 //! after every call (sampled) and in full every [`FULL_CHECK_EVERY`] calls.
+//! Now and then the fuzzer forks (`Op::Fork`): the child checks both sides'
+//! copies against the model as of the fork, pages its copy of the space out
+//! and checks it again.
 //!
 //! ```text
 //!   base                                   base + AREA_PAGES pages        base + 1 GiB

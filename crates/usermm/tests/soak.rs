@@ -4,9 +4,13 @@
 //! `MADV_PAGEOUT`, `MADV_COLD`, `MADV_DONTNEED`, `MADV_POPULATE_READ/WRITE`,
 //! `mlock`, `mlock2(MLOCK_ONFAULT)`, `munlock`, `mvolatile`, `mnovolatile`,
 //! touches of volatile pages (SIGBUS handled as the seed's model does),
-//! `mprotect`, and `munmap` + `mmap(MAP_FIXED)` of the thread's own pages
+//! `mprotect`, `munmap` + `mmap(MAP_FIXED)` of the thread's own pages
 //! (a third of them `UMM_MAP_INTHREAD`, faults resolved in the faulting
-//! thread beside the other regions' handler threads) —
+//! thread beside the other regions' handler threads), and, with every other
+//! seed (then no region is `UMM_MAP_INTHREAD`, which a fork does not copy),
+//! `fork`: the child checks the forking thread's pages against its model
+//! as of the fork, pages them out and checks them again, while the other
+//! threads were anywhere in their calls at the fork —
 //! and verify every byte they read against an exact per-thread model (each
 //! thread owns its pages).
 //!
@@ -90,6 +94,7 @@ enum Op {
     VTouch,
     Mprotect,
     Remap,
+    Fork,
 }
 
 /// (op, name, weight).
@@ -112,6 +117,7 @@ const OPS: &[(Op, &str, u32)] = &[
     (Op::VTouch, "vtouch", 2),
     (Op::Mprotect, "mprotect", 3),
     (Op::Remap, "remap", 1),
+    (Op::Fork, "fork", 1),
 ];
 
 fn op_name(op: Op) -> &'static str {
@@ -734,7 +740,17 @@ struct Worker<'a> {
     buf: Vec<u8>,
     locked: usize,
     selftest: String,
+    /// Whether this run forks (`Op::Fork`; then no region is
+    /// `UMM_MAP_INTHREAD`, which a fork does not copy).
+    forks: bool,
 }
+
+/// When the last fork of the run was (`now_ms`): one every
+/// [`FORK_EVERY_MS`] at most, all workers together.
+static LAST_FORK: AtomicU64 = AtomicU64::new(0);
+const FORK_EVERY_MS: u64 = 250;
+/// Forks whose child checked its copy.
+static FORKS: AtomicU64 = AtomicU64::new(0);
 
 fn errno_str(r: &Result<(), Errno>) -> String {
     match r {
@@ -889,6 +905,63 @@ impl Worker<'_> {
         mem_write(addr, &pg.data);
     }
 
+    /// [`Op::Fork`]: a child checks this worker's pages (its model is
+    /// exact between its calls; the other workers are anywhere in theirs
+    /// at the fork), pages them out and checks them again.
+    fn fork(&mut self) {
+        let now = now_ms();
+        let last = LAST_FORK.load(Ordering::Relaxed);
+        if !self.forks
+            || now < last + FORK_EVERY_MS
+            || LAST_FORK.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err()
+        {
+            return;
+        }
+        self.slot().begin(format!("fork (the child checks this worker's {PAGES} pages)"), 0, 0);
+        let r = usermm_sys::thread::fork_run(60, || {
+            let mut buf = vec![0u8; PS];
+            let check = |buf: &mut Vec<u8>| -> Option<usize> {
+                (0..PAGES).find(|&p| {
+                    let pg = &self.pages[p];
+                    if !pg.readable() {
+                        return false;
+                    }
+                    mem_read(self.addr(p), buf);
+                    let discardable = !pg.alt.is_empty() && !pg.written_since_free;
+                    !(*buf == pg.data || pg.alt.contains(buf) || discardable && torn_by_discard(buf, &pg.data, &pg.alt))
+                })
+            };
+            if check(&mut buf).is_some() {
+                return 2;
+            }
+            for b in self.bases {
+                if self.space.madvise(b, REGION_PAGES * PS, MADV_PAGEOUT).is_err() {
+                    return 3;
+                }
+            }
+            if check(&mut buf).is_some() {
+                return 4;
+            }
+            self.space.validate();
+            0
+        });
+        match r {
+            Ok(usermm_sys::thread::ChildExit::Exited(0)) => {
+                FORKS.fetch_add(1, Ordering::Relaxed);
+                self.slot().end("ok");
+            }
+            other => {
+                let what = match other {
+                    Ok(usermm_sys::thread::ChildExit::Exited(2)) => "a page differs from the model as of the fork",
+                    Ok(usermm_sys::thread::ChildExit::Exited(3)) => "MADV_PAGEOUT failed",
+                    Ok(usermm_sys::thread::ChildExit::Exited(4)) => "a page differs after the child paged it out",
+                    _ => "the child failed",
+                };
+                self.fail_at(format!("FORK: the forked child's check: {what} ({other:?})"), None);
+            }
+        }
+    }
+
     fn step(&mut self, op: Op) {
         let name = op_name(op);
         if self.idx == 0 && self.selftest == "hang" && self.slot().ops.load(Ordering::Relaxed) > 1000 {
@@ -898,6 +971,7 @@ impl Worker<'_> {
             }
         }
         match op {
+            Op::Fork => self.fork(),
             Op::Write => {
                 let (first, n) = self.run(32);
                 let (a, b) = (self.addr(first), self.addr(first) + n * PS);
@@ -1205,7 +1279,7 @@ impl Worker<'_> {
                 // A third of the new mappings resolve their faults in the
                 // faulting thread (`UMM_MAP_INTHREAD`), beside the others'
                 // handler threads: every op then meets both kinds.
-                let in_thread = if self.rng.ratio(33, 100) { UMM_MAP_INTHREAD } else { 0 };
+                let in_thread = if self.rng.ratio(33, 100) && !self.forks { UMM_MAP_INTHREAD } else { 0 };
                 let what = match (unmap_first, in_thread != 0) {
                     (true, false) => "munmap+mmap(MAP_FIXED)",
                     (false, false) => "mmap(MAP_FIXED) over",
@@ -1395,9 +1469,19 @@ fn soak() {
     );
     START.get_or_init(Instant::now);
 
-    let space = Arc::new(
-        common::open_mode(&Config { budget_bytes: BUDGET, swap_bytes: SWAP, ..Config::default() }).expect("open"),
+    let cfg = Config { budget_bytes: BUDGET, swap_bytes: SWAP, ..Config::default() };
+    // Every other seed forks (no region is then `UMM_MAP_INTHREAD`: a
+    // fork does not copy such a space), where a fork copies the space.
+    let forks = seed.is_multiple_of(2) && common::forks_copy(&cfg) && ops.iter().any(|o| o.0 == Op::Fork);
+    eprintln!(
+        "soak: {}",
+        if forks {
+            "this seed forks (a worker's child checks its pages), no UMM_MAP_INTHREAD regions"
+        } else {
+            "this seed does not fork; a third of the remapped regions are UMM_MAP_INTHREAD"
+        }
     );
+    let space = Arc::new(common::open_mode(&cfg).expect("open"));
     assert_eq!(space.stats().budget_pages, (BUDGET / PS) as u64);
     let mut slots: Vec<Slot> = (0..THREADS).map(|i| Slot::new(format!("worker {i}"))).collect();
     slots.push(Slot::new("main".into()));
@@ -1469,6 +1553,7 @@ fn soak() {
                             buf: vec![0; PS],
                             locked: 0,
                             selftest: std::env::var("USERMM_SOAK_SELFTEST").unwrap_or_default(),
+                            forks,
                         };
                         // Write everything once, so that pressure starts at once.
                         for p in 0..PAGES {
@@ -1505,7 +1590,9 @@ fn soak() {
     main_slot.end("ok");
     let st = space.stats();
     print_summary(&sh, &st, elapsed);
-    eprintln!("soak: {validations} mid-run validate() calls; seed {seed:#x}");
+    let forked = FORKS.load(Ordering::Relaxed);
+    eprintln!("soak: {validations} mid-run validate() calls, {forked} forks checked; seed {seed:#x}");
+    assert!(!forks || secs < 5 || forked > 0, "a forking seed whose workers never forked");
     main_slot.begin("Space::close".into(), 0, 0);
     let space = Arc::into_inner(space).expect("only the test holds the space");
     space.close().expect("close");
