@@ -95,7 +95,7 @@ pub struct Space {
     /// (locked, closed) only where it is owned.
     inner: Arc<Inner>,
     /// The space's heap ([`Space::heap`], `umm_malloc`).
-    pub(crate) heap: boundary::heap::HeapCore,
+    pub(crate) heap: Arc<boundary::heap::HeapCore>,
     /// Closed (or forgotten, in a forked child not given a copy).
     closed: bool,
 }
@@ -119,7 +119,8 @@ impl Space {
     pub(crate) fn open_forking(cfg: &Config, fork_copies: bool) -> Result<Space, Errno> {
         usermm_sys::thread::watch_forks()?;
         let inner = Inner::open(cfg, fork_copies)?;
-        let heap = boundary::heap::HeapCore::new(inner.base(), inner.reserve_len());
+        let heap = Arc::new(boundary::heap::HeapCore::new(inner.base(), inner.reserve_len()));
+        inner.set_fork_locks(Arc::downgrade(&heap) as std::sync::Weak<dyn native::ForkLocks>);
         Ok(Space { inner, closed: false, heap })
     }
 

@@ -124,6 +124,7 @@ mod volatile;
 mod writeback;
 mod zap;
 
+pub(crate) use fork::ForkLocks;
 #[cfg(feature = "test-hooks")]
 pub(crate) use hooks::SIM_BUG_LOST_SWAP_WRITE;
 use tuning::*;

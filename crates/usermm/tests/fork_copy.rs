@@ -348,3 +348,55 @@ fn a_child_reads_the_swap_of_a_parent_that_exited() {
     }
     assert_eq!(word.load(SeqCst), 1, "the child read bad pages (2 + their count)");
 }
+
+/// Forks while two threads allocate and free on the space's heap (small
+/// blocks and medium ones, so every class lock and the arenas' lock are
+/// taken all the time): every child allocates from the heap itself and
+/// ends — none waits on a lock a parent thread held at the fork.
+#[test]
+fn a_child_forked_while_threads_use_the_heap_allocates_from_it() {
+    use allocator_api2::vec::Vec as AVec;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let s = space();
+    let stop = AtomicBool::new(false);
+    let churn = |seed: usize| {
+        let mut live: std::vec::Vec<AVec<u8, usermm::Heap<'_>>> = std::vec::Vec::new();
+        let mut i = seed;
+        while !stop.load(Relaxed) {
+            i = i.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let size = if i >> 60 == 0 { 20_000 + (i >> 40) % 100_000 } else { 8 + (i >> 48) % 4000 };
+            let mut v = AVec::with_capacity_in(size, s.heap());
+            v.resize(size, i as u8);
+            live.push(v);
+            if live.len() > 200 {
+                live.swap_remove((i >> 20) % live.len());
+            }
+        }
+    };
+    std::thread::scope(|sc| {
+        sc.spawn(|| churn(1));
+        sc.spawn(|| churn(2));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut outs = std::vec::Vec::new();
+        for _ in 0..40 {
+            let out = fork_run(20, || {
+                let mut v: std::vec::Vec<AVec<u8, usermm::Heap<'_>>> = std::vec::Vec::new();
+                for k in 0..300 {
+                    let size = if k % 30 == 0 { 50_000 } else { 8 + k * 13 };
+                    let mut b = AVec::with_capacity_in(size, s.heap());
+                    b.resize(size, k as u8);
+                    v.push(b);
+                }
+                i32::from(v.iter().enumerate().any(|(k, b)| b.iter().any(|&x| x != k as u8)))
+            })
+            .unwrap();
+            outs.push(out);
+            if out != ChildExit::Exited(0) {
+                break;
+            }
+        }
+        stop.store(true, Relaxed);
+        assert!(outs.iter().all(|&o| o == ChildExit::Exited(0)), "the children's heap allocations: {outs:?}");
+    });
+    s.validate();
+}

@@ -128,7 +128,19 @@ impl HeapCore {
     fn lock(&self) -> MutexGuard<'_, Arenas> {
         self.arenas.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
 
+/// A fork holds every lock of the heap (a thread holding one at the fork
+/// would leave it held in the child for good), before the space's own: the
+/// heap calls into its space under them.
+impl crate::native::ForkLocks for HeapCore {
+    fn keep_across_fork(self: std::sync::Arc<Self>) {
+        crate::platform::fork::keep(self.clone(), |h| Box::new(h.lock()), false);
+        self.small.keep_across_fork();
+    }
+}
+
+impl HeapCore {
     /// Allocates `layout`; also says whether the memory is a fresh region
     /// (and so reads as zeros). `None` when the space gives no more memory
     /// (or in a forked child). `slabs`: whether a small layout may come

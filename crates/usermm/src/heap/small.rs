@@ -50,7 +50,7 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use super::{cache_cap, class_size, slab_slots, slot_of, NCLASSES, SLAB_BYTES, SLAB_SHIFT};
 use crate::consts::{MADV_FREE, MADV_POPULATE_WRITE, MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
@@ -208,6 +208,15 @@ pub(crate) enum SmallFree {
     Freed(usize),
 }
 
+/// `m` locked (a poisoned lock's data is whole: nothing panics under it).
+/// std's, not parking_lot's: held across a fork and let go in the child
+/// (`Small::keep_across_fork`), it wakes no parent thread parked on it (a
+/// parking_lot unlock may hand the lock to such a thread, which the child
+/// does not have).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A heap's small blocks (the handle the heap keeps).
 pub(crate) struct Small {
     shared: Arc<Shared>,
@@ -242,6 +251,17 @@ impl Small {
 
     pub(crate) fn shared(&self) -> &Shared {
         &self.shared
+    }
+
+    /// Keeps every lock of the small blocks (each class's, then the slab
+    /// pool's, the order a carve takes them in) across the fork in
+    /// progress: a thread holding one at the fork would leave it held in
+    /// the child for good.
+    pub(crate) fn keep_across_fork(&self) {
+        for c in 0..NCLASSES {
+            crate::platform::fork::keep(self.shared.clone(), move |s| Box::new(lock(&s.bins[c].0)), false);
+        }
+        crate::platform::fork::keep(self.shared.clone(), |s| Box::new(lock(&s.pool)), false);
     }
 
     /// A block of `class`, marked live; `None` when the space has no room
@@ -408,7 +428,7 @@ impl Small {
         let s = &self.shared;
         let segments: Vec<(usize, usize)> = {
             let _system = SystemOnly::enter();
-            s.pool.lock().segments.clone()
+            lock(&s.pool).segments.clone()
         };
         let (mut n, mut bytes) = (0u64, 0u64);
         for (start, len) in segments {
@@ -526,7 +546,7 @@ impl Shared {
     fn take(&self, sp: &Space, class: usize, out: &mut [usize], mut held: Option<&mut u32>) -> usize {
         let _system = SystemOnly::enter();
         let size = class_size(class);
-        let mut bin = self.bins[class].0.lock();
+        let mut bin = lock(&self.bins[class].0);
         let mut got = 0;
         while got < out.len() {
             let slab = match held.as_deref_mut() {
@@ -591,7 +611,7 @@ impl Shared {
             return;
         }
         let _system = SystemOnly::enter();
-        let mut bin = self.bins[class].0.lock();
+        let mut bin = lock(&self.bins[class].0);
         let m = self.meta_of(slab);
         m.held.store(false, Relaxed);
         if m.avail_n.load(Relaxed) > 0 {
@@ -606,7 +626,7 @@ impl Shared {
         let _system = SystemOnly::enter();
         let slots = slab_slots(class) as u32;
         let mut released = false;
-        let mut bin = self.bins[class].0.lock();
+        let mut bin = lock(&self.bins[class].0);
         for &p in blocks {
             let (m, start) = self.meta(p).expect("a cached block lies in a carved slab");
             let slab = ((start - self.base) >> SLAB_SHIFT) as u32 + 1;
@@ -629,7 +649,7 @@ impl Shared {
                 }
                 m.avail_n.store(0, Relaxed);
                 m.class.store(0, Release);
-                self.pool.lock().dirty.push(slab);
+                lock(&self.pool).dirty.push(slab);
                 released = true;
             }
         }
@@ -642,7 +662,7 @@ impl Shared {
     fn purge(&self, sp: &Space, all: bool) {
         let _system = SystemOnly::enter();
         let mut dirty = {
-            let mut pool = self.pool.lock();
+            let mut pool = lock(&self.pool);
             if pool.dirty.is_empty() || (!all && pool.dirty.len() < PURGE_BATCH_SLABS) {
                 return;
             }
@@ -661,7 +681,7 @@ impl Shared {
             }
             i = j;
         }
-        self.pool.lock().clean.extend_from_slice(&dirty);
+        lock(&self.pool).clean.extend_from_slice(&dirty);
     }
 
     /// A slab for `class`: a released one, or a new one from a segment
@@ -672,7 +692,7 @@ impl Shared {
     /// (a class's first slab faults page by page, so a class used once
     /// costs only the pages it touches).
     fn carve(&self, sp: &Space, class: usize, busy: bool) -> Option<u32> {
-        let mut pool = self.pool.lock();
+        let mut pool = lock(&self.pool);
         let slab = match pool.clean.pop().or_else(|| pool.dirty.pop()) {
             Some(s) => s,
             None => {

@@ -61,6 +61,14 @@ pub(crate) struct Handles {
     pub(crate) gate: std::sync::RwLock<()>,
 }
 
+/// Locks of the API layer a fork must hold too, before the space's own (a
+/// space's heap, whose threads call into the space under them).
+pub(crate) trait ForkLocks: Send + Sync {
+    /// Keeps every such lock across the fork in progress
+    /// (`platform::fork::keep`).
+    fn keep_across_fork(self: Arc<Self>);
+}
+
 /// Whose a space is and what a fork does with it.
 pub(crate) struct ForkState {
     /// The fork generation of the process the space belongs to
@@ -81,6 +89,9 @@ pub(crate) struct ForkState {
     holds: Mutex<Vec<(u64, Arc<ChildTie>)>>,
     /// When the ties were last asked (`CLOCK_MONOTONIC` ns).
     holds_asked: AtomicU64,
+    /// See [`ForkLocks`] (set once, as the space opens, before anything
+    /// can use it).
+    extra: std::sync::OnceLock<Weak<dyn ForkLocks>>,
 }
 
 impl ForkState {
@@ -94,6 +105,7 @@ impl ForkState {
             handles: Handles::default(),
             holds: Mutex::new(Vec::new()),
             holds_asked: AtomicU64::new(0),
+            extra: std::sync::OnceLock::new(),
         }
     }
 
@@ -151,9 +163,12 @@ fn on_prepare() {
     };
     let hold = tie.as_ref().map(|t| t.0);
     for i in &spaces {
-        // The fork state's own locks first (each taken alone elsewhere):
+        // The API layer's first (the heap's), then the fork state's own (each taken alone elsewhere):
         // held by a parent thread at the fork, the child would wait on them
         // for good.
+        if let Some(x) = i.fork.extra.get().and_then(Weak::upgrade) {
+            x.keep_across_fork();
+        }
         crate::platform::fork::keep(i.clone(), |i| Box::new(lock(&i.fork.threads)), false);
         crate::platform::fork::keep(i.clone(), |i| Box::new(lock(&i.fork.plan)), false);
         crate::platform::fork::keep(i.clone(), |i| Box::new(lock(&i.fork.holds)), false);
@@ -220,6 +235,11 @@ impl Inner {
     #[inline]
     pub(crate) fn owned_here(&self) -> bool {
         self.fork.generation.load(Ordering::Relaxed) == crate::platform::fork::generation()
+    }
+
+    /// Has a fork hold `l`'s locks too ([`ForkLocks`]).
+    pub(crate) fn set_fork_locks(&self, l: Weak<dyn ForkLocks>) {
+        let _ = self.fork.extra.set(l);
     }
 
     /// The API layer's record of live handles.
