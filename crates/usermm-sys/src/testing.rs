@@ -373,3 +373,66 @@ pub fn free_cluster_port() -> std::io::Result<u16> {
         }
     }
 }
+
+/// Makes, with the `openssl` command in `dir`, the files of a TLS setup for
+/// 127.0.0.1 (shared by the tests and the benchmarks that start Redis
+/// servers with TLS): a certificate authority (`ca.crt`, `ca.key`) and a
+/// server certificate it signed (`server.crt`, `server.key`); with
+/// `clients`, a client certificate it signed too (`client.crt`,
+/// `client.key`) and a second authority that signed nothing
+/// (`other-ca.crt`, `other-ca.key`). P-256 keys, two days.
+pub fn make_certificates(dir: &std::path::Path, clients: bool) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+    let run = |args: &[&str]| -> Result<(), String> {
+        let out =
+            std::process::Command::new("openssl").args(args).current_dir(dir).output().map_err(|e| {
+                format!("cannot run openssl ({e}): apt-get install openssl (scripts/install-deps.sh does)")
+            })?;
+        if !out.status.success() {
+            return Err(format!("openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        Ok(())
+    };
+    let write = |name: &str, text: &str| {
+        std::fs::write(dir.join(name), text).map_err(|e| format!("write {}: {e}", dir.join(name).display()))
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let cas: &[&str] = if clients { &["ca", "other-ca"] } else { &["ca"] };
+    for &ca in cas {
+        let (key, crt, subj) = (format!("{ca}.key"), format!("{ca}.crt"), format!("/CN=usermm {ca}"));
+        let mut a = vec!["req", "-x509", "-days", "2", "-subj", &subj];
+        a.extend(ec);
+        a.extend(["-keyout", &key, "-out", &crt]);
+        run(&a)?;
+    }
+    write("server.ext", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")?;
+    write("client.ext", "extendedKeyUsage=clientAuth\n")?;
+    let whos: &[&str] = if clients { &["server", "client"] } else { &["server"] };
+    for &who in whos {
+        let (key, csr, crt, ext) =
+            (format!("{who}.key"), format!("{who}.csr"), format!("{who}.crt"), format!("{who}.ext"));
+        let subj = format!("/CN=usermm {who}");
+        let mut a = vec!["req", "-new", "-subj", &subj];
+        a.extend(ec);
+        a.extend(["-keyout", &key, "-out", &csr]);
+        run(&a)?;
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            &crt,
+            "-extfile",
+            &ext,
+        ])?;
+    }
+    Ok(())
+}

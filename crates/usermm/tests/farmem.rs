@@ -516,49 +516,7 @@ fn one_pass(url: String, tag: u64, on_server: impl FnOnce()) {
 /// signed (for 127.0.0.1), made with the `openssl` command in `dir`; plus a
 /// second authority that signed neither.
 fn make_certificates(dir: &std::path::Path) {
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl").args(args).current_dir(dir).output().unwrap_or_else(|e| {
-            panic!("cannot run openssl ({e}): install it (apt-get install openssl; scripts/test.sh does)")
-        });
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-    for ca in ["ca", "other-ca"] {
-        let mut a = vec!["req", "-x509", "-days", "2", "-subj"];
-        a.push(if ca == "ca" { "/CN=usermm test CA" } else { "/CN=usermm other CA" });
-        a.extend(ec);
-        let (key, crt) = (format!("{ca}.key"), format!("{ca}.crt"));
-        a.extend(["-keyout", &key, "-out", &crt]);
-        run(&a);
-    }
-    std::fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n").unwrap();
-    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
-    for who in ["server", "client"] {
-        let (key, csr, crt, ext) =
-            (format!("{who}.key"), format!("{who}.csr"), format!("{who}.crt"), format!("{who}.ext"));
-        let subj = format!("/CN=usermm test {who}");
-        let mut a = vec!["req", "-new", "-subj", &subj];
-        a.extend(ec);
-        a.extend(["-keyout", &key, "-out", &csr]);
-        run(&a);
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-out",
-            &crt,
-            "-extfile",
-            &ext,
-        ]);
-    }
+    usermm_sys::testing::make_certificates(dir, true).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]

@@ -208,46 +208,7 @@ impl Drop for Server {
 /// 127.0.0.1, made with the `openssl` command in `dir`: `(ca, server
 /// certificate, server key)`.
 fn tls_files(dir: &std::path::Path) -> Result<[String; 3], String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
-    let run = |args: &[&str]| -> Result<(), String> {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .map_err(|e| format!("cannot run openssl ({e}): apt-get install openssl"))?;
-        if !out.status.success() {
-            return Err(format!("openssl {}: {}", args[0], String::from_utf8_lossy(&out.stderr).trim()));
-        }
-        Ok(())
-    };
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-    let mut a = vec!["req", "-x509", "-days", "2", "-subj", "/CN=usermm bench CA"];
-    a.extend(ec);
-    a.extend(["-keyout", "ca.key", "-out", "ca.crt"]);
-    run(&a)?;
-    std::fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
-        .map_err(|e| format!("write server.ext: {e}"))?;
-    let mut a = vec!["req", "-new", "-subj", "/CN=usermm bench server"];
-    a.extend(ec);
-    a.extend(["-keyout", "server.key", "-out", "server.csr"]);
-    run(&a)?;
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-out",
-        "server.crt",
-        "-extfile",
-        "server.ext",
-    ])?;
+    usermm_sys::testing::make_certificates(dir, false)?;
     Ok(["ca.crt", "server.crt", "server.key"].map(|f| dir.join(f).display().to_string()))
 }
 
