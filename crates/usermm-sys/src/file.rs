@@ -211,7 +211,14 @@ impl SwapFile {
     /// # Safety
     /// `[dst, dst+len)` must be writable memory for the call.
     pub unsafe fn pread(&self, dst: usize, len: usize, off: u64) -> Result<(), Errno> {
-        // Runs of units in one file each (one run where no ancestor's is read).
+        if !self.layered(off, len as u64) {
+            // SAFETY: the caller guarantees the buffer is writable.
+            if unsafe { pread_upto(self.fd.as_raw_fd(), dst, len, off) }? < len {
+                return Err(Errno::EIO);
+            }
+            return Ok(());
+        }
+        // Runs of units in one file each.
         let mut at = 0u64;
         while at < len as u64 {
             let fd = self.fd_of((off + at) / UNIT);
