@@ -37,6 +37,14 @@ fn resident(s: &Space, m: &[u8]) -> usize {
     v.iter().filter(|&&b| b & 1 != 0).count()
 }
 
+/// One test at a time: a test's fork copies every space of the process,
+/// the other tests' too, and its child then holds their swap slots (and
+/// runs their threads) while those tests count and wait on them.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn space() -> Space {
     // (The default mode only: in-thread faults and a frame pool are not
     // copied, see `fork.rs`.)
@@ -45,6 +53,7 @@ fn space() -> Space {
 
 #[test]
 fn a_child_reads_every_byte_resident_parked_and_swapped() {
+    let _serial = serial();
     let s = space();
     // 32 MiB under an 8 MiB budget: most pages swapped, some resident,
     // some parked (MADV_COLD).
@@ -126,6 +135,7 @@ fn child_view(ranges: [usize; 4], mincore: &dyn Fn(usize) -> Result<(), i32>, lo
 /// mapping of the first, zeros in the second, no lock on the third.
 #[test]
 fn fork_advice_and_locks_as_the_kernel() {
+    let _serial = serial();
     const LEN: usize = 4 * PAGE;
     // The kernel's.
     // SAFETY: a fresh anonymous mapping the kernel places.
@@ -238,6 +248,7 @@ fn wait_for(w: &std::sync::atomic::AtomicU32, v: u32, secs: u64) -> bool {
 /// for the child (`swap_fork_held_pages`) until it is gone, then freed.
 #[test]
 fn the_parent_rewrites_its_swap_while_the_child_reads_it_in_place() {
+    let _serial = serial();
     use std::sync::atomic::Ordering::SeqCst;
     let s = space();
     let mut m = s.map_anon(32 << 20).unwrap();
@@ -303,6 +314,7 @@ fn the_parent_rewrites_its_swap_while_the_child_reads_it_in_place() {
 /// fork (its swap file stays open in the child).
 #[test]
 fn a_child_reads_the_swap_of_a_parent_that_exited() {
+    let _serial = serial();
     use std::sync::atomic::Ordering::SeqCst;
     let word = shared_word();
     let parent = fork_run(120, || {
@@ -355,6 +367,7 @@ fn a_child_reads_the_swap_of_a_parent_that_exited() {
 /// ends — none waits on a lock a parent thread held at the fork.
 #[test]
 fn a_child_forked_while_threads_use_the_heap_allocates_from_it() {
+    let _serial = serial();
     use allocator_api2::vec::Vec as AVec;
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
     let s = space();
