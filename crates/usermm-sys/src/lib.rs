@@ -37,6 +37,7 @@ pub mod mem;
 pub mod process;
 pub mod ring;
 pub mod secret;
+pub mod sync;
 #[cfg(feature = "bench-helpers")]
 pub mod testing;
 pub mod thread;

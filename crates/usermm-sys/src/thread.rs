@@ -562,8 +562,13 @@ pub fn futex_wait(word: &std::sync::atomic::AtomicU32, val: u32) {
 
 /// Wakes the threads sleeping in [`futex_wait`] on `word`.
 pub fn futex_wake(word: &std::sync::atomic::AtomicU32) {
+    futex_wake_n(word, i32::MAX);
+}
+
+/// Wakes at most `n` of the threads sleeping in [`futex_wait`] on `word`.
+pub fn futex_wake_n(word: &std::sync::atomic::AtomicU32, n: i32) {
     // SAFETY: `word` is a valid, aligned u32; FUTEX_WAKE only reads its address.
-    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, i32::MAX) };
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG, n) };
 }
 
 /// The CPU the calling thread runs on (`sched_getcpu`; glibc reads it from

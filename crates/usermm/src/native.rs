@@ -41,14 +41,16 @@
 //! - the swap file.
 //!
 //! # Locks
-//! - `mm`: the region lock (the mmap lock analogue), a task-fair
-//!   reader-writer lock (parking_lot: a waiting writer blocks new readers,
-//!   and a fair unlock hands it the lock, which is what lets another
+//! - `mm`: the region lock (the mmap lock analogue), a reader-writer lock
+//!   that hands off to a waiting writer (`usermm_sys::sync::RwLock`: a
+//!   waiting writer blocks new readers, which is what lets another
 //!   thread's mmap in between two zap slices: with std's lock the zapping
 //!   thread took it back first, and a map/unmap loop beside a 4 GiB unmap
-//!   stalled 113 ms against 4). A fork holds it across; a child never lets
-//!   the parent's go (its unlock could hand it to a parent thread parked
-//!   on it, which does not exist there) but takes the next of `mm_locks`
+//!   stalled 113 ms against 4; and no state outside the lock, so a forked
+//!   child can wait: parking_lot's shared table of waiters could be left
+//!   locked by a parent thread). A fork holds it across; a child never lets
+//!   the parent's go (its word counts parent threads waiting on it, which
+//!   do not exist there) but takes the next of `mm_locks`
 //!   (`native/fork.rs`).
 //!   Exclusive for region changes (mmap, the detach phase of munmap,
 //!   mprotect, attribute madvise); shared for everything that works on pages
@@ -79,7 +81,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use parking_lot::{RwLock, RwLockReadGuard};
+use usermm_sys::sync::{RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 
 use usermm_core::consts::*;

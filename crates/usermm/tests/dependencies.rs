@@ -50,6 +50,8 @@ const EXECUTOR_SYS: &[&str] = &[
     "usermm_sys::now_ns",
     "usermm_sys::thread::gettid",
     "usermm_sys::thread::current_cpu",
+    "usermm_sys::sync::RwLock",
+    "usermm_sys::sync::RwLockReadGuard",
 ];
 
 /// The executor and the page stores know nothing of the API layer (the heap

@@ -210,9 +210,9 @@ pub(crate) enum SmallFree {
 
 /// `m` locked (a poisoned lock's data is whole: nothing panics under it).
 /// std's, not parking_lot's: held across a fork and let go in the child
-/// (`Small::keep_across_fork`), it wakes no parent thread parked on it (a
-/// parking_lot unlock may hand the lock to such a thread, which the child
-/// does not have).
+/// (`Small::keep_across_fork`); its waiters sleep on its own word, not in a
+/// table the whole process shares, which a parent thread may have left
+/// locked at the fork.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

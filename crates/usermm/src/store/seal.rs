@@ -38,7 +38,7 @@ pub(crate) struct Sealer {
     /// Each slot's last nonce (0: never sealed). A zeroed `Vec` (calloc:
     /// the pages of untouched slots are never made), behind a lock a seal
     /// or an open holds for a load or a store.
-    last: parking_lot::Mutex<Vec<u64>>,
+    last: std::sync::Mutex<Vec<u64>>,
 }
 
 impl Sealer {
@@ -54,7 +54,7 @@ impl Sealer {
         // The stack's copy cleared (`black_box`: the stores are kept).
         key.fill(0);
         std::hint::black_box(&key);
-        let last = parking_lot::Mutex::new(vec![0u64; usize::try_from(slots).map_err(|_| Errno::ENOMEM)?]);
+        let last = std::sync::Mutex::new(vec![0u64; usize::try_from(slots).map_err(|_| Errno::ENOMEM)?]);
         Ok(Sealer { cipher: cipher?, sealed: AtomicU64::new(0), last })
     }
 
@@ -63,7 +63,7 @@ impl Sealer {
     /// opens as the slot.
     pub(crate) fn seal(&self, space: u64, slot: u64, page: &[u8], out: &mut [u8]) -> [u8; HEADER] {
         let n = self.sealed.fetch_add(1, Ordering::Relaxed) + 1;
-        if let Some(l) = self.last.lock().get_mut(slot as usize) {
+        if let Some(l) = self.last.lock().unwrap_or_else(|e| e.into_inner()).get_mut(slot as usize) {
             *l = n;
         }
         let mut h = [0u8; HEADER];
@@ -82,7 +82,7 @@ impl Sealer {
     /// into `out`: false, with `out` zeroed, unless it is the value this
     /// sealer last sealed as that slot of that space, unchanged.
     pub(crate) fn open(&self, space: u64, slot: u64, value: &[u8], out: &mut [u8]) -> bool {
-        let last = self.last.lock().get(slot as usize).copied().unwrap_or(0);
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner()).get(slot as usize).copied().unwrap_or(0);
         if value.len() != HEADER + out.len() || value[..4] != MAGIC || last == 0 || value[4..12] != last.to_le_bytes() {
             out.fill(0);
             return false;
