@@ -463,6 +463,12 @@ fn nofile_limit() -> u64 {
 }
 
 impl MappedFile {
+    /// Holds the lock of the file's readers until dropped (a fork holds it
+    /// across, so that no parent thread holds it there).
+    pub fn fork_guard(&self) -> impl Sized + '_ {
+        self.readers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Takes `fd` as Linux's mmap takes it (`fget`, before any other check
     /// but the offset's alignment): `EBADF` if it is not open or is an
     /// `O_PATH` descriptor. Keeps a duplicate, and records what mmap checks

@@ -361,7 +361,7 @@ fn a_child_reads_the_swap_of_a_parent_that_exited() {
     assert_eq!(word.load(SeqCst), 1, "the child read bad pages (2 + their count)");
 }
 
-/// Forks (10 times) while two threads allocate and free on the space's heap (small
+/// Forks (20 times) while two threads allocate and free on the space's heap (small
 /// blocks and medium ones, so every class lock and the arenas' lock are
 /// taken all the time): every child allocates from the heap itself and
 /// ends — none waits on a lock a parent thread held at the fork.
@@ -391,7 +391,7 @@ fn a_child_forked_while_threads_use_the_heap_allocates_from_it() {
         sc.spawn(|| churn(2));
         std::thread::sleep(std::time::Duration::from_millis(50));
         let mut outs = std::vec::Vec::new();
-        for _ in 0..10 {
+        for _ in 0..20 {
             let out = fork_run(20, || {
                 let mut v: std::vec::Vec<AVec<u8, usermm::Heap<'_>>> = std::vec::Vec::new();
                 for k in 0..300 {

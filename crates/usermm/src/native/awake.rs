@@ -68,6 +68,11 @@ pub(crate) struct WakeAhead {
 }
 
 impl WakeAhead {
+    /// Its lock, held across a fork (a leaf: `native/fork.rs`).
+    pub(crate) fn fork_guard(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn enable(&self) {
         self.enabled.store(true, Ordering::Relaxed);
     }

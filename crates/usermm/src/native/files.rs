@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use usermm_core::Errno;
 use usermm_sys::file::MappedFile;
@@ -29,6 +29,16 @@ pub(crate) struct FileTable {
 }
 
 impl FileTable {
+    /// Its lock, held across a fork (a leaf: `native/fork.rs`).
+    pub(super) fn fork_guard(&self) -> MutexGuard<'_, HashMap<u32, Arc<MappedFile>>> {
+        lock(&self.files)
+    }
+
+    /// The files mapped now (a fork holds each one's lock too).
+    pub(super) fn all(&self) -> Vec<Arc<MappedFile>> {
+        lock(&self.files).values().cloned().collect()
+    }
+
     pub(super) fn new(keep_cache: bool, map_windows: bool) -> FileTable {
         FileTable { files: Mutex::new(HashMap::new()), next_id: AtomicU32::new(1), keep_cache, map_windows }
     }

@@ -150,6 +150,9 @@ pub(super) fn register(inner: &Arc<Inner>) {
 }
 
 fn on_prepare() {
+    // (Here and in the other two: what usermm allocates comes from the
+    // system allocator, never from a space's heap, which is held across.)
+    let _system = crate::thread_role::SystemOnly::enter();
     let reg = lock(&SPACES);
     let spaces: Vec<Arc<Inner>> = reg
         .iter()
@@ -195,11 +198,23 @@ fn on_prepare() {
             },
             false,
         );
+        // Last, the leaf locks (nothing is taken under them, so a thread
+        // holding one lets it go without waiting on the locks held above):
+        // the fault service's, the read-ahead queue's, the file table's and
+        // each mapped file's (no file is mapped meanwhile: the region lock
+        // is held).
+        crate::platform::fork::keep(i.clone(), |i| Box::new(i.service.fork_guards()), false);
+        crate::platform::fork::keep(i.clone(), |i| Box::new(i.reclaimer.fork_guard()), false);
+        for f in i.files.all() {
+            crate::platform::fork::keep(f, |f| Box::new(f.fork_guard()), false);
+        }
+        crate::platform::fork::keep(i.clone(), |i| Box::new(i.files.fork_guard()), false);
     }
     FORKING.with(|f| *f.borrow_mut() = (spaces, tie));
 }
 
 fn on_parent() {
+    let _system = crate::thread_role::SystemOnly::enter();
     crate::platform::fork::release_kept(false);
     let (spaces, tie) = FORKING.with(|f| std::mem::take(&mut *f.borrow_mut()));
     let tie = tie.map(|(id, t)| (id, Arc::new(t.in_parent())));
@@ -214,6 +229,9 @@ fn on_parent() {
 }
 
 fn on_child() {
+    // (A `GlobalHeap` program's own allocations come from a space's heap:
+    // one here could fault before the space has threads to serve it.)
+    let _system = crate::thread_role::SystemOnly::enter();
     crate::platform::fork::release_kept(true);
     let (spaces, tie) = FORKING.with(|f| std::mem::take(&mut *f.borrow_mut()));
     let mut copied = false;
@@ -326,14 +344,21 @@ impl Inner {
             );
             return false;
         }
-        self.fork.generation.store(crate::platform::fork::generation(), Ordering::Relaxed);
         self.fork.forked.store(true, Ordering::Relaxed);
         let plan = *lock(&self.fork.plan);
+        // The space becomes this process's once its threads have started:
+        // until then a `GlobalHeap` on it sends every allocation to the
+        // system allocator (what std and the C library allocate while
+        // starting a thread, before it marks itself usermm's, would
+        // otherwise come from the heap this very thread is to serve, and
+        // could fault there and wait on itself), as it does while it opens.
         match self.start_threads(plan) {
-            Ok(t) => *lock(&self.fork.threads) = Some(t),
+            Ok(t) => {
+                *lock(&self.fork.threads) = Some(t);
+                self.fork.generation.store(crate::platform::fork::generation(), Ordering::Relaxed);
+            }
             Err(e) => {
                 // (Faults would wait for handlers that do not exist.)
-                self.fork.generation.store(u64::MAX, Ordering::Relaxed);
                 let _ = self.plat.range(Range::Protect(PROT_NONE), self.base, self.reserve_len);
                 eprintln!(
                     "usermm: pid {}: the space at {:#x} is not copied into this forked child (its threads: {e}): \

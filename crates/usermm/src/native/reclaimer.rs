@@ -46,6 +46,11 @@ pub(crate) struct Reclaimer {
 }
 
 impl Reclaimer {
+    /// Its lock, held across a fork (a leaf: `native/fork.rs`).
+    pub(super) fn fork_guard(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+        lock(&self.willneed)
+    }
+
     /// For a budget of `budget_pages` frames.
     pub(super) fn new(budget_pages: u64) -> Reclaimer {
         let low = (budget_pages / 32).clamp(1, 4096);

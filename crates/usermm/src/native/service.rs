@@ -54,6 +54,11 @@ pub(crate) struct FaultService {
 }
 
 impl FaultService {
+    /// Its locks, held across a fork (leaves: `native/fork.rs`).
+    pub(super) fn fork_guards(&self) -> Vec<Box<dyn crate::platform::fork::Kept + '_>> {
+        vec![Box::new(lock(&self.signalled)), Box::new(self.wake_ahead.fork_guard())]
+    }
+
     pub(super) fn new() -> FaultService {
         FaultService {
             spinning: AtomicBool::new(false),
