@@ -1286,22 +1286,24 @@ fn children_that_exec_run_and_inherit_the_preload() {
     stats(&String::from_utf8_lossy(&out.stderr), "python3");
     let out = output(&mut usermm_run(&["--", "sh", "-c", "echo \"[$LD_PRELOAD]\""]));
     assert!(String::from_utf8_lossy(&out.stdout).contains("libusermm_preload.so"), "{out:?}");
-    // A program's forked child that touches its parent's heap without
-    // exec'ing first dies of SIGSEGV (the limit docs/design.md names, until
-    // a child gets a copy).
+    // A program's forked child reads its parent's heap without exec'ing
+    // (its copy of the space), and allocates on it (the locale CPython set
+    // is the C library's: the child's copy starts threads, which read it).
     let fork = "import os\nd = [bytes([i]) * 1000 for i in range(64)]\npid = os.fork()\n\
-                if pid == 0:\n    print(sum(len(x) for x in d))\n    os._exit(0)\n\
+                if pid == 0:\n    e = [bytes([i]) * 3000 for i in range(256)]\n    \
+                print(sum(len(x) for x in d), sum(x[0] for x in e), flush=True)\n    os._exit(0)\n\
                 print('child signal', os.waitpid(pid, 0)[1] & 127)\n";
-    let out = output(usermm_run(&["--"]).arg(&py).args(["-c", fork]));
+    let out = output(usermm_run(&["--budget", "16m", "--"]).arg(&py).args(["-c", fork]));
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "64000 32640\nchild signal 0\n", "{out:?}");
+    // Where the space is not copied (a frame pool), the same child dies of
+    // SIGSEGV on its parent's heap, and says so.
+    let out = output(usermm_run(&["--frame-pool", "--"]).arg(&py).args(["-c", fork]));
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "child signal 11\n", "{out:?}");
-    // The child's first allocation opens its space, whose threads would read
-    // the locale CPython set on the parent's heap with every signal blocked:
-    // the preload reads it first, so the message is printed.
     assert!(String::from_utf8_lossy(&out.stderr).contains("a forked child touched its parent's heap"), "{out:?}");
     // A shell's `$(...)` child runs on its parent's heap without exec'ing:
-    // the shell keeps the kernel's memory, so it works (a program's forked
-    // child that does the same still dies of SIGSEGV: `FORKER_C`).
+    // the shell keeps the kernel's memory, so it works.
     let out = output(&mut usermm_run(&["--", "sh", "-c", "echo \"[$(echo x)]\""]));
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "[x]\n", "{out:?}");
@@ -1309,8 +1311,9 @@ fn children_that_exec_run_and_inherit_the_preload() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A forked child (and grandchild) that allocates and maps without
-/// exec'ing: its new memory is on a space of its own; its parent's stream
+/// Where a fork does not copy the space (`--frame-pool`): a forked child (and
+/// grandchild) that allocates and maps without exec'ing: its new memory is
+/// on a space of its own; its parent's stream
 /// and environment (changed after the space opened) survive the fork; the
 /// parent's heap stays unreachable (a mapping with no access, which the
 /// child's calls treat as a hole), never another block's bytes.
@@ -1400,7 +1403,7 @@ int main(void) {
 fn a_forked_child_allocates_and_maps_on_a_space_of_its_own() {
     let dir = tmpdir("forker");
     let exe = gcc(&dir, "forker", FORKER_C, &[]);
-    let out = output(usermm_run(&["--budget", "16m", "--verbose", "--"]).arg(&exe));
+    let out = output(usermm_run(&["--budget", "16m", "--frame-pool", "--verbose", "--"]).arg(&exe));
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
     assert_eq!(stdout, "child ok\nthe parent's heap\n", "{stderr}");
@@ -1417,6 +1420,122 @@ fn a_forked_child_allocates_and_maps_on_a_space_of_its_own() {
     assert_eq!(stderr.matches("(forker): stats: ").count(), 3, "{stderr}");
     // The child's free of its parent's block freed nothing.
     assert!(stderr.contains("child_frees_dropped=1"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A forked child gets a copy of everything: the heap (a block, and a
+/// buffer four times the budget, mostly swapped out at the fork), a
+/// private mapping, a stream's buffer; an anonymous `MAP_SHARED` mapping
+/// stays shared; locks are not inherited; neither process sees the other's
+/// private writes; a grandchild gets a copy of the child's. The same
+/// program runs on the kernel, and both print the same.
+const COPIER_C: &str = r#"
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define BIG (64L << 20)
+#define MAPPED (4L << 20)
+
+static long vmlck_kb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmLck:", 6)) kb = atol(line + 6);
+    if (f) fclose(f);
+    return kb;
+}
+
+static long bad_big(const unsigned char *b, int salt) {
+    long bad = 0;
+    for (long i = 0; i < BIG; i += 512) bad += b[i] != (unsigned char)(i / 512 * 7 + salt);
+    return bad;
+}
+
+static int child(char *blk, unsigned char *big, char *priv, volatile int *shared, FILE *mem) {
+    char buf[64] = {0};
+    if (strcmp(blk, "the parent's block")) return 10;
+    if (bad_big(big, 1)) return 11;
+    for (long i = 0; i < MAPPED; i += 4096) if (priv[i] != (char)(i >> 12)) return 12;
+    rewind(mem);
+    if (!fgets(buf, sizeof buf, mem) || strcmp(buf, "in the parent's stream")) return 13;
+    if (vmlck_kb() != 0) return 14;
+    /* private writes: the parent must not see them */
+    strcpy(blk, "the child's block");
+    for (long i = 0; i < BIG; i += 512) big[i] = (unsigned char)(i / 512 * 7 + 2);
+    memset(priv, 0x5a, MAPPED);
+    /* a shared write: the parent must see it */
+    shared[0] = 4242;
+    /* the child's own memory, and the parent's block freed here */
+    free(blk);
+    char *mine = malloc(100000);
+    if (!mine) return 15;
+    memset(mine, 3, 100000);
+    pid_t g = fork();
+    if (g == 0) _exit(bad_big(big, 2) || mine[99999] != 3 || shared[0] != 4242 ? 16 : 0);
+    int st;
+    if (waitpid(g, &st, 0) != g || !WIFEXITED(st)) return 17;
+    if (WEXITSTATUS(st)) return WEXITSTATUS(st);
+    free(mine);
+    return 0;
+}
+
+int main(void) {
+    char *blk = malloc(64);
+    unsigned char *big = malloc(BIG);
+    char *priv = mmap(NULL, MAPPED, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    volatile int *shared = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    char *locked = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    FILE *mem = tmpfile();
+    if (!blk || !big || priv == MAP_FAILED || shared == MAP_FAILED || locked == MAP_FAILED || !mem) return 1;
+    strcpy(blk, "the parent's block");
+    for (long i = 0; i < BIG; i += 512) big[i] = (unsigned char)(i / 512 * 7 + 1);
+    for (long i = 0; i < MAPPED; i += 4096) priv[i] = (char)(i >> 12);
+    memset(locked, 1, 1 << 20);
+    if (mlock(locked, 1 << 20)) return 2;
+    fputs("in the parent's stream", mem);
+    fflush(mem);
+    shared[0] = 1;
+    printf("parent locked kB %ld\n", vmlck_kb());
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) _exit(child(blk, big, priv, shared, mem));
+    int st;
+    if (waitpid(pid, &st, 0) != pid) return 3;
+    printf("child status %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+    printf("parent block: %s\n", blk);
+    printf("parent big bad: %ld\n", bad_big(big, 1));
+    long pbad = 0;
+    for (long i = 0; i < MAPPED; i += 4096) pbad += priv[i] != (char)(i >> 12);
+    printf("parent mapping bad: %ld\n", pbad);
+    printf("shared: %d\n", shared[0]);
+    printf("parent locked kB %ld\n", vmlck_kb());
+    return 0;
+}
+"#;
+
+#[test]
+fn a_forked_child_gets_a_copy_of_the_heap_and_mappings_as_on_the_kernel() {
+    let dir = tmpdir("copier");
+    let exe = gcc(&dir, "copier", COPIER_C, &[]);
+    let host = output(&mut Command::new(&exe));
+    assert!(host.status.success(), "{host:?}");
+    let expected = "parent locked kB 1024\nchild status 0\nparent block: the parent's block\nparent big bad: 0\n\
+                    parent mapping bad: 0\nshared: 4242\nparent locked kB 1024\n";
+    assert_eq!(String::from_utf8_lossy(&host.stdout), expected, "the kernel: {host:?}");
+    // 64 MiB of heap under a 16 MiB budget: most of it is swapped at the fork.
+    let out = output(usermm_run(&["--budget", "16m", "--memlock", "2m", "--stats", "--"]).arg(&exe));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, expected, "{stderr}");
+    let st = stats(&stderr, "copier");
+    assert!(st["swapouts"] > 0, "the heap was never swapped: {stderr}");
+    assert!(!stderr.contains("is not copied"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -44,8 +44,16 @@
 //!   never the exported `malloc`.
 //!
 //! # Forked children
-//! A forked child has none of its parent's space (the reservation is
-//! `MADV_DONTFORK`: a touch of the parent's heap or mappings is SIGSEGV).
+//! A forked child gets a copy of its parent's space, heap and mappings
+//! (`usermm::Space`'s "fork"): usermm's own `pthread_atfork` child handler,
+//! registered as the space opened, runs before this library's, which then
+//! finds the space the child's and changes nothing. Anonymous `MAP_SHARED`
+//! mappings are the kernel's (`route_mmap`): on a space, one would keep the
+//! whole space from being copied, and the kernel keeps them shared.
+//!
+//! Where the space is not copied (in-thread faults, a frame pool, a page
+//! store, or a copy that failed, with a message), the child has none of its
+//! parent's space (a touch of the parent's heap or mappings is SIGSEGV).
 //! Its own new memory goes on a space of its own: the `pthread_atfork`
 //! child handler moves the process one *generation* on (a space and a
 //! reservation per generation, `GENERATIONS` deep; deeper children get
@@ -291,7 +299,6 @@ fn overlaps_ancestors(a: usize, len: usize) -> bool {
 /// Returns the ranges to cover (at most [`GENERATIONS`]).
 fn after_fork_child() -> Vec<(usize, usize)> {
     let g = generation();
-    GENERATION.store(g + 1, Relaxed);
     // The counts `--verbose` prints are the child's own.
     for c in [&COUNTS.space, &COUNTS.early, &COUNTS.usermm, &COUNTS.child, &COUNTS.refused, &COUNTS.child_frees]
         .into_iter()
@@ -299,6 +306,13 @@ fn after_fork_child() -> Vec<(usize, usize)> {
     {
         c.store(0, Relaxed);
     }
+    // usermm's own child handler, registered as the space opened (before
+    // this one), has run: if it copied the space here, the child goes on
+    // on it, heap, mappings and all, at this generation.
+    if HEAPS.get(g).is_some_and(GlobalHeap::open_here) {
+        return Vec::new();
+    }
+    GENERATION.store(g + 1, Relaxed);
     RANGES.iter().take(g + 1).map(|(b, e)| (b.load(Relaxed), e.load(Relaxed))).filter(|&(b, e)| b < e).collect()
 }
 

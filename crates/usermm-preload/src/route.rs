@@ -41,9 +41,13 @@ pub(crate) enum Why {
     /// under pressure, which a space does not build; the kernel's mapping
     /// behaves as Linux's (mlock leaves it unlocked, …).
     Droppable,
+    /// An anonymous `MAP_SHARED` mapping while a fork copies the space: on
+    /// the space it would keep the whole space from being copied, and the
+    /// kernel keeps it shared between parent and child.
+    SharedAnon,
 }
 
-pub(super) const WHY_NAMES: [&str; 14] = [
+pub(super) const WHY_NAMES: [&str; 15] = [
     "space",
     "kernel_before_open",
     "kernel_usermm",
@@ -58,10 +62,11 @@ pub(super) const WHY_NAMES: [&str; 14] = [
     "kernel_refused_by_space",
     "refused_straddling",
     "kernel_droppable",
+    "kernel_shared_anonymous",
 ];
 
 /// Memory calls by where they went, for `--verbose`.
-pub(super) static MEM_COUNTS: [AtomicU64; 14] = [const { AtomicU64::new(0) }; 14];
+pub(super) static MEM_COUNTS: [AtomicU64; 15] = [const { AtomicU64::new(0) }; 15];
 
 pub(crate) fn count(why: Why) {
     MEM_COUNTS[why as usize].fetch_add(1, Relaxed);
@@ -162,6 +167,9 @@ pub(crate) fn route_mmap(addr: usize, len: usize, flags: i32) -> MapRoute {
     }
     if flags & (MAP_FIXED | MAP_FIXED_NOREPLACE) != 0 {
         return MapRoute::Kernel(Why::FixedOutside);
+    }
+    if matches!(flags & MAP_TYPE, MAP_SHARED | MAP_SHARED_VALIDATE) && space_call(|sp| sp.fork_copies()) == Some(true) {
+        return MapRoute::Kernel(Why::SharedAnon);
     }
     MapRoute::Space
 }

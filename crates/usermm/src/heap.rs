@@ -375,10 +375,13 @@ enum ConfigFrom {
 ///   system allocator; frees go where the pointer came from (by address).
 /// - If the space cannot be opened, a message on stderr says why (once) and
 ///   every allocation comes from the system allocator.
-/// - **fork**: a forked child cannot read the parent's heap (the space's
-///   memory is not inherited: SIGSEGV), so it must only `exec` (as
-///   `std::process::Command` does, through `posix_spawn`). Its own new
-///   allocations come from the system allocator.
+/// - **fork**: a forked child gets a copy of the space, heap and all (as
+///   [`Space`]'s "fork" says), and allocates and frees on it as its parent
+///   did. Where the space cannot be copied (in-thread faults, a frame pool,
+///   a page store), the child cannot read the parent's heap (SIGSEGV), so it
+///   must only `exec` (as `std::process::Command` does, through
+///   `posix_spawn`); its own new allocations come from the system
+///   allocator.
 /// - The space is never closed: at exit its memory simply goes away (its
 ///   swap file has no name; a Redis store's keys are deleted once the
 ///   process has gone: `docs/design.md`, "Page stores").
@@ -417,6 +420,12 @@ impl GlobalHeap {
         }
     }
 
+    /// Whether the space is open and this process's: in a forked child,
+    /// whether the fork copied it here (opens nothing).
+    pub fn open_here(&self) -> bool {
+        self.space_if_open().is_some()
+    }
+
     /// The space, opened on first use; `None` if it could not be opened,
     /// while another thread is opening it, or in a forked child
     /// (allocations then come from the system allocator).
@@ -453,7 +462,7 @@ impl GlobalHeap {
                 ConfigFrom::Fn(f) => Ok(f()),
                 ConfigFrom::Env => crate::config::from_env(),
             };
-            let r = cfg.and_then(|c| Space::open_forking(&c, false));
+            let r = cfg.and_then(|c| Space::open(&c));
             if let Err(e) = &r {
                 eprintln!("usermm: GlobalHeap: cannot open its space ({e}); using the system allocator");
             }

@@ -111,14 +111,8 @@ pub(crate) fn advice_changes_bytes(advice: i32) -> bool {
 impl Space {
     /// Opens a space (`umm_open`).
     pub fn open(cfg: &Config) -> Result<Space, Errno> {
-        Space::open_forking(cfg, true)
-    }
-
-    /// `open`; `fork_copies`: whether a forked child gets a copy (a
-    /// `GlobalHeap`'s space: not yet, its child gets a heap of its own).
-    pub(crate) fn open_forking(cfg: &Config, fork_copies: bool) -> Result<Space, Errno> {
         usermm_sys::thread::watch_forks()?;
-        let inner = Inner::open(cfg, fork_copies)?;
+        let inner = Inner::open(cfg, true)?;
         let heap = Arc::new(boundary::heap::HeapCore::new(inner.base(), inner.reserve_len()));
         inner.set_fork_locks(Arc::downgrade(&heap) as std::sync::Weak<dyn native::ForkLocks>);
         Ok(Space { inner, closed: false, heap })
@@ -471,6 +465,12 @@ impl Space {
             swap_ahead_pages: c.swap_ahead,
             swap_fork_held_pages: s.swap_fork_held_pages,
         }
+    }
+
+    /// Whether a forked child gets a copy of the space (see [`Space`]'s
+    /// "fork": not with in-thread faults, a frame pool or a page store).
+    pub fn fork_copies(&self) -> bool {
+        self.inner.fork_copies()
     }
 
     /// The smaps text: one entry per region in `/proc/PID/smaps`'s layout.

@@ -187,3 +187,21 @@ libc_only!(-1;
     /// `clearenv(3)`, the C library's.
     clearenv() -> c_int
 );
+
+libc_only!(std::ptr::null_mut();
+    /// `setlocale(3)`, the C library's: the locale data it allocates is
+    /// read by the C library's `start_thread` in every new thread before
+    /// anything else runs there, with every signal blocked — in a forked
+    /// child, by the threads that serve the child's copy of the space too,
+    /// one of which could fault on its own locale read and wait on itself.
+    setlocale(category: c_int, locale: *const c_char) -> *mut c_char
+);
+libc_only!(std::ptr::null_mut();
+    /// `newlocale(3)`, the C library's (`uselocale` makes it the thread's:
+    /// see `setlocale`).
+    newlocale(mask: c_int, locale: *const c_char, base: *mut c_void) -> *mut c_void
+);
+libc_only!(std::ptr::null_mut();
+    /// `duplocale(3)`, the C library's.
+    duplocale(locale: *mut c_void) -> *mut c_void
+);
