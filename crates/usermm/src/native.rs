@@ -81,8 +81,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use usermm_sys::sync::{RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
+use usermm_sys::sync::{RwLock, RwLockReadGuard};
 
 use usermm_core::consts::*;
 use usermm_core::region::{Kind, LockMode};
