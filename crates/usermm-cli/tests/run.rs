@@ -978,16 +978,16 @@ fn redis_reply(r: &mut BufReader<TcpStream>) -> Vec<u8> {
     line.trim_end().as_bytes().to_vec()
 }
 
-#[test]
-fn a_redis_server_keeps_values_4x_its_budget() {
+/// Starts `redis-server` under `usermm run` with a 16 MiB budget, its RDB
+/// file in `dir`, and connects to it.
+fn start_redis(dir: &Path) -> (std::process::Child, BufReader<TcpStream>) {
     let server = need("redis-server");
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let dir = tmpdir("redis");
     let mut c = usermm_run(&["--budget", "16m", "--stats", "--"]);
     c.arg(&server)
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
         .arg("--dir")
-        .arg(&dir)
+        .arg(dir)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     let mut child = c.spawn().unwrap();
@@ -1006,7 +1006,17 @@ fn a_redis_server_keeps_values_4x_its_budget() {
         }
     };
     conn.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut r = BufReader::new(conn);
+    (child, BufReader::new(conn))
+}
+
+/// A Redis server 4× its budget; then `BGSAVE` (its forked child writes
+/// the data set from its copy of the space while the parent overwrites a
+/// fifth of it), and a second server started from the RDB file has every
+/// key as of the fork.
+#[test]
+fn a_redis_server_keeps_values_4x_its_budget_and_bgsave_writes_every_one() {
+    let dir = tmpdir("redis");
+    let (child, mut r) = start_redis(&dir);
     // 16 Ki values of 4 KiB: 64 MiB.
     let value = |i: usize| format!("{i:08}").repeat(512).into_bytes();
     let n = 16 * 1024;
@@ -1017,11 +1027,38 @@ fn a_redis_server_keeps_values_4x_its_budget() {
         assert!(redis_call(&mut r, &[b"GET", format!("k{i}").as_bytes()]) == value(i), "value {i} differs");
     }
     assert_eq!(redis_call(&mut r, &[b"DBSIZE"]), format!(":{n}").as_bytes());
+    // The fork happens before the reply: what is written after it is not
+    // in the file.
+    assert_eq!(redis_call(&mut r, &[b"BGSAVE"]), b"+Background saving started");
+    for i in (0..n).step_by(5) {
+        assert_eq!(redis_call(&mut r, &[b"SET", format!("k{i}").as_bytes(), b"after the fork"]), b"+OK");
+    }
+    let t0 = Instant::now();
+    let persistence = loop {
+        let info = String::from_utf8_lossy(&redis_call(&mut r, &[b"INFO", b"persistence"])).into_owned();
+        if info.contains("rdb_bgsave_in_progress:0") {
+            break info;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "BGSAVE still running after 120 s:\n{info}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(persistence.contains("rdb_last_bgsave_status:ok"), "{persistence}");
+    assert!(redis_call(&mut r, &[b"GET", b"k0"]) == b"after the fork");
     let _ = redis_call(&mut r, &[b"SHUTDOWN", b"NOSAVE"]);
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{:?}\n{stderr}", out.status);
     assert_swapped(&stderr, "redis-server", 16 << 20);
+    assert!(!stderr.contains("is not copied"), "{stderr}");
+    // A server started from the file has every key as of the fork.
+    let (child, mut r) = start_redis(&dir);
+    assert_eq!(redis_call(&mut r, &[b"DBSIZE"]), format!(":{n}").as_bytes());
+    let bad: Vec<usize> =
+        (0..n).filter(|&i| redis_call(&mut r, &[b"GET", format!("k{i}").as_bytes()]) != value(i)).collect();
+    assert!(bad.is_empty(), "{} keys differ from the RDB file, the first {:?}", bad.len(), &bad[..bad.len().min(8)]);
+    let _ = redis_call(&mut r, &[b"SHUTDOWN", b"NOSAVE"]);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{:?}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
