@@ -1348,6 +1348,28 @@ fn children_that_exec_run_and_inherit_the_preload() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Python's `multiprocessing` with the `fork` start method: two pool
+/// workers, forked from a parent whose dict (12 MiB) is half again its
+/// budget, check every value in their copies of it.
+#[test]
+fn cpython_multiprocessing_fork_workers_read_the_parents_dict() {
+    let py = need("python3");
+    let prog = "import multiprocessing as mp, hashlib\n\
+                n = 6000\n\
+                data = {i: hashlib.sha256(str(i).encode()).digest() * 64 for i in range(n)}\n\
+                def check(k):\n    \
+                return sum(1 for i in range(k, n, 4) if data[i] != hashlib.sha256(str(i).encode()).digest() * 64)\n\
+                if __name__ == '__main__':\n    \
+                with mp.get_context('fork').Pool(2) as p:\n        \
+                print('bad', sum(p.map(check, range(4))), flush=True)\n";
+    let out = output(usermm_run(&["--budget", "8m", "--stats", "--"]).arg(&py).args(["-c", prog]));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, "bad 0\n", "{stderr}");
+    assert!(stats(&stderr, "python3")["swapouts"] > 0, "{stderr}");
+    assert!(!stderr.contains("is not copied"), "{stderr}");
+}
+
 /// Where a fork does not copy the space (`--frame-pool`): a forked child (and
 /// grandchild) that allocates and maps without exec'ing: its new memory is
 /// on a space of its own; its parent's stream
