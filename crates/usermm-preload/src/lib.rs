@@ -228,10 +228,10 @@ fn init() -> bool {
         std::env::remove_var("LD_PRELOAD");
     }
     // A shell keeps the C library's heap and the kernel's memory: it forks
-    // for every `$(…)` and pipeline, and the child runs on its parent's
-    // heap without exec'ing (a space's child may not: issue 49), while the
-    // programs it execs get a space each (a wrapper script such as pyenv's
-    // `python3` shim, `sh -c`, `make`'s recipes).
+    // for every `$(…)` and pipeline, and a space's child starts threads of
+    // its own for its copy (the kernel's fork of a small shell costs far
+    // less), while the programs it execs get a space each (a wrapper script
+    // such as pyenv's `python3` shim, `sh -c`, `make`'s recipes).
     if is_shell() {
         return false;
     }
