@@ -544,6 +544,25 @@ pub fn fork_run_timed(timeout_s: u32, child: impl FnOnce() -> i32) -> Result<(Ch
     }
 }
 
+/// Writes `msg` to file descriptor 2 with `write(2)` calls, taking no lock
+/// (std's `eprintln!` takes stderr's, which in a forked child may be held
+/// for good by a parent thread that was printing at the fork). Errors are
+/// ignored, as `eprintln!`'s would panic, which this must not.
+pub fn write_stderr_unlocked(msg: &str) {
+    let mut b = msg.as_bytes();
+    while !b.is_empty() {
+        // SAFETY: `b` is a valid byte slice for the call's duration.
+        let n = unsafe { libc::write(2, b.as_ptr().cast(), b.len()) };
+        if n > 0 {
+            b = &b[n as usize..];
+        } else if n < 0 && last_errno() == Errno::EINTR {
+            continue;
+        } else {
+            return;
+        }
+    }
+}
+
 /// Sleeps while `*word == val` (`FUTEX_WAIT`, private): returns at once if
 /// it differs, on a [`futex_wake`], on a signal or spuriously; the caller
 /// checks the word again.

@@ -336,12 +336,12 @@ impl Inner {
         };
         if let Err(why) = rearmed {
             let _ = self.plat.range(Range::Protect(PROT_NONE), self.base, self.reserve_len);
-            eprintln!(
+            crate::platform::fork::say(&format!(
                 "usermm: pid {}: the space at {:#x} is not copied into this forked child ({why}): its memory is \
-                 not accessible here, and its calls fail with ESTALE",
+                 not accessible here, and its calls fail with ESTALE\n",
                 std::process::id(),
                 self.base
-            );
+            ));
             return false;
         }
         self.fork.forked.store(true, Ordering::Relaxed);
@@ -360,12 +360,12 @@ impl Inner {
             Err(e) => {
                 // (Faults would wait for handlers that do not exist.)
                 let _ = self.plat.range(Range::Protect(PROT_NONE), self.base, self.reserve_len);
-                eprintln!(
+                crate::platform::fork::say(&format!(
                     "usermm: pid {}: the space at {:#x} is not copied into this forked child (its threads: {e}): \
-                     its memory is not accessible here",
+                     its memory is not accessible here\n",
                     std::process::id(),
                     self.base
-                );
+                ));
                 return false;
             }
         }

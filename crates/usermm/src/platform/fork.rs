@@ -32,6 +32,12 @@ pub(crate) fn release_kept(in_child: bool) {
     usermm_sys::thread::release_kept(in_child);
 }
 
+/// Writes `msg` to stderr without std's lock, which a parent thread may
+/// have held at the fork (`usermm_sys::thread::write_stderr_unlocked`).
+pub(crate) fn say(msg: &str) {
+    usermm_sys::thread::write_stderr_unlocked(msg);
+}
+
 /// The process's fork generation (`usermm_sys::thread::fork_generation`).
 pub(crate) fn generation() -> u64 {
     usermm_sys::thread::fork_generation()
