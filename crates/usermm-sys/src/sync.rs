@@ -82,10 +82,10 @@ impl<T> RwLock<T> {
 impl<T: ?Sized> RwLock<T> {
     /// Shared access, waiting while a writer holds the lock or waits for it.
     pub fn read(&self) -> RwLockReadGuard<'_, T> {
-        if !self.try_read_once() {
+        self.try_read().unwrap_or_else(|| {
             self.read_contended();
-        }
-        RwLockReadGuard { lock: self, _not_send: PhantomData }
+            RwLockReadGuard { lock: self, _not_send: PhantomData }
+        })
     }
 
     /// Shared access if no writer holds the lock or waits for it.
@@ -109,11 +109,6 @@ impl<T: ?Sized> RwLock<T> {
         RwLockWriteGuard { lock: self, _not_send: PhantomData }
     }
 
-    fn try_read_once(&self) -> bool {
-        let s = self.state.load(Ordering::Relaxed);
-        read_lockable(s) && self.state.compare_exchange(s, s + 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
-    }
-
     #[cold]
     fn read_contended(&self) {
         let mut spins = 0;
@@ -125,9 +120,7 @@ impl<T: ?Sized> RwLock<T> {
                 }
                 continue;
             }
-            if spins < SPINS {
-                spins += 1;
-                std::hint::spin_loop();
+            if spin(&mut spins) {
                 continue;
             }
             if s & (WRITE_LOCKED | WRITERS_WAITING) == 0 {
@@ -161,9 +154,7 @@ impl<T: ?Sized> RwLock<T> {
                 }
                 continue;
             }
-            if spins < SPINS {
-                spins += 1;
-                std::hint::spin_loop();
+            if spin(&mut spins) {
                 continue;
             }
             // Whoever makes the lock free to write bumps `writer_seq`
@@ -205,6 +196,17 @@ impl<T: ?Sized> RwLock<T> {
             futex_wake(&self.state);
         }
     }
+}
+
+/// One more look before sleeping, while fewer than [`SPINS`] were taken.
+#[inline]
+fn spin(spins: &mut u32) -> bool {
+    if *spins >= SPINS {
+        return false;
+    }
+    *spins += 1;
+    std::hint::spin_loop();
+    true
 }
 
 /// Whether a reader may take the lock now.

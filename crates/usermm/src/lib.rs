@@ -112,7 +112,7 @@ impl Space {
     /// Opens a space (`umm_open`).
     pub fn open(cfg: &Config) -> Result<Space, Errno> {
         usermm_sys::thread::watch_forks()?;
-        let inner = Inner::open(cfg, true)?;
+        let inner = Inner::open(cfg)?;
         let heap = Arc::new(boundary::heap::HeapCore::new(inner.base(), inner.reserve_len()));
         inner.set_fork_locks(Arc::downgrade(&heap) as std::sync::Weak<dyn native::ForkLocks>);
         Ok(Space { inner, closed: false, heap })

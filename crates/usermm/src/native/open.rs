@@ -7,9 +7,9 @@ use super::*;
 use crate::platform::Setup;
 
 impl Inner {
-    /// Opens a space; `fork_copies`: a forked child is to get a copy of it
-    /// where the configuration allows (`native/fork.rs`).
-    pub fn open(cfg: &Config, fork_copies: bool) -> Result<Arc<Inner>, Errno> {
+    /// Opens a space; a forked child gets a copy of it where the
+    /// configuration allows (`native/fork.rs`).
+    pub fn open(cfg: &Config) -> Result<Arc<Inner>, Errno> {
         let shift = if cfg.page_shift == 0 { 12 } else { cfg.page_shift };
         if !(12..=21).contains(&shift) {
             return Err(Errno::EINVAL);
@@ -38,7 +38,7 @@ impl Inner {
         // not a frame pool's (its frames stay out of forks), a page store's
         // (connections, a prefix of the child's own: not yet), or
         // in-thread faults' (the SIGBUS table).
-        let fork_copies = fork_copies && !in_thread && pool_pages == 0 && cfg.swap_url.is_none();
+        let fork_copies = !in_thread && pool_pages == 0 && cfg.swap_url.is_none();
         let native = Native::open(&Setup {
             cfg,
             page_size: ps,
