@@ -117,9 +117,11 @@ start_redis() {
 start_redis "$redis_dir" --unixsocket "$redis_dir/redis.sock"
 single_port=$started_port
 [ -n "$single_port" ] || { echo "FATAL: redis-server did not start" >&2; exit 1; }
+# (With forks too: a child reads its parent's keys in place, `store/redis/fork.rs`;
+# the fuzzer and the soak fork at random moments.)
 USERMM_TEST_SWAP_URL="redis://127.0.0.1:$single_port/" cargo test --release -p usermm \
   --test swap_errors --test swapcache --test lru --test reclaim_idle --test lazyfree --test purgeable \
-  --test volatile --test smoke --test swap_ahead -- --test-threads=2
+  --test volatile --test smoke --test swap_ahead --test fork_copy --test fuzz --test soak -- --test-threads=2
 # The pass really swapped to the server (not to files).
 swapped=$(redis-cli -s "$redis_dir/redis.sock" INFO stats | tr -d '\r' | sed -n 's/^total_net_input_bytes://p')
 echo "the Redis server took $swapped bytes"

@@ -1595,6 +1595,48 @@ fn a_forked_child_gets_a_copy_of_the_heap_and_mappings_as_on_the_kernel() {
     let st = stats(&stderr, "copier");
     assert!(st["swapouts"] > 0, "the heap was never swapped: {stderr}");
     assert!(!stderr.contains("is not copied"), "{stderr}");
+    // The same with the heap swapped to a Redis server: the child reads the
+    // parent's swapped heap in place in the parent's keys, and no key
+    // outlives the program.
+    let server = need("redis-server");
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut store = Command::new(server)
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let dbsize = || -> Option<u64> {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).ok()?;
+        c.write_all(b"*1\r\n$6\r\nDBSIZE\r\n").ok()?;
+        let mut line = String::new();
+        BufReader::new(c).read_line(&mut line).ok()?;
+        line.trim().strip_prefix(':')?.parse().ok()
+    };
+    let t0 = Instant::now();
+    while dbsize().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "the Redis server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let url = format!("redis://127.0.0.1:{port}/");
+    let out =
+        output(usermm_run(&["--budget", "16m", "--memlock", "2m", "--swap-url", &url, "--stats", "--"]).arg(&exe));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let left = {
+        let t0 = Instant::now();
+        while dbsize() != Some(0) && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        dbsize()
+    };
+    let _ = store.kill();
+    let _ = store.wait();
+    assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, expected, "{stderr}");
+    assert!(stats(&stderr, "copier")["swapouts"] > 0, "the heap was never swapped: {stderr}");
+    assert!(!stderr.contains("is not copied"), "{stderr}");
+    assert_eq!(left, Some(0), "keys outlived the program");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

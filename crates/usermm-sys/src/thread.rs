@@ -182,22 +182,48 @@ extern "C" fn on_fork_child() {
     FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
     WATCH.store(WATCHED, Ordering::Release);
     crate::inthread::after_fork_in_child();
-    if let Some(h) = fork_hooks() {
+    if let Some(h) = fork_hooks_now() {
         (h.child)();
     }
+}
+
+thread_local! {
+    /// Set while this thread forks with [`fork_quietly`].
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, whose forks run no hook ([`ForkHooks`]): their children get
+/// no copy of any space (their memory is there, unserved: such a child
+/// must not touch it). For the processes usermm forks for itself
+/// (`exit::run_after`), which only make system calls and exit.
+pub fn fork_quietly<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            let was = self.0;
+            QUIET.with(|q| q.set(was));
+        }
+    }
+    let _reset = Reset(QUIET.with(|q| q.replace(true)));
+    f()
+}
+
+/// The hooks to run at this fork: none in a quiet one ([`fork_quietly`]).
+fn fork_hooks_now() -> Option<&'static ForkHooks> {
+    fork_hooks().filter(|_| !QUIET.with(|q| q.get()))
 }
 
 /// The `pthread_atfork` prepare handler: the hooks' `prepare` (the library
 /// above takes every lock a fork must not split).
 extern "C" fn on_fork_prepare() {
-    if let Some(h) = fork_hooks() {
+    if let Some(h) = fork_hooks_now() {
         (h.prepare)();
     }
 }
 
 /// The `pthread_atfork` parent handler: the hooks' `parent`.
 extern "C" fn on_fork_parent() {
-    if let Some(h) = fork_hooks() {
+    if let Some(h) = fork_hooks_now() {
         (h.parent)();
     }
 }
@@ -320,6 +346,11 @@ impl ChildTie {
         if let Some(w) = write {
             let _ = w.into_raw_fd();
         }
+    }
+
+    /// The read end (readable, or hung up, once [`ChildTie::gone`]).
+    pub fn read_fd(&self) -> RawFd {
+        self.read.as_raw_fd()
     }
 
     /// Whether every holder of the write end has exited or exec'd (asks

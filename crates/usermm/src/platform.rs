@@ -157,6 +157,10 @@ pub(crate) trait Platform: Send + Sync {
     fn fork_child(&self, _swap_runs: &[(u64, u64)]) -> Result<(), Errno> {
         Err(Errno::EOPNOTSUPP)
     }
+    /// In the parent after a fork that shared swap slots with the child:
+    /// the page store keeps what the child may read until `tie` says it is
+    /// gone (`PageStore::child_tie`).
+    fn child_tie(&self, _tie: &std::sync::Arc<fork::ChildTie>) {}
 }
 
 /// The host kernel.
@@ -184,6 +188,9 @@ pub(crate) struct Native {
     /// The reservation's entry in the SIGBUS handler's table, from the
     /// first `Thread::InThreadOn` to `Thread::InThreadOff`.
     pub in_thread_entry: std::sync::Mutex<Option<usermm_sys::inthread::Registration>>,
+    /// Whether a forked child gets a copy: asked for (`Setup`), and the
+    /// page store can be shared (`PageStore::forks`).
+    pub fork_copies: bool,
 }
 
 impl Native {
@@ -598,5 +605,10 @@ impl Platform for Native {
         // rest untouched.)
         swap?;
         self.fork_child_host()
+    }
+    fn child_tie(&self, tie: &std::sync::Arc<fork::ChildTie>) {
+        if let Some(s) = &self.swap {
+            s.child_tie(tie);
+        }
     }
 }

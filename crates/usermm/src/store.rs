@@ -18,11 +18,13 @@ mod redis;
 mod seal;
 pub(crate) use seal::Sealer;
 
-pub(crate) use self::redis::RedisStore;
+pub(crate) use self::redis::{fork_guard, RedisStore};
 
 use std::sync::Arc;
 use usermm_core::Errno;
 use usermm_sys::file::SwapFile;
+
+use crate::platform::fork::ChildTie;
 
 use usermm_sys::ring::RingPool;
 
@@ -62,6 +64,15 @@ pub(crate) trait PageStore: Send + Sync {
     fn fork_child(&self, _runs: &[(u64, u64)]) -> Result<(), Errno> {
         Err(Errno::EOPNOTSUPP)
     }
+    /// Whether a forked child can have a copy ([`PageStore::fork_child`]).
+    fn forks(&self) -> bool {
+        false
+    }
+    /// In the parent after a fork: `tie` says when the child (and every
+    /// process it forks in turn) is gone, and with it every reader of the
+    /// slots it shared; a store whose bytes outlive the process (a
+    /// server's keys) keeps them until then.
+    fn child_tie(&self, _tie: &Arc<ChildTie>) {}
     /// Pages the store writes as a group that can fail while the others
     /// go through (a cluster's hash slots, on different nodes: one whose
     /// master lost its replicas cannot acknowledge a write); 0: a write
@@ -119,6 +130,9 @@ impl PageStore for LocalFile {
     }
     fn fork_child(&self, runs: &[(u64, u64)]) -> Result<(), Errno> {
         self.file.share_for_child(runs)
+    }
+    fn forks(&self) -> bool {
+        true
     }
     fn direct_io(&self) -> bool {
         self.file.direct

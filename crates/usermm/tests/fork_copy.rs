@@ -47,8 +47,10 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 fn space() -> Space {
     // (The default mode only: in-thread faults and a frame pool are not
-    // copied, see `fork.rs`.)
-    Space::open(&Config { budget_bytes: 8 << 20, swap_bytes: 128 << 20, ..Config::default() }).unwrap()
+    // copied, see `fork.rs`; swap to the run's page store if it has one,
+    // `USERMM_TEST_SWAP_URL`.)
+    let swap_url = std::env::var("USERMM_TEST_SWAP_URL").ok().filter(|u| !u.is_empty());
+    Space::open(&Config { budget_bytes: 8 << 20, swap_bytes: 128 << 20, swap_url, ..Config::default() }).unwrap()
 }
 
 #[test]

@@ -210,6 +210,10 @@ fn on_prepare() {
         }
         crate::platform::fork::keep(i.clone(), |i| Box::new(i.files.fork_guard()), false);
     }
+    if !spaces.is_empty() {
+        // The page stores' list of open stores (a leaf lock too).
+        crate::platform::fork::keep_static(Box::new(crate::store::fork_guard()));
+    }
     FORKING.with(|f| *f.borrow_mut() = (spaces, tie));
 }
 
@@ -223,6 +227,7 @@ fn on_parent() {
         if let Some((id, t)) = &tie {
             if lock(&i.core).swap_holds_any() {
                 lock(&i.fork.holds).push((*id, t.clone()));
+                i.plat.child_tie(t);
             }
         }
     }

@@ -153,4 +153,7 @@ impl Platform for Injecting {
     fn fork_child(&self, swap_runs: &[(u64, u64)]) -> Result<(), Errno> {
         self.host.fork_child(swap_runs)
     }
+    fn child_tie(&self, tie: &std::sync::Arc<crate::platform::fork::ChildTie>) {
+        self.host.child_tie(tie)
+    }
 }

@@ -35,10 +35,10 @@ impl Inner {
         // budget, 16 to 512 frames.
         let pool_pages = if cfg.flags & UMM_F_FRAME_POOL == 0 { 0 } else { (staging_slots / 8).clamp(16, 512) };
         // A child's copy re-arms the host side (`Platform::fork_child`):
-        // not a frame pool's (its frames stay out of forks), a page store's
-        // (connections, a prefix of the child's own: not yet), or
-        // in-thread faults' (the SIGBUS table).
-        let fork_copies = !in_thread && pool_pages == 0 && cfg.swap_url.is_none();
+        // not a frame pool's (its frames stay out of forks), a sealing page
+        // store's (the key is not copied: `PageStore::forks`), or in-thread
+        // faults' (the SIGBUS table).
+        let fork_copies = !in_thread && pool_pages == 0;
         let native = Native::open(&Setup {
             cfg,
             page_size: ps,
@@ -48,6 +48,7 @@ impl Inner {
             swap_slots,
             fork_copies,
         })?;
+        let fork_copies = native.fork_copies;
         let (user_mode_only, fallback_reason) = (native.user_mode_only(), native.fallback_reason());
         let plat: Box<dyn Platform> = Box::new(native);
         let inner = Inner::build(cfg, plat, user_mode_only, fallback_reason)?;

@@ -58,7 +58,8 @@ impl Native {
                 rings: rings.clone(),
             }))
         };
-        let arena = Arena::with_pool(&uffd, s.reserve_bytes, s.staging_slots, ps, s.pool_pages, s.fork_copies)?;
+        let fork_copies = s.fork_copies && swap.as_ref().is_none_or(|st| st.forks());
+        let arena = Arena::with_pool(&uffd, s.reserve_bytes, s.staging_slots, ps, s.pool_pages, fork_copies)?;
         Ok(Native {
             arena,
             uffd,
@@ -72,6 +73,7 @@ impl Native {
             direct: DirectWindows::new(),
             caps: Default::default(),
             in_thread_entry: Default::default(),
+            fork_copies,
         })
     }
 

@@ -52,9 +52,11 @@
 //! - A chunk whose slots the space has all freed (its pages came back or
 //!   were dropped) is unlinked by the space's background thread, the slots
 //!   reserved meanwhile (`release_granule`, `core/release.rs`).
-//! - Opening the space deletes every key under the prefix (left by a space
-//!   with the same prefix that crashed; a cluster's by enumerating the
-//!   space's possible keys, group by group); closing it deletes them too.
+//! - Opening the space deletes every chunk key under the prefix (`P` and a
+//!   digit: left by a space with the same prefix that crashed; a cluster's
+//!   by enumerating the space's possible keys, group by group); closing it
+//!   deletes them too (a forked child's keys, `Pf<id>:…`, are its own:
+//!   `redis/fork.rs`).
 //! - A space never closed has its keys deleted once its process has exited
 //!   (the exit hook, [`at_exit_hook`]); a space whose process was killed
 //!   outright, by the first space that opens on the server after its lease
@@ -69,7 +71,7 @@
 //!   connection that failed is dropped and a new one made on next use.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use usermm_core::Errno;
@@ -78,12 +80,15 @@ use super::{open_page, put_page, PageStore, Sealer, HEADER};
 
 mod chunk;
 mod errors;
+mod fork;
 mod lease;
 mod link;
 mod url;
 use chunk::{pieces, Chunk};
 use errors::{io_error, server_errno, transient};
+use fork::Ancestor;
 use lease::client_name;
+pub(crate) use lease::fork_guard;
 use link::Link;
 use url::{hash_slot, parse, random_id, TlsFiles, Url};
 
@@ -160,9 +165,14 @@ fn tls_certificates(files: &TlsFiles, shown: &str) -> Result<redis::TlsCertifica
 }
 
 pub(crate) struct RedisStore {
-    /// Set once the open got through: a store whose open failed has
+    /// Set once the open got through (a forked child's store: once it
+    /// registered, before its first write): a store whose open failed has
     /// nothing on the server to delete when it is dropped.
-    opened: bool,
+    opened: AtomicBool,
+    /// A forked child's store that has not registered yet (`fork.rs`:
+    /// before its first write), and the lock of that registration.
+    unregistered: AtomicBool,
+    registering: Mutex<()>,
     backend: Backend,
     pool: Mutex<Vec<Conn>>,
     prefix: String,
@@ -204,6 +214,15 @@ pub(crate) struct RedisStore {
     write_said_ns: AtomicU64,
     /// The URL without credentials, for messages.
     pub(crate) shown: String,
+    /// The URL as given (a forked child builds its store from it).
+    url: String,
+    /// In a forked child: the store of the child's own, which serves every
+    /// call from then on (this one, the parent's, is kept only to be
+    /// forgotten: its keys and connections are the parent's).
+    child: OnceLock<Box<RedisStore>>,
+    /// The stores of the processes this one was forked from, whose keys
+    /// still hold slots it reads (`fork.rs`), the oldest first.
+    ancestors: Vec<Ancestor>,
 }
 
 impl RedisStore {
@@ -225,11 +244,12 @@ impl RedisStore {
             }
             server_errno(&e)
         })?;
+        s.url = url.to_string();
         s.reap_dead();
         s.register()?;
-        s.opened = true;
+        *s.opened.get_mut() = true;
         s.delete_all()?;
-        s.track(url);
+        s.track(url, false);
         Ok(s)
     }
 
@@ -358,7 +378,12 @@ impl RedisStore {
             failing_groups: Mutex::new(Vec::new()),
             write_said_ns: AtomicU64::new(0),
             shown,
-            opened: false,
+            opened: AtomicBool::new(false),
+            unregistered: AtomicBool::new(false),
+            registering: Mutex::new(()),
+            url: String::new(),
+            child: OnceLock::new(),
+            ancestors: Vec::new(),
         })
     }
 
@@ -452,6 +477,25 @@ impl RedisStore {
         self.key_of(&self.prefix, chunk)
     }
 
+    /// The prefix and space id of the keys that hold slot `slot`'s bytes
+    /// (`fork.rs`): an ancestor's, or this store's.
+    fn owner(&self, slot: u64) -> (&str, u64) {
+        match self.ancestors.iter().find(|a| a.has(slot)) {
+            Some(a) => (&a.prefix, a.space),
+            None => (&self.prefix, self.space),
+        }
+    }
+
+    /// The end of the run of slots from `slot` (before `end`) whose bytes
+    /// the same keys hold.
+    fn same_owner_until(&self, slot: u64, end: u64) -> u64 {
+        if self.ancestors.is_empty() {
+            return end;
+        }
+        let o = self.owner(slot).1;
+        (slot + 1..end).find(|&s| self.owner(s).1 != o).unwrap_or(end)
+    }
+
     /// The key of chunk `chunk` of the space with prefix `prefix`.
     fn key_of(&self, prefix: &str, chunk: u64) -> String {
         if self.cluster() {
@@ -500,21 +544,21 @@ impl RedisStore {
 
     /// The values of `cmds` (`GETRANGE`s, with the slots each reads), in
     /// one pipeline (a single command alone), retried as a read is.
-    fn getranges(&self, cmds: &[(u64, u64, redis::Cmd)]) -> Result<Vec<Vec<u8>>, Errno> {
-        let values: Vec<Vec<u8>> = if let [(_, _, cmd)] = cmds {
+    fn getranges(&self, cmds: &[(u64, u64, u64, redis::Cmd)]) -> Result<Vec<Vec<u8>>, Errno> {
+        let values: Vec<Vec<u8>> = if let [(_, _, _, cmd)] = cmds {
             vec![self.with_retry(|c| cmd.query(c.link()))?]
         } else {
             self.with_retry(|c| match c {
                 Conn::Own(..) | Conn::Single(..) => {
                     let mut p = redis::pipe();
-                    for (_, _, cmd) in cmds {
+                    for (_, _, _, cmd) in cmds {
                         p.add_command(cmd.clone());
                     }
                     p.query(c.link())
                 }
                 Conn::Cluster(link) => {
                     let mut p = redis::cluster::cluster_pipe();
-                    for (_, _, cmd) in cmds {
+                    for (_, _, _, cmd) in cmds {
                         p.add_command(cmd.clone());
                     }
                     p.query(link)
@@ -527,11 +571,12 @@ impl RedisStore {
         Ok(values)
     }
 
-    /// Opens slots `from..to` out of `v` (their chunk's `GETRANGE` reply)
-    /// into their pages of `buf`, whose first page is slot `first`. False
-    /// unless every one checks out: a chunk that is not there reads as
-    /// nothing, a slot never written in one as zeros, and neither opens.
-    fn open_run(&self, first: u64, from: u64, to: u64, v: &[u8], buf: &mut [u8]) -> bool {
+    /// Opens slots `from..to` of space `space` out of `v` (their chunk's
+    /// `GETRANGE` reply) into their pages of `buf`, whose first page is
+    /// slot `first`. False unless every one checks out: a chunk that is not
+    /// there reads as nothing, a slot never written in one as zeros, and
+    /// neither opens.
+    fn open_run(&self, space: u64, first: u64, from: u64, to: u64, v: &[u8], buf: &mut [u8]) -> bool {
         let stride = self.stride();
         if v.len() != (to - from) as usize * stride {
             return false;
@@ -539,13 +584,7 @@ impl RedisStore {
         (from..to).all(|s| {
             let i = (s - first) as usize;
             let at = (s - from) as usize * stride;
-            open_page(
-                self.sealer.as_ref(),
-                self.space,
-                s,
-                &v[at..at + stride],
-                &mut buf[i * self.page..(i + 1) * self.page],
-            )
+            open_page(self.sealer.as_ref(), space, s, &v[at..at + stride], &mut buf[i * self.page..(i + 1) * self.page])
         })
     }
 
@@ -631,16 +670,23 @@ impl RedisStore {
 
 impl PageStore for RedisStore {
     fn outage_wait(&self) -> Option<Duration> {
+        if let Some(c) = self.child.get() {
+            return c.outage_wait();
+        }
         // A replica is promoted within the cluster's node timeout; reads
         // wait as long (`read_retrying`).
         (self.cluster() && self.replicas > 0).then_some(self.failover)
     }
     fn read(&self, off: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        if let Some(c) = self.child.get() {
+            return c.read(off, buf);
+        }
         let first = off / self.page as u64;
         let n = buf.len() / self.page;
         let stride = self.stride();
         let last = first + n as u64;
-        if n > 0 && first / CHUNK == (last - 1) / CHUNK && !self.cluster() {
+        if n > 0 && first / CHUNK == (last - 1) / CHUNK && !self.cluster() && self.same_owner_until(first, last) == last
+        {
             // One chunk from one server over TCP: the reply read straight
             // into the connection's buffer and opened from there (building
             // a `Cmd` and parsing its reply into a fresh value cost 1.9 µs
@@ -649,9 +695,10 @@ impl PageStore for RedisStore {
             let mut opened = false;
             let fast = self.with_retry(|c| {
                 let Conn::Own(link, scratch) = c else { return Ok(false) };
+                let (prefix, space) = self.owner(first);
                 // (`key`'s form for a single server.)
-                let got = link.getrange_into(&self.prefix, first / CHUNK, start, start + n * stride - 1, scratch)?;
-                opened = self.open_run(first, first, last, &scratch[got], buf);
+                let got = link.getrange_into(prefix, first / CHUNK, start, start + n * stride - 1, scratch)?;
+                opened = self.open_run(space, first, first, last, &scratch[got], buf);
                 Ok(true)
             })?;
             if fast {
@@ -659,20 +706,22 @@ impl PageStore for RedisStore {
             }
         }
         // One GETRANGE per chunk the run touches (one, mostly: a single
-        // page is a GETRANGE of its stride).
+        // page is a GETRANGE of its stride), and per owner of its slots in
+        // a forked child.
         let mut cmds = Vec::new();
         let mut slot = first;
         while slot < last {
-            let end = ((slot / CHUNK + 1) * CHUNK).min(last);
+            let end = self.same_owner_until(slot, ((slot / CHUNK + 1) * CHUNK).min(last));
             let start = (slot % CHUNK) as usize * stride;
+            let (prefix, space) = self.owner(slot);
             let mut cmd = redis::cmd("GETRANGE");
-            cmd.arg(self.key(slot / CHUNK)).arg(start).arg(start + (end - slot) as usize * stride - 1);
-            cmds.push((slot, end, cmd));
+            cmd.arg(self.key_of(prefix, slot / CHUNK)).arg(start).arg(start + (end - slot) as usize * stride - 1);
+            cmds.push((slot, end, space, cmd));
             slot = end;
         }
         let values = self.getranges(&cmds)?;
-        for ((from, to, _), v) in cmds.iter().zip(&values) {
-            if !self.open_run(first, *from, *to, v, buf) {
+        for ((from, to, space, _), v) in cmds.iter().zip(&values) {
+            if !self.open_run(*space, first, *from, *to, v, buf) {
                 return Err(Errno::EIO);
             }
         }
@@ -680,6 +729,9 @@ impl PageStore for RedisStore {
     }
 
     fn read_pages(&self, offs: &[u64], buf: &mut [u8]) -> Vec<bool> {
+        if let Some(c) = self.child.get() {
+            return c.read_pages(offs, buf);
+        }
         // One GETRANGE per run of neighbouring slots within a chunk, all in
         // one pipeline: one round trip for a read-ahead's pages.
         let (ps, stride) = (self.page, self.stride());
@@ -688,32 +740,45 @@ impl PageStore for RedisStore {
         let mut i = 0;
         while i < offs.len() {
             let slot = offs[i] / ps as u64;
+            let (prefix, space) = self.owner(slot);
             let mut j = i + 1;
             while j < offs.len()
                 && offs[j] / ps as u64 == slot + (j - i) as u64
                 && (slot + (j - i) as u64) / CHUNK == slot / CHUNK
+                && self.owner(slot + (j - i) as u64).1 == space
             {
                 j += 1;
             }
             let start = (slot % CHUNK) as usize * stride;
             let mut cmd = redis::cmd("GETRANGE");
-            cmd.arg(self.key(slot / CHUNK)).arg(start).arg(start + (j - i) * stride - 1);
-            cmds.push((slot, slot + (j - i) as u64, cmd));
+            cmd.arg(self.key_of(prefix, slot / CHUNK)).arg(start).arg(start + (j - i) * stride - 1);
+            cmds.push((slot, slot + (j - i) as u64, space, cmd));
             at.push(i);
             i = j;
         }
         let mut ok = vec![false; offs.len()];
         let Ok(values) = self.getranges(&cmds) else { return ok };
-        for (((from, to, _), v), &i) in cmds.iter().zip(&values).zip(&at) {
+        for (((from, to, space, _), v), &i) in cmds.iter().zip(&values).zip(&at) {
             let k = (to - from) as usize;
-            let good = self.open_run(*from, *from, *to, v, &mut buf[i * ps..(i + k) * ps]);
+            let good = self.open_run(*space, *from, *from, *to, v, &mut buf[i * ps..(i + k) * ps]);
             ok[i..i + k].fill(good);
         }
         ok
     }
 
     fn write(&self, off: u64, pages: &[&[u8]]) -> Result<(), Errno> {
+        if let Some(c) = self.child.get() {
+            return c.write(off, pages);
+        }
+        if self.unregistered.load(Ordering::Acquire) {
+            self.register_before_write()?;
+        }
         let first = off / self.page as u64;
+        // (These slots' bytes are this store's from now on; nobody reads
+        // them while they are written.)
+        for a in &self.ancestors {
+            (first..first + pages.len() as u64).for_each(|s| a.clear(s));
+        }
         // The commands of one group (one hash slot in a cluster) at a time,
         // pipelined, then WAIT there.
         let mut i = 0;
@@ -750,14 +815,23 @@ impl PageStore for RedisStore {
     }
 
     fn read_polls(&self) -> bool {
+        if let Some(c) = self.child.get() {
+            return c.read_polls();
+        }
         self.reads_poll
     }
 
     fn release_granule(&self) -> u32 {
+        if let Some(c) = self.child.get() {
+            return c.release_granule();
+        }
         CHUNK as u32
     }
 
     fn write_granule(&self) -> u32 {
+        if let Some(c) = self.child.get() {
+            return c.write_granule();
+        }
         if self.cluster() {
             GROUP as u32
         } else {
@@ -766,14 +840,49 @@ impl PageStore for RedisStore {
     }
 
     fn keep_alive_due(&self) -> bool {
+        if let Some(c) = self.child.get() {
+            return c.keep_alive_due();
+        }
         self.lease_due()
     }
 
     fn keep_alive(&self) {
-        self.refresh_lease()
+        if let Some(c) = self.child.get() {
+            return c.keep_alive();
+        }
+        if self.unregistered.load(Ordering::Acquire) {
+            // (Nothing of its own to keep yet: its ancestors' leases only.)
+            self.lease_next_ns.store(usermm_sys::now_ns() + lease::refresh_ns(self.lease), Ordering::Relaxed);
+        } else {
+            self.refresh_lease();
+        }
+        self.refresh_ancestors();
+    }
+
+    fn forks(&self) -> bool {
+        self.sealer.is_none()
+    }
+
+    fn fork_child(&self, runs: &[(u64, u64)]) -> Result<(), Errno> {
+        if let Some(c) = self.child.get() {
+            return c.fork_child(runs);
+        }
+        let child = self.for_child(runs)?;
+        let _ = self.child.set(Box::new(child));
+        Ok(())
+    }
+
+    fn child_tie(&self, tie: &std::sync::Arc<crate::platform::fork::ChildTie>) {
+        if let Some(c) = self.child.get() {
+            return c.child_tie(tie);
+        }
+        self.keep_for(tie);
     }
 
     fn release(&self, runs: &[(u64, u64)]) -> Result<(), Errno> {
+        if let Some(c) = self.child.get() {
+            return c.release(runs);
+        }
         // The chunks wholly inside the runs, unlinked per group (one hash
         // slot in a cluster), up to 1,024 keys per command.
         let chunk_bytes = CHUNK * self.page as u64;

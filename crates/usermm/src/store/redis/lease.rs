@@ -5,13 +5,14 @@
 //! never closed (see the module above, `redis.rs`).
 
 use std::sync::atomic::Ordering;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use usermm_core::Errno;
 
 use super::url::{glob_escape, parse};
 use super::{RedisStore, CHUNK, GROUP};
+use crate::platform::fork::ChildTie;
 
 impl RedisStore {
     /// Deletes every key under the prefix.
@@ -34,7 +35,9 @@ impl RedisStore {
             }
             return Ok(());
         }
-        let pattern = format!("{}*", glob_escape(prefix));
+        // (A digit after the prefix: a chunk's key. A forked child's keys,
+        // `Pf…`, are its own: `fork.rs`.)
+        let pattern = format!("{}[0-9]*", glob_escape(prefix));
         self.with_conn(|c| {
             let c = c.link();
             let mut cursor = 0u64;
@@ -237,8 +240,10 @@ impl RedisStore {
     }
 
     /// Enters this store in the list that the exit hook reaps
-    /// ([`at_exit_hook`]), registering the hook once.
-    pub(super) fn track(&self, url: &str) {
+    /// ([`at_exit_hook`]), registering the hook once. `waited`: a process
+    /// of its own already waits to delete its keys (a forked child's store,
+    /// `fork.rs`): the exit hook leaves it alone.
+    pub(super) fn track(&self, url: &str, waited: bool) {
         // (Allocated from the system allocator: the reaper, a forked copy
         // of the process, has no space memory.)
         let _system = crate::thread_role::SystemOnly::enter();
@@ -248,30 +253,70 @@ impl RedisStore {
                 eprintln!("usermm: cannot register the page stores' exit hook ({e})");
             }
         });
-        let r = Reap {
+        let r = Reap { waited, ..self.reap_entry(url) };
+        LIVE.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+    }
+
+    /// What a process that outlives this one needs to delete the store's
+    /// keys.
+    pub(super) fn reap_entry(&self, url: &str) -> Reap {
+        Reap {
             space: self.space,
             url: url.to_string(),
             prefix: self.prefix.clone(),
             slots: self.slots,
             page: self.page,
             generation: usermm_sys::thread::fork_generation(),
-        };
-        LIVE.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+            ties: Vec::new(),
+            waited: false,
+        }
     }
 }
 
 impl Drop for RedisStore {
     fn drop(&mut self) {
-        if !self.opened {
+        if self.child.get().is_some() {
+            // A forked child's copy of its parent's store: the keys and the
+            // connections are the parent's (`fork.rs`); the child's own
+            // store is dropped next.
+            std::mem::forget(std::mem::take(self.pool.get_mut().unwrap_or_else(|e| e.into_inner())));
             return;
+        }
+        if !*self.opened.get_mut() {
+            return;
+        }
+        let _system = crate::thread_role::SystemOnly::enter();
+        let mine = {
+            let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+            let i = live.iter().position(|r| r.space == self.space);
+            i.map(|i| live.swap_remove(i))
+        };
+        // Forked children still reading the keys in place: deleted by a
+        // process of its own once they are gone (`fork.rs`).
+        if let Some(mut r) = mine {
+            r.ties.retain(|t| !t.gone());
+            if !r.ties.is_empty() {
+                let fds: Vec<_> = r.ties.iter().map(|t| t.read_fd()).collect();
+                match usermm_sys::exit::run_after(false, &fds, || reap_after_exit(&r)) {
+                    Ok(()) => return,
+                    Err(e) => eprintln!(
+                        "usermm: swap_url {}: the space's keys are deleted at close under its forked children                          (no process could wait for them: {e})",
+                        self.shown
+                    ),
+                }
+            }
         }
         if let Err(e) = self.delete_all() {
             eprintln!("usermm: swap_url {}: could not delete the space's keys at close ({e})", self.shown);
         }
         self.unregister();
-        let _system = crate::thread_role::SystemOnly::enter();
-        LIVE.lock().unwrap_or_else(|e| e.into_inner()).retain(|r| r.space != self.space);
     }
+}
+
+/// Holds the list of open stores until dropped (a fork holds it across:
+/// the child's store enters it, `fork.rs`).
+pub(crate) fn fork_guard() -> impl Sized {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The registry of spaces on a server: a hash, prefix → "slots id".
@@ -305,8 +350,8 @@ pub(super) fn client_name(space: u64) -> String {
 
 /// What the exit hook needs of a store that is still open: all of it
 /// allocated from the system allocator.
-struct Reap {
-    space: u64,
+pub(super) struct Reap {
+    pub(super) space: u64,
     url: String,
     prefix: String,
     slots: u64,
@@ -314,10 +359,15 @@ struct Reap {
     /// The fork generation that opened it: a forked child's exit must not
     /// reap its parent's spaces.
     generation: u64,
+    /// The ties of forked children that may read its keys in place
+    /// (`fork.rs`): they are deleted once every one is gone.
+    pub(super) ties: Vec<Arc<ChildTie>>,
+    /// A process of its own waits to delete them (`track`).
+    waited: bool,
 }
 
 /// The stores open in this process (for the exit hook).
-static LIVE: Mutex<Vec<Reap>> = Mutex::new(Vec::new());
+pub(super) static LIVE: Mutex<Vec<Reap>> = Mutex::new(Vec::new());
 
 /// Whether lease holder `id` (a space id, as the lease stores it) is a
 /// store of a process this one was forked from.
@@ -330,7 +380,7 @@ fn ancestor_holds(id: &str) -> bool {
 /// At exit (`atexit`): the keys of every store this process opened and
 /// never closed — `usermm_compat.h`'s default space, a `GlobalHeap`'s, any
 /// space leaked — are deleted by a process of their own once this one has
-/// gone (`usermm_sys::exit::run_after_exit`), not now: other exit
+/// gone (`usermm_sys::exit::run_after`), not now: other exit
 /// handlers, thread-local destructors and threads still running may touch
 /// pages that are swapped out, and those must still read back. If no such
 /// process can be made, the keys go when the lease lapses.
@@ -340,12 +390,14 @@ extern "C" fn at_exit_hook() {
         let generation = usermm_sys::thread::fork_generation();
         let mine: Vec<Reap> = std::mem::take(&mut *LIVE.lock().unwrap_or_else(|e| e.into_inner()))
             .into_iter()
-            .filter(|r| r.generation == generation)
+            .filter(|r| r.generation == generation && !r.waited)
             .collect();
         if mine.is_empty() {
             return;
         }
-        if let Err(e) = usermm_sys::exit::run_after_exit(|| mine.iter().for_each(reap_after_exit)) {
+        // (And once the forked children that read them in place are gone.)
+        let ties: Vec<_> = mine.iter().flat_map(|r| &r.ties).filter(|t| !t.gone()).map(|t| t.read_fd()).collect();
+        if let Err(e) = usermm_sys::exit::run_after(true, &ties, || mine.iter().for_each(reap_after_exit)) {
             eprintln!("usermm: cannot delete the page store's keys after exit ({e}): they go when the lease lapses");
         }
     });
@@ -354,7 +406,7 @@ extern "C" fn at_exit_hook() {
 /// In the process that outlives the one that opened it: deletes the keys of
 /// the store `r` and its registry entry, on connections of its own (the
 /// pool's lock may have been held by another thread at the fork).
-fn reap_after_exit(r: &Reap) {
+pub(super) fn reap_after_exit(r: &Reap) {
     let Ok(mut u) = parse(&r.url, r.space) else { return };
     u.prefix = r.prefix.clone();
     let Ok(s) = RedisStore::build(&u, r.page, r.slots, false, r.space) else { return };
