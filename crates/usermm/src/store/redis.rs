@@ -85,7 +85,7 @@ mod lease;
 mod link;
 mod url;
 use chunk::{pieces, Chunk};
-use errors::{io_error, server_errno, transient};
+use errors::{interrupted, io_error, server_errno, transient, INTERRUPTED_TRIES};
 use fork::Ancestor;
 use lease::client_name;
 pub(crate) use lease::fork_guard;
@@ -236,7 +236,14 @@ impl RedisStore {
         let space = random_id();
         let u = parse(url, space)?;
         let mut s = Self::build(&u, page, slots, poll_replies, space)?;
-        s.check_access().map_err(|e| {
+        let mut access = s.check_access();
+        for _ in 0..INTERRUPTED_TRIES {
+            match &access {
+                Err(e) if interrupted(e) => access = s.check_access(),
+                _ => break,
+            }
+        }
+        access.map_err(|e| {
             if e.kind() == redis::ErrorKind::IoError {
                 eprintln!("usermm: swap_url {}: no connection to the server ({e})", s.shown);
             } else {
@@ -411,26 +418,35 @@ impl RedisStore {
     }
 
     /// Runs `f` on a pooled connection; a connection that failed is dropped.
-    fn with_conn<R>(&self, f: impl FnOnce(&mut Conn) -> redis::RedisResult<R>) -> Result<R, Errno> {
-        self.try_conn(f).map_err(|(e, _)| e)
+    /// A call a signal interrupted is made again (`INTERRUPTED_TRIES`
+    /// times at most) on a fresh connection.
+    fn with_conn<R>(&self, mut f: impl FnMut(&mut Conn) -> redis::RedisResult<R>) -> Result<R, Errno> {
+        let mut tries = 0;
+        loop {
+            match self.try_conn(&mut f) {
+                Err((_, _, true)) if tries < INTERRUPTED_TRIES => tries += 1,
+                r => return r.map_err(|(e, ..)| e),
+            }
+        }
     }
 
     /// [`RedisStore::with_conn`], its error with whether it is transient:
     /// no connection could be made, or the one in use broke, timed out, or
     /// was told to come back (`LOADING`, `TRYAGAIN`, `CLUSTERDOWN`,
     /// `MASTERDOWN`) — a server restarting, or a failover.
-    fn try_conn<R>(&self, f: impl FnOnce(&mut Conn) -> redis::RedisResult<R>) -> Result<R, (Errno, bool)> {
+    /// The error also says whether a signal interrupted the call.
+    fn try_conn<R>(&self, f: impl FnOnce(&mut Conn) -> redis::RedisResult<R>) -> Result<R, (Errno, bool, bool)> {
         let pooled = self.pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let mut c = match pooled {
             Some(c) => c,
-            None => self.connect().map_err(|e| (e, true))?,
+            None => self.connect().map_err(|e| (e, true, false))?,
         };
         match f(&mut c) {
             Ok(r) => {
                 self.pool.lock().unwrap_or_else(|e| e.into_inner()).push(c);
                 Ok(r)
             }
-            Err(e) => Err((io_error(&e), transient(&e))),
+            Err(e) => Err((io_error(&e), transient(&e), interrupted(&e))),
         }
     }
 
@@ -447,7 +463,10 @@ impl RedisStore {
         loop {
             match self.try_conn(&mut f) {
                 Ok(r) => return Ok(r),
-                Err((e, again)) if !(self.cluster() || again) || t0.elapsed() + pause > self.failover => return Err(e),
+                Err((e, again, _)) if !(self.cluster() || again) || t0.elapsed() + pause > self.failover => {
+                    return Err(e)
+                }
+                Err((_, _, true)) => {}
                 Err(_) => {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(500));

@@ -28,6 +28,28 @@ pub(super) fn transient(e: &redis::RedisError) -> bool {
         }
 }
 
+/// Times a call a signal interrupted is made again.
+pub(super) const INTERRUPTED_TRIES: u32 = 3;
+
+/// Whether a system call of the command was interrupted (`EINTR`): a
+/// socket call with a timeout, as the store's are, is never restarted
+/// after a signal handler ran (signal(7)). Seen in the fuzzer's pass
+/// against a server: now and then the open of a space failed with
+/// "Interrupted system call", in a thread that also reads file pages
+/// through the space's io_uring rings (whose completions notify the
+/// submitting thread as a signal would). Not the server's doing: the call
+/// is made again.
+pub(super) fn interrupted(e: &redis::RedisError) -> bool {
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        if s.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::Interrupted) {
+            return true;
+        }
+        src = s.source();
+    }
+    e.to_string().contains("(os error 4)")
+}
+
 /// The errno for a server's refusal at open: `EACCES` for a login or
 /// permission the server refuses (`WRONGPASS`, `NOAUTH`, `NOPERM`),
 /// `ENOMEM` for `OOM`, `EROFS` for a read-only replica, `EAGAIN` for a

@@ -83,6 +83,9 @@ impl RedisStore {
                 }
                 let holder: Option<String> = redis::cmd("GET").arg(&lease).query(c.link())?;
                 match holder.as_deref() {
+                    // Taken by this very call before a signal interrupted
+                    // it (`with_conn` makes it again).
+                    Some(id) if id == self.space.to_string() => break,
                     Some(REAPING) if t0.elapsed() <= Duration::from_secs(10) => {}
                     // A reaper that took too long: the prefix is taken.
                     Some(REAPING) => {
