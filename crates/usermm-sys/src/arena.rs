@@ -436,6 +436,17 @@ impl Arena {
         Ok(unsafe { uffd.mv(self.slot_addr(slot), src, ps * n, false) }? / ps)
     }
 
+    /// Moves the pages parked in the `n` consecutive slots from `slot` back
+    /// to the `n` empty pages at `dst` with `UFFDIO_MOVE` (without waking).
+    /// Returns the pages moved (a prefix).
+    pub fn slots_to_pages_move(&self, uffd: &Uffd, slot: u32, dst: usize, n: usize) -> Result<usize, Errno> {
+        let ps = self.page_size;
+        self.check(dst, ps * n)?;
+        self.slot_addr(slot + n as u32 - 1);
+        // SAFETY: this arena's memory (checked range or own slot): no reference into it.
+        Ok(unsafe { uffd.mv(dst, self.slot_addr(slot), ps * n, false) }? / ps)
+    }
+
     /// Copies the resident page at `src` into the empty `slot`, then drops it
     /// from `src`. Only race-free when nothing can write `src` meanwhile (a
     /// non-writable region). Through `/proc/self/mem` when `src` is not

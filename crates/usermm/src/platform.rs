@@ -116,6 +116,9 @@ pub(crate) trait Platform: Send + Sync {
     /// Moves `n` neighbouring pages to `n` neighbouring slots; returns how
     /// many moved (a prefix).
     fn pages_to_slots_move(&self, src: usize, slot: u32, n: usize) -> Result<usize, Errno>;
+    /// Moves the pages parked in `n` neighbouring slots back to `n`
+    /// neighbouring empty pages at `dst`; returns how many moved (a prefix).
+    fn slots_to_pages_move(&self, slot: u32, dst: usize, n: usize) -> Result<usize, Errno>;
     /// Does `op` with the staging area. `Ok(false)`: a `ToPageChecked` found the page
     /// discarded, a `Discard` or `MovedUnreported` said no; otherwise `Ok(true)`.
     fn staging(&self, op: Staging) -> Result<bool, Errno>;
@@ -573,6 +576,9 @@ impl Platform for Native {
     }
     fn pages_to_slots_move(&self, src: usize, slot: u32, n: usize) -> Result<usize, Errno> {
         self.arena.pages_to_slots_move(&self.uffd, src, slot, n)
+    }
+    fn slots_to_pages_move(&self, slot: u32, dst: usize, n: usize) -> Result<usize, Errno> {
+        self.arena.slots_to_pages_move(&self.uffd, slot, dst, n)
     }
     #[cfg(feature = "test-hooks")]
     fn swap_contents(&self, len: u64) -> Result<Vec<u8>, Errno> {

@@ -233,7 +233,7 @@ fn space_run(
     let mut m = space.map_anon(sh.set).map_err(|e| format!("{sys} mmap: {e:?}"))?;
     let st = || {
         let s = space.stats();
-        (s.swapouts, s.swapins, s.major_faults, s.evictions)
+        (s.swapouts, s.swapins, s.major_faults, s.evictions, s.minor_faults)
     };
     let used = || servers.iter().map(Server::used_memory).sum::<u64>();
     let mem0 = used();

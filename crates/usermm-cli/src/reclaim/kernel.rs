@@ -14,7 +14,7 @@ use crate::memcg;
 /// [`phases`], `majflt` the process's major faults so far.
 pub(super) fn kernel_phases(
     sh: Shape,
-    stats: &dyn Fn() -> (u64, u64, u64, u64),
+    stats: &dyn Fn() -> (u64, u64, u64, u64, u64),
     majflt: &dyn Fn() -> u64,
 ) -> Result<Measured, String> {
     let mut m = HostMap::anon(sh.set, 0).map_err(|e| format!("kernel mmap: {e:?}"))?;
@@ -43,7 +43,7 @@ pub fn kernel_memcg_child(args: &[String]) -> Result<(), String> {
     }
     let stats = || {
         let (o, i, e) = memcg::vmstat_reclaim();
-        (o, i, majflt(), e)
+        (o, i, majflt(), e, 0)
     };
     let m = kernel_phases(sh, &stats, &majflt)?;
     for (name, ph) in PHASES.iter().zip(&m.phases) {
@@ -75,6 +75,7 @@ pub(super) fn parse_child(out: &str) -> Result<Measured, String> {
                     swapins: n[4],
                     major_faults: n[5],
                     evictions: n[6],
+                    parked_faults: 0,
                 });
             }
             Some("hit") if w.len() == 3 => {

@@ -218,7 +218,7 @@ fn measure(
             prog.say(&format!("{sys} run {}/{}", r + 1, o.runs));
             let measured = match sys {
                 "usermm" => usermm_run(o.sh, o.budget, &o.dir, &mut t.direct_io)?,
-                NOLIMIT => kernel_phases(o.sh, &|| (0, 0, 0, 0), &|| 0)?,
+                NOLIMIT => kernel_phases(o.sh, &|| (0, 0, 0, 0, 0), &|| 0)?,
                 _ => match memcg_run(o.sh, limit, &mut t, r, prog, e) {
                     Some(m) => m,
                     None => continue,
@@ -285,6 +285,9 @@ fn add_rows(e: &mut Experiment, sys: &str, m: &Measured, hot_pages: usize, error
         e.add(sys, name, "page_reads_per_1k_touches", "pages", per_1k(ph.swapins));
         e.add(sys, name, "page_writes_per_1k_touches", "pages", per_1k(ph.swapouts));
         e.add(sys, name, "major_faults_per_1k_touches", "faults", per_1k(ph.major_faults));
+        if sys == "usermm" {
+            e.add(sys, name, "parked_faults_per_1k_touches", "faults", per_1k(ph.parked_faults));
+        }
     }
     let w = &m.phases[0];
     if sys == "usermm" {

@@ -22,6 +22,7 @@ pub(super) fn summary_table(e: &mut Experiment) {
                 cell("page_reads_per_1k_touches"),
                 cell("page_writes_per_1k_touches"),
                 cell("major_faults_per_1k_touches"),
+                cell("parked_faults_per_1k_touches"),
             ]);
         }
     }
@@ -36,6 +37,7 @@ pub(super) fn summary_table(e: &mut Experiment) {
             "page reads/1k touches",
             "page writes/1k",
             "major faults/1k",
+            "parked-page faults/1k",
         ]
         .map(String::from)
         .to_vec(),

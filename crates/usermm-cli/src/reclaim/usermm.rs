@@ -22,7 +22,7 @@ pub(super) fn usermm_run(
     let mut m = space.map_anon(sh.set).map_err(|e| format!("usermm mmap: {e:?}"))?;
     let st = || {
         let s = space.stats();
-        (s.swapouts, s.swapins, s.major_faults, s.evictions)
+        (s.swapouts, s.swapins, s.major_faults, s.evictions, s.minor_faults)
     };
     let (mut hit, mut hot_resident, mut probe_err) = ((0.0, 0), 0, None);
     let mut probe = |buf: &mut [u8]| {

@@ -17,6 +17,9 @@ pub(super) struct Phase {
     /// Pages reclaimed (written or not): usermm's evictions, the kernel's
     /// `pgsteal_anon`.
     pub(super) evictions: u64,
+    /// usermm's faults on parked pages (its minor faults: the price of
+    /// sampling references, `docs/design.md`); 0 for the kernel.
+    pub(super) parked_faults: u64,
 }
 
 /// YCSB's zipfian generator (Gray et al., "Quickly generating
@@ -67,23 +70,32 @@ impl Zipf {
 }
 
 /// Runs the phases on `buf` (in [`PHASES`](super::PHASES) order); `stats` gives
-/// (swapouts, swapins, major faults, evictions) so far; `after_hotcold` runs right
+/// (swapouts, swapins, major faults, evictions, parked-page faults) so far; `after_hotcold` runs right
 /// after the hot/cold phase (the hot set's probes).
 pub(super) fn phases(
     buf: &mut [u8],
-    stats: &dyn Fn() -> (u64, u64, u64, u64),
+    stats: &dyn Fn() -> (u64, u64, u64, u64, u64),
     sh: Shape,
     after_hotcold: &mut dyn FnMut(&mut [u8]),
 ) -> Vec<Phase> {
     let pages = buf.len() / PAGE;
     let (hot_pages, hot_pct, mix) = (sh.hot_pages, sh.hot_pct, sh.mix);
     let phase = |buf: &mut [u8], f: &mut dyn FnMut(&mut [u8]) -> (usize, usize)| {
-        let (o0, i0, f0, e0) = stats();
+        let (o0, i0, f0, e0, m0) = stats();
         let t0 = now_ns();
         let (touches, errors) = f(buf);
         let ns = now_ns() - t0;
-        let (o1, i1, f1, e1) = stats();
-        Phase { ns, touches, errors, swapouts: o1 - o0, swapins: i1 - i0, major_faults: f1 - f0, evictions: e1 - e0 }
+        let (o1, i1, f1, e1, m1) = stats();
+        Phase {
+            ns,
+            touches,
+            errors,
+            swapouts: o1 - o0,
+            swapins: i1 - i0,
+            major_faults: f1 - f0,
+            evictions: e1 - e0,
+            parked_faults: m1 - m0,
+        }
     };
     let read = |buf: &[u8], p: usize| (read8(buf, p * PAGE) != tag(p)) as usize;
     let mut out = Vec::new();

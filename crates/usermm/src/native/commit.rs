@@ -125,15 +125,42 @@ impl Inner {
     }
 
     /// Maps back the parked pages of `plans` (never checked reactivations,
-    /// for which `reactivate_io` gives a count), each with what went in.
+    /// for which `reactivate_io` gives a count), each with what went in:
+    /// neighbouring pages parked in neighbouring slots (as parking moved
+    /// them, a run at a time) with one move, the others (and what a move
+    /// left) one by one.
     pub(super) fn reactivate_all(&self, plans: Vec<FaultPlan>) -> Vec<(FaultPlan, u64)> {
+        let mut done: Vec<(FaultPlan, u64)> = Vec::with_capacity(plans.len());
+        let mut i = 0;
+        while i < plans.len() {
+            let run = self.move_run_at(&plans[i..]);
+            let moved = if run > 1 {
+                let (page, slot) = move_target(&plans[i]).expect("a run's first plan moves");
+                self.plat.slots_to_pages_move(slot, self.addr(page), run).unwrap_or(0)
+            } else {
+                0
+            };
+            for (k, p) in plans[i..i + run.max(1)].iter().enumerate() {
+                let n = if k < moved { 1 } else { self.reactivate_io(p).unwrap_or(0) };
+                done.push((p.clone(), n));
+            }
+            i += run.max(1);
+        }
+        done
+    }
+
+    /// How many plans from the first of `plans` map back neighbouring pages
+    /// from neighbouring slots by a plain move (0 if the first does not).
+    fn move_run_at(&self, plans: &[FaultPlan]) -> usize {
+        if !self.plat.caps().can_move {
+            return 0;
+        }
+        let Some((page, slot)) = plans.first().and_then(move_target) else { return 0 };
         plans
-            .into_iter()
-            .map(|p| {
-                let n = self.reactivate_io(&p).unwrap_or(0);
-                (p, n)
-            })
-            .collect()
+            .iter()
+            .enumerate()
+            .take_while(|(k, p)| move_target(p) == Some((PageIdx(page.0 + *k as u64), slot + *k as u32)))
+            .count()
     }
 
     /// A reactivation's I/O: `Some(pages installed)`, or `None` when a
@@ -192,5 +219,14 @@ impl Inner {
         self.counters.filled();
         self.settled.notify_all();
         self.reclaimer.after_fill(c);
+    }
+}
+
+/// The page and slot of a reactivation a plain move carries out (not
+/// checked, not write-protected, a region a move may serve).
+fn move_target(plan: &FaultPlan) -> Option<(PageIdx, u32)> {
+    match *plan {
+        FaultPlan::Reactivate { page, slot, how: Transfer::Move, checked: false, wp: false } => Some((page, slot)),
+        _ => None,
     }
 }

@@ -119,6 +119,9 @@ impl Platform for Injecting {
     fn pages_to_slots_move(&self, src: usize, slot: u32, n: usize) -> Result<usize, Errno> {
         self.host.pages_to_slots_move(src, slot, n)
     }
+    fn slots_to_pages_move(&self, slot: u32, dst: usize, n: usize) -> Result<usize, Errno> {
+        self.host.slots_to_pages_move(slot, dst, n)
+    }
     fn staging(&self, op: Staging) -> Result<bool, Errno> {
         self.host.staging(op)
     }

@@ -472,6 +472,21 @@ impl Platform for SimPlatform {
         }
         Ok(n)
     }
+    fn slots_to_pages_move(&self, slot: u32, dst: usize, n: usize) -> Result<usize, Errno> {
+        self.preempt();
+        Self::check(dst, n * PS)?;
+        let mut h = self.host();
+        if !h.can_move {
+            return Err(Errno::EINVAL);
+        }
+        let n = h.prefix(n);
+        for k in 0..n {
+            if let Err(e) = h.slot_back(slot + k as u32, page_of(dst) + k, true) {
+                return if k > 0 { Ok(k) } else { Err(e) };
+            }
+        }
+        Ok(n)
+    }
     fn swap_contents(&self, _len: u64) -> Result<Vec<u8>, Errno> {
         Ok(Vec::new())
     }
@@ -534,6 +549,7 @@ impl Platform for Shared {
         file_in(file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(usize, bool), Errno>;
         file_read(file: &MappedFile, off: u64, len: usize) -> Result<(usize, bool), Errno>;
         pages_to_slots_move(src: usize, slot: u32, n: usize) -> Result<usize, Errno>;
+        slots_to_pages_move(slot: u32, dst: usize, n: usize) -> Result<usize, Errno>;
         swap_contents(len: u64) -> Result<Vec<u8>, Errno>;
         page_out_to_file(file: &MappedFile, src: Option<usize>, slot: Option<u32>, off: u64) -> Result<(), Errno>;
         thread(op: Thread) -> Result<bool, Errno>;
