@@ -42,13 +42,13 @@ fn wait_for(s: &usermm::Space, what: &str, done: impl Fn(&usermm::Stats) -> bool
 fn parked_pages_go_back_when_pressure_ends() {
     let s = space(BUDGET, 2 * PAGES, 0);
     let a = s.mmap(0, PAGES * PS, RW, ANON, -1, 0).unwrap();
-    // Pressure: 4× the budget written, then the working set read back
-    // once while reclaim ages what it brings in. (Read back again at once,
-    // parked pages touched far more often than frames claimed would end
-    // the pressure before a calm interval: the test below.)
+    // Pressure: 4× the budget written, then the working set read back a
+    // few times while reclaim ages what it brings in.
     fill(a, 0..PAGES, 1);
-    for p in 0..FITS {
-        expect(a, p, 1);
+    for _ in 0..3 {
+        for p in 0..FITS {
+            expect(a, p, 1);
+        }
     }
     let under = s.stats();
     assert!(under.swapouts > 0 && under.deactivations > 0, "no pressure to end: {under:?}");
@@ -109,41 +109,5 @@ fn pages_parked_by_madv_cold_without_pressure_stay_parked() {
     for p in 0..FITS {
         expect(a, p, 3);
     }
-    s.validate();
-}
-
-/// A working set that fits, touched right after the pass that brought it
-/// back under pressure: parked pages touched far more often than frames
-/// are claimed end the pressure (`Core::ease_if_quiet`),
-/// and the rest of the parked pages go back in bulk instead of costing a
-/// fault each — long before a calm interval (`CALM_MS`) could pass.
-#[test]
-fn parked_pages_touched_far_more_often_than_frames_claimed_end_pressure() {
-    let s = space(BUDGET, 2 * PAGES, 0);
-    let a = s.mmap(0, PAGES * PS, RW, ANON, -1, 0).unwrap();
-    // (90% of the budget, as the `reclaim` experiment's `fits`: more than
-    // the three quarters the inactive list leaves mapped.)
-    let fits = BUDGET * 9 / 10;
-    fill(a, 0..PAGES, 1);
-    for p in 0..fits {
-        expect(a, p, 1);
-    }
-    let under = s.stats();
-    // Random touches of the working set: about every page, 4 times.
-    let mut x = 0x2545_F491_4F6C_DD1Du64;
-    for _ in 0..4 * fits {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        expect(a, (x % fits as u64) as usize, 1);
-    }
-    let after = s.stats();
-    let faults = after.minor_faults - under.minor_faults;
-    let bulk = after.unparked_pages - under.unparked_pages;
-    // (Here: about 32 faults and the rest, some 190 pages, in bulk; a fault
-    // for nearly every parked page, about 200, when only a calm interval
-    // ended pressure.)
-    assert!(bulk > 0, "nothing went back in bulk ({faults} faults): {after:?}");
-    assert!(faults * 2 < under.inactive_pages, "{faults} faults for {} parked pages: {after:?}", under.inactive_pages);
     s.validate();
 }

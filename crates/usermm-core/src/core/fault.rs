@@ -368,7 +368,6 @@ impl Core {
             self.pages.update(page, super::policy::touched_parked);
             self.note_resident(page);
             self.counters.minor_faults += 1;
-            self.pressure.refaulted();
         }
     }
 

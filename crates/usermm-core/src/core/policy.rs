@@ -20,7 +20,7 @@
 //! - when reclaim works ahead of the program, and how much
 //!   ([`Core::reclaim_ahead`], [`Core::reclaim_ahead_want`]);
 //! - when pressure is over, and parked pages go back in bulk
-//!   ([`Core::ease_if_calm`], [`Core::ease_if_quiet`], `unpark.rs`).
+//!   ([`Core::ease_if_calm`], `unpark.rs`).
 //!
 //! The mechanism — the lists (`lru.rs`, `frames.rs`) and the plans that
 //! carry decisions out (`reclaim.rs`, `evict.rs`) — is elsewhere. The
@@ -54,24 +54,6 @@ pub(super) const PROVEN_TRIPS: u8 = 2;
 /// `tests/policy.rs`'s replay, 57 with this bound (the other phases within
 /// 1%).
 pub(super) const AGING_PER_CLAIM: u64 = 4;
-
-/// The count of parked pages brought back by faults that ends pressure at
-/// once ([`Core::ease_if_quiet`]), each frame claimed taking
-/// [`CLAIM_WEIGHT`] off it: pressure ends when parked pages come back more
-/// than twice as often as frames are claimed, over a stretch. A working
-/// set that fits after pressure claims little, and each parked page it
-/// touches costs it a fault (15 µs through a handler) until the parked
-/// pages go back; the calm interval (`CALM_MS`, 10 ms with no claim) came
-/// too late for the `reclaim` experiment's `fits` phase, which touches its
-/// whole set in a few milliseconds at memory speed and swaps in the few
-/// pages the warm-up left out. Per 1,000 touches in that experiment
-/// (quick), parked-page faults to frames claimed: hot/cold 18 to 90,
-/// uniform 61 to 761, zipfian 39 to 208, scan 22 to 486; `fits` 13 to 3.5.
-pub(super) const QUIET_REFAULTS: u64 = 32;
-
-/// How many parked-page faults a frame claimed takes off the count that
-/// ends pressure ([`QUIET_REFAULTS`]).
-pub(super) const CLAIM_WEIGHT: u64 = 2;
 
 /// The active list's head page `p` is up for deactivation: whether it
 /// gets another trip instead (its referenced bit first, then its
@@ -155,24 +137,6 @@ impl Core {
         }
         calm
     }
-
-    /// Ends pressure if parked pages came back by faults far more often
-    /// than frames were claimed (`QUIET_REFAULTS` more than
-    /// `CLAIM_WEIGHT` times the frames claimed; no refill under way, free
-    /// frames at or above `low`), as [`Core::ease_if_calm`] does after a
-    /// calm interval: the executor asks after every fill, and its
-    /// background thread then maps the parked pages back
-    /// ([`Core::unpark_asked`]). Returns whether it ended.
-    pub fn ease_if_quiet(&mut self, low: u64) -> bool {
-        let quiet = self.pressure.quiet_refaults() >= QUIET_REFAULTS
-            && self.unpark_due()
-            && !self.pressure.refilling()
-            && self.free_frames() >= low;
-        if quiet {
-            self.pressure.ease();
-        }
-        quiet
-    }
 }
 
 /// Queries (see "Methods by kind" in `core.rs`).
@@ -203,12 +167,6 @@ impl Core {
     /// begins.
     pub fn calm_mark(&self) -> u64 {
         self.pressure.calm_mark()
-    }
-
-    /// Whether pressure eased and parked pages are to go back
-    /// (`unpark_plan`) until none is left.
-    pub fn unpark_asked(&self) -> bool {
-        self.pressure.unpark_asked()
     }
 
     /// Whether the inactive list should be refilled ahead of need: once the

@@ -7,8 +7,6 @@
 //! frees, how fast pages age — is the policy's (`policy.rs`), which reads
 //! and moves it through these methods.
 
-use super::policy::CLAIM_WEIGHT;
-
 #[derive(Default)]
 pub(super) struct Pressure {
     /// Whether the budget ran out under a fault since it was last less
@@ -27,13 +25,6 @@ pub(super) struct Pressure {
     /// high watermark began, ever: unchanged over a while, pressure has
     /// eased (`calm_mark`).
     stirs: u64,
-    /// Parked pages faults brought back, less `CLAIM_WEIGHT` per frame
-    /// claimed since (never below 0), since the budget last ran out
-    /// (`Core::ease_if_quiet`).
-    quiet_refaults: u64,
-    /// Whether pressure eased and the parked pages are to go back
-    /// (`unpark.rs`), until none is left to map back.
-    unpark_asked: bool,
 }
 
 impl Pressure {
@@ -41,7 +32,6 @@ impl Pressure {
     pub(super) fn ran_out(&mut self) {
         self.ran_out = true;
         self.stirs += 1;
-        self.quiet_refaults = 0;
     }
 
     /// Whether the budget is under pressure: it ran out since it was last
@@ -87,29 +77,6 @@ impl Pressure {
     pub(super) fn claimed(&mut self, n: u64) {
         self.demand = self.demand.saturating_add(n);
         self.stirs += 1;
-        self.quiet_refaults = self.quiet_refaults.saturating_sub(n.saturating_mul(CLAIM_WEIGHT));
-    }
-
-    /// A fault brought a parked page back.
-    pub(super) fn refaulted(&mut self) {
-        self.quiet_refaults += 1;
-    }
-
-    /// Parked pages faults brought back, less `CLAIM_WEIGHT` per frame
-    /// claimed, since the budget last ran out.
-    pub(super) fn quiet_refaults(&self) -> u64 {
-        self.quiet_refaults
-    }
-
-    /// Whether the parked pages are to go back: pressure eased since
-    /// [`Pressure::unparked`] was last called.
-    pub(super) fn unpark_asked(&self) -> bool {
-        self.unpark_asked
-    }
-
-    /// Nothing is left to map back (or pressure came back).
-    pub(super) fn unparked(&mut self) {
-        self.unpark_asked = false;
     }
 
     /// Frames claimed since the inactive list was last refilled.
@@ -145,13 +112,11 @@ impl Pressure {
     }
 
     /// Pressure is over: nothing runs ahead or ages until the budget runs
-    /// out again, and the parked pages are to go back.
+    /// out again.
     pub(super) fn ease(&mut self) {
         self.ran_out = false;
         self.refilling = false;
         self.demand = 0;
         self.aged = false;
-        self.quiet_refaults = 0;
-        self.unpark_asked = true;
     }
 }

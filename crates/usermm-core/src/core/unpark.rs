@@ -3,10 +3,9 @@
 //! While the budget is under pressure, reclaim parks pages (moves them out
 //! of the program's range to staging slots) so that a touch shows as a
 //! fault: that is the only reference bit userfaultfd gives (`policy.rs`).
-//! Once pressure is over (`Core::ease_if_calm` after a calm interval,
-//! `Core::ease_if_quiet` after parked pages touched in a row with nothing
-//! claimed), that sampling only costs: each parked page would take a fault
-//! when next touched, for no eviction to come. So the executor maps them back, oldest first, with moves and no
+//! Once pressure is over (`Core::ease_if_calm`), that sampling only costs:
+//! each parked page would take a fault when next touched, for no eviction
+//! to come. So the executor maps them back, oldest first, with moves and no
 //! fault (`unpark_plan`, `unpark_done`), and they join the active list's
 //! head in the order they had: the next pressure parks them first again.
 //! A parked page that earned nothing is no younger for having come back.
@@ -28,7 +27,6 @@ impl Core {
     pub fn unpark_plan(&mut self, max: usize) -> Vec<FaultPlan> {
         let mut plans = Vec::new();
         if self.pressure.under() {
-            self.pressure.unparked();
             return plans;
         }
         let mut kept = Vec::new();
@@ -60,9 +58,6 @@ impl Core {
         }
         for e in kept {
             self.lru.rotate_inactive(e);
-        }
-        if plans.is_empty() {
-            self.pressure.unparked();
         }
         plans
     }

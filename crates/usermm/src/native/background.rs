@@ -52,11 +52,6 @@ impl Inner {
                     // reclaim ahead: it would only meet pages that wait for
                     // a write. Woken when the next try is due.)
                     let paused = self.store_retry_due(&mut c);
-                    if c.unpark_asked() {
-                        // (Pressure ended by faults: `Core::ease_if_quiet`.)
-                        unpark = true;
-                        break;
-                    }
                     let watch = reclaim && !paused && c.unpark_due();
                     if self.calm_over(&mut c, &mut calm, watch) {
                         unpark = true;
@@ -324,7 +319,7 @@ impl Inner {
             let last = self.reclaimer.last_calm_mark(mark);
             c.unpark_due() && last == Some(mark) && self.reclaimer.ease_if_calm(&mut c, mark)
         };
-        if eased || lock(&self.core).unpark_asked() {
+        if eased {
             self.unpark_parked();
         }
         self.serve_willneed();

@@ -90,13 +90,8 @@ impl Reclaimer {
     }
 
     /// After a fill (the core lock `c` held): pokes the thread, once until
-    /// it next waits, when free frames or spare metadata run low; wakes it
-    /// when the fill ended pressure (`Core::ease_if_quiet`: the parked
-    /// pages go back).
-    pub(super) fn after_fill(&self, c: &mut Core) {
-        if c.ease_if_quiet(self.low_watermark) {
-            self.wanted.notify_one();
-        }
+    /// it next waits, when free frames or spare metadata run low.
+    pub(super) fn after_fill(&self, c: &Core) {
         if (c.free_frames() < self.low_watermark || c.spares_low()) && !self.poked.swap(true, Ordering::Relaxed) {
             self.wanted.notify_one();
         }
