@@ -553,3 +553,28 @@ fn mincore_errno_table_and_values() {
     assert_eq!(c.mincore(at(5), 1, &mut v), Ok(()));
     assert_eq!(v[0], 0);
 }
+
+/// A `madvise` that fails part way (Linux: at the first region the advice
+/// does not apply to) leaves the regions it changed before merged with
+/// their neighbours, as Linux's VMAs are merged as each one is changed.
+#[test]
+fn a_fork_advice_that_fails_part_way_leaves_the_changed_regions_merged() {
+    let mut c = core();
+    map_at(&mut c, 0, 20);
+    mmap(&mut c, at(20), pages(10), RW, MAP_SHARED | MAP_ANONYMOUS | MAP_FIXED).unwrap();
+    madvise(&mut c, at(0), pages(10), MADV_WIPEONFORK).unwrap();
+    assert_eq!(draw(&c, 0, 32), "AAAAAAAAAABBBBBBBBBBCCCCCCCCCC..");
+    // The private part after the first region takes the advice, then the
+    // shared region refuses it.
+    assert_eq!(madvise(&mut c, at(10), pages(20), MADV_WIPEONFORK), Err(Errno::EINVAL));
+    assert_eq!(draw(&c, 0, 32), "AAAAAAAAAAAAAAAAAAAABBBBBBBBBB..");
+    assert_eq!(regions(&c), 2);
+    c.validate();
+    // The same with an advice that splits: a region in the middle.
+    madvise(&mut c, at(5), pages(20), MADV_KEEPONFORK).unwrap();
+    madvise(&mut c, at(0), pages(5), MADV_WIPEONFORK).unwrap();
+    assert_eq!(draw(&c, 0, 32), "AAAAABBBBBBBBBBBBBBBCCCCCCCCCC..");
+    assert_eq!(madvise(&mut c, at(5), pages(20), MADV_WIPEONFORK), Err(Errno::EINVAL));
+    assert_eq!(draw(&c, 0, 32), "AAAAAAAAAAAAAAAAAAAABBBBBBBBBB..");
+    c.validate();
+}

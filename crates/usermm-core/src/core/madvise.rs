@@ -80,15 +80,20 @@ impl Core {
         }
         let hole = w.has_hole();
         let mut ops = Vec::new();
+        let mut result = if hole { bad(Errno::ENOMEM) } else { Ok(()) };
         for Piece { reg, seg, .. } in w.pieces {
             if let Err(e) = self.advise_piece(advice, &reg, seg, r, &mut ops) {
-                return (ops, Err(e));
+                result = Err(e);
+                break;
             }
         }
         if is_attribute_advice(advice) {
+            // (Also after an error: the regions changed before the one that
+            // failed merge with their neighbours, as Linux's VMAs do as
+            // each is changed.)
             self.regions.merge_around(r);
         }
-        (ops, if hole { bad(Errno::ENOMEM) } else { Ok(()) })
+        (ops, result)
     }
 
     /// One region's part `seg` of a `madvise` over `r`: an attribute
