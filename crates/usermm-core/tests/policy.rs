@@ -185,30 +185,45 @@ fn a_hot_set_left_alone_during_a_scan_is_evicted() {
     assert_eq!(kept, 0, "{}", common::draw_pages(&c, 0, hot));
 }
 
-/// A zipfian trace (θ = 0.99, 4× the budget): usermm's misses, which see
-/// no touch of a mapped page, against an exact LRU that sees every touch.
-/// The policy misses 19.9% of the touches, LRU 19.4% (1.03×; with the
-/// referenced bit as the only second chance, 1.06×; the kernel under the
-/// same limit, in the `reclaim` experiment, misses 1.17× LRU's): bounded
-/// at 1.1× below. The goal, LRU's hit rate or better, is not met.
-#[test]
-fn a_zipfian_trace_misses_close_to_an_exact_lru() {
+/// A zipfian trace (`theta`, 4× the budget) replayed: usermm's misses,
+/// which see no touch of a mapped page, and an exact LRU's, which sees
+/// every touch, over the trace's second half; printed.
+fn zipfian_against_lru(theta: f64) -> (u64, u64) {
     let (budget, n) = (4096u64, 4 * 4096);
     let mut rng = Rng::new(11);
-    let trace = zipfian(n, 0.99, 8 * n as usize, &mut rng);
+    let trace = zipfian(n, theta, 8 * n as usize, &mut rng);
     let from = trace.len() / 2;
     let mut c = core_with(budget, n);
     let m = replay(&mut c, &trace, from);
     let lru = lru_misses(&trace, budget as usize, from);
     let measured = (trace.len() - from) as f64;
     println!(
-        "zipfian: usermm {:.1}% misses ({:.1}% minor faults), exact LRU {:.1}%",
+        "zipfian θ={theta}: usermm {:.1}% misses ({:.1}% minor faults), exact LRU {:.1}%",
         100.0 * m.major as f64 / measured,
         100.0 * m.minor as f64 / measured,
         100.0 * lru as f64 / measured
     );
     assert!(lru > 0 && m.major > 0);
-    assert!(m.major * 10 <= lru * 11, "usermm {m:?} against LRU's {lru} misses");
+    (m.major, lru)
+}
+
+/// θ = 0.99 (YCSB's, the `reclaim` experiment's): usermm misses 20.1% of
+/// the touches, LRU 19.6% (1.03×; with the referenced bit as the only
+/// second chance, 1.06×; the kernel under the same limit, in the `reclaim`
+/// experiment, misses 1.17× LRU's): bounded at 1.1× below. The issue's
+/// goal, 0.9× LRU's misses, needs a reference bit.
+#[test]
+fn a_zipfian_trace_misses_close_to_an_exact_lru() {
+    let (usermm, lru) = zipfian_against_lru(0.99);
+    assert!(usermm * 10 <= lru * 11, "usermm {usermm} against LRU's {lru} misses");
+}
+
+/// θ = 0.8, a flatter skew: usermm misses 38.5%, LRU 37.6% (1.02×),
+/// bounded as above.
+#[test]
+fn a_flatter_zipfian_trace_misses_close_to_an_exact_lru() {
+    let (usermm, lru) = zipfian_against_lru(0.8);
+    assert!(usermm * 10 <= lru * 11, "usermm {usermm} against LRU's {lru} misses");
 }
 
 /// The `reclaim` experiment's phases at a quarter of its quick scale (a
