@@ -197,6 +197,19 @@ impl Drop for SigbusRecorder {
     }
 }
 
+/// A word of kernel memory shared with every process this one forks from
+/// now on (a `MAP_SHARED` anonymous page, never unmapped): for tests whose
+/// parent and children wait on each other.
+pub fn shared_word() -> &'static std::sync::atomic::AtomicU32 {
+    let m = crate::host::HostMap::shared_anon(4096, 0).expect("a shared anonymous page");
+    let addr = m.addr();
+    std::mem::forget(m);
+    // SAFETY: a fresh page-aligned, zero-filled mapping of ours, never
+    // unmapped (its owner is forgotten above): a valid `AtomicU32` for as
+    // long as the process lives.
+    unsafe { &*(addr as *const std::sync::atomic::AtomicU32) }
+}
+
 /// Makes the host kernel reclaim `[addr, addr+len)` now (`MADV_PAGEOUT`), as
 /// host memory pressure would: on a host without swap, clean lazily freed
 /// pages are dropped. For tests of usermm's handling of host discards.

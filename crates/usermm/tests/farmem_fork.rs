@@ -31,25 +31,6 @@ const FORK_ENV: &str = "USERMM_FARMEM_FORK";
 const URL_ENV: &str = "USERMM_FARMEM_URL";
 const TAG: u64 = 5;
 
-/// A word in kernel memory shared by the processes of a scenario
-/// (`MAP_SHARED` anonymous, never a space's).
-fn shared_word() -> &'static AtomicU32 {
-    // SAFETY: a fresh shared anonymous page the kernel places, never
-    // unmapped: a `'static` atomic for every process forked from here.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            PAGE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED);
-        &*(p as *const AtomicU32)
-    }
-}
-
 /// Waits up to 60 s for `w` to hold `v`.
 fn wait_for(w: &AtomicU32, v: u32) -> bool {
     let until = Instant::now() + Duration::from_secs(60);
@@ -91,7 +72,7 @@ fn bad(m: &Mapping<'_>, pages: std::ops::Range<usize>, version: u64) -> usize {
 fn fork_scenario() {
     let Ok(how) = std::env::var(FORK_ENV) else { return };
     let url = std::env::var(URL_ENV).expect("URL");
-    let word = shared_word();
+    let word = usermm_sys::testing::shared_word();
     let cfg = Config { budget_bytes: 1 << 20, swap_bytes: 32 << 20, swap_url: Some(url), ..Config::default() };
     let s = Box::leak(Box::new(common::open_mode(&cfg).expect("open a space on the Redis store")));
     let mut m = s.map_anon(4 << 20).expect("mmap");

@@ -212,25 +212,6 @@ fn fork_advice_and_locks_as_the_kernel() {
     s.validate();
 }
 
-/// A word in kernel memory shared by the processes of a test (`MAP_SHARED`
-/// anonymous, never a space's).
-fn shared_word() -> &'static std::sync::atomic::AtomicU32 {
-    // SAFETY: a fresh shared anonymous page the kernel places, never
-    // unmapped: a `'static` atomic for every process forked from here.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            PAGE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED);
-        &*(p as *const std::sync::atomic::AtomicU32)
-    }
-}
-
 /// Waits up to `secs` for `w` to hold `v`.
 fn wait_for(w: &std::sync::atomic::AtomicU32, v: u32, secs: u64) -> bool {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
@@ -258,7 +239,7 @@ fn the_parent_rewrites_its_swap_while_the_child_reads_it_in_place() {
     m.advise(MADV_PAGEOUT).unwrap();
     assert!(s.stats().swapped_pages > 7000, "{:?}", s.stats());
     let (maddr, mlen) = (m.addr(), m.len());
-    let word = shared_word();
+    let word = usermm_sys::testing::shared_word();
     let sp = &s;
     std::thread::scope(|sc| {
         let child = sc.spawn(move || {
@@ -318,7 +299,7 @@ fn the_parent_rewrites_its_swap_while_the_child_reads_it_in_place() {
 fn a_child_reads_the_swap_of_a_parent_that_exited() {
     let _serial = serial();
     use std::sync::atomic::Ordering::SeqCst;
-    let word = shared_word();
+    let word = usermm_sys::testing::shared_word();
     let parent = fork_run(120, || {
         let s = space();
         let mut m = s.map_anon(32 << 20).unwrap();
