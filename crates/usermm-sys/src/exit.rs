@@ -62,6 +62,9 @@ pub fn run_after(exit: bool, ties: &[RawFd], f: impl FnOnce()) -> Result<(), Err
     }
     let n_own = keep.len();
     keep.extend_from_slice(ties);
+    // (Where the waiter moves them first; allocated here: a forked child
+    // of a threaded process must not allocate.)
+    let mut high: Vec<RawFd> = vec![0; keep.len()];
     let close_own = |keep: &[RawFd]| {
         for &fd in &keep[..n_own] {
             // SAFETY: our own descriptor (the pidfd).
@@ -89,12 +92,12 @@ pub fn run_after(exit: bool, ties: &[RawFd], f: impl FnOnce()) -> Result<(), Err
         // before the fork and is only read.
         let gone = unsafe {
             libc::setsid();
-            // Out of the way first (above every descriptor it may land on),
-            // then to 3, 4, ….
-            let mut high = [0 as RawFd; 64];
-            let n = keep.len().min(high.len());
-            for (h, &fd) in high.iter_mut().zip(&keep[..n]) {
-                *h = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 1024);
+            // Out of the way first (above 3..3+n, where they go next; not
+            // far above: `F_DUPFD` past `RLIMIT_NOFILE`, often 1,024, is
+            // `EINVAL`), then to 3, 4, ….
+            let n = keep.len();
+            for (h, &fd) in high.iter_mut().zip(&keep) {
+                *h = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3 + n as RawFd);
                 if *h < 0 {
                     libc::_exit(1);
                 }
@@ -107,7 +110,7 @@ pub fn run_after(exit: bool, ties: &[RawFd], f: impl FnOnce()) -> Result<(), Err
                     libc::close(fd);
                 }
             }
-            for (i, &h) in high[..n].iter().enumerate() {
+            for (i, &h) in high.iter().enumerate() {
                 libc::dup2(h, 3 + i as RawFd);
             }
             let end = 3 + n as u32;

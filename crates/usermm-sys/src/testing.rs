@@ -210,6 +210,18 @@ pub fn shared_word() -> &'static std::sync::atomic::AtomicU32 {
     unsafe { &*(addr as *const std::sync::atomic::AtomicU32) }
 }
 
+/// Lowers this process's soft `RLIMIT_NOFILE` to `soft` (the hard limit
+/// stays), as a user's session commonly sets it (1,024).
+pub fn lower_nofile(soft: u64) -> Result<(), Errno> {
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `rl` is ours and writable.
+    check(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) })?;
+    rl.rlim_cur = rl.rlim_cur.min(soft);
+    // SAFETY: `rl` is ours and readable.
+    check(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) })?;
+    Ok(())
+}
+
 /// Makes the host kernel reclaim `[addr, addr+len)` now (`MADV_PAGEOUT`), as
 /// host memory pressure would: on a host without swap, clean lazily freed
 /// pages are dropped. For tests of usermm's handling of host discards.

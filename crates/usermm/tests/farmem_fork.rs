@@ -71,6 +71,10 @@ fn bad(m: &Mapping<'_>, pages: std::ops::Range<usize>, version: u64) -> usize {
 #[ignore = "child-process entry point of the fork tests"]
 fn fork_scenario() {
     let Ok(how) = std::env::var(FORK_ENV) else { return };
+    // (The clean-up process must work under a user's usual descriptor
+    // limit: it once moved its descriptors past 1,024, and with that limit
+    // never ran.)
+    usermm_sys::testing::lower_nofile(1024).expect("RLIMIT_NOFILE");
     let url = std::env::var(URL_ENV).expect("URL");
     let word = usermm_sys::testing::shared_word();
     let cfg = Config { budget_bytes: 1 << 20, swap_bytes: 32 << 20, swap_url: Some(url), ..Config::default() };
