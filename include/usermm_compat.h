@@ -72,9 +72,13 @@
  * server after its lease lapsed; docs/design.md, "Page stores").
  * umm_close(umm_default_space()) is EINVAL.
  *
- * After fork, the child's first redirected call opens a default space of the
- * child's own (same environment), empty: the parent's regions are not there
- * (touching them raises SIGSEGV), and the parent's space is left alone.
+ * After fork, the child has a copy of the default space (every byte, at the
+ * same addresses; MAP_SHARED regions stay shared with the parent, as the
+ * host's memory from that fork on). Where the space cannot be copied
+ * (USERMM_FLAGS with in-thread faults or the frame pool, a sealing page
+ * store) the parent's regions are not accessible in the child (a touch
+ * raises SIGSEGV), and its first redirected call opens a default space of
+ * its own (same environment), empty. docs/design.md, "fork".
  */
 #ifndef USERMM_COMPAT_H
 #define USERMM_COMPAT_H

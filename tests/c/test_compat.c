@@ -182,6 +182,57 @@ static void test_fork(unsigned char *p) {
     CHECK(umm_close(other) == 0);
 }
 
+/* MAP_SHARED anonymous memory stays shared with a forked child, as on
+ * Linux (the pattern of LTP's and the kernel's tests: a child reports
+ * through it), with most of it swapped out at the fork; a private page
+ * beside it stays private. Where spaces are not copied (in-thread faults,
+ * the frame pool: USERMM_FLAGS) the child has no access to either. */
+static void test_shared_fork(void) {
+    umm_space *s = umm_default_space();
+    size_t n = 2048; /* 8 MiB, twice the budget */
+    unsigned char *sh = mmap(NULL, n * PAGE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    unsigned char *pv = mmap(NULL, PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(sh != MAP_FAILED && pv != MAP_FAILED);
+    if (sh == MAP_FAILED || pv == MAP_FAILED)
+        return;
+    for (size_t i = 0; i < n; i++)
+        sh[i * PAGE] = (unsigned char)(i % 251 + 3);
+    pv[0] = 9;
+    const char *flags = getenv("USERMM_FLAGS");
+    int copies = !flags || (strtoul(flags, NULL, 0) & (64 | 256)) == 0;
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        alarm(20);
+        if (umm_default_space() != s)
+            _exit(3);
+        for (size_t i = 0; i < n; i++)
+            if (sh[i * PAGE] != (unsigned char)(i % 251 + 3))
+                _exit(4);
+        for (size_t i = 0; i < n; i++)
+            sh[i * PAGE] = (unsigned char)(i % 251 + 5);
+        pv[0] = 1;
+        _exit(0);
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    if (copies) {
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            bad += sh[i * PAGE] != (unsigned char)(i % 251 + 5);
+        CHECK(bad == 0); /* the child's writes, seen by the parent */
+    } else {
+        CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 3) || (WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV));
+    }
+    CHECK(pv[0] == 9);
+    /* Still shmem in the parent: MADV_DONTNEED keeps the bytes. */
+    CHECK(madvise(sh, n * PAGE, MADV_DONTNEED) == 0);
+    CHECK(sh[5 * PAGE] == (unsigned char)(5 % 251 + (copies ? 5 : 3)));
+    CHECK(munmap(sh, n * PAGE) == 0);
+    CHECK(munmap(pv, PAGE) == 0);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "bad-env") == 0) {
         bad_env();
@@ -235,6 +286,7 @@ int main(int argc, char **argv) {
     errno = 0;
     CHECK(umm_close(s) == -1 && errno == EINVAL); /* the default space stays */
 
+    test_shared_fork();
     test_fork(p);
 
     CHECK(munmap(p, LEN) == 0);

@@ -176,6 +176,7 @@ mod window;
 mod zap;
 mod zaps;
 
+pub use fork::HandSrc;
 pub use introspect::state_bits;
 pub use madvise::is_attribute_advice;
 pub use mlock::lock_populate_errno;

@@ -95,6 +95,10 @@ pub struct Region {
     /// a kernel-mode access to a page not resident is `EFAULT`, so its
     /// swap-ins are never installed write-protected.
     in_thread: bool,
+    /// Its pages are the host's (`Core::hand_to_host`): a shared anonymous
+    /// region a fork left shared, a `MAP_SHARED` mapping of host memory
+    /// that no userfaultfd serves; the core keeps its attributes, no page.
+    host: bool,
     /// Whether keeping swap copies pays here (`swapcache.rs`).
     copies: CopyFeedback,
 }
@@ -215,6 +219,7 @@ impl Region {
             swap_streams: Default::default(),
             may_write: a.may_write,
             in_thread: a.in_thread,
+            host: false,
             copies: Default::default(),
         }
     }
@@ -253,6 +258,14 @@ impl Region {
     /// Whether its faults are resolved in the faulting thread.
     pub fn in_thread(&self) -> bool {
         self.in_thread
+    }
+    /// Whether its pages are the host's (shared with a forked process).
+    pub fn host(&self) -> bool {
+        self.host
+    }
+    /// Its pages become the host's (`Core::hand_to_host`).
+    pub(crate) fn set_host(&mut self) {
+        self.host = true;
     }
     /// Consecutive faults that hit where the last run ended (streaming
     /// detection, normal advice).
@@ -420,6 +433,7 @@ impl Region {
             && self.noreserve == next.noreserve
             && self.lock == next.lock
             && self.in_thread == next.in_thread
+            && self.host == next.host
             && self.object == next.object
             && (self.object == 0 || self.pgoff + self.range.pages() == next.pgoff)
     }

@@ -41,9 +41,10 @@ pub(crate) enum Why {
     /// under pressure, which a space does not build; the kernel's mapping
     /// behaves as Linux's (mlock leaves it unlocked, …).
     Droppable,
-    /// An anonymous `MAP_SHARED` mapping while a fork copies the space: on
-    /// the space it would keep the whole space from being copied, and the
-    /// kernel keeps it shared between parent and child.
+    /// An anonymous `MAP_SHARED` mapping while a fork copies the space: the
+    /// kernel's from the start (on the space, the first fork would hand it
+    /// to the host anyway, with a copy of its bytes), shared between parent
+    /// and child.
     SharedAnon,
 }
 

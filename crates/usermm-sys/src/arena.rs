@@ -13,9 +13,11 @@ use crate::{mem, Errno};
 
 mod io;
 mod pool;
+mod share;
 pub use io::Bounce;
 use pool::PoolState;
 pub use pool::Taken;
+pub use share::{ShareSrc, ShareTo};
 
 const ZERO_BUF_BYTES: usize = 1 << 20;
 
@@ -156,12 +158,20 @@ impl Arena {
     /// mappings are registered with no userfaultfd: a missing page there
     /// would read as the zero page), and opens pagemap again (the inherited
     /// one shows the parent's pages). `ENOTSUP` for an arena with a frame
-    /// pool (left out of forks) or one made without `fork_copies`.
-    pub fn rearm_in_child(&self, uffd: &Uffd) -> Result<(), Errno> {
+    /// pool (left out of forks) or one made without `fork_copies`. The
+    /// ranges `skip` (sorted, disjoint: the host's, `share_out`) stay
+    /// registered with nothing.
+    pub fn rearm_in_child(&self, uffd: &Uffd, skip: &[(usize, usize)]) -> Result<(), Errno> {
         if !self.fork_copies || self.pool_cap > 0 {
             return Err(Errno(libc::ENOTSUP));
         }
-        uffd.register_mode(self.base, self.reserve_len, self.program_register_mode())?;
+        let mut at = self.base;
+        for &(s, t) in skip.iter().chain([(self.base + self.reserve_len, self.base + self.reserve_len)].iter()) {
+            if s > at {
+                uffd.register_mode(at, s - at, self.program_register_mode())?;
+            }
+            at = at.max(t);
+        }
         let staging_mode = if self.staging_wp_only {
             crate::uffd::UFFDIO_REGISTER_MODE_WP
         } else {

@@ -120,6 +120,33 @@ pub unsafe fn map_file_fixed(addr: usize, len: usize, fd: i32, off: u64, locked:
     Ok(())
 }
 
+/// Maps `[addr, addr+len)` of a space's reservation to `fd` from byte
+/// `off`, shared, with protection `prot` (`MAP_FIXED`).
+///
+/// # Safety
+/// As [`replace_anon`]: the range is a space's, and its old bytes are no
+/// longer needed (`fd` holds them).
+pub unsafe fn map_shared_fixed(addr: usize, len: usize, prot: i32, fd: i32, off: u64) -> Result<(), Errno> {
+    // SAFETY: the caller's contract.
+    let p = unsafe {
+        libc::mmap(addr as *mut libc::c_void, len, prot, libc::MAP_SHARED | libc::MAP_FIXED, fd, off as libc::off_t)
+    };
+    if p == libc::MAP_FAILED {
+        return Err(last_errno());
+    }
+    Ok(())
+}
+
+/// `mincore(addr, len)`: one byte per host (4 KiB) page.
+pub fn mincore(addr: usize, len: usize) -> Result<Vec<u8>, Errno> {
+    let mut v = vec![0u8; len.div_ceil(4096).max(1)];
+    // SAFETY: `v` holds one byte per host page of the range (at least one);
+    // reading page tables has no effect on memory.
+    check(unsafe { libc::mincore(addr as *mut libc::c_void, len, v.as_mut_ptr()) })?;
+    v.truncate(len.div_ceil(4096));
+    Ok(v)
+}
+
 /// `madvise` on memory owned by a space (DONTNEED drops its pages).
 ///
 /// # Safety

@@ -242,6 +242,18 @@ pub fn host_pageout(addr: usize, len: usize) -> Result<(), Errno> {
     Ok(())
 }
 
+/// A raw `madvise(MADV_DONTNEED)` of `[addr, addr+len)` behind usermm's
+/// back, as a program compiled against `usermm_compat.h` makes with
+/// `syscall(__NR_madvise, …)`: the host drops the pages usermm holds.
+///
+/// # Safety
+/// No Rust reference may point into the range: its bytes become zeros.
+pub unsafe fn raw_dontneed(addr: usize, len: usize) -> Result<(), Errno> {
+    // SAFETY: the caller's contract.
+    check(unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) })?;
+    Ok(())
+}
+
 extern "C" fn ignore_nudge(_sig: libc::c_int) {}
 
 /// Interrupts thread `tid` of this process with a signal whose handler does

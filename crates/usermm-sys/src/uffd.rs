@@ -402,6 +402,20 @@ impl Uffd {
         }
     }
 
+    /// `UFFDIO_WRITEPROTECT` with mode WP: write-protects the pages of
+    /// `[start, start+len)` that are present; a write there then waits in
+    /// a WP fault until the protection is lifted or the mapping replaced.
+    pub fn write_protect(&self, start: usize, len: usize) -> Result<(), Errno> {
+        let mut w = UffdioWriteprotect { range: UffdioRange { start: start as u64, len: len as u64 }, mode: 1 };
+        let mut tries = 0;
+        loop {
+            match self.ioctl(UFFDIO_WRITEPROTECT, &mut w as *mut _ as *mut libc::c_void) {
+                Err(Errno(libc::EAGAIN)) if again(&mut tries) => continue,
+                r => return r,
+            }
+        }
+    }
+
     /// `UFFDIO_POISON`: installs poison markers (touching raises SIGBUS).
     ///
     /// # Safety

@@ -82,8 +82,9 @@ use native::Inner;
 /// child's own under a budget of its own; neither process sees the other's
 /// writes, locks are not inherited, `MADV_DONTFORK` regions are absent in
 /// the child and `MADV_WIPEONFORK` ones read zeros (docs/design.md,
-/// "fork"). A space that cannot be copied — one with a `MAP_SHARED`
-/// region, in-thread faults, a frame pool or a page store — is
+/// "fork"); its `MAP_SHARED` regions stay shared, the host's memory from
+/// the first fork on. A space that cannot be copied — one with in-thread
+/// faults, a frame pool or a sealing page store — is
 /// inaccessible in the child (a touch raises SIGSEGV) and every call on it
 /// there fails at once with [`Errno::ESTALE`] (the calls that return no
 /// `Result` — [`Space::stats`], [`Space::smaps`], [`Space::validate`],
@@ -367,6 +368,12 @@ impl Space {
         let filled = tmp.iter().position(|&b| b == UNFILLED).unwrap_or(pages);
         if filled > vec.len() {
             return Err(Errno::EFAULT);
+        }
+        // Memory shared with a forked process is the host's: its pages in
+        // memory are the host's answer.
+        let ps = self.inner.page_size();
+        for (s, t) in self.inner.shared_resident(addr, filled * ps) {
+            tmp[(s - addr) / ps..(t - addr) / ps].fill(1);
         }
         // Linux leaves the bytes past a hole untouched.
         vec[..filled].copy_from_slice(&tmp[..filled]);

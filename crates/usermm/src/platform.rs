@@ -17,6 +17,9 @@
 
 use usermm_core::Errno;
 use usermm_sys::arena::{Arena, Bounce};
+/// Where the bytes of a range handed to the host come from, and what it
+/// becomes a mapping of (`Platform::share`).
+pub(crate) use usermm_sys::arena::{ShareSrc, ShareTo};
 use usermm_sys::file::{MappedFile, Pagemap, ProcMem};
 
 use crate::store::PageStore;
@@ -164,6 +167,28 @@ pub(crate) trait Platform: Send + Sync {
     /// the page store keeps what the child may read until `tie` says it is
     /// gone (`PageStore::child_tie`).
     fn child_tie(&self, _tie: &std::sync::Arc<fork::ChildTie>) {}
+    /// Hands `[a, a+l)` (a shared region, before a fork: see
+    /// `Core::hand_to_host`) to the host as shared memory: its writers wait
+    /// (write protection) while the bytes of `pages` (`(offset from a,
+    /// where)`) are copied to host memory — a memfd of its own, whose other
+    /// pages read zeros, or the region's file — which is then mapped there
+    /// with protection `prot`, served by the host and shared with forked
+    /// children. From then on a zap of any
+    /// part replaces it with the reservation's own mapping, advice and
+    /// `Runs::SharedResident` go to the host's pages, and a forked child's
+    /// userfaultfd leaves it alone. `EOPNOTSUPP` where the host cannot; on
+    /// an error the range holds what it held (writers fault as a swap
+    /// copy's first write does).
+    fn share(
+        &self,
+        _a: usize,
+        _l: usize,
+        _prot: i32,
+        _to: ShareTo<'_>,
+        _pages: &[(usize, ShareSrc)],
+    ) -> Result<(), Errno> {
+        Err(Errno::EOPNOTSUPP)
+    }
 }
 
 /// The host kernel.
@@ -185,6 +210,8 @@ pub(crate) struct Native {
     pub in_thread: InThreadRanges,
     /// The windows mapped from the page cache (`file_map`).
     pub direct: DirectWindows,
+    /// The ranges handed to the host as shared memory (`Platform::share`).
+    pub shared: DirectWindows,
     /// `caps()`, worked out at its first call (one load after that: it is
     /// asked on every swap-in).
     pub caps: std::sync::OnceLock<Caps>,
@@ -218,6 +245,16 @@ impl Native {
     fn replace_windows(&self, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
         for (s, t) in self.direct.inside(a, l) {
             self.direct.record(s, t - s, false);
+            self.arena.replace(s, t - s, prot, &|s, n| self.register_again(s, n))?;
+        }
+        Ok(())
+    }
+
+    /// Replaces the ranges handed to the host in `[a, a+l)` (`share`) by
+    /// empty anonymous mappings of protection `prot`, registered again.
+    fn replace_shared(&self, a: usize, l: usize, prot: i32) -> Result<(), Errno> {
+        for (s, t) in self.shared.inside(a, l) {
+            self.shared.record(s, t - s, false);
             self.arena.replace(s, t - s, prot, &|s, n| self.register_again(s, n))?;
         }
         Ok(())
@@ -280,8 +317,10 @@ impl RangeOps for Native {
     fn zap(&self, a: usize, l: usize, prot: i32) -> Result<bool, Errno> {
         // A window mapped from the page cache is a file mapping, which
         // MADV_DONTNEED would leave in place (the next touch would map the
-        // file's page behind usermm's back): it is replaced instead.
+        // file's page behind usermm's back): it is replaced instead; so is
+        // memory handed to the host (`share`).
         self.replace_windows(a, l, prot)?;
+        self.replace_shared(a, l, prot)?;
         // (Only a range the host refused to drop is mapped afresh, and then
         // registered again: each part with the userfaultfd it had.)
         self.arena.zap(a, l, prot, &|s, n| self.register_again(s, n))
@@ -294,7 +333,15 @@ impl RangeOps for Native {
         self.arena.dontneed(a, l)
     }
     fn host_advise(&self, a: usize, l: usize, advice: i32) -> Result<(), Errno> {
-        self.arena.host_advise(a, l, advice)
+        let shared = self.shared.inside(a, l);
+        if shared.is_empty() {
+            return self.arena.host_advise(a, l, advice);
+        }
+        // (The core asks this only of whole regions of one kind.)
+        for (s, t) in shared {
+            self.arena.shared_advise(s, t - s, advice)?;
+        }
+        Ok(())
     }
     fn host_free(&self, a: usize, l: usize) -> Result<(), Errno> {
         self.arena.host_free(a, l)
@@ -497,6 +544,13 @@ impl Platform for Native {
         match what {
             Runs::ZeroPage => self.pagemap.as_ref().and_then(|p| p.zero_pfn_ranges(a, l).ok()).unwrap_or_default(),
             Runs::FileWindows => self.direct.inside(a, l),
+            Runs::Shared => self.shared.inside(a, l),
+            Runs::SharedResident => self
+                .shared
+                .inside(a, l)
+                .into_iter()
+                .flat_map(|(s, t)| self.arena.shared_resident(s, t - s).unwrap_or_default())
+                .collect(),
         }
     }
     fn upkeep(&self, op: Upkeep) {
@@ -616,5 +670,43 @@ impl Platform for Native {
         if let Some(s) = &self.swap {
             s.child_tie(tie);
         }
+    }
+    fn share(&self, a: usize, l: usize, prot: i32, to: ShareTo<'_>, pages: &[(usize, ShareSrc)]) -> Result<(), Errno> {
+        if !self.fork_copies || self.in_thread.uffd().is_some() {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        // (Windows from the page cache are registered with nothing, and
+        // their pages are the file's already.)
+        let mut at = a;
+        for (s, t) in self.direct.inside(a, l).into_iter().chain([(a + l, a + l)]) {
+            if s > at {
+                self.arena.write_protect(&self.uffd, at, s - at)?;
+            }
+            at = at.max(t);
+        }
+        // A page the host dropped behind usermm's back (a raw
+        // `MADV_DONTNEED`) reads as zeros: copied, it would fault into our
+        // own handlers, which wait for the region lock the caller holds.
+        let kept: Vec<(usize, ShareSrc)>;
+        let pages = match &self.pagemap {
+            Some(pm) => {
+                kept = pages
+                    .iter()
+                    .copied()
+                    .filter(|&(off, src)| src != ShareSrc::Mapped || pm.gone(a + off) == Ok(false))
+                    .collect();
+                &kept[..]
+            }
+            None => pages,
+        };
+        let swap = self.swap.as_deref();
+        let mut read = |off, buf: &mut [u8]| swap.map_or(Err(Errno::EIO), |s| s.read(off, buf));
+        self.arena.share_out(a, l, prot, to, pages, &mut read)?;
+        // (Page-cache windows there were replaced with the rest.)
+        self.direct.record(a, l, false);
+        self.shared.record(a, l, true);
+        // (Writers that waited go to the host's pages.)
+        let _ = self.arena.wake(&self.uffd, a, l);
+        Ok(())
     }
 }

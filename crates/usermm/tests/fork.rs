@@ -1,8 +1,8 @@
 //! SPEC §4 "fork": a child gets a copy of every space it can be given
-//! (`fork_copy.rs` checks the copy's bytes); a space that cannot be copied
-//! (a `MAP_SHARED` region, which must stay shared; in-thread faults, a
-//! frame pool or a page store, whose host side a child cannot take over
-//! yet) is inaccessible in the child — any touch raises SIGSEGV, never a
+//! (`fork_copy.rs` checks the copy's bytes, and that shared regions stay
+//! shared); a space that cannot be copied (in-thread faults, a frame pool
+//! or a sealing page store, whose host side a child cannot take over yet)
+//! is inaccessible in the child — any touch raises SIGSEGV, never a
 //! silent zero — and every call on it there fails at once with `ESTALE`.
 //! Whatever locks parent threads held at the fork, the child never hangs
 //! (issue 16 item 9, LTP madvise09 hung there).
@@ -18,11 +18,15 @@ use usermm::consts::{
 use usermm::{Config, Errno, Space};
 use usermm_sys::thread::{fork_probe_read, fork_run, ChildExit, ProbeOutcome};
 
-/// A space with a `MAP_SHARED` anonymous region is not copied: the child
-/// gets SIGSEGV at every page of it, resident in the parent or not.
+/// A space that is not copied (a frame pool's) is inaccessible in the
+/// child: SIGSEGV at every page of it, resident in the parent or not, its
+/// `MAP_SHARED` region's too.
 #[test]
 fn a_space_not_copied_gives_sigsegv_never_zeros() {
-    let s = common::open_mode(&Config { budget_bytes: 8 << 20, swap_bytes: 64 << 20, ..Config::default() }).unwrap();
+    let flags = usermm::consts::UMM_F_FRAME_POOL;
+    let cfg = Config { budget_bytes: 8 << 20, swap_bytes: 64 << 20, flags, ..Config::default() };
+    assert!(!common::forks_copy(&cfg));
+    let s = common::open_mode(&cfg).unwrap();
     let mut m = s.map_anon(1 << 20).unwrap();
     m.fill(0x5a);
     // A resident page, and a page that is not resident in the parent.

@@ -396,3 +396,238 @@ fn a_child_forked_while_threads_use_the_heap_allocates_from_it() {
     });
     s.validate();
 }
+
+/// What a parent and its child see of a `MAP_SHARED` anonymous region
+/// (`sh`, round 1 written before the fork) and a private one (`pv`, round
+/// 2): the child checks both, writes the first half of `sh` (round 3) and
+/// all of `pv` (round 5), and waits for the parent, which checks that it
+/// sees the first (and not the second), writes the second half (round 4),
+/// which the child then checks. `resident`: pages of a range in memory.
+/// The child's exit and the parent's bad page counts.
+fn shared_scenario(
+    sh: usize,
+    len: usize,
+    pv: usize,
+    plen: usize,
+    resident: &(dyn Fn(usize, usize) -> usize + Sync),
+) -> (ChildExit, [usize; 3]) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let word = usermm_sys::testing::shared_word();
+    word.store(0, SeqCst);
+    let half = len / 2;
+    // SAFETY: the caller's two mappings, which only this test uses (its
+    // child its own copies, and the shared one as the kernel shares it).
+    let (m, p) = unsafe {
+        (std::slice::from_raw_parts_mut(sh as *mut u8, len), std::slice::from_raw_parts_mut(pv as *mut u8, plen))
+    };
+    std::thread::scope(|sc| {
+        let child = sc.spawn(move || {
+            let t0 = usermm_sys::now_ns();
+            let (out, returned) = usermm_sys::thread::fork_run_timed(120, || {
+                // SAFETY: as above, in the child.
+                let (m, p) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(sh as *mut u8, len),
+                        std::slice::from_raw_parts_mut(pv as *mut u8, plen),
+                    )
+                };
+                if bad_pages(m, 1) != 0 {
+                    return 2;
+                }
+                if bad_pages(p, 2) != 0 {
+                    return 3;
+                }
+                if resident(sh, len) != len / PAGE {
+                    return 4;
+                }
+                fill(&mut m[..half], 3);
+                fill(p, 5);
+                word.store(1, SeqCst);
+                if !wait_for(word, 2, 100) {
+                    return 9;
+                }
+                if bad_pages(&m[half..], 4) != 0 {
+                    return 5;
+                }
+                0
+            })
+            .unwrap();
+            // (What the first fork costs, for the record: a space's copies
+            // the region's bytes to the host.)
+            eprintln!(
+                "shared_scenario: {} MiB shared: fork returned after {:.2} ms",
+                len >> 20,
+                (returned - t0) as f64 / 1e6
+            );
+            out
+        });
+        assert!(wait_for(word, 1, 60), "the child did not get as far as its writes");
+        let seen = bad_pages(&m[..half], 3);
+        let private = bad_pages(p, 2);
+        fill(&mut m[half..], 4);
+        word.store(2, SeqCst);
+        let out = child.join().unwrap();
+        (out, [seen, private, bad_pages(&m[..half], 3) + bad_pages(&m[half..], 4)])
+    })
+}
+
+/// SPEC §4 "fork": shared anonymous regions stay shared — on a space as on
+/// the kernel, the same scenario (`shared_scenario`) gives the same
+/// outcome, with most of the space's region swapped out at the fork; and
+/// after it the region still behaves as shmem there (`MADV_DONTNEED`
+/// keeps the bytes, `MADV_FREE` is `EINVAL`, `MADV_REMOVE` frees them), and
+/// its range is the space's again once unmapped.
+#[test]
+fn a_shared_region_stays_shared_across_the_fork_as_the_kernels() {
+    use usermm::consts::{
+        MADV_DONTNEED, MADV_FREE, MADV_REMOVE, MAP_ANONYMOUS, MAP_FIXED, MAP_PRIVATE, MAP_SHARED, PROT_READ, PROT_WRITE,
+    };
+    let _serial = serial();
+    let (len, plen) = (16usize << 20, 1usize << 20);
+    // The kernel's.
+    let mut ksh = usermm_sys::host::HostMap::shared_anon(len, 0).unwrap();
+    let mut kpv = usermm_sys::host::HostMap::anon(plen, 0).unwrap();
+    fill(&mut ksh, 1);
+    fill(&mut kpv, 2);
+    let kres =
+        |a: usize, l: usize| usermm_sys::kernel::mincore(a, l).map_or(0, |v| v.iter().filter(|&&b| b & 1 != 0).count());
+    let kernel = shared_scenario(ksh.addr(), len, kpv.addr(), plen, &kres);
+    // The space's: 16 MiB under an 8 MiB budget.
+    let s = space();
+    let sh = s.mmap(0, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0).unwrap();
+    let mut pv = s.map_anon(plen).unwrap();
+    // SAFETY: the space's new mapping, which only this test uses.
+    let m = unsafe { std::slice::from_raw_parts_mut(sh as *mut u8, len) };
+    fill(m, 1);
+    fill(&mut pv, 2);
+    let st = s.stats();
+    assert!(st.swapped_pages > 1000, "not much swapped at the fork: {st:?}");
+    let sres = |a: usize, l: usize| {
+        let mut v = vec![0u8; l / PAGE];
+        s.mincore(a, l, &mut v).map_or(0, |()| v.iter().filter(|&&b| b & 1 != 0).count())
+    };
+    let space = shared_scenario(sh, len, pv.addr(), plen, &sres);
+    assert_eq!(kernel, (ChildExit::Exited(0), [0, 0, 0]), "the kernel's outcome");
+    assert_eq!(space, kernel, "the space's outcome against the kernel's");
+    s.validate();
+    // Still shmem.
+    let q = len / 4;
+    s.madvise(sh, q, MADV_DONTNEED).unwrap();
+    assert_eq!(bad_pages(&m[..q], 3), 0, "MADV_DONTNEED kept the bytes");
+    assert_eq!(s.madvise(sh, q, MADV_FREE), Err(usermm::Errno::EINVAL));
+    s.madvise(sh + q, q, MADV_REMOVE).unwrap();
+    assert!(m[q..2 * q].iter().all(|&b| b == 0), "MADV_REMOVE freed the bytes");
+    // Unmapped, the range is the space's again: a new region there reads
+    // zeros and is served by usermm.
+    s.munmap(sh, len).unwrap();
+    let again = s.mmap(sh, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0).unwrap();
+    assert_eq!(again, sh);
+    // SAFETY: the space's new mapping, which only this test uses.
+    let m = unsafe { std::slice::from_raw_parts_mut(sh as *mut u8, len) };
+    assert!(m.iter().step_by(PAGE).all(|&b| b == 0), "the old shared bytes showed through");
+    fill(m, 6);
+    assert!(s.stats().swapped_pages > 1000);
+    assert_eq!(bad_pages(m, 6), 0);
+    s.validate();
+    drop(ksh);
+}
+
+/// SPEC §4 "fork" with a `MAP_SHARED` file region: shared with the child
+/// as the kernel's (`shared_scenario`, the same outcome), the pages written
+/// before the fork among what the child reads, and every write of both
+/// processes in the file once the parent's `msync` returns.
+#[test]
+fn a_shared_file_region_stays_shared_across_the_fork_as_the_kernels() {
+    use std::os::unix::fs::FileExt;
+    use usermm::consts::{MAP_SHARED, MS_SYNC, PROT_READ, PROT_WRITE};
+    let _serial = serial();
+    let (len, plen) = (4usize << 20, 1usize << 20);
+    let file = |tag: &str| {
+        let dir = std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".into());
+        let path = format!("{dir}/usermm-fork-shared-file-{tag}-{}", std::process::id());
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        f.set_len(len as u64).unwrap();
+        f
+    };
+    // The kernel's.
+    let kf = file("kernel");
+    let kmap = usermm_sys::host::HostFileMap::open_rw(&kf, len, true, 0).unwrap();
+    let mut kpv = usermm_sys::host::HostMap::anon(plen, 0).unwrap();
+    // SAFETY: the kernel's shared mapping of the test's own file, which
+    // only this test uses.
+    fill(unsafe { std::slice::from_raw_parts_mut(kmap.addr() as *mut u8, len) }, 1);
+    fill(&mut kpv, 2);
+    let kres =
+        |a: usize, l: usize| usermm_sys::kernel::mincore(a, l).map_or(0, |v| v.iter().filter(|&&b| b & 1 != 0).count());
+    let kernel = shared_scenario(kmap.addr(), len, kpv.addr(), plen, &kres);
+    // The space's.
+    let s = space();
+    let sf = file("space");
+    use std::os::fd::AsRawFd;
+    let sh = s.mmap(0, len, PROT_READ | PROT_WRITE, MAP_SHARED, sf.as_raw_fd(), 0).unwrap();
+    let mut pv = s.map_anon(plen).unwrap();
+    // SAFETY: the space's new mapping, which only this test uses.
+    let m = unsafe { std::slice::from_raw_parts_mut(sh as *mut u8, len) };
+    fill(m, 1);
+    fill(&mut pv, 2);
+    let sres = |a: usize, l: usize| {
+        let mut v = vec![0u8; l / PAGE];
+        s.mincore(a, l, &mut v).map_or(0, |()| v.iter().filter(|&&b| b & 1 != 0).count())
+    };
+    let space = shared_scenario(sh, len, pv.addr(), plen, &sres);
+    assert_eq!(kernel, (ChildExit::Exited(0), [0, 0, 0]), "the kernel's outcome");
+    assert_eq!(space, kernel, "the space's outcome against the kernel's");
+    s.msync(sh, len, MS_SYNC).unwrap();
+    let mut back = vec![0u8; len];
+    sf.read_exact_at(&mut back, 0).unwrap();
+    assert_eq!(
+        bad_pages(&back[..len / 2], 3) + bad_pages(&back[len / 2..], 4),
+        0,
+        "the file has both processes' writes"
+    );
+    s.munmap(sh, len).unwrap();
+    s.validate();
+    drop(kmap);
+}
+
+/// A page of a shared region the host dropped behind usermm's back (a raw
+/// `madvise(MADV_DONTNEED)`, as a program compiled against
+/// `usermm_compat.h` makes with `syscall`) when the fork hands the region
+/// to the host: the fork returns (the copy does not fault into usermm's
+/// own handlers, waiting for the lock the fork holds) and the page reads
+/// as zeros in both processes; its neighbours keep their bytes.
+#[test]
+fn a_fork_after_a_raw_dontneed_of_a_shared_page_returns() {
+    use usermm::consts::{MAP_ANONYMOUS, MAP_SHARED, PROT_READ, PROT_WRITE};
+    let _serial = serial();
+    let s = space();
+    let len = 16 * PAGE;
+    let sh = s.mmap(0, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0).unwrap();
+    // SAFETY: the space's new mapping, which only this test uses.
+    let m = unsafe { std::slice::from_raw_parts_mut(sh as *mut u8, len) };
+    fill(m, 1);
+    // SAFETY: no reference into the page is used across the call.
+    unsafe { usermm_sys::testing::raw_dontneed(sh + 3 * PAGE, PAGE) }.unwrap();
+    let out = fork_run(30, || {
+        // SAFETY: as above, in the child.
+        let m = unsafe { std::slice::from_raw_parts(sh as *const u8, len) };
+        let zero = m[3 * PAGE..4 * PAGE].iter().all(|&b| b == 0);
+        let others = (0..16)
+            .filter(|&p| p != 3)
+            .filter(|&p| (0..PAGE).step_by(61).any(|i| m[p * PAGE + i] != byte(1, p, i)))
+            .count();
+        if zero && others == 0 {
+            0
+        } else {
+            2
+        }
+    })
+    .unwrap();
+    assert_eq!(out, ChildExit::Exited(0), "the child's view of the shared region");
+    // SAFETY: the space's mapping, only this test's.
+    let m = unsafe { std::slice::from_raw_parts(sh as *const u8, len) };
+    assert!(m[3 * PAGE..4 * PAGE].iter().all(|&b| b == 0));
+    s.munmap(sh, len).unwrap();
+    s.validate();
+}

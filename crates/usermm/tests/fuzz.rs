@@ -990,23 +990,6 @@ impl Run {
         if !self.sides.forks {
             return Ok(());
         }
-        // usermm copies no space with a MAP_SHARED region (it must stay
-        // shared), nor one with locked windows of the page cache (the child's
-        // copy is PROT_NONE: docs/design.md, "fork"): those are unmapped on
-        // both sides first, as calls of their own.
-        let uncopied =
-            |s: &Slot| matches!(s.kind, Kind::Shared | Kind::FileA) || s.kind == Kind::FileB && s.lock != Lock::No;
-        let mut p = 0;
-        while p < AREA_PAGES {
-            if !self.model.pages[p].as_ref().is_some_and(uncopied) {
-                p += 1;
-                continue;
-            }
-            let q =
-                (p..AREA_PAGES).find(|&q| !self.model.pages[q].as_ref().is_some_and(uncopied)).unwrap_or(AREA_PAGES);
-            self.step(index, &Op::Munmap { off: p * PAGE, len: (q - p) * PAGE, salt: 0 })?;
-            p = q;
-        }
         let out = usermm_sys::thread::fork_run(60, || self.child_check());
         match out {
             Ok(ChildExit::Exited(0)) => self.forks += 1,

@@ -93,6 +93,11 @@ impl Core {
             // protection as it was, so the touch reached the handler.
             return FaultPlan::Segv { gap: self.regions.gap_around(p, self.cfg.reserve_pages) };
         };
+        if reg.host() {
+            // The host's pages (a shared region a fork left shared): a
+            // fault taken before it became the host's, served there now.
+            return FaultPlan::Wake;
+        }
         if populate.is_none()
             && (reg.prot() & PROT_READ == 0 && reg.prot() & PROT_WRITE == 0 || (write && !reg.writable()))
         {

@@ -14,21 +14,35 @@
 //! Linux: the executor unlocks everything through `munlockall`).
 
 use super::{Core, ZapClaim};
-use crate::page::PState;
+use crate::page::{pf, PState};
 use crate::region::Kind;
 use crate::types::{PageIdx, PageRange};
+
+/// Where a page of a shared anonymous region handed to the host has its
+/// bytes ([`Core::hand_over_sources`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandSrc {
+    /// Mapped at its address.
+    Mapped,
+    /// Parked in this staging slot.
+    Parked(u32),
+    /// In this swap slot.
+    Swapped(u32),
+}
 
 /// Queries and the child's one change (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Why the space cannot be copied into a forked child, or `None`: a
-    /// `MAP_SHARED` region (anonymous, or of a file) must stay shared with
-    /// the parent, which a copy would not be, and a region whose faults are
-    /// served in the faulting thread has a userfaultfd of its own.
+    /// `MAP_SHARED` region (anonymous, or of a file) not handed to the host
+    /// (`hand_to_host`) would not stay shared with the parent, and a region
+    /// whose faults are served in the faulting thread has a userfaultfd of
+    /// its own.
     pub fn fork_blocker(&self) -> Option<&'static str> {
         for r in self.regions.iter() {
             match r.kind() {
-                Kind::AnonShared => return Some("a MAP_SHARED anonymous region"),
-                Kind::FileShared => return Some("a MAP_SHARED file region"),
+                // (One not handed to the host: `Core::hand_to_host`.)
+                Kind::AnonShared if !r.host() => return Some("a MAP_SHARED anonymous region"),
+                Kind::FileShared if !r.host() => return Some("a MAP_SHARED file region"),
                 _ => {}
             }
             if r.in_thread() {
@@ -36,6 +50,53 @@ impl Core {
             }
         }
         None
+    }
+
+    /// The shared regions (anonymous, or of a file) whose pages are still
+    /// usermm's: a fork hands each to the host first
+    /// ([`Core::hand_to_host`]), so that parent and child share it.
+    pub fn shared_to_hand_over(&self) -> Vec<PageRange> {
+        self.regions
+            .iter()
+            .filter(|r| matches!(r.kind(), Kind::AnonShared | Kind::FileShared) && !r.host())
+            .map(|r| r.range())
+            .collect()
+    }
+
+    /// Where the bytes of each page of region part `r` are that the host
+    /// must be given: of shared anonymous memory every page with any (the
+    /// others read as zeros), of a shared file the pages that may differ
+    /// from it (`MAYBE_DIRTY`); `None` when a page is busy.
+    pub fn hand_over_sources(&self, r: PageRange) -> Option<Vec<(PageIdx, HandSrc)>> {
+        let file = self.regions.find(r.start).is_some_and(|g| g.kind() == Kind::FileShared);
+        let mut v = Vec::new();
+        let mut busy = false;
+        self.pages.for_each_live(r, |p, m| match m.state {
+            PState::Resident | PState::Inactive if file && !m.has(pf::MAYBE_DIRTY) => {}
+            PState::Resident => v.push((p, HandSrc::Mapped)),
+            PState::Inactive => v.push((p, HandSrc::Parked(m.slot))),
+            PState::Swapped => v.push((p, HandSrc::Swapped(m.slot))),
+            PState::Absent => {}
+            _ => busy = true,
+        });
+        (!busy).then_some(v)
+    }
+
+    /// The regions in `r`, whose pages the executor has copied out to host
+    /// memory it mapped there and then dropped (`zap_begin`, `zap_end`),
+    /// become the host's: no fault reaches usermm there, and the calls on
+    /// them pass the host's pages their work (`Region::host`).
+    pub fn hand_to_host(&mut self, r: PageRange) {
+        debug_assert!(self.pages.live_in(r).iter().all(|(_, m)| m.state == PState::Absent));
+        self.regions.split_at(r.start);
+        self.regions.split_at(r.end);
+        let starts: Vec<PageIdx> = self.regions.overlapping(r).iter().map(|g| g.range().start).collect();
+        for s in starts {
+            if let Some(g) = self.regions.find_mut(s) {
+                g.set_host();
+            }
+        }
+        self.regions.merge_around(r);
     }
 
     /// Page `p`, being parked, would not move: a fork left it shared with

@@ -46,6 +46,32 @@ fn guard_install_checks(reg: &Region) -> Result<(), Errno> {
     Ok(())
 }
 
+/// Page advice on a region whose pages are the host's (`Region::host`):
+/// Linux's checks, then the advice passed to the host's pages as it is
+/// (shmem's semantics: `MADV_DONTNEED` unmaps and keeps the data,
+/// `MADV_REMOVE` frees it, the others change no byte).
+fn host_advice(advice: i32, reg: &Region, seg: PageRange, locked: bool, ops: &mut Vec<AdviceOp>) -> Result<(), Errno> {
+    match advice {
+        MADV_DONTNEED | MADV_COLD | MADV_PAGEOUT if locked => bad(Errno::EINVAL),
+        MADV_FREE | MADV_WIPEONFORK | MADV_GUARD_INSTALL => bad(Errno::EINVAL),
+        MADV_REMOVE => {
+            remove_op(reg, seg)?;
+            ops.push(AdviceOp::Host(seg, advice));
+            Ok(())
+        }
+        MADV_DONTNEED | MADV_COLD | MADV_PAGEOUT | MADV_WILLNEED | MADV_DONTDUMP | MADV_DODUMP | MADV_GUARD_REMOVE => {
+            ops.push(AdviceOp::Host(seg, advice));
+            Ok(())
+        }
+        // (MADV_HWPOISON: the host's own check, CAP_SYS_ADMIN.)
+        MADV_HWPOISON => {
+            ops.push(AdviceOp::Host(seg, advice));
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Plans (see "Methods by kind" in `core.rs`).
 impl Core {
     /// Decides `madvise`. Attribute advice (NORMAL/RANDOM/SEQUENTIAL) is
@@ -108,6 +134,9 @@ impl Core {
         ops: &mut Vec<AdviceOp>,
     ) -> Result<(), Errno> {
         let locked = reg.lock() != LockMode::None;
+        if reg.host() && !is_attribute_advice(advice) {
+            return host_advice(advice, reg, seg, locked, ops);
+        }
         match advice {
             MADV_NORMAL | MADV_RANDOM | MADV_SEQUENTIAL => self.set_advice(advice, reg, seg, r)?,
             MADV_DONTFORK | MADV_DOFORK | MADV_KEEPONFORK => self.set_fork_advice(advice, reg, seg, r)?,

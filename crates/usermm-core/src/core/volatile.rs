@@ -61,7 +61,11 @@ impl Core {
             return (vec![], Ok(()));
         }
         let w = self.walk(addr, pages);
-        if refuse_locked && w.pieces.iter().any(|p| p.reg.lock() != LockMode::None) {
+        // (Memory shared with a forked process is the host's, which
+        // purges nothing.)
+        if w.pieces.iter().any(|p| p.reg.host())
+            || refuse_locked && w.pieces.iter().any(|p| p.reg.lock() != LockMode::None)
+        {
             return (vec![], bad(Errno::EINVAL));
         }
         let segs = w.pieces.iter().map(|p| p.seg).collect();

@@ -7,8 +7,10 @@
 //! (resident and parked pages shared copy-on-write). Around the fork:
 //! - **prepare** (the forking thread, before the fork): every such space's
 //!   region lock exclusively — no page is in flight, no handler, reclaim or
-//!   zap is half done — and its core lock, kept until after the fork
-//!   (`platform::fork::keep`), with the registry's lock;
+//!   zap is half done —, its shared regions handed to the host
+//!   (`hand_shared_to_host`: they stay shared with the child), and its core
+//!   lock, kept until after the fork (`platform::fork::keep`), with the
+//!   registry's lock;
 //! - **child** (its only thread, before anything else runs there): the
 //!   locks let go; then, per space, the host side taken over
 //!   (`Platform::fork_child`: a userfaultfd of its own with the reservation
@@ -19,8 +21,8 @@
 //!   resident pages dropped (the fork dropped their write protection),
 //!   threads of its own started, every lock undone (`munlockall`: locks are
 //!   not inherited). A space
-//!   that cannot be copied (a `MAP_SHARED` region, which must stay shared;
-//!   a host side that cannot be taken over) is made inaccessible
+//!   that cannot be copied (a host side that cannot be taken over: in-thread
+//!   faults, a frame pool, a sealing page store) is made inaccessible
 //!   (`PROT_NONE`: a touch is SIGSEGV, never another process's bytes or a
 //!   zero) and stays the parent's (its calls `ESTALE`), with a message;
 //! - **parent**: the locks let go.
@@ -185,6 +187,8 @@ fn on_prepare() {
         crate::platform::fork::keep(i.clone(), |i| Box::new(lock(&i.fork.handles.owned)), false);
         // (The child takes the next region lock: `mm_locks`.)
         crate::platform::fork::keep(i.clone(), |i| Box::new(i.mm().write()), true);
+        // Shared regions stay shared: the host's from now on.
+        i.hand_shared_to_host();
         // (The swap slots in use now stay unwritten while the child may
         // read them in place: the hold, under the lock kept across.)
         crate::platform::fork::keep(
@@ -419,6 +423,82 @@ impl Inner {
             return Err(format!("{} pages in flight at the fork", c.busy_pages()));
         }
         c.forget_copies_after_fork();
+        Ok(())
+    }
+
+    /// Before a fork, the region lock held exclusively (so no page is in
+    /// flight): every shared region is handed to the host
+    /// (`Core::hand_to_host`, `Platform::share`), so that parent and child
+    /// share it as Linux's shmem or page cache. One the host cannot take
+    /// stays usermm's, and the space is then not copied
+    /// (`Core::fork_blocker`).
+    fn hand_shared_to_host(&self) {
+        let ranges = lock(&self.core).shared_to_hand_over();
+        for r in ranges {
+            if let Err(e) = self.hand_over(r) {
+                crate::platform::fork::say(&format!(
+                    "usermm: pid {}: the shared region at {:#x} cannot be shared with a forked child: {e}\n",
+                    std::process::id(),
+                    self.addr(r.start)
+                ));
+            }
+        }
+    }
+
+    /// The runs `(start, end)` of `[a, a+l)` handed to the host
+    /// (`hand_over`) whose pages are in memory.
+    pub(crate) fn shared_resident(&self, a: usize, l: usize) -> Vec<(usize, usize)> {
+        self.plat.runs(Runs::SharedResident, a, l)
+    }
+
+    /// One region's part of [`Inner::hand_shared_to_host`].
+    fn hand_over(&self, r: PageRange) -> Result<(), Errno> {
+        use crate::platform::{ShareSrc, ShareTo};
+        use usermm_core::HandSrc;
+        let ps = self.page_size;
+        let (srcs, prot, mode, file) = {
+            let c = lock(&self.core);
+            let srcs = c.hand_over_sources(r).ok_or(Errno::EBUSY)?;
+            let g = c.region_at(r.start).ok_or(Errno::EINVAL)?;
+            let file = g.file().map(|f| (f, g.file_page(r.start)));
+            (srcs, g.prot() & PROT_MASK, g.lock(), file)
+        };
+        let file = match file {
+            Some((f, page)) => Some((self.files.get(f).ok_or(Errno::EBADF)?, page * ps as u64)),
+            None => None,
+        };
+        let to = match &file {
+            Some((f, off)) => ShareTo::File { file: f, off: *off },
+            None => ShareTo::Memfd,
+        };
+        let pages: Vec<(usize, ShareSrc)> = srcs
+            .iter()
+            .map(|&(p, s)| {
+                let at = (p.0 - r.start.0) as usize * ps;
+                let src = match s {
+                    HandSrc::Mapped => ShareSrc::Mapped,
+                    HandSrc::Parked(slot) => ShareSrc::Slot(slot),
+                    HandSrc::Swapped(slot) => ShareSrc::Stored(u64::from(slot) * ps as u64),
+                };
+                (at, src)
+            })
+            .collect();
+        let (a, l) = (self.addr(r.start), r.pages() as usize * ps);
+        self.plat.share(a, l, prot, to, &pages)?;
+        // The bytes are the host's now: usermm's copies go (frames, slots).
+        let claim = lock(&self.core).zap_begin(r).map_err(|_| Errno::EBUSY)?;
+        for &slot in &claim.staging {
+            let _ = self.plat.staging(Staging::Drop { slot, n: 1 });
+        }
+        {
+            let mut c = lock(&self.core);
+            c.zap_end(&claim);
+            c.hand_to_host(r);
+        }
+        if mode != LockMode::None {
+            // (The new mapping is not locked yet.)
+            let _ = self.plat.range(Range::Lock(true), a, l);
+        }
         Ok(())
     }
 

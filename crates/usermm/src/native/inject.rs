@@ -159,4 +159,14 @@ impl Platform for Injecting {
     fn child_tie(&self, tie: &std::sync::Arc<crate::platform::fork::ChildTie>) {
         self.host.child_tie(tie)
     }
+    fn share(
+        &self,
+        a: usize,
+        l: usize,
+        prot: i32,
+        to: crate::platform::ShareTo<'_>,
+        pages: &[(usize, crate::platform::ShareSrc)],
+    ) -> Result<(), Errno> {
+        self.host.share(a, l, prot, to, pages)
+    }
 }

@@ -57,7 +57,9 @@ impl Inner {
                 }
             }
         };
-        if claim.mapped {
+        // (The host's pages of a region handed to it are none of the
+        // core's: the platform's zap replaces them.)
+        if claim.mapped || !self.plat.runs(Runs::Shared, start, len).is_empty() {
             // In slices with a yield between them, like the kernel's zap
             // with its cond_resched(): a thread woken on this CPU (a fault
             // just served) waits for one slice, not for the whole chunk.

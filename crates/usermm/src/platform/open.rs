@@ -71,6 +71,7 @@ impl Native {
             lender: Default::default(),
             in_thread: Default::default(),
             direct: DirectWindows::new(),
+            shared: DirectWindows::new(),
             caps: Default::default(),
             in_thread_entry: Default::default(),
             fork_copies,
@@ -81,7 +82,10 @@ impl Native {
     /// userfaultfd, the arena's registration, the `/proc` files, the rings.
     pub(super) fn fork_child_host(&self) -> Result<(), Errno> {
         self.uffd.replace_in_child()?;
-        self.arena.rearm_in_child(&self.uffd)?;
+        // (The memory handed to the host is the host's here too: shared
+        // with the parent, served by no userfaultfd.)
+        let shared = self.shared.inside(self.arena.base, usize::MAX - self.arena.base);
+        self.arena.rearm_in_child(&self.uffd, &shared)?;
         if let Some(pm) = &self.pagemap {
             pm.reopen_in_child()?;
         }

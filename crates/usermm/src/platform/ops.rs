@@ -130,6 +130,10 @@ pub(crate) enum Runs {
     ZeroPage,
     /// Mapped by a `Window::Map` (the page cache's own pages).
     FileWindows,
+    /// Handed to the host (`Platform::share`).
+    Shared,
+    /// In memory, of the ranges handed to the host.
+    SharedResident,
 }
 
 /// What [`Platform::window`](super::Platform::window) does.

@@ -369,8 +369,9 @@ impl Platform for SimPlatform {
     fn runs(&self, what: Runs, a: usize, l: usize) -> Vec<(usize, usize)> {
         match what {
             Runs::ZeroPage => self.zero_page_runs(a, l),
-            // (No file windows here.)
-            Runs::FileWindows => Vec::new(),
+            // (No file windows here, nor memory handed to the host: the
+            // simulated host refuses `share`.)
+            Runs::FileWindows | Runs::Shared | Runs::SharedResident => Vec::new(),
         }
     }
     fn upkeep(&self, _op: Upkeep) {}
