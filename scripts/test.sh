@@ -61,7 +61,7 @@ echo "== the tests again, faults resolved in the faulting thread, with the frame
 USERMM_TEST_INTHREAD=1 USERMM_TEST_FRAME_POOL=1 USERMM_STRESS_REDIS_SECS=8 USERMM_SOAK_SECS=20 cargo test --release -p usermm \
   --test inthread --test volatile --test purgeable --test swap_errors --test lru --test reclaim_idle \
   --test lazyfree --test smoke --test heap --test populate --test lock --test lock_limits \
-  --test lock_onfault_race --test file --test file_clean_writeback --test fork --test fuzz \
+  --test lock_onfault_race --test file --test file_clean_writeback --test fork --test fork_copy --test fuzz \
   --test munmap_concurrent --test api_introspect --test api_sound --test map_options --test dontdump \
   --test guard_touch --test usermode --test farmem --test stress --test soak --test conformance \
   --test no_hang --test wake_ahead --test frame_pool --test file_windows -- --test-threads=2 \

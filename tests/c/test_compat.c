@@ -68,8 +68,8 @@ static void *hammer(void *arg) {
 }
 
 /* In a forked child: the plain calls go to the child's copy of the parent's
- * default space, or, where it was not copied (in-thread faults, a frame
- * pool, a page store), to a fresh default space of the child's own; a
+ * default space, or, where it was not copied (a sealing page store),
+ * to a fresh default space of the child's own; a
  * parent's space the child was given works there, one it was not is stale
  * (ESTALE) and umm_close only forgets it. Returns the number of failed
  * checks. */
@@ -185,8 +185,7 @@ static void test_fork(unsigned char *p) {
 /* MAP_SHARED anonymous memory stays shared with a forked child, as on
  * Linux (the pattern of LTP's and the kernel's tests: a child reports
  * through it), with most of it swapped out at the fork; a private page
- * beside it stays private. Where spaces are not copied (in-thread faults,
- * the frame pool: USERMM_FLAGS) the child has no access to either. */
+ * beside it stays private. */
 static void test_shared_fork(void) {
     umm_space *s = umm_default_space();
     size_t n = 2048; /* 8 MiB, twice the budget */
@@ -198,8 +197,9 @@ static void test_shared_fork(void) {
     for (size_t i = 0; i < n; i++)
         sh[i * PAGE] = (unsigned char)(i % 251 + 3);
     pv[0] = 9;
-    const char *flags = getenv("USERMM_FLAGS");
-    int copies = !flags || (strtoul(flags, NULL, 0) & (64 | 256)) == 0;
+    /* (Not copied: a sealing page store's space.) */
+    const char *url = getenv("USERMM_SWAP_URL");
+    int copies = !url || !strstr(url, "seal=1");
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {

@@ -77,6 +77,41 @@ fn output(c: &mut Command) -> Output {
 }
 
 /// A program the test needs, in `$PATH` (scripts/test.sh installs it).
+/// A `redis-server` of the test's own on a free loopback port, and the
+/// `--swap-url` of a sealing store on it (`seal=1`): the one kind of space
+/// a fork does not copy (its key stays in its process).
+struct SealedStore {
+    server: std::process::Child,
+    url: String,
+}
+
+impl SealedStore {
+    fn start(dir: &Path) -> SealedStore {
+        let exe = need("redis-server");
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let server = Command::new(exe)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(t0.elapsed() < Duration::from_secs(20), "the Redis server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        SealedStore { server, url: format!("redis://127.0.0.1:{port}/?seal=1") }
+    }
+}
+
+impl Drop for SealedStore {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
 fn need(prog: &str) -> PathBuf {
     for p in ["/usr/bin", "/bin", "/usr/local/bin"] {
         let c = Path::new(p).join(prog);
@@ -1333,9 +1368,11 @@ fn children_that_exec_run_and_inherit_the_preload() {
     let out = output(usermm_run(&["--budget", "16m", "--"]).arg(&py).args(["-c", fork]));
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "64000 32640\nchild signal 0\n", "{out:?}");
-    // Where the space is not copied (a frame pool), the same child dies of
-    // SIGSEGV on its parent's heap, and says so.
-    let out = output(usermm_run(&["--frame-pool", "--"]).arg(&py).args(["-c", fork]));
+    // Where the space is not copied (a sealing page store), the same child
+    // dies of SIGSEGV on its parent's heap, and says so.
+    let sealed = SealedStore::start(&dir);
+    let out = output(usermm_run(&["--swap-url", &sealed.url, "--"]).arg(&py).args(["-c", fork]));
+    drop(sealed);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "child signal 11\n", "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("a forked child touched its parent's heap"), "{out:?}");
@@ -1370,7 +1407,7 @@ fn cpython_multiprocessing_fork_workers_read_the_parents_dict() {
     assert!(!stderr.contains("is not copied"), "{stderr}");
 }
 
-/// Where a fork does not copy the space (`--frame-pool`): a forked child (and
+/// Where a fork does not copy the space (a sealing `--swap-url`): a forked child (and
 /// grandchild) that allocates and maps without exec'ing: its new memory is
 /// on a space of its own; its parent's stream
 /// and environment (changed after the space opened) survive the fork; the
@@ -1462,7 +1499,9 @@ int main(void) {
 fn a_forked_child_allocates_and_maps_on_a_space_of_its_own() {
     let dir = tmpdir("forker");
     let exe = gcc(&dir, "forker", FORKER_C, &[]);
-    let out = output(usermm_run(&["--budget", "16m", "--frame-pool", "--verbose", "--"]).arg(&exe));
+    let sealed = SealedStore::start(&dir);
+    let out = output(usermm_run(&["--budget", "16m", "--swap-url", &sealed.url, "--verbose", "--"]).arg(&exe));
+    drop(sealed);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
     assert_eq!(stdout, "child ok\nthe parent's heap\n", "{stderr}");

@@ -578,3 +578,45 @@ fn a_fork_advice_that_fails_part_way_leaves_the_changed_regions_merged() {
     assert_eq!(draw(&c, 0, 32), "AAAAAAAAAAAAAAAAAAAABBBBBBBBBB..");
     c.validate();
 }
+
+/// A fork hands each shared region to the host (`hand_to_host`): the core
+/// says where each page's bytes are (resident here), keeps the region's
+/// attributes and no page, wakes a fault there (the host serves it),
+/// refuses `MADV_FREE`, `MADV_WIPEONFORK` and `mvolatile` as shmem's, and
+/// passes page advice to the host; a private neighbour is left alone, and
+/// the space can be copied.
+#[test]
+fn a_shared_region_handed_to_the_host_keeps_its_attributes_and_no_page() {
+    use usermm_core::{AdviceOp, FaultPlan, HandSrc};
+    let mut c = core();
+    map_at(&mut c, 0, 8);
+    mmap(&mut c, at(8), pages(8), RW, MAP_SHARED | MAP_ANONYMOUS | MAP_FIXED).unwrap();
+    for p in [1, 9, 10] {
+        touch(&mut c, p, true);
+    }
+    assert_eq!(c.fork_blocker(), Some("a MAP_SHARED anonymous region"));
+    let shared = c.shared_to_hand_over();
+    assert_eq!(shared, vec![usermm_core::PageRange::new(8, 16)]);
+    let srcs = c.hand_over_sources(shared[0]).unwrap();
+    assert_eq!(srcs, vec![(PageIdx(9), HandSrc::Mapped), (PageIdx(10), HandSrc::Mapped)]);
+    zap(&mut c, shared[0]);
+    c.hand_to_host(shared[0]);
+    c.validate();
+    assert_eq!(c.fork_blocker(), None);
+    assert!(c.shared_to_hand_over().is_empty());
+    assert_eq!(draw(&c, 0, 17), "AAAAAAAABBBBBBBB.");
+    assert!(c.regions().find(PageIdx(12)).unwrap().host());
+    assert_eq!(c.stats().resident_pages, 1, "the private page only");
+    assert_eq!(c.fault(usermm_core::Addr(at(12)), true), FaultPlan::Wake);
+    assert_eq!(madvise(&mut c, at(8), pages(8), MADV_FREE), Err(Errno::EINVAL));
+    assert_eq!(madvise(&mut c, at(8), pages(8), MADV_WIPEONFORK), Err(Errno::EINVAL));
+    assert_eq!(c.mvolatile(at(8), pages(2)).1, Err(Errno::EINVAL));
+    let (ops, r) = c.madvise(at(8), pages(4), MADV_REMOVE);
+    assert_eq!(r, Ok(()));
+    assert!(matches!(ops[..], [AdviceOp::Host(_, MADV_REMOVE)]), "{ops:?}");
+    // Attributes still change (and split) as for any region.
+    madvise(&mut c, at(12), pages(4), MADV_DONTFORK).unwrap();
+    assert_eq!(draw(&c, 0, 17), "AAAAAAAABBBBCCCC.");
+    assert!(c.regions().find(PageIdx(14)).unwrap().host());
+    c.validate();
+}

@@ -48,11 +48,11 @@
 //! (`usermm::Space`'s "fork"): usermm's own `pthread_atfork` child handler,
 //! registered as the space opened, runs before this library's, which then
 //! finds the space the child's and changes nothing. Anonymous `MAP_SHARED`
-//! mappings are the kernel's (`route_mmap`): on a space, one would keep the
-//! whole space from being copied, and the kernel keeps them shared.
+//! mappings are the kernel's (`route_mmap`): shared with children from the
+//! start (on a space the first fork would hand them to the host, a copy).
 //!
-//! Where the space is not copied (in-thread faults, a frame pool, a page
-//! store, or a copy that failed, with a message), the child has none of its
+//! Where the space is not copied (a sealing page store, or a copy that
+//! failed, with a message), the child has none of its
 //! parent's space (a touch of the parent's heap or mappings is SIGSEGV).
 //! Its own new memory goes on a space of its own: the `pthread_atfork`
 //! child handler moves the process one *generation* on (a space and a

@@ -157,14 +157,15 @@ impl Arena {
     /// staging area with it again, as at the start (a child's inherited
     /// mappings are registered with no userfaultfd: a missing page there
     /// would read as the zero page), and opens pagemap again (the inherited
-    /// one shows the parent's pages). `ENOTSUP` for an arena with a frame
-    /// pool (left out of forks) or one made without `fork_copies`. The
-    /// ranges `skip` (sorted, disjoint: the host's, `share_out`) stay
-    /// registered with nothing.
+    /// one shows the parent's pages); a frame pool (left out of forks)
+    /// starts again empty (`rearm_pool_in_child`). `ENOTSUP` for one made
+    /// without `fork_copies`. The ranges `skip` (sorted, disjoint: the
+    /// host's, `share_out`) stay registered with nothing.
     pub fn rearm_in_child(&self, uffd: &Uffd, skip: &[(usize, usize)]) -> Result<(), Errno> {
-        if !self.fork_copies || self.pool_cap > 0 {
+        if !self.fork_copies {
             return Err(Errno(libc::ENOTSUP));
         }
+        self.rearm_pool_in_child(uffd)?;
         let mut at = self.base;
         for &(s, t) in skip.iter().chain([(self.base + self.reserve_len, self.base + self.reserve_len)].iter()) {
             if s > at {

@@ -7,6 +7,17 @@ use crate::Space;
 
 impl Space {
     #[cfg(feature = "test-hooks")]
+    /// Test hook: opens a space a forked child gets no copy of (its
+    /// reservation left out of forks, as a sealing page store's is), for
+    /// the tests of what a child does without one.
+    pub fn open_not_copied(cfg: &crate::Config) -> Result<Space, crate::Errno> {
+        crate::native::NOT_COPIED.with(|n| n.set(true));
+        let s = Space::open(cfg);
+        crate::native::NOT_COPIED.with(|n| n.set(false));
+        s
+    }
+
+    #[cfg(feature = "test-hooks")]
     /// Test hook: a handler that decides a transient SIGBUS (a failed swap
     /// read, no frame) waits `ms` milliseconds before queuing it, as a
     /// preempted handler thread would.

@@ -129,6 +129,8 @@ mod zap;
 pub(crate) use fork::ForkLocks;
 #[cfg(feature = "test-hooks")]
 pub(crate) use hooks::SIM_BUG_LOST_SWAP_WRITE;
+#[cfg(feature = "test-hooks")]
+pub(crate) use open::NOT_COPIED;
 use tuning::*;
 
 /// A space's executor: its identity (the reservation, its page size), its

@@ -158,7 +158,7 @@ pub(crate) trait Platform: Send + Sync {
     /// `swap_runs` (`(offset, length)`) read in place until written there
     /// (the parent keeps them: the core's swap holds). `ENOTSUP` where the
     /// host side cannot be
-    /// copied (a frame pool, a page store, a second userfaultfd, page-cache
+    /// copied (a sealing page store, a second userfaultfd, page-cache
     /// windows); the space is then not the child's.
     fn fork_child(&self, _swap_runs: &[(u64, u64)]) -> Result<(), Errno> {
         Err(Errno::EOPNOTSUPP)
@@ -655,7 +655,7 @@ impl Platform for Native {
     }
 
     fn fork_child(&self, swap_runs: &[(u64, u64)]) -> Result<(), Errno> {
-        if self.in_thread.uffd().is_some() || self.direct.any() {
+        if self.direct.any() {
             return Err(Errno::EOPNOTSUPP);
         }
         let Some(swap) = self.swap.as_ref().map(|s| s.fork_child(swap_runs)) else {
@@ -672,7 +672,9 @@ impl Platform for Native {
         }
     }
     fn share(&self, a: usize, l: usize, prot: i32, to: ShareTo<'_>, pages: &[(usize, ShareSrc)]) -> Result<(), Errno> {
-        if !self.fork_copies || self.in_thread.uffd().is_some() {
+        // (An in-thread region's range is registered with the second
+        // userfaultfd, in MISSING mode only: no write protection.)
+        if !self.fork_copies || !self.in_thread.split(a, l)?.0.is_empty() {
             return Err(Errno::EOPNOTSUPP);
         }
         // (Windows from the page cache are registered with nothing, and

@@ -3,6 +3,8 @@
 //! the same addresses — and after the fork neither sees the other's
 //! writes; both go on swapping. (A space that cannot be copied: `fork.rs`.)
 
+mod common;
+
 use usermm::consts::{MADV_COLD, MADV_PAGEOUT};
 use usermm::{Config, Space};
 use usermm_sys::thread::{fork_run, ChildExit};
@@ -46,11 +48,11 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn space() -> Space {
-    // (The default mode only: in-thread faults and a frame pool are not
-    // copied, see `fork.rs`; swap to the run's page store if it has one,
-    // `USERMM_TEST_SWAP_URL`.)
-    let swap_url = std::env::var("USERMM_TEST_SWAP_URL").ok().filter(|u| !u.is_empty());
-    Space::open(&Config { budget_bytes: 8 << 20, swap_bytes: 128 << 20, swap_url, ..Config::default() }).unwrap()
+    // (In the run's mode: in-thread faults, the frame pool, swap to the
+    // run's page store, `tests/common`.)
+    let cfg = Config { budget_bytes: 8 << 20, swap_bytes: 128 << 20, ..Config::default() };
+    assert!(common::forks_copy(&cfg), "a run whose spaces are not copied (a sealing store) tests nothing here");
+    common::open_mode(&cfg).unwrap()
 }
 
 #[test]
@@ -630,4 +632,103 @@ fn a_fork_after_a_raw_dontneed_of_a_shared_page_returns() {
     assert!(m[3 * PAGE..4 * PAGE].iter().all(|&b| b == 0));
     s.munmap(sh, len).unwrap();
     s.validate();
+}
+
+/// A space with a frame pool (`UMM_F_FRAME_POOL`) is copied too: the pool,
+/// left out of the fork, starts empty in the child, which reads every byte
+/// its parent had and recycles frames into its own fills; the parent's
+/// pool goes on.
+#[test]
+fn a_frame_pool_space_is_copied_with_an_empty_pool() {
+    let _serial = serial();
+    let cfg = Config {
+        budget_bytes: 8 << 20,
+        swap_bytes: 128 << 20,
+        flags: usermm::consts::UMM_F_FRAME_POOL,
+        ..Config::default()
+    };
+    let s = Space::open(&cfg).unwrap();
+    let mut m = s.map_anon(32 << 20).unwrap();
+    fill(&mut m, 1);
+    fill(&mut m, 2);
+    let before = s.stats();
+    assert!(before.pool_fills > 0, "the parent's pool was not used: {before:?}");
+    let (maddr, mlen) = (m.addr(), m.len());
+    let out = fork_run(60, || {
+        // SAFETY: the child's copy of the parent's mapping, which this
+        // thread alone uses.
+        let m = unsafe { std::slice::from_raw_parts_mut(maddr as *mut u8, mlen) };
+        if bad_pages(m, 2) != 0 {
+            return 2;
+        }
+        let fills = s.stats().pool_fills;
+        fill(m, 3);
+        if bad_pages(m, 3) != 0 {
+            return 3;
+        }
+        if s.stats().pool_fills == fills {
+            return 4;
+        }
+        s.validate();
+        0
+    })
+    .unwrap();
+    assert_eq!(out, ChildExit::Exited(0), "the child's check failed");
+    assert_eq!(bad_pages(&m, 2), 0);
+    fill(&mut m, 4);
+    assert_eq!(bad_pages(&m, 4), 0);
+    assert!(s.stats().pool_fills > before.pool_fills);
+    s.validate();
+}
+
+/// Spaces whose faults are resolved in the faulting thread are copied: one
+/// with `UMM_F_INTHREAD_FAULTS`, and one with a `UMM_MAP_INTHREAD` region
+/// beside a handler-served one (two userfaultfds, both taken over). The
+/// child reads every byte, writes under pressure, and its faults are its
+/// own (the SIGBUS handler's table passes over the parent's entry).
+#[test]
+fn in_thread_spaces_are_copied() {
+    use usermm::consts::{MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE, UMM_F_INTHREAD_FAULTS, UMM_MAP_INTHREAD};
+    let _serial = serial();
+    for whole in [true, false] {
+        let flags = if whole { UMM_F_INTHREAD_FAULTS } else { 0 };
+        let s =
+            Space::open(&Config { budget_bytes: 8 << 20, swap_bytes: 128 << 20, flags, ..Config::default() }).unwrap();
+        let len = 16usize << 20;
+        let a = s.mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | UMM_MAP_INTHREAD, -1, 0).unwrap();
+        let mut b = s.map_anon(len).unwrap();
+        // SAFETY: the space's new mapping, which only this test uses.
+        let m = unsafe { std::slice::from_raw_parts_mut(a as *mut u8, len) };
+        fill(m, 1);
+        fill(&mut b, 2);
+        assert!(s.stats().swapped_pages > 1000, "{:?}", s.stats());
+        let bad = (b.addr(), b.len());
+        let out = fork_run(60, || {
+            // SAFETY: the child's copies of the parent's mappings, which
+            // this thread alone uses.
+            let (m, b) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(a as *mut u8, len),
+                    std::slice::from_raw_parts_mut(bad.0 as *mut u8, bad.1),
+                )
+            };
+            if bad_pages(m, 1) != 0 || bad_pages(b, 2) != 0 {
+                return 2;
+            }
+            fill(m, 3);
+            fill(b, 4);
+            if bad_pages(m, 3) != 0 || bad_pages(b, 4) != 0 {
+                return 3;
+            }
+            s.validate();
+            0
+        })
+        .unwrap();
+        assert_eq!(out, ChildExit::Exited(0), "the child's check (whole space in-thread: {whole})");
+        assert_eq!(bad_pages(m, 1), 0);
+        assert_eq!(bad_pages(&b, 2), 0);
+        fill(m, 5);
+        assert_eq!(bad_pages(m, 5), 0);
+        s.validate();
+    }
 }

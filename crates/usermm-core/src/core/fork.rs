@@ -34,9 +34,7 @@ pub enum HandSrc {
 impl Core {
     /// Why the space cannot be copied into a forked child, or `None`: a
     /// `MAP_SHARED` region (anonymous, or of a file) not handed to the host
-    /// (`hand_to_host`) would not stay shared with the parent, and a region
-    /// whose faults are served in the faulting thread has a userfaultfd of
-    /// its own.
+    /// (`hand_to_host`) would not stay shared with the parent.
     pub fn fork_blocker(&self) -> Option<&'static str> {
         for r in self.regions.iter() {
             match r.kind() {
@@ -44,9 +42,6 @@ impl Core {
                 Kind::AnonShared if !r.host() => return Some("a MAP_SHARED anonymous region"),
                 Kind::FileShared if !r.host() => return Some("a MAP_SHARED file region"),
                 _ => {}
-            }
-            if r.in_thread() {
-                return Some("a region with in-thread faults");
             }
         }
         None

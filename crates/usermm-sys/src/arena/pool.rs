@@ -12,6 +12,28 @@ impl Arena {
         self.pool_installed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// In a forked child: the pool, `MADV_DONTFORK` and so absent here,
+    /// mapped again empty and registered with the child's `uffd`. `EBUSY`
+    /// if its count was locked at the fork (the callers hold the space's
+    /// region or core lock, which the fork held: never so far).
+    pub(super) fn rearm_pool_in_child(&self, uffd: &Uffd) -> Result<(), Errno> {
+        if self.pool_cap == 0 {
+            return Ok(());
+        }
+        let mut p = self.pool_len.try_lock().map_err(|_| Errno::EBUSY)?;
+        let len = self.pool_cap * self.page_size;
+        // SAFETY: the pool's own range, which no mapping of this process
+        // holds now (a fork leaves it out) and nothing refers to.
+        unsafe { mem::replace_anon(self.pool_base, len, libc::PROT_READ | libc::PROT_WRITE) }?;
+        [libc::MADV_DONTFORK, libc::MADV_NOHUGEPAGE, libc::MADV_DONTDUMP]
+            .iter()
+            // SAFETY: the pool mapping is ours, just made: no reference into it.
+            .try_for_each(|&adv| unsafe { mem::advise(self.pool_base, len, adv) })?;
+        uffd.register_mode(self.pool_base, len, crate::uffd::UFFDIO_REGISTER_MODE_WP)?;
+        *p = PoolState::default();
+        Ok(())
+    }
+
     /// Frames in the pool now.
     pub fn pool_frames(&self) -> usize {
         self.pool().len

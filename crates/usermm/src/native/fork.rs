@@ -21,8 +21,8 @@
 //!   resident pages dropped (the fork dropped their write protection),
 //!   threads of its own started, every lock undone (`munlockall`: locks are
 //!   not inherited). A space
-//!   that cannot be copied (a host side that cannot be taken over: in-thread
-//!   faults, a frame pool, a sealing page store) is made inaccessible
+//!   that cannot be copied (a host side that cannot be taken over: a
+//!   sealing page store's key) is made inaccessible
 //!   (`PROT_NONE`: a touch is SIGSEGV, never another process's bytes or a
 //!   zero) and stays the parent's (its calls `ESTALE`), with a message;
 //! - **parent**: the locks let go.
@@ -404,6 +404,18 @@ impl Inner {
         let ps = self.page_size as u64;
         let runs: Vec<(u64, u64)> = swap_runs.iter().map(|&(s, n)| (u64::from(s) * ps, u64::from(n) * ps)).collect();
         self.plat.fork_child(&runs).map_err(|e| format!("its host side: {e}"))?;
+        // In-thread faults: the SIGBUS handler passes over the parent's
+        // entry in its table (a child's handler must not run the parent's
+        // threads' work); the child's own goes in, before any touch.
+        let in_thread = self.settings.in_thread() || lock(&self.core).regions().iter().any(|r| r.in_thread());
+        if in_thread {
+            let _ = self.plat.thread(Thread::InThreadOff);
+            let resolver = Arc::new(super::fault::InThread(self.me.upgrade().ok_or("the space is closing")?));
+            let (start, end) = (self.base, self.base + self.reserve_len);
+            self.plat
+                .thread(Thread::InThreadOn { start, end, resolver })
+                .map_err(|e| format!("the SIGBUS handler's table: {e}"))?;
+        }
         self.wake_fd.replace_in_child().map_err(|e| format!("an eventfd: {e}"))?;
         // The zaps parent threads had under way (see `zaps_after_fork`).
         let (claims, held) = lock(&self.core).zaps_after_fork();

@@ -6,6 +6,13 @@
 use super::*;
 use crate::platform::Setup;
 
+#[cfg(feature = "test-hooks")]
+thread_local! {
+    /// Test hook: the next space this thread opens is not copied into a
+    /// forked child (`Space::open_not_copied`).
+    pub(crate) static NOT_COPIED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 impl Inner {
     /// Opens a space; a forked child gets a copy of it where the
     /// configuration allows (`native/fork.rs`).
@@ -34,11 +41,14 @@ impl Inner {
         // The frame pool (`Arena::recycle_slots`), opt-in: an eighth of the
         // budget, 16 to 512 frames.
         let pool_pages = if cfg.flags & UMM_F_FRAME_POOL == 0 { 0 } else { (staging_slots / 8).clamp(16, 512) };
-        // A child's copy re-arms the host side (`Platform::fork_child`):
-        // not a frame pool's (its frames stay out of forks), a sealing page
-        // store's (the key is not copied: `PageStore::forks`), or in-thread
-        // faults' (the SIGBUS table).
-        let fork_copies = !in_thread && pool_pages == 0;
+        // A child's copy re-arms the host side (`Platform::fork_child`; a
+        // frame pool starts empty there, in-thread faults are registered
+        // again in the SIGBUS handler's table): not a sealing page store's
+        // (the key is not copied: `PageStore::forks`).
+        #[cfg(feature = "test-hooks")]
+        let fork_copies = !NOT_COPIED.with(|n| n.get());
+        #[cfg(not(feature = "test-hooks"))]
+        let fork_copies = true;
         let native = Native::open(&Setup {
             cfg,
             page_size: ps,

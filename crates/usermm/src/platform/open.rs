@@ -83,9 +83,29 @@ impl Native {
     pub(super) fn fork_child_host(&self) -> Result<(), Errno> {
         self.uffd.replace_in_child()?;
         // (The memory handed to the host is the host's here too: shared
-        // with the parent, served by no userfaultfd.)
-        let shared = self.shared.inside(self.arena.base, usize::MAX - self.arena.base);
-        self.arena.rearm_in_child(&self.uffd, &shared)?;
+        // with the parent, served by no userfaultfd; the ranges of
+        // `UMM_MAP_INTHREAD` regions go to the second userfaultfd.)
+        let (base, len) = (self.arena.base, self.arena.reserve_len);
+        let shared = self.shared.inside(base, len);
+        let in_thread = match self.in_thread.uffd() {
+            Some(_) => self.in_thread.split(base, len)?.0,
+            None => Vec::new(),
+        };
+        let mut skip: Vec<(usize, usize)> = shared.iter().chain(in_thread.iter()).copied().collect();
+        skip.sort_unstable();
+        self.arena.rearm_in_child(&self.uffd, &skip)?;
+        if let Some(it) = self.in_thread.uffd() {
+            it.replace_in_child()?;
+            for (s, t) in in_thread {
+                let mut at = s;
+                for (x, y) in self.shared.inside(s, t - s).into_iter().chain([(t, t)]) {
+                    if x > at {
+                        it.register_mode(at, x - at, usermm_sys::uffd::UFFDIO_REGISTER_MODE_MISSING)?;
+                    }
+                    at = at.max(y);
+                }
+            }
+        }
         if let Some(pm) = &self.pagemap {
             pm.reopen_in_child()?;
         }

@@ -53,13 +53,11 @@ pub fn in_thread_run() -> bool {
 }
 
 /// Whether a space opened with `open_mode(cfg)` is copied into a forked
-/// child in this run: not with in-thread faults, a frame pool or a page
-/// store that seals (docs/design.md, "fork").
+/// child in this run: not with a page store that seals (docs/design.md,
+/// "fork").
 #[allow(dead_code)]
 pub fn forks_copy(cfg: &Config) -> bool {
-    let c = with_test_store(cfg.clone());
-    c.flags & (usermm::consts::UMM_F_INTHREAD_FAULTS | usermm::consts::UMM_F_FRAME_POOL) == 0
-        && !c.swap_url.is_some_and(|u| u.contains("seal=1"))
+    !with_test_store(cfg.clone()).swap_url.is_some_and(|u| u.contains("seal=1"))
 }
 
 /// A space with a budget and swap of the given MiB.
