@@ -74,9 +74,8 @@
  *
  * After fork, the child has a copy of the default space (every byte, at the
  * same addresses; MAP_SHARED regions stay shared with the parent, as the
- * host's memory from that fork on). Where the space cannot be copied (a
- * sealing page store: USERMM_SWAP_URL with seal=1) the parent's regions
- * are not accessible in the child (a touch raises SIGSEGV), and its first
+ * host's memory from that fork on). Where the copy fails (no descriptor
+ * left, for one) the parent's regions are not accessible in the child (a touch raises SIGSEGV), and its first
  * redirected call opens a default space of its own (same environment),
  * empty. docs/design.md, "fork".
  */

@@ -59,10 +59,9 @@ pub(crate) fn help() -> &'static str {
      it cannot run under the preload (statically linked, 32-bit, no preload library) or cannot be\n\
      started; 2 on a usage error.\n\n\
      LIMITS (this version): the heap and anonymous mmaps are on the space (stacks and files stay\n\
-     with the kernel); a forked child gets a copy of the space (shared mappings stay shared), except\n\
-     with a sealing --swap-url (?seal=1): such a child gets a space of its own for its new memory,\n\
-     and one that touches its parent's heap or mappings without exec'ing first dies of SIGSEGV\n\
-     (posix_spawn, system(), Python's subprocess work). A shell (sh, bash, dash, zsh, ksh, mksh, ash, busybox) keeps\n\
+     with the kernel); a forked child gets a copy of the space (shared mappings stay shared); where\n\
+     the copy fails (no descriptor left) it gets a space of its own for its new memory, and one\n\
+     that touches its parent's heap or mappings without exec'ing first dies of SIGSEGV. A shell (sh, bash, dash, zsh, ksh, mksh, ash, busybox) keeps\n\
      the kernel's memory, so that its forks work; the programs it execs get a space (wrapper scripts).\n"
 }
 

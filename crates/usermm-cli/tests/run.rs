@@ -77,41 +77,6 @@ fn output(c: &mut Command) -> Output {
 }
 
 /// A program the test needs, in `$PATH` (scripts/test.sh installs it).
-/// A `redis-server` of the test's own on a free loopback port, and the
-/// `--swap-url` of a sealing store on it (`seal=1`): the one kind of space
-/// a fork does not copy (its key stays in its process).
-struct SealedStore {
-    server: std::process::Child,
-    url: String,
-}
-
-impl SealedStore {
-    fn start(dir: &Path) -> SealedStore {
-        let exe = need("redis-server");
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let server = Command::new(exe)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        let t0 = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(t0.elapsed() < Duration::from_secs(20), "the Redis server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        SealedStore { server, url: format!("redis://127.0.0.1:{port}/?seal=1") }
-    }
-}
-
-impl Drop for SealedStore {
-    fn drop(&mut self) {
-        let _ = self.server.kill();
-        let _ = self.server.wait();
-    }
-}
-
 fn need(prog: &str) -> PathBuf {
     for p in ["/usr/bin", "/bin", "/usr/local/bin"] {
         let c = Path::new(p).join(prog);
@@ -1368,11 +1333,16 @@ fn children_that_exec_run_and_inherit_the_preload() {
     let out = output(usermm_run(&["--budget", "16m", "--"]).arg(&py).args(["-c", fork]));
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "64000 32640\nchild signal 0\n", "{out:?}");
-    // Where the space is not copied (a sealing page store), the same child
-    // dies of SIGSEGV on its parent's heap, and says so.
-    let sealed = SealedStore::start(&dir);
-    let out = output(usermm_run(&["--swap-url", &sealed.url, "--"]).arg(&py).args(["-c", fork]));
-    drop(sealed);
+    // Where the space is not copied (its copy failed: no descriptor was
+    // left for the tie to the parent), the same child dies of SIGSEGV on
+    // its parent's heap, and says so.
+    let no_fd = "import os, resource\nd = [bytes([i]) * 1000 for i in range(64)]\n\
+                 resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n\
+                 fds = []\ntry:\n    while True: fds.append(os.open('/dev/null', os.O_RDONLY))\n\
+                 except OSError: pass\npid = os.fork()\nfor f in fds: os.close(f)\n\
+                 if pid == 0:\n    print(sum(len(x) for x in d), flush=True)\n    os._exit(0)\n\
+                 print('child signal', os.waitpid(pid, 0)[1] & 127)\n";
+    let out = output(usermm_run(&["--"]).arg(&py).args(["-c", no_fd]));
     assert!(out.status.success(), "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "child signal 11\n", "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("a forked child touched its parent's heap"), "{out:?}");
@@ -1407,7 +1377,8 @@ fn cpython_multiprocessing_fork_workers_read_the_parents_dict() {
     assert!(!stderr.contains("is not copied"), "{stderr}");
 }
 
-/// Where a fork does not copy the space (a sealing `--swap-url`): a forked child (and
+/// Where a fork does not copy the space (its copy failed: no descriptor
+/// left for the tie to the parent, at the first fork): a forked child (and
 /// grandchild) that allocates and maps without exec'ing: its new memory is
 /// on a space of its own; its parent's stream
 /// and environment (changed after the space opened) survive the fork; the
@@ -1420,7 +1391,9 @@ const FORKER_C: &str = r#"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1458,12 +1431,33 @@ static int new_memory(void) {
     return 0;
 }
 
+/* Opens /dev/null until no descriptor is left (under a limit of 256): a
+   fork then cannot tie the child to its parent, and the space is not
+   copied. undo() closes exactly those. */
+static int taken[256], ntaken;
+
+static void exhaust(void) {
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = 256;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    int fd;
+    while (ntaken < 256 && (fd = open("/dev/null", O_RDONLY)) >= 0)
+        taken[ntaken++] = fd;
+}
+
+static void undo(void) {
+    while (ntaken > 0) close(taken[--ntaken]);
+}
+
 int main(void) {
     char *parent = malloc(64);
     strcpy(parent, "the parent's heap");
     FILE *keep = fopen("/proc/self/maps", "r");
     if (!keep || setenv("FORKER_VAR", "set after the space opened", 1)) return 1;
+    exhaust();
     pid_t pid = fork();
+    undo();
     if (pid == 0) {
         const char *v = getenv("FORKER_VAR");
         if (!v || strcmp(v, "set after the space opened")) _exit(10);
@@ -1476,7 +1470,9 @@ int main(void) {
         if (munmap(page, 4096) != 0 || !noaccess(parent)) _exit(23);
         free(parent);
         char *mine = malloc(64);
+        exhaust();
         pid_t g = fork();
+        undo();
         if (g == 0) exit(new_memory() || !noaccess(parent) || !noaccess(mine) ? 30 : 0);
         int st;
         if (waitpid(g, &st, 0) != g || !WIFEXITED(st) || WEXITSTATUS(st)) _exit(31);
@@ -1499,9 +1495,7 @@ int main(void) {
 fn a_forked_child_allocates_and_maps_on_a_space_of_its_own() {
     let dir = tmpdir("forker");
     let exe = gcc(&dir, "forker", FORKER_C, &[]);
-    let sealed = SealedStore::start(&dir);
-    let out = output(usermm_run(&["--budget", "16m", "--swap-url", &sealed.url, "--verbose", "--"]).arg(&exe));
-    drop(sealed);
+    let out = output(usermm_run(&["--budget", "16m", "--verbose", "--"]).arg(&exe));
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
     assert_eq!(stdout, "child ok\nthe parent's heap\n", "{stderr}");

@@ -51,8 +51,7 @@
 //! mappings are the kernel's (`route_mmap`): shared with children from the
 //! start (on a space the first fork would hand them to the host, a copy).
 //!
-//! Where the space is not copied (a sealing page store, or a copy that
-//! failed, with a message), the child has none of its
+//! Where the space is not copied (a copy that failed, with a message), the child has none of its
 //! parent's space (a touch of the parent's heap or mappings is SIGSEGV).
 //! Its own new memory goes on a space of its own: the `pthread_atfork`
 //! child handler moves the process one *generation* on (a space and a

@@ -1,6 +1,7 @@
 //! A value kept in memory of its own that is locked (never swapped), left
-//! out of core dumps, reads as zeros in a forked child, and is zeroed when
-//! dropped: for key material (a page store's sealing key).
+//! out of core dumps, reads as zeros in a forked child (unless kept for it:
+//! [`Locked::keep_on_fork`]), and is zeroed when dropped: for key material
+//! (a page store's sealing key).
 
 use std::ptr::NonNull;
 
@@ -51,6 +52,23 @@ impl<T> Locked<T> {
         // `len >= size_of::<T>()` bytes long; nothing was there.
         unsafe { ptr.write(v) };
         Ok(Locked { ptr: NonNull::new(ptr).expect("mmap never returns 0 here"), len })
+    }
+}
+
+impl<T> Locked<T> {
+    /// A forked child gets a copy of the value (`MADV_KEEPONFORK`): the
+    /// child is a copy of this process and may need it (a sealing key, to
+    /// read the pages this process sealed). The copy is locked only once
+    /// the child calls [`Locked::lock_again`] (locks are not inherited).
+    pub fn keep_on_fork(&self) -> Result<(), Errno> {
+        // SAFETY: our own mapping; the advice changes no byte of it.
+        crate::check(unsafe { libc::madvise(self.ptr.as_ptr() as *mut libc::c_void, self.len, libc::MADV_KEEPONFORK) })
+            .map(drop)
+    }
+
+    /// In a forked child: locks its copy of the value again.
+    pub fn lock_again(&self) -> Result<(), Errno> {
+        crate::mem::mlock2(self.ptr.as_ptr() as usize, self.len, 0)
     }
 }
 

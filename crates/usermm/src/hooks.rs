@@ -8,7 +8,7 @@ use crate::Space;
 impl Space {
     #[cfg(feature = "test-hooks")]
     /// Test hook: opens a space a forked child gets no copy of (its
-    /// reservation left out of forks, as a sealing page store's is), for
+    /// reservation left out of forks), for
     /// the tests of what a child does without one.
     pub fn open_not_copied(cfg: &crate::Config) -> Result<Space, crate::Errno> {
         crate::native::NOT_COPIED.with(|n| n.set(true));

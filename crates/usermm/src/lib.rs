@@ -83,8 +83,8 @@ use native::Inner;
 /// writes, locks are not inherited, `MADV_DONTFORK` regions are absent in
 /// the child and `MADV_WIPEONFORK` ones read zeros (docs/design.md,
 /// "fork"); its `MAP_SHARED` regions stay shared, the host's memory from
-/// the first fork on. A space that cannot be copied — one with a sealing
-/// page store, or whose copy failed — is
+/// the first fork on. A space whose copy failed (no descriptor left for
+/// the tie to its parent, 16 forks deep) is
 /// inaccessible in the child (a touch raises SIGSEGV) and every call on it
 /// there fails at once with [`Errno::ESTALE`] (the calls that return no
 /// `Result` — [`Space::stats`], [`Space::smaps`], [`Space::validate`],
@@ -475,7 +475,7 @@ impl Space {
     }
 
     /// Whether a forked child gets a copy of the space (see [`Space`]'s
-    /// "fork": not with a sealing page store).
+    /// "fork"; a copy can still fail).
     pub fn fork_copies(&self) -> bool {
         self.inner.fork_copies()
     }

@@ -158,7 +158,7 @@ pub(crate) trait Platform: Send + Sync {
     /// `swap_runs` (`(offset, length)`) read in place until written there
     /// (the parent keeps them: the core's swap holds). `ENOTSUP` where the
     /// host side cannot be
-    /// copied (a sealing page store, a second userfaultfd, page-cache
+    /// copied (a page store that cannot be shared, page-cache
     /// windows); the space is then not the child's.
     fn fork_child(&self, _swap_runs: &[(u64, u64)]) -> Result<(), Errno> {
         Err(Errno::EOPNOTSUPP)

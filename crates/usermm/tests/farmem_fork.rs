@@ -180,12 +180,17 @@ fn fork_scenario() {
 /// Runs [`fork_scenario`] in `how` against `srv` and checks that it passed
 /// and that no key outlives it.
 fn run(how: &str) {
+    run_with(how, "");
+}
+
+/// [`run`] with `options` after the store URL's.
+fn run_with(how: &str, options: &str) {
     let srv = Server::start(&[]);
     let exe = std::env::current_exe().expect("current_exe");
     let mut child = Command::new(exe)
         .args(["--exact", "fork_scenario", "--ignored", "--nocapture", "--test-threads=1"])
         .env(FORK_ENV, how)
-        .env(URL_ENV, srv.url("fk:"))
+        .env(URL_ENV, srv.url("fk:") + options)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -220,4 +225,12 @@ fn a_child_reads_its_parents_keys_after_the_parent_exited() {
 #[test]
 fn a_killed_childs_slots_are_freed_and_its_parents_keys_stay_its_own() {
     run("kill");
+}
+
+/// A sealing store (`seal=1`): the child opens its parent's sealed pages
+/// with its copy of the parent's key and seals its own under a key of its
+/// own.
+#[test]
+fn a_child_reads_its_parents_sealed_keys_and_seals_its_own() {
+    run_with("close", "&seal=1");
 }

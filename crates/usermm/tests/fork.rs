@@ -1,7 +1,6 @@
 //! SPEC §4 "fork": a child gets a copy of every space it can be given
 //! (`fork_copy.rs` checks the copy's bytes, and that shared regions stay
-//! shared); a space that cannot be copied (in-thread faults or a sealing
-//! page store, whose host side a child cannot take over yet) is
+//! shared); a space whose copy fails (no descriptor left for the tie) is
 //! inaccessible in the child — any touch raises SIGSEGV, never a
 //! silent zero — and every call on it there fails at once with `ESTALE`.
 //! Whatever locks parent threads held at the fork, the child never hangs
@@ -21,7 +20,7 @@ use usermm_sys::thread::{fork_probe_read, fork_run, ChildExit, ProbeOutcome};
 /// A space that is not copied is inaccessible in the child: SIGSEGV at
 /// every page of it, resident in the parent or not, its `MAP_SHARED`
 /// region's too, and every call `ESTALE` (`child_calls_stale`). Every space
-/// is copied but a sealing page store's, or where the copy fails: here no
+/// is copied but where the copy fails: here no
 /// descriptor is left for the pipe that ties the child to its parent (its
 /// swap slots). In a process of its own (`entry_…`: the descriptors run
 /// out).
@@ -140,16 +139,14 @@ fn child_calls_copy(s: &Space, addr: usize, ps: usize) -> i32 {
 /// A thread keeps the space's locks busy (map, populate, unmap: the region
 /// lock exclusive and shared, the core lock, fills waiting for the handler
 /// threads) while the main thread forks again and again. Each child uses
-/// the space under `alarm(5)`: its copy works (`child_calls_copy`), or, in
-/// a run whose spaces are not copied, every call fails at once with
-/// `ESTALE`; dropping a space of the parent returns at once either way.
+/// the space under `alarm(5)`: its copy works (`child_calls_copy`), and
+/// dropping a space of the parent returns at once.
 /// Before the fork generation check the children blocked on a lock held at
 /// the fork (or on handler threads that do not exist in a child) and were
 /// killed by SIGALRM.
 #[test]
 fn child_never_hangs_on_a_parent_space() {
     let cfg = Config { budget_bytes: 32 << 20, swap_bytes: 64 << 20, ..Config::default() };
-    let copies = common::forks_copy(&cfg);
     let s = common::open_mode(&cfg).unwrap();
     let mut owned = Some(common::open_mode(&cfg).unwrap());
     let ps = s.page_size();
@@ -171,7 +168,7 @@ fn child_never_hangs_on_a_parent_space() {
         for round in 0..ROUNDS {
             std::thread::sleep(Duration::from_micros(500 + 97 * (round as u64 % 13)));
             let o = fork_run(5, || {
-                let r = if copies { child_calls_copy(&s, addr, ps) } else { child_calls_stale(&s, addr, ps) };
+                let r = child_calls_copy(&s, addr, ps);
                 if r != 0 {
                     return r;
                 }
@@ -189,7 +186,7 @@ fn child_never_hangs_on_a_parent_space() {
     let hung = outcomes.iter().filter(|&&o| o == ChildExit::Signaled(libc::SIGALRM)).count();
     assert_eq!(hung, 0, "{hung} of {ROUNDS} children hung (killed by SIGALRM): {outcomes:?}");
     for o in &outcomes {
-        assert_eq!(*o, ChildExit::Exited(0), "a child's call number {o:?} failed (copies: {copies}): {outcomes:?}");
+        assert_eq!(*o, ChildExit::Exited(0), "a child's call number {o:?} failed: {outcomes:?}");
     }
     // The parent's spaces are untouched and still work.
     assert!(data.iter().all(|&b| b == 0x3c));
@@ -230,9 +227,8 @@ fn child_space_round_trip(cfg: &Config, byte: u8) -> i32 {
 fn child_opens_its_own_space() {
     let cfg = Config { budget_bytes: 8 << 20, swap_bytes: 0, ..Config::default() };
     let s = common::open_mode(&cfg).unwrap();
-    let copies = common::forks_copy(&cfg);
     let o = fork_run(10, || {
-        if s.check_owner() != if copies { Ok(()) } else { Err(Errno::ESTALE) } {
+        if s.check_owner() != Ok(()) {
             return 1;
         }
         child_space_round_trip(&Config { budget_bytes: 8 << 20, swap_bytes: 0, ..Config::default() }, 0x11)
@@ -243,8 +239,8 @@ fn child_opens_its_own_space() {
 }
 
 /// A child of a process with an in-thread space (`UMM_F_INTHREAD_FAULTS`,
-/// whatever the run's mode) that it gets no copy of (a sealing page
-/// store's: `Space::open_not_copied`) opens one of its own over the
+/// whatever the run's mode) that it gets no copy of
+/// (`Space::open_not_copied`) opens one of its own over the
 /// parent's range (the parent's reservation is not mapped in the child, so the kernel
 /// places the child's there once the gaps above it are taken: the child
 /// fills those first). The SIGBUS handler's table,
@@ -266,7 +262,7 @@ fn a_child_in_thread_space_over_the_parents_range_is_the_childs() {
         flags: UMM_F_INTHREAD_FAULTS,
         ..Config::default()
     };
-    // (One a child gets no copy of: one with a sealing page store.)
+    // (One a child gets no copy of.)
     let s = Space::open_not_copied(&common::with_test_store(cfg(PARENT))).unwrap();
     let (base, len) = s.reservation();
     let ps = s.page_size();
@@ -399,8 +395,7 @@ fn entry_fork_during_the_fork_handler_registration() {
     // the child finds the parent's space its copy, or stale where spaces
     // are not copied.
     let s = common::open_mode(&cfg).unwrap();
-    let want = if common::forks_copy(&cfg) { Ok(()) } else { Err(Errno::ESTALE) };
-    let o = fork_run(10, || if s.check_owner() == want { 0 } else { 1 }).unwrap();
+    let o = fork_run(10, || if s.check_owner() == Ok(()) { 0 } else { 1 }).unwrap();
     assert_eq!(o, ChildExit::Exited(0));
     s.close().unwrap();
     println!("child exited 0, parent's later fork counted");

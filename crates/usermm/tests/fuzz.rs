@@ -692,9 +692,6 @@ struct Variant {
 struct Sides {
     k: KernelMm,
     u: UserMm,
-    /// Whether a fork copies the space (not in-thread, with a frame pool or
-    /// a page store: `USERMM_TEST_*`); `Op::Fork` does nothing otherwise.
-    forks: bool,
     /// Per side: file A, file B.
     files: [[std::fs::File; 2]; 2],
 }
@@ -722,7 +719,7 @@ impl Sides {
         };
         let u = UserMm { space: common::open_mode(&cfg).expect("usermm space (needs full userfaultfd: run as root)") };
         let files = [0, 1].map(|_| [temp_file("A", 0), temp_file("B", 1)]);
-        Sides { k: KernelMm::new(), u, files, forks: common::forks_copy(&cfg) }
+        Sides { k: KernelMm::new(), u, files }
     }
     fn mm(&self, side: usize) -> &dyn Mm {
         if side == 0 {
@@ -987,9 +984,6 @@ impl Run {
     /// its copies ([`Run::child_check`]); the parent then checks that the
     /// child changed nothing of its own.
     fn fork(&mut self, index: usize, op: &Op) -> Result<(), Divergence> {
-        if !self.sides.forks {
-            return Ok(());
-        }
         let out = usermm_sys::thread::fork_run(60, || self.child_check());
         match out {
             Ok(ChildExit::Exited(0)) => self.forks += 1,

@@ -740,8 +740,7 @@ struct Worker<'a> {
     buf: Vec<u8>,
     locked: usize,
     selftest: String,
-    /// Whether this run forks (`Op::Fork`; then no region is
-    /// `UMM_MAP_INTHREAD`, which a fork does not copy).
+    /// Whether this run forks (`Op::Fork`).
     forks: bool,
 }
 
@@ -1279,7 +1278,7 @@ impl Worker<'_> {
                 // A third of the new mappings resolve their faults in the
                 // faulting thread (`UMM_MAP_INTHREAD`), beside the others'
                 // handler threads: every op then meets both kinds.
-                let in_thread = if self.rng.ratio(33, 100) && !self.forks { UMM_MAP_INTHREAD } else { 0 };
+                let in_thread = if self.rng.ratio(33, 100) { UMM_MAP_INTHREAD } else { 0 };
                 let what = match (unmap_first, in_thread != 0) {
                     (true, false) => "munmap+mmap(MAP_FIXED)",
                     (false, false) => "mmap(MAP_FIXED) over",
@@ -1470,16 +1469,11 @@ fn soak() {
     START.get_or_init(Instant::now);
 
     let cfg = Config { budget_bytes: BUDGET, swap_bytes: SWAP, ..Config::default() };
-    // Every other seed forks (no region is then `UMM_MAP_INTHREAD`: a
-    // fork does not copy such a space), where a fork copies the space.
-    let forks = seed.is_multiple_of(2) && common::forks_copy(&cfg) && ops.iter().any(|o| o.0 == Op::Fork);
+    // Every other seed forks.
+    let forks = seed.is_multiple_of(2) && ops.iter().any(|o| o.0 == Op::Fork);
     eprintln!(
         "soak: {}",
-        if forks {
-            "this seed forks (a worker's child checks its pages), no UMM_MAP_INTHREAD regions"
-        } else {
-            "this seed does not fork; a third of the remapped regions are UMM_MAP_INTHREAD"
-        }
+        if forks { "this seed forks (a worker's child checks its pages)" } else { "this seed does not fork" }
     );
     let space = Arc::new(common::open_mode(&cfg).expect("open"));
     assert_eq!(space.stats().budget_pages, (BUDGET / PS) as u64);

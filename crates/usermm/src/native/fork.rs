@@ -21,8 +21,8 @@
 //!   resident pages dropped (the fork dropped their write protection),
 //!   threads of its own started, every lock undone (`munlockall`: locks are
 //!   not inherited). A space
-//!   that cannot be copied (a host side that cannot be taken over: a
-//!   sealing page store's key) is made inaccessible
+//!   that cannot be copied (no descriptor for the tie, 16 forks deep, a
+//!   host side that cannot be taken over) is made inaccessible
 //!   (`PROT_NONE`: a touch is SIGSEGV, never another process's bytes or a
 //!   zero) and stays the parent's (its calls `ESTALE`), with a message;
 //! - **parent**: the locks let go.

@@ -43,8 +43,7 @@ impl Inner {
         let pool_pages = if cfg.flags & UMM_F_FRAME_POOL == 0 { 0 } else { (staging_slots / 8).clamp(16, 512) };
         // A child's copy re-arms the host side (`Platform::fork_child`; a
         // frame pool starts empty there, in-thread faults are registered
-        // again in the SIGBUS handler's table): not a sealing page store's
-        // (the key is not copied: `PageStore::forks`).
+        // again in the SIGBUS handler's table).
         #[cfg(feature = "test-hooks")]
         let fork_copies = !NOT_COPIED.with(|n| n.get());
         #[cfg(not(feature = "test-hooks"))]

@@ -179,7 +179,7 @@ pub(crate) struct RedisStore {
     /// A random id of this space: part of every stored page's header.
     space: u64,
     /// The space's key when pages go out sealed (`seal=1`).
-    sealer: Option<Sealer>,
+    sealer: Option<std::sync::Arc<Sealer>>,
     page: usize,
     /// Slots the space may use (a cluster's keys are deleted by
     /// enumerating them).
@@ -361,9 +361,9 @@ impl RedisStore {
             };
         let sealer = match u.seal {
             false => None,
-            true => Some(Sealer::new(slots).inspect_err(|e| {
+            true => Some(std::sync::Arc::new(Sealer::new(slots).inspect_err(|e| {
                 eprintln!("usermm: swap_url {shown}: seal=1: no key page could be made and locked ({e:?})");
-            })?),
+            })?)),
         };
         Ok(RedisStore {
             reads_poll,
@@ -553,7 +553,7 @@ impl RedisStore {
                 );
             }
             for (j, p) in run.iter().enumerate() {
-                put_page(self.sealer.as_ref(), self.space, slot + j as u64, p, buf);
+                put_page(self.sealer.as_deref(), self.space, slot + j as u64, p, buf);
             }
             buf.extend_from_slice(b"\r\n");
             n += 1;
@@ -600,10 +600,15 @@ impl RedisStore {
         if v.len() != (to - from) as usize * stride {
             return false;
         }
+        // (An ancestor's pages open with its key: `fork.rs`.)
+        let sealer = match self.ancestors.iter().find(|a| a.space == space) {
+            Some(a) => a.sealer.as_deref(),
+            None => self.sealer.as_deref(),
+        };
         (from..to).all(|s| {
             let i = (s - first) as usize;
             let at = (s - from) as usize * stride;
-            open_page(self.sealer.as_ref(), space, s, &v[at..at + stride], &mut buf[i * self.page..(i + 1) * self.page])
+            open_page(sealer, space, s, &v[at..at + stride], &mut buf[i * self.page..(i + 1) * self.page])
         })
     }
 
@@ -626,7 +631,7 @@ impl RedisStore {
             Conn::Cluster(link) => {
                 let mut p = redis::cluster::cluster_pipe();
                 for (s, part) in pieces(slot, run) {
-                    let value = Chunk { sealer: self.sealer.as_ref(), space: self.space, first: s, pages: part };
+                    let value = Chunk { sealer: self.sealer.as_deref(), space: self.space, first: s, pages: part };
                     if part.len() as u64 == CHUNK {
                         p.cmd("SET").arg(self.key(s / CHUNK)).arg(value).ignore();
                     } else {
@@ -879,7 +884,7 @@ impl PageStore for RedisStore {
     }
 
     fn forks(&self) -> bool {
-        self.sealer.is_none()
+        true
     }
 
     fn fork_child(&self, runs: &[(u64, u64)]) -> Result<(), Errno> {

@@ -1,8 +1,9 @@
 //! Sealed pages (a page store's `seal=1`): each page goes out encrypted and
 //! authenticated with ChaCha20-Poly1305 under a key the space draws at open
-//! and keeps only in its own process, in a locked page
-//! (`usermm_sys::secret::Locked`: never swapped, not in core dumps, zeros in
-//! a forked child). The store sees no plaintext, and cannot hand back a
+//! and keeps only in its own process and the processes forked from it (a
+//! child reads the pages its parent sealed, and seals its own under a key
+//! of its own), in a locked page (`usermm_sys::secret::Locked`: never
+//! swapped, not in core dumps). The store sees no plaintext, and cannot hand back a
 //! page it made up, a page of another slot, or one of another space: the
 //! associated data is the space's id and the slot, and the tag is checked
 //! before a byte is installed (a failed check is a read error: the faulting
@@ -54,8 +55,16 @@ impl Sealer {
         // The stack's copy cleared (`black_box`: the stores are kept).
         key.fill(0);
         std::hint::black_box(&key);
+        let cipher = cipher?;
+        cipher.keep_on_fork()?;
         let last = std::sync::Mutex::new(vec![0u64; usize::try_from(slots).map_err(|_| Errno::ENOMEM)?]);
-        Ok(Sealer { cipher: cipher?, sealed: AtomicU64::new(0), last })
+        Ok(Sealer { cipher, sealed: AtomicU64::new(0), last })
+    }
+
+    /// In a forked child: the key, a copy of the parent's, locked again
+    /// (locks are not inherited), for the pages its parent sealed.
+    pub(crate) fn lock_in_child(&self) -> Result<(), Errno> {
+        self.cipher.lock_again()
     }
 
     /// Seals `page` as `slot` of space `space` into `out` (its length):

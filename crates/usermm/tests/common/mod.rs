@@ -52,14 +52,6 @@ pub fn in_thread_run() -> bool {
     std::env::var("USERMM_TEST_INTHREAD").is_ok_and(|v| v == "1")
 }
 
-/// Whether a space opened with `open_mode(cfg)` is copied into a forked
-/// child in this run: not with a page store that seals (docs/design.md,
-/// "fork").
-#[allow(dead_code)]
-pub fn forks_copy(cfg: &Config) -> bool {
-    !with_test_store(cfg.clone()).swap_url.is_some_and(|u| u.contains("seal=1"))
-}
-
 /// A space with a budget and swap of the given MiB.
 pub fn space(budget_mib: usize, swap_mib: usize) -> Space {
     open(&Config { budget_bytes: budget_mib << 20, swap_bytes: swap_mib << 20, ..Config::default() })

@@ -24,6 +24,7 @@ use super::lease::{lease_key, reap_after_exit, refresh_ns, LIVE};
 use super::url::{parse, random_id};
 use super::RedisStore;
 use crate::platform::fork::ChildTie;
+use crate::store::seal::Sealer;
 
 /// Forks deep a store follows its ancestors' keys.
 const MAX_ANCESTORS: usize = 16;
@@ -33,6 +34,8 @@ const MAX_ANCESTORS: usize = 16;
 pub(super) struct Ancestor {
     pub(super) prefix: String,
     pub(super) space: u64,
+    /// Its sealing key (`seal=1`): its pages open with it.
+    pub(super) sealer: Option<Arc<Sealer>>,
     here: Box<[AtomicU64]>,
 }
 
@@ -49,7 +52,7 @@ impl Ancestor {
 
     fn copy(&self) -> Ancestor {
         let here = self.here.iter().map(|w| AtomicU64::new(w.load(Ordering::Relaxed))).collect();
-        Ancestor { prefix: self.prefix.clone(), space: self.space, here }
+        Ancestor { prefix: self.prefix.clone(), space: self.space, sealer: self.sealer.clone(), here }
     }
 }
 
@@ -59,9 +62,11 @@ impl RedisStore {
     /// the fork) in place. Registered (its lease taken) before it returns,
     /// so that no write of the child's precedes it.
     pub(super) fn for_child(&self, runs: &[(u64, u64)]) -> Result<RedisStore, Errno> {
-        if self.sealer.is_some() {
-            // The key is not copied (`seal.rs`).
-            return Err(Errno::EOPNOTSUPP);
+        // A sealing store's key is the child's too, locked again there
+        // (`seal.rs`); the child seals its own writes under a key of its
+        // own (a nonce is never used twice under one key).
+        for s in self.ancestors.iter().filter_map(|a| a.sealer.as_ref()).chain(self.sealer.as_ref()) {
+            s.lock_in_child()?;
         }
         if self.ancestors.len() + 1 >= MAX_ANCESTORS {
             // (EMFILE, as the swap file's layers.)
@@ -83,7 +88,7 @@ impl RedisStore {
             }
         }
         let mut ancestors: Vec<Ancestor> = self.ancestors.iter().map(Ancestor::copy).collect();
-        ancestors.push(Ancestor { prefix: self.prefix.clone(), space: self.space, here });
+        ancestors.push(Ancestor { prefix: self.prefix.clone(), space: self.space, sealer: self.sealer.clone(), here });
         let space = random_id();
         let mut u = parse(&self.url, space)?;
         u.prefix = format!("{}f{space:016x}:", self.prefix);
