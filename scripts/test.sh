@@ -129,6 +129,10 @@ if [ "${swapped:-0}" -lt 100000000 ]; then
   echo "FATAL: the swap tests did not swap to the Redis server" >&2
   exit 1
 fi
+# The fork tests once more with sealed pages (seal=1): a child reads its
+# parent's sealed keys with its copy of the parent's key.
+USERMM_TEST_SWAP_URL="redis://127.0.0.1:$single_port/?seal=1" cargo test --release -p usermm \
+  --test fork_copy -- --test-threads=2
 
 # And once more against a Redis Cluster of 3 masters with a replica each,
 # every write waiting for its replica (replicas=1).

@@ -702,7 +702,7 @@ impl Platform for Native {
             None => pages,
         };
         let swap = self.swap.as_deref();
-        let mut read = |off, buf: &mut [u8]| swap.map_or(Err(Errno::EIO), |s| s.read(off, buf));
+        let mut read = |offs: &[u64], buf: &mut [u8]| swap.map_or(vec![false; offs.len()], |s| s.read_pages(offs, buf));
         self.arena.share_out(a, l, prot, to, pages, &mut read)?;
         // (Page-cache windows there were replaced with the rest.)
         self.direct.record(a, l, false);

@@ -30,8 +30,12 @@ pub enum ShareTo<'a> {
     File { file: &'a MappedFile, off: u64 },
 }
 
-/// Reads the stored page at a byte offset into the buffer it is given.
-pub type ReadStored<'a> = &'a mut dyn FnMut(u64, &mut [u8]) -> Result<(), Errno>;
+/// Reads the stored pages at byte offsets `offs` into the buffer it is
+/// given (one page each, in order); says for each whether it was read.
+pub type ReadStored<'a> = &'a mut dyn FnMut(&[u64], &mut [u8]) -> Vec<bool>;
+
+/// Stored pages read in one batch (`ShareTo`'s copy).
+const READ_BATCH: usize = 64;
 
 impl Arena {
     /// Write-protects the present pages of `[a, a+l)` of the reservation: a
@@ -110,13 +114,13 @@ impl Arena {
         pages: &[(usize, ShareSrc)],
         read: ReadStored<'_>,
     ) -> Result<(), Errno> {
-        let ps = self.page_size;
-        // (A page of its own, aligned as `O_DIRECT` swap reads need.)
-        let page = mem::map_rw(ps)?;
-        let r = self.share_pages((fd, off, end), a, l, pages, read, page as *mut u8);
-        // SAFETY: `page` is ours and no longer used.
+        let len = self.page_size * READ_BATCH;
+        // (A buffer of its own, aligned as `O_DIRECT` swap reads need.)
+        let batch = mem::map_rw(len)?;
+        let r = self.share_pages((fd, off, end), a, l, pages, read, batch as *mut u8);
+        // SAFETY: `batch` is ours and no longer used.
         unsafe {
-            let _ = mem::unmap(page, ps);
+            let _ = mem::unmap(batch, len);
         }
         r
     }
@@ -128,11 +132,16 @@ impl Arena {
         l: usize,
         pages: &[(usize, ShareSrc)],
         read: ReadStored<'_>,
-        page: *mut u8,
+        batch: *mut u8,
     ) -> Result<(), Errno> {
         let ps = self.page_size;
-        // SAFETY: `page` is a fresh mapping of `ps` bytes, ours alone.
-        let buf = unsafe { std::slice::from_raw_parts_mut(page, ps) };
+        // SAFETY: `batch` is a fresh mapping of `READ_BATCH` pages, ours alone.
+        let buf = unsafe { std::slice::from_raw_parts_mut(batch, ps * READ_BATCH) };
+        // The stored pages are read `READ_BATCH` at a time (one batch of
+        // reads, not a round trip each), when the first of a batch is met.
+        let stored: Vec<u64> =
+            pages.iter().filter_map(|&(_, s)| if let ShareSrc::Stored(at) = s { Some(at) } else { None }).collect();
+        let mut next = 0;
         for &(off, src) in pages {
             if off + ps > l {
                 return Err(Errno::EINVAL);
@@ -140,9 +149,16 @@ impl Arena {
             let from = match src {
                 ShareSrc::Mapped => a + off,
                 ShareSrc::Slot(s) => self.slot_addr(s),
-                ShareSrc::Stored(at) => {
-                    read(at, buf)?;
-                    buf.as_ptr() as usize
+                ShareSrc::Stored(_) => {
+                    let k = next % READ_BATCH;
+                    if k == 0 {
+                        let offs = &stored[next..(next + READ_BATCH).min(stored.len())];
+                        if read(offs, &mut buf[..offs.len() * ps]).iter().any(|ok| !ok) {
+                            return Err(Errno::EIO);
+                        }
+                    }
+                    next += 1;
+                    buf.as_ptr() as usize + k * ps
                 }
             };
             // SAFETY: `from` is a resident page of the reservation (the
