@@ -193,12 +193,7 @@ impl Drop for KernelArena {
 /// of the vector is returned (the kernel fills a prefix, which callers
 /// compare only by errno).
 pub fn mincore(addr: usize, len: usize) -> Result<Vec<u8>, Errno> {
-    let mut v = vec![0u8; len.div_ceil(PAGE).max(1)];
-    // SAFETY: `v` holds one byte per page of the range (at least one).
-    let r = unsafe { libc::syscall(libc::SYS_mincore, addr, len, v.as_mut_ptr()) };
-    check(r as libc::c_int)?;
-    v.truncate(len.div_ceil(PAGE));
-    Ok(v)
+    crate::mem::mincore(addr, len)
 }
 
 /// Reads the byte at `addr` with a volatile load from user mode.

@@ -137,12 +137,13 @@ pub unsafe fn map_shared_fixed(addr: usize, len: usize, prot: i32, fd: i32, off:
     Ok(())
 }
 
-/// `mincore(addr, len)`: one byte per host (4 KiB) page.
+/// `mincore(addr, len)` (the syscall itself): one byte per host (4 KiB)
+/// page. Reading page tables has no effect on memory, so any address may
+/// be asked about.
 pub fn mincore(addr: usize, len: usize) -> Result<Vec<u8>, Errno> {
     let mut v = vec![0u8; len.div_ceil(4096).max(1)];
-    // SAFETY: `v` holds one byte per host page of the range (at least one);
-    // reading page tables has no effect on memory.
-    check(unsafe { libc::mincore(addr as *mut libc::c_void, len, v.as_mut_ptr()) })?;
+    // SAFETY: `v` holds one byte per host page of the range (at least one).
+    check(unsafe { libc::syscall(libc::SYS_mincore, addr, len, v.as_mut_ptr()) } as libc::c_int)?;
     v.truncate(len.div_ceil(4096));
     Ok(v)
 }

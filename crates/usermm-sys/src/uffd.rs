@@ -392,21 +392,20 @@ impl Uffd {
     /// # Safety
     /// As `wake`: the pages are settled, as the caller's core says.
     pub unsafe fn unprotect(&self, start: usize, len: usize) -> Result<(), Errno> {
-        let mut w = UffdioWriteprotect { range: UffdioRange { start: start as u64, len: len as u64 }, mode: 0 };
-        let mut tries = 0;
-        loop {
-            match self.ioctl(UFFDIO_WRITEPROTECT, &mut w as *mut _ as *mut libc::c_void) {
-                Err(Errno(libc::EAGAIN)) if again(&mut tries) => continue,
-                r => return r,
-            }
-        }
+        self.writeprotect(start, len, 0)
     }
 
     /// `UFFDIO_WRITEPROTECT` with mode WP: write-protects the pages of
     /// `[start, start+len)` that are present; a write there then waits in
     /// a WP fault until the protection is lifted or the mapping replaced.
     pub fn write_protect(&self, start: usize, len: usize) -> Result<(), Errno> {
-        let mut w = UffdioWriteprotect { range: UffdioRange { start: start as u64, len: len as u64 }, mode: 1 };
+        self.writeprotect(start, len, 1)
+    }
+
+    /// `UFFDIO_WRITEPROTECT` with `mode` (1: protect; 0: lift and wake),
+    /// retrying `EAGAIN`.
+    fn writeprotect(&self, start: usize, len: usize, mode: u64) -> Result<(), Errno> {
+        let mut w = UffdioWriteprotect { range: UffdioRange { start: start as u64, len: len as u64 }, mode };
         let mut tries = 0;
         loop {
             match self.ioctl(UFFDIO_WRITEPROTECT, &mut w as *mut _ as *mut libc::c_void) {

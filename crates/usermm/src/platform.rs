@@ -679,12 +679,8 @@ impl Platform for Native {
         }
         // (Windows from the page cache are registered with nothing, and
         // their pages are the file's already.)
-        let mut at = a;
-        for (s, t) in self.direct.inside(a, l).into_iter().chain([(a + l, a + l)]) {
-            if s > at {
-                self.arena.write_protect(&self.uffd, at, s - at)?;
-            }
-            at = at.max(t);
+        for (s, t) in self.direct.outside(a, l) {
+            self.arena.write_protect(&self.uffd, s, t - s)?;
         }
         // A page the host dropped behind usermm's back (a raw
         // `MADV_DONTNEED`) reads as zeros: copied, it would fault into our

@@ -34,9 +34,18 @@ fn bad_pages(m: &[u8], r: u8) -> usize {
 
 /// Pages of `m` resident (`mincore`).
 fn resident(s: &Space, m: &[u8]) -> usize {
-    let mut v = vec![0u8; m.len() / PAGE];
-    s.mincore(m.as_ptr() as usize, m.len(), &mut v).unwrap();
-    v.iter().filter(|&&b| b & 1 != 0).count()
+    space_resident(s, m.as_ptr() as usize, m.len()).unwrap()
+}
+
+/// Pages of `[a, a+l)` of `s` resident (`mincore`).
+fn space_resident(s: &Space, a: usize, l: usize) -> Result<usize, usermm::Errno> {
+    let mut v = vec![0u8; l / PAGE];
+    s.mincore(a, l, &mut v).map(|()| v.iter().filter(|&&b| b & 1 != 0).count())
+}
+
+/// Pages of `[a, a+l)` resident in the kernel's mapping (`mincore`).
+fn kernel_resident(a: usize, l: usize) -> usize {
+    usermm_sys::kernel::mincore(a, l).map_or(0, |v| v.iter().filter(|&&b| b & 1 != 0).count())
 }
 
 /// One test at a time: a test's fork copies every space of the process,
@@ -490,9 +499,7 @@ fn a_shared_region_stays_shared_across_the_fork_as_the_kernels() {
     let mut kpv = usermm_sys::host::HostMap::anon(plen, 0).unwrap();
     fill(&mut ksh, 1);
     fill(&mut kpv, 2);
-    let kres =
-        |a: usize, l: usize| usermm_sys::kernel::mincore(a, l).map_or(0, |v| v.iter().filter(|&&b| b & 1 != 0).count());
-    let kernel = shared_scenario(ksh.addr(), len, kpv.addr(), plen, &kres);
+    let kernel = shared_scenario(ksh.addr(), len, kpv.addr(), plen, &kernel_resident);
     // The space's: 16 MiB under an 8 MiB budget.
     let s = space();
     let sh = s.mmap(0, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0).unwrap();
@@ -503,11 +510,7 @@ fn a_shared_region_stays_shared_across_the_fork_as_the_kernels() {
     fill(&mut pv, 2);
     let st = s.stats();
     assert!(st.swapped_pages > 1000, "not much swapped at the fork: {st:?}");
-    let sres = |a: usize, l: usize| {
-        let mut v = vec![0u8; l / PAGE];
-        s.mincore(a, l, &mut v).map_or(0, |()| v.iter().filter(|&&b| b & 1 != 0).count())
-    };
-    let space = shared_scenario(sh, len, pv.addr(), plen, &sres);
+    let space = shared_scenario(sh, len, pv.addr(), plen, &|a, l| space_resident(&s, a, l).unwrap_or(0));
     assert_eq!(kernel, (ChildExit::Exited(0), [0, 0, 0]), "the kernel's outcome");
     assert_eq!(space, kernel, "the space's outcome against the kernel's");
     s.validate();
@@ -559,9 +562,7 @@ fn a_shared_file_region_stays_shared_across_the_fork_as_the_kernels() {
     // only this test uses.
     fill(unsafe { std::slice::from_raw_parts_mut(kmap.addr() as *mut u8, len) }, 1);
     fill(&mut kpv, 2);
-    let kres =
-        |a: usize, l: usize| usermm_sys::kernel::mincore(a, l).map_or(0, |v| v.iter().filter(|&&b| b & 1 != 0).count());
-    let kernel = shared_scenario(kmap.addr(), len, kpv.addr(), plen, &kres);
+    let kernel = shared_scenario(kmap.addr(), len, kpv.addr(), plen, &kernel_resident);
     // The space's.
     let s = space();
     let sf = file("space");
@@ -572,11 +573,7 @@ fn a_shared_file_region_stays_shared_across_the_fork_as_the_kernels() {
     let m = unsafe { std::slice::from_raw_parts_mut(sh as *mut u8, len) };
     fill(m, 1);
     fill(&mut pv, 2);
-    let sres = |a: usize, l: usize| {
-        let mut v = vec![0u8; l / PAGE];
-        s.mincore(a, l, &mut v).map_or(0, |()| v.iter().filter(|&&b| b & 1 != 0).count())
-    };
-    let space = shared_scenario(sh, len, pv.addr(), plen, &sres);
+    let space = shared_scenario(sh, len, pv.addr(), plen, &|a, l| space_resident(&s, a, l).unwrap_or(0));
     assert_eq!(kernel, (ChildExit::Exited(0), [0, 0, 0]), "the kernel's outcome");
     assert_eq!(space, kernel, "the space's outcome against the kernel's");
     s.msync(sh, len, MS_SYNC).unwrap();

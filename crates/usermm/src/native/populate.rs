@@ -153,11 +153,14 @@ impl Inner {
         let mut populated = 0usize;
         let mut retries = Retries::default();
         for seg in segs {
-            if lock(&self.core).region_at(seg.start).is_some_and(|g| g.host()) {
+            let (a, l) = (self.addr(seg.start), seg.pages() as usize * self.page_size);
+            // (A segment is one region's part: a region handed to the host
+            // is wholly in its shared ranges. An atomic load when there
+            // are none.)
+            if !self.plat.runs(Runs::Shared, a, l).is_empty() {
                 // The host's pages (shared with a forked process): the
                 // host populates them.
                 let advice = if write { MADV_POPULATE_WRITE } else { MADV_POPULATE_READ };
-                let (a, l) = (self.addr(seg.start), seg.pages() as usize * self.page_size);
                 if let Err(e) = self.plat.range(Range::Advise(advice), a, l) {
                     return (populated, Err(e));
                 }

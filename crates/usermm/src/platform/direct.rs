@@ -69,6 +69,15 @@ impl DirectWindows {
         ranges::inside(&self.ranges(), a, a.saturating_add(l))
     }
 
+    /// The parts of `[a, a+l)` not in the set.
+    pub(super) fn outside(&self, a: usize, l: usize) -> Parts {
+        let e = a.saturating_add(l);
+        if self.runs.load(Ordering::Acquire) == 0 {
+            return vec![(a, e)];
+        }
+        ranges::outside(&self.ranges(), a, e)
+    }
+
     /// Records `[a, a+l)` as mapped from the page cache (`on`) or not.
     pub(super) fn record(&self, a: usize, l: usize, on: bool) {
         let mut m = self.ranges();

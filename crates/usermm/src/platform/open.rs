@@ -96,14 +96,8 @@ impl Native {
         self.arena.rearm_in_child(&self.uffd, &skip)?;
         if let Some(it) = self.in_thread.uffd() {
             it.replace_in_child()?;
-            for (s, t) in in_thread {
-                let mut at = s;
-                for (x, y) in self.shared.inside(s, t - s).into_iter().chain([(t, t)]) {
-                    if x > at {
-                        it.register_mode(at, x - at, usermm_sys::uffd::UFFDIO_REGISTER_MODE_MISSING)?;
-                    }
-                    at = at.max(y);
-                }
+            for (s, t) in in_thread.into_iter().flat_map(|(s, t)| self.shared.outside(s, t - s)) {
+                it.register_mode(s, t - s, usermm_sys::uffd::UFFDIO_REGISTER_MODE_MISSING)?;
             }
         }
         if let Some(pm) = &self.pagemap {
