@@ -377,7 +377,15 @@ impl Arena {
     /// Maps the page parked in `slot` back at `dst` (without waking):
     /// `UFFDIO_MOVE` when `try_move`, else a copy and a drop of the slot's
     /// frame.
-    pub fn slot_to_page(&self, uffd: &Uffd, slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno> {
+    pub fn slot_to_page(
+        &self,
+        uffd: &Uffd,
+        slot: u32,
+        dst: usize,
+        try_move: bool,
+        wp: bool,
+        release: bool,
+    ) -> Result<(), Errno> {
         let ps = self.page_size;
         self.check(dst, ps)?;
         let src = self.slot_addr(slot);
@@ -395,6 +403,9 @@ impl Arena {
         let n = unsafe { uffd.copy_wp(dst, src as *const u8, ps, false, wp && self.program_wp) }?;
         if n != ps {
             return Err(Errno::EEXIST);
+        }
+        if !release {
+            return Ok(()); // the caller drops the slot (`drop_slot_list`)
         }
         // SAFETY: this arena's memory (checked range or own slot): no reference into it.
         unsafe { mem::advise(src, ps, libc::MADV_DONTNEED) }
@@ -504,6 +515,27 @@ impl Arena {
     /// Drops the frame of `slot` (the slot becomes empty).
     pub fn drop_slot(&self, slot: u32) -> Result<(), Errno> {
         self.drop_slots(slot, 1)
+    }
+
+    /// Drops the frames of `slots` (neighbours coalesced) with batched
+    /// advice: one TLB flush per 1,024 runs, not one per slot
+    /// (`mem::advise_many`).
+    pub fn drop_slot_list(&self, slots: &[u32]) -> Result<(), Errno> {
+        let mut sorted = slots.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let ps = self.page_size;
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for &s in &sorted {
+            let a = self.slot_addr(s);
+            match runs.last_mut() {
+                Some((b, l)) if *b + *l == a => *l += ps,
+                _ => runs.push((a, ps)),
+            }
+        }
+        // SAFETY: this arena's own staging slots (`slot_addr` checks each):
+        // no reference into them.
+        unsafe { mem::advise_many(&runs, libc::MADV_DONTNEED) }
     }
 
     /// Drops the frames of the `n` consecutive slots from `slot`.

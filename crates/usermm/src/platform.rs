@@ -124,7 +124,7 @@ pub(crate) trait Platform: Send + Sync {
     fn slots_to_pages_move(&self, slot: u32, dst: usize, n: usize) -> Result<usize, Errno>;
     /// Does `op` with the staging area. `Ok(false)`: a `ToPageChecked` found the page
     /// discarded, a `Discard` or `MovedUnreported` said no; otherwise `Ok(true)`.
-    fn staging(&self, op: Staging) -> Result<bool, Errno>;
+    fn staging(&self, op: Staging<'_>) -> Result<bool, Errno>;
     /// Upkeep of the host's side: the frame pool, the host's LRU.
     fn upkeep(&self, op: Upkeep);
 
@@ -359,8 +359,8 @@ impl RangeOps for Native {
 }
 
 impl StagingOps for Native {
-    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno> {
-        self.arena.slot_to_page(self.dst_uffd(dst), slot, dst, try_move, wp)
+    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool, wp: bool, release: bool) -> Result<(), Errno> {
+        self.arena.slot_to_page(self.dst_uffd(dst), slot, dst, try_move, wp, release)
     }
     fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno> {
         with_bounce(self.page_size, |b| self.arena.slot_to_page_checked(&self.uffd, slot, dst, b))
@@ -377,6 +377,9 @@ impl StagingOps for Native {
     fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno> {
         // (Into the pool as far as it has room: `Arena::recycle_slots`.)
         self.arena.recycle_slots(&self.uffd, slot, n)
+    }
+    fn drop_slot_list(&self, slots: &[u32]) -> Result<(), Errno> {
+        self.arena.drop_slot_list(slots)
     }
     fn discard_slot(&self, slot: u32) -> bool {
         self.arena.discard_slot(slot)
@@ -567,7 +570,7 @@ impl Platform for Native {
     fn store(&self, op: Store<'_>) -> Result<bool, Errno> {
         op.dispatch(self)
     }
-    fn staging(&self, op: Staging) -> Result<bool, Errno> {
+    fn staging(&self, op: Staging<'_>) -> Result<bool, Errno> {
         op.dispatch(self)
     }
     fn range(&self, op: Range, a: usize, l: usize) -> Result<bool, Errno> {

@@ -371,6 +371,7 @@ impl Core {
     fn reactivate_done(&mut self, page: PageIdx, slot: u32, wp: bool, installed: u64) {
         if self.mapped_back(page, slot, wp, installed) {
             self.pages.update(page, super::policy::touched_parked);
+            self.pressure.touched_parked();
             self.note_resident(page);
             self.counters.minor_faults += 1;
         }

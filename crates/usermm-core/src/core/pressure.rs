@@ -1,7 +1,8 @@
 //! Reclaim's memory of demand: whether the budget ran out under a fault,
 //! whether background reclaim is bringing free frames back up, how many
-//! frames were claimed since the inactive list was last refilled, and
-//! whether reclaim parked pages since pressure last eased.
+//! frames were claimed since the inactive list was last refilled, whether
+//! reclaim parked pages since pressure last eased, and how many parked
+//! pages were touched since a frame was last claimed.
 //!
 //! The state only; what it decides — when reclaim works ahead, how much it
 //! frees, how fast pages age — is the policy's (`policy.rs`), which reads
@@ -25,6 +26,10 @@ pub(super) struct Pressure {
     /// high watermark began, ever: unchanged over a while, pressure has
     /// eased (`calm_mark`).
     stirs: u64,
+    /// Parked pages touched since a frame was last claimed or the budget
+    /// ran out: a long run of them means the program's working set is all
+    /// in memory (`Core::calm_by_touches`).
+    touched_unclaimed: u64,
 }
 
 impl Pressure {
@@ -32,6 +37,7 @@ impl Pressure {
     pub(super) fn ran_out(&mut self) {
         self.ran_out = true;
         self.stirs += 1;
+        self.touched_unclaimed = 0;
     }
 
     /// Whether the budget is under pressure: it ran out since it was last
@@ -77,6 +83,18 @@ impl Pressure {
     pub(super) fn claimed(&mut self, n: u64) {
         self.demand = self.demand.saturating_add(n);
         self.stirs += 1;
+        self.touched_unclaimed = 0;
+    }
+
+    /// A parked page was touched (and mapped back).
+    pub(super) fn touched_parked(&mut self) {
+        self.touched_unclaimed = self.touched_unclaimed.saturating_add(1);
+    }
+
+    /// Parked pages touched since a frame was last claimed or the budget
+    /// ran out.
+    pub(super) fn touched_unclaimed(&self) -> u64 {
+        self.touched_unclaimed
     }
 
     /// Frames claimed since the inactive list was last refilled.
@@ -118,5 +136,6 @@ impl Pressure {
         self.refilling = false;
         self.demand = 0;
         self.aged = false;
+        self.touched_unclaimed = 0;
     }
 }

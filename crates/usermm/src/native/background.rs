@@ -228,7 +228,8 @@ impl Inner {
     /// follows the calm stretch in `calm` (the core's calm mark when it
     /// began, and when) and ends pressure once it has lasted `CALM_MS`
     /// (a frame claimed, the budget running out or a refill beginning breaks
-    /// it; docs/design.md, "Pressure's end").
+    /// it; docs/design.md, "Pressure's end"), or at once after a run of
+    /// parked-page touches with no claim (`Core::calm_by_touches`).
     /// Returns whether it ended: the parked pages go back now.
     fn calm_over(&self, c: &mut Core, calm: &mut Option<(u64, std::time::Instant)>, watch: bool) -> bool {
         if !watch {
@@ -236,6 +237,12 @@ impl Inner {
             return false;
         }
         let mark = c.calm_mark();
+        if c.calm_by_touches() && self.reclaimer.ease_if_calm(c, mark) {
+            // (A run of parked-page touches with no claim: no need to
+            // wait for a calm stretch.)
+            *calm = None;
+            return true;
+        }
         match *calm {
             Some((m, since)) if m == mark => {
                 let ended = since.elapsed() >= std::time::Duration::from_millis(CALM_MS)
@@ -317,7 +324,7 @@ impl Inner {
             let mut c = lock(&self.core);
             let mark = c.calm_mark();
             let last = self.reclaimer.last_calm_mark(mark);
-            c.unpark_due() && last == Some(mark) && self.reclaimer.ease_if_calm(&mut c, mark)
+            c.unpark_due() && (last == Some(mark) || c.calm_by_touches()) && self.reclaimer.ease_if_calm(&mut c, mark)
         };
         if eased {
             self.unpark_parked();

@@ -128,9 +128,13 @@ impl Inner {
     /// for which `reactivate_io` gives a count), each with what went in:
     /// neighbouring pages parked in neighbouring slots (as parking moved
     /// them, a run at a time) with one move, the others (and what a move
-    /// left) one by one.
+    /// left) one by one. The slots a copy emptied are dropped together at
+    /// the end, before any can be used again: one TLB flush for the batch
+    /// instead of one per page (`Arena::drop_slot_list`; 14 µs a page one
+    /// at a time while the program runs on the other CPU).
     pub(super) fn reactivate_all(&self, plans: Vec<FaultPlan>) -> Vec<(FaultPlan, u64)> {
         let mut done: Vec<(FaultPlan, u64)> = Vec::with_capacity(plans.len());
+        let mut copied: Vec<u32> = Vec::new();
         let mut i = 0;
         while i < plans.len() {
             let run = self.move_run_at(&plans[i..]);
@@ -141,10 +145,27 @@ impl Inner {
                 0
             };
             for (k, p) in plans[i..i + run.max(1)].iter().enumerate() {
-                let n = if k < moved { 1 } else { self.reactivate_io(p).unwrap_or(0) };
+                let n = match *p {
+                    _ if k < moved => 1,
+                    FaultPlan::Reactivate { page, slot, how, checked: false, wp } => {
+                        let n = u64::from(self.reactivate_keep_slot(page, slot, how, wp));
+                        if n > 0 {
+                            copied.push(slot);
+                        }
+                        n
+                    }
+                    _ => self.reactivate_io(p).unwrap_or(0),
+                };
                 done.push((p.clone(), n));
             }
             i += run.max(1);
+        }
+        if !copied.is_empty() && self.plat.staging(Staging::DropList { slots: &copied }).is_err() {
+            // (Each page is mapped back all the same; a slot still holding
+            // a frame is emptied on its own.)
+            for &s in &copied {
+                let _ = self.plat.staging(Staging::Drop { slot: s, n: 1 });
+            }
         }
         done
     }

@@ -122,7 +122,7 @@ impl Platform for Injecting {
     fn slots_to_pages_move(&self, slot: u32, dst: usize, n: usize) -> Result<usize, Errno> {
         self.host.slots_to_pages_move(slot, dst, n)
     }
-    fn staging(&self, op: Staging) -> Result<bool, Errno> {
+    fn staging(&self, op: Staging<'_>) -> Result<bool, Errno> {
         self.host.staging(op)
     }
     fn upkeep(&self, op: Upkeep) {

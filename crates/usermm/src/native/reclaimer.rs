@@ -90,9 +90,12 @@ impl Reclaimer {
     }
 
     /// After a fill (the core lock `c` held): pokes the thread, once until
-    /// it next waits, when free frames or spare metadata run low.
+    /// it next waits, when free frames or spare metadata run low, or when a
+    /// run of parked-page touches shows that pressure is over
+    /// (`Core::calm_by_touches`).
     pub(super) fn after_fill(&self, c: &Core) {
-        if (c.free_frames() < self.low_watermark || c.spares_low()) && !self.poked.swap(true, Ordering::Relaxed) {
+        let wanted = c.free_frames() < self.low_watermark || c.spares_low() || c.calm_by_touches();
+        if wanted && !self.poked.swap(true, Ordering::Relaxed) {
             self.wanted.notify_one();
         }
     }

@@ -166,10 +166,12 @@ pub(crate) enum Upkeep {
 
 /// What [`Platform::staging`](super::Platform::staging) does with the staging area (the parked pages' slots).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Staging {
+pub(crate) enum Staging<'a> {
     /// Maps a parked page back (`try_move`: move, else copy; a copy
-    /// write-protected if `wp`).
-    ToPage { slot: u32, dst: usize, try_move: bool, wp: bool },
+    /// write-protected if `wp`). A copy leaves the slot's frame in place
+    /// unless `release` (the caller then drops it with `DropList`, before
+    /// the slot is used again).
+    ToPage { slot: u32, dst: usize, try_move: bool, wp: bool, release: bool },
     /// Maps a parked page back, checking whether the host discarded it
     /// (`Ok(false)`: it did, nothing installed).
     ToPageChecked { slot: u32, dst: usize },
@@ -179,6 +181,8 @@ pub(crate) enum Staging {
     /// Empties `n` slots from `slot` (their frames into the space's pool
     /// as far as it has room).
     Drop { slot: u32, n: usize },
+    /// Empties `slots`, wherever they are, in one batch.
+    DropList { slots: &'a [u32] },
     /// Whether the host discarded the parked (lazily freed) page.
     Discard { slot: u32 },
     /// After a move of the page at `src` to `slot` that did not report it:
@@ -189,16 +193,19 @@ pub(crate) enum Staging {
     HostFree { slot: u32 },
 }
 
-impl Staging {
+impl Staging<'_> {
     /// Carries out `op` with the host's staging operations.
     pub(crate) fn dispatch<H: StagingOps + ?Sized>(self, h: &H) -> Result<bool, Errno> {
         match self {
-            Staging::ToPage { slot, dst, try_move, wp } => h.slot_to_page(slot, dst, try_move, wp).map(|()| true),
+            Staging::ToPage { slot, dst, try_move, wp, release } => {
+                h.slot_to_page(slot, dst, try_move, wp, release).map(|()| true)
+            }
             Staging::ToPageChecked { slot, dst } => h.slot_to_page_checked(slot, dst),
             Staging::FromPageCopy { src, slot, unreadable } => {
                 h.page_to_slot_copy(src, slot, unreadable).map(|()| true)
             }
             Staging::Drop { slot, n } => h.drop_slots(slot, n).map(|()| true),
+            Staging::DropList { slots } => h.drop_slot_list(slots).map(|()| true),
             Staging::Discard { slot } => Ok(h.discard_slot(slot)),
             Staging::MovedUnreported { src, slot } => Ok(h.moved_unreported(src, slot)),
             Staging::HostFree { slot } => h.host_free_slot(slot).map(|()| true),
@@ -209,10 +216,11 @@ impl Staging {
 /// The operations behind [`Platform::staging`](super::Platform::staging), one a [`Staging`], as a host
 /// implements them.
 pub(crate) trait StagingOps {
-    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno>;
+    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool, wp: bool, release: bool) -> Result<(), Errno>;
     fn slot_to_page_checked(&self, slot: u32, dst: usize) -> Result<bool, Errno>;
     fn page_to_slot_copy(&self, src: usize, slot: u32, unreadable: bool) -> Result<(), Errno>;
     fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno>;
+    fn drop_slot_list(&self, slots: &[u32]) -> Result<(), Errno>;
     fn discard_slot(&self, slot: u32) -> bool;
     fn moved_unreported(&self, src: usize, slot: u32) -> bool;
     fn host_free_slot(&self, slot: u32) -> Result<(), Errno>;

@@ -381,7 +381,7 @@ impl Platform for SimPlatform {
     fn store(&self, op: Store<'_>) -> Result<bool, Errno> {
         op.dispatch(self)
     }
-    fn staging(&self, op: Staging) -> Result<bool, Errno> {
+    fn staging(&self, op: Staging<'_>) -> Result<bool, Errno> {
         op.dispatch(self)
     }
     fn range(&self, op: Range, a: usize, l: usize) -> Result<bool, Errno> {
@@ -482,7 +482,7 @@ impl Platform for SimPlatform {
         }
         let n = h.prefix(n);
         for k in 0..n {
-            if let Err(e) = h.slot_back(slot + k as u32, page_of(dst) + k, true) {
+            if let Err(e) = h.slot_back(slot + k as u32, page_of(dst) + k, true, true) {
                 return if k > 0 { Ok(k) } else { Err(e) };
             }
         }
@@ -541,7 +541,7 @@ impl Platform for Shared {
         upkeep(op: Upkeep) -> ();
         fill(op: Fill, dst: usize, len: usize) -> Result<usize, Errno>;
         store(op: Store<'_>) -> Result<bool, Errno>;
-        staging(op: Staging) -> Result<bool, Errno>;
+        staging(op: Staging<'_>) -> Result<bool, Errno>;
         range(op: Range, a: usize, l: usize) -> Result<bool, Errno>;
         wait_events(wake: &EventFd, timeout_ms: i32) -> Result<bool, Errno>;
         read_events(buf: &mut [UffdMsg]) -> Result<usize, Errno>;

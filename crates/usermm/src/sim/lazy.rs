@@ -88,8 +88,9 @@ impl Host {
     }
 
     /// Maps the page parked in `slot` back at the missing page `p`: moved
-    /// (`try_move`, where the host can), or copied.
-    pub(super) fn slot_back(&mut self, slot: u32, p: usize, try_move: bool) -> Result<(), Errno> {
+    /// (`try_move`, where the host can), or copied (the slot keeps its
+    /// frame if `!release`, until dropped).
+    pub(super) fn slot_back(&mut self, slot: u32, p: usize, try_move: bool, release: bool) -> Result<(), Errno> {
         if self.prog.contains_key(&p) {
             return Err(Errno::EEXIST);
         }
@@ -101,7 +102,9 @@ impl Host {
         // zero page.)
         let moved_clean = try_move && self.can_move && self.lazy.slots.contains(&slot);
         let data = self.slot_data(slot, "slot_to_page");
-        self.empty_slot(slot);
+        if release || (try_move && self.can_move) {
+            self.empty_slot(slot);
+        }
         self.prog.insert(p, Pg::Data(data));
         self.wp.remove(&p);
         if moved_clean {

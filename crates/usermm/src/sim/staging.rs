@@ -10,11 +10,11 @@ use super::PS;
 use crate::platform::{StagingOps, StoreOps};
 
 impl StagingOps for SimPlatform {
-    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool, wp: bool) -> Result<(), Errno> {
+    fn slot_to_page(&self, slot: u32, dst: usize, try_move: bool, wp: bool, release: bool) -> Result<(), Errno> {
         self.preempt();
         Self::check(dst, PS)?;
         let mut h = self.host();
-        h.slot_back(slot, page_of(dst), try_move)?;
+        h.slot_back(slot, page_of(dst), try_move, release)?;
         if wp && !try_move && h.tracks_writes {
             h.wp.insert(page_of(dst));
         }
@@ -31,7 +31,7 @@ impl StagingOps for SimPlatform {
             h.empty_slot(slot);
             return Ok(false);
         }
-        h.slot_back(slot, page_of(dst), false).map(|()| true)
+        h.slot_back(slot, page_of(dst), false, true).map(|()| true)
     }
     fn page_to_slot_copy(&self, src: usize, slot: u32, _unreadable: bool) -> Result<(), Errno> {
         self.preempt();
@@ -55,6 +55,13 @@ impl StagingOps for SimPlatform {
     fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno> {
         let mut h = self.host();
         for s in slot..slot + n as u32 {
+            h.empty_slot(s);
+        }
+        Ok(())
+    }
+    fn drop_slot_list(&self, slots: &[u32]) -> Result<(), Errno> {
+        let mut h = self.host();
+        for &s in slots {
             h.empty_slot(s);
         }
         Ok(())
