@@ -189,8 +189,9 @@
 #define UMM_F_FRAME_POOL          0x100u /* opt-in: recycle evicted frames into
                                             zero fills and swap-ins of
                                             read-write unlocked regions */
-#define UMM_F_COPY_LOCKED_FILES   0x200u /* copy the pages of locked read-only
-                                            MAP_SHARED file regions into
+#define UMM_F_COPY_LOCKED_FILES   0x200u /* copy the pages of read-only
+                                            MAP_SHARED file regions that are
+                                            locked or MADV_SEQUENTIAL into
                                             usermm's frames instead of mapping
                                             the page cache's own pages */
 

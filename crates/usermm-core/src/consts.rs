@@ -159,10 +159,10 @@ pub const UMM_F_NO_WAKE_AHEAD: u32 = 1 << 7;
 /// this project's benchmarks it measured within noise (see docs/design.md,
 /// "Recycled frames").
 pub const UMM_F_FRAME_POOL: u32 = 1 << 8;
-/// Copy the pages of locked, read-only, shared file regions into usermm's
-/// own frames as every other file page is, instead of mapping the page
-/// cache's pages there (the default: docs/design.md, "Locked file windows
-/// from the page cache").
+/// Copy the pages of read-only shared file regions that are locked or read
+/// sequentially into usermm's own frames as every other file page is,
+/// instead of mapping the page cache's pages there (the default:
+/// docs/design.md, "File windows from the page cache").
 pub const UMM_F_COPY_LOCKED_FILES: u32 = 1 << 9;
 /// Every `UMM_F_*` bit.
 pub const UMM_F_ALL: u32 = UMM_F_EXACT_FAULTS

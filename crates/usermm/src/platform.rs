@@ -371,7 +371,12 @@ impl StagingOps for Native {
             let pm = self.procmem.as_ref().ok_or(Errno::EFAULT)?;
             self.arena.page_to_slot_copy(&self.uffd, src, slot, Some(pm))
         } else {
-            self.arena.page_to_slot_copy(&self.uffd, src, slot, None)
+            self.arena.page_to_slot_copy(&self.uffd, src, slot, None)?;
+            // A window's page (a sequential read-only region's, parked by
+            // `MADV_COLD` or after its advice changed) is a file mapping,
+            // which the copy's `MADV_DONTNEED` left in place: replaced, so
+            // that the next touch faults through usermm.
+            self.replace_windows(src, self.page_size, usermm_core::consts::PROT_READ)
         }
     }
     fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno> {
@@ -461,18 +466,20 @@ impl FillOps for Native {
 
 /// The page-cache windows behind `Platform::window` (`platform/direct.rs`).
 impl Native {
-    fn map_window(&self, file: &MappedFile, off: u64, dst: usize, len: usize) -> Result<(), Errno> {
+    fn map_window(&self, file: &MappedFile, off: u64, dst: usize, len: usize, locked: bool) -> Result<(), Errno> {
         // (Pages wholly past the end of the file would be SIGBUS to the
         // program in a file mapping, but resident to the core: copied.)
         let ps = self.page_size as u64;
         if !self.direct.room() || off + len as u64 > file.size()?.div_ceil(ps) * ps {
             return Err(Errno::ENOMEM);
         }
-        if let Err(e) = self.arena.map_file(dst, len, file, off, true, &|s, n| self.register_again(s, n)) {
+        if let Err(e) = self.arena.map_file(dst, len, file, off, locked, &|s, n| self.register_again(s, n)) {
             // (The range is an unlocked anonymous mapping again: locked
             // again, as the region's others are, for the copy to come.)
             self.direct.refuse();
-            let _ = self.host_lock(dst, len, true);
+            if locked {
+                let _ = self.host_lock(dst, len, true);
+            }
             return Err(e);
         }
         self.direct.record(dst, len, true);
@@ -539,7 +546,7 @@ impl Platform for Native {
     }
     fn window(&self, op: Window<'_>) -> Result<(), Errno> {
         match op {
-            Window::Map { file, off, dst, len } => self.map_window(file, off, dst, len),
+            Window::Map { file, off, dst, len, locked } => self.map_window(file, off, dst, len, locked),
             Window::Unmap { file, off, a, l, prot } => self.unmap_window(file, off, a, l, prot),
         }
     }

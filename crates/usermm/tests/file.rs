@@ -615,12 +615,19 @@ fn open_descriptors_of(p: &PathBuf) -> usize {
 fn reads_go_through_descriptions_of_its_own_and_none_leak() {
     // usermm reads a file through one open file description per reading
     // thread (its own read-ahead state, the program's descriptor untouched),
-    // and closes them all with the file's last region.
+    // and closes them all with the file's last region. (Copies: a
+    // sequential read-only region would map windows of the page cache.)
     let pages = 1024;
     let data = pattern(pages);
     let (p, f) = temp_file("readers", &data);
     assert_eq!(open_descriptors_of(&p), 1);
-    let s = space(64);
+    let s = common::open_mode(&Config {
+        budget_bytes: 64 << 20,
+        swap_bytes: 64 << 20,
+        flags: UMM_F_COPY_LOCKED_FILES,
+        ..Config::default()
+    })
+    .unwrap();
     let a = s.mmap(0, pages * PS, PROT_READ, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
     s.madvise(a, pages * PS, MADV_SEQUENTIAL).unwrap();
     for pg in 0..pages {

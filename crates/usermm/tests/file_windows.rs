@@ -1,7 +1,8 @@
-//! Locked file windows from the page cache: a locked, read-only, shared
-//! file region maps the file's own page-cache pages where its faults land
-//! (`Platform::file_map`), and makes them usermm's copies again when the
-//! region stops being locked or read-only; every zap replaces them. Each
+//! File windows from the page cache: a read-only shared file region that
+//! is locked or read sequentially maps the file's own page-cache pages
+//! where its faults land (`Platform::file_map`), and makes them usermm's
+//! copies again when the region stops being read-only (or locked, for a
+//! locked one); every zap replaces them. Each
 //! test checks what the program sees (bytes, residency, locks) against
 //! the file, and what the host maps at the address (`/proc/self/maps`:
 //! the file, or anonymous memory).
@@ -118,6 +119,50 @@ fn locked_read_only_windows_map_the_page_cache() {
     assert_eq!(peek(a + 200 * PS + 1), byte(200 * PS + 1));
     assert!(!host_maps_file(a + 190 * PS) || resident(&s, a, PAGES)[190]);
     assert_eq!(s.stats().locked_pages, 48);
+    s.close().unwrap();
+}
+
+/// A read-only shared file region read sequentially (`MADV_SEQUENTIAL`),
+/// not locked, maps windows of the page cache too; reclaim drops them
+/// behind the stream (an empty registered range again: the next touch
+/// faults through usermm), keeps the space within its budget, and every
+/// byte read is the file's.
+#[test]
+fn a_sequential_read_only_region_maps_windows_and_drops_them_behind() {
+    let budget = 8usize << 20;
+    let pages = 4 * budget / PS;
+    let f = common::shared_temp_file("seq", pages);
+    let buf: Vec<u8> = (0..pages * PS).map(byte).collect();
+    f.write_all_at(&buf, 0).unwrap();
+    let s = space(0);
+    let len = pages * PS;
+    let a = s.mmap(0, len, PROT_READ, MAP_SHARED, f.as_raw_fd(), 0).unwrap();
+    s.madvise(a, len, MADV_SEQUENTIAL).unwrap();
+    assert_eq!(peek(a + 3 * PS + 1), byte(3 * PS + 1));
+    assert!(host_maps_file(a + 3 * PS), "a sequential read-only region maps the page cache");
+    assert_eq!(host_locked_kb(a + 3 * PS), 0, "not locked: the region is not");
+    check(a, 0..pages, "the scan");
+    let st = s.stats();
+    assert!(st.resident_pages_max as usize * PS <= budget, "{st:?}");
+    assert!(!host_maps_file(a + 3 * PS), "dropped behind the stream: usermm's empty range again");
+    assert!(!resident(&s, a, 1)[0]);
+    // Read again, through usermm's fault (a window again).
+    check(a, 0..4, "the start, read again");
+    assert!(host_maps_file(a + PS));
+    // Parked (`MADV_COLD`): usermm's copy in staging, the window gone, so
+    // that the next touch is usermm's fault.
+    s.madvise(a, 4 * PS, MADV_COLD).unwrap();
+    assert!(!host_maps_file(a + PS), "a parked window page is usermm's again");
+    check(a, 0..4, "after MADV_COLD");
+    // Writable: the windows become usermm's copies, and reach the file.
+    s.mprotect(a, 4 * PS, PROT_READ | PROT_WRITE).unwrap();
+    assert!(!host_maps_file(a + PS));
+    poke(a + PS + 7, 0x5a);
+    check(a, 2..4, "copies");
+    s.msync(a, 4 * PS, MS_SYNC).unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, (PS + 7) as u64).unwrap();
+    assert_eq!(b[0], 0x5a);
     s.close().unwrap();
 }
 

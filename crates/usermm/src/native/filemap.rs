@@ -1,33 +1,44 @@
-//! Locked file windows from the page cache: a locked, read-only, shared
-//! file region's fault maps the file's own page-cache pages in place
-//! (`Platform::file_map`) instead of copying them into fresh frames, and
-//! they are made usermm's copies again the moment the region stops being
-//! all three (`unmap_file_windows`). See docs/design.md, "Locked file
-//! windows from the page cache".
+//! File windows from the page cache: a fault in a read-only shared file
+//! region that is locked or read sequentially (`MADV_SEQUENTIAL`) maps the
+//! file's own page-cache pages in place (`Platform::file_map`) instead of
+//! copying them into fresh frames, and they are made usermm's copies again
+//! the moment the region stops being read-only or locked
+//! (`unmap_file_windows`). See docs/design.md, "File windows from the page
+//! cache".
 //!
-//! Why only there: such a page is never written, never evicted (locked) and
-//! never moved to staging (locked pages are on no LRU list), so nothing of
-//! usermm's page life cycle needs it to be an anonymous frame; the core
-//! keeps it as a resident locked page like any other. Every zap replaces a
-//! window by an empty anonymous mapping (`Native::zap`).
+//! Why only there: such a page is never written, and leaves memory only
+//! by a drop (a locked page never; a stream's clean pages dropped behind
+//! it, `Inner::drop_all`, with their page-cache pages) or by a copy to
+//! staging (`MADV_COLD`, aging after the advice changed), both of which
+//! replace the window: nothing of usermm's page life cycle needs it to be
+//! an anonymous frame, and the core keeps it as a resident page like any
+//! other. Every zap replaces a window by an empty anonymous mapping
+//! (`Native::zap`).
 
 use super::serve::{Caller, Next};
 use super::*;
 
 impl Inner {
-    /// Whether a file read of `run` may map the page cache: the space maps
-    /// windows, the region is a shared file region, read-only and locked,
-    /// and no read error is to be injected (a test hook the copy takes).
-    pub(super) fn maps_file_window(&self, c: &Core, run: PageRange) -> bool {
-        self.files.maps_windows()
-            && !self.plat.reads_pending()
-            && c.region_at(run.start).is_some_and(|r| {
-                r.kind() == Kind::FileShared && r.prot() & PROT_MASK == PROT_READ && r.lock() != LockMode::None
-            })
+    /// Whether a file read of `run` may map the page cache — the space maps
+    /// windows, the region is a shared file region, read-only, and locked
+    /// or read sequentially (`MADV_SEQUENTIAL`), and no read error is to be
+    /// injected (a test hook the copy takes) — and if so, whether the
+    /// window is locked.
+    pub(super) fn file_window(&self, c: &Core, run: PageRange) -> Option<bool> {
+        if !self.files.maps_windows() || self.plat.reads_pending() {
+            return None;
+        }
+        let r = c.region_at(run.start)?;
+        let locked = r.lock() != LockMode::None;
+        (r.kind() == Kind::FileShared
+            && r.prot() & PROT_MASK == PROT_READ
+            && (locked || r.advice() == usermm_core::region::Advice::Sequential))
+            .then_some(locked)
     }
 
     /// Serves a file read of `run` by mapping the page cache's pages
     /// there; `None` when the host would not (the caller copies instead).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn serve_file_map(
         &self,
         plan: &FaultPlan,
@@ -36,10 +47,12 @@ impl Inner {
         file_page: u64,
         page_addr: usize,
         caller: Caller,
+        locked: bool,
     ) -> Option<Next<'_>> {
         let f = self.files.get(file)?;
         let (a, len) = (self.addr(run.start), run.pages() as usize * self.page_size);
-        self.plat.window(Window::Map { file: &f, off: file_page * self.page_size as u64, dst: a, len }).ok()?;
+        let off = file_page * self.page_size as u64;
+        self.plat.window(Window::Map { file: &f, off, dst: a, len, locked }).ok()?;
         // The wake-up under the core lock, before the commit, as a small
         // copy's is (the woken thread finds the pages committed whatever it
         // calls), and handed to the spinning wake-ahead thread, on the

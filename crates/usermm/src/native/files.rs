@@ -23,8 +23,8 @@ pub(crate) struct FileTable {
     next_id: AtomicU32,
     /// `UMM_F_KEEP_FILE_CACHE`: file pages stay in the host page cache.
     keep_cache: bool,
-    /// Locked read-only shared file regions map the page cache's pages
-    /// (not `UMM_F_COPY_LOCKED_FILES`; see `filemap.rs`).
+    /// Read-only shared file regions, locked or sequential, map the page
+    /// cache's pages (not `UMM_F_COPY_LOCKED_FILES`; see `filemap.rs`).
     map_windows: bool,
 }
 
@@ -86,7 +86,8 @@ impl FileTable {
         }
     }
 
-    /// Whether locked read-only shared file regions map the page cache.
+    /// Whether read-only shared file regions, locked or sequential, map the
+    /// page cache.
     pub(super) fn maps_windows(&self) -> bool {
         self.map_windows
     }

@@ -241,7 +241,12 @@ impl Inner {
             while j < sorted.len() && sorted[j].0 == sorted[j - 1].0 + 1 {
                 j += 1;
             }
-            let r = self.plat.range(Range::Dontneed, self.addr(sorted[i]), (j - i) * self.page_size).is_ok();
+            let (a, l) = (self.addr(sorted[i]), (j - i) * self.page_size);
+            let windows = self.plat.runs(Runs::FileWindows, a, l);
+            let r = self.plat.range(Range::Dontneed, a, l).is_ok();
+            if r && !windows.is_empty() {
+                self.drop_window_cache(&windows);
+            }
             ok.extend(std::iter::repeat_n(r, j - i));
             i = j;
         }
@@ -253,6 +258,22 @@ impl Inner {
         }
         self.settled.notify_all();
         freed
+    }
+
+    /// After windows from the page cache were dropped (`runs`, program
+    /// addresses): their pages leave the host's page cache too, as a copy's
+    /// do once read (`MappedFile::drop_cache`), so that what usermm let go
+    /// does not stay in memory outside its budget.
+    fn drop_window_cache(&self, runs: &[(usize, usize)]) {
+        let ps = self.page_size;
+        for &(s, t) in runs {
+            let p = PageIdx(((s - self.base) / ps) as u64);
+            let at = lock(&self.core).region_at(p).and_then(|g| Some((g.file()?, g.file_page(p))));
+            if let Some(f) = at.and_then(|(file, _)| self.files.get(file)) {
+                let off = at.map_or(0, |(_, fp)| fp) * ps as u64;
+                f.drop_cache(off, t - s);
+            }
+        }
     }
 
     /// Purges volatile pages: drops their staging frames and puts a poison

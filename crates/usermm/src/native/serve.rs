@@ -198,11 +198,11 @@ impl Inner {
         // of a small install: see `may_split`.)
         let waits = caller.waits()
             && (!caller.in_thread() || small && self.splittable(&c, run, run.pages() as usize * self.page_size));
-        let map = self.maps_file_window(&c, run);
+        let window = self.file_window(&c, run);
         drop(c);
         let _awake = self.service.wake_ahead().guard(waits);
-        if map {
-            if let Some(next) = self.serve_file_map(plan, run, file, file_page, page_addr, caller) {
+        if let Some(locked) = window {
+            if let Some(next) = self.serve_file_map(plan, run, file, file_page, page_addr, caller, locked) {
                 return next;
             }
         }

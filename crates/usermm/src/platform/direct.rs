@@ -1,7 +1,7 @@
-//! File windows mapped from the page cache: the ranges of a space where a
-//! locked, read-only, shared file region's pages are the kernel's own
-//! page-cache pages instead of usermm's copies (see docs/design.md,
-//! "Locked file windows from the page cache").
+//! File windows mapped from the page cache: the ranges of a space where the
+//! pages of a read-only shared file region, locked or read sequentially,
+//! are the kernel's own page-cache pages instead of usermm's copies (see
+//! docs/design.md, "File windows from the page cache").
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

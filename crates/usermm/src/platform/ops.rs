@@ -140,12 +140,13 @@ pub(crate) enum Runs {
 #[derive(Clone, Copy)]
 pub(crate) enum Window<'a> {
     /// Maps the program range `[dst, dst+len)` to `file` at `off`: the
-    /// page cache's own pages, read-only, shared, locked, instead of copies
-    /// (a locked read-only shared file region's window). Fails (and the
-    /// caller copies as usual) where the host does not or cannot: past the
-    /// end of the file, too many windows already, a lock limit. No thread
-    /// is woken.
-    Map { file: &'a MappedFile, off: u64, dst: usize, len: usize },
+    /// page cache's own pages, read-only, shared, populated (and locked if
+    /// `locked`), instead of copies (the window of a read-only shared file
+    /// region that is locked or read sequentially). Fails (and the caller
+    /// copies as usual) where the host does not or cannot: past the end of
+    /// the file, too many windows already, a lock limit. No thread is
+    /// woken.
+    Map { file: &'a MappedFile, off: u64, dst: usize, len: usize, locked: bool },
     /// Makes the part `[a, a+l)` of a window usermm's own pages again,
     /// keeping their bytes (read from `file` at `off`): an anonymous
     /// mapping of protection `prot` with copies installed.
