@@ -45,6 +45,7 @@ fn parked_pages_go_back_when_pressure_ends() {
     // Pressure: 4× the budget written, then the working set read back a
     // few times while reclaim ages what it brings in.
     fill(a, 0..PAGES, 1);
+    let filled = s.stats();
     for _ in 0..3 {
         for p in 0..FITS {
             expect(a, p, 1);
@@ -52,9 +53,11 @@ fn parked_pages_go_back_when_pressure_ends() {
     }
     let under = s.stats();
     assert!(under.swapouts > 0 && under.deactivations > 0, "no pressure to end: {under:?}");
-    // Calm: nothing claimed from here on. The parked pages go back.
+    // Calm: nothing claimed from here on. The parked pages go back (or
+    // went back already while the working set was read: a run of parked
+    // pages touched with no claim ends pressure at once).
     let calm = wait_for(&s, "parked pages still parked", |st| st.inactive_pages == 0);
-    assert!(calm.unparked_pages > under.unparked_pages, "nothing was mapped back in bulk: {calm:?}");
+    assert!(calm.unparked_pages > filled.unparked_pages, "nothing was mapped back in bulk: {calm:?}");
     assert_eq!(calm.minor_faults, under.minor_faults, "mapped back by faults, not in bulk");
     // The working set, read again: not a single fault.
     for _ in 0..3 {
