@@ -27,10 +27,16 @@ use usermm_sys::thread::{fork_probe_read, fork_run, ChildExit, ProbeOutcome};
 #[test]
 fn a_space_not_copied_gives_sigsegv_never_zeros() {
     let out = common::run_entry("entry_a_space_not_copied_gives_sigsegv_never_zeros", &[]);
+    assert_entry_says(&out, "not copied: SIGSEGV and ESTALE in the child", "");
+}
+
+/// The entry test in `out` succeeded and printed `want` (`what`: the case,
+/// for the message).
+fn assert_entry_says(out: &std::process::Output, want: &str, what: &str) {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && text.contains("not copied: SIGSEGV and ESTALE in the child"),
-        "{}\n{text}\n{}",
+        out.status.success() && text.contains(want),
+        "{what}{}\n{text}\n{}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
@@ -372,13 +378,7 @@ fn a_child_forked_while_the_fork_handler_is_being_registered_opens_a_space() {
             "entry_fork_during_the_fork_handler_registration",
             &[("USERMM_TEST_AFTER_ATFORK", after.into())],
         );
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && text.contains("child exited 0, parent's later fork counted"),
-            "after_atfork={after}: {}\n{text}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_entry_says(&out, "child exited 0, parent's later fork counted", &format!("after_atfork={after}: "));
     }
 }
 

@@ -148,7 +148,7 @@ impl Inner {
                 let n = match *p {
                     _ if k < moved => 1,
                     FaultPlan::Reactivate { page, slot, how, checked: false, wp } => {
-                        let n = u64::from(self.reactivate_keep_slot(page, slot, how, wp));
+                        let n = u64::from(self.reactivate(page, slot, how, wp, false));
                         if n > 0 {
                             copied.push(slot);
                         }
@@ -190,7 +190,7 @@ impl Inner {
     pub(super) fn reactivate_io(&self, plan: &FaultPlan) -> Option<u64> {
         let FaultPlan::Reactivate { page, slot, how, checked, wp } = *plan else { return Some(0) };
         if !checked {
-            return Some(u64::from(self.reactivate(page, slot, how, wp)));
+            return Some(u64::from(self.reactivate(page, slot, how, wp, true)));
         }
         let dst = self.addr(page);
         let r = self.plat.staging(Staging::ToPageChecked { slot, dst });

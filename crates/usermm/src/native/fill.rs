@@ -149,16 +149,11 @@ impl Inner {
 
     /// Maps the page parked in `slot` back at `page`: moved where it can
     /// be, else copied; copied write-protected if `wp` (it keeps its swap
-    /// copy: a move would map it writable).
-    pub(super) fn reactivate(&self, page: PageIdx, slot: u32, how: Transfer, wp: bool) -> bool {
+    /// copy: a move would map it writable). A copied page's frame leaves
+    /// its slot now if `release`; otherwise the caller drops the slot
+    /// (`Staging::DropList`) before it can be used again.
+    pub(super) fn reactivate(&self, page: PageIdx, slot: u32, how: Transfer, wp: bool, release: bool) -> bool {
         let mv = how == Transfer::Move && self.plat.caps().can_move && !wp;
-        self.plat.staging(Staging::ToPage { slot, dst: self.addr(page), try_move: mv, wp, release: true }).is_ok()
-    }
-
-    /// `reactivate`, leaving a copied page's frame in its slot: the caller
-    /// drops the slot (`Staging::DropList`) before it can be used again.
-    pub(super) fn reactivate_keep_slot(&self, page: PageIdx, slot: u32, how: Transfer, wp: bool) -> bool {
-        let mv = how == Transfer::Move && self.plat.caps().can_move && !wp;
-        self.plat.staging(Staging::ToPage { slot, dst: self.addr(page), try_move: mv, wp, release: false }).is_ok()
+        self.plat.staging(Staging::ToPage { slot, dst: self.addr(page), try_move: mv, wp, release }).is_ok()
     }
 }
