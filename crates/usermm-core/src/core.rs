@@ -72,8 +72,9 @@
 //! |               | `volatile.rs`   | `mvolatile`, `mnovolatile`, `reactivate_step`, `lazyfree`         |
 //! |               | `window.rs`     | `readahead_instead_of_wait`                                       |
 //! |               | `zap.rs`        | `zap_begin`                                                       |
-//! | commit        | `evict.rs`      | `deactivate_done`, `deactivate_lost`, `drop_done`, `evict_done`,  |
-//! |               |                 | `purge_done`, `reactivate_lost`, `discard_done`                   |
+//! | commit        | `evict.rs`      | `pageout_done`, `deactivate_done`, `deactivate_lost`,             |
+//! |               |                 | `drop_done`, `evict_done`, `purge_done`, `reactivate_lost`,       |
+//! |               |                 | `discard_done`                                                    |
 //! |               | `fault.rs`      | `fill_done`, `fault_oom`                                          |
 //! |               | `file.rs`       | `writeback_done`, `note_file_error`, `count_writeback`,           |
 //! |               |                 | `writeback_release`                                               |

@@ -829,6 +829,7 @@ fn pageout_discards_lazily_freed_pages() {
         assert_eq!((s.lazyfree_pages, s.counters.lazyfree_discards), (0, 2), "swap {swap}");
         // Nothing more to page out: a written page without swap stays.
         assert!(c.evict_range(PageRange::new(0, 6), usize::MAX).is_empty());
+        c.pageout_done(PageRange::new(0, 6));
     }
 }
 

@@ -8,7 +8,7 @@
 mod common;
 
 use usermm_core::page::PState;
-use usermm_core::{Addr, Core, CoreConfig, FaultPlan, PageIdx};
+use usermm_core::{Addr, Core, CoreConfig, FaultPlan, PageIdx, PageRange};
 
 use common::{map_at, BASE};
 
@@ -397,5 +397,67 @@ fn parked_pages_go_back_in_bulk_when_pressure_eases() {
     replay(&mut c, &(fits..n).collect::<Vec<_>>(), usize::MAX);
     let again = c.stats();
     assert!(again.counters.evictions > after.counters.evictions && again.inactive_pages > 0, "{again:?}");
+    c.validate();
+}
+
+/// Pressure's end during an explicit `MADV_PAGEOUT`: the pages the page-out
+/// parked stay parked (`unpark_plan` skips them) until its `evict_range`
+/// has evicted them, as Linux's drops them; the other parked pages go back.
+/// Once `pageout_done`, nothing of the range is held back.
+#[test]
+fn pressure_ending_during_a_pageout_leaves_its_pages_to_it() {
+    let (budget, n) = (4096u64, 4 * 4096);
+    let low = budget / 32;
+    let mut c = core_with(budget, n);
+    replay_rw(&mut c, &(0..n).collect::<Vec<_>>(), usize::MAX, true);
+    let fits = budget * 9 / 10;
+    replay(&mut c, &(0..fits).collect::<Vec<_>>(), usize::MAX);
+    let pages = |r: PageRange| (r.start.0..r.end.0).map(PageIdx);
+    let resident = |c: &Core, r: PageRange| pages(r).filter(|&p| c.page(p).state == PState::Resident).count();
+    // A range of mapped pages, paged out: parked first.
+    let r =
+        (0..fits - 64).map(|s| PageRange::new(s, s + 64)).find(|&r| resident(&c, r) == 64).expect("64 mapped pages");
+    let ds = c.pageout_range(r);
+    assert_eq!(ds.len(), 64);
+    for d in &ds {
+        c.deactivate_done(d, true);
+    }
+    // Pressure ends before the eviction: the others go back, not these.
+    let mark = c.calm_mark();
+    assert!(c.ease_if_calm(mark, low));
+    let mut unparked = Vec::new();
+    loop {
+        let plans = c.unpark_plan(64);
+        if plans.is_empty() {
+            break;
+        }
+        unparked.extend(plans.iter().map(|p| match *p {
+            FaultPlan::Reactivate { page, .. } => page,
+            ref other => panic!("unexpected plan {other:?}"),
+        }));
+        let done: Vec<(FaultPlan, u64)> = plans.into_iter().map(|p| (p, 1)).collect();
+        c.unpark_done(&done);
+    }
+    assert!(!unparked.is_empty(), "nothing else was parked");
+    assert!(unparked.iter().all(|&p| !r.contains(p)), "pressure's end mapped back a page being paged out");
+    assert!(pages(r).all(|p| c.page(p).state == PState::Inactive));
+    let plan = c.evict_range(r, usize::MAX);
+    assert_eq!(plan.evict.len(), 64);
+    for e in &plan.evict {
+        c.evict_done(e, true);
+    }
+    c.pageout_done(r);
+    assert!(pages(r).all(|p| c.page(p).state == PState::Swapped));
+    c.validate();
+    // Once the page-out is over, a page of its range parked again goes back.
+    let q = r.start;
+    replay(&mut c, &[q.0], usize::MAX);
+    let ds = c.deactivate_range(PageRange::new(q.0, q.0 + 1));
+    assert_eq!(ds.len(), 1);
+    c.deactivate_done(&ds[0], true);
+    let plans = c.unpark_plan(64);
+    assert!(plans.iter().any(|p| matches!(*p, FaultPlan::Reactivate { page, .. } if page == q)), "{plans:?}");
+    let done: Vec<(FaultPlan, u64)> = plans.into_iter().map(|p| (p, 1)).collect();
+    c.unpark_done(&done);
     c.validate();
 }

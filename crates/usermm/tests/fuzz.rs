@@ -617,6 +617,11 @@ impl Model {
             (lo..hi).filter(|&p| self.pages[p].as_ref().is_some_and(|s| s.lock == Lock::No && !pins(s.prot))).count();
         !pins(prot) || self.pinned_pages() + newly <= PIN_CAP_PAGES
     }
+    /// The end of the run of mapped pages from `lo` (at most `hi`): `lo`
+    /// when `lo` is unmapped.
+    fn mapped_prefix_end(&self, lo: usize, hi: usize) -> usize {
+        (lo..hi).find(|&p| !self.mapped(p)).unwrap_or(hi)
+    }
     /// Runs of mapped pages inside `[lo, hi)`.
     fn runs(&self, lo: usize, hi: usize) -> Vec<(usize, usize)> {
         let mut out = Vec::new();
@@ -1439,8 +1444,12 @@ impl Run {
             Op::Mlock { off, len, flags, .. } => {
                 let (lo, hi) = lock_span(off, len);
                 let mode = if flags & MLOCK_ONFAULT != 0 { Lock::OnFault } else { Lock::Now };
-                // On error a prefix may be locked: the model assumes all of
-                // it is (it only bounds what is locked).
+                // On ENOMEM Linux has locked the mapped prefix of the range
+                // (apply_vma_lock_flags stops at the first gap, and nothing
+                // is locked when the start is unmapped; a populate that
+                // failed on a PROT_NONE part comes after the whole range
+                // was locked).
+                let hi = if r.ok() { hi } else { self.model.mapped_prefix_end(lo, hi) };
                 if r.ok() || r.err() == Some(Errno::ENOMEM) {
                     for s in self.model.pages[lo..hi].iter_mut().flatten() {
                         s.lock = mode;
@@ -1469,8 +1478,10 @@ impl Run {
                     }
                 }
             }
-            Op::Munlock { off, len, .. } if r.ok() => {
+            // (On ENOMEM, the mapped prefix as for mlock.)
+            Op::Munlock { off, len, .. } if r.ok() || r.err() == Some(Errno::ENOMEM) => {
                 let (lo, hi) = lock_span(off, len);
+                let hi = if r.ok() { hi } else { self.model.mapped_prefix_end(lo, hi) };
                 for s in self.model.pages[lo..hi].iter_mut().flatten() {
                     s.lock = Lock::No;
                 }

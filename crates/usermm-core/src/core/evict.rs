@@ -25,8 +25,11 @@ impl Core {
     /// `MADV_PAGEOUT` (then `evict_range`): as `deactivate_range`, and
     /// without swap the lazily freed pages the host can discard still go
     /// (Linux's PAGEOUT on a swapless host discards clean lazily freed
-    /// pages and keeps the rest).
+    /// pages and keeps the rest). Until `pageout_done(r)`, pressure's end
+    /// leaves the parked pages of `r` parked (`unpark_plan`): the page-out
+    /// evicts them next, as Linux's drops them.
     pub fn pageout_range(&mut self, r: PageRange) -> Vec<Deactivate> {
+        self.zaps.pageout_begin(r);
         self.deactivate_range_for(r, true)
     }
 
@@ -124,6 +127,13 @@ impl Core {
 
 /// Commits (see "Methods by kind" in `core.rs`).
 impl Core {
+    /// The page-out of `r` that `pageout_range(r)` began is over (its
+    /// `evict_range` plans carried out): pressure's end may map back what
+    /// it left parked.
+    pub fn pageout_done(&mut self, r: PageRange) {
+        self.zaps.pageout_end(r);
+    }
+
     pub fn deactivate_done(&mut self, d: &Deactivate, ok: bool) {
         debug_assert_eq!(self.pages.get(d.page).state, PState::Deactivating);
         if ok {

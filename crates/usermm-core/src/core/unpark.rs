@@ -12,8 +12,9 @@
 //!
 //! Not mapped back: volatile pages (their slots may be the host's to
 //! discard: a purge must stay exact), lazily freed ones (on their way to a
-//! discard), locked ones (a lock call maps those back itself), and pages in
-//! flight.
+//! discard), locked ones (a lock call maps those back itself), pages an
+//! explicit `MADV_PAGEOUT` is paging out (it evicts them next), and pages
+//! in flight.
 
 use super::{transfer_for, Core, FaultPlan};
 use crate::page::{pf, PState};
@@ -45,7 +46,8 @@ impl Core {
             let prot = reg.prot();
             let stays = reg.lock() != LockMode::None
                 || m.flags & (pf::LOCKED | pf::VOLATILE | pf::LAZYFREE) != 0
-                || self.zaps.zapping_at(p);
+                || self.zaps.zapping_at(p)
+                || self.zaps.paging_out_at(p);
             if stays {
                 kept.push((p, g));
                 continue;

@@ -1,6 +1,9 @@
 //! The ranges whose pages are being dropped: those `munmap` detached
 //! (*held* until the executor has zapped them and calls `unhold`), and the
-//! chunks being zapped (between `zap_begin` and `zap_end`).
+//! chunks being zapped (between `zap_begin` and `zap_end`), and the ranges
+//! an explicit `MADV_PAGEOUT` is paging out (between `pageout_range` and
+//! `pageout_done`: pressure's end leaves their parked pages parked, so that
+//! the eviction that follows finds them).
 //!
 //! A held range is not reused: a new mapping goes elsewhere, and a
 //! `MAP_FIXED` one over it waits. A fault or populate step in a chunk being
@@ -22,6 +25,8 @@ pub(super) struct Zaps {
     held: Vec<PageRange>,
     /// Chunks being zapped.
     zapping: Vec<PageRange>,
+    /// Ranges an explicit `MADV_PAGEOUT` is paging out.
+    paging_out: Vec<PageRange>,
 }
 
 impl Zaps {
@@ -76,6 +81,23 @@ impl Zaps {
     /// Whether page `p` is in a chunk being zapped.
     pub(super) fn zapping_at(&self, p: PageIdx) -> bool {
         self.zapping.iter().any(|z| z.contains(p))
+    }
+
+    /// Range `r` is being paged out.
+    pub(super) fn pageout_begin(&mut self, r: PageRange) {
+        self.paging_out.push(r);
+    }
+
+    /// Range `r` is paged out.
+    pub(super) fn pageout_end(&mut self, r: PageRange) {
+        if let Some(i) = self.paging_out.iter().position(|z| *z == r) {
+            self.paging_out.swap_remove(i);
+        }
+    }
+
+    /// Whether page `p` is in a range being paged out.
+    pub(super) fn paging_out_at(&self, p: PageIdx) -> bool {
+        self.paging_out.iter().any(|z| z.contains(p))
     }
 
     /// `region` narrowed around page `p` so that a window never reaches

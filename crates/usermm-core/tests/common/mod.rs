@@ -164,6 +164,7 @@ pub fn madvise(c: &mut Core, addr: u64, len: u64, advice: i32) -> Result<(), Err
                     c.discard_done(d, true, false);
                 }
                 assert!(plan.writeback.is_empty(), "no file regions here");
+                c.pageout_done(r);
             }
             AdviceOp::Poison(r) => {
                 zap(c, r);

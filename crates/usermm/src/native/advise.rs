@@ -139,5 +139,6 @@ impl Inner {
                 break;
             }
         }
+        lock(&self.core).pageout_done(r);
     }
 }
