@@ -122,6 +122,16 @@ pub(crate) trait Platform: Send + Sync {
     /// Moves the pages parked in `n` neighbouring slots back to `n`
     /// neighbouring empty pages at `dst`; returns how many moved (a prefix).
     fn slots_to_pages_move(&self, slot: u32, dst: usize, n: usize) -> Result<usize, Errno>;
+    /// Parks readable pages nothing writes (a non-writable region's) by a
+    /// copy each into its slot, then drops them from the program range in
+    /// one batch; returns which are parked. By default one
+    /// `Staging::FromPageCopy` a page.
+    fn pages_to_slots_copy(&self, pairs: &[(usize, u32)]) -> Vec<bool> {
+        pairs
+            .iter()
+            .map(|&(src, slot)| self.staging(Staging::FromPageCopy { src, slot, unreadable: false }).is_ok())
+            .collect()
+    }
     /// Does `op` with the staging area. `Ok(false)`: a `ToPageChecked` found the page
     /// discarded, a `Discard` or `MovedUnreported` said no; otherwise `Ok(true)`.
     fn staging(&self, op: Staging<'_>) -> Result<bool, Errno>;
@@ -640,6 +650,19 @@ impl Platform for Native {
     }
     fn pages_to_slots_move(&self, src: usize, slot: u32, n: usize) -> Result<usize, Errno> {
         self.arena.pages_to_slots_move(&self.uffd, src, slot, n)
+    }
+    fn pages_to_slots_copy(&self, pairs: &[(usize, u32)]) -> Vec<bool> {
+        let ok = self.arena.pages_to_slots_copy(&self.uffd, pairs);
+        // A window's page (a sequential read-only region's) is a file
+        // mapping, which the drop left in place: replaced, so that the next
+        // touch faults through usermm (as `page_to_slot_copy`).
+        pairs
+            .iter()
+            .zip(ok)
+            .map(|(&(src, _), ok)| {
+                ok && self.replace_windows(src, self.page_size, usermm_core::consts::PROT_READ).is_ok()
+            })
+            .collect()
     }
     fn slots_to_pages_move(&self, slot: u32, dst: usize, n: usize) -> Result<usize, Errno> {
         self.arena.slots_to_pages_move(&self.uffd, slot, dst, n)

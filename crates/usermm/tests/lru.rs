@@ -156,3 +156,35 @@ fn untouched_hot_set_is_evicted() {
         HOT_PAGES
     );
 }
+
+/// Pages of a read-only region are parked by a copy each and dropped from
+/// the program's range in one batch (`Arena::pages_to_slots_copy`): after
+/// `MADV_COLD` every page is parked, and its next touch is a minor fault
+/// that brings the same bytes back — a page the batch failed to drop
+/// would still be mapped and take no fault.
+#[test]
+fn read_only_pages_park_in_a_batch_and_fault_back_once_each() {
+    use usermm::consts::{MADV_COLD, MAP_ANONYMOUS, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+    use usermm_sys::kernel::peek;
+    const PAGES: usize = 256;
+    let s = common::space_pages(1024, 4096, 0);
+    let a = s.mmap(0, PAGES * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0).unwrap();
+    common::fill(a, 0..PAGES, 5);
+    s.mprotect(a, PAGES * PAGE, PROT_READ).unwrap();
+    // Every other run of 8 pages first (runs of their own), then the whole
+    // range: the rest, in one batch of separate runs.
+    for r in (0..PAGES).step_by(16) {
+        s.madvise(a + r * PAGE, 8 * PAGE, MADV_COLD).unwrap();
+    }
+    s.madvise(a, PAGES * PAGE, MADV_COLD).unwrap();
+    let cold = s.stats();
+    assert_eq!(cold.inactive_pages, PAGES as u64, "{cold:?}");
+    for p in 0..PAGES {
+        let want = 5u8.wrapping_add(p as u8);
+        assert_eq!((peek(a + p * PAGE), peek(a + p * PAGE + PAGE - 1)), (want, want), "page {p}");
+    }
+    let back = s.stats();
+    assert_eq!(back.minor_faults - cold.minor_faults, PAGES as u64, "{back:?}");
+    assert_eq!(back.inactive_pages, 0, "{back:?}");
+    s.validate();
+}

@@ -122,6 +122,9 @@ impl Platform for Injecting {
     fn slots_to_pages_move(&self, slot: u32, dst: usize, n: usize) -> Result<usize, Errno> {
         self.host.slots_to_pages_move(slot, dst, n)
     }
+    fn pages_to_slots_copy(&self, pairs: &[(usize, u32)]) -> Vec<bool> {
+        self.host.pages_to_slots_copy(pairs)
+    }
     fn staging(&self, op: Staging<'_>) -> Result<bool, Errno> {
         self.host.staging(op)
     }

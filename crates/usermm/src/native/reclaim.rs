@@ -70,8 +70,23 @@ impl Inner {
     pub(super) fn deactivate_all(&self, ds: &[Deactivate]) -> u64 {
         let mut oks = vec![false; ds.len()];
         let can_move = self.plat.caps().can_move;
+        // Readable pages of non-writable regions: copied, then dropped in
+        // one batch (a drop a page cost a TLB flush each, ~14 µs while the
+        // program runs on the other CPU).
+        let copies: Vec<usize> =
+            (0..ds.len()).filter(|&i| matches!(ds[i].how, Transfer::Copy { readable: true })).collect();
+        if !copies.is_empty() {
+            let pairs: Vec<(usize, u32)> = copies.iter().map(|&i| (self.addr(ds[i].page), ds[i].slot)).collect();
+            for (&i, ok) in copies.iter().zip(self.plat.pages_to_slots_copy(&pairs)) {
+                oks[i] = ok;
+            }
+        }
         let mut i = 0;
         while i < ds.len() {
+            if matches!(ds[i].how, Transfer::Copy { readable: true }) {
+                i += 1;
+                continue;
+            }
             // A run of neighbouring pages going to neighbouring slots moves
             // with one ioctl.
             let mut j = i + 1;
