@@ -204,3 +204,46 @@ fn the_windows_parked_pages_are_mapped_back_without_a_fault() {
     let s = c.stats().counters;
     assert_eq!((s.unparked, s.minor_faults), (8, 0));
 }
+
+/// A window's pages that a `MADV_PAGEOUT` has parked and is about to evict
+/// stay parked (the page-out evicts them, as Linux's drops them); once it
+/// is over, a read-ahead maps back the ones it left.
+#[test]
+fn a_windows_pages_being_paged_out_are_left_to_the_page_out() {
+    let cfg = CoreConfig { budget_pages: N, swap_slots: 2 * N as u32, staging_slots: N as u32, ..cfg() };
+    let mut c = Core::new(cfg);
+    map_at(&mut c, 0, N);
+    for p in 0..N {
+        assert!(matches!(touch(&mut c, p, true), Touch::Served(_)));
+    }
+    for p in (0..N).filter(|p| !(200..208).contains(p)) {
+        madvise(&mut c, at(p), PS, MADV_PAGEOUT).unwrap();
+    }
+    // Pages 200..208: parked by a page-out still under way.
+    let out = PageRange::new(200, 208);
+    for d in c.pageout_range(out) {
+        c.deactivate_done(&d, true);
+    }
+    assert_eq!(draw_pages(&c, 199, 209), "SIIIIIIIIS");
+    let mut p = 180;
+    let a = loop {
+        assert!(p < 200, "no read-ahead before the parked pages");
+        let a = ahead(&mut c, p, true);
+        if !a.parked.is_empty() || !a.pages.is_empty() {
+            break a;
+        }
+        while c.page(PageIdx(p)).state != PState::Swapped {
+            p += 1;
+        }
+    };
+    assert!(a.parked.is_empty(), "mapped back pages being paged out: {:?}", a.parked);
+    assert_eq!(draw_pages(&c, 200, 208), "IIIIIIII");
+    let plan = c.evict_range(out, usize::MAX);
+    assert_eq!(plan.evict.len(), 8);
+    for e in &plan.evict {
+        c.evict_done(e, true);
+    }
+    c.pageout_done(out);
+    assert_eq!(draw_pages(&c, 200, 208), "SSSSSSSS");
+    c.validate();
+}

@@ -110,6 +110,7 @@ impl Core {
             if m.state == PState::Inactive
                 && m.flags & (pf::LOCKED | pf::VOLATILE | pf::LAZYFREE) == 0
                 && !self.zaps.zapping_at(p)
+                && !self.zaps.paging_out_at(p)
             {
                 parked.push((p, m));
             }

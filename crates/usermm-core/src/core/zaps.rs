@@ -2,8 +2,8 @@
 //! (*held* until the executor has zapped them and calls `unhold`), and the
 //! chunks being zapped (between `zap_begin` and `zap_end`), and the ranges
 //! an explicit `MADV_PAGEOUT` is paging out (between `pageout_range` and
-//! `pageout_done`: pressure's end leaves their parked pages parked, so that
-//! the eviction that follows finds them).
+//! `pageout_done`: neither pressure's end nor a swap read-ahead maps their
+//! parked pages back, so that the eviction that follows finds them).
 //!
 //! A held range is not reused: a new mapping goes elsewhere, and a
 //! `MAP_FIXED` one over it waits. A fault or populate step in a chunk being
