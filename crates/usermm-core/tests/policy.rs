@@ -348,6 +348,19 @@ fn policy_table() {
     experiment_phases();
 }
 
+/// A core of 4,096 pages after pressure (4× the budget written) and a
+/// warm-up read of a working set that fits (90% of the budget), with pages
+/// parked: the core, the pages mapped, the working set's and the low
+/// watermark.
+fn pressure_then_fits() -> (Core, u64, u64, u64) {
+    let (budget, n) = (4096u64, 4 * 4096);
+    let mut c = core_with(budget, n);
+    replay_rw(&mut c, &(0..n).collect::<Vec<_>>(), usize::MAX, true);
+    let fits = budget * 9 / 10;
+    replay(&mut c, &(0..fits).collect::<Vec<_>>(), usize::MAX);
+    (c, n, fits, budget / 32)
+}
+
 /// Pressure's end (`core/unpark.rs`): after pressure and a warm-up of a
 /// working set that fits, a calm stretch — the executor reads the same
 /// calm mark a while apart — ends the pressure, every parked page goes back
@@ -356,12 +369,7 @@ fn policy_table() {
 /// claim in between keeps the pressure on.
 #[test]
 fn parked_pages_go_back_in_bulk_when_pressure_eases() {
-    let (budget, n) = (4096u64, 4 * 4096);
-    let low = budget / 32;
-    let mut c = core_with(budget, n);
-    replay_rw(&mut c, &(0..n).collect::<Vec<_>>(), usize::MAX, true);
-    let fits = budget * 9 / 10;
-    replay(&mut c, &(0..fits).collect::<Vec<_>>(), usize::MAX);
+    let (mut c, n, fits, low) = pressure_then_fits();
     let before = c.stats();
     assert!(before.inactive_pages > 0 && c.unpark_due(), "nothing parked: {before:?}");
     // A claim since the mark was read: not calm.
@@ -406,12 +414,7 @@ fn parked_pages_go_back_in_bulk_when_pressure_eases() {
 /// Once `pageout_done`, nothing of the range is held back.
 #[test]
 fn pressure_ending_during_a_pageout_leaves_its_pages_to_it() {
-    let (budget, n) = (4096u64, 4 * 4096);
-    let low = budget / 32;
-    let mut c = core_with(budget, n);
-    replay_rw(&mut c, &(0..n).collect::<Vec<_>>(), usize::MAX, true);
-    let fits = budget * 9 / 10;
-    replay(&mut c, &(0..fits).collect::<Vec<_>>(), usize::MAX);
+    let (mut c, _, fits, low) = pressure_then_fits();
     let pages = |r: PageRange| (r.start.0..r.end.0).map(PageIdx);
     let resident = |c: &Core, r: PageRange| pages(r).filter(|&p| c.page(p).state == PState::Resident).count();
     // A range of mapped pages, paged out: parked first.

@@ -164,14 +164,35 @@ fn random_faults_random_advice_and_short_frames_read_nothing_ahead() {
     assert!(c.swap_ahead_plan(run).pages.is_empty());
 }
 
-#[test]
-fn the_windows_parked_pages_are_mapped_back_without_a_fault() {
+/// `N` pages mapped and made resident, swap and staging for all.
+fn all_resident() -> Core {
     let cfg = CoreConfig { budget_pages: N, swap_slots: 2 * N as u32, staging_slots: N as u32, ..cfg() };
     let mut c = Core::new(cfg);
     map_at(&mut c, 0, N);
     for p in 0..N {
         assert!(matches!(touch(&mut c, p, true), Touch::Served(_)));
     }
+    c
+}
+
+/// A walk over swapped pages from `p` (each fault at the next swapped
+/// page, its runs growing) until a fault reads ahead, before `limit`.
+fn walk_to_read_ahead(c: &mut Core, mut p: u64, limit: u64) -> SwapAhead {
+    loop {
+        assert!(p < limit, "no read-ahead before page {limit}");
+        let a = ahead(c, p, true);
+        if !a.parked.is_empty() || !a.pages.is_empty() {
+            return a;
+        }
+        while c.page(PageIdx(p)).state != PState::Swapped {
+            p += 1;
+        }
+    }
+}
+
+#[test]
+fn the_windows_parked_pages_are_mapped_back_without_a_fault() {
+    let mut c = all_resident();
     // Pages 200..208 stay, parked (reclaim's sampling); the rest go out.
     for p in (0..N).filter(|p| !(200..208).contains(p)) {
         madvise(&mut c, at(p), PS, MADV_PAGEOUT).unwrap();
@@ -180,17 +201,7 @@ fn the_windows_parked_pages_are_mapped_back_without_a_fault() {
     assert_eq!(draw_pages(&c, 199, 209), "SIIIIIIIIS");
     // A walk from 180 (its runs of neighbouring slots grow: 1, 2, 4, 8
     // pages), until it reads ahead.
-    let mut p = 180;
-    let a = loop {
-        assert!(p < 200, "no read-ahead before the parked pages");
-        let a = ahead(&mut c, p, true);
-        if !a.parked.is_empty() || !a.pages.is_empty() {
-            break a;
-        }
-        while c.page(PageIdx(p)).state != PState::Swapped {
-            p += 1;
-        }
-    };
+    let a = walk_to_read_ahead(&mut c, 180, 200);
     let parked: Vec<u64> = a
         .parked
         .iter()
@@ -210,12 +221,7 @@ fn the_windows_parked_pages_are_mapped_back_without_a_fault() {
 /// is over, a read-ahead maps back the ones it left.
 #[test]
 fn a_windows_pages_being_paged_out_are_left_to_the_page_out() {
-    let cfg = CoreConfig { budget_pages: N, swap_slots: 2 * N as u32, staging_slots: N as u32, ..cfg() };
-    let mut c = Core::new(cfg);
-    map_at(&mut c, 0, N);
-    for p in 0..N {
-        assert!(matches!(touch(&mut c, p, true), Touch::Served(_)));
-    }
+    let mut c = all_resident();
     for p in (0..N).filter(|p| !(200..208).contains(p)) {
         madvise(&mut c, at(p), PS, MADV_PAGEOUT).unwrap();
     }
@@ -225,17 +231,7 @@ fn a_windows_pages_being_paged_out_are_left_to_the_page_out() {
         c.deactivate_done(&d, true);
     }
     assert_eq!(draw_pages(&c, 199, 209), "SIIIIIIIIS");
-    let mut p = 180;
-    let a = loop {
-        assert!(p < 200, "no read-ahead before the parked pages");
-        let a = ahead(&mut c, p, true);
-        if !a.parked.is_empty() || !a.pages.is_empty() {
-            break a;
-        }
-        while c.page(PageIdx(p)).state != PState::Swapped {
-            p += 1;
-        }
-    };
+    let a = walk_to_read_ahead(&mut c, 180, 200);
     assert!(a.parked.is_empty(), "mapped back pages being paged out: {:?}", a.parked);
     assert_eq!(draw_pages(&c, 200, 208), "IIIIIIII");
     let plan = c.evict_range(out, usize::MAX);

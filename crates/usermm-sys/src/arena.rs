@@ -48,6 +48,18 @@ pub struct Arena {
     fork_copies: bool,
 }
 
+/// Page addresses as `(address, length)` runs, neighbours in order merged.
+fn page_runs(addrs: impl Iterator<Item = usize>, ps: usize) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for a in addrs {
+        match runs.last_mut() {
+            Some((b, l)) if *b + *l == a => *l += ps,
+            _ => runs.push((a, ps)),
+        }
+    }
+    runs
+}
+
 impl Arena {
     /// Reserves `reserve_len` bytes (`PROT_NONE`, aligned to 2 MiB) and
     /// `staging_slots` staging pages; applies `MADV_DONTFORK` and
@@ -469,44 +481,26 @@ impl Arena {
         Ok(unsafe { uffd.mv(dst, self.slot_addr(slot), ps * n, false) }? / ps)
     }
 
-    /// Copies the resident page at `src` into the empty `slot`, then drops it
-    /// from `src`. Only race-free when nothing can write `src` meanwhile (a
-    /// non-writable region). Through `/proc/self/mem` when `src` is not
-    /// readable.
-    pub fn page_to_slot_copy(
-        &self,
-        uffd: &Uffd,
-        src: usize,
-        slot: u32,
-        procmem: Option<&ProcMem>,
-    ) -> Result<(), Errno> {
+    /// Copies the resident page at `src` into the empty `slot` through
+    /// `/proc/self/mem` (`src` is not readable), then drops it from `src`.
+    /// Only race-free when nothing can write `src` meanwhile (a
+    /// non-writable region). Readable pages: `pages_to_slots_copy`.
+    pub fn page_to_slot_copy_unreadable(&self, uffd: &Uffd, src: usize, slot: u32, pm: &ProcMem) -> Result<(), Errno> {
         let ps = self.page_size;
         self.check(src, ps)?;
         let dst = self.slot_addr(slot);
-        match procmem {
-            None => {
-                // SAFETY: `src` is inside the reservation; the kernel's copy
-                // from it faults like any user access (no Rust reference).
-                let n = unsafe { uffd.copy(dst, src as *const u8, ps, false) }?;
-                if n != ps {
-                    return Err(Errno::EEXIST);
-                }
-            }
-            Some(pm) => {
-                let buf = mem::map_rw(ps)?;
-                // SAFETY: `buf` is a fresh page of ours; `src` is resident.
-                let r = unsafe { pm.read(buf, src, ps) }.and_then(|_| {
-                    // SAFETY: `buf` is ours and readable.
-                    unsafe { uffd.copy(dst, buf as *const u8, ps, false) }
-                });
-                // SAFETY: `buf` is ours and no longer used.
-                unsafe {
-                    let _ = mem::unmap(buf, ps);
-                }
-                if r? != ps {
-                    return Err(Errno::EEXIST);
-                }
-            }
+        let buf = mem::map_rw(ps)?;
+        // SAFETY: `buf` is a fresh page of ours; `src` is resident.
+        let r = unsafe { pm.read(buf, src, ps) }.and_then(|_| {
+            // SAFETY: `buf` is ours and readable.
+            unsafe { uffd.copy(dst, buf as *const u8, ps, false) }
+        });
+        // SAFETY: `buf` is ours and no longer used.
+        unsafe {
+            let _ = mem::unmap(buf, ps);
+        }
+        if r? != ps {
+            return Err(Errno::EEXIST);
         }
         // SAFETY: this arena's memory (checked range or own slot): no reference into it.
         unsafe { mem::advise(src, ps, libc::MADV_DONTNEED) }
@@ -532,13 +526,7 @@ impl Arena {
                 matches!(unsafe { uffd.copy(dst, src as *const u8, ps, false) }, Ok(n) if n == ps)
             })
             .collect();
-        let mut runs: Vec<(usize, usize)> = Vec::new();
-        for (&(src, _), _) in pairs.iter().zip(&ok).filter(|(_, ok)| **ok) {
-            match runs.last_mut() {
-                Some((b, l)) if *b + *l == src => *l += ps,
-                _ => runs.push((src, ps)),
-            }
-        }
+        let runs = page_runs(pairs.iter().zip(&ok).filter(|(_, ok)| **ok).map(|(&(src, _), _)| src), ps);
         // SAFETY: checked ranges of this arena's reservation: no reference
         // into them.
         if unsafe { mem::advise_many(&runs, libc::MADV_DONTNEED) }.is_err() {
@@ -563,15 +551,7 @@ impl Arena {
         let mut sorted = slots.to_vec();
         sorted.sort_unstable();
         sorted.dedup();
-        let ps = self.page_size;
-        let mut runs: Vec<(usize, usize)> = Vec::new();
-        for &s in &sorted {
-            let a = self.slot_addr(s);
-            match runs.last_mut() {
-                Some((b, l)) if *b + *l == a => *l += ps,
-                _ => runs.push((a, ps)),
-            }
-        }
+        let runs = page_runs(sorted.iter().map(|&s| self.slot_addr(s)), self.page_size);
         // SAFETY: this arena's own staging slots (`slot_addr` checks each):
         // no reference into them.
         unsafe { mem::advise_many(&runs, libc::MADV_DONTNEED) }

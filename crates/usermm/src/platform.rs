@@ -379,14 +379,13 @@ impl StagingOps for Native {
     fn page_to_slot_copy(&self, src: usize, slot: u32, unreadable: bool) -> Result<(), Errno> {
         if unreadable {
             let pm = self.procmem.as_ref().ok_or(Errno::EFAULT)?;
-            self.arena.page_to_slot_copy(&self.uffd, src, slot, Some(pm))
+            self.arena.page_to_slot_copy_unreadable(&self.uffd, src, slot, pm)
         } else {
-            self.arena.page_to_slot_copy(&self.uffd, src, slot, None)?;
-            // A window's page (a sequential read-only region's, parked by
-            // `MADV_COLD` or after its advice changed) is a file mapping,
-            // which the copy's `MADV_DONTNEED` left in place: replaced, so
-            // that the next touch faults through usermm.
-            self.replace_windows(src, self.page_size, usermm_core::consts::PROT_READ)
+            // (A batch of one.)
+            match self.pages_to_slots_copy(&[(src, slot)])[..] {
+                [true] => Ok(()),
+                _ => Err(Errno::EEXIST),
+            }
         }
     }
     fn drop_slots(&self, slot: u32, n: usize) -> Result<(), Errno> {
@@ -653,9 +652,10 @@ impl Platform for Native {
     }
     fn pages_to_slots_copy(&self, pairs: &[(usize, u32)]) -> Vec<bool> {
         let ok = self.arena.pages_to_slots_copy(&self.uffd, pairs);
-        // A window's page (a sequential read-only region's) is a file
-        // mapping, which the drop left in place: replaced, so that the next
-        // touch faults through usermm (as `page_to_slot_copy`).
+        // A window's page (a sequential read-only region's, parked by
+        // `MADV_COLD` or after its advice changed) is a file mapping, which
+        // the drop left in place: replaced, so that the next touch faults
+        // through usermm.
         pairs
             .iter()
             .zip(ok)

@@ -187,23 +187,19 @@ impl Inner {
     }
 
     /// Moves a resident page out of the program's range into its staging
-    /// slot when it cannot be moved (a non-writable region, or no
-    /// `UFFDIO_MOVE`): copy, then drop — race-free because nothing can write
-    /// a non-writable page in between.
+    /// slot when `deactivate_all` neither moves it nor copies it in a batch:
+    /// a writable page without `UFFDIO_MOVE` stays (a copy would race with
+    /// the program's writes); an unreadable one (`PROT_NONE`) is copied
+    /// through `/proc/self/mem`, then dropped — race-free because nothing
+    /// can write it in between.
     pub(super) fn transfer_out(&self, d: &Deactivate) -> bool {
-        let src = self.addr(d.page);
         match d.how {
-            Transfer::Move | Transfer::Copy { readable: true } => {
-                if d.how == Transfer::Move {
-                    // A writable page without UFFDIO_MOVE: a copy would race
-                    // with the program's writes, so the page stays.
-                    return false;
-                }
-                self.plat.staging(Staging::FromPageCopy { src, slot: d.slot, unreadable: false }).is_ok()
-            }
             Transfer::Copy { readable: false } => {
+                let src = self.addr(d.page);
                 self.plat.staging(Staging::FromPageCopy { src, slot: d.slot, unreadable: true }).is_ok()
             }
+            // (Readable copies went in `deactivate_all`'s batch.)
+            Transfer::Move | Transfer::Copy { readable: true } => false,
         }
     }
 
