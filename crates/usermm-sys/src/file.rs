@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use crate::ring::RingPool;
 use crate::{check, check_isize, last_errno, Errno};
 
-mod pagemap;
+pub(crate) mod pagemap;
 pub use pagemap::Pagemap;
 
 /// An open swap file.

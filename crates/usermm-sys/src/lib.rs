@@ -36,6 +36,7 @@ pub mod mem;
 #[cfg(feature = "bench-helpers")]
 pub mod process;
 pub mod ring;
+pub mod sampled;
 pub mod secret;
 pub mod sync;
 #[cfg(feature = "bench-helpers")]

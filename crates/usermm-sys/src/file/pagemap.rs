@@ -103,31 +103,31 @@ impl Pagemap {
 
 /// `PAGEMAP_SCAN` (`_IOWR('f', 16, struct pm_scan_arg)`) and its categories,
 /// from the kernel's uapi `linux/fs.h` (newer than this system's headers).
-pub(super) const PAGEMAP_SCAN: libc::c_ulong = 0xC060_6610;
-pub(super) const PAGE_IS_PRESENT: u64 = 1 << 3;
+pub(crate) const PAGEMAP_SCAN: libc::c_ulong = 0xC060_6610;
+pub(crate) const PAGE_IS_PRESENT: u64 = 1 << 3;
 pub(super) const PAGE_IS_PFNZERO: u64 = 1 << 5;
 
 #[repr(C)]
 #[derive(Default, Clone, Copy)]
-pub(super) struct PageRegion {
-    start: u64,
-    end: u64,
-    categories: u64,
+pub(crate) struct PageRegion {
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) categories: u64,
 }
 
 #[repr(C)]
 #[derive(Default)]
-pub(super) struct PmScanArg {
-    size: u64,
-    flags: u64,
-    start: u64,
-    end: u64,
-    walk_end: u64,
-    vec: u64,
-    vec_len: u64,
-    max_pages: u64,
-    category_inverted: u64,
-    category_mask: u64,
-    category_anyof_mask: u64,
-    return_mask: u64,
+pub(crate) struct PmScanArg {
+    pub(crate) size: u64,
+    pub(crate) flags: u64,
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) walk_end: u64,
+    pub(crate) vec: u64,
+    pub(crate) vec_len: u64,
+    pub(crate) max_pages: u64,
+    pub(crate) category_inverted: u64,
+    pub(crate) category_mask: u64,
+    pub(crate) category_anyof_mask: u64,
+    pub(crate) return_mask: u64,
 }
