@@ -139,7 +139,7 @@ use crate::consts::*;
 use crate::errno::Errno;
 use crate::lru::Lru;
 use crate::page::{PageMeta, PageTable};
-use crate::region::{LockMode, RegionTree};
+use crate::region::{Kind, LockMode, Region, RegionTree};
 use crate::slots::SlotAllocator;
 use crate::types::{Addr, PageIdx, PageRange};
 use file_table::FileTable;
@@ -241,6 +241,9 @@ pub struct Counters {
     pub oom_sigbus: u64,
     pub swap_read_errors: u64,
     pub swap_write_errors: u64,
+    /// Zapped pages an eviction found touched (the reference scan's hits):
+    /// they stayed, back on the active list.
+    pub scan_hits: u64,
 }
 
 /// A snapshot of the gauges and counters.
@@ -276,6 +279,10 @@ pub struct Core {
     options: Options,
     files: FileTable,
     counters: Counters,
+    /// Pages of sampled regions filled under pressure, with the generation
+    /// of their active-list entry: the next reclaim round zaps them first
+    /// (`policy.rs`, "new pages prove themselves").
+    fresh: Vec<(PageIdx, u32)>,
 }
 
 /// An error result: the argument checks of every concern return through it.
@@ -376,7 +383,16 @@ impl Core {
             options: Options::default(),
             files: FileTable::default(),
             counters: Counters::default(),
+            fresh: Vec::new(),
         }
+    }
+
+    /// Anonymous private regions are backed so that a parked page stays
+    /// where it is and its next touch is the host's minor fault, seen by a
+    /// reference scan, not by usermm ([`Transfer::Zap`]; docs/design.md,
+    /// "Reference sources"). Set before the first region is mapped.
+    pub fn set_sampled_refs(&mut self, on: bool) {
+        self.options.set_sampled_refs(on);
     }
 
     /// The executor can have the host discard clean lazily freed pages.
@@ -390,6 +406,34 @@ impl Core {
     /// volatile pages first").
     pub fn set_purge_volatile_first(&mut self, on: bool) {
         self.options.set_purge_volatile_first(on);
+    }
+}
+
+impl Core {
+    /// Whether the pages of `reg` are sampled by zap and scan
+    /// ([`Core::set_sampled_refs`]).
+    pub(crate) fn sampled(&self, reg: &Region) -> bool {
+        self.options.sampled_refs() && reg.kind() == Kind::AnonPrivate
+    }
+
+    /// How a page of `reg` is parked: zapped where it is in a sampled
+    /// region, else as [`transfer_for`] its protection says.
+    pub(crate) fn transfer_of(&self, reg: &Region) -> Transfer {
+        self.transfer_by(reg.kind(), reg.prot())
+    }
+
+    /// [`Core::transfer_of`] a region of kind `kind` and protection `prot`.
+    pub(crate) fn transfer_by(&self, kind: Kind, prot: i32) -> Transfer {
+        if self.options.sampled_refs() && kind == Kind::AnonPrivate {
+            Transfer::Zap
+        } else {
+            transfer_for(prot)
+        }
+    }
+
+    /// Whether page `p` is parked by [`Transfer::Zap`] (or would be).
+    pub(crate) fn zapped_at(&self, p: PageIdx) -> bool {
+        self.regions.find(p).is_some_and(|r| self.sampled(r))
     }
 }
 

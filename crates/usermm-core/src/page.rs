@@ -72,7 +72,9 @@ impl PState {
                 (Filling, Absent) => from != Swapped,
                 (Filling, Swapped | Inactive) => from == to,
                 (Deactivating, Inactive | Resident | Absent) => true,
-                (Evicting, Swapped | Absent | Inactive) => true,
+                // (Resident: a zapped page the program touched since it was
+                // parked, found mapped by the eviction's reference scan.)
+                (Evicting, Swapped | Absent | Inactive | Resident) => true,
                 (Zapping, Absent | Resident) => true,
                 _ => false,
             }

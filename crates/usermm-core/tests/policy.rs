@@ -34,20 +34,52 @@ fn core_with(budget: u64, n: u64) -> Core {
 /// Misses seen while replaying: touches that found the page out of memory
 /// (swapped, or never touched: a major fault, unless read-around brought
 /// it in) and touches that found it parked (a minor fault).
+/// With a sampled core (`set_sampled_refs`), `soft` counts the touches of
+/// zapped pages: the host's minor faults (about 1 µs), which usermm does
+/// not see.
 #[derive(Default, Debug, Clone, Copy)]
 struct Misses {
     major: u64,
     minor: u64,
+    soft: u64,
 }
 
-/// Runs one reclaim plan with every step succeeding.
-fn reclaim(c: &mut Core, want: u64) {
+/// The host's side of a sampled core: the zapped pages touched since they
+/// were zapped (mapped again by the host, as a reference scan finds them).
+#[derive(Default)]
+struct Host {
+    sampled: bool,
+    present: std::collections::HashSet<u64>,
+}
+
+impl Host {
+    fn sampled() -> Host {
+        Host { sampled: true, ..Host::default() }
+    }
+}
+
+/// A core as [`core_with`] makes it, its anonymous region sampled by zap
+/// and scan.
+fn sampled_core_with(budget: u64, n: u64) -> Core {
+    let mut c = core_with(budget, n);
+    c.set_sampled_refs(true);
+    c
+}
+
+/// Runs one reclaim plan with every step succeeding (with `host`'s view of
+/// zapped pages: an eviction's scan finds the touched ones).
+fn reclaim(c: &mut Core, host: &mut Host, want: u64) {
     let plan = c.reclaim_plan(want);
     for d in &plan.deactivate {
         c.deactivate_done(d, true);
+        host.present.remove(&d.page.0);
     }
     for e in &plan.evict {
-        c.evict_done(e, true);
+        if e.zapped && host.present.remove(&e.page.0) {
+            c.evict_touched(e);
+        } else {
+            c.evict_done(e, true);
+        }
     }
 }
 
@@ -59,23 +91,34 @@ fn replay(c: &mut Core, trace: &[u64], measure_from: usize) -> Misses {
 
 /// `replay`, every touch a write if `write`.
 fn replay_rw(c: &mut Core, trace: &[u64], measure_from: usize, write: bool) -> Misses {
+    replay_host(c, &mut Host::default(), trace, measure_from, write)
+}
+
+/// `replay_rw` with `host`'s view of zapped pages (a sampled core's).
+fn replay_host(c: &mut Core, host: &mut Host, trace: &[u64], measure_from: usize, write: bool) -> Misses {
     let budget = c.config().budget_pages;
     let low = (budget / 32).clamp(1, 4096);
     let mut m = Misses::default();
     for (i, &p) in trace.iter().enumerate() {
         let count = i >= measure_from;
+        let zapped = host.sampled && c.page(PageIdx(p)).state == PState::Inactive;
         if count {
             match c.page(PageIdx(p)).state {
                 PState::Resident => {}
+                PState::Inactive if zapped => m.soft += u64::from(!host.present.contains(&p)),
                 PState::Inactive => m.minor += 1,
                 _ => m.major += 1,
             }
         }
+        if zapped {
+            // The host maps a zapped page back on its own.
+            host.present.insert(p);
+        }
         // A mapped page: the host reports nothing (a hit).
-        while c.page(PageIdx(p)).state != PState::Resident {
+        while !zapped && c.page(PageIdx(p)).state != PState::Resident {
             let plan = c.fault(Addr(BASE + p * 4096), write);
             match plan {
-                FaultPlan::Reclaim { want } => reclaim(c, want),
+                FaultPlan::Reclaim { want } => reclaim(c, host, want),
                 FaultPlan::SwapIn { run, .. } | FaultPlan::ZeroFill { run } => c.fill_done(&plan, run.pages()),
                 FaultPlan::Reactivate { .. } => c.fill_done(&plan, 1),
                 other => panic!("unexpected plan {other:?}"),
@@ -87,10 +130,11 @@ fn replay_rw(c: &mut Core, trace: &[u64], measure_from: usize, write: bool) -> M
         let mark = c.calm_mark();
         if c.calm_by_touches() && c.ease_if_calm(mark, low) {
             unpark_all(c);
+            host.present.clear();
         }
         let want = c.reclaim_ahead_want(low, 2 * low);
         if want > 0 || c.needs_aging() {
-            reclaim(c, want);
+            reclaim(c, host, want);
         }
     }
     c.validate();
@@ -210,22 +254,30 @@ fn a_hot_set_left_alone_during_a_scan_is_evicted() {
 /// which see no touch of a mapped page, and an exact LRU's, which sees
 /// every touch, over the trace's second half; printed.
 fn zipfian_against_lru(theta: f64) -> (u64, u64) {
+    zipfian_against_lru_on(theta, Host::default()).0
+}
+
+/// [`zipfian_against_lru`] with `host` (sampled or not): also the misses.
+fn zipfian_against_lru_on(theta: f64, mut host: Host) -> ((u64, u64), Misses) {
     let (budget, n) = (4096u64, 4 * 4096);
     let mut rng = Rng::new(11);
     let trace = zipfian(n, theta, 8 * n as usize, &mut rng);
     let from = trace.len() / 2;
-    let mut c = core_with(budget, n);
-    let m = replay(&mut c, &trace, from);
+    let mut c = if host.sampled { sampled_core_with(budget, n) } else { core_with(budget, n) };
+    let m = replay_host(&mut c, &mut host, &trace, from, false);
     let lru = lru_misses(&trace, budget as usize, from);
     let measured = (trace.len() - from) as f64;
     println!(
-        "zipfian θ={theta}: usermm {:.1}% misses ({:.1}% minor faults), exact LRU {:.1}%",
+        "zipfian θ={theta}, sampled {}: usermm {:.1}% misses ({:.2}× LRU's; {:.1}% minor faults, {:.1}% touches of zapped pages), exact LRU {:.1}%",
+        host.sampled,
         100.0 * m.major as f64 / measured,
+        m.major as f64 / lru as f64,
         100.0 * m.minor as f64 / measured,
+        100.0 * m.soft as f64 / measured,
         100.0 * lru as f64 / measured
     );
     assert!(lru > 0 && m.major > 0);
-    (m.major, lru)
+    ((m.major, lru), m)
 }
 
 /// θ = 0.99 (YCSB's, the `reclaim` experiment's): usermm misses 20.1% of
@@ -239,6 +291,43 @@ fn a_zipfian_trace_misses_close_to_an_exact_lru() {
     assert!(usermm * 10 <= lru * 11, "usermm {usermm} against LRU's {lru} misses");
 }
 
+/// Sampled by zap and scan, the same trace misses 0.9× LRU's at most
+/// (the goal; faults alone cannot see a mapped page's use), with
+/// no usermm fault but the misses: the reference bits cost touches of
+/// zapped pages, the host's minor faults.
+#[test]
+fn a_sampled_zipfian_trace_misses_less_than_an_exact_lru() {
+    for theta in [0.99, 0.8] {
+        let ((usermm, lru), m) = zipfian_against_lru_on(theta, Host::sampled());
+        assert!(usermm * 10 <= lru * 9, "θ={theta}: usermm {usermm} against LRU's {lru} misses");
+        assert_eq!(m.minor, 0, "a fault on a zapped page: {m:?}");
+        assert!(m.soft > 0, "nothing was zapped: {m:?}");
+    }
+}
+
+/// Sampled: the pages a pass under pressure fills are zapped; an eviction
+/// keeps the one the program touched since (found mapped: back on the
+/// active list, nothing written) and writes the others to swap.
+#[test]
+fn an_eviction_keeps_a_zapped_page_touched_since() {
+    let (budget, n) = (64u64, 256);
+    let mut c = sampled_core_with(budget, n);
+    let mut host = Host::sampled();
+    replay_host(&mut c, &mut host, &(0..n).collect::<Vec<_>>(), usize::MAX, true);
+    let zapped: Vec<u64> = (0..n).filter(|&p| c.page(PageIdx(p)).state == PState::Inactive).collect();
+    assert!(zapped.len() >= 2 && host.present.is_empty(), "{zapped:?}");
+    let (touched, untouched) = (zapped[0], zapped[1]);
+    host.present.insert(touched);
+    let before = c.stats().counters;
+    reclaim(&mut c, &mut host, zapped.len() as u64);
+    let after = c.stats().counters;
+    assert_eq!(c.page(PageIdx(touched)).state, PState::Resident);
+    assert_eq!(c.page(PageIdx(untouched)).state, PState::Swapped);
+    assert_eq!(after.scan_hits - before.scan_hits, 1);
+    assert_eq!(after.swapouts - before.swapouts, zapped.len() as u64 - 1);
+    c.validate();
+}
+
 /// θ = 0.8, a flatter skew: usermm misses 38.5%, LRU 37.6% (1.02×),
 /// bounded as above.
 #[test]
@@ -247,12 +336,6 @@ fn a_flatter_zipfian_trace_misses_close_to_an_exact_lru() {
     assert!(usermm * 10 <= lru * 11, "usermm {usermm} against LRU's {lru} misses");
 }
 
-/// The `reclaim` experiment's phases at a quarter of its quick scale (a
-/// budget of 4,096 pages, a working set of 4×), one after the other on one
-/// core as the experiment runs them: each phase's misses per 1,000 touches
-/// and its estimated cost, at 70 µs a major fault and 20 µs a minor one
-/// (this machine's, `docs/design.md`). For comparing policies:
-/// `cargo test --release -p usermm-core --test policy -- --ignored --nocapture`.
 /// What [`experiment_phases`] measured in the `fits` phase.
 struct Fits {
     misses: Misses,
@@ -269,48 +352,50 @@ struct Fits {
 /// budget of 4,096 pages, a working set of 4×), one after the other on one
 /// core as the experiment runs them; prints each phase's misses per 1,000
 /// touches and its estimated cost, at 70 µs a major fault and 20 µs a
-/// minor one (this machine's, `docs/design.md`).
-fn experiment_phases() -> Fits {
+/// minor one (this machine's, `docs/design.md`), and 1 µs a touch of a
+/// zapped page (`host` sampled).
+fn experiment_phases(mut host: Host) -> Fits {
     let (budget, n) = (4096u64, 4 * 4096);
     let hot = budget / 10;
-    let mut c = core_with(budget, n);
+    let mut c = if host.sampled { sampled_core_with(budget, n) } else { core_with(budget, n) };
     let mut rng = Rng::new(7);
     let mix = 2 * n as usize;
     // Pages mapped back in bulk by pressure's end (`calm_by_touches`)
     // during the phases before `fits`.
     let mut unparked_before_fits = 0;
-    let mut phase = |name: &str, trace: Vec<u64>, write: bool, c: &mut Core| {
+    let mut phase = |name: &str, trace: Vec<u64>, write: bool, c: &mut Core, host: &mut Host| {
         let before = c.stats().counters.unparked;
-        let m = replay_rw(c, &trace, 0, write);
+        let m = replay_host(c, host, &trace, 0, write);
         let unparked = c.stats().counters.unparked - before;
         if name != "fits" {
             unparked_before_fits += unparked;
         }
         let k = 1000.0 / trace.len() as f64;
         println!(
-            "{name:10} major/1k {:6.1} minor/1k {:6.1} cost/touch {:5.2} µs, {unparked} unparked",
+            "{name:10} major/1k {:6.1} minor/1k {:6.1} zapped/1k {:6.1} cost/touch {:5.2} µs, {unparked} unparked",
             m.major as f64 * k,
             m.minor as f64 * k,
-            (m.major as f64 * 70.0 + m.minor as f64 * 20.0) / trace.len() as f64
+            m.soft as f64 * k,
+            (m.major as f64 * 70.0 + m.minor as f64 * 20.0 + m.soft as f64) / trace.len() as f64
         );
         m
     };
-    phase("seq-write", (0..n).collect(), true, &mut c);
-    phase("seq-read", (0..n).collect(), false, &mut c);
+    phase("seq-write", (0..n).collect(), true, &mut c, &mut host);
+    phase("seq-read", (0..n).collect(), false, &mut c, &mut host);
     let hotcold =
         (0..mix).map(|_| if rng.below(100) < 90 { rng.below(hot) } else { hot + rng.below(n - hot) }).collect();
-    phase("hotcold", hotcold, false, &mut c);
-    phase("uniform", (0..mix).map(|_| rng.below(n)).collect(), false, &mut c);
-    phase("zipfian", zipfian(n, 0.99, mix, &mut rng), false, &mut c);
-    phase("scan", (0..n).flat_map(|p| [p, rng.below(hot)]).collect(), false, &mut c);
+    phase("hotcold", hotcold, false, &mut c, &mut host);
+    phase("uniform", (0..mix).map(|_| rng.below(n)).collect(), false, &mut c, &mut host);
+    phase("zipfian", zipfian(n, 0.99, mix, &mut rng), false, &mut c, &mut host);
+    phase("scan", (0..n).flat_map(|p| [p, rng.below(hot)]).collect(), false, &mut c, &mut host);
     // Fits: one pass over 90% of the budget (the hot set first: touched
     // while mapped, which usermm cannot see), then random touches of it.
     let fits = budget * 9 / 10;
-    replay(&mut c, &(0..fits).collect::<Vec<_>>(), usize::MAX);
+    replay_host(&mut c, &mut host, &(0..fits).collect::<Vec<_>>(), usize::MAX, false);
     let hot_out = (0..hot).filter(|&p| !c.page(PageIdx(p)).state.holds_frame()).count();
     let before = c.stats().counters.evictions;
     let touches = 4 * fits;
-    let misses = phase("fits", (0..touches).map(|_| rng.below(fits)).collect(), false, &mut c);
+    let misses = phase("fits", (0..touches).map(|_| rng.below(fits)).collect(), false, &mut c, &mut host);
     let evictions = c.stats().counters.evictions - before;
     println!("fits: {evictions} evictions after the warm-up, {hot_out} of {hot} hot pages out after it");
     Fits { misses, touches, evictions, hot_out, unparked_before_fits }
@@ -333,7 +418,7 @@ fn experiment_phases() -> Fits {
 /// after it — a touch of a mapped page is invisible to usermm.
 #[test]
 fn a_working_set_that_fits_is_not_evicted_after_warm_up() {
-    let f = experiment_phases();
+    let f = experiment_phases(Host::default());
     assert_eq!(f.evictions, 0, "{:?}", f.misses);
     assert!(f.hot_out * 10 < 409, "{} hot pages out after the warm-up", f.hot_out);
     assert!(f.misses.minor * 100 < f.touches, "the working set kept being parked: {:?}", f.misses);
@@ -345,7 +430,9 @@ fn a_working_set_that_fits_is_not_evicted_after_warm_up() {
 #[test]
 #[ignore]
 fn policy_table() {
-    experiment_phases();
+    experiment_phases(Host::default());
+    println!("sampled by zap and scan:");
+    experiment_phases(Host::sampled());
 }
 
 /// A core of 4,096 pages after pressure (4× the budget written) and a

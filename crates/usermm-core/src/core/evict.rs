@@ -7,7 +7,7 @@
 //! policy that chooses the pages is in `reclaim.rs`.
 
 use super::policy::forget_use;
-use super::{transfer_for, Core, Deactivate, Discard, Evict, FaultPlan, ReclaimPlan, Writeback};
+use super::{Core, Deactivate, Discard, Evict, FaultPlan, ReclaimPlan, Writeback};
 use crate::consts::*;
 use crate::page::{pf, PState, PageMeta};
 use crate::region::{Kind, LockMode};
@@ -48,7 +48,7 @@ impl Core {
         if reg.writable() && reg.prot() != PROT_READ | PROT_WRITE {
             return v;
         }
-        let how = transfer_for(reg.prot());
+        let how = self.transfer_of(&reg);
         for (p, m) in self.pages.live_in(r) {
             if m.state != PState::Resident || m.has(pf::LOCKED) {
                 continue;
@@ -78,7 +78,7 @@ impl Core {
             }
             let Some((swap, clean)) = self.evict_target(p) else { break };
             self.pages.update(p, |m| m.state = PState::Evicting);
-            v.push(Evict { page: p, staging: m.slot, swap, clean });
+            v.push(Evict { page: p, staging: m.slot, swap, clean, zapped: self.zapped_at(p) });
         }
         v
     }
@@ -119,7 +119,7 @@ impl Core {
             }
             let Some((swap, clean)) = self.evict_target(p) else { break };
             self.pages.update(p, |m| m.state = PState::Evicting);
-            plan.evict.push(Evict { page: p, staging: m.slot, swap, clean });
+            plan.evict.push(Evict { page: p, staging: m.slot, swap, clean, zapped: self.zapped_at(p) });
         }
         plan
     }
@@ -221,6 +221,26 @@ impl Core {
             self.push_inactive(e.page);
             self.counters.swap_write_errors += 1;
         }
+    }
+
+    /// Commits an eviction of a zapped page ([`Evict::zapped`]) that its
+    /// reference scan found mapped: the program touched it since it was
+    /// parked. Nothing was written; it stays, back on the active list with
+    /// what a touch of a parked page earns (`policy::touched_parked`), and
+    /// mapped (read-only if the executor write-protected it before the
+    /// scan: a write is then a write-protect fault, served as any).
+    pub fn evict_touched(&mut self, e: &Evict) {
+        debug_assert_eq!(self.pages.get(e.page).state, PState::Evicting);
+        if !e.clean {
+            self.swap.free_unwritten(e.swap);
+        }
+        self.staging.release(e.staging);
+        self.pages.update(e.page, |m| {
+            m.state = PState::Resident;
+            m.flags |= pf::REFERENCED;
+        });
+        self.push_active(e.page);
+        self.counters.scan_hits += 1;
     }
 
     /// Commits a purge: the executor dropped the staging frame and put a

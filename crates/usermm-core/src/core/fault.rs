@@ -12,7 +12,7 @@ use super::window::{
     dense_block, fault_around_window, file_fault_around_block, grow_run, swap_in_window, IN_THREAD_ZERO_WINDOW_PAGES,
     MAX_WINDOW_PAGES,
 };
-use super::{bad, transfer_for, Core, FaultPlan};
+use super::{bad, Core, FaultPlan};
 use crate::consts::*;
 use crate::errno::Errno;
 use crate::page::{pf, PState, PageMeta};
@@ -113,7 +113,7 @@ impl Core {
             None => reg.range(),
         };
         let region = self.zaps.clear_of(region, p);
-        let prot = reg.prot();
+        let (prot, kind) = (reg.prot(), reg.kind());
         let m = self.pages.get(p);
         if self.in_flight(p, &m) {
             return FaultPlan::Busy;
@@ -139,7 +139,7 @@ impl Core {
                 // A page with a swap copy comes back write-protected (a
                 // write fault's page is written at once: it drops it).
                 let wp = m.cache != 0 && !checked && !write;
-                FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked, wp }
+                FaultPlan::Reactivate { page: p, slot: m.slot, how: self.transfer_by(kind, prot), checked, wp }
             }
             PState::Swapped => self.plan_swap_in(p, m, region, free, populate.is_some(), write),
             PState::Absent => self.plan_absent(p, m, region, free, populate.is_some(), write, exact, zero_window),

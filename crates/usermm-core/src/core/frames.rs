@@ -50,8 +50,10 @@ impl Core {
     /// A page just became resident: lock it if its region is locked.
     pub(super) fn note_resident(&mut self, p: PageIdx) {
         // (One lookup: this runs for every page a fault fills.)
-        let (writable, locked) =
-            self.regions.find(p).map_or((false, false), |r| (r.writable(), r.lock() != LockMode::None));
+        let (writable, locked, sampled) = self
+            .regions
+            .find(p)
+            .map_or((false, false, false), |r| (r.writable(), r.lock() != LockMode::None, self.sampled(r)));
         if writable {
             self.pages.update(p, |m| m.flags |= pf::MAYBE_DIRTY);
         }
@@ -63,6 +65,11 @@ impl Core {
             self.uncache_locked(p);
         } else {
             self.push_active(p);
+            if sampled && self.pressure.under() && self.fresh.len() < self.cfg.budget_pages as usize {
+                // Under pressure a new page proves itself: the next round
+                // zaps it (`policy.rs`, `plan_fresh`).
+                self.fresh.push((p, self.pages.get(p).gen));
+            }
         }
     }
 

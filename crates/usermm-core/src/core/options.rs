@@ -14,11 +14,20 @@ pub(super) struct Options {
     purge_volatile_first: bool,
     /// Most lazily freed pages kept (`set_lazyfree_max`).
     lazyfree_max: u64,
+    /// Anonymous private regions are sampled by zap and scan
+    /// (`set_sampled_refs`, `Transfer::Zap`).
+    sampled_refs: bool,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { host_lazyfree: false, tracks_writes: false, purge_volatile_first: false, lazyfree_max: u64::MAX }
+        Options {
+            host_lazyfree: false,
+            tracks_writes: false,
+            purge_volatile_first: false,
+            lazyfree_max: u64::MAX,
+            sampled_refs: false,
+        }
     }
 }
 
@@ -48,6 +57,15 @@ impl Options {
     /// Whether reclaim purges volatile pages before anything else.
     pub(super) fn purge_volatile_first(&self) -> bool {
         self.purge_volatile_first
+    }
+
+    pub(super) fn set_sampled_refs(&mut self, on: bool) {
+        self.sampled_refs = on;
+    }
+
+    /// Whether anonymous private regions are sampled by zap and scan.
+    pub(super) fn sampled_refs(&self) -> bool {
+        self.sampled_refs
     }
 
     pub(super) fn set_lazyfree_max(&mut self, pages: u64) {

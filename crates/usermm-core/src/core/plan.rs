@@ -41,6 +41,12 @@ pub enum Transfer {
     /// can change the page in between. `readable` says whether the executor
     /// can read it directly or must go through `/proc/self/mem`.
     Copy { readable: bool },
+    /// A sampled region's page (`Core::set_sampled_refs`): its mapping is
+    /// dropped and its data stays where it is, in the memory that backs the
+    /// region (no staging slot is used); the program's next touch maps it
+    /// back with no fault usermm sees, and a reference scan finds it mapped
+    /// (see [`Evict::zapped`]). Mapping it back is the host's.
+    Zap,
 }
 
 /// What the executor must do for a fault.
@@ -224,6 +230,12 @@ pub struct Evict {
     pub staging: u32,
     pub swap: u32,
     pub clean: bool,
+    /// The page was parked by [`Transfer::Zap`]: its data is in the region's
+    /// backing memory, not in `staging`, and the program may have touched
+    /// it since. The executor write-protects it, and if a reference scan
+    /// finds it mapped commits `evict_touched` instead (it stays);
+    /// otherwise it writes it from the backing memory and frees it there.
+    pub zapped: bool,
 }
 
 /// One lazily freed page to discard: ask the host to drop staging slot

@@ -30,11 +30,15 @@ pub(super) struct Pressure {
     /// ran out: a long run of them means the program's working set is all
     /// in memory (`Core::calm_by_touches`).
     touched_unclaimed: u64,
+    /// The budget ran out while not under pressure, and no reclaim round
+    /// has taken note yet (`take_began`).
+    began: bool,
 }
 
 impl Pressure {
     /// A fault or populate found no free frame.
     pub(super) fn ran_out(&mut self) {
+        self.began |= !self.ran_out;
         self.ran_out = true;
         self.stirs += 1;
         self.touched_unclaimed = 0;
@@ -131,6 +135,11 @@ impl Pressure {
 
     /// Pressure is over: nothing runs ahead or ages until the budget runs
     /// out again.
+    /// Whether pressure began since the last call.
+    pub(super) fn take_began(&mut self) -> bool {
+        std::mem::take(&mut self.began)
+    }
+
     pub(super) fn ease(&mut self) {
         self.ran_out = false;
         self.refilling = false;

@@ -19,7 +19,7 @@
 //! step.
 
 use super::policy::{another_trip, forget_use};
-use super::{transfer_for, Core, Deactivate, Discard, Evict, ReclaimPlan, Transfer, Writeback};
+use super::{Core, Deactivate, Discard, Evict, ReclaimPlan, Transfer, Writeback};
 use crate::consts::*;
 use crate::page::{pf, PState};
 use crate::region::{Advice, Kind, LockMode};
@@ -76,6 +76,10 @@ impl Core {
             // inactive list.)
             return plan;
         }
+        if self.options.sampled_refs() && self.pressure.take_began() {
+            self.plan_unproven(&mut plan);
+        }
+        self.plan_fresh(&mut plan);
         self.plan_evict_inactive(&mut plan, want);
         self.plan_refill_inactive(&mut plan, want);
         self.pressure.demand_met();
@@ -144,7 +148,7 @@ impl Core {
                 continue;
             };
             self.pages.update(p, |m| m.state = PState::Evicting);
-            plan.evict.push(Evict { page: p, staging: m.slot, swap, clean });
+            plan.evict.push(Evict { page: p, staging: m.slot, swap, clean, zapped: self.zapped_at(p) });
         }
         for e in kept.into_iter().rev() {
             self.lru.putback_inactive(e);
@@ -219,13 +223,72 @@ impl Core {
                 self.lru.putback_active((p, g));
                 break;
             };
-            let how = transfer_for(reg.prot());
+            let how = self.transfer_of(reg);
             self.pages.update(p, |m| {
                 m.state = PState::Deactivating;
                 m.slot = slot;
             });
             let host_free = self.options.host_lazyfree() && m.has(pf::VOLATILE);
             plan.deactivate.push(Deactivate { page: p, slot, how, host_free });
+        }
+    }
+
+    /// Pressure began: zaps every page of the active list in a sampled
+    /// region that has not proven itself (no referenced bit, no earned
+    /// trip): pages filled while memory was plenty join the inactive list
+    /// as new pages do under pressure (`plan_fresh`), in the active list's
+    /// order; the rest of the list keeps its order.
+    fn plan_unproven(&mut self, plan: &mut ReclaimPlan) {
+        for _ in 0..self.lru.active_len() {
+            let Some((p, g)) = self.lru.isolate_active() else { break };
+            let m = self.pages.get(p);
+            if m.gen != g || m.state != PState::Resident {
+                continue;
+            }
+            let unproven = !m.has(pf::REFERENCED) && m.trips == 0;
+            let plain = m.flags & (pf::LOCKED | pf::LAZYFREE | pf::VOLATILE) == 0 && !self.zaps.zapping_at(p);
+            let sampled = self.regions.find(p).is_some_and(|r| r.lock() == LockMode::None && self.sampled(r));
+            if !(unproven && plain && sampled) {
+                self.lru.rotate_active((p, g));
+                continue;
+            }
+            let Some(slot) = self.staging.alloc() else {
+                self.lru.rotate_active((p, g));
+                continue;
+            };
+            self.pages.update(p, |m| {
+                m.state = PState::Deactivating;
+                m.slot = slot;
+            });
+            plan.deactivate.push(Deactivate { page: p, slot, how: Transfer::Zap, host_free: false });
+        }
+    }
+
+    /// Zaps the pages of sampled regions filled under pressure since the
+    /// last round ([`Transfer::Zap`]): they join the inactive list's tail
+    /// as they came, and stay only if touched again before they reach its
+    /// head (`policy.rs`, "new pages prove themselves"). Lazily freed and
+    /// volatile pages are left to their own lists.
+    fn plan_fresh(&mut self, plan: &mut ReclaimPlan) {
+        for (p, g) in std::mem::take(&mut self.fresh) {
+            let m = self.pages.get(p);
+            if m.gen != g
+                || m.state != PState::Resident
+                || m.flags & (pf::LOCKED | pf::LAZYFREE | pf::VOLATILE) != 0
+                || self.zaps.zapping_at(p)
+            {
+                continue;
+            }
+            let Some(reg) = self.regions.find(p) else { continue };
+            if reg.lock() != LockMode::None || !self.sampled(reg) {
+                continue;
+            }
+            let Some(slot) = self.staging.alloc() else { break };
+            self.pages.update(p, |m| {
+                m.state = PState::Deactivating;
+                m.slot = slot;
+            });
+            plan.deactivate.push(Deactivate { page: p, slot, how: Transfer::Zap, host_free: false });
         }
     }
 
@@ -318,7 +381,7 @@ impl Core {
                         forget_use(m);
                     });
                     let host_free = self.options.host_lazyfree();
-                    plan.deactivate.push(Deactivate { page: p, slot, how: transfer_for(reg.prot()), host_free });
+                    plan.deactivate.push(Deactivate { page: p, slot, how: self.transfer_of(&reg), host_free });
                     parked.push(p);
                 }
                 PState::Absent | PState::Swapped => {}

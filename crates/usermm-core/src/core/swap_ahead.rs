@@ -18,7 +18,7 @@
 //! makes reclaim run), and no page being worked on.
 
 use super::window::SWAP_CLUSTER_PAGES;
-use super::{transfer_for, Core, FaultPlan};
+use super::{Core, FaultPlan};
 use crate::page::{pf, PState};
 use crate::region::{Advice, LockMode};
 use crate::types::{PageIdx, PageRange};
@@ -84,7 +84,8 @@ impl Core {
             return a;
         }
         let window = (SWAP_CLUSTER_PAGES << (streak - AHEAD_STREAK).min(3)).min(AHEAD_MAX_PAGES);
-        let (span, prot) = (reg.range(), reg.prot());
+        let (span, kind, prot) = (reg.range(), reg.kind(), reg.prot());
+        let how = self.transfer_by(kind, prot);
         let ahead = if backwards {
             PageRange { start: PageIdx(run.start.0.saturating_sub(window).max(span.start.0)), end: run.start }
         } else {
@@ -142,7 +143,7 @@ impl Core {
             // A page with a swap copy comes back write-protected, as a read
             // fault would bring it.
             let wp = m.cache != 0;
-            a.parked.push(FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked: false, wp });
+            a.parked.push(FaultPlan::Reactivate { page: p, slot: m.slot, how, checked: false, wp });
         }
         let Some(&(first, _)) = a.pages.first() else { return a };
         // Read ahead, the pages keep their copies where the region's do pay

@@ -16,7 +16,7 @@
 //! explicit `MADV_PAGEOUT` is paging out (it evicts them next), and pages
 //! in flight.
 
-use super::{transfer_for, Core, FaultPlan};
+use super::{Core, FaultPlan};
 use crate::page::{pf, PState};
 use crate::region::LockMode;
 
@@ -43,7 +43,7 @@ impl Core {
             let Some(reg) = self.regions.find(p) else {
                 continue; // being unmapped: the zap frees it
             };
-            let prot = reg.prot();
+            let how = self.transfer_of(reg);
             let stays = reg.lock() != LockMode::None
                 || m.flags & (pf::LOCKED | pf::VOLATILE | pf::LAZYFREE) != 0
                 || self.zaps.zapping_at(p)
@@ -56,7 +56,7 @@ impl Core {
             // A page with a swap copy comes back write-protected, as a read
             // fault would bring it.
             let wp = m.cache != 0;
-            plans.push(FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked: false, wp });
+            plans.push(FaultPlan::Reactivate { page: p, slot: m.slot, how, checked: false, wp });
         }
         for e in kept {
             self.lru.rotate_inactive(e);

@@ -8,7 +8,7 @@
 //! finds it clean and reads back as zeros. Reclaim's side of both is in
 //! `reclaim.rs` (`plan_volatile`, `plan_lazy`).
 
-use super::{bad, transfer_for, Busy, Core, FaultPlan, NoVolatile};
+use super::{bad, Busy, Core, FaultPlan, NoVolatile};
 use crate::errno::Errno;
 use crate::page::{pf, PState, PageMeta};
 use crate::region::LockMode;
@@ -132,11 +132,11 @@ impl Core {
         if m.state != PState::Inactive {
             return None;
         }
-        let prot = self.regions.find(p)?.prot();
+        let how = self.transfer_of(self.regions.find(p)?);
         self.pages.update(p, |m| m.state = PState::Filling);
         let checked = self.options.host_lazyfree() && m.has(pf::VOLATILE);
         let wp = m.cache != 0 && !checked;
-        Some(FaultPlan::Reactivate { page: p, slot: m.slot, how: transfer_for(prot), checked, wp })
+        Some(FaultPlan::Reactivate { page: p, slot: m.slot, how, checked, wp })
     }
 
     /// `MADV_FREE` on `r`: swapped pages are freed at once (their slots

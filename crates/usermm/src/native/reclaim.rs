@@ -200,6 +200,9 @@ impl Inner {
             }
             // (Readable copies went in `deactivate_all`'s batch.)
             Transfer::Move | Transfer::Copy { readable: true } => false,
+            // No region is backed for sampling here (the core's
+            // `set_sampled_refs` is off): a zap would lose the page.
+            Transfer::Zap => false,
         }
     }
 
