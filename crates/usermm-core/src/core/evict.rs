@@ -6,7 +6,7 @@
 //! consistent on failure: the page stays resident (parked or mapped). The
 //! policy that chooses the pages is in `reclaim.rs`.
 
-use super::policy::forget_use;
+use super::policy::{forget_use, touched_sampled};
 use super::{Core, Deactivate, Discard, Evict, FaultPlan, ReclaimPlan, Writeback};
 use crate::consts::*;
 use crate::page::{pf, PState, PageMeta};
@@ -225,10 +225,11 @@ impl Core {
 
     /// Commits an eviction of a zapped page ([`Evict::zapped`]) that its
     /// reference scan found mapped: the program touched it since it was
-    /// parked. Nothing was written; it stays, back on the active list with
-    /// what a touch of a parked page earns (`policy::touched_parked`), and
-    /// mapped (read-only if the executor write-protected it before the
-    /// scan: a write is then a write-protect fault, served as any).
+    /// parked. Nothing was written; it stays, mapped (read-only if the
+    /// executor write-protected it before the scan: a write is then a
+    /// write-protect fault, served as any), with the passes it earned
+    /// (`policy::touched_sampled`), to be zapped again by the next round and
+    /// join the inactive list's tail.
     pub fn evict_touched(&mut self, e: &Evict) {
         debug_assert_eq!(self.pages.get(e.page).state, PState::Evicting);
         if !e.clean {
@@ -237,9 +238,10 @@ impl Core {
         self.staging.release(e.staging);
         self.pages.update(e.page, |m| {
             m.state = PState::Resident;
-            m.flags |= pf::REFERENCED;
+            touched_sampled(m);
         });
         self.push_active(e.page);
+        self.queue_fresh(e.page);
         self.counters.scan_hits += 1;
     }
 

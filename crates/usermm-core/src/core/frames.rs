@@ -65,11 +65,18 @@ impl Core {
             self.uncache_locked(p);
         } else {
             self.push_active(p);
-            if sampled && self.pressure.under() && self.fresh.len() < self.cfg.budget_pages as usize {
-                // Under pressure a new page proves itself: the next round
-                // zaps it (`policy.rs`, `plan_fresh`).
-                self.fresh.push((p, self.pages.get(p).gen));
+            if sampled {
+                self.queue_fresh(p);
             }
+        }
+    }
+
+    /// Under pressure, queues page `p` of a sampled region, just put on the
+    /// active list, for the next reclaim round to zap (`plan_fresh`): a
+    /// mapped page's touches are invisible, a zapped one's are not.
+    pub(super) fn queue_fresh(&mut self, p: PageIdx) {
+        if self.pressure.under() && self.fresh.len() < self.cfg.budget_pages as usize {
+            self.fresh.push((p, self.pages.get(p).gen));
         }
     }
 

@@ -66,21 +66,15 @@ pub(super) const AGING_PER_CLAIM: u64 = 4;
 /// the phase is over in a few milliseconds at memory speed.)
 pub(super) const PARKED_TOUCHES_CALM: u64 = 32;
 
-/// The inactive list's target as a divisor of the budget where regions are
-/// sampled by zap and scan (`Core::set_sampled_refs`). New pages join the
-/// inactive list there under pressure, and so do, when pressure begins,
-/// the active pages that proved nothing (`plan_unproven`): a page stays
-/// only if touched again before it reaches the list's head (SIEVE's quick
-/// demotion), and the refill from the active list is small. Replayed on
-/// zipfian traces of 4× the budget (`tests/policy.rs`), the misses over an
-/// exact LRU's at θ 0.99 and 0.8, by target: 1/2, 0.96× (θ 0.99); 1/4, 0.93×;
-/// 1/20, 0.89× and 0.91×; 1/64, 0.89× and 0.89×. Not yet a policy to
-/// enable: with any of these targets, a working set that shifts after
-/// the active list filled thrashes (the `reclaim` phases' `fits`: 2,087
-/// evictions after the warm-up at 1/2, 10,735 at 1/64, none with faults
-/// alone), because the active list's proven pages of an earlier phase age
-/// out only as fast as the refill takes them.
-pub(super) const SAMPLED_INACTIVE_DIVISOR: u64 = 64;
+/// Passes through the inactive list a sampled page earns when an eviction
+/// finds it touched (`Core::evict_touched`): it is not looked at again
+/// until it has made them, and then kept only if touched since (a lazy
+/// GCLOCK: the reference bit, the page's mapping, accumulates over the
+/// passes). Replayed on zipfian traces of 4× the budget, misses over an
+/// exact LRU's (θ 0.99, 0.8): 0 passes 1.00×, 1 0.95×, 2 0.92×, 3 0.91×, but
+/// with 3 the `reclaim` phases' `fits` evicts after its warm-up (468
+/// misses), with 2 or fewer nothing (`tests/policy.rs`).
+pub(super) const SAMPLED_TRIPS: u8 = 2;
 
 /// The active list's head page `p` is up for deactivation: whether it
 /// gets another trip instead (its referenced bit first, then its
@@ -104,6 +98,22 @@ pub(super) fn another_trip(pages: &mut PageTable, p: PageIdx) -> bool {
 pub(super) fn touched_parked(m: &mut PageMeta) {
     m.flags |= pf::REFERENCED;
     m.trips = PROVEN_TRIPS;
+}
+
+/// A sampled page at the inactive list's head: whether it makes another
+/// pass unseen instead of being looked at, spending one of its trips.
+pub(super) fn sampled_pass(pages: &mut PageTable, p: PageIdx) -> bool {
+    if pages.get(p).trips == 0 {
+        return false;
+    }
+    pages.update(p, |m| m.trips -= 1);
+    true
+}
+
+/// A sampled page an eviction found touched: what it earns.
+pub(super) fn touched_sampled(m: &mut PageMeta) {
+    m.flags &= !pf::REFERENCED;
+    m.trips = SAMPLED_TRIPS;
 }
 
 /// A page leaving the LRU or marked cold: it forgets every use it proved.
@@ -168,12 +178,9 @@ impl Core {
 
 /// Queries (see "Methods by kind" in `core.rs`).
 impl Core {
-    /// The inactive list's target length: a quarter of the budget, a
-    /// twentieth where regions are sampled by zap and scan (new pages join
-    /// the inactive list there: [`SAMPLED_INACTIVE_DIVISOR`]).
+    /// The inactive list's target length: a quarter of the budget.
     pub fn inactive_target(&self) -> u64 {
-        let div = if self.options.sampled_refs() { SAMPLED_INACTIVE_DIVISOR } else { 4 };
-        (self.cfg.budget_pages / div).max(1)
+        (self.cfg.budget_pages / 4).max(1)
     }
 
     /// How long the inactive list may grow in this round: to its target,

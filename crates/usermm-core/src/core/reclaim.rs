@@ -18,7 +18,7 @@
 //! plans (`MADV_COLD`, `MADV_PAGEOUT`) and the `*_done` commits of every
 //! step.
 
-use super::policy::{another_trip, forget_use};
+use super::policy::{another_trip, forget_use, sampled_pass};
 use super::{Core, Deactivate, Discard, Evict, ReclaimPlan, Transfer, Writeback};
 use crate::consts::*;
 use crate::page::{pf, PState};
@@ -77,7 +77,7 @@ impl Core {
             return plan;
         }
         if self.options.sampled_refs() && self.pressure.take_began() {
-            self.plan_unproven(&mut plan);
+            self.plan_sample_all(&mut plan);
         }
         self.plan_fresh(&mut plan);
         self.plan_evict_inactive(&mut plan, want);
@@ -92,7 +92,8 @@ impl Core {
     /// pages behind it can still be purged.
     fn plan_evict_inactive(&mut self, plan: &mut ReclaimPlan, want: u64) {
         let mut kept = Vec::new();
-        let mut locked = Vec::new();
+        // (Locked pages, and sampled pages making a pass they earned.)
+        let mut to_tail = Vec::new();
         let mut scanned = 0;
         let scan_max = self.lru.inactive_len();
         let first = plan.evict.len();
@@ -110,7 +111,12 @@ impl Core {
                 // Parked, then locked (the lock call maps it back, after
                 // letting the region lock go): it stays in memory. Kept
                 // on the list, at its tail, for when it is unlocked.
-                locked.push((p, g));
+                to_tail.push((p, g));
+                continue;
+            }
+            if self.sampled(reg) && sampled_pass(&mut self.pages, p) {
+                // Passes it earned: on to the tail, unseen.
+                to_tail.push((p, g));
                 continue;
             }
             if m.has(pf::VOLATILE) {
@@ -153,7 +159,7 @@ impl Core {
         for e in kept.into_iter().rev() {
             self.lru.putback_inactive(e);
         }
-        for e in locked {
+        for e in to_tail {
             self.lru.rotate_inactive(e);
         }
         self.slots_in_address_order(&mut plan.evict[first..]);
@@ -234,21 +240,20 @@ impl Core {
     }
 
     /// Pressure began: zaps every page of the active list in a sampled
-    /// region that has not proven itself (no referenced bit, no earned
-    /// trip): pages filled while memory was plenty join the inactive list
+    /// region: pages filled while memory was plenty join the inactive list
     /// as new pages do under pressure (`plan_fresh`), in the active list's
-    /// order; the rest of the list keeps its order.
-    fn plan_unproven(&mut self, plan: &mut ReclaimPlan) {
+    /// order; the rest of the list keeps its order. Under pressure a sampled
+    /// page lives on the inactive list (`policy::SAMPLED_TRIPS`).
+    fn plan_sample_all(&mut self, plan: &mut ReclaimPlan) {
         for _ in 0..self.lru.active_len() {
             let Some((p, g)) = self.lru.isolate_active() else { break };
             let m = self.pages.get(p);
             if m.gen != g || m.state != PState::Resident {
                 continue;
             }
-            let unproven = !m.has(pf::REFERENCED) && m.trips == 0;
             let plain = m.flags & (pf::LOCKED | pf::LAZYFREE | pf::VOLATILE) == 0 && !self.zaps.zapping_at(p);
             let sampled = self.regions.find(p).is_some_and(|r| r.lock() == LockMode::None && self.sampled(r));
-            if !(unproven && plain && sampled) {
+            if !(plain && sampled) {
                 self.lru.rotate_active((p, g));
                 continue;
             }
