@@ -377,7 +377,7 @@ struct Fits {
 /// budget of 4,096 pages, a working set of 4×), one after the other on one
 /// core as the experiment runs them; prints each phase's misses per 1,000
 /// touches and its estimated cost, at 70 µs a major fault and 20 µs a
-/// minor one (this machine's, `docs/design.md`), and 1 µs a touch of a
+/// minor one (this machine's, `docs/design.md`), and 1.5 µs a touch of a
 /// zapped page (`host` sampled).
 fn experiment_phases(mut host: Host) -> Fits {
     let (budget, n) = (4096u64, 4 * 4096);
@@ -401,7 +401,7 @@ fn experiment_phases(mut host: Host) -> Fits {
             m.major as f64 * k,
             m.minor as f64 * k,
             m.soft as f64 * k,
-            (m.major as f64 * 70.0 + m.minor as f64 * 20.0 + m.soft as f64) / trace.len() as f64
+            (m.major as f64 * 70.0 + m.minor as f64 * 20.0 + m.soft as f64 * 1.5) / trace.len() as f64
         );
         m
     };
