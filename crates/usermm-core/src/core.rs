@@ -390,7 +390,8 @@ impl Core {
     /// Anonymous private regions are backed so that a parked page stays
     /// where it is and its next touch is the host's minor fault, seen by a
     /// reference scan, not by usermm ([`Transfer::Zap`]; docs/design.md,
-    /// "Reference sources"). Set before the first region is mapped.
+    /// "Budget, LRU and reclaim": measured slower than faults alone, so no
+    /// executor sets it). Set before the first region is mapped.
     pub fn set_sampled_refs(&mut self, on: bool) {
         self.options.set_sampled_refs(on);
     }
