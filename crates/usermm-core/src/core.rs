@@ -434,7 +434,8 @@ impl Core {
 
     /// Whether page `p` is parked by [`Transfer::Zap`] (or would be).
     pub(crate) fn zapped_at(&self, p: PageIdx) -> bool {
-        self.regions.find(p).is_some_and(|r| self.sampled(r))
+        // (Every eviction asks: no region lookup unless sampling is on.)
+        self.options.sampled_refs() && self.regions.find(p).is_some_and(|r| self.sampled(r))
     }
 }
 

@@ -204,6 +204,23 @@ fn zipfian(n: u64, theta: f64, len: usize, rng: &mut Rng) -> Vec<u64> {
         .collect()
 }
 
+/// The scan-resistance trace: a budget of 512 pages, a hot set of a tenth
+/// of it touched three times, then a scan of 8× the budget with a hot touch
+/// per page scanned. Returns `(budget, pages, hot pages, trace, where the
+/// scan starts)`.
+fn hot_set_and_scan() -> (u64, u64, u64, Vec<u64>, usize) {
+    let (budget, n) = (512u64, 8 * 512 + 64);
+    let hot = budget / 10;
+    let mut rng = Rng::new(7);
+    let mut trace: Vec<u64> = (0..3).flat_map(|_| 0..hot).collect();
+    let warm = trace.len();
+    for p in hot..n {
+        trace.push(p);
+        trace.push(rng.below(hot));
+    }
+    (budget, n, hot, trace, warm)
+}
+
 /// A hot set of a tenth of the budget survives a scan of 8× the budget,
 /// touched once per page scanned (the `reclaim` experiment's scan
 /// resistance). An exact LRU keeps nearly all of it (2 misses); usermm,
@@ -213,16 +230,8 @@ fn zipfian(n: u64, theta: f64, len: usize, rng: &mut Rng) -> Vec<u64> {
 /// (Without the second chance of referenced pages, this test fails.)
 #[test]
 fn a_hot_set_survives_a_scan_eight_times_the_budget() {
-    let (budget, n) = (512u64, 8 * 512 + 64);
-    let hot = budget / 10;
+    let (budget, n, hot, trace, warm) = hot_set_and_scan();
     let mut c = core_with(budget, n);
-    let mut rng = Rng::new(7);
-    let mut trace: Vec<u64> = (0..3).flat_map(|_| 0..hot).collect();
-    let warm = trace.len();
-    for p in hot..n {
-        trace.push(p);
-        trace.push(rng.below(hot));
-    }
     let m = replay(&mut c, &trace, warm);
     let scanned = n - hot;
     // Every scanned page is a first touch; the hot set's touches hits, but
@@ -243,17 +252,9 @@ fn a_hot_set_survives_a_scan_eight_times_the_budget() {
 /// alone took 250 of usermm's).
 #[test]
 fn a_sampled_hot_set_survives_a_scan_eight_times_the_budget() {
-    let (budget, n) = (512u64, 8 * 512 + 64);
-    let hot = budget / 10;
+    let (budget, n, hot, trace, warm) = hot_set_and_scan();
     let mut c = sampled_core_with(budget, n);
     let mut host = Host::sampled();
-    let mut rng = Rng::new(7);
-    let mut trace: Vec<u64> = (0..3).flat_map(|_| 0..hot).collect();
-    let warm = trace.len();
-    for p in hot..n {
-        trace.push(p);
-        trace.push(rng.below(hot));
-    }
     let m = replay_host(&mut c, &mut host, &trace, warm, false);
     let scanned = n - hot;
     let hot_misses = m.major - scanned;

@@ -11,6 +11,22 @@ use crate::{check, check_isize, last_errno, Errno};
 pub(crate) mod pagemap;
 pub use pagemap::Pagemap;
 
+/// Frees `[off, off+len)` of the file `fd` (`fallocate`, `PUNCH_HOLE |
+/// KEEP_SIZE`): it reads back as zeros, and its pages leave every mapping.
+pub(crate) fn punch_hole(fd: RawFd, off: u64, len: u64) -> Result<(), Errno> {
+    // SAFETY: a plain syscall on the caller's descriptor; plain integer
+    // arguments.
+    check(unsafe {
+        libc::fallocate(
+            fd,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off as libc::off_t,
+            len as libc::off_t,
+        )
+    })
+    .map(|_| ())
+}
+
 /// An open swap file.
 pub struct SwapFile {
     fd: OwnedFd,
@@ -668,16 +684,7 @@ impl MappedFile {
     /// Frees `[off, off+len)` of the file (`fallocate(PUNCH_HOLE)`): it
     /// reads back as zeros (`MADV_REMOVE`).
     pub fn punch_hole(&self, off: u64, len: u64) -> Result<(), Errno> {
-        // SAFETY: takes a descriptor we own; plain integer arguments.
-        check(unsafe {
-            libc::fallocate(
-                self.fd.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                off as libc::off_t,
-                len as libc::off_t,
-            )
-        })
-        .map(|_| ())
+        punch_hole(self.fd.as_raw_fd(), off, len)
     }
 
     pub fn sync(&self) -> Result<(), Errno> {

@@ -64,16 +64,13 @@
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use crate::file::pagemap::{PageRegion, PmScanArg, PAGEMAP_SCAN, PAGE_IS_PRESENT};
+use crate::file::pagemap::PAGE_IS_PRESENT;
+use crate::file::{punch_hole, Pagemap};
 use crate::uffd::{Uffd, UFFDIO_REGISTER_MODE_MISSING, UFFDIO_REGISTER_MODE_WP, UFFD_FEATURE_PAGEFAULT_FLAG_WP};
-use crate::{check, check_isize, mem, Errno};
+use crate::{check, mem, Errno};
 
 /// The page size the map works in (the host's base page).
 pub const PAGE: usize = 4096;
-
-/// Page regions one `PAGEMAP_SCAN` call returns at most; a scan with more
-/// runs goes on from where the kernel stopped (`walk_end`).
-const SCAN_REGIONS: usize = 128;
 
 /// A memfd mapped shared over `[addr, addr+len)` of the caller's
 /// reservation, registered MISSING|WP with the caller's userfaultfd.
@@ -94,7 +91,7 @@ pub struct SampledMap {
     len: usize,
     memfd: OwnedFd,
     /// `/proc/self/pagemap`, for `PAGEMAP_SCAN`.
-    pagemap: OwnedFd,
+    pagemap: Pagemap,
 }
 
 impl SampledMap {
@@ -141,10 +138,7 @@ impl SampledMap {
         let size = libc::off_t::try_from(len).map_err(|_| Errno::EINVAL)?;
         // SAFETY: a plain syscall on our own descriptor.
         check(unsafe { libc::ftruncate(memfd.as_raw_fd(), size) })?;
-        // SAFETY: a NUL-terminated path.
-        let fd = check(unsafe { libc::open(c"/proc/self/pagemap".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) })?;
-        // SAFETY: `fd` was just opened and is owned here alone.
-        let pagemap = unsafe { OwnedFd::from_raw_fd(fd) };
+        let pagemap = Pagemap::open()?;
         // SAFETY: the caller's contract: the range is its own, and nothing
         // relies on its old bytes.
         unsafe { mem::map_shared_fixed(addr, len, libc::PROT_READ | libc::PROT_WRITE, memfd.as_raw_fd(), 0) }?;
@@ -217,39 +211,14 @@ impl SampledMap {
     pub fn present(&self, a: usize, l: usize, out: &mut Vec<(usize, usize)>) -> Result<(), Errno> {
         self.offset_aligned(a, l)?;
         let first = out.len();
-        let end = (a + l) as u64;
-        let mut start = a as u64;
-        let mut regions = [PageRegion::default(); SCAN_REGIONS];
-        while start < end {
-            let mut arg = PmScanArg {
-                size: std::mem::size_of::<PmScanArg>() as u64,
-                start,
-                end,
-                vec: regions.as_mut_ptr() as u64,
-                vec_len: regions.len() as u64,
-                category_mask: PAGE_IS_PRESENT,
-                return_mask: PAGE_IS_PRESENT,
-                ..PmScanArg::default()
-            };
-            // SAFETY: `arg` is a valid pm_scan_arg whose `vec` points at
-            // `regions.len()` writable page_region entries that outlive the
-            // call; the scan only reads page tables.
-            let n = check_isize(unsafe { libc::ioctl(self.pagemap.as_raw_fd(), PAGEMAP_SCAN, &mut arg) } as isize)?;
-            for r in &regions[..n.min(regions.len())] {
-                let (s, e) = (r.start as usize, r.end as usize);
-                // A run the kernel split where its vector filled up.
-                let fresh = out.len() > first;
-                match out.last_mut() {
-                    Some(last) if fresh && last.0 + last.1 == s => last.1 += e - s,
-                    _ => out.push((s, e - s)),
-                }
+        self.pagemap.scan(a, l, PAGE_IS_PRESENT, |s, e| {
+            // A run the kernel split where a batch ended.
+            let fresh = out.len() > first;
+            match out.last_mut() {
+                Some(last) if fresh && last.0 + last.1 == s => last.1 += e - s,
+                _ => out.push((s, e - s)),
             }
-            if n < regions.len() || arg.walk_end <= start {
-                break;
-            }
-            start = arg.walk_end;
-        }
-        Ok(())
+        })
     }
 
     /// Write-protects `[a, a+l)` (`UFFDIO_WRITEPROTECT`, mode WP), meant for
@@ -295,17 +264,9 @@ impl SampledMap {
         if l == 0 {
             return Ok(());
         }
-        // SAFETY: a plain syscall on our own descriptor; the pages freed
-        // are this map's (checked), which no Rust reference relies on.
-        check(unsafe {
-            libc::fallocate(
-                self.memfd.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                off as libc::off_t,
-                l as libc::off_t,
-            )
-        })?;
-        Ok(())
+        // (The pages freed are this map's, checked, which no Rust reference
+        // relies on.)
+        punch_hole(self.memfd.as_raw_fd(), off, l as u64)
     }
 
     /// The memfd offset of `[a, a+l)`; `EFAULT` unless it lies inside the

@@ -248,19 +248,19 @@ fn a_zap_keeps_the_bytes_and_the_next_touch_is_silent() {
 /// `PAGEMAP_SCAN` returns — and leaves what `out` held alone:
 ///
 /// ```text
-///   page  0    5 6 7 8 ... 298 299 ... 305       319
-///         TTTTT. T . T ...  T   .  ... TTTTTTTTTTTTTTT
+///   page  0    5 6 7 8 ... 598 599 ... 605       639
+///         TTTTT. T . T ...  T   .  ... TTTTTTTTTTTTTTTTTTTTTTTTTTTTTTTTTTT
 /// ```
 #[test]
 fn present_lists_exactly_the_touched_pages() {
-    let n = 320;
+    let n = 640;
     let f = Fixture::new(n);
     assert_eq!(f.map.fill_zero(&f.uffd, f.page(0), n * PAGE, false), Ok(n * PAGE));
     let every: Vec<(usize, usize)> = (0..n).map(|i| (f.page(i), PAGE)).collect();
     f.map.zap(&every).expect("zap");
     assert_eq!(f.present(0, n), []);
 
-    let touched: Vec<bool> = (0..n).map(|i| i < 5 || (i < 300 && i % 2 == 0) || i >= 305).collect();
+    let touched: Vec<bool> = (0..n).map(|i| i < 5 || (i < 600 && i % 2 == 0) || i >= 605).collect();
     silent(&f, || {
         for i in (0..n).filter(|&i| touched[i]) {
             if i % 4 == 0 {
@@ -271,7 +271,7 @@ fn present_lists_exactly_the_touched_pages() {
         }
     });
     let want = runs_of(&f, &touched);
-    assert!(want.len() > 128, "{} runs: fewer than one scan returns", want.len());
+    assert!(want.len() > 256, "{} runs: fewer than one scan returns", want.len());
 
     // An entry already there, ending where the first run starts, stays.
     let before = (f.base - PAGE, PAGE);

@@ -72,7 +72,23 @@ impl Pagemap {
     /// `Err` where the kernel has no `PAGEMAP_SCAN`.
     pub fn zero_pfn_ranges(&self, addr: usize, len: usize) -> Result<Vec<(usize, usize)>, Errno> {
         let mut out = Vec::new();
-        let mut vec = vec![PageRegion::default(); 256];
+        self.scan(addr, len, PAGE_IS_PFNZERO, |s, e| out.push((s, e)))?;
+        Ok(out)
+    }
+
+    /// The runs `[start, end)` of `[addr, addr+len)` whose pages are in
+    /// `category` (`PAGEMAP_SCAN`, Linux 6.7+), in address order, each
+    /// handed to `each`; one call a batch of 256 runs, going on from where
+    /// the kernel stopped (`walk_end`). A run may come split in two where a
+    /// batch ended.
+    pub(crate) fn scan(
+        &self,
+        addr: usize,
+        len: usize,
+        category: u64,
+        mut each: impl FnMut(usize, usize),
+    ) -> Result<(), Errno> {
+        let mut vec = [PageRegion::default(); 256];
         let mut start = addr as u64;
         let end = (addr + len) as u64;
         while start < end {
@@ -82,52 +98,53 @@ impl Pagemap {
                 end,
                 vec: vec.as_mut_ptr() as u64,
                 vec_len: vec.len() as u64,
-                category_mask: PAGE_IS_PFNZERO,
-                return_mask: PAGE_IS_PFNZERO,
+                category_mask: category,
+                return_mask: category,
                 ..PmScanArg::default()
             };
             // SAFETY: `arg` is a valid pm_scan_arg whose `vec` points at
-            // `vec.len()` writable page_region entries that outlive the call.
+            // `vec.len()` writable page_region entries that outlive the
+            // call; the scan only reads page tables.
             let n = check_isize(unsafe { libc::ioctl(self.0.as_raw_fd(), PAGEMAP_SCAN, &mut arg) as isize })?;
             for r in &vec[..n.min(vec.len())] {
-                out.push((r.start as usize, r.end as usize));
+                each(r.start as usize, r.end as usize);
             }
             if arg.walk_end <= start || n < vec.len() {
                 break;
             }
             start = arg.walk_end;
         }
-        Ok(out)
+        Ok(())
     }
 }
 
 /// `PAGEMAP_SCAN` (`_IOWR('f', 16, struct pm_scan_arg)`) and its categories,
 /// from the kernel's uapi `linux/fs.h` (newer than this system's headers).
-pub(crate) const PAGEMAP_SCAN: libc::c_ulong = 0xC060_6610;
+pub(super) const PAGEMAP_SCAN: libc::c_ulong = 0xC060_6610;
 pub(crate) const PAGE_IS_PRESENT: u64 = 1 << 3;
 pub(super) const PAGE_IS_PFNZERO: u64 = 1 << 5;
 
 #[repr(C)]
 #[derive(Default, Clone, Copy)]
-pub(crate) struct PageRegion {
-    pub(crate) start: u64,
-    pub(crate) end: u64,
-    pub(crate) categories: u64,
+pub(super) struct PageRegion {
+    start: u64,
+    end: u64,
+    categories: u64,
 }
 
 #[repr(C)]
 #[derive(Default)]
-pub(crate) struct PmScanArg {
-    pub(crate) size: u64,
-    pub(crate) flags: u64,
-    pub(crate) start: u64,
-    pub(crate) end: u64,
-    pub(crate) walk_end: u64,
-    pub(crate) vec: u64,
-    pub(crate) vec_len: u64,
-    pub(crate) max_pages: u64,
-    pub(crate) category_inverted: u64,
-    pub(crate) category_mask: u64,
-    pub(crate) category_anyof_mask: u64,
-    pub(crate) return_mask: u64,
+pub(super) struct PmScanArg {
+    size: u64,
+    flags: u64,
+    start: u64,
+    end: u64,
+    walk_end: u64,
+    vec: u64,
+    vec_len: u64,
+    max_pages: u64,
+    category_inverted: u64,
+    category_mask: u64,
+    category_anyof_mask: u64,
+    return_mask: u64,
 }
