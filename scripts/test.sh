@@ -64,7 +64,7 @@ USERMM_TEST_INTHREAD=1 USERMM_TEST_FRAME_POOL=1 USERMM_STRESS_REDIS_SECS=8 USERM
   --test lock_onfault_race --test file --test file_clean_writeback --test fork --test fork_copy --test fuzz \
   --test munmap_concurrent --test api_introspect --test api_sound --test map_options --test dontdump \
   --test guard_touch --test usermode --test farmem --test stress --test soak --test conformance \
-  --test no_hang --test wake_ahead --test frame_pool --test file_windows -- --test-threads=2 \
+  --test no_hang --test wake_ahead --test frame_pool --test file_windows --test thread_signals -- --test-threads=2 \
   --skip a_missing_page_is_served_to_process_vm_readv_not_to_proc_mem
 
 # The swap tests again with every space swapping to a Redis server

@@ -1219,6 +1219,175 @@ fn locks_beyond_the_budget_or_the_memlock_limit_fail_with_linuxs_errno() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Process-directed signals a program blocks, waits for or reads from a
+/// `signalfd`, with a working set 4× the budget around them: each reaches a
+/// program thread exactly as without usermm (never one of usermm's, whose
+/// masks block them all).
+const SIGMASK_C: &str = r#"
+#define _GNU_SOURCE
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t taken_by_other, taken_here;
+static pid_t main_tid;
+static void on_sig(int sig) {
+    (void)sig;
+    if ((pid_t)syscall(SYS_gettid) == main_tid) taken_here++; else taken_by_other++;
+}
+enum { N = 4096, SZ = 16384 };  /* 64 MiB of heap blocks */
+static unsigned char *b[N];
+static long touch(int pass) {
+    long bad = 0;
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < SZ; j += 512) {
+            if (pass == 0) b[i][j] = (unsigned char)(i * 7 + j / 512);
+            else bad += b[i][j] != (unsigned char)(i * 7 + j / 512);
+        }
+    return bad;
+}
+static void block(int sig) { sigset_t s; sigemptyset(&s); sigaddset(&s, sig); sigprocmask(SIG_BLOCK, &s, NULL); }
+static void unblock(int sig) { sigset_t s; sigemptyset(&s); sigaddset(&s, sig); sigprocmask(SIG_UNBLOCK, &s, NULL); }
+
+int main(void) {
+    setvbuf(stdout, NULL, _IONBF, 0);
+    main_tid = (pid_t)syscall(SYS_gettid);
+    for (int i = 0; i < N; i++) if (!(b[i] = malloc(SZ))) return 10;
+    touch(0);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sig;
+    int sigs[] = { SIGTERM, SIGUSR1, SIGHUP, SIGRTMIN, SIGRTMIN + 3 };
+    for (int k = 0; k < 5; k++) {
+        sigaction(sigs[k], &sa, NULL);
+        block(sigs[k]);
+        kill(getpid(), sigs[k]);
+        long bad = touch(1);
+        printf("signal %d: pending while blocked: other %d here %d, bad %ld\n", k, (int)taken_by_other, (int)taken_here, bad);
+        unblock(sigs[k]);
+        printf("signal %d: after unblock: other %d here %d\n", k, (int)taken_by_other, (int)taken_here);
+        taken_here = taken_by_other = 0;
+    }
+    /* sigwait / sigtimedwait on a real-time signal queued twice. */
+    block(SIGRTMIN + 1);
+    union sigval v = { .sival_int = 41 };
+    sigqueue(getpid(), SIGRTMIN + 1, v);
+    v.sival_int = 42;
+    sigqueue(getpid(), SIGRTMIN + 1, v);
+    printf("touch bad %ld\n", touch(1));
+    sigset_t w; sigemptyset(&w); sigaddset(&w, SIGRTMIN + 1);
+    siginfo_t si;
+    struct timespec ts = { 5, 0 };
+    for (int k = 0; k < 2; k++) {
+        int s = sigtimedwait(&w, &si, &ts);
+        printf("sigtimedwait: %d value %d\n", s == SIGRTMIN + 1, si.si_value.sival_int);
+    }
+    /* signalfd */
+    block(SIGUSR2);
+    int fd = signalfd(-1, &(sigset_t){0}, 0);
+    sigset_t u; sigemptyset(&u); sigaddset(&u, SIGUSR2);
+    fd = signalfd(-1, &u, 0);
+    kill(getpid(), SIGUSR2);
+    printf("touch bad %ld\n", touch(1));
+    struct signalfd_siginfo fdsi;
+    printf("signalfd read %d signo %d\n", (int)read(fd, &fdsi, sizeof fdsi) == (int)sizeof fdsi, fdsi.ssi_signo == SIGUSR2);
+    /* SIGCHLD, blocked, waited for. */
+    block(SIGCHLD);
+    pid_t c = fork();
+    if (c == 0) _exit(7);
+    sigemptyset(&w); sigaddset(&w, SIGCHLD);
+    int s = sigtimedwait(&w, &si, &ts);
+    int st = 0;
+    waitpid(c, &st, 0);
+    printf("SIGCHLD %d from the child %d status %d\n", s == SIGCHLD, si.si_pid == c, WEXITSTATUS(st));
+    printf("touch bad %ld\n", touch(1));
+    return 0;
+}
+"#;
+
+/// A process-directed signal that the program's thread blocks is never
+/// taken by one of usermm's threads (before: the kernel delivered it there
+/// at once, and the program's handler ran on a fault handler); `sigwait`,
+/// `signalfd`, real-time signals and `SIGCHLD` reach the program as
+/// without usermm, in both fault modes.
+#[test]
+fn signals_the_program_blocks_wait_for_it_as_without_usermm() {
+    let dir = tmpdir("sigmask");
+    let exe = gcc(&dir, "sigmask", SIGMASK_C, &[]);
+    let plain = output(&mut Command::new(&exe));
+    assert!(plain.status.success(), "{plain:?}");
+    let plain_out = String::from_utf8_lossy(&plain.stdout).into_owned();
+    assert!(plain_out.contains("signal 0: pending while blocked: other 0 here 0, bad 0\n"), "{plain_out}");
+    assert!(plain_out.contains("signal 0: after unblock: other 0 here 1\n"), "{plain_out}");
+    for mode in [None, Some("--inthread")] {
+        let mut c = usermm_run(&["--budget", "16m", "--stats"]);
+        c.args(mode).arg("--").arg(&exe);
+        let out = output(&mut c);
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{mode:?}: {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+        assert_eq!(stdout, plain_out, "{mode:?}\nstderr:\n{stderr}");
+        assert_swapped(&stderr, "sigmask", 16 << 20);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `sort` of a file 4× the budget (its buffer 2× the budget: about 160,000
+/// swap-ins), killed part-way by `timeout`: it blocks
+/// SIGTERM in critical sections, and the kernel used to hand the signal to
+/// a usermm thread, where `sort`'s handler touched an evicted page and the
+/// fault handler waited on its own fault for good. Now it ends as the plain
+/// run does (`timeout`'s 124), well before the hard kill.
+#[test]
+fn sort_killed_half_way_by_timeout_ends_as_without_usermm() {
+    let dir = tmpdir("sort");
+    let input = dir.join("in.txt");
+    {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&input).unwrap());
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        // 64 MiB of lines, 4× a 16 MiB budget.
+        for _ in 0..(64 << 20) / 32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            writeln!(f, "{x:020} {:010}", x % 1_000_000_007).unwrap();
+        }
+    }
+    let sort = need("sort");
+    let timeout = need("timeout");
+    // How long the whole sort takes under usermm; it is killed at half that.
+    let t0 = Instant::now();
+    let full = output(
+        usermm_run(&["--budget", "16m", "--"])
+            .arg(&sort)
+            .args(["-S", "32M"])
+            .arg(&input)
+            .arg("-o")
+            .arg(dir.join("out.txt")),
+    );
+    let whole = t0.elapsed();
+    assert!(full.status.success(), "{full:?}");
+    for round in 0..2u32 {
+        let at = whole.mul_f64(0.3 + 0.3 * f64::from(round));
+        let t0 = Instant::now();
+        let mut c = Command::new(&timeout);
+        c.args(["-k", "60"]).arg(format!("{:.3}", at.as_secs_f64())).arg(BIN).args(["run", "--budget", "16m", "--"]);
+        c.arg(&sort).args(["-S", "32M"]).arg(&input).arg("-o").arg(dir.join("out2.txt"));
+        let out = output(&mut c);
+        let took = t0.elapsed();
+        // 124: timeout's SIGTERM ended it; 0: it finished first. Never
+        // 137 (the hard kill after 60 s: a hang).
+        assert!(matches!(out.status.code(), Some(124) | Some(0)), "round {round}: {out:?} after {took:?}");
+        assert!(took < at + Duration::from_secs(30), "round {round}: took {took:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn exit_status_and_death_by_signal_are_passed_on() {
     let out = output(&mut usermm_run(&["--", "sh", "-c", "exit 42"]));

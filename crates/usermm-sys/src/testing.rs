@@ -337,25 +337,61 @@ pub fn run_on_alt_stack(stack_bytes: usize, f: fn()) -> Result<(), Errno> {
     Ok(())
 }
 
-/// Runs `f` with every signal but the synchronous ones (SIGBUS, SIGSEGV,
-/// SIGFPE, SIGILL, SIGTRAP) blocked in the calling thread, then restores the
-/// mask: a worker thread as many servers make them.
+/// Runs `f` with every signal but the synchronous ones
+/// ([`crate::thread::USERMM_THREAD_UNBLOCKED`]) blocked in the calling
+/// thread, then restores the mask: a worker thread as many servers make
+/// them.
 pub fn with_async_signals_blocked<R>(f: impl FnOnce() -> R) -> R {
-    // SAFETY: sigset operations on valid, initialised sets.
-    let old = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut set);
-        for s in [libc::SIGBUS, libc::SIGSEGV, libc::SIGFPE, libc::SIGILL, libc::SIGTRAP] {
-            libc::sigdelset(&mut set, s);
-        }
-        let mut old: libc::sigset_t = std::mem::zeroed();
+    let _mask = crate::thread::ProgramSignalsBlocked::new();
+    f()
+}
+
+static TAKEN_BY: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn record_taker(_sig: libc::c_int) {
+    TAKEN_BY.store(crate::thread::gettid() as usize, Ordering::SeqCst);
+}
+
+/// Blocks `sig` in the calling thread, sends it to the whole process, waits
+/// 200 ms and then unblocks it: `Ok(true)` when the handler ran only after
+/// the unblocking, in this thread (as the kernel does when no other thread
+/// of the process can take it); `Ok(false)` when another thread took it
+/// meanwhile, or none did. The disposition and mask are restored.
+pub fn signal_waits_for_unblock(sig: i32) -> Result<bool, Errno> {
+    TAKEN_BY.store(0, Ordering::SeqCst);
+    // SAFETY: sigaction and sigset_t are plain data; zeroed is a valid
+    // value; the handler stores to an atomic, which is async-signal-safe.
+    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+    let handler: extern "C" fn(libc::c_int) = record_taker;
+    act.sa_sigaction = handler as usize;
+    // SAFETY: as above.
+    let mut old_act: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: `act` and `old_act` are valid sigaction structs.
+    check(unsafe { libc::sigaction(sig, &act, &mut old_act) })?;
+    // SAFETY: sigset_t is plain data, initialised by sigemptyset.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid, writable sigsets; `sig` is a valid signal.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
-        old
-    };
-    let r = f();
-    // SAFETY: `old` is the mask pthread_sigmask returned.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-    r
+    }
+    // SAFETY: kill takes its arguments by value.
+    let sent = check(unsafe { libc::kill(libc::getpid(), sig) });
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let early = TAKEN_BY.load(Ordering::SeqCst);
+    // SAFETY: `set` is valid; a pending `sig` is delivered here on return.
+    unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+    let late = TAKEN_BY.load(Ordering::SeqCst);
+    // SAFETY: restoring what was there before.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        libc::sigaction(sig, &old_act, std::ptr::null_mut());
+    }
+    sent?;
+    Ok(early == 0 && late == crate::thread::gettid() as usize)
 }
 
 /// A free loopback port whose Redis Cluster bus port (+10,000) is free too

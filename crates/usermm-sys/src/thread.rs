@@ -71,6 +71,75 @@ fn fault_signal_thread(tid: u32, sig: i32, addr: usize, errno: i32) -> Result<()
     Ok(())
 }
 
+/// The signals a thread of usermm's leaves unblocked: those the kernel
+/// raises in the thread that caused them (a fault, a bad instruction, a
+/// trap, a refused system call). Blocking them would not keep them away: the
+/// kernel forces such a signal through a blocked mask and kills the process.
+/// Left unblocked, a fault of usermm's own in in-thread mode (a SIGBUS on a
+/// space's page) still reaches the resolver.
+pub const USERMM_THREAD_UNBLOCKED: [i32; 6] =
+    [libc::SIGBUS, libc::SIGSEGV, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP, libc::SIGSYS];
+
+/// Every signal a program can handle, blocked in the calling thread until
+/// dropped (then the mask it had is back), except
+/// [`USERMM_THREAD_UNBLOCKED`]. A thread started meanwhile inherits the
+/// mask from its first instruction on, so no signal meant for the program
+/// can ever be delivered to it: a process-directed signal that every
+/// program thread blocks stays pending for the program, as without usermm.
+/// (glibc keeps its own SIGCANCEL and SIGSETXID unblocked whatever the
+/// mask: they act on every thread it started, `setuid` and friends.)
+pub struct ProgramSignalsBlocked {
+    old: libc::sigset_t,
+}
+
+impl ProgramSignalsBlocked {
+    /// Blocks them; `Err` when `pthread_sigmask` fails (it does not for a
+    /// valid set).
+    pub fn new() -> Result<ProgramSignalsBlocked, Errno> {
+        // SAFETY: sigset_t is plain data; sigfillset initialises it below.
+        let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid, writable sigset_t; the signals are valid.
+        unsafe {
+            libc::sigfillset(&mut set);
+            for s in USERMM_THREAD_UNBLOCKED {
+                libc::sigdelset(&mut set, s);
+            }
+        }
+        // SAFETY: `set` and `old` are valid sigset_ts.
+        let r = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) };
+        if r != 0 {
+            return Err(Errno(r));
+        }
+        Ok(ProgramSignalsBlocked { old })
+    }
+}
+
+impl Drop for ProgramSignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: `old` is the mask pthread_sigmask returned.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+    }
+}
+
+/// The calling thread's blocked-signal mask as a bit set (bit `n - 1` for
+/// signal `n`, signals 1–64).
+pub fn blocked_signals() -> u64 {
+    // SAFETY: sigset_t is plain data; pthread_sigmask fills it.
+    let mut cur: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a null new set only reads the mask into `cur`.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut cur) };
+    let mut bits = 0u64;
+    for s in 1..=64 {
+        // SAFETY: `cur` is a valid sigset_t; `s` a valid signal number.
+        if unsafe { libc::sigismember(&cur, s) } == 1 {
+            bits |= 1 << (s - 1);
+        }
+    }
+    bits
+}
+
 /// An eventfd used to wake handler threads out of `poll`.
 pub struct EventFd(OwnedFd);
 

@@ -102,6 +102,12 @@ impl Inner {
         // while starting a thread never waits on the heap its own space
         // serves.
         let (started_tx, started) = std::sync::mpsc::channel::<()>();
+        // Each thread starts with every signal a program can handle blocked
+        // (inherited from this mask, so from its first instruction): a
+        // signal for the program never runs its handler on a thread of
+        // usermm's (which may be the one that must serve that handler's
+        // faults), and one every program thread blocks waits for them.
+        let _mask = usermm_sys::thread::ProgramSignalsBlocked::new()?;
         for i in 0..plan.handlers {
             let me = inner.clone();
             let tx = started_tx.clone();

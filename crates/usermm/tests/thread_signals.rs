@@ -1,0 +1,95 @@
+//! usermm's threads never take a signal meant for the program: every thread
+//! a space starts (fault handlers, wake-ahead, background reclaim; also in a
+//! forked child's copy) blocks every signal a program can handle from its
+//! first instruction, and leaves unblocked only those the kernel raises in
+//! the thread that caused them (`usermm_sys::thread::USERMM_THREAD_UNBLOCKED`).
+//! A process-directed signal that every program thread blocks stays pending
+//! for the program, as without usermm. Alone in its own binary: it reads
+//! the process's threads by name.
+
+use usermm::consts::*;
+
+mod common;
+use common::{fill, space_pages};
+
+/// (name, blocked mask) of each of this process's threads named `usermm-*`.
+fn usermm_threads() -> Vec<(String, u64)> {
+    let mut v = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("usermm-") {
+            continue;
+        }
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        let blk = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigBlk:"))
+            .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+            .unwrap();
+        v.push((comm.trim().to_string(), blk));
+    }
+    v
+}
+
+/// Signals 1-64 less the ones a usermm thread leaves unblocked, SIGKILL and
+/// SIGSTOP (never blockable) and glibc's SIGCANCEL (32) and SIGSETXID (33),
+/// which glibc keeps unblocked in every thread of its own.
+fn must_block() -> u64 {
+    let mut m = u64::MAX;
+    for s in usermm_sys::thread::USERMM_THREAD_UNBLOCKED.into_iter().chain([libc::SIGKILL, libc::SIGSTOP, 32, 33]) {
+        m &= !(1u64 << (s - 1));
+    }
+    m
+}
+
+fn assert_blocking(what: &str) {
+    let threads = usermm_threads();
+    assert!(!threads.is_empty(), "{what}: no usermm thread found");
+    for (name, blk) in &threads {
+        let missing = must_block() & !blk;
+        assert_eq!(missing, 0, "{what}: thread {name} leaves signals {missing:#x} unblocked (SigBlk {blk:#x})");
+        for s in usermm_sys::thread::USERMM_THREAD_UNBLOCKED {
+            assert_eq!(blk & (1 << (s - 1)), 0, "{what}: thread {name} blocks signal {s}, which the kernel forces");
+        }
+    }
+}
+
+#[test]
+fn every_usermm_thread_blocks_the_programs_signals_and_the_caller_keeps_its_mask() {
+    // The opening thread's own mask is what it was before (here: nothing
+    // blocked but what the harness blocks).
+    let before = usermm_sys::thread::blocked_signals();
+    let s = space_pages(64, 256, 0);
+    assert_eq!(usermm_sys::thread::blocked_signals(), before, "open changed the caller's mask");
+    let a = s.mmap(0, 256 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0).unwrap();
+    fill(a, 0..256, 7);
+    assert_blocking("a space");
+    let s2 = space_pages(64, 0, UMM_F_NO_WAKE_AHEAD | UMM_F_NO_BACKGROUND_RECLAIM);
+    assert_blocking("two spaces");
+    drop(s2);
+    drop(s);
+}
+
+/// In a forked child (one thread: ours) that blocks SIGUSR1: a SIGUSR1 sent
+/// to the process stays pending while the space's threads run, and the
+/// handler runs on the main thread once it unblocks it. Before the fix the
+/// kernel delivered it to a usermm thread at once.
+#[test]
+fn a_signal_the_program_blocks_waits_for_it() {
+    let exit = usermm_sys::thread::fork_run(30, || {
+        let s = space_pages(64, 256, 0);
+        let a = s.mmap(0, 256 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0).unwrap();
+        fill(a, 0..256, 3);
+        match usermm_sys::testing::signal_waits_for_unblock(libc::SIGUSR1) {
+            Ok(true) => 0,
+            Ok(false) => 1,
+            Err(_) => 2,
+        }
+    })
+    .unwrap();
+    assert_eq!(
+        exit,
+        usermm_sys::thread::ChildExit::Exited(0),
+        "the signal was taken by another thread (1) or failed (2)"
+    );
+}
