@@ -42,7 +42,8 @@ pub(crate) fn help() -> &'static str {
      (LD_PRELOAD, libusermm_preload.so beside this binary). PROGRAM must be dynamically linked.\n\
      Its exit status is passed on; death by a signal exits with 128 + the signal number.\n\n\
      OPTIONS (each falls back to the USERMM_* variable named, when not given):\n  \
-     --budget BYTES       resident budget of the space              (USERMM_BUDGET_BYTES; default 1/4 of RAM)\n  \
+     --budget BYTES       resident budget of the space              (USERMM_BUDGET_BYTES; default 1/4 of RAM;\n                       \
+     at least 1m: 0 is refused, omit the option for the default)\n  \
      --swap-bytes BYTES   largest swap file; 0: no swap              (USERMM_SWAP_BYTES; default 8g)\n  \
      --swap-dir DIR       directory of the swap file                 (USERMM_SWAP_DIR; default $TMPDIR or /tmp)\n  \
      --swap-url URL       a Redis page store instead of the file     (USERMM_SWAP_URL), e.g. redis://127.0.0.1:6379/\n                       (also redis+cluster://SEEDS and redis+sentinel://SENTINELS/MASTER;\n                       each process of the program a space, its keys under a prefix of its own;\n                       a ?prefix= is one space's: a second process opening it runs without a space: EBUSY)\n  \
@@ -50,7 +51,8 @@ pub(crate) fn help() -> &'static str {
      --inthread           resolve faults in the faulting thread (UMM_F_INTHREAD_FAULTS, in USERMM_FLAGS);\n                       \
      read(2)/write(2) on heap memory that is not resident then fail with EFAULT\n  \
      --frame-pool         recycle evicted frames (UMM_F_FRAME_POOL, in USERMM_FLAGS)\n  \
-     --stats              print the space's statistics on stderr when the program exits (one line per process)\n  \
+     --stats[=FILE]       print the space's statistics when the program exits (one line per process) on\n                       \
+     stderr, or into FILE (made anew; USERMM_RUN_STATS_FILE)\n  \
      --verbose            also print where allocations went (space, or the C library's malloc and why)\n  \
      --no-inherit         programs this one runs are not preloaded (LD_PRELOAD removed at start)\n  \
      --help               this text\n\n\
@@ -74,15 +76,33 @@ struct RunOpts {
     flags: u32,
     /// `PROGRAM ARGS…`.
     argv: Vec<OsString>,
+    /// `--stats=FILE`: where the statistics go instead of stderr.
+    stats_file: Option<PathBuf>,
 }
 
-/// A byte count as the preload library reads it (`usermm_compat.h`):
-/// decimal or `0x` hex, an optional `k`/`m`/`g`/`t` suffix, or `unlimited`.
-fn check_bytes(v: &str) -> Result<(), String> {
-    let s = v.trim().to_ascii_lowercase();
-    if s == "unlimited" || s == "max" {
-        return Ok(());
+/// The smallest `--budget` (1 MiB): below it a program as small as the
+/// C library's own start-up spends its time in swap-ins (CPython's
+/// start-up took 2.8 s at 512 KiB, over a minute at 64 KiB, against
+/// 20 ms), and the kernel's memory cgroup of that size kills it.
+const BUDGET_MIN_BYTES: u64 = 1 << 20;
+
+/// `--budget`'s own rule: a byte count (checked before) of at least
+/// [`BUDGET_MIN_BYTES`]; `0`, which the library reads as its default, is
+/// refused here rather than silently meaning a quarter of the machine.
+fn check_budget(v: &str) -> Result<(), String> {
+    match parse_bytes(v) {
+        Some(0) => Err("0 is not a budget (omit --budget for the default, a quarter of RAM)".into()),
+        Some(n) if n < BUDGET_MIN_BYTES => {
+            Err(format!("'{v}' is below the smallest budget a program can run in, 1m (1048576 bytes)"))
+        }
+        _ => Ok(()),
     }
+}
+
+/// A byte count as [`check_bytes`] accepts it (`None`: unlimited, or not a
+/// count).
+fn parse_bytes(v: &str) -> Option<u64> {
+    let s = v.trim().to_ascii_lowercase();
     let (num, shift) = match s.as_bytes().last() {
         Some(b'k') => (&s[..s.len() - 1], 10),
         Some(b'm') => (&s[..s.len() - 1], 20),
@@ -94,8 +114,18 @@ fn check_bytes(v: &str) -> Result<(), String> {
         Some(hex) => u64::from_str_radix(hex, 16),
         None => num.parse::<u64>(),
     }
-    .map_err(|_| format!("'{v}' is not a byte count (e.g. 64m, 1g, 0x1000)"))?;
-    n.checked_mul(1 << shift).map(|_| ()).ok_or_else(|| format!("'{v}' is too large"))
+    .ok()?;
+    n.checked_mul(1 << shift)
+}
+
+/// A byte count as the preload library reads it (`usermm_compat.h`):
+/// decimal or `0x` hex, an optional `k`/`m`/`g`/`t` suffix, or `unlimited`.
+fn check_bytes(v: &str) -> Result<(), String> {
+    let s = v.trim().to_ascii_lowercase();
+    if s == "unlimited" || s == "max" || parse_bytes(v).is_some() {
+        return Ok(());
+    }
+    Err(format!("'{v}' is not a byte count (e.g. 64m, 1g, 0x1000), or is too large"))
 }
 
 /// `Ok(None)`: `--help`.
@@ -120,14 +150,23 @@ fn parse(args: &[OsString]) -> Result<Option<RunOpts>, String> {
         };
         let var = match name {
             "help" => return Ok(None),
-            "inthread" | "frame-pool" | "stats" | "verbose" | "no-inherit" => {
+            "stats" => {
+                o.env.push(("USERMM_RUN_STATS", "1".into()));
+                if let Some(f) = inline {
+                    if f.is_empty() {
+                        return Err("--stats=FILE needs a file name".into());
+                    }
+                    o.stats_file = Some(PathBuf::from(f));
+                }
+                continue;
+            }
+            "inthread" | "frame-pool" | "verbose" | "no-inherit" => {
                 if inline.is_some() {
                     return Err(format!("--{name} takes no value"));
                 }
                 match name {
                     "inthread" => o.flags |= UMM_F_INTHREAD_FAULTS,
                     "frame-pool" => o.flags |= UMM_F_FRAME_POOL,
-                    "stats" => o.env.push(("USERMM_RUN_STATS", "1".into())),
                     "verbose" => o.env.push(("USERMM_RUN_VERBOSE", "1".into())),
                     _ => o.env.push(("USERMM_RUN_NO_INHERIT", "1".into())),
                 }
@@ -150,6 +189,9 @@ fn parse(args: &[OsString]) -> Result<Option<RunOpts>, String> {
         };
         if var.ends_with("_BYTES") {
             check_bytes(&value).map_err(|m| format!("--{name}: {m}"))?;
+        }
+        if name == "budget" {
+            check_budget(&value).map_err(|m| format!("--budget: {m}"))?;
         }
         o.env.push((var, value));
     }
@@ -255,6 +297,16 @@ pub(crate) fn main(args: &[OsString]) -> ExitCode {
     }
     let mut cmd = Command::new(prog);
     cmd.args(&o.argv[1..]).env("LD_PRELOAD", ld_preload(&lib));
+    if let Some(f) = &o.stats_file {
+        // Made anew here (each process of the run appends its lines), by
+        // its absolute name: the program may change its directory.
+        let abs = std::path::absolute(f).unwrap_or_else(|_| f.clone());
+        if let Err(e) = std::fs::File::create(&abs) {
+            eprintln!("usermm run: --stats={}: {e}", f.display());
+            return ExitCode::from(2);
+        }
+        cmd.env("USERMM_RUN_STATS_FILE", abs);
+    }
     for (k, v) in &o.env {
         cmd.env(k, v);
     }
@@ -347,7 +399,14 @@ mod tests {
         assert!(parse(&args(&["--budget", "lots", "--", "ls"])).is_err());
         assert!(parse(&args(&["--budget"])).is_err());
         assert!(parse(&args(&["--frobnicate", "--", "ls"])).is_err());
-        assert!(parse(&args(&["--stats=1", "--", "ls"])).is_err());
+        assert!(parse(&args(&["--stats=", "--", "ls"])).is_err());
+        assert!(parse(&args(&["--budget", "0", "--", "ls"])).is_err());
+        assert!(parse(&args(&["--budget=64k", "--", "ls"])).is_err());
+        assert!(parse(&args(&["--budget=1m", "--", "ls"])).is_ok());
+        assert_eq!(
+            parse(&args(&["--stats=/tmp/s", "--", "ls"])).unwrap().unwrap().stats_file,
+            Some(PathBuf::from("/tmp/s"))
+        );
         assert!(parse(&args(&["--stats", "--"])).is_err());
         assert_eq!(parse(&args(&["--help"])).unwrap(), None);
     }

@@ -1401,6 +1401,43 @@ fn exit_status_and_death_by_signal_are_passed_on() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
 
+/// `--stats=FILE` writes every process's statistics line into FILE (made
+/// anew, by its absolute name) and nothing onto the program's stderr, so a
+/// script's `2>&1` gets only the program's output; plain `--stats` keeps
+/// stderr. `--budget 0` and a budget below 1m are refused with a message
+/// naming the smallest.
+#[test]
+fn stats_go_to_a_file_when_asked_and_a_budget_too_small_is_refused() {
+    let dir = tmpdir("statsfile");
+    let file = dir.join("stats.txt");
+    std::fs::write(&file, "old line\n").unwrap();
+    let out = output(
+        usermm_run(&["--budget", "16m", &format!("--stats={}", file.display()), "--"])
+            .args(["sh", "-c", "echo out; echo err >&2; cat /dev/null; exec head -c 1 /dev/zero >/dev/null"])
+            .current_dir(&dir),
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "out\n");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "err\n", "only the program's own stderr");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(!text.contains("old line"), "the file is made anew: {text}");
+    // `cat` and `head` each wrote their line (the shell keeps the kernel's memory).
+    for comm in ["cat", "head"] {
+        let s = stats(&text, comm);
+        assert_eq!(s["budget_bytes"], 16 << 20, "{text}");
+    }
+    // Plain --stats: stderr, as before.
+    let out = output(&mut usermm_run(&["--budget", "16m", "--stats", "--", "true"]));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("(true): stats: "), "{out:?}");
+    for bad in ["0", "64k", "4096"] {
+        let out = output(&mut usermm_run(&["--budget", bad, "--", "true"]));
+        assert_eq!(out.status.code(), Some(2), "--budget {bad}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--budget") && (err.contains("1m") || err.contains("default")), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn sigterm_to_usermm_reaches_the_program() {
     let mut child = usermm_run(&["--", "sleep", "30"]).spawn().unwrap();

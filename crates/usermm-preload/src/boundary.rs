@@ -43,7 +43,7 @@ mod signals;
 pub(crate) use calls::find_own_range;
 use calls::*;
 use init::*;
-pub(crate) use init::{keep_stderr, write_report};
+pub(crate) use init::{keep_report_fd, write_report};
 use program::*;
 pub(crate) use signals::find_signal_calls;
 

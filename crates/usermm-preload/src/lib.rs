@@ -103,7 +103,8 @@
 //! (`USERMM_BUDGET_BYTES`, `USERMM_SWAP_BYTES`, `USERMM_SWAP_DIR`,
 //! `USERMM_SWAP_URL`, `USERMM_MEMLOCK_BYTES`, `USERMM_FLAGS`, …). This
 //! library's own: `USERMM_RUN_STATS=1` prints the space's statistics on
-//! stderr at exit, `USERMM_RUN_VERBOSE=1` also where the allocations went,
+//! stderr at exit (appended to the file `USERMM_RUN_STATS_FILE` names, if
+//! set), `USERMM_RUN_VERBOSE=1` also where the allocations went,
 //! `USERMM_RUN_NO_INHERIT=1` removes `LD_PRELOAD` from the environment at
 //! start, so that the programs this one runs are not preloaded.
 //!
@@ -239,8 +240,10 @@ fn init() -> bool {
     let report = STATS.load(Relaxed) || VERBOSE.load(Relaxed);
     if report {
         // The program may close its stderr before the report is written
-        // (coreutils' `close_stdout` at exit does): keep a copy.
-        boundary::keep_stderr();
+        // (coreutils' `close_stdout` at exit does): keep a copy, or the
+        // file `USERMM_RUN_STATS_FILE` names (`--stats=FILE`).
+        let file = std::env::var_os("USERMM_RUN_STATS_FILE").filter(|f| !f.is_empty());
+        boundary::keep_report_fd(file.as_deref());
     }
     report
 }

@@ -13,10 +13,39 @@ pub(super) static REPORT_FD: AtomicI32 = AtomicI32::new(-1);
 /// every start here with the copy at 500.
 pub(super) const REPORT_FD_MIN: c_int = 60;
 
-/// Keeps a copy of stderr (close-on-exec) for the exit report.
-pub(crate) fn keep_stderr() {
+/// Keeps a descriptor (close-on-exec, at [`REPORT_FD_MIN`] or above) for
+/// the exit report: `file` opened for appending (every process of a run
+/// adds its lines, each in one write), or a copy of stderr when there is no
+/// file or it cannot be opened (said on stderr).
+pub(crate) fn keep_report_fd(file: Option<&std::ffi::OsStr>) {
+    let from = match file {
+        Some(path) => {
+            let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(path)).ok();
+            // SAFETY: `c` is a NUL-terminated path; open makes a new
+            // descriptor or fails.
+            let fd = c.map_or(-1, |c| unsafe {
+                libc::open(c.as_ptr(), libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC, 0o600)
+            });
+            if fd < 0 {
+                let e = std::io::Error::last_os_error();
+                write_report(&format!(
+                    "usermm run: pid {}: cannot open the statistics file {}: {e}; they go to stderr\n",
+                    std::process::id(),
+                    path.to_string_lossy()
+                ));
+                2
+            } else {
+                fd
+            }
+        }
+        None => 2,
+    };
     // SAFETY: `fcntl(F_DUPFD_CLOEXEC)` only makes a new descriptor.
-    let fd = unsafe { libc::fcntl(2, libc::F_DUPFD_CLOEXEC, REPORT_FD_MIN) };
+    let fd = unsafe { libc::fcntl(from, libc::F_DUPFD_CLOEXEC, REPORT_FD_MIN) };
+    if from != 2 {
+        // SAFETY: `from` is the descriptor opened above, not used again.
+        unsafe { libc::close(from) };
+    }
     REPORT_FD.store(fd, Relaxed);
 }
 
