@@ -67,6 +67,21 @@ USERMM_TEST_INTHREAD=1 USERMM_TEST_FRAME_POOL=1 USERMM_STRESS_REDIS_SECS=8 USERM
   --test no_hang --test wake_ahead --test frame_pool --test file_windows --test thread_signals -- --test-threads=2 \
   --skip a_missing_page_is_served_to_process_vm_readv_not_to_proc_mem
 
+# The differential fuzzer once more with a host swap file on
+# (USERMM_FUZZ_HOST_SWAP=1: the test turns a 256 MiB swap file on, and off and
+# removes it at its end), where the kernel's MADV_PAGEOUT swaps written pages
+# out, in the mode its listed regression seed (REGRESSIONS in
+# crates/usermm/tests/fuzz.rs) failed in. Half the default calls: about a
+# minute. (Every pass of this script runs fixed seeds; random ones are
+# scripts/fuzz-campaign.sh's.)
+echo "== the differential fuzzer with a host swap file on"
+USERMM_FUZZ_HOST_SWAP=1 USERMM_FUZZ_CALLS=100000 USERMM_TEST_INTHREAD=1 USERMM_TEST_FRAME_POOL=1 \
+  cargo test --release -p usermm --test fuzz -- --test-threads=2
+if grep -q usermm-fuzz-swap /proc/swaps; then
+  echo "FATAL: the fuzzer left its host swap file on: $(cat /proc/swaps)" >&2
+  exit 1
+fi
+
 # The swap tests again with every space swapping to a Redis server
 # (USERMM_TEST_SWAP_URL, read by crates/usermm/tests/common) of this
 # script's own on a loopback port (the store's own TCP link, as a space
