@@ -80,6 +80,11 @@ struct RunOpts {
     stats_file: Option<PathBuf>,
 }
 
+/// The lowest descriptor the inherited `/dev/userfaultfd` takes: above the
+/// ones a program opens first, below 64 (the first descriptor table's
+/// size), beside the exit report's (60, the preload's).
+const UFFD_DEVICE_FD_MIN: i32 = 59;
+
 /// The smallest `--budget` (1 MiB): below it a program as small as the
 /// C library's own start-up spends its time in swap-ins (CPython's
 /// start-up took 2.8 s at 512 KiB, over a minute at 64 KiB, against
@@ -297,6 +302,17 @@ pub(crate) fn main(args: &[OsString]) -> ExitCode {
     }
     let mut cmd = Command::new(prog);
     cmd.args(&o.argv[1..]).env("LD_PRELOAD", ld_preload(&lib));
+    // A descriptor of /dev/userfaultfd the program and what it execs
+    // inherit: one that drops its privileges and then execs (setpriv,
+    // runuser, a server that switches to its user) still gets kernel-mode
+    // faults, which only the device's opener may ask for
+    // (`usermm_sys::uffd::DEVICE_FD_ENV`). Where usermm cannot open it, the
+    // program cannot either and falls back as it would.
+    if std::env::var_os(usermm_sys::uffd::DEVICE_FD_ENV).is_none() {
+        if let Ok(fd) = usermm_sys::uffd::inheritable_device_fd(UFFD_DEVICE_FD_MIN) {
+            cmd.env(usermm_sys::uffd::DEVICE_FD_ENV, fd.to_string());
+        }
+    }
     if let Some(f) = &o.stats_file {
         // Made anew here (each process of the run appends its lines), by
         // its absolute name: the program may change its directory.

@@ -78,7 +78,7 @@ fn output(c: &mut Command) -> Output {
 
 /// A program the test needs, in `$PATH` (scripts/test.sh installs it).
 fn need(prog: &str) -> PathBuf {
-    for p in ["/usr/bin", "/bin", "/usr/local/bin"] {
+    for p in ["/usr/bin", "/bin", "/usr/local/bin", "/usr/sbin", "/sbin"] {
         let c = Path::new(p).join(prog);
         if c.is_file() {
             return c;
@@ -1384,6 +1384,141 @@ fn sort_killed_half_way_by_timeout_ends_as_without_usermm() {
         // 137 (the hard kill after 60 s: a hang).
         assert!(matches!(out.status.code(), Some(124) | Some(0)), "round {round}: {out:?} after {took:?}");
         assert!(took < at + Duration::from_secs(30), "round {round}: took {took:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A server started as root that drops to its user the way `setpriv`
+/// does (keep caps, `setresuid`, `capset` on its own thread, `setresgid`,
+/// `setgroups`) with a heap 4× the budget; then a forked child, and a
+/// `setuid(0)` that must fail. glibc runs each `set*id` in every thread and
+/// aborts when one fails where the caller succeeded: usermm's threads must
+/// carry the caller's capabilities at each step.
+const CREDS_C: &str = r#"
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern int capset(void *hdr, void *data);
+extern int capget(void *hdr, void *data);
+struct hdr { unsigned version; int pid; };
+struct data { unsigned effective, permitted, inheritable; };
+
+enum { N = 4096, SZ = 16384 };  /* 64 MiB of heap blocks */
+static unsigned char *b[N];
+static long touch(int pass) {
+    long bad = 0;
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < SZ; j += 512) {
+            if (pass == 0) b[i][j] = (unsigned char)(i * 5 + j / 512);
+            else bad += b[i][j] != (unsigned char)(i * 5 + j / 512);
+        }
+    return bad;
+}
+/* The Uid, Gid, Groups and CapEff lines of a thread's status. */
+static void creds_of(const char *status, char *out, size_t n) {
+    FILE *f = fopen(status, "r");
+    out[0] = 0;
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "Uid:", 4) || !strncmp(line, "Gid:", 4) || !strncmp(line, "Groups:", 7) || !strncmp(line, "CapEff:", 7))
+            strncat(out, line, n - strlen(out) - 1);
+    fclose(f);
+}
+/* Whether every thread of the process has the main thread's. */
+static int all_threads_alike(void) {
+    char mine[2048], theirs[2048], path[128];
+    snprintf(path, sizeof path, "/proc/self/task/%d/status", getpid());
+    creds_of(path, mine, sizeof mine);
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    int alike = 1;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "/proc/self/task/%s/status", e->d_name);
+        creds_of(path, theirs, sizeof theirs);
+        alike &= !strcmp(mine, theirs);
+    }
+    closedir(d);
+    return alike;
+}
+static void say(const char *what, int r) { printf("%s: %s\n", what, r == 0 ? "ok" : strerrorname_np(errno)); }
+
+int main(void) {
+    setvbuf(stdout, NULL, _IONBF, 0);
+    for (int i = 0; i < N; i++) if (!(b[i] = malloc(SZ))) return 10;
+    touch(0);
+    say("keepcaps", prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0));
+    say("setresuid", setresuid(65534, 65534, 65534));
+    printf("heap bad %ld, threads alike %d\n", touch(1), all_threads_alike());
+    struct hdr h = { 0x20080522, 0 };
+    struct data d[2];
+    say("capget", capget(&h, d));
+    d[0].effective = d[0].permitted;
+    d[1].effective = d[1].permitted;
+    say("capset", capset(&h, d));
+    say("setresgid", setresgid(65534, 65534, 65534));
+    say("setgroups", setgroups(0, NULL));
+    printf("uid %d gid %d, heap bad %ld, threads alike %d\n", (int)getuid(), (int)getgid(), touch(1), all_threads_alike());
+    pid_t c = fork();
+    if (c == 0) _exit(touch(1) != 0 || setresuid(65534, 65534, 65534) != 0 || !all_threads_alike());
+    int st = 0;
+    waitpid(c, &st, 0);
+    printf("child status %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+    h.version = 0x20080522;
+    memset(d, 0, sizeof d);
+    say("drop every capability", capset(&h, d));
+    say("setuid(0)", setuid(0));
+    printf("heap bad %ld, threads alike %d\n", touch(1), all_threads_alike());
+    return 0;
+}
+"#;
+
+/// Credential changes under `usermm run` as without it: `setpriv` and
+/// `runuser` dropping to `nobody`, and a C server doing it by hand with a
+/// heap 4× the budget, in both fault modes. Before: `setpriv` died of
+/// SIGABRT (glibc's `setresgid` failed on usermm's threads, whose
+/// capabilities the keep-caps `setresuid` had dropped), `runuser` hung (a
+/// new fault handler's first thread-local waited for the dynamic loader's
+/// lock, which `dlclose` held while it faulted), and `id` run as `nobody`
+/// printed no names (its space fell back to user-mode-only faults, and
+/// `read(2)` of `/etc/passwd` into the heap failed with EFAULT).
+#[test]
+fn credential_changes_work_as_without_usermm() {
+    let dir = tmpdir("creds");
+    for argv in [
+        &["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "id"][..],
+        &["runuser", "-u", "nobody", "--", "id"][..],
+    ] {
+        let plain = output(Command::new(need(argv[0])).args(&argv[1..]));
+        assert!(plain.status.success(), "{argv:?}: {plain:?}");
+        let out = output(usermm_run(&["--budget", "16m", "--"]).arg(need(argv[0])).args(&argv[1..]));
+        assert_eq!(out.status.code(), plain.status.code(), "{argv:?}: {out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&plain.stdout), "{argv:?}: {out:?}");
+    }
+    let exe = gcc(&dir, "creds", CREDS_C, &[]);
+    // (The program must be readable by nobody for nothing: it is already
+    // running when it drops.)
+    let plain = output(&mut Command::new(&exe));
+    assert!(plain.status.success(), "{plain:?}");
+    let plain_out = String::from_utf8_lossy(&plain.stdout).into_owned();
+    assert!(plain_out.contains("setresgid: ok\n") && plain_out.contains("setuid(0): EPERM\n"), "{plain_out}");
+    for mode in [None, Some("--inthread")] {
+        let mut c = usermm_run(&["--budget", "16m", "--stats"]);
+        c.args(mode).arg("--").arg(&exe);
+        let out = output(&mut c);
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{mode:?}: {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+        assert_eq!(stdout, plain_out, "{mode:?}\nstderr:\n{stderr}");
+        assert_swapped(&stderr, "creds", 16 << 20);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

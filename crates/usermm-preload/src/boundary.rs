@@ -3,7 +3,8 @@
 //! (`__libc_malloc` and friends) as this library's `#[global_allocator]`,
 //! and the constructor that opens the space. Its parts: `calls.rs` (the
 //! memory calls' exported names), `program.rs` (a program's memory calls
-//! routed), `signals.rs` (SIGBUS's action), `libc_only.rs` (calls run on the
+//! routed), `signals.rs` (SIGBUS's action), `creds.rs` (credential
+//! changes: usermm's threads follow the program's), `libc_only.rs` (calls run on the
 //! C library's memory), `init.rs` (the constructor and the exit report).
 //!
 //! Invariants:
@@ -36,6 +37,7 @@ use usermm::Errno;
 
 #[macro_use]
 mod calls;
+mod creds;
 mod init;
 mod libc_only;
 mod program;

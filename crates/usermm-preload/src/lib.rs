@@ -361,7 +361,9 @@ fn on_space<R>(f: impl FnOnce(&Space) -> R) -> Option<R> {
         COUNTS.usermm.fetch_add(1, Relaxed);
         return None;
     }
-    let r = space_call(f);
+    // (Not while the space's threads are started again: what they
+    // allocate as they start must not fault on the space.)
+    let r = space_call(|sp| (!sp.threads_starting()).then(|| f(sp))).flatten();
     if r.is_none() {
         let c = if generation() > 0 { &COUNTS.child } else { &COUNTS.early };
         c.fetch_add(1, Relaxed);

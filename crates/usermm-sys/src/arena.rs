@@ -12,6 +12,7 @@ use crate::uffd::Uffd;
 use crate::{mem, Errno};
 
 mod io;
+pub use io::warm_thread_locals;
 mod pool;
 mod share;
 pub use io::Bounce;

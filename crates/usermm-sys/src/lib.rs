@@ -22,6 +22,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod arena;
+pub mod creds;
 pub mod exit;
 pub mod ffi;
 pub mod file;

@@ -443,16 +443,63 @@ impl Uffd {
     }
 }
 
+/// The environment variable that names a descriptor of `/dev/userfaultfd`
+/// inherited from a process that could open it (`usermm run` as root
+/// leaves one to the program it starts): a process that cannot open the
+/// device itself (a server that dropped to its user, then exec'd) makes
+/// its userfaultfds with kernel-mode faults through that one. The device's
+/// permission is checked when it is opened, not at `USERFAULTFD_IOC_NEW`.
+pub const DEVICE_FD_ENV: &str = "USERMM_UFFD_DEVICE_FD";
+
+/// The inherited device descriptor, if [`DEVICE_FD_ENV`] names one that is
+/// `/dev/userfaultfd` (same device number), read once (a forked child uses
+/// its parent's answer: no environment lock taken in a fork's child).
+fn inherited_dev() -> Option<RawFd> {
+    static DEV: std::sync::OnceLock<Option<RawFd>> = std::sync::OnceLock::new();
+    *DEV.get_or_init(|| {
+        let fd: RawFd = std::env::var(DEVICE_FD_ENV).ok()?.trim().parse().ok()?;
+        // SAFETY: `stat` is plain data; fstat/stat fill it or fail.
+        let (mut a, mut b): (libc::stat, libc::stat) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+        // SAFETY: `a` is a valid, writable stat; a bad `fd` is EBADF.
+        check(unsafe { libc::fstat(fd, &mut a) }).ok()?;
+        // SAFETY: the path is NUL-terminated; `b` is valid and writable.
+        check(unsafe { libc::stat(c"/dev/userfaultfd".as_ptr(), &mut b) }).ok()?;
+        (a.st_mode & libc::S_IFMT == libc::S_IFCHR && a.st_rdev == b.st_rdev).then_some(fd)
+    })
+}
+
 fn open_dev(flags: i32) -> Result<OwnedFd, Errno> {
     let path = c"/dev/userfaultfd";
     // SAFETY: `path` is a NUL-terminated string.
-    let dev = check(unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) })?;
-    // SAFETY: `dev` was just opened and is owned by nobody else.
-    let dev = unsafe { OwnedFd::from_raw_fd(dev) };
+    let dev = match check(unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) }) {
+        // SAFETY: `dev` was just opened and is owned by nobody else.
+        Ok(dev) => unsafe { OwnedFd::from_raw_fd(dev) },
+        Err(e) => {
+            let Some(dev) = inherited_dev() else { return Err(e) };
+            // SAFETY: USERFAULTFD_IOC_NEW takes its flags by value; `dev`
+            // is the device (checked once by `inherited_dev`).
+            let fd = check(unsafe { libc::ioctl(dev, USERFAULTFD_IOC_NEW as _, flags) })?;
+            // SAFETY: the ioctl returned a new descriptor that we own.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+    };
     // SAFETY: USERFAULTFD_IOC_NEW takes its flags by value.
     let fd = check(unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW as _, flags) })?;
     // SAFETY: the ioctl returned a new descriptor that we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Opens `/dev/userfaultfd` as a descriptor that programs this process
+/// execs inherit (not close-on-exec), at `min` or above, for
+/// [`DEVICE_FD_ENV`]; `Err` when this process cannot open it.
+pub fn inheritable_device_fd(min: RawFd) -> Result<RawFd, Errno> {
+    // SAFETY: the path is NUL-terminated.
+    let dev = check(unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) })?;
+    // SAFETY: F_DUPFD makes a new descriptor (without close-on-exec).
+    let fd = unsafe { libc::fcntl(dev, libc::F_DUPFD, min) };
+    // SAFETY: `dev` is ours, not used again.
+    unsafe { libc::close(dev) };
+    check(fd)
 }
 
 fn syscall_uffd(flags: i32) -> Result<OwnedFd, Errno> {

@@ -62,6 +62,7 @@ pub use boundary::capi;
 pub use config::{default_budget_bytes, Config, DEFAULT_RESERVE_BYTES, DEFAULT_SWAP_BYTES};
 pub use heap::{GlobalHeap, Heap, HeapStats};
 pub use mapping::Mapping;
+pub use native::creds::{credentials_changed_everywhere, threads_follow_credentials};
 pub use options::{MapOptions, ReadOnlyMapping};
 pub use purgeable::{Contents, Purgeable, PurgeableGuard};
 pub use stats::{PopulateReport, PurgeReport, Stats};
@@ -128,6 +129,16 @@ impl Space {
             return Err(Errno::ESTALE);
         }
         Ok(())
+    }
+
+    /// Whether the space's threads are being started again after a
+    /// credential change ([`threads_follow_credentials`]): a heap that
+    /// stands in for `malloc` must then allocate elsewhere (what a starting
+    /// thread allocates must not fault on the space). Frees are the
+    /// space's as ever.
+    #[doc(hidden)]
+    pub fn threads_starting(&self) -> bool {
+        self.inner.threads_starting()
     }
 
     /// Panics in a forked child, for the calls that cannot return `ESTALE`.

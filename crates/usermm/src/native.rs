@@ -106,6 +106,7 @@ mod backoff;
 mod calls;
 mod commit;
 mod counters;
+pub(crate) mod creds;
 mod fault;
 mod filemap;
 mod files;
@@ -275,13 +276,7 @@ impl Inner {
         }
         self.files.sync_all();
         self.shutdown.store(true, Ordering::SeqCst);
-        self.wake_fd.signal();
-        {
-            let _c = lock(&self.core);
-            self.reclaimer.notify();
-            self.settled.notify_all();
-        }
-        self.service.wake_ahead().shut();
+        self.wake_threads();
         for h in threads.handles {
             let _ = h.join();
         }

@@ -286,10 +286,24 @@ std::thread_local! {
 /// Bounce buffers are per thread, grown to the largest request seen.
 const BOUNCE_MIN_BYTES: usize = 1 << 20;
 
+thread_local! {
+    static BOUNCE: std::cell::RefCell<Option<Bounce>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Registers, in a thread usermm starts, every thread-local with a
+/// destructor that its work may touch, before it does any: the C library
+/// registers such a destructor (`__cxa_thread_atexit_impl`) under the
+/// dynamic loader's lock, and a program thread that faults on the space
+/// while holding that lock (`dlclose` freeing a scope array from the heap,
+/// as PAM's `pam_end` does) would wait on a handler that waits on it.
+pub(crate) fn warm_thread_locals() {
+    TAKEN.with(|_| ());
+    BOUNCE.with(|_| ());
+    thread::warm_thread_locals();
+    usermm_sys::arena::warm_thread_locals();
+}
+
 fn with_bounce<R>(len: usize, f: impl FnOnce(&Bounce) -> R) -> Option<R> {
-    thread_local! {
-        static BOUNCE: std::cell::RefCell<Option<Bounce>> = const { std::cell::RefCell::new(None) };
-    }
     BOUNCE.with(|b| {
         let mut b = b.borrow_mut();
         if b.as_ref().is_none_or(|x| x.len() < len) {

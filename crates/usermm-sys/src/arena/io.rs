@@ -8,6 +8,18 @@ use crate::lend::Lender;
 use crate::uffd::Uffd;
 use crate::{mem, Errno};
 
+thread_local! {
+    /// A page copied out of the space before it is written to a file
+    /// (`Arena::page_to_file`).
+    static PAGE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Registers this module's thread-locals in the calling thread now (see
+/// `usermm::platform::warm_thread_locals`).
+pub fn warm_thread_locals() {
+    PAGE.with(|_| ());
+}
+
 impl Arena {
     /// Runs `f` on the pages of `slots`, in order (a page store writes them
     /// out from there).
@@ -244,9 +256,6 @@ impl Arena {
         // holding the file's inode lock, while the handler may wait for
         // reclaim, whose own write-back waits for that lock (a deadlock
         // seen in the file tests). The copy's fault takes no lock of ours.
-        thread_local! {
-            static PAGE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
         PAGE.with(|b| {
             let mut b = b.borrow_mut();
             b.resize(len, 0);

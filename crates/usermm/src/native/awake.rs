@@ -173,25 +173,26 @@ impl WakeAhead {
         }
     }
 
-    /// Wakes the thread for good (the space closes).
+    /// Wakes the thread (the space closes, or its threads are started
+    /// again), to look at its `stop` again.
     pub(crate) fn shut(&self) {
         let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         self.cv.notify_all();
     }
 
-    /// The thread's loop, until `shutdown`; `wake(addr, pages)` does a
+    /// The thread's loop, until `stop()`; `wake(addr, pages)` does a
     /// posted wake-up (`post`), `page_size` the address's alignment; `help`
     /// does a half of an install lent to it while it spins
     /// (`Platform::file_install_split`).
     pub(crate) fn run(
         &self,
-        shutdown: &AtomicBool,
+        stop: &dyn Fn() -> bool,
         page_size: usize,
         wake: &dyn Fn(usize, usize),
         help: &dyn Fn() -> bool,
     ) {
         let page_mask = page_size as u64 - 1;
-        while !shutdown.load(Ordering::Relaxed) {
+        while !stop() {
             let mut capped = false;
             if self.inflight.load(Ordering::SeqCst) > 0 {
                 self.spinning.store(true, Ordering::SeqCst);
@@ -206,7 +207,7 @@ impl WakeAhead {
             // before this load; one that sees one notifies under the lock,
             // which this thread holds until it waits. A spin that hit
             // its cap waits for the next `begin`.)
-            if (capped || self.inflight.load(Ordering::SeqCst) == 0) && !shutdown.load(Ordering::Relaxed) {
+            if (capped || self.inflight.load(Ordering::SeqCst) == 0) && !stop() {
                 let _ = self.cv.wait_timeout(g, std::time::Duration::from_millis(WAKE_AHEAD_SLEEP_MS));
             }
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
@@ -331,7 +332,9 @@ mod tests {
         let woken = Woken::default();
         let t = {
             let (wa, stop, woken) = (wa.clone(), stop.clone(), woken.clone());
-            std::thread::spawn(move || wa.run(&stop, 4096, &|a, n| woken.lock().unwrap().push((a, n)), &|| false))
+            std::thread::spawn(move || {
+                wa.run(&|| stop.load(Ordering::SeqCst), 4096, &|a, n| woken.lock().unwrap().push((a, n)), &|| false)
+            })
         };
         (wa, stop, t, woken)
     }

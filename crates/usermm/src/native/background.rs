@@ -24,7 +24,7 @@ impl Inner {
             {
                 let mut c = lock(&self.core);
                 loop {
-                    if self.shutdown.load(Ordering::Relaxed) {
+                    if self.threads_stop() {
                         return;
                     }
                     if c.spares_low() {
@@ -99,7 +99,7 @@ impl Inner {
         let until = std::time::Instant::now() + d;
         let mut c = lock(&self.core);
         // (Under the core lock, as a fill queues a window and then notifies.)
-        while !self.reclaimer.queued() && !self.shutdown.load(Ordering::Relaxed) {
+        while !self.reclaimer.queued() && !self.threads_stop() {
             let left = until.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 return;
@@ -198,7 +198,7 @@ impl Inner {
         let mut retries = Retries::default();
         let mut done = 0;
         while done < len {
-            if self.shutdown.load(Ordering::Relaxed) {
+            if self.threads_stop() {
                 return (done, false);
             }
             let mut c = lock(&self.core);
@@ -266,7 +266,7 @@ impl Inner {
     /// not the whole list.
     pub(super) fn unpark_parked(&self) {
         loop {
-            if self.shutdown.load(Ordering::Relaxed) {
+            if self.threads_stop() {
                 return;
             }
             let _mm = self.read_mm();

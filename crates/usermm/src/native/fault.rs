@@ -112,7 +112,7 @@ impl Inner {
     pub(super) fn handler_loop(&self) {
         SERVES_FAULTS.with(|s| s.set(true));
         let mut msgs = [UffdMsg::default(); 32];
-        while !self.shutdown.load(Ordering::Relaxed) {
+        while !self.threads_stop() {
             if self.plat.wait_events(&self.wake_fd, HANDLER_POLL_MS) == Ok(true) {
                 self.serve_and_spin(&mut msgs);
             }

@@ -81,9 +81,19 @@ pub(crate) struct ForkState {
     copies: AtomicBool,
     /// Whether the space went through a fork in this process.
     forked: AtomicBool,
-    plan: Mutex<ThreadPlan>,
+    pub(super) plan: Mutex<ThreadPlan>,
     /// The space's threads, joined at close.
-    threads: Mutex<Option<Threads>>,
+    pub(super) threads: Mutex<Option<Threads>>,
+    /// Set while the threads are stopped to be started again
+    /// (`native/creds.rs`).
+    pub(super) renewing: AtomicBool,
+    /// Set from then until the new threads have started: a heap on the
+    /// space sends allocations to the system allocator meanwhile (what std
+    /// and the C library allocate in a starting thread, before it is
+    /// marked usermm's, must not fault on a space with no handler).
+    pub(super) starting: AtomicBool,
+    /// The per-thread credentials the threads have (`native/creds.rs`).
+    pub(super) creds: Mutex<usermm_sys::creds::ThreadCreds>,
     /// See [`Handles`].
     handles: Handles,
     /// The forked children that may read this space's swap slots in place
@@ -104,6 +114,9 @@ impl ForkState {
             forked: AtomicBool::new(false),
             plan: Mutex::new(ThreadPlan::default()),
             threads: Mutex::new(None),
+            renewing: AtomicBool::new(false),
+            starting: AtomicBool::new(false),
+            creds: Mutex::new(usermm_sys::creds::ThreadCreds::default()),
             handles: Handles::default(),
             holds: Mutex::new(Vec::new()),
             holds_asked: AtomicU64::new(0),
@@ -149,6 +162,12 @@ pub(super) fn register(inner: &Arc<Inner>) {
     let mut s = lock(&SPACES);
     s.retain(|w| w.strong_count() > 0);
     s.push(Arc::downgrade(inner));
+}
+
+/// The spaces of this process (not those an ancestor opened and this
+/// process did not take over).
+pub(super) fn spaces_here() -> Vec<Arc<Inner>> {
+    lock(&SPACES).iter().filter_map(Weak::upgrade).filter(|i| i.owned_here()).collect()
 }
 
 fn on_prepare() {

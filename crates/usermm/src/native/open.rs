@@ -108,6 +108,10 @@ impl Inner {
         // usermm's (which may be the one that must serve that handler's
         // faults), and one every program thread blocks waits for them.
         let _mask = usermm_sys::thread::ProgramSignalsBlocked::new()?;
+        // They inherit this thread's credentials whole (`native/creds.rs`).
+        if let Ok(c) = usermm_sys::creds::ThreadCreds::current() {
+            inner.set_thread_creds(c);
+        }
         for i in 0..plan.handlers {
             let me = inner.clone();
             let tx = started_tx.clone();
@@ -115,6 +119,7 @@ impl Inner {
                 .name(format!("usermm-fault-{i}"))
                 .spawn(move || {
                     crate::thread_role::mark_usermm_thread();
+                    crate::platform::warm_thread_locals();
                     let _ = tx.send(());
                     drop(tx);
                     me.handler_loop()
@@ -133,6 +138,7 @@ impl Inner {
                 .name("usermm-awake".into())
                 .spawn(move || {
                     crate::thread_role::mark_usermm_thread();
+                    crate::platform::warm_thread_locals();
                     // (Best effort: at the normal policy it would only
                     // compete a little more for a CPU no one wanted.)
                     let _ = me.plat.thread(Thread::IdlePriority);
@@ -140,7 +146,7 @@ impl Inner {
                     drop(tx);
                     let ps = me.page_size;
                     me.service.wake_ahead().run(
-                        &me.shutdown,
+                        &|| me.threads_stop(),
                         ps,
                         &|a, pages| {
                             let _ = me.plat.range(Range::Wake, a, pages * ps);
@@ -160,6 +166,7 @@ impl Inner {
                 .name("usermm-reclaim".into())
                 .spawn(move || {
                     crate::thread_role::mark_usermm_thread();
+                    crate::platform::warm_thread_locals();
                     let _ = started_tx.send(());
                     drop(started_tx);
                     me.background_loop(bg)

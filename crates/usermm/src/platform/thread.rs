@@ -17,6 +17,12 @@ thread_local! {
     static THREAD_CPU: std::cell::RefCell<ThreadCpu> = std::cell::RefCell::default();
 }
 
+/// Registers this module's thread-locals in the calling thread now
+/// (`platform::warm_thread_locals`).
+pub(super) fn warm_thread_locals() {
+    THREAD_CPU.with(|_| ());
+}
+
 impl ThreadOps for Native {
     fn signal(&self, tid: u32, sig: Signal, addr: usize) -> Result<(), Errno> {
         match sig {

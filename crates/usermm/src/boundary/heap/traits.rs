@@ -15,7 +15,7 @@ use super::*;
 unsafe impl GlobalAlloc for GlobalHeap {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if !system_only() {
-            if let Some(sp) = self.space() {
+            if let Some(sp) = self.space().filter(|sp| !sp.threads_starting()) {
                 return sp.heap.alloc(sp, layout).map_or(std::ptr::null_mut(), NonNull::as_ptr);
             }
         }
@@ -25,7 +25,7 @@ unsafe impl GlobalAlloc for GlobalHeap {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         if !system_only() {
-            if let Some(sp) = self.space() {
+            if let Some(sp) = self.space().filter(|sp| !sp.threads_starting()) {
                 return sp.heap.alloc_zeroed(sp, layout).map_or(std::ptr::null_mut(), NonNull::as_ptr);
             }
         }
