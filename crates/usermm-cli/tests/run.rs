@@ -1254,6 +1254,104 @@ fn a_jits_exec_only_code_is_evicted_and_runs_again() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `mincore` with a bad vector (issue 71 item 7): NULL, read-only,
+/// `PROT_NONE` or unmapped (also past its first bytes), past the address
+/// space, over mapped
+/// pages, holes and both. Linux checks the address (`EINVAL`), the range and
+/// the vector's place (`access_ok`), then walks region by region, copying
+/// each region's bytes out (`EFAULT`) before it looks past it (`ENOMEM`).
+/// The bytes a partly valid vector got are printed too.
+///
+/// ```text
+///   A A A A . . . . B B      (A: 4 pages, a hole of 4, B: 2 pages)
+/// ```
+const MINCORE_VEC_C: &str = r#"
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#define P 4096L
+static unsigned char *ok_end; /* the last bytes of a writable page, a PROT_NONE page after it */
+static void t(const char *what, void *a, size_t l, void *v) {
+    int partly = v == ok_end - 2 || v == ok_end - 8;
+    if (partly)
+        memset(ok_end - 8, 0x55, 8);
+    errno = 0;
+    int r = mincore(a, l, v);
+    printf("%-40s %s", what, r == 0 ? "ok" : strerrorname_np(errno));
+    if (partly)
+        for (int i = 8; i > 0; i--)
+            printf(" %x", ok_end[-i]);
+    printf("\n");
+}
+int main(void) {
+    /* (No allocation after the hole is made: nothing may be mapped there.) */
+    static char out[1 << 16];
+    setvbuf(stdout, out, _IOFBF, sizeof out);
+    char *b = mmap(NULL, 10 * P, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *w = mmap(NULL, 2 * P, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (b == MAP_FAILED || w == MAP_FAILED) return 10;
+    /* Linux's residency (no fault-around) */
+    if (madvise(b, 10 * P, MADV_RANDOM)) return 14;
+    if (munmap(b + 4 * P, 4 * P) || mprotect(w + P, P, PROT_NONE)) return 11;
+    b[0] = 1; b[8 * P] = 1;
+    ok_end = w + P;
+    void *kernel = (void *)0xffff800000000000UL;
+    t("NULL over A", b, 4 * P, NULL);
+    t("NULL over part of A", b + P, P, NULL);
+    t("NULL over A and the hole", b, 6 * P, NULL);
+    t("NULL over A, the hole and B", b, 10 * P, NULL);
+    t("NULL over the hole", b + 4 * P, P, NULL);
+    t("NULL over the hole and B", b + 4 * P, 6 * P, NULL);
+    t("NULL, len 0", b, 0, NULL);
+    t("NULL, len 0 in the hole", b + 4 * P, 0, NULL);
+    t("NULL, unaligned", b + 1, P, NULL);
+    t("NULL, unaligned in the hole", b + 4 * P + 1, P, NULL);
+    t("kernel vec over A", b, P, kernel);
+    t("kernel vec over the hole", b + 4 * P, P, kernel);
+    t("kernel vec, len 0", b, 0, kernel);
+    t("2 valid over A", b, 4 * P, ok_end - 2);
+    t("2 valid over A and the hole", b, 6 * P, ok_end - 2);
+    t("8 valid over A and the hole", b, 6 * P, ok_end - 8);
+    t("2 valid over B", b + 8 * P, 2 * P, ok_end - 2);
+    t("2 valid over the hole and B", b + 4 * P, 6 * P, ok_end - 2);
+    if (mprotect(w, P, PROT_READ)) return 12;
+    t("read-only vec over A", b, P, w);
+    t("read-only vec over A and the hole", b, 6 * P, w);
+    t("read-only vec over the hole", b + 4 * P, P, w);
+    if (mprotect(w, P, PROT_READ | PROT_WRITE)) return 13;
+    t("PROT_NONE vec over A", b, P, w + P);
+    t("PROT_NONE vec over the hole", b + 4 * P, P, w + P);
+    if (munmap(w + P, P)) return 15;
+    t("unmapped vec over A", b, P, w + P);
+    return 0;
+}
+"#;
+
+/// Issue 71 item 7: `mincore` with a bad vector answers under `usermm run`
+/// (the preload's route to the space) as the kernel answers the same
+/// program, errno and bytes written.
+#[test]
+fn mincore_with_a_bad_vector_answers_as_the_kernel() {
+    let dir = tmpdir("mincore-vec");
+    let exe = gcc(&dir, "mcv", MINCORE_VEC_C, &[]);
+    let plain = output(&mut Command::new(&exe));
+    assert!(plain.status.success(), "{plain:?}");
+    let plain_out = String::from_utf8_lossy(&plain.stdout).into_owned();
+    for mode in [None, Some("--inthread")] {
+        let mut c = usermm_run(&["--budget", "16m", "--verbose"]);
+        c.args(mode).arg("--").arg(&exe);
+        let out = output(&mut c);
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{mode:?}: {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+        assert_eq!(stdout, plain_out, "{mode:?}\nstderr:\n{stderr}");
+        let calls = memory_calls(&stderr, "mcv");
+        assert!(calls["space"] >= 20, "{mode:?}: the space served too few calls: {calls:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Locks of more than the budget (or `--memlock`) holds: each call's errno.
 const LOCKS_C: &str = r#"
 #define _GNU_SOURCE
