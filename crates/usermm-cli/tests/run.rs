@@ -1168,6 +1168,190 @@ fn a_programs_own_sigsegv_and_sigbus_handlers_work_in_both_fault_modes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A JIT's code pages: eight functions written into an anonymous mapping
+/// (`lea eax, [rdi + 1000 k]; ret`, one a page), made exec-only
+/// (`PROT_EXEC` alone), then called between rounds that write 32 MiB of
+/// data, 4× the budget under `usermm run`, so the code is evicted and its
+/// calls fault it back. It prints the sum of the calls, the data read back
+/// and one byte loaded from a code page (the host decides whether an
+/// exec-only page can be read: with protection keys the load is SIGSEGV,
+/// and the exit status says so), and on stderr how many times a code page
+/// was found not resident before its call.
+const JIT_C: &str = r#"
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#define P 4096L
+#define FUNCS 8
+#define DATA (32L << 20)
+#define ROUNDS 6
+typedef int (*fn)(int);
+int main(void) {
+    unsigned char *code = mmap(NULL, FUNCS * P, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *d = mmap(NULL, DATA, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (code == MAP_FAILED || d == MAP_FAILED) return 10;
+    for (int k = 0; k < FUNCS; k++) {
+        unsigned char *f = code + k * P;
+        int disp = 1000 * k;
+        f[0] = 0x8d; f[1] = 0x87; memcpy(f + 2, &disp, 4); f[6] = 0xc3;
+    }
+    if (mprotect(code, FUNCS * P, PROT_EXEC)) return 11;
+    long sum = 0, absent = 0, bad = 0;
+    for (int r = 0; r < ROUNDS; r++) {
+        for (long i = 0; i < DATA; i += P) d[i] = (unsigned char)(i / P + r);
+        for (int k = 0; k < FUNCS; k++) {
+            unsigned char v = 0;
+            if (mincore(code + k * P, P, &v)) return 12;
+            absent += !(v & 1);
+            sum += ((fn)(code + k * P))(r);
+        }
+        for (long i = 0; i < DATA; i += P) bad += d[i] != (unsigned char)(i / P + r);
+    }
+    printf("sum %ld, data bad %ld\n", sum, bad);
+    fprintf(stderr, "code pages absent before a call: %ld\n", absent);
+    fflush(stdout);
+    printf("code byte %#x\n", *(volatile unsigned char *)code);
+    return sum == 28000L * ROUNDS + 8L * 15 && bad == 0 ? 0 : 1;
+}
+"#;
+
+/// Issue 71 item 3: a JIT's exec-only code pages are evicted under the
+/// budget and served again by its calls, in both fault modes and with the
+/// frame pool: output and exit status as without usermm, and the code was
+/// really out of memory before some call.
+#[test]
+fn a_jits_exec_only_code_is_evicted_and_runs_again() {
+    let dir = tmpdir("jit");
+    let exe = gcc(&dir, "jit", JIT_C, &[]);
+    let plain = output(&mut Command::new(&exe));
+    let plain_out = String::from_utf8_lossy(&plain.stdout).into_owned();
+    assert!(plain_out.starts_with("sum 168120, data bad 0\n"), "{plain:?}");
+    for mode in [None, Some("--inthread"), Some("--frame-pool")] {
+        let mut c = usermm_run(&["--budget", "8m", "--stats"]);
+        c.args(mode).arg("--").arg(&exe);
+        let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let t0 = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if t0.elapsed() > Duration::from_secs(120) {
+                let _ = child.kill();
+                panic!("{mode:?}: usermm run -- jit hung (2 minutes)");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.to_string(), plain.status.to_string(), "{mode:?}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+        assert_eq!(stdout, plain_out, "{mode:?}\nstderr:\n{stderr}");
+        let absent: u64 = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("code pages absent before a call: "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{mode:?}: no count on stderr:\n{stderr}"));
+        assert!(absent > 0, "{mode:?}: the code was never evicted\nstderr:\n{stderr}");
+        assert_swapped(&stderr, "jit", 8 << 20);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `mincore` with a bad vector (issue 71 item 7): NULL, read-only,
+/// `PROT_NONE` or unmapped (also past its first bytes), past the address
+/// space, over mapped
+/// pages, holes and both. Linux checks the address (`EINVAL`), the range and
+/// the vector's place (`access_ok`), then walks region by region, copying
+/// each region's bytes out (`EFAULT`) before it looks past it (`ENOMEM`).
+/// The bytes a partly valid vector got are printed too.
+///
+/// ```text
+///   A A A A . . . . B B      (A: 4 pages, a hole of 4, B: 2 pages)
+/// ```
+const MINCORE_VEC_C: &str = r#"
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#define P 4096L
+static unsigned char *ok_end; /* the last bytes of a writable page, a PROT_NONE page after it */
+static void t(const char *what, void *a, size_t l, void *v) {
+    int partly = v == ok_end - 2 || v == ok_end - 8;
+    if (partly)
+        memset(ok_end - 8, 0x55, 8);
+    errno = 0;
+    int r = mincore(a, l, v);
+    printf("%-40s %s", what, r == 0 ? "ok" : strerrorname_np(errno));
+    if (partly)
+        for (int i = 8; i > 0; i--)
+            printf(" %x", ok_end[-i]);
+    printf("\n");
+}
+int main(void) {
+    /* (No allocation after the hole is made: nothing may be mapped there.) */
+    static char out[1 << 16];
+    setvbuf(stdout, out, _IOFBF, sizeof out);
+    char *b = mmap(NULL, 10 * P, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    unsigned char *w = mmap(NULL, 2 * P, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (b == MAP_FAILED || w == MAP_FAILED) return 10;
+    /* Linux's residency (no fault-around) */
+    if (madvise(b, 10 * P, MADV_RANDOM)) return 14;
+    if (munmap(b + 4 * P, 4 * P) || mprotect(w + P, P, PROT_NONE)) return 11;
+    b[0] = 1; b[8 * P] = 1;
+    ok_end = w + P;
+    void *kernel = (void *)0xffff800000000000UL;
+    t("NULL over A", b, 4 * P, NULL);
+    t("NULL over part of A", b + P, P, NULL);
+    t("NULL over A and the hole", b, 6 * P, NULL);
+    t("NULL over A, the hole and B", b, 10 * P, NULL);
+    t("NULL over the hole", b + 4 * P, P, NULL);
+    t("NULL over the hole and B", b + 4 * P, 6 * P, NULL);
+    t("NULL, len 0", b, 0, NULL);
+    t("NULL, len 0 in the hole", b + 4 * P, 0, NULL);
+    t("NULL, unaligned", b + 1, P, NULL);
+    t("NULL, unaligned in the hole", b + 4 * P + 1, P, NULL);
+    t("kernel vec over A", b, P, kernel);
+    t("kernel vec over the hole", b + 4 * P, P, kernel);
+    t("kernel vec, len 0", b, 0, kernel);
+    t("2 valid over A", b, 4 * P, ok_end - 2);
+    t("2 valid over A and the hole", b, 6 * P, ok_end - 2);
+    t("8 valid over A and the hole", b, 6 * P, ok_end - 8);
+    t("2 valid over B", b + 8 * P, 2 * P, ok_end - 2);
+    t("2 valid over the hole and B", b + 4 * P, 6 * P, ok_end - 2);
+    if (mprotect(w, P, PROT_READ)) return 12;
+    t("read-only vec over A", b, P, w);
+    t("read-only vec over A and the hole", b, 6 * P, w);
+    t("read-only vec over the hole", b + 4 * P, P, w);
+    if (mprotect(w, P, PROT_READ | PROT_WRITE)) return 13;
+    t("PROT_NONE vec over A", b, P, w + P);
+    t("PROT_NONE vec over the hole", b + 4 * P, P, w + P);
+    if (munmap(w + P, P)) return 15;
+    t("unmapped vec over A", b, P, w + P);
+    return 0;
+}
+"#;
+
+/// Issue 71 item 7: `mincore` with a bad vector answers under `usermm run`
+/// (the preload's route to the space) as the kernel answers the same
+/// program, errno and bytes written.
+#[test]
+fn mincore_with_a_bad_vector_answers_as_the_kernel() {
+    let dir = tmpdir("mincore-vec");
+    let exe = gcc(&dir, "mcv", MINCORE_VEC_C, &[]);
+    let plain = output(&mut Command::new(&exe));
+    assert!(plain.status.success(), "{plain:?}");
+    let plain_out = String::from_utf8_lossy(&plain.stdout).into_owned();
+    for mode in [None, Some("--inthread")] {
+        let mut c = usermm_run(&["--budget", "16m", "--verbose"]);
+        c.args(mode).arg("--").arg(&exe);
+        let out = output(&mut c);
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{mode:?}: {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+        assert_eq!(stdout, plain_out, "{mode:?}\nstderr:\n{stderr}");
+        let calls = memory_calls(&stderr, "mcv");
+        assert!(calls["space"] >= 20, "{mode:?}: the space served too few calls: {calls:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Locks of more than the budget (or `--memlock`) holds: each call's errno.
 const LOCKS_C: &str = r#"
 #define _GNU_SOURCE

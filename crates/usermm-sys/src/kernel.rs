@@ -12,6 +12,8 @@
 //!   arena; no Rust reference ever points into it.
 //! - [`peek`] / [`poke`]: a volatile one-byte access from user mode (it takes
 //!   the same page faults a program's own load or store takes).
+//! - [`call_code`]: a call into machine code at an address (an instruction
+//!   fetch from user mode).
 //! - [`probe_read`]: a one-byte read through `process_vm_readv` on our own
 //!   pid, which fails with `EFAULT` instead of raising SIGSEGV.
 //! - [`pipe_read_into`]: a `read(2)` from a pipe into a given address (a
@@ -214,6 +216,20 @@ pub fn peek(addr: usize) -> u8 {
 pub fn poke(addr: usize, v: u8) {
     // SAFETY: see `peek`.
     unsafe { std::ptr::write_volatile(addr as *mut u8, v) }
+}
+
+/// Calls the machine code at `addr` as an `extern "C" fn() -> i32` (an
+/// instruction fetch from user mode: the page faults a program's call into
+/// JIT-compiled code takes).
+///
+/// For tests only, with the contract of [`peek`]: `addr` must hold a
+/// complete x86-64 function of that signature (e.g. `mov eax, 42; ret`) in
+/// memory mapped executable.
+pub fn call_code(addr: usize) -> i32 {
+    // SAFETY: see the function's contract: the caller names executable
+    // memory that holds a whole function of this signature.
+    let f = unsafe { std::mem::transmute::<usize, extern "C" fn() -> i32>(addr) };
+    f()
 }
 
 /// Reads the byte at `addr` through `process_vm_readv` on our own pid:

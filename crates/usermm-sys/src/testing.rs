@@ -197,6 +197,63 @@ impl Drop for SigbusRecorder {
     }
 }
 
+/// How a one-byte user-mode load ended ([`read_in_child`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadOutcome {
+    /// The load returned a byte.
+    Loaded,
+    /// The load raised `sig` with `si_code` `code` (`SEGV_PKUERR`, 4, for an
+    /// exec-only page on a host with protection keys).
+    Signal { sig: i32, code: i32 },
+    /// The child did not end within its time, or ended otherwise.
+    Other(crate::thread::ChildExit),
+}
+
+/// Exit statuses of [`read_in_child`]'s child: a base plus the `si_code`.
+const LOADED: i32 = 0;
+const SEGV_BASE: i32 = 100;
+const BUS_BASE: i32 = 150;
+
+extern "C" fn exit_with_code(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let code = unsafe { (*info).si_code };
+    let base = if sig == libc::SIGSEGV { SEGV_BASE } else { BUS_BASE };
+    // SAFETY: `_exit` is async-signal-safe and ends the child at once.
+    unsafe { libc::_exit(base + code.clamp(0, 49)) };
+}
+
+/// Loads the byte at `addr` with a user-mode load in a forked child (up to
+/// `timeout_s` seconds) and says how the load ended: the signal and its
+/// `si_code` the host raised, exactly, without this process taking it.
+/// The child's handler ends it on SIGSEGV or SIGBUS (through usermm's
+/// in-thread handler when that is installed, which chains to it).
+pub fn read_in_child(addr: usize, timeout_s: u32) -> Result<LoadOutcome, Errno> {
+    let exit = crate::thread::fork_run(timeout_s, || {
+        // SAFETY: sigaction is plain data; zeroed is a valid value.
+        let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+        let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = exit_with_code;
+        act.sa_sigaction = handler as usize;
+        act.sa_flags = libc::SA_SIGINFO;
+        // SAFETY: installing a handler in the child only, which exits.
+        unsafe { libc::sigaction(libc::SIGSEGV, &act, std::ptr::null_mut()) };
+        if crate::inthread::sigbus_action(Some(&act), None).is_err() {
+            return 1;
+        }
+        let _ = crate::kernel::peek(addr);
+        LOADED
+    })?;
+    Ok(match exit {
+        crate::thread::ChildExit::Exited(LOADED) => LoadOutcome::Loaded,
+        crate::thread::ChildExit::Exited(s) if (SEGV_BASE..BUS_BASE).contains(&s) => {
+            LoadOutcome::Signal { sig: libc::SIGSEGV, code: s - SEGV_BASE }
+        }
+        crate::thread::ChildExit::Exited(s) if (BUS_BASE..BUS_BASE + 50).contains(&s) => {
+            LoadOutcome::Signal { sig: libc::SIGBUS, code: s - BUS_BASE }
+        }
+        other => LoadOutcome::Other(other),
+    })
+}
+
 /// A word of kernel memory shared with every process this one forks from
 /// now on (a `MAP_SHARED` anonymous page, never unmapped): for tests whose
 /// parent and children wait on each other.

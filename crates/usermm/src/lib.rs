@@ -365,8 +365,29 @@ impl Space {
     /// must hold `ceil(len / page_size)` bytes; a shorter one is `EFAULT` as
     /// a vector that ends in unmapped memory is on Linux, which copies each
     /// region's bytes out before it looks past the region: unless the range
-    /// runs into a hole (`ENOMEM`) within the pages `vec` holds.
+    /// runs into a hole (`ENOMEM`) within the pages `vec` holds. As on
+    /// Linux, the bytes `vec` holds are written before the `EFAULT`.
     pub fn mincore(&self, addr: usize, len: usize, vec: &mut [u8]) -> Result<(), Errno> {
+        let (bytes, r) = self.mincore_walk(addr, len)?;
+        let n = bytes.len().min(vec.len());
+        // Linux leaves the bytes past a hole untouched.
+        vec[..n].copy_from_slice(&bytes[..n]);
+        if bytes.len() > vec.len() {
+            return Err(Errno::EFAULT);
+        }
+        r
+    }
+
+    /// `mincore`'s walk, for callers that copy its bytes to memory of their
+    /// own (the C ABI, the preload): the bytes of the pages before the first
+    /// hole (of all the pages when there is none), and the walk's result
+    /// (`ENOMEM` at the hole). A caller copies the bytes out first and
+    /// answers `EFAULT` if that fails, whatever the walk said, as Linux's
+    /// `mincore` copies each region's bytes out before it walks past the
+    /// region. Errors found before any byte (`EINVAL` for an unaligned
+    /// `addr`, `ENOMEM` past the address space or a hole at `addr`) come
+    /// back as `Err`.
+    pub fn mincore_walk(&self, addr: usize, len: usize) -> Result<(Vec<u8>, Result<(), Errno>), Errno> {
         self.check_owner()?;
         // Never allocate more than the reservation has pages: a longer range
         // ends in a hole anyway (ENOMEM), which the core reports.
@@ -377,8 +398,10 @@ impl Space {
         let mut tmp = vec![UNFILLED; pages];
         let r = self.inner.settled_core(addr, len).mincore(addr as u64, len as u64, &mut tmp);
         let filled = tmp.iter().position(|&b| b == UNFILLED).unwrap_or(pages);
-        if filled > vec.len() {
-            return Err(Errno::EFAULT);
+        if filled == 0 {
+            // (Nothing walked: an error before the walk, a hole first, or
+            // no pages.)
+            return r.map(|()| (tmp, Ok(())));
         }
         // Memory shared with a forked process is the host's: its pages in
         // memory are the host's answer.
@@ -386,9 +409,8 @@ impl Space {
         for (s, t) in self.inner.shared_resident(addr, filled * ps) {
             tmp[(s - addr) / ps..(t - addr) / ps].fill(1);
         }
-        // Linux leaves the bytes past a hole untouched.
-        vec[..filled].copy_from_slice(&tmp[..filled]);
-        r
+        tmp.truncate(filled);
+        Ok((tmp, r))
     }
 
     fn reserve_pages(&self) -> usize {

@@ -496,6 +496,34 @@ fn mincore_vector_errors() {
     });
 }
 
+/// Issue 71 item 7: what a vector too short for the range holds after
+/// `mincore`: Linux copies each region's bytes out before it looks past the
+/// region, so the bytes the vector holds are written, then `EFAULT`; a hole
+/// before the vector's end is `ENOMEM`, with the bytes before the hole
+/// written.
+///
+/// ```text
+///   A A A A . . . .  B B      (A: 4 pages, a hole of 4, B: 2 pages)
+/// ```
+#[test]
+fn mincore_writes_what_a_short_vector_holds() {
+    conform("mincore_writes_what_a_short_vector_holds", |mm, t| {
+        let b = mm.base();
+        let _ = t.addr("A", mm.mmap(b, 4 * PAGE, RW, FIXED_PRIVATE, 0));
+        let _ = t.addr("B", mm.mmap(b + 8 * PAGE, 2 * PAGE, RW, FIXED_PRIVATE, 0));
+        mm.write_byte(b, 1);
+        mm.write_byte(b + 2 * PAGE, 1);
+        mm.write_byte(b + 9 * PAGE, 1);
+        t.mincore_into("2 of 4 over A", mm.mincore_into(b, 4 * PAGE, 2));
+        t.mincore_into("3 of 6 over A and the hole", mm.mincore_into(b, 6 * PAGE, 3));
+        t.mincore_into("6 of 6 over A and the hole", mm.mincore_into(b, 6 * PAGE, 6));
+        t.mincore_into("5 of 10 over A, the hole and B", mm.mincore_into(b, 10 * PAGE, 5));
+        t.mincore_into("1 of 2 over B", mm.mincore_into(b + 8 * PAGE, 2 * PAGE, 1));
+        t.mincore_into("2 of 6 over the hole and B", mm.mincore_into(b + 4 * PAGE, 6 * PAGE, 2));
+        t.mincore_into("0 of 1 over A", mm.mincore_into(b, PAGE, 0));
+    });
+}
+
 #[test]
 fn mincore_residency_after_touching_random() {
     conform("mincore_residency_after_touching_random", |mm, t| {

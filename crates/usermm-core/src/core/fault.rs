@@ -98,11 +98,14 @@ impl Core {
             // fault taken before it became the host's, served there now.
             return FaultPlan::Wake;
         }
-        if populate.is_none()
-            && (reg.prot() & PROT_READ == 0 && reg.prot() & PROT_WRITE == 0 || (write && !reg.writable()))
-        {
+        if populate.is_none() && (reg.prot() & PROT_MASK == PROT_NONE || (write && !reg.writable())) {
             // The kernel checks protection before it reports a fault; this
             // one raced with mprotect. The retry sees the new protection.
+            // (Any of read, write or exec lets a read fault through, as
+            // Linux's `vma_is_accessible`: an instruction fetch arrives as
+            // a read, and so does a load of an exec-only page on x86
+            // without protection keys; with them the kernel raises
+            // `SEGV_PKUERR` for the load itself and never reports it.)
             return FaultPlan::Wake;
         }
         // Shared anonymous memory is shmem on Linux: a fault allocates

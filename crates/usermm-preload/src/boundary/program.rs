@@ -214,9 +214,29 @@ pub(super) extern "C" fn program_munlock(a: *const c_void, len: usize) -> c_int 
     })
 }
 
+/// The end of the user address space (x86-64's `TASK_SIZE_MAX`, 4-level
+/// page tables): Linux's `access_ok` refuses a range that ends past it.
+const USER_END: u64 = 0x7fff_ffff_f000;
+
+/// `mincore`: Linux checks the address (`EINVAL`), the range (`ENOMEM`) and
+/// that the vector lies in the user address space (`EFAULT`), then walks
+/// region by region and copies each region's bytes to the vector (`EFAULT`)
+/// before it looks past the region (`ENOMEM` at a hole). A space's piece
+/// does the same: its bytes up to the first hole are copied out first.
 pub(super) extern "C" fn program_mincore(a: *mut c_void, len: usize, vec: *mut u8) -> c_int {
     guard(-1, || {
         let base = a as usize;
+        let pages = len.div_ceil(PAGE);
+        let range_ok = base.checked_add(len).is_some_and(|e| e as u64 <= USER_END);
+        let vec_ok = (vec as usize).checked_add(pages).is_some_and(|e| e as u64 <= USER_END);
+        if base.is_multiple_of(PAGE) && range_ok && !vec_ok {
+            // The kernel's EFAULT before the walk (no piece may answer
+            // ENOMEM first), whole, as for an unaligned address.
+            count(Why::Invalid);
+            // SAFETY: the kernel refuses a vector past the user address
+            // space before it walks the range or writes anything.
+            return ret(unsafe { sys(libc::SYS_mincore, base, len, vec as usize, 0, 0, 0) }) as c_int;
+        }
         range_call(
             base,
             len,
@@ -229,9 +249,11 @@ pub(super) extern "C" fn program_mincore(a: *mut c_void, len: usize, vec: *mut u
                 // Into a buffer of ours first: a bad `vec` is `EFAULT`, as
                 // the kernel's copy to the program gives, never a SIGSEGV
                 // here.
-                let mut v = vec![0u8; l.div_ceil(PAGE)];
-                sp.mincore(a, l, &mut v)?;
-                copy_to_program(sp, vec.wrapping_add((a - base) / PAGE), &v)
+                let (v, walked) = sp.mincore_walk(a, l)?;
+                if !v.is_empty() {
+                    copy_to_program(sp, vec.wrapping_add((a - base) / PAGE), &v)?;
+                }
+                walked
             },
         )
     })

@@ -21,6 +21,8 @@ use usermm_sys::kernel::{self, KernelArena};
 pub const PAGE: usize = 4096;
 pub const ARENA_BYTES: usize = 1 << 30;
 pub const RW: i32 = PROT_READ | PROT_WRITE;
+/// What a vector holds before [`Mm::mincore_into`] (neither 0 nor 1).
+pub const VEC_FILL: u8 = 0x55;
 pub const ANON_PRIVATE: i32 = MAP_PRIVATE | MAP_ANONYMOUS;
 pub const FIXED_PRIVATE: i32 = MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED;
 pub const FIXED_SHARED: i32 = MAP_SHARED | MAP_ANONYMOUS | MAP_FIXED;
@@ -42,7 +44,13 @@ pub trait Mm {
     /// `mincore` into a vector of only `vec_len` bytes, whatever the
     /// range's page count: the kernel's with unmapped memory right after
     /// the vector (a NULL vector for 0), usermm's with a slice that long.
-    fn mincore_short(&self, addr: usize, len: usize, vec_len: usize) -> Result<Vec<u8>, Errno>;
+    fn mincore_short(&self, addr: usize, len: usize, vec_len: usize) -> Result<Vec<u8>, Errno> {
+        let (r, v) = self.mincore_into(addr, len, vec_len);
+        r.map(|()| v)
+    }
+    /// [`Mm::mincore_short`] with a vector of `VEC_FILL` bytes, and what
+    /// the vector holds afterwards, also on error.
+    fn mincore_into(&self, addr: usize, len: usize, vec_len: usize) -> (Result<(), Errno>, Vec<u8>);
     /// `msync(addr, len, flags)`.
     fn msync(&self, addr: usize, len: usize, flags: i32) -> Result<(), Errno>;
     /// User-mode loads of `out.len()` bytes from `addr` (the range must be
@@ -193,7 +201,7 @@ impl Mm for KernelMm {
     fn mincore(&self, addr: usize, len: usize) -> Result<Vec<u8>, Errno> {
         kernel::mincore(addr, len)
     }
-    fn mincore_short(&self, addr: usize, len: usize, vec_len: usize) -> Result<Vec<u8>, Errno> {
+    fn mincore_into(&self, addr: usize, len: usize, vec_len: usize) -> (Result<(), Errno>, Vec<u8>) {
         assert!(vec_len <= PAGE);
         // Two pages of our own, the second unmapped again: the vector ends
         // where the first one does.
@@ -204,6 +212,8 @@ impl Mm for KernelMm {
         // SAFETY: the second page of the mapping just made.
         assert_eq!(unsafe { libc::munmap((m + PAGE) as *mut libc::c_void, PAGE) }, 0);
         let vec = if vec_len == 0 { 0 } else { m + PAGE - vec_len };
+        // SAFETY: the first page of the mapping just made, ours alone.
+        unsafe { std::ptr::write_bytes(m as *mut u8, VEC_FILL, PAGE) };
         // SAFETY: mincore writes at most `vec_len` bytes at `vec` before it
         // faults on the unmapped page (EFAULT); it changes no mapping.
         let r = unsafe { libc::syscall(libc::SYS_mincore, addr, len, vec) };
@@ -215,10 +225,7 @@ impl Mm for KernelMm {
         }
         // SAFETY: the first page, ours.
         unsafe { libc::munmap(m as *mut libc::c_void, PAGE) };
-        if r < 0 {
-            return Err(Errno(e));
-        }
-        Ok(out)
+        (if r < 0 { Err(Errno(e)) } else { Ok(()) }, out)
     }
     fn msync(&self, addr: usize, len: usize, flags: i32) -> Result<(), Errno> {
         // msync only writes pages back; it changes no memory. The range is
@@ -309,9 +316,9 @@ impl Mm for UserMm {
         let mut v = vec![0u8; len.div_ceil(self.space.page_size())];
         self.space.mincore(addr, len, &mut v).map(|_| v)
     }
-    fn mincore_short(&self, addr: usize, len: usize, vec_len: usize) -> Result<Vec<u8>, Errno> {
-        let mut v = vec![0u8; vec_len];
-        self.space.mincore(addr, len, &mut v).map(|_| v)
+    fn mincore_into(&self, addr: usize, len: usize, vec_len: usize) -> (Result<(), Errno>, Vec<u8>) {
+        let mut v = vec![VEC_FILL; vec_len];
+        (self.space.mincore(addr, len, &mut v), v)
     }
     fn msync(&self, addr: usize, len: usize, flags: i32) -> Result<(), Errno> {
         self.space.msync(addr, len, flags)
@@ -456,6 +463,12 @@ impl Transcript {
             Ok(v) => format!("{what} = [{}]", bits(v.iter().map(|b| b & 1 != 0))),
             Err(e) => format!("{what} = {e:?}"),
         });
+    }
+    /// Records a `mincore` result and the bytes its vector holds after it
+    /// (also on error: what Linux copied out before it failed).
+    pub fn mincore_into(&mut self, what: &str, (r, v): (Result<(), Errno>, Vec<u8>)) {
+        let bytes: Vec<String> = v.iter().map(|b| format!("{b:x}")).collect();
+        self.lines.push(format!("{what} = {r:?} [{}]", bytes.join(" ")));
     }
     /// Records the regions inside the scenario area, relative to base.
     pub fn layout(&mut self, what: &str, mm: &dyn Mm) {

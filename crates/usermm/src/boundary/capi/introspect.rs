@@ -101,13 +101,9 @@ pub unsafe extern "C" fn umm_mincore(s: *mut umm_space, addr: *mut c_void, len: 
         let ps = sp.page_size();
         let pages = len.div_ceil(ps);
         introspect_checks(sp, addr as usize, Some(len), vec as usize, Some(pages))?;
-        // Never more than the reservation has pages: a longer range ends in
-        // a hole (ENOMEM) after at most that many.
-        let mut tmp = vec![UNFILLED; pages.min(sp.reservation().1 / ps)];
-        let r = sp.mincore(addr as usize, len, &mut tmp);
-        let filled = tmp.iter().position(|&b| b == UNFILLED).unwrap_or(tmp.len());
-        if filled > 0 {
-            copy_out(Some(sp), vec as usize, &tmp[..filled])?;
+        let (bytes, r) = sp.mincore_walk(addr as usize, len)?;
+        if !bytes.is_empty() {
+            copy_out(Some(sp), vec as usize, &bytes)?;
         }
         r.map(|()| 0)
     })
