@@ -4,8 +4,9 @@
 //! first instruction, and leaves unblocked only those the kernel raises in
 //! the thread that caused them (`usermm_sys::thread::USERMM_THREAD_UNBLOCKED`).
 //! A process-directed signal that every program thread blocks stays pending
-//! for the program, as without usermm. Alone in its own binary: it reads
-//! the process's threads by name.
+//! for the program, as without usermm. And they carry the program's
+//! per-thread credentials (`usermm::threads_follow_credentials`). Alone in
+//! its own binary: it reads the process's threads by name.
 
 use usermm::consts::*;
 
@@ -92,4 +93,77 @@ fn a_signal_the_program_blocks_waits_for_it() {
         usermm_sys::thread::ChildExit::Exited(0),
         "the signal was taken by another thread (1) or failed (2)"
     );
+}
+
+/// The `CapEff:` line of each of this process's threads named `usermm-*`,
+/// and of the calling thread.
+fn cap_eff() -> (Vec<(u32, String)>, String) {
+    let line = |path: std::path::PathBuf| {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with("CapEff:"))
+            .unwrap_or("")
+            .to_string()
+    };
+    let mut v = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.starts_with("usermm-") {
+            v.push((t.file_name().to_string_lossy().parse().unwrap(), line(t.path().join("status"))));
+        }
+    }
+    (v, line(std::path::PathBuf::from("/proc/thread-self/status")))
+}
+
+/// `threads_follow_credentials` starts the space's threads again from a
+/// calling thread whose own credentials differ (keep-caps; a capability
+/// dropped from its effective set with `capset`), so that they carry the
+/// same; it leaves them alone when nothing differs; and the space's pages
+/// are served by the new threads, every byte kept. In a forked child: the
+/// capability change is the child's thread's alone.
+#[test]
+fn the_spaces_threads_follow_the_callers_credentials() {
+    let exit = usermm_sys::thread::fork_run(60, || {
+        let s = space_pages(64, 1024, 0);
+        let a = s.mmap(0, 256 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0).unwrap();
+        fill(a, 0..256, 5);
+        let (before, _) = cap_eff();
+        usermm::threads_follow_credentials();
+        if cap_eff().0 != before {
+            return 1; // started again with nothing changed
+        }
+        // SAFETY: PR_SET_KEEPCAPS takes a flag by value.
+        unsafe { libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) };
+        usermm::threads_follow_credentials();
+        let (after, _) = cap_eff();
+        if after.iter().any(|t| before.iter().any(|b| b.0 == t.0)) || after.len() != before.len() {
+            return 2; // not all started again
+        }
+        // Drop CAP_SYS_NICE (23) from this thread's effective set.
+        let mut hdr = [0x2008_0522u32, 0];
+        let mut data = [0u32; 6];
+        // SAFETY: a v3 header and its two data structs.
+        unsafe { libc::syscall(libc::SYS_capget, hdr.as_mut_ptr(), data.as_mut_ptr()) };
+        data[0] &= !(1 << 23);
+        // SAFETY: as above.
+        if unsafe { libc::syscall(libc::SYS_capset, hdr.as_mut_ptr(), data.as_ptr()) } != 0 {
+            return 3;
+        }
+        usermm::threads_follow_credentials();
+        let (threads, mine) = cap_eff();
+        if threads.is_empty() || threads.iter().any(|t| t.1 != mine) {
+            return 4; // a usermm thread kept a capability the caller dropped
+        }
+        usermm::credentials_changed_everywhere();
+        for p in 0..256 {
+            // SAFETY: the mapping is 256 pages, filled above.
+            if unsafe { *((a + p * 4096) as *const u8) } != 5u8.wrapping_add(p as u8) {
+                return 5;
+            }
+        }
+        0
+    })
+    .unwrap();
+    assert_eq!(exit, usermm_sys::thread::ChildExit::Exited(0), "see the return codes in the test");
 }
