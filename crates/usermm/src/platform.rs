@@ -34,6 +34,7 @@ mod open;
 mod ops;
 mod ranges;
 mod thread;
+pub(crate) use thread::{program_signals_blocked, thread_creds, ThreadCreds};
 
 pub(crate) use direct::DirectWindows;
 pub(crate) use open::Setup;

@@ -12,7 +12,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use usermm_sys::creds::ThreadCreds;
+use crate::platform::{thread_creds, ThreadCreds};
 
 use super::{fork, lock, Inner};
 
@@ -98,7 +98,7 @@ impl Inner {
 /// and aborts on a mismatch), and after the calling thread changed its own
 /// (`capset`, `prctl`). `usermm run`'s preload calls it for the program.
 pub fn threads_follow_credentials() {
-    let Ok(now) = ThreadCreds::current() else { return };
+    let Some(now) = thread_creds() else { return };
     let _system = crate::thread_role::SystemOnly::enter();
     for i in fork::spaces_here() {
         i.follow_creds(now);
@@ -109,7 +109,7 @@ pub fn threads_follow_credentials() {
 /// thread, from credentials [`threads_follow_credentials`] made equal):
 /// every thread of every space now has the calling thread's credentials.
 pub fn credentials_changed_everywhere() {
-    let Ok(now) = ThreadCreds::current() else { return };
+    let Some(now) = thread_creds() else { return };
     for i in fork::spaces_here() {
         i.set_thread_creds(now);
     }

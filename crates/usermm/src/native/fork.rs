@@ -93,7 +93,7 @@ pub(crate) struct ForkState {
     /// marked usermm's, must not fault on a space with no handler).
     pub(super) starting: AtomicBool,
     /// The per-thread credentials the threads have (`native/creds.rs`).
-    pub(super) creds: Mutex<usermm_sys::creds::ThreadCreds>,
+    pub(super) creds: Mutex<crate::platform::ThreadCreds>,
     /// See [`Handles`].
     handles: Handles,
     /// The forked children that may read this space's swap slots in place
@@ -116,7 +116,7 @@ impl ForkState {
             threads: Mutex::new(None),
             renewing: AtomicBool::new(false),
             starting: AtomicBool::new(false),
-            creds: Mutex::new(usermm_sys::creds::ThreadCreds::default()),
+            creds: Mutex::new(crate::platform::ThreadCreds::default()),
             handles: Handles::default(),
             holds: Mutex::new(Vec::new()),
             holds_asked: AtomicU64::new(0),

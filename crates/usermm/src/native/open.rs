@@ -107,9 +107,9 @@ impl Inner {
         // signal for the program never runs its handler on a thread of
         // usermm's (which may be the one that must serve that handler's
         // faults), and one every program thread blocks waits for them.
-        let _mask = usermm_sys::thread::ProgramSignalsBlocked::new()?;
+        let _mask = crate::platform::program_signals_blocked()?;
         // They inherit this thread's credentials whole (`native/creds.rs`).
-        if let Ok(c) = usermm_sys::creds::ThreadCreds::current() {
+        if let Some(c) = crate::platform::thread_creds() {
             inner.set_thread_creds(c);
         }
         for i in 0..plan.handlers {

@@ -17,6 +17,21 @@ thread_local! {
     static THREAD_CPU: std::cell::RefCell<ThreadCpu> = std::cell::RefCell::default();
 }
 
+/// A thread's own credentials (`native/creds.rs`).
+pub(crate) use usermm_sys::creds::ThreadCreds;
+
+/// The calling thread's own credentials, if they can be read.
+pub(crate) fn thread_creds() -> Option<ThreadCreds> {
+    ThreadCreds::current().ok()
+}
+
+/// Every signal a program can handle blocked in the calling thread while
+/// the guard lives: the threads it starts meanwhile inherit the mask
+/// (`usermm_sys::thread::ProgramSignalsBlocked`).
+pub(crate) fn program_signals_blocked() -> Result<usermm_sys::thread::ProgramSignalsBlocked, Errno> {
+    usermm_sys::thread::ProgramSignalsBlocked::new().map_err(|e| Errno(e.0))
+}
+
 /// Registers this module's thread-locals in the calling thread now
 /// (`platform::warm_thread_locals`).
 pub(super) fn warm_thread_locals() {
