@@ -552,6 +552,87 @@ fn fixed_mappings_of_any_kind_inside_the_reservation_are_the_spaces() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A file mapped at a hint (no `MAP_FIXED`), as LTP's `mmap16` does: at a
+/// free hint it lands there and grows in place with `mremap` (flags 0),
+/// the new pages the file's next ones; at a hint over an existing mapping
+/// it lands elsewhere and the mapping keeps its bytes. The free hint is the
+/// middle of an anonymous range just unmapped (inside the reservation under
+/// `usermm run`).
+const FILE_HINT_C: &str = r#"
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#define PG 4096
+int main(int argc, char **argv) {
+    int fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0600);
+    char buf[8 * PG];
+    for (int i = 0; i < 8; i++) memset(buf + i * PG, 'a' + i, PG);
+    if (fd < 0 || write(fd, buf, sizeof buf) != sizeof buf) { perror("file"); return 1; }
+    // (stdout's buffer first: nothing is allocated between the free
+    // range's unmap and the mremap.)
+    printf("file at a hint\n");
+    fflush(stdout);
+    char *r = mmap(NULL, 16 * PG, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED || munmap(r, 16 * PG)) { perror("free range"); return 1; }
+    char *hint = r + 4 * PG;
+    char *p = mmap(hint, 2 * PG, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) { perror("mmap at hint"); return 1; }
+    char first[64];
+    snprintf(first, sizeof first, "free hint: %s, reads %c%c\n", p == hint ? "at the hint" : "elsewhere", p[0], p[PG]);
+    memcpy(p, "hello", 5);
+    char *q = mremap(p, 2 * PG, 4 * PG, 0);
+    int e = errno;
+    fputs(first, stdout);
+    if (q == MAP_FAILED) {
+        printf("mremap in place: %s\n", strerror(e));
+        msync(p, 2 * PG, MS_SYNC);
+    } else {
+        printf("mremap in place: %s, reads %c%c%c\n", q == p ? "same address" : "moved", q[0], q[2 * PG], q[3 * PG]);
+        q[3 * PG] = 'Z';
+        msync(q, 4 * PG, MS_SYNC);
+        munmap(q, 4 * PG);
+    }
+    char back[6] = {0}, z = 0;
+    pread(fd, back, 5, 0);
+    pread(fd, &z, 1, 3 * PG);
+    printf("file: %s %c\n", back, z);
+    char *m = mmap(NULL, 4 * PG, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) { perror("anonymous"); return 1; }
+    memset(m, 'x', 4 * PG);
+    char *f = mmap(m + PG, 2 * PG, PROT_READ, MAP_SHARED, fd, 2 * PG);
+    if (f == MAP_FAILED) { perror("mmap over a mapping"); return 1; }
+    int intact = 1;
+    for (int i = 0; i < 4 * PG; i++) intact &= m[i] == 'x';
+    printf("taken hint: %s, reads %c%c, mapping %s\n", f == m + PG ? "at the hint" : "elsewhere", f[0], f[PG],
+           intact ? "intact" : "changed");
+    return 0;
+}
+"#;
+
+#[test]
+fn a_file_mapped_at_a_free_hint_lands_there_and_grows_in_place() {
+    let dir = tmpdir("filehint");
+    let exe = gcc(&dir, "filehint", FILE_HINT_C, &[]);
+    let file = dir.join("data");
+    let plain = output(Command::new(&exe).arg(&file));
+    assert!(plain.status.success(), "{plain:?}");
+    let plain_out = String::from_utf8_lossy(&plain.stdout);
+    assert_eq!(
+        plain_out,
+        "file at a hint\nfree hint: at the hint, reads ab\nmremap in place: same address, reads hcd\nfile: hello Z\n\
+         taken hint: elsewhere, reads cZ, mapping intact\n"
+    );
+    let out = output(usermm_run(&["--budget", "16m", "--verbose", "--"]).arg(&exe).arg(&file));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, plain_out, "stderr:\n{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Four threads mapping, touching, checking, lazily freeing and unmapping
 /// anonymous memory at once (up to 28 MiB live under a 16 MiB budget),
 /// then `mlockall(MCL_CURRENT)` over the space and the kernel's mappings.

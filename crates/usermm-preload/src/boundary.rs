@@ -63,7 +63,7 @@ extern "C" {
 /// heap's alike).
 const MIN_ALIGN: usize = 16;
 /// The host's page size, for `valloc` and `pvalloc`.
-const PAGE: usize = 4096;
+pub(crate) const PAGE: usize = 4096;
 
 /// Runs `f`; a panic gives `fail` (and is not unwound into C).
 fn guard<T>(fail: T, f: impl FnOnce() -> T) -> T {

@@ -79,12 +79,16 @@
 //! - a program's anonymous `mmap` is the space's (`route_mmap`: files,
 //!   hugetlb, stacks, `MAP_32BIT`, `MAP_DROPPABLE`, `MAP_FIXED` outside the
 //!   reservation are the kernel's; `MAP_FIXED` inside it is the space's
-//!   whatever its kind, straddling its edge is `ENOMEM`), and an `ENOMEM` from
-//!   the space for one without a fixed address falls back to the kernel;
+//!   whatever its kind, straddling its edge is `ENOMEM`; a file or device
+//!   mapping with a hint inside it is the space's at the hint when nothing
+//!   is mapped there, as Linux uses a free hint, else the kernel's), and an
+//!   `ENOMEM` from the space for one without a fixed address falls back to
+//!   the kernel;
 //! - a range call is cut at the reservation's edges (`pieces`): inside,
 //!   the space's call; outside, the kernel's;
 //! - `mremap` of a space region is done here (shrink in place, grow in
-//!   place with `MAP_FIXED_NOREPLACE`, or map, copy, unmap);
+//!   place as the region's continuation, `Space::grow_region`, or map,
+//!   copy, unmap);
 //! - `mlockall` locks the space's regions through the space and the other
 //!   mappings with one kernel `mlock2` each.
 //!

@@ -129,6 +129,10 @@ pub(crate) fn with_space<R>(f: impl FnOnce(&Space) -> R) -> Result<R, Why> {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum MapRoute {
     Space,
+    /// A file or device mapping whose hint (rounded down to a page) lies
+    /// inside the reservation: the space's at the hint when nothing is
+    /// mapped there (as Linux uses a free hint), else the kernel's.
+    FileAtHint(usize),
     Kernel(Why),
     /// Refused with this errno.
     Fail(i32, Why),
@@ -155,6 +159,12 @@ pub(crate) fn route_mmap(addr: usize, len: usize, flags: i32) -> MapRoute {
         return MapRoute::Kernel(Why::Droppable);
     }
     if flags & MAP_ANONYMOUS == 0 {
+        // Linux maps at a free hint; the kernel cannot place anything in
+        // the reservation, where the space can (as for `MAP_FIXED`).
+        let hint = addr & !(boundary::PAGE - 1);
+        if hint != 0 && len != 0 && flags & (MAP_32BIT | MAP_HUGETLB) == 0 && place(hint, len) == Place::Inside {
+            return MapRoute::FileAtHint(hint);
+        }
         return MapRoute::Kernel(Why::File);
     }
     if flags & MAP_HUGETLB != 0 {

@@ -232,6 +232,16 @@ impl Space {
         self.inner.mmap(addr, len, prot, flags, fd, off)
     }
 
+    /// `mremap`'s grow in place: maps `[end, end + grow)` as the
+    /// continuation of the region that ends at `end` (same protection and
+    /// kind; a file region's following pages of its file), only where
+    /// nothing is mapped (`EEXIST` otherwise; `EFAULT` when no region ends
+    /// at `end`).
+    pub fn grow_region(&self, end: usize, grow: usize) -> Result<(), Errno> {
+        self.check_owner()?;
+        self.inner.grow_region(end, grow)
+    }
+
     /// `munmap` (seed 003: two-phase). A range overlapping a live
     /// [`Mapping`] is `EBUSY`: use [`Mapping::unmap`] (or drop it).
     pub fn munmap(&self, addr: usize, len: usize) -> Result<(), Errno> {

@@ -32,6 +32,20 @@ pub(super) extern "C" fn program_mmap(
                     }
                     Err(w) => w,
                 },
+                MapRoute::FileAtHint(hint) => {
+                    let fixed = flags | libc::MAP_FIXED_NOREPLACE;
+                    match with_space(|sp| sp.mmap(hint, len, prot, fixed, fd, off)) {
+                        Ok(Ok(p)) => {
+                            count(Why::Space);
+                            return p as *mut c_void;
+                        }
+                        // Taken (`EEXIST`), or refused: the kernel's
+                        // answer, at another address (it never maps
+                        // inside the reservation), or its error.
+                        Ok(Err(_)) => Why::File,
+                        Err(w) => w,
+                    }
+                }
                 MapRoute::Kernel(w) => w,
                 MapRoute::Fail(e, w) => {
                     count(w);
@@ -433,8 +447,9 @@ pub(super) extern "C" fn program_mremap(
 }
 
 /// `mremap` of a space region, which the space has no call for: a shrink
-/// unmaps the tail; a grow maps the pages right after the region
-/// (`MAP_FIXED_NOREPLACE`) when they are free; otherwise (with
+/// unmaps the tail; a grow maps the pages right after the region when they
+/// are free, as its continuation (`Space::grow_region`: a file region's
+/// next pages of its file); otherwise (with
 /// `MREMAP_MAYMOVE`, or `MREMAP_FIXED`) a new region is mapped, the bytes
 /// copied (faulting in the old pages, each through the budget) and the old
 /// range unmapped. Only anonymous regions of one protection are moved; a
@@ -485,7 +500,7 @@ pub(super) fn space_mremap(
             return Ok(old);
         }
         let grow = new_len - old_len;
-        if old + old_len == end && sp.mmap(end, grow, prot, kind | libc::MAP_FIXED_NOREPLACE, -1, 0).is_ok() {
+        if old + old_len == end && sp.grow_region(end, grow).is_ok() {
             return Ok(old);
         }
         if !maymove {

@@ -91,6 +91,45 @@ impl Inner {
         }
     }
 
+    /// `mremap`'s grow in place: maps `[end, end + grow)` as the
+    /// continuation of the region that ends at `end` (its protection and
+    /// kind; a file region's next pages of the same file, a locked
+    /// region's locked), `MAP_FIXED_NOREPLACE` (`EEXIST` when anything is
+    /// there). `EFAULT` when no region ends at `end`.
+    pub fn grow_region(&self, end: usize, grow: usize) -> Result<(), Errno> {
+        if end <= self.base || !end.is_multiple_of(self.page_size) {
+            return Err(Errno::EFAULT);
+        }
+        let (prot, kind, lock, noreserve, file, pgoff) = {
+            let c = lock(&self.core);
+            let last = c.page_of(Addr((end - self.page_size) as u64)).ok_or(Errno::EFAULT)?;
+            let r = c.region_at(last).ok_or(Errno::EFAULT)?;
+            if self.addr(r.range().end) != end {
+                return Err(Errno::EFAULT);
+            }
+            (r.prot(), r.kind(), r.lock(), r.noreserve(), r.file(), r.file_page(r.range().end))
+        };
+        let mut flags = MAP_FIXED_NOREPLACE
+            | match kind {
+                Kind::AnonPrivate => MAP_PRIVATE | MAP_ANONYMOUS,
+                Kind::AnonShared => MAP_SHARED | MAP_ANONYMOUS,
+                Kind::FileShared => MAP_SHARED,
+                Kind::FilePrivate => MAP_PRIVATE,
+            };
+        if lock == LockMode::Locked {
+            flags |= MAP_LOCKED;
+        }
+        if noreserve {
+            flags |= MAP_NORESERVE;
+        }
+        let file = match file {
+            Some(id) => Some((id, self.files.get(id).ok_or(Errno::EFAULT)?)),
+            None => None,
+        };
+        let off = (pgoff as usize * self.page_size) as i64;
+        self.mmap_locked(end, grow, prot, flags, off, file.as_ref()).map(drop)
+    }
+
     /// A `MAP_FIXED` replacement's old pages (`MmapPlan::replaced`): shared
     /// file pages written back, host locks dropped, host advice cleared, the
     /// pages zapped, and the range released to the new region.
