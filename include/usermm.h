@@ -328,8 +328,18 @@ int umm_close(umm_space *s);
 void *umm_mmap(umm_space *s, void *addr, size_t len, int prot, int flags, int fd, off_t off);
 
 /* munmap(2): EINVAL for unaligned addr or len 0; holes are fine. Two-phase
- * (seed 003). Dirty shared-file pages are written back before it returns. */
+ * (seed 003). Dirty shared-file pages are written back before it returns.
+ * EPERM (nothing unmapped) when a region of the range is sealed. */
 int umm_munmap(umm_space *s, void *addr, size_t len);
+
+/* mseal(2): seals the range's regions for good. EINVAL: flags not 0, addr
+ * unaligned, len rounding or addr+len overflowing; ENOMEM: any page of the
+ * range unmapped (nothing sealed). A sealed region refuses umm_munmap,
+ * umm_mprotect, MAP_FIXED over it, a mremap (under usermm run) and
+ * discarding advice (MADV_DONTNEED, MADV_FREE, MADV_REMOVE, MADV_DONTFORK,
+ * MADV_WIPEONFORK, MADV_GUARD_INSTALL) on private anonymous memory that is
+ * not writable, with EPERM, as Linux 6.18. */
+int umm_mseal(umm_space *s, void *addr, size_t len, unsigned long flags);
 
 /* mprotect(2): EINVAL unaligned/bad prot, ENOMEM holes, EACCES PROT_WRITE on
  * a shared mapping of a read-only fd. */

@@ -495,6 +495,97 @@ fn a_c_programs_memory_calls_are_the_spaces_and_answer_as_the_kernel() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Issue 71 item 4: `mseal` through `syscall()` (glibc has no wrapper) on
+/// mapped and malloc'd memory: the calls that would change sealed memory
+/// answer `EPERM` as the kernel does, the memory keeps its bytes and stays
+/// writable, and a write after `MADV_DONTNEED` goes through (it hung).
+const MSEAL_C: &str = r#"
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+static long pg = 4096;
+static void say(const char *what, long r) { printf("%s: %ld %s\n", what, r, r < 0 ? strerror(errno) : "ok"); }
+static long seal(void *a, size_t len, unsigned long flags) { return syscall(462, a, len, flags); }
+int main(void) {
+    char *a = mmap(NULL, 16 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (a == MAP_FAILED) return 1;
+    memset(a, 'a', 16 * pg);
+    say("bad flags", seal(a, pg, 1));
+    say("unaligned", seal(a + 1, pg, 0));
+    say("seal [4,8)", seal(a + 4 * pg, 4 * pg, 0));
+    say("munmap sealed", munmap(a + 5 * pg, pg));
+    say("munmap all", munmap(a, 16 * pg));
+    say("raw munmap", syscall(SYS_munmap, a + 4 * pg, 4 * pg));
+    say("mprotect sealed", mprotect(a + 4 * pg, pg, PROT_READ));
+    say("raw mprotect", syscall(SYS_mprotect, a + 6 * pg, pg, PROT_READ | PROT_WRITE));
+    say("mremap shrink", (long)mremap(a + 4 * pg, 4 * pg, pg, 0));
+    say("mremap move", (long)mremap(a + 4 * pg, pg, 8 * pg, MREMAP_MAYMOVE));
+    void *f = mmap(a + 6 * pg, pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    say("fixed over sealed", f == MAP_FAILED ? -1 : 0);
+    f = (void *)syscall(SYS_mmap, a + 2 * pg, 4 * pg, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    say("raw fixed across", f == MAP_FAILED ? -1 : 0);
+    printf("sealed bytes: %c %c\n", a[4 * pg], a[8 * pg - 1]);
+    say("dontneed writable", madvise(a + 4 * pg, 2 * pg, MADV_DONTNEED));
+    printf("after dontneed: %d %c\n", a[4 * pg], a[6 * pg]);
+    a[4 * pg] = 'w';
+    a[5 * pg + 9] = 'x';
+    printf("written: %c %c\n", a[4 * pg], a[5 * pg + 9]);
+    say("munmap unsealed", munmap(a + 12 * pg, 4 * pg));
+    char *g = mmap(a + 12 * pg, 2 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    say("fixed after it", g == MAP_FAILED ? -1 : (long)(g - a));
+
+    char *r = mmap(NULL, 5 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED || munmap(r + 4 * pg, pg)) return 2;
+    memset(r, 'r', 4 * pg);
+    say("read-only", mprotect(r, 4 * pg, PROT_READ));
+    say("seal read-only", seal(r, 4 * pg, 0));
+    say("dontneed read-only", madvise(r, pg, MADV_DONTNEED));
+    say("raw dontneed read-only", syscall(SYS_madvise, r + pg, pg, MADV_DONTNEED));
+    say("free read-only", madvise(r, 4 * pg, MADV_FREE));
+    say("cold read-only", madvise(r, 4 * pg, MADV_COLD));
+    printf("read-only bytes: %c %c\n", r[0], r[4 * pg - 1]);
+    say("gap", seal(r + 3 * pg, 2 * pg, 0));
+
+    char *m = malloc(1 << 20);
+    if (!m) return 3;
+    memset(m, 'm', 1 << 20);
+    char *in = (char *)(((unsigned long)m + pg - 1) & ~(pg - 1));
+    say("seal malloc'd", seal(in, 16 * pg, 0));
+    in[3] = 'M';
+    printf("malloc'd: %c %c\n", in[3], in[16 * pg - 1]);
+    say("dontneed malloc'd", madvise(in, pg, MADV_DONTNEED));
+    in[0] = 'z';
+    printf("malloc'd after: %c %d\n", in[0], in[1]);
+    return 0;
+}
+"#;
+
+#[test]
+fn mseal_on_space_memory_answers_as_the_kernel() {
+    let dir = tmpdir("mseal");
+    let exe = gcc(&dir, "ms", MSEAL_C, &[]);
+    let plain = output(&mut Command::new(&exe));
+    assert!(plain.status.success(), "{plain:?}");
+    let plain_out = String::from_utf8_lossy(&plain.stdout);
+    assert!(plain_out.contains("munmap sealed: -1 Operation not permitted\n"), "{plain_out}");
+    // (Under `timeout`: a write after MADV_DONTNEED hung.)
+    check_preload();
+    let mut c = Command::new(need("timeout"));
+    c.args(["60", BIN, "run", "--budget", "16m", "--stats", "--verbose", "--"]).arg(&exe);
+    let out = output(c.stdin(Stdio::null()));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+    assert_eq!(stdout, plain_out, "stderr:\n{stderr}");
+    let calls = memory_calls(&stderr, "ms");
+    assert!(calls["space"] >= 20, "the space served too few calls: {calls:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `MAP_FIXED` mappings of every kind over an anonymous mapping (the
 /// space's): a shared file window, a stack that grows down, a private file
 /// copy. The kernel must never map inside the space's reservation, so each

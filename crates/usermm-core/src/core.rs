@@ -159,6 +159,7 @@ mod introspect;
 mod locks;
 mod madvise;
 mod mlock;
+mod mseal;
 mod options;
 mod plan;
 mod policy;

@@ -72,6 +72,10 @@ pub struct Region {
     /// `MADV_DOFORK`/`MADV_KEEPONFORK`.
     dontfork: bool,
     wipeonfork: bool,
+    /// `mseal(2)`ed (Linux's `VM_SEALED`): `munmap`, `mremap`, `mprotect`,
+    /// `MAP_FIXED` over it and discarding advice on its read-only
+    /// anonymous memory are `EPERM`; never cleared, kept by a fork.
+    sealed: bool,
     /// Identity of the shared object (shared anonymous memory); 0 for private.
     object: u64,
     /// Offset of `range.start` in the object, in pages (smaps' offset column).
@@ -209,6 +213,7 @@ impl Region {
             advice: Advice::Normal,
             dontfork: false,
             wipeonfork: false,
+            sealed: false,
             noreserve: a.noreserve,
             lock: a.lock,
             object: a.object,
@@ -307,6 +312,16 @@ impl Region {
     /// Whether a forked child's copy reads zeros (`MADV_WIPEONFORK`).
     pub fn wipeonfork(&self) -> bool {
         self.wipeonfork
+    }
+
+    /// Whether the region is sealed (`mseal`).
+    pub fn sealed(&self) -> bool {
+        self.sealed
+    }
+
+    /// Seals the region (`mseal`; irreversible).
+    pub(crate) fn seal(&mut self) {
+        self.sealed = true;
     }
 
     /// Sets the advice; the sequential streak starts over.
@@ -430,6 +445,7 @@ impl Region {
             && self.advice == next.advice
             && self.dontfork == next.dontfork
             && self.wipeonfork == next.wipeonfork
+            && self.sealed == next.sealed
             && self.noreserve == next.noreserve
             && self.lock == next.lock
             && self.in_thread == next.in_thread

@@ -132,6 +132,7 @@ fn vm_flags(reg: &Region, shared: bool, volatile: u64, extra_flags: &str) -> Str
         (true, "nh"),
         (reg.lock() == LockMode::OnFault, "lf"),
         (true, "um"),
+        (reg.sealed(), "sl"),
     ] {
         if on {
             flags.push_str(f);

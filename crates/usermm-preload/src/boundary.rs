@@ -30,7 +30,9 @@ use usermm::capi::{
 };
 use usermm::Space;
 
-use crate::{count, pieces, place, program_call, region_at, route_mmap, with_space, MapRoute, Place, Why};
+use crate::{
+    count, pieces, place, program_call, region_at, region_sealed, route_mmap, with_space, MapRoute, Place, Why,
+};
 use crate::{for_block, free_cached, in_ancestors, in_space, malloc_cached, on_space, COUNTS};
 use libc::c_long;
 use usermm::Errno;

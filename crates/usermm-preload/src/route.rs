@@ -236,6 +236,31 @@ pub(crate) fn region_at(smaps: &str, addr: usize) -> Option<(i32, bool, usize)> 
     None
 }
 
+/// Whether the smaps entry holding `addr` is sealed (`sl` in its
+/// `VmFlags`).
+pub(crate) fn region_sealed(smaps: &str, addr: usize) -> bool {
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            if inside {
+                return flags.split_whitespace().any(|f| f == "sl");
+            }
+            continue;
+        }
+        let mut f = line.split_whitespace();
+        if let (Some(range), Some(perms)) = (f.next(), f.next()) {
+            if let Some((a, b)) = range.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                    if perms.len() == 4 {
+                        inside = a <= addr && addr < b;
+                    }
+                }
+            }
+        }
+    }
+    false
+}
+
 pub(super) fn mem_report() -> String {
     let mut s = String::new();
     for (name, c) in WHY_NAMES.iter().zip(MEM_COUNTS.iter()) {

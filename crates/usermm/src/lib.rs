@@ -250,6 +250,16 @@ impl Space {
         self.inner.munmap(addr, len)
     }
 
+    /// `mseal(2)` (flags must be 0): seals every region of the range for
+    /// good (`EINVAL` unaligned or bad flags, `ENOMEM` on any unmapped page,
+    /// before anything changes). A sealed region refuses `munmap`,
+    /// `mprotect`, `MAP_FIXED` over it and discarding advice on read-only
+    /// private anonymous memory with `EPERM`, as Linux.
+    pub fn mseal(&self, addr: usize, len: usize, flags: u64) -> Result<(), Errno> {
+        self.check_owner()?;
+        self.inner.mseal(addr, len, flags)
+    }
+
     /// `msync` (`MS_ASYNC`, `MS_SYNC`, `MS_INVALIDATE`): shared file pages
     /// of the range are written to their files before it returns (both
     /// modes); `MS_SYNC` also `fdatasync`s the files.

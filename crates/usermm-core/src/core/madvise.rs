@@ -133,6 +133,8 @@ impl Core {
         r: PageRange,
         ops: &mut Vec<AdviceOp>,
     ) -> Result<(), Errno> {
+        // Linux (madvise_vma_behavior): the seal first.
+        super::mseal::madvise_sealed_check(reg, advice)?;
         let locked = reg.lock() != LockMode::None;
         if reg.host() && !is_attribute_advice(advice) {
             return host_advice(advice, reg, seg, locked, ops);

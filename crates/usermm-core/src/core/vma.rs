@@ -111,6 +111,11 @@ impl Core {
         };
         let range = PageRange::new(start, start + pages);
         let cuts = self.mmap_region_count_checked(range, prot, shared || file.is_some(), lock, flags)?;
+        // Linux (vms_gather_munmap_vmas): a sealed region under a MAP_FIXED
+        // mapping refuses it before anything changes.
+        if cuts && self.any_sealed(range) {
+            return bad(Errno::EPERM);
+        }
         let replaced = if cuts { Some(self.detach(range)) } else { None };
         self.mmap_insert(range, prot, flags, file.as_ref(), shared, lock);
         // A MAP_FIXED replacement's pages must be gone before the new region
@@ -356,6 +361,11 @@ impl Core {
                 return bad(Errno::ENOMEM);
             }
         }
+        // Linux (vms_gather_munmap_vmas): any sealed region in the range
+        // refuses the whole call, nothing unmapped.
+        if self.any_sealed(r) {
+            return bad(Errno::EPERM);
+        }
         Ok(Some(self.detach(r)))
     }
 
@@ -420,6 +430,12 @@ impl Core {
                 // open for writing (the parts before were changed).
                 self.regions.merge_around(r);
                 return (applied, bad(Errno::EACCES));
+            }
+            if reg.sealed() {
+                // Linux (mprotect_fixup): a sealed region refuses any
+                // protection, its own included (the parts before changed).
+                self.regions.merge_around(r);
+                return (applied, bad(Errno::EPERM));
             }
             if reg.prot() != prot {
                 // Split, change and merge first, then check the count: a

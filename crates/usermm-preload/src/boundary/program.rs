@@ -484,7 +484,12 @@ pub(super) fn space_mremap(
     if fixed && to < old + old_len && old < to + new_len {
         return Err(Errno::EINVAL);
     }
-    let (prot, shared, end) = region_at(&sp.smaps(), old).ok_or(Errno::EFAULT)?;
+    let smaps = sp.smaps();
+    let (prot, shared, end) = region_at(&smaps, old).ok_or(Errno::EFAULT)?;
+    // Linux (check_prep_vma): a sealed mapping is never remapped.
+    if region_sealed(&smaps, old) {
+        return Err(Errno::EPERM);
+    }
     if old + old_len > end {
         return Err(Errno::EFAULT);
     }
@@ -533,6 +538,55 @@ pub(super) fn space_mremap(
     Ok(new)
 }
 
+/// `mseal(2)` (`syscall(SYS_mseal, …)`: glibc has no wrapper): inside the
+/// reservation the space's (`Space::mseal`), outside it the kernel's. A
+/// call that fails before looking at the range (bad flags, an unaligned
+/// address, an overflowing length) goes to the kernel, which says so; a
+/// range straddling the reservation's edge, or on a forked child's
+/// parent's memory, is `ENOMEM` (an unmapped page for the space; Linux
+/// seals nothing then either).
+pub(super) fn program_mseal(a: usize, len: usize, flags: usize) -> c_long {
+    guard(-1, || {
+        // SAFETY: sealing changes no byte; the kernel checks the range.
+        let kernel = || ret(unsafe { sys(SYS_MSEAL, a, len, flags, 0, 0, 0) });
+        if let Err(w) = program_call() {
+            count(w);
+            return kernel();
+        }
+        if flags != 0 || len == 0 || a.checked_add(len).is_none() || !a.is_multiple_of(PAGE) {
+            count(Why::Invalid);
+            return kernel();
+        }
+        if crate::overlaps_ancestors(a, len) {
+            count(Why::Child);
+            return fail(libc::ENOMEM, -1);
+        }
+        match place(a, len) {
+            Place::Outside => {
+                count(Why::Outside);
+                kernel()
+            }
+            Place::Straddling => {
+                count(Why::Straddling);
+                fail(libc::ENOMEM, -1)
+            }
+            Place::Inside => match with_space(|sp| sp.mseal(a, len, 0)) {
+                Ok(r) => {
+                    count(Why::Space);
+                    r.map_or_else(|e| fail(e.0, -1), |()| 0)
+                }
+                Err(w) => {
+                    count(w);
+                    kernel()
+                }
+            },
+        }
+    })
+}
+
+/// `mseal`'s system call number (x86-64; glibc's headers may lack it).
+const SYS_MSEAL: c_long = 462;
+
 #[allow(clippy::too_many_arguments)]
 pub(super) extern "C" fn program_syscall(
     nr: c_long,
@@ -557,6 +611,7 @@ pub(super) extern "C" fn program_syscall(
         libc::SYS_mlockall => program_mlockall(a1 as c_int) as c_long,
         libc::SYS_munlockall => program_munlockall() as c_long,
         libc::SYS_mlock2 => program_mlock2(p(a1), a2 as usize, a3 as c_uint) as c_long,
+        SYS_MSEAL => program_mseal(a1 as usize, a2 as usize, a3 as usize),
         // SAFETY: the program's own call, passed on as glibc's `syscall`
         // would.
         _ => ret(unsafe { sys(nr, a1 as usize, a2 as usize, a3 as usize, a4 as usize, a5 as usize, a6 as usize) }),

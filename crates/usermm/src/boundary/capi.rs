@@ -43,7 +43,7 @@
 //! | `capi/copy.rs`          | caller memory: `access_ok`, `copy_in`/`copy_out`, populate retry           |
 //! | `capi/lifecycle.rs`     | `struct umm_config`, `umm_config_init`, `umm_open`, `umm_close`            |
 //! | `capi/default_space.rs` | `umm_default_space` and its `USERMM_*` configuration                       |
-//! | `capi/memory.rs`        | `umm_mmap`, `umm_munmap`, `umm_mprotect`, `umm_msync`, `umm_madvise`       |
+//! | `capi/memory.rs`        | `umm_mmap`, `umm_munmap`, `umm_mprotect`, `umm_msync`, `umm_madvise`, `umm_mseal` |
 //! | `capi/lock.rs`          | `umm_mlock`, `umm_mlock2`, `umm_munlock`, `umm_mlockall`, `umm_munlockall` |
 //! | `capi/volatile.rs`      | `umm_mvolatile`, `umm_mnovolatile`, `umm_populate`, their reports          |
 //! | `capi/introspect.rs`    | `umm_mincore`, `umm_page_state`, `umm_stats`, `umm_smaps`, test hook       |
@@ -80,7 +80,7 @@ pub use introspect::{
 };
 pub use lifecycle::{umm_close, umm_config_init, umm_open};
 pub use lock::{umm_mlock, umm_mlock2, umm_mlockall, umm_munlock, umm_munlockall};
-pub use memory::{umm_madvise, umm_mmap, umm_mprotect, umm_msync, umm_munmap};
+pub use memory::{umm_madvise, umm_mmap, umm_mprotect, umm_mseal, umm_msync, umm_munmap};
 pub use volatile::{umm_mnovolatile, umm_mvolatile, umm_populate, umm_sigbus_action};
 
 /// The opaque `umm_space` of the C ABI (really a [`Space`]).

@@ -284,6 +284,17 @@ impl Inner {
         }
     }
 
+    /// `mseal`: the core seals the range's regions (under the exclusive
+    /// lock, as Linux's mmap write lock); the host's mapping stays
+    /// unsealed, since usermm must still zap, protect and lock its pages.
+    pub fn mseal(&self, addr: usize, len: usize, flags: u64) -> Result<(), Errno> {
+        let _mm = self.mm().write();
+        let t0 = now_ns();
+        let r = lock(&self.core).mseal(addr as u64, len as u64, flags);
+        self.note_hold(t0);
+        r
+    }
+
     /// `msync`: writes the shared file pages of the range to their files;
     /// with `MS_SYNC`, also `fdatasync`s them before returning. A write-back
     /// error since the last msync (eviction included) is reported as `EIO`.

@@ -95,6 +95,29 @@ pub trait Mm {
     fn munlock(&self, addr: usize, len: usize) -> Result<(), Errno>;
     /// The smaps text (whole process for the kernel, the space for usermm).
     fn smaps_text(&self) -> String;
+    /// `mseal(addr, len, flags)` (syscall 462).
+    fn mseal(&self, addr: usize, len: usize, flags: u64) -> Result<(), Errno>;
+    /// Whether the region containing `addr` is sealed (`sl` in its
+    /// `VmFlags`), or `None` if nothing is mapped there.
+    fn sealed(&self, addr: usize) -> Option<bool> {
+        let text = self.smaps_text();
+        let mut inside = false;
+        for line in text.lines() {
+            if let Some(flags) = line.strip_prefix("VmFlags:") {
+                if inside {
+                    return Some(flags.split_whitespace().any(|f| f == "sl"));
+                }
+                continue;
+            }
+            let mut f = line.split_whitespace();
+            if let Some((a, b)) = f.next().and_then(|r| r.split_once('-')) {
+                if let (Ok(s), Ok(e)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                    inside = s <= addr && addr < e;
+                }
+            }
+        }
+        None
+    }
     /// Makes every page installed so far visible to the backend's reclaim:
     /// the host kernel holds a just-faulted page in the faulting CPU's LRU
     /// batch, where `MADV_FREE` does not mark it and `MADV_PAGEOUT` cannot
@@ -263,6 +286,21 @@ impl Mm for KernelMm {
     fn smaps_text(&self) -> String {
         std::fs::read_to_string("/proc/self/smaps").expect("/proc/self/smaps")
     }
+    fn mseal(&self, addr: usize, len: usize, flags: u64) -> Result<(), Errno> {
+        // A sealed mapping stays for the process's life (the arena's drop
+        // cannot unmap it): only inside the arena, or a call that fails
+        // before looking at any mapping.
+        assert!(
+            no_effect(addr, len) || addr & (PAGE - 1) != 0 || flags != 0 || self.arena.contains(addr, len),
+            "kernel mseal outside the arena"
+        );
+        // SAFETY: sealing changes no byte and no mapping but the arena's.
+        let r = unsafe { libc::syscall(462, addr, len, flags) };
+        if r < 0 {
+            return Err(Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(0)));
+        }
+        Ok(())
+    }
     fn drain_lru(&self, addr: usize) {
         usermm_sys::mem::lru_drain_all(addr).expect("lru_drain_all");
     }
@@ -341,6 +379,9 @@ impl Mm for UserMm {
     }
     fn smaps_text(&self) -> String {
         self.space.smaps()
+    }
+    fn mseal(&self, addr: usize, len: usize, flags: u64) -> Result<(), Errno> {
+        self.space.mseal(addr, len, flags)
     }
 }
 

@@ -1,5 +1,5 @@
 //! The calls on a range's mapping: `umm_mmap`, `umm_munmap`,
-//! `umm_mprotect`, `umm_msync`, `umm_madvise`.
+//! `umm_mprotect`, `umm_msync`, `umm_madvise`, `umm_mseal`.
 
 use std::ffi::{c_int, c_void};
 
@@ -77,4 +77,21 @@ pub unsafe extern "C" fn umm_madvise(s: *mut umm_space, addr: *mut c_void, len: 
     // SAFETY: `s` is NULL or a live handle (this function's contract).
     let sp = unsafe { space(s) };
     guard(-1, || sp?.madvise(addr as usize, len, advice).map(|()| 0))
+}
+
+/// `umm_mseal`.
+///
+/// # Safety
+/// `s` must be NULL or a live handle (see `usermm.h`). Other pointers need
+/// not be valid: they are only copied through.
+#[no_mangle]
+pub unsafe extern "C" fn umm_mseal(
+    s: *mut umm_space,
+    addr: *mut c_void,
+    len: usize,
+    flags: std::ffi::c_ulong,
+) -> c_int {
+    // SAFETY: `s` is NULL or a live handle (this function's contract).
+    let sp = unsafe { space(s) };
+    guard(-1, || sp?.mseal(addr as usize, len, flags).map(|()| 0))
 }
