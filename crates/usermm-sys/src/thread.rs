@@ -792,7 +792,17 @@ mod cpu_tests {
         let others: Vec<u32> =
             (0..ThreadCpu::THREADS + 2).map(|_| std::thread::spawn(gettid)).map(|h| h.join().unwrap()).collect();
         for &o in &others {
-            // (Gone threads: no answer, and nothing kept for them.)
+            // (Gone threads: no answer, and nothing kept for them. A joined
+            // thread's task leaves `/proc` a little after `join` returns:
+            // the C library's join wakes on the thread's cleared tid, before
+            // the kernel has released it.)
+            let task = format!("/proc/self/task/{o}");
+            for _ in 0..2000 {
+                if !std::path::Path::new(&task).exists() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             assert_eq!(t.of(o, 0), None);
         }
         assert_eq!(t.threads.len(), 1);
