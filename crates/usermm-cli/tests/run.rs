@@ -112,6 +112,21 @@ fn assert_swapped(stderr: &str, comm: &str, budget: u64) -> HashMap<String, u64>
     s
 }
 
+/// Runs `exe` under `usermm run --budget 16m` with handler threads and with
+/// `--inthread`: each run succeeds, prints `plain_out` (the plain run's
+/// output) and swapped (process `comm`'s statistics).
+fn same_as_plain_in_both_fault_modes(exe: &Path, comm: &str, plain_out: &str) {
+    for mode in [None, Some("--inthread")] {
+        let mut c = usermm_run(&["--budget", "16m", "--stats"]);
+        c.args(mode).arg("--").arg(exe);
+        let out = output(&mut c);
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{mode:?}: {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
+        assert_eq!(stdout, plain_out, "{mode:?}\nstderr:\n{stderr}");
+        assert_swapped(&stderr, comm, 16 << 20);
+    }
+}
+
 fn gcc(dir: &Path, name: &str, src: &str, extra: &[&str]) -> PathBuf {
     let c = dir.join(format!("{name}.c"));
     std::fs::write(&c, src).unwrap();
@@ -1328,15 +1343,7 @@ fn a_programs_own_sigsegv_and_sigbus_handlers_work_in_both_fault_modes() {
         plain_out,
         "heap bad 0\nSIGSEGV 1 at the page 1\nSIGBUS 1 at the page 1\nheap bad 0\nsignal() SIGBUS 1\nheap bad 0\n"
     );
-    for mode in [None, Some("--inthread")] {
-        let mut c = usermm_run(&["--budget", "16m", "--stats"]);
-        c.args(mode).arg("--").arg(&exe);
-        let out = output(&mut c);
-        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "{mode:?}: {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
-        assert_eq!(stdout, plain_out, "{mode:?}\nstderr:\n{stderr}");
-        assert_swapped(&stderr, "sig", 16 << 20);
-    }
+    same_as_plain_in_both_fault_modes(&exe, "sig", &plain_out);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1681,15 +1688,7 @@ fn signals_the_program_blocks_wait_for_it_as_without_usermm() {
     let plain_out = String::from_utf8_lossy(&plain.stdout).into_owned();
     assert!(plain_out.contains("signal 0: pending while blocked: other 0 here 0, bad 0\n"), "{plain_out}");
     assert!(plain_out.contains("signal 0: after unblock: other 0 here 1\n"), "{plain_out}");
-    for mode in [None, Some("--inthread")] {
-        let mut c = usermm_run(&["--budget", "16m", "--stats"]);
-        c.args(mode).arg("--").arg(&exe);
-        let out = output(&mut c);
-        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "{mode:?}: {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
-        assert_eq!(stdout, plain_out, "{mode:?}\nstderr:\n{stderr}");
-        assert_swapped(&stderr, "sigmask", 16 << 20);
-    }
+    same_as_plain_in_both_fault_modes(&exe, "sigmask", &plain_out);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1867,15 +1866,7 @@ fn credential_changes_work_as_without_usermm() {
     assert!(plain.status.success(), "{plain:?}");
     let plain_out = String::from_utf8_lossy(&plain.stdout).into_owned();
     assert!(plain_out.contains("setresgid: ok\n") && plain_out.contains("setuid(0): EPERM\n"), "{plain_out}");
-    for mode in [None, Some("--inthread")] {
-        let mut c = usermm_run(&["--budget", "16m", "--stats"]);
-        c.args(mode).arg("--").arg(&exe);
-        let out = output(&mut c);
-        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "{mode:?}: {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}", out.status);
-        assert_eq!(stdout, plain_out, "{mode:?}\nstderr:\n{stderr}");
-        assert_swapped(&stderr, "creds", 16 << 20);
-    }
+    same_as_plain_in_both_fault_modes(&exe, "creds", &plain_out);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

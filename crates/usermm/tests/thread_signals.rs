@@ -13,23 +13,34 @@ use usermm::consts::*;
 mod common;
 use common::{fill, space_pages};
 
-/// (name, blocked mask) of each of this process's threads named `usermm-*`.
-fn usermm_threads() -> Vec<(String, u64)> {
+/// (thread id, name, `/proc` status) of each of this process's threads
+/// named `usermm-*`.
+fn usermm_tasks() -> Vec<(u32, String, String)> {
     let mut v = Vec::new();
     for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
         let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with("usermm-") {
-            continue;
+        if comm.starts_with("usermm-") {
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            v.push((t.file_name().to_string_lossy().parse().unwrap(), comm.trim().to_string(), status));
         }
-        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
-        let blk = status
-            .lines()
-            .find_map(|l| l.strip_prefix("SigBlk:"))
-            .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
-            .unwrap();
-        v.push((comm.trim().to_string(), blk));
     }
     v
+}
+
+/// The line of `status` that starts with `key`.
+fn status_line<'a>(status: &'a str, key: &str) -> &'a str {
+    status.lines().find(|l| l.starts_with(key)).unwrap_or("")
+}
+
+/// (name, blocked mask) of each of this process's threads named `usermm-*`.
+fn usermm_threads() -> Vec<(String, u64)> {
+    usermm_tasks()
+        .into_iter()
+        .map(|(_, name, status)| {
+            let blk = status_line(&status, "SigBlk:").trim_start_matches("SigBlk:").trim();
+            (name, u64::from_str_radix(blk, 16).unwrap())
+        })
+        .collect()
 }
 
 /// Signals 1-64 less the ones a usermm thread leaves unblocked, SIGKILL and
@@ -98,22 +109,10 @@ fn a_signal_the_program_blocks_waits_for_it() {
 /// The `CapEff:` line of each of this process's threads named `usermm-*`,
 /// and of the calling thread.
 fn cap_eff() -> (Vec<(u32, String)>, String) {
-    let line = |path: std::path::PathBuf| {
-        std::fs::read_to_string(path)
-            .unwrap_or_default()
-            .lines()
-            .find(|l| l.starts_with("CapEff:"))
-            .unwrap_or("")
-            .to_string()
-    };
-    let mut v = Vec::new();
-    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if comm.starts_with("usermm-") {
-            v.push((t.file_name().to_string_lossy().parse().unwrap(), line(t.path().join("status"))));
-        }
-    }
-    (v, line(std::path::PathBuf::from("/proc/thread-self/status")))
+    let threads =
+        usermm_tasks().into_iter().map(|(tid, _, st)| (tid, status_line(&st, "CapEff:").to_string())).collect();
+    let mine = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    (threads, status_line(&mine, "CapEff:").to_string())
 }
 
 /// `threads_follow_credentials` starts the space's threads again from a

@@ -23,14 +23,7 @@ macro_rules! setxid {
         #[no_mangle]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
             static NEXT: AtomicUsize = AtomicUsize::new(0);
-            let f = {
-                let _libc = crate::LibcOnly::enter();
-                next_fn(&NEXT, concat!(stringify!($name), "\0").as_bytes())
-            };
-            let Some(f) = f else {
-                set_errno(libc::ENOSYS);
-                return -1;
-            };
+            let Some(f) = libc_fn(&NEXT, concat!(stringify!($name), "\0").as_bytes()) else { return -1 };
             guard((), usermm::threads_follow_credentials);
             // SAFETY: `f` is the C library's function of this name and
             // signature.
@@ -94,14 +87,7 @@ type PrctlFn = unsafe extern "C" fn(c_int, libc::c_ulong, libc::c_ulong, libc::c
 /// # Safety
 /// `capset(2)`'s contract.
 pub(super) unsafe extern "C" fn own_capset(header: *mut c_void, data: *const c_void) -> c_int {
-    let f = {
-        let _libc = crate::LibcOnly::enter();
-        next_fn(&LIBC_CAPSET, b"capset\0")
-    };
-    let Some(f) = f else {
-        set_errno(libc::ENOSYS);
-        return -1;
-    };
+    let Some(f) = libc_fn(&LIBC_CAPSET, b"capset\0") else { return -1 };
     // SAFETY: `f` is glibc's `capset`, of this signature.
     let real: CapsetFn = unsafe { std::mem::transmute(f) };
     // SAFETY: the caller's promises, forwarded.
@@ -120,14 +106,7 @@ pub(super) unsafe extern "C" fn own_prctl(
     a4: libc::c_ulong,
     a5: libc::c_ulong,
 ) -> c_int {
-    let f = {
-        let _libc = crate::LibcOnly::enter();
-        next_fn(&LIBC_PRCTL, b"prctl\0")
-    };
-    let Some(f) = f else {
-        set_errno(libc::ENOSYS);
-        return -1;
-    };
+    let Some(f) = libc_fn(&LIBC_PRCTL, b"prctl\0") else { return -1 };
     // SAFETY: `f` is glibc's `prctl`; its variadic arguments are read from
     // the same registers.
     let real: PrctlFn = unsafe { std::mem::transmute(f) };
@@ -188,6 +167,19 @@ interpose!(
     fn prctl(option: c_int, a2: libc::c_ulong, a3: libc::c_ulong, a4: libc::c_ulong, a5: libc::c_ulong) -> c_int
         => own_prctl, program_prctl
 );
+
+/// The C library's function `name` ([`next_fn`], looked up on the C
+/// library's memory); `None` with `errno` `ENOSYS` when it has none.
+fn libc_fn(cache: &AtomicUsize, name: &[u8]) -> Option<usize> {
+    let f = {
+        let _libc = crate::LibcOnly::enter();
+        next_fn(cache, name)
+    };
+    if f.is_none() {
+        set_errno(libc::ENOSYS);
+    }
+    f
+}
 
 /// The calling thread's `errno`.
 fn errno() -> c_int {

@@ -61,8 +61,7 @@ impl Inner {
                     self.fork.starting.store(false, Ordering::SeqCst);
                     return;
                 }
-                Err(e) if attempt < 1000 => {
-                    let _ = e;
+                Err(_) if attempt < 1000 => {
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
                 Err(e) => {
