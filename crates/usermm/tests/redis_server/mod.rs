@@ -233,8 +233,13 @@ impl Cluster {
     }
 
     pub fn url(&self, prefix: &str, replicas: u32) -> String {
+        self.url_timeout(prefix, replicas, 1000)
+    }
+
+    /// `url` with the store's `timeout_ms` (`WAIT` gets half of it).
+    pub fn url_timeout(&self, prefix: &str, replicas: u32, timeout_ms: u32) -> String {
         let seeds: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
-        format!("redis+cluster://{}/?prefix={prefix}&timeout_ms=1000&replicas={replicas}", seeds.join(","))
+        format!("redis+cluster://{}/?prefix={prefix}&timeout_ms={timeout_ms}&replicas={replicas}", seeds.join(","))
     }
 
     /// Indices of the running masters.
