@@ -532,6 +532,36 @@ fn parked_pages_go_back_in_bulk_when_pressure_eases() {
     c.validate();
 }
 
+/// Pressure's end with a few pages of the working set still in swap: the
+/// program touches ten parked pages per swapped one (the `reclaim`
+/// experiment's `fits` after its warm-up: a quarter of the working set
+/// parked, one page in 45 swapped). Its working set is in memory; those
+/// swap-ins must not hold the pressure on while the parked pages are
+/// touched one fault each. With every claim starting the count of parked
+/// touches again, pressure never ended here (the executor: 737 parked-page
+/// faults and 693 new deactivations in `fits`); with each frame claimed
+/// cancelling four (`PARKED_TOUCHES_PER_CLAIM`), it ends after a few dozen.
+#[test]
+fn a_few_swapped_pages_do_not_hold_the_pressure_on() {
+    let (mut c, n, _, _) = pressure_then_fits();
+    let of = |c: &Core, st: PState| -> Vec<u64> { (0..n).filter(|&p| c.page(PageIdx(p)).state == st).collect() };
+    let (parked, swapped) = (of(&c, PState::Inactive), of(&c, PState::Swapped));
+    assert!(parked.len() >= 400 && swapped.len() >= 40 * 64, "{} parked, {} swapped", parked.len(), swapped.len());
+    // Far apart, so that no swap-in reads around into the next one.
+    let trace: Vec<u64> =
+        (0..40).flat_map(|i| parked[i * 10..i * 10 + 10].iter().copied().chain([swapped[i * 64]])).collect();
+    let before = c.stats().counters;
+    let m = replay(&mut c, &trace, 0);
+    let after = c.stats().counters;
+    assert!(
+        after.unparked > before.unparked,
+        "pressure held on through {} parked-page faults ({} swap-ins)",
+        m.minor,
+        m.major
+    );
+    assert!(m.minor < 64, "pressure ended only after {} parked-page faults", m.minor);
+}
+
 /// Pressure's end during an explicit `MADV_PAGEOUT`: the pages the page-out
 /// parked stay parked (`unpark_plan` skips them) until its `evict_range`
 /// has evicted them, as Linux's drops them; the other parked pages go back.

@@ -43,7 +43,7 @@ impl Core {
     /// Counts `n` frames about to be claimed (the pages that take them
     /// become busy at once, and so count as resident).
     pub(super) fn claim_frames(&mut self, n: u64) {
-        self.pressure.claimed(n);
+        self.pressure.claimed(n, super::policy::PARKED_TOUCHES_PER_CLAIM);
         debug_assert!(self.resident() + n <= self.cfg.budget_pages, "claim beyond budget");
     }
 

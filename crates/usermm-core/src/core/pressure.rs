@@ -26,9 +26,9 @@ pub(super) struct Pressure {
     /// high watermark began, ever: unchanged over a while, pressure has
     /// eased (`calm_mark`).
     stirs: u64,
-    /// Parked pages touched since a frame was last claimed or the budget
-    /// ran out: a long run of them means the program's working set is all
-    /// in memory (`Core::calm_by_touches`).
+    /// Parked pages touched, less a debit for every frame claimed, since
+    /// the budget ran out: a high count means the program's working set
+    /// is in memory (`Core::calm_by_touches`).
     touched_unclaimed: u64,
     /// The budget ran out while not under pressure, and no reclaim round
     /// has taken note yet (`take_began`).
@@ -83,11 +83,12 @@ impl Pressure {
         self.refilling = false;
     }
 
-    /// `n` frames are being claimed by a fault or populate.
-    pub(super) fn claimed(&mut self, n: u64) {
+    /// `n` frames are being claimed by a fault or populate; each cancels
+    /// `debit` parked-page touches.
+    pub(super) fn claimed(&mut self, n: u64, debit: u64) {
         self.demand = self.demand.saturating_add(n);
         self.stirs += 1;
-        self.touched_unclaimed = 0;
+        self.touched_unclaimed = self.touched_unclaimed.saturating_sub(n.saturating_mul(debit));
     }
 
     /// A parked page was touched (and mapped back).
@@ -95,8 +96,8 @@ impl Pressure {
         self.touched_unclaimed = self.touched_unclaimed.saturating_add(1);
     }
 
-    /// Parked pages touched since a frame was last claimed or the budget
-    /// ran out.
+    /// Parked pages touched, less the claims' debits, since the budget ran
+    /// out.
     pub(super) fn touched_unclaimed(&self) -> u64 {
         self.touched_unclaimed
     }
