@@ -55,6 +55,8 @@ pub(crate) fn help() -> &'static str {
      stderr, or into FILE (made anew; USERMM_RUN_STATS_FILE)\n  \
      --verbose            also print where allocations went (space, or the C library's malloc and why)\n  \
      --no-inherit         programs this one runs are not preloaded (LD_PRELOAD removed at start)\n  \
+     --no-cgroup-view     the program reads its memory cgroup's real limit, not the budget\n                       \
+     (USERMM_RUN_NO_CGROUP_VIEW; by default memory.limit_in_bytes/memory.max read the smaller)\n  \
      --help               this text\n\n\
      BYTES: decimal or 0x hex, with an optional binary suffix k, m, g, t (--budget 64m).\n\n\
      EXIT STATUS: the program's; 128+N if signal N killed it; 127 if PROGRAM is not found; 126 if\n\
@@ -165,7 +167,7 @@ fn parse(args: &[OsString]) -> Result<Option<RunOpts>, String> {
                 }
                 continue;
             }
-            "inthread" | "frame-pool" | "verbose" | "no-inherit" => {
+            "inthread" | "frame-pool" | "verbose" | "no-inherit" | "no-cgroup-view" => {
                 if inline.is_some() {
                     return Err(format!("--{name} takes no value"));
                 }
@@ -173,6 +175,7 @@ fn parse(args: &[OsString]) -> Result<Option<RunOpts>, String> {
                     "inthread" => o.flags |= UMM_F_INTHREAD_FAULTS,
                     "frame-pool" => o.flags |= UMM_F_FRAME_POOL,
                     "verbose" => o.env.push(("USERMM_RUN_VERBOSE", "1".into())),
+                    "no-cgroup-view" => o.env.push(("USERMM_RUN_NO_CGROUP_VIEW", "1".into())),
                     _ => o.env.push(("USERMM_RUN_NO_INHERIT", "1".into())),
                 }
                 continue;

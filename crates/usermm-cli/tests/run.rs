@@ -2446,3 +2446,75 @@ fn a_cxx_programs_new_and_containers_are_on_the_space() {
     assert_swapped(&stderr, "cxx", budget);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Reads its own memory cgroup's limit file (from `/proc/self/cgroup`) with
+/// `open`, `openat` and `fopen`, and the root cgroup's (when it is another
+/// one) with `open`; prints each value.
+const CGROUP_LIMIT_C: &str = r#"
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+static void show(const char *how, int fd) {
+    char b[64] = {0};
+    int n = fd < 0 ? -1 : (int)read(fd, b, sizeof b - 1);
+    printf("%s %s", how, n > 0 ? b : "none\n");
+    if (fd >= 0) close(fd);
+}
+int main(void) {
+    char line[512], path[700] = "", *p;
+    FILE *cg = fopen("/proc/self/cgroup", "r");
+    while (cg && fgets(line, sizeof line, cg)) {
+        line[strcspn(line, "\n")] = 0;
+        if ((p = strstr(line, ":memory:")))
+            snprintf(path, sizeof path, "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", p + 8);
+        else if (!strncmp(line, "0::", 3) && !path[0])
+            snprintf(path, sizeof path, "/sys/fs/cgroup%s/memory.max", line + 3);
+    }
+    free(malloc(64));
+    show("open", open(path, O_RDONLY | O_CLOEXEC));
+    show("openat", openat(AT_FDCWD, path, O_RDONLY));
+    FILE *f = fopen(path, "re");
+    show("fopen", f ? dup(fileno(f)) : -1);
+    if (f) fclose(f);
+    const char *root = "/sys/fs/cgroup/memory/memory.limit_in_bytes";
+    if (strcmp(path, root)) show("root", open(root, O_RDONLY));
+    else printf("root own\n");
+    return 0;
+}
+"#;
+
+/// The budget is the limit the program reads from its memory cgroup, as
+/// a cgroup of the budget's size would show it (`cgroup.rs` in the preload):
+/// `open`, `openat` and `fopen` of its own limit file read the smaller of
+/// the real limit and the budget; another file reads as without usermm, and
+/// `--no-cgroup-view` shows the real limit. Node.js sizes its heap by it
+/// (`process.constrainedMemory()`).
+#[test]
+fn the_program_reads_the_budget_as_its_cgroup_limit() {
+    let dir = tmpdir("cgroup");
+    let exe = gcc(&dir, "cglimit", CGROUP_LIMIT_C, &[]);
+    let plain = String::from_utf8_lossy(&output(&mut Command::new(&exe)).stdout).into_owned();
+    let real: u64 = plain
+        .lines()
+        .find_map(|l| l.strip_prefix("open "))
+        .and_then(|v| if v == "max" { Some(u64::MAX) } else { v.parse().ok() })
+        .unwrap_or_else(|| panic!("no memory cgroup limit read without usermm:\n{plain}"));
+    let budget: u64 = 40 << 20;
+    let seen = real.min(budget);
+    let out = output(usermm_run(&["--budget", "40m", "--"]).arg(&exe));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{:?}: {stdout}", out.status);
+    let root = plain.lines().find(|l| l.starts_with("root ")).unwrap();
+    assert_eq!(stdout, format!("open {seen}\nopenat {seen}\nfopen {seen}\n{root}\n").replace("\n\n", "\n"));
+    let out = output(usermm_run(&["--budget", "40m", "--no-cgroup-view", "--"]).arg(&exe));
+    let unviewed = String::from_utf8_lossy(&out.stdout);
+    assert!(unviewed.starts_with(&format!("open {}", plain.lines().next().unwrap()[5..].trim())), "{unviewed}");
+    let js = "console.log(process.constrainedMemory())";
+    let out = output(usermm_run(&["--budget", "40m", "--"]).args([need("node").to_str().unwrap(), "-e", js]));
+    let node = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{:?}: {node}", out.status);
+    assert_eq!(node.trim().parse::<f64>().ok(), Some(seen as f64), "node's constrained memory: {node}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

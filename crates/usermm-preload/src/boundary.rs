@@ -4,7 +4,8 @@
 //! and the constructor that opens the space. Its parts: `calls.rs` (the
 //! memory calls' exported names), `program.rs` (a program's memory calls
 //! routed), `signals.rs` (SIGBUS's action), `creds.rs` (credential
-//! changes: usermm's threads follow the program's), `libc_only.rs` (calls run on the
+//! changes: usermm's threads follow the program's), `files.rs` (the opens
+//! of a memory cgroup's limit file), `libc_only.rs` (calls run on the
 //! C library's memory), `init.rs` (the constructor and the exit report).
 //!
 //! Invariants:
@@ -40,6 +41,7 @@ use usermm::Errno;
 #[macro_use]
 mod calls;
 mod creds;
+mod files;
 mod init;
 mod libc_only;
 mod program;

@@ -119,6 +119,7 @@
 #![deny(unsafe_code)]
 
 mod boundary;
+mod cgroup;
 mod route;
 use route::*;
 
@@ -373,6 +374,16 @@ fn on_space<R>(f: impl FnOnce(&Space) -> R) -> Option<R> {
         c.fetch_add(1, Relaxed);
     }
     r
+}
+
+/// This process's space's budget, for the cgroup limit the program reads
+/// (`cgroup.rs`); `None` before the space is open, in a forked child
+/// whose space is not open yet, and on usermm's own threads.
+fn budget_bytes() -> Option<u64> {
+    if !READY.load(Relaxed) || usermm::heap::thread_is_system_only() || own_range().0 == 0 {
+        return None;
+    }
+    space_call(|sp| sp.stats().budget_pages * sp.page_size() as u64)
 }
 
 /// Runs `f` on the space for a block that lies in it (a free, a resize, a

@@ -104,8 +104,14 @@ pub struct CookieIoFunctions {
 /// - the environment (`setenv`, `putenv`, `unsetenv`, `clearenv`): a
 ///   changed environment is an array glibc allocates, which `getenv` and
 ///   `execvp` in the child read (LTP's harness `putenv`s before it forks).
+///
+/// With `first F;`, `F` (an `Option` of the return value) is asked before
+/// the C library: `Some` answers the call.
 macro_rules! libc_only {
     ($fail:expr; $(#[$doc:meta])* $name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty) => {
+        libc_only!($fail; first None; $(#[$doc])* $name($($arg: $ty),*) -> $ret);
+    };
+    ($fail:expr; first $first:expr; $(#[$doc:meta])* $name:ident ( $($arg:ident : $ty:ty),* ) -> $ret:ty) => {
         $(#[$doc])*
         ///
         /// # Safety
@@ -113,6 +119,9 @@ macro_rules! libc_only {
         #[no_mangle]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             static NEXT: AtomicUsize = AtomicUsize::new(0);
+            if let Some(r) = $first {
+                return r;
+            }
             let _libc = crate::LibcOnly::enter();
             let Some(f) = next_fn(&NEXT, concat!(stringify!($name), "\0").as_bytes()) else {
                 set_errno(libc::ENOSYS);
@@ -127,12 +136,13 @@ macro_rules! libc_only {
     };
 }
 
-libc_only!(std::ptr::null_mut();
-    /// `fopen(3)`, the C library's (see `libc_only!`).
+libc_only!(std::ptr::null_mut(); first super::files::fopen_view(path, mode);
+    /// `fopen(3)`, the C library's (see `libc_only!`), or a view of the
+    /// memory limit (`files.rs`).
     fopen(path: *const c_char, mode: *const c_char) -> *mut libc::FILE
 );
-libc_only!(std::ptr::null_mut();
-    /// `fopen64(3)`, the C library's.
+libc_only!(std::ptr::null_mut(); first super::files::fopen_view(path, mode);
+    /// `fopen64(3)`, the C library's, or a view of the memory limit.
     fopen64(path: *const c_char, mode: *const c_char) -> *mut libc::FILE
 );
 libc_only!(std::ptr::null_mut();
