@@ -45,6 +45,9 @@ pub const CHILD_CMD: &str = "__kernel-memcg-child";
 /// A piece of system state to undo.
 enum Piece {
     Child(i32),
+    /// A child leading a process group of its own (`usermm run` and its
+    /// program): the whole group is killed, the child reaped.
+    ProcessGroup(i32),
     Cgroup(PathBuf),
     Swap(PathBuf),
 }
@@ -61,6 +64,10 @@ fn registry() -> std::sync::MutexGuard<'static, Vec<(u64, Piece)>> {
 fn undo(p: &Piece) -> Result<(), String> {
     match p {
         Piece::Child(pid) => kill_and_reap(*pid).map_err(|e| format!("kill child {pid}: {e:?}")),
+        Piece::ProcessGroup(pid) => {
+            let _ = usermm_sys::process::kill(-*pid, SIGKILL);
+            kill_and_reap(*pid).map_err(|e| format!("kill child {pid}: {e:?}"))
+        }
         Piece::Cgroup(path) => {
             // The group empties as soon as its last task is reaped; give
             // the kernel a moment in case it is still uncharging.
@@ -132,7 +139,7 @@ pub fn sweep_left_behind(swap_dir: &Path) {
     for p in &pieces {
         let what = match p {
             Piece::Swap(path) | Piece::Cgroup(path) => path.display().to_string(),
-            Piece::Child(pid) => pid.to_string(),
+            Piece::Child(pid) | Piece::ProcessGroup(pid) => pid.to_string(),
         };
         match undo(p) {
             Ok(()) => eprintln!("usermm: removed {what}, left behind by a benchmark that is gone"),
@@ -182,6 +189,22 @@ impl Drop for Guard {
                 eprintln!("usermm: kernel-memcg teardown: {e}");
             }
         }
+    }
+}
+
+/// A child leading a process group of its own, killed with its group by
+/// the signal teardown (or when this is dropped before [`Self::release`]).
+pub struct ProcessGroupGuard(Guard);
+
+impl ProcessGroupGuard {
+    /// Registers child `pid`, the leader of process group `pid`.
+    pub fn new(pid: i32) -> ProcessGroupGuard {
+        ProcessGroupGuard(Guard::new(Piece::ProcessGroup(pid)))
+    }
+
+    /// The child was reaped: nothing to undo.
+    pub fn release(self) {
+        self.0.finish(|_| ());
     }
 }
 
@@ -463,112 +486,6 @@ pub enum Ended {
     TimedOut,
 }
 
-/// Reads a child's stdout to its end: the first line (the child's
-/// `cgroup` line) is returned, everything after it goes to `sink`.
-fn read_stdout(mut out: impl Read, sink: &mut dyn FnMut(&[u8])) -> Result<String, String> {
-    let mut first = Vec::new();
-    let mut buf = vec![0u8; 1 << 16];
-    let mut in_first = true;
-    loop {
-        let n = match out.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(format!("child stdout: {e}")),
-        };
-        let mut b = &buf[..n];
-        if in_first {
-            let end = b.iter().position(|&c| c == b'\n').map_or(b.len(), |i| i + 1);
-            first.extend_from_slice(&b[..end]);
-            in_first = end == b.len() && first.last() != Some(&b'\n');
-            b = &b[end..];
-        }
-        if !b.is_empty() {
-            sink(b);
-        }
-    }
-    Ok(String::from_utf8_lossy(&first).into_owned())
-}
-
-/// A group's counters when its child ended.
-struct GroupCounters {
-    /// `memory.max_usage_in_bytes`.
-    peak_charge_bytes: u64,
-    /// `memory.failcnt`: how often the group hit its limit.
-    failcnt: u64,
-    /// `oom_kill` of `memory.oom_control`.
-    oom_kills: u64,
-    /// `pgmajfault` of `memory.stat`.
-    pgmajfault: u64,
-}
-
-impl GroupCounters {
-    fn read(cg: &Path) -> GroupCounters {
-        let file = |f: &str| std::fs::read_to_string(cg.join(f)).unwrap_or_default();
-        let counter = |f: &str| file(f).trim().parse().unwrap_or(0);
-        let field = |f: &str, key: &str| {
-            file(f).lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0)
-        };
-        GroupCounters {
-            peak_charge_bytes: counter("memory.max_usage_in_bytes"),
-            failcnt: counter("memory.failcnt"),
-            oom_kills: field("memory.oom_control", "oom_kill"),
-            pgmajfault: field("memory.stat", "pgmajfault"),
-        }
-    }
-}
-
-/// The kernel log's lines on an OOM kill in group `name` (`dmesg`): the
-/// `oom-kill:` line naming it and the `Killed process` line after it.
-fn kernel_log_oom(name: &str) -> String {
-    let log = Command::new("dmesg").stdin(Stdio::null()).output().map(|o| o.stdout).unwrap_or_default();
-    let log = String::from_utf8_lossy(&log);
-    let lines: Vec<&str> = log.lines().collect();
-    let Some(i) = lines.iter().rposition(|l| l.contains("oom-kill:") && l.contains(&format!("/{name},"))) else {
-        return "no oom-kill line for the group in dmesg".into();
-    };
-    let killed = lines[i..].iter().find(|l| l.contains("Killed process")).copied().unwrap_or("");
-    format!("{} {}", lines[i].trim(), killed.trim())
-}
-
-/// A watchdog thread that kills every task of a group once its time is up.
-struct Deadline {
-    stop: std::sync::mpsc::Sender<()>,
-    thread: std::thread::JoinHandle<bool>,
-}
-
-impl Deadline {
-    fn start(cg: PathBuf, timeout: Duration) -> Deadline {
-        let (stop, rx) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            if !matches!(rx.recv_timeout(timeout), Err(std::sync::mpsc::RecvTimeoutError::Timeout)) {
-                return false;
-            }
-            // The tasks' list is read until it is empty: a task forked
-            // meanwhile is killed on the next pass.
-            for _ in 0..100 {
-                let procs = std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default();
-                let pids: Vec<i32> = procs.lines().filter_map(|l| l.trim().parse().ok()).collect();
-                if pids.is_empty() {
-                    break;
-                }
-                for pid in pids {
-                    let _ = usermm_sys::process::kill(pid, SIGKILL);
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            true
-        });
-        Deadline { stop, thread }
-    }
-
-    /// Ends the watchdog; whether it had killed the group.
-    fn stop(self) -> bool {
-        drop(self.stop);
-        self.thread.join().unwrap_or(false)
-    }
-}
-
 /// In the child: waits for the parent's go byte on stdin (EOF: the parent
 /// went away before releasing it) and prints its memory cgroup line.
 pub fn child_wait_for_go() -> bool {
@@ -594,6 +511,9 @@ pub fn vmstat_reclaim() -> (u64, u64, u64) {
     };
     (field("pswpout"), field("pswpin"), field("pgsteal_anon"))
 }
+
+mod watch;
+use watch::{kernel_log_oom, read_stdout, Deadline, GroupCounters};
 
 #[cfg(test)]
 mod tests;

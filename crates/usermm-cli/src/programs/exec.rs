@@ -168,6 +168,9 @@ pub fn run_usermm(
     c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     let t0 = Instant::now();
     let mut child = c.spawn().map_err(|e| format!("usermm run: {e}"))?;
+    // Not in this process's group: a signal that ends the bench would miss
+    // it, so the bench's teardown kills the group.
+    let group = memcg::ProcessGroupGuard::new(child.id() as i32);
     let (stop, watchdog) = deadline(child.id() as i32, timeout);
     let mut out = child.stdout.take().expect("piped");
     let mut err = child.stderr.take().expect("piped");
@@ -186,6 +189,7 @@ pub fn run_usermm(
     });
     let status = child.wait().map_err(|e| format!("usermm run: {e}"))?;
     let mut secs = t0.elapsed().as_secs_f64();
+    group.release();
     drop(stop);
     if watchdog.join().unwrap_or(false) {
         return Ok(Outcome::TimedOut);
