@@ -9,6 +9,8 @@
 #   openssl                  the TLS far-memory test's certificates
 #   python3, sqlite3         programs `usermm run`'s tests run
 #                            (crates/usermm-cli/tests/run.rs), from /usr/bin
+#   nodejs, git,             programs of the report's `usermm bench programs`
+#   default-jdk-headless     (node; java and javac; git), from /usr/bin
 #   g++                      the C++ program `usermm run`'s tests run and
 #                            the header test's C++ builds (`c++`)
 #   libcap-dev               the kernel selftest mlock-random-test links -lcap
@@ -95,6 +97,9 @@ usermm_install_deps() {
   usermm_install_pkg python3 /usr/bin/python3 || return 1
   usermm_install_pkg sqlite3 /usr/bin/sqlite3 || return 1
   usermm_install_pkg g++ /usr/bin/g++ /usr/bin/c++ || return 1
+  usermm_install_pkg nodejs /usr/bin/node || return 1
+  usermm_install_pkg default-jdk-headless /usr/bin/java /usr/bin/javac || return 1
+  usermm_install_pkg git /usr/bin/git || return 1
   usermm_install_file libcap-dev /usr/include/sys/capability.h || return 1
 }
 

@@ -116,7 +116,7 @@ const EXPERIMENTS: [ExpDef; 12] = [
     },
     ExpDef {
         name: "programs",
-        about: "usermm run on CPython, the SQLite shell and a Redis server: time under usermm (swap file, Redis) vs the kernel in a memory cgroup of the same limit, and with no limit",
+        about: "usermm run on CPython, the SQLite shell, a Redis server, Node.js, Java (G1, Serial) and git (repack, fsck, log -p) at ½ and ¼ of their heap: time and misses under usermm (swap file, Redis) vs the kernel in a memory cgroup of the same limit, and with no limit",
         params: programs::params,
         run: programs::run,
     },

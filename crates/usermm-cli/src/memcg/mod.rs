@@ -45,6 +45,9 @@ pub const CHILD_CMD: &str = "__kernel-memcg-child";
 /// A piece of system state to undo.
 enum Piece {
     Child(i32),
+    /// A child leading a process group of its own (`usermm run` and its
+    /// program): the whole group is killed, the child reaped.
+    ProcessGroup(i32),
     Cgroup(PathBuf),
     Swap(PathBuf),
 }
@@ -61,6 +64,10 @@ fn registry() -> std::sync::MutexGuard<'static, Vec<(u64, Piece)>> {
 fn undo(p: &Piece) -> Result<(), String> {
     match p {
         Piece::Child(pid) => kill_and_reap(*pid).map_err(|e| format!("kill child {pid}: {e:?}")),
+        Piece::ProcessGroup(pid) => {
+            let _ = usermm_sys::process::kill(-*pid, SIGKILL);
+            kill_and_reap(*pid).map_err(|e| format!("kill child {pid}: {e:?}"))
+        }
         Piece::Cgroup(path) => {
             // The group empties as soon as its last task is reaped; give
             // the kernel a moment in case it is still uncharging.
@@ -132,7 +139,7 @@ pub fn sweep_left_behind(swap_dir: &Path) {
     for p in &pieces {
         let what = match p {
             Piece::Swap(path) | Piece::Cgroup(path) => path.display().to_string(),
-            Piece::Child(pid) => pid.to_string(),
+            Piece::Child(pid) | Piece::ProcessGroup(pid) => pid.to_string(),
         };
         match undo(p) {
             Ok(()) => eprintln!("usermm: removed {what}, left behind by a benchmark that is gone"),
@@ -185,6 +192,22 @@ impl Drop for Guard {
     }
 }
 
+/// A child leading a process group of its own, killed with its group by
+/// the signal teardown (or when this is dropped before [`Self::release`]).
+pub struct ProcessGroupGuard(Guard);
+
+impl ProcessGroupGuard {
+    /// Registers child `pid`, the leader of process group `pid`.
+    pub fn new(pid: i32) -> ProcessGroupGuard {
+        ProcessGroupGuard(Guard::new(Piece::ProcessGroup(pid)))
+    }
+
+    /// The child was reaped: nothing to undo.
+    pub fn release(self) {
+        self.0.finish(|_| ());
+    }
+}
+
 /// Starts the thread that tears everything down on SIGINT/SIGTERM. The
 /// caller must have blocked both signals in the main thread before any other
 /// thread was started (`usermm_sys::process::block_termination_signals`).
@@ -228,11 +251,14 @@ pub struct KernelLimit {
 
 /// What one child run gave: its stdout, and its group's counters.
 pub struct ChildRun {
+    /// Its stdout ([`KernelLimit::run_in_group`]: only its `cgroup` line).
     pub stdout: String,
     /// `memory.max_usage_in_bytes` of the group when the child ended.
     pub peak_charge_bytes: u64,
     /// `memory.failcnt`: how often the group hit its limit.
     pub failcnt: u64,
+    /// `pgmajfault` of the group's `memory.stat` (swap-ins and file reads).
+    pub pgmajfault: u64,
     /// Children the kernel's OOM killer killed in their group before this
     /// one ran to the end (each was run again in a fresh group).
     pub oom_kills: u32,
@@ -318,6 +344,11 @@ impl KernelLimit {
         Ok(KernelLimit { swap_path: Some(swap_path), limit_bytes, _swap: Some(guard) })
     }
 
+    /// Sets the limit of the groups of the runs to come.
+    pub fn set_limit(&mut self, limit_bytes: usize) {
+        self.limit_bytes = limit_bytes;
+    }
+
     /// The swap file, if there is one.
     pub fn swap_path(&self) -> Option<&Path> {
         self.swap_path.as_deref()
@@ -347,6 +378,33 @@ impl KernelLimit {
     }
 
     fn attempt(&self, args: &[String]) -> Result<Attempt, String> {
+        let mut rest = Vec::new();
+        let ended = self.run_in_group(args, None, &mut |b: &[u8]| rest.extend_from_slice(b))?;
+        match ended {
+            Ended::Done(mut c) => {
+                c.stdout.push_str(&String::from_utf8_lossy(&rest));
+                Ok(Attempt::Done(c))
+            }
+            Ended::OomKilled(why) => Ok(Attempt::OomKilled(why)),
+            Ended::TimedOut => unreachable!("no deadline"),
+        }
+    }
+
+    /// Runs `usermm CHILD_CMD args…` once in a fresh memory group limited
+    /// to the budget, as [`KernelLimit::run_child`] does but never again:
+    /// a child the group's OOM killer killed (its exit not 0 and the
+    /// group's `oom_kill` count up: the killed task may be one of its
+    /// children) is [`Ended::OomKilled`] with the reason, and one still
+    /// running after `timeout` is killed with every task in its group,
+    /// [`Ended::TimedOut`]. Its stdout after the child's own `cgroup` line
+    /// goes to `sink` as it comes (a program's output may be larger than
+    /// this process should hold); [`ChildRun::stdout`] is that line.
+    pub fn run_in_group(
+        &self,
+        args: &[String],
+        timeout: Option<Duration>,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<Ended, String> {
         let name = format!("{CGROUP_PREFIX}{}-{}", std::process::id(), NEXT_GROUP.fetch_add(1, Ordering::Relaxed));
         let cg = Path::new(CGROUP_ROOT).join(&name);
         let cg_guard = Guard::new(Piece::Cgroup(cg.clone()));
@@ -377,43 +435,55 @@ impl KernelLimit {
         let mut stdin = child.stdin.take().expect("piped stdin");
         stdin.write_all(b"g").map_err(|e| format!("release the child: {e}"))?;
         drop(stdin);
-        let mut stdout = String::new();
-        child
-            .stdout
-            .take()
-            .expect("piped stdout")
-            .read_to_string(&mut stdout)
-            .map_err(|e| format!("child stdout: {e}"))?;
+        let watch = timeout.map(|t| Deadline::start(cg.clone(), t));
+        let first_line = read_stdout(child.stdout.take().expect("piped stdout"), sink);
         // The child closed its stdout: it is ending. Reap it under the lock.
         let exit = child_guard.finish(|p| match p {
             Piece::Child(pid) => wait_child(*pid).map_err(|e| format!("wait for the child: {e:?}")),
             _ => unreachable!(),
         })?;
         let elapsed_ns = t_spawn.elapsed().as_nanos() as u64;
-        let counter = |f: &str| -> u64 {
-            std::fs::read_to_string(cg.join(f)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
-        };
-        let (peak_charge_bytes, failcnt) = (counter("memory.max_usage_in_bytes"), counter("memory.failcnt"));
-        let oom_kills = std::fs::read_to_string(cg.join("memory.oom_control"))
-            .ok()
-            .and_then(|s| {
-                s.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|v| v.trim().parse::<u64>().ok())
-            })
-            .unwrap_or(0);
+        let timed_out = watch.is_some_and(Deadline::stop);
+        let first_line = first_line?;
+        let g = GroupCounters::read(&cg);
         drop(cg_guard);
-        if exit == ChildExit::Signaled(SIGKILL) && oom_kills > 0 {
-            return Ok(Attempt::OomKilled(format!(
-                "child {pid} in {name} (peak charge {peak_charge_bytes} bytes, {failcnt} limit hits)"
+        if timed_out {
+            return Ok(Ended::TimedOut);
+        }
+        if exit != ChildExit::Exited(0) && g.oom_kills > 0 {
+            return Ok(Ended::OomKilled(format!(
+                "child {pid} in {name} ended with {exit:?}: memory.oom_control oom_kill {}, memory.failcnt {} \
+                 (limit hits), peak charge {} bytes; kernel log: {}",
+                g.oom_kills,
+                g.failcnt,
+                g.peak_charge_bytes,
+                kernel_log_oom(&name)
             )));
         }
         if exit != ChildExit::Exited(0) {
             return Err(format!("the child (pid {pid}) ended with {exit:?}"));
         }
-        if !stdout.lines().any(|l| l.starts_with("cgroup ") && l.contains(&format!("/{name}"))) {
-            return Err(format!("the child was not in memory group {name}: {stdout}"));
+        if !(first_line.starts_with("cgroup ") && first_line.contains(&format!("/{name}"))) {
+            return Err(format!("the child was not in memory group {name}: {first_line}"));
         }
-        Ok(Attempt::Done(ChildRun { stdout, peak_charge_bytes, failcnt, oom_kills: 0, elapsed_ns }))
+        Ok(Ended::Done(ChildRun {
+            stdout: first_line,
+            peak_charge_bytes: g.peak_charge_bytes,
+            failcnt: g.failcnt,
+            pgmajfault: g.pgmajfault,
+            oom_kills: 0,
+            elapsed_ns,
+        }))
     }
+}
+
+/// How one child run in one group ended ([`KernelLimit::run_in_group`]).
+pub enum Ended {
+    Done(ChildRun),
+    /// Killed by its group's OOM killer: why (`memory.oom_control`, …).
+    OomKilled(String),
+    /// Still running at the deadline: killed with every task in its group.
+    TimedOut,
 }
 
 /// In the child: waits for the parent's go byte on stdin (EOF: the parent
@@ -442,91 +512,8 @@ pub fn vmstat_reclaim() -> (u64, u64, u64) {
     (field("pswpout"), field("pswpin"), field("pgsteal_anon"))
 }
 
+mod watch;
+use watch::{kernel_log_oom, read_stdout, Deadline, GroupCounters};
+
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn scratch(tag: &str) -> PathBuf {
-        std::env::temp_dir().join(format!("usermm-memcg-unit-{tag}-{}", std::process::id()))
-    }
-
-    #[test]
-    fn the_owner_of_a_name_is_the_pid_after_the_prefix() {
-        assert_eq!(owner_pid("usermm-memcg-swap-5689", SWAP_PREFIX), Some(5689));
-        assert_eq!(owner_pid("usermm-memcg-77-3", CGROUP_PREFIX), Some(77));
-        assert_eq!(owner_pid("usermm-memcg-swap-5689", CGROUP_PREFIX), None);
-        assert_eq!(owner_pid("usermm-memcg-unit-x-1", CGROUP_PREFIX), None);
-        assert_eq!(owner_pid("usermm-memcg-swap-", SWAP_PREFIX), None);
-        assert_eq!(owner_pid("swapfile", SWAP_PREFIX), None);
-    }
-
-    /// What a benchmark killed with SIGKILL leaves (an active swap file, a
-    /// memory group) is removed by the next one's sweep; a live benchmark's
-    /// pieces (this process's) are left alone.
-    #[test]
-    fn pieces_of_a_benchmark_that_is_gone_are_swept() {
-        if euid() != 0 || !Path::new(CGROUP_ROOT).exists() {
-            eprintln!("NOT RUN: sweeping needs root and {CGROUP_ROOT} (swapon, cgroups)");
-            assert!(euid() != 0, "root, but no cgroup v1 memory controller at {CGROUP_ROOT}");
-            return;
-        }
-        let mut child = Command::new("true").spawn().unwrap();
-        let dead = child.id();
-        child.wait().unwrap();
-        let dir = scratch("sweep");
-        std::fs::create_dir_all(&dir).unwrap();
-        let swap = dir.join(format!("{SWAP_PREFIX}{dead}"));
-        let mine = dir.join(format!("{SWAP_PREFIX}{}", std::process::id()));
-        std::fs::write(&mine, b"").unwrap();
-        run("fallocate", &["-l".as_ref(), "1048576".as_ref(), swap.as_os_str()]).unwrap();
-        run("chmod", &["600".as_ref(), swap.as_os_str()]).unwrap();
-        run("mkswap", &[swap.as_os_str()]).unwrap();
-        run("swapon", &[swap.as_os_str()]).unwrap();
-        let group = Path::new(CGROUP_ROOT).join(format!("{CGROUP_PREFIX}{dead}-0"));
-        std::fs::create_dir(&group).unwrap();
-        assert!(swap_active(&swap));
-        sweep_left_behind(&dir);
-        let (active, exists, group_left) = (swap_active(&swap), swap.exists(), group.exists());
-        // (Cleaned up whatever the assertions say.)
-        let _ = undo(&Piece::Swap(swap.clone()));
-        let _ = std::fs::remove_dir(&group);
-        assert!(mine.exists(), "a live benchmark's swap file was swept");
-        let _ = std::fs::remove_dir_all(&dir);
-        assert!(!active && !exists, "the swap file of pid {dead} is still on ({active}) or on disk ({exists})");
-        assert!(!group_left, "the memory group of pid {dead} is still there");
-    }
-
-    /// A guard undoes its piece when dropped (on an error path as well): a
-    /// "group" (here a plain empty directory) is removed, a "swap file" that
-    /// is not active is deleted, and the registry is empty afterwards.
-    #[test]
-    fn guards_undo_their_pieces_when_dropped() {
-        let dir = scratch("group");
-        let file = scratch("swap");
-        let run = || -> Result<(), String> {
-            let _g = Guard::new(Piece::Cgroup(dir.clone()));
-            std::fs::create_dir(&dir).map_err(|e| e.to_string())?;
-            let _s = Guard::new(Piece::Swap(file.clone()));
-            std::fs::write(&file, b"x").map_err(|e| e.to_string())?;
-            Err("setup failed half-way".into())
-        };
-        assert!(run().is_err());
-        assert!(!dir.exists() && !file.exists());
-        assert!(registry().iter().all(|(_, p)| !matches!(p, Piece::Cgroup(d) if *d == dir)));
-        // Undoing what was never made is no error (a signal may come between
-        // registering a piece and making it).
-        drop(Guard::new(Piece::Cgroup(dir.clone())));
-        assert!(undo(&Piece::Swap(file.clone())).is_ok());
-    }
-
-    /// `finish` takes the piece out of the registry without undoing it.
-    #[test]
-    fn finish_hands_over_the_piece() {
-        let dir = scratch("finish");
-        std::fs::create_dir(&dir).unwrap();
-        let g = Guard::new(Piece::Cgroup(dir.clone()));
-        let kept = g.finish(|p| matches!(p, Piece::Cgroup(d) if *d == dir));
-        assert!(kept && dir.exists());
-        std::fs::remove_dir(&dir).unwrap();
-    }
-}
+mod tests;
