@@ -56,7 +56,7 @@ pub(crate) fn help() -> &'static str {
      --verbose            also print where allocations went (space, or the C library's malloc and why)\n  \
      --no-inherit         programs this one runs are not preloaded (LD_PRELOAD removed at start)\n  \
      --no-cgroup-view     the program reads its memory cgroup's real limit, not the budget\n                       \
-     (USERMM_RUN_NO_CGROUP_VIEW; by default memory.limit_in_bytes/memory.max read the smaller)\n  \
+     (USERMM_RUN_NO_CGROUP_VIEW; with --budget, memory.limit_in_bytes/memory.max read the smaller)\n  \
      --help               this text\n\n\
      BYTES: decimal or 0x hex, with an optional binary suffix k, m, g, t (--budget 64m).\n\n\
      EXIT STATUS: the program's; 128+N if signal N killed it; 127 if PROGRAM is not found; 126 if\n\

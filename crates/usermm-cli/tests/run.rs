@@ -2489,7 +2489,7 @@ int main(void) {
 /// a cgroup of the budget's size would show it (`cgroup.rs` in the preload):
 /// `open`, `openat` and `fopen` of its own limit file read the smaller of
 /// the real limit and the budget; another file reads as without usermm, and
-/// `--no-cgroup-view` shows the real limit. Node.js sizes its heap by it
+/// `--no-cgroup-view` or no `--budget` shows the real limit. Node.js sizes its heap by it
 /// (`process.constrainedMemory()`).
 #[test]
 fn the_program_reads_the_budget_as_its_cgroup_limit() {
@@ -2508,9 +2508,13 @@ fn the_program_reads_the_budget_as_its_cgroup_limit() {
     assert!(out.status.success(), "{:?}: {stdout}", out.status);
     let root = plain.lines().find(|l| l.starts_with("root ")).unwrap();
     assert_eq!(stdout, format!("open {seen}\nopenat {seen}\nfopen {seen}\n{root}\n").replace("\n\n", "\n"));
-    let out = output(usermm_run(&["--budget", "40m", "--no-cgroup-view", "--"]).arg(&exe));
-    let unviewed = String::from_utf8_lossy(&out.stdout);
-    assert!(unviewed.starts_with(&format!("open {}", plain.lines().next().unwrap()[5..].trim())), "{unviewed}");
+    // Turned off, or no budget given (the default one is no limit the
+    // user set): the real limit.
+    for args in [&["--budget", "40m", "--no-cgroup-view", "--"][..], &["--"]] {
+        let out = output(usermm_run(args).env_remove("USERMM_BUDGET_BYTES").arg(&exe));
+        let unviewed = String::from_utf8_lossy(&out.stdout);
+        assert!(unviewed.starts_with(&format!("{}\n", plain.lines().next().unwrap())), "{args:?}: {unviewed}");
+    }
     let js = "console.log(process.constrainedMemory())";
     let out = output(usermm_run(&["--budget", "40m", "--"]).args([need("node").to_str().unwrap(), "-e", js]));
     let node = String::from_utf8_lossy(&out.stdout);

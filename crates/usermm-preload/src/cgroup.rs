@@ -13,7 +13,10 @@
 //! cgroup v1 `/sys/fs/cgroup/memory<path>/memory.limit_in_bytes`, v2
 //! `/sys/fs/cgroup<path>/memory.max`, `<path>` from `/proc/self/cgroup` —
 //! gives a copy of the file holding the smaller of the real limit and the
-//! space's budget (`view`). Nothing else is changed: other cgroups' files,
+//! space's budget (`view`), when the budget was given (`--budget`,
+//! `USERMM_BUDGET_BYTES`: a default budget is no limit the user set, and a
+//! JVM seeing a quarter of the machine would take a sixteenth as its
+//! heap). Nothing else is changed: other cgroups' files,
 //! writes, `memory.high`, the soft limit, the usage (`USERMM_RUN_NO_CGROUP_VIEW=1`
 //! turns the view off).
 
@@ -42,7 +45,7 @@ pub(crate) fn may_view(path: &[u8], flags: i32) -> bool {
 /// process's own memory limit file and `budget` is below the real limit:
 /// the budget in the file's format. `None`: the real file.
 pub(crate) fn view(path: &[u8], budget: u64) -> Option<Vec<u8>> {
-    if crate::env_on("USERMM_RUN_NO_CGROUP_VIEW") || budget == 0 {
+    if crate::env_on("USERMM_RUN_NO_CGROUP_VIEW") || !crate::env_on("USERMM_BUDGET_BYTES") || budget == 0 {
         return None;
     }
     VIEWING.with(|v| v.set(true));
