@@ -38,7 +38,9 @@
 //!   zeroing while the space has room, and reclaim drops them first,
 //!   without writing them to swap, when it has not (seed 001's point).
 //!   Smaller frees that merge into a large free run are not returned (as
-//!   glibc, which trims only the top of its heap).
+//!   glibc, which trims only the top of its heap). An arena run's pages
+//!   wait on a short list first, so that a block freed and allocated again
+//!   at once costs no call (see `heap/deferred.rs`).
 //!
 //! # Deadlocks it cannot have
 //! The heap's lock is never held while the heap calls into a space on behalf
@@ -56,6 +58,7 @@ use std::sync::OnceLock;
 pub use crate::thread_role::SystemOnly;
 use crate::{Config, Errno, Space, Stats};
 
+pub(crate) mod deferred;
 pub(crate) mod small;
 
 /// Allocations of at least this many bytes are regions of their own.

@@ -14,10 +14,11 @@ use talc::source::Manual;
 use talc::DefaultBinning;
 
 use crate::consts::{MADV_FREE, MAP_ANONYMOUS, MAP_FIXED_NOREPLACE, MAP_PRIVATE, PROT_READ, PROT_WRITE};
+use crate::heap::deferred::Deferred;
 use crate::heap::small::{Cached, Small, SmallFree};
 use crate::heap::{
     class_of, class_size, free_run_pages, next_arena_bytes, small_class, Counters, GlobalHeap, Heap, HeapStats,
-    FREE_RUN_BYTES, LARGE_BYTES, MAX_ARENAS, SMALL_MAX_BYTES,
+    FREE_RUN_BYTES, LARGE_BYTES, MAX_ARENAS, SMALL_MAX_BYTES, TAG_MARGIN,
 };
 use crate::thread_role::{system_only, SystemOnly};
 use crate::Space;
@@ -43,6 +44,8 @@ struct Arenas {
     /// Changed only with [`SystemOnly`] entered: a [`GlobalHeap`] must not
     /// allocate the map's nodes from itself while its lock is held.
     large: BTreeMap<usize, usize>,
+    /// Freed runs whose pages wait to be lazily freed (`heap/deferred.rs`).
+    deferred: Deferred,
 }
 
 impl Arenas {
@@ -54,6 +57,16 @@ impl Arenas {
     /// Whether `p` lies in a live large allocation's region.
     fn in_large(&self, p: usize) -> bool {
         self.large.range(..=p).next_back().is_some_and(|(&b, &len)| p - b < len)
+    }
+
+    /// talc placed (or grew) a block at `[p, p+size)`: its pages, and those
+    /// of the tags talc wrote beside it, leave the deferred runs.
+    fn placed(&mut self, p: usize, size: usize, page: usize) {
+        if !self.deferred.is_empty() {
+            let lo = p.saturating_sub(TAG_MARGIN) / page * page;
+            let hi = p.saturating_add(size).saturating_add(TAG_MARGIN).saturating_add(page - 1) / page * page;
+            self.deferred.take(lo, hi);
+        }
     }
 
     /// Whether `p` lies in memory the heap holds mapped: an arena (never
@@ -89,7 +102,9 @@ const ANON: i32 = MAP_PRIVATE | MAP_ANONYMOUS;
 
 impl HeapCore {
     /// The heap of a space whose reservation is `[base, base + len)`.
-    pub(crate) fn new(base: usize, len: usize) -> HeapCore {
+    /// `budget_bytes`: the space's budget (it bounds the freed pages that
+    /// wait to be lazily freed).
+    pub(crate) fn new(base: usize, len: usize, budget_bytes: usize) -> HeapCore {
         HeapCore {
             small: Small::new(base, len),
             arenas: Mutex::new(Arenas {
@@ -100,6 +115,7 @@ impl HeapCore {
                 live: 0,
                 live_bytes: 0,
                 large: BTreeMap::new(),
+                deferred: Deferred::new(Deferred::bound_for(budget_bytes)),
             }),
             counters: Counters::new(),
         }
@@ -169,6 +185,7 @@ impl HeapCore {
             if let Some(p) = unsafe { a.talc.try_allocate(layout) } {
                 a.live += 1;
                 a.live_bytes += layout.size() as u64;
+                a.placed(p.as_ptr() as usize, layout.size(), sp.page_size());
                 return Some((p, false));
             }
             self.grow(&mut a, sp, layout)?;
@@ -390,15 +407,27 @@ impl HeapCore {
         unsafe { a.talc.deallocate(ptr, layout) };
         if layout.size() >= FREE_RUN_BYTES {
             if let Some((start, len)) = free_run_pages(ptr as usize, layout.size(), sp.page_size()) {
-                // Still under the lock: nothing is placed in the run before
-                // its pages are marked lazily free.
-                let _system = SystemOnly::enter();
-                if sp.madvise(start, len, MADV_FREE).is_ok() {
-                    self.counters.lazily_freed_bytes.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+                if a.deferred.is_full() {
+                    self.lazily_free_deferred(&mut a, sp);
+                }
+                if a.deferred.add(start, start + len) {
+                    self.lazily_free_deferred(&mut a, sp);
                 }
             }
         }
         true
+    }
+
+    /// Lazily frees the deferred runs' pages. Under the lock: nothing is
+    /// placed in a run before its pages are marked lazily free.
+    fn lazily_free_deferred(&self, a: &mut Arenas, sp: &Space) {
+        let _system = SystemOnly::enter();
+        let freed = &self.counters.lazily_freed_bytes;
+        a.deferred.drain(|start, len| {
+            if sp.madvise(start, len, MADV_FREE).is_ok() {
+                freed.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
     }
 
     /// Resizes `ptr` to `new_size` bytes (same alignment), in place when it
@@ -464,6 +493,7 @@ impl HeapCore {
             // SAFETY: the caller's; the new size is nonzero.
             if unsafe { a.talc.try_realloc_in_place(ptr, old, new.size()) } {
                 a.live_bytes = a.live_bytes - old.size() as u64 + new.size() as u64;
+                a.placed(ptr as usize, old.size().max(new.size()), sp.page_size());
                 return NonNull::new(ptr);
             }
             drop(a);
