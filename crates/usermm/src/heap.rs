@@ -24,7 +24,8 @@
 //!   private anonymous regions of the space, the first [`FIRST_ARENA_BYTES`],
 //!   each next one twice the last up to [`MAX_ARENA_BYTES`] (or as large as
 //!   one allocation needs), mapped with the space's own `mmap`.
-//! - **Large allocations** (at least [`LARGE_BYTES`]) are regions of their
+//! - **Large allocations** (at least [`LARGE_BYTES`], a size that rises up
+//!   to [`LARGE_MAX_BYTES`] as large ones are freed) are regions of their
 //!   own, as glibc's `mmap` threshold does: freeing one `munmap`s it, which
 //!   gives its pages and swap slots back to the space at once; shrinking one
 //!   unmaps its tail; growing one maps the pages after it when they are free
@@ -61,8 +62,16 @@ use crate::{Config, Errno, Space, Stats};
 pub(crate) mod deferred;
 pub(crate) mod small;
 
-/// Allocations of at least this many bytes are regions of their own.
+/// Allocations of at least this many bytes are regions of their own, until
+/// a large one is freed (see [`LARGE_MAX_BYTES`]).
 pub const LARGE_BYTES: usize = 256 << 10;
+/// Freeing a large allocation of up to this many bytes raises the size
+/// from which allocations are regions to just above its size, as glibc's
+/// dynamic `mmap` threshold (`DEFAULT_MMAP_THRESHOLD_MAX`, 32 MiB): a
+/// program that allocates and frees a buffer of the same size over and over
+/// then reuses arena memory instead of mapping, faulting in and unmapping a
+/// region each time.
+pub const LARGE_MAX_BYTES: usize = 32 << 20;
 /// A free of at least this many bytes inside an arena lazily frees the
 /// whole pages it releases.
 pub const FREE_RUN_BYTES: usize = 64 << 10;

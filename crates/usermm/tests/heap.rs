@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use allocator_api2::vec::Vec as AVec;
 use common::space;
 use pattern::Rng;
-use usermm::heap::{FREE_RUN_BYTES, LARGE_BYTES};
+use usermm::heap::{FREE_RUN_BYTES, LARGE_BYTES, LARGE_MAX_BYTES};
 use usermm::{Heap, Space};
 
 /// The byte at offset `i` of block `k`.
@@ -197,6 +197,32 @@ fn a_block_freed_and_allocated_again_makes_no_call() {
     // of it.)
     assert!(freed <= 1 << 20, "{freed} bytes lazily freed");
     assert_eq!(wrong(&keep, 1), 0);
+}
+
+/// A large block freed raises the size from which blocks are regions past
+/// its own (glibc's dynamic mmap threshold): the same size allocated and
+/// freed again and again maps no region; a block past `LARGE_MAX_BYTES`
+/// still does.
+#[test]
+fn a_large_block_freed_and_allocated_again_maps_no_region() {
+    let sp = space(256, 64);
+    let heap = sp.heap();
+    let regions0 = sp.stats().regions;
+    let first = filled(heap, 0, 1 << 20);
+    assert_eq!(heap.stats().large_regions, 1);
+    drop(first);
+    let mut most = 0;
+    for k in 1..200 {
+        let v = filled(heap, k, 1 << 20);
+        assert_eq!(wrong(&v, k), 0);
+        most = most.max(sp.stats().regions);
+        assert_eq!(heap.stats().large_regions, 0, "round {k}");
+    }
+    // (The arenas the blocks came from: a few regions, not one a round.)
+    assert!(most <= regions0 + 4, "{most} regions (from {regions0})");
+    let huge = filled(heap, 7, LARGE_MAX_BYTES + (1 << 20));
+    assert_eq!(heap.stats().large_regions, 1);
+    drop(huge);
 }
 
 /// Threads allocating and freeing in one heap at once, each checking its

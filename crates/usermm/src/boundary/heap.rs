@@ -6,6 +6,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Mutex, MutexGuard};
 
 use allocator_api2::alloc::{AllocError, Allocator};
@@ -18,7 +20,7 @@ use crate::heap::deferred::Deferred;
 use crate::heap::small::{Cached, Small, SmallFree};
 use crate::heap::{
     class_of, class_size, free_run_pages, next_arena_bytes, small_class, Counters, GlobalHeap, Heap, HeapStats,
-    FREE_RUN_BYTES, LARGE_BYTES, MAX_ARENAS, SMALL_MAX_BYTES, TAG_MARGIN,
+    FREE_RUN_BYTES, LARGE_BYTES, LARGE_MAX_BYTES, MAX_ARENAS, SMALL_MAX_BYTES, TAG_MARGIN,
 };
 use crate::thread_role::{system_only, SystemOnly};
 use crate::Space;
@@ -85,6 +87,10 @@ pub(crate) struct HeapCore {
     /// Medium blocks (talc) and the large ones' set.
     arenas: Mutex<Arenas>,
     counters: Counters,
+    /// Allocations of at least this many bytes are regions of their own:
+    /// [`LARGE_BYTES`], raised past each large allocation freed of up to
+    /// [`LARGE_MAX_BYTES`].
+    large_min: AtomicUsize,
 }
 
 /// Allocations of size 0 are served (and freed) as size 1.
@@ -118,6 +124,7 @@ impl HeapCore {
                 deferred: Deferred::new(Deferred::bound_for(budget_bytes)),
             }),
             counters: Counters::new(),
+            large_min: AtomicUsize::new(LARGE_BYTES),
         }
     }
 
@@ -171,7 +178,7 @@ impl HeapCore {
             }
             // No room for a new slab: try the arenas.
         }
-        if layout.size() >= LARGE_BYTES && layout.align() <= sp.page_size() {
+        if layout.size() >= self.large_min.load(Relaxed) && layout.align() <= sp.page_size() {
             if let Some(p) = self.map_large(sp, layout.size()) {
                 self.counters.allocated(layout.size());
                 return Some((p, true));
@@ -396,6 +403,9 @@ impl HeapCore {
             // allocator (they were allocated with `SystemOnly` entered).
             let Some(len) = a.large.remove(&(ptr as usize)) else { return false };
             drop(a);
+            if len <= LARGE_MAX_BYTES {
+                self.large_min.fetch_max(len + 1, Relaxed);
+            }
             self.counters.freed(layout.size());
             self.unmap_large(sp, ptr as usize, len);
             return true;
