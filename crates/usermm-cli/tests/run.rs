@@ -31,11 +31,40 @@ use std::time::{Duration, Instant, SystemTime};
 
 const BIN: &str = env!("CARGO_BIN_EXE_usermm");
 
-fn tmpdir(tag: &str) -> PathBuf {
+/// A test's scratch directory, removed with what is in it when the test
+/// ends (passed or failed).
+struct TmpDir(PathBuf);
+
+impl std::ops::Deref for TmpDir {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TmpDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for TmpDir {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tmpdir(tag: &str) -> TmpDir {
     let d = std::env::temp_dir().join(format!("usermm-run-test-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("temp dir");
-    d
+    TmpDir(d)
 }
 
 fn newest_source(dir: &Path) -> SystemTime {

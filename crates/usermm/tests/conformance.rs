@@ -1395,6 +1395,7 @@ fn shared_file_writeback_whatever_the_protection() {
             t.note(format!("file page {i} byte 5 = {:#x}", v[0]));
         }
     });
+    let _ = std::fs::remove_file(&path);
 }
 
 /// Found by the fuzzer (seed 0x1): a region mapped over two old ones that
@@ -1419,6 +1420,7 @@ fn populate_across_the_host_mappings_of_replaced_regions() {
         t.note(format!("contents {:?}", dump(mm, b, 22)));
         t.layout("layout", mm);
     });
+    let _ = std::fs::remove_file(&path);
 }
 
 /// Found by the fuzzer (seed 0x4): `MADV_WILLNEED`'s file read-ahead
@@ -1439,6 +1441,7 @@ fn willneed_file_readahead_stays_in_its_region() {
         t.mincore("anon resident", mm.mincore(b + 4 * PAGE, 8 * PAGE));
         t.layout("layout", mm);
     });
+    let _ = std::fs::remove_file(&path);
 }
 
 /// Found by the fuzzer (seed 0x4): a shared file page read, then written,
@@ -1470,6 +1473,7 @@ fn shared_file_page_read_written_paged_out_reaches_the_file() {
             t.note(format!("file byte {:#x}", v[0]));
         }
     });
+    let _ = std::fs::remove_file(&path);
 }
 
 /// Found by the fuzzer (seed 0x1): a file mapping with no valid type is
@@ -1490,6 +1494,7 @@ fn file_mmap_type_is_checked_after_the_address() {
         t.addr("len 0, no type", mm.mmap_fd(b + 8 * PAGE, 0, PROT_READ, MAP_FIXED, fd, 0));
         t.layout("layout", mm);
     });
+    let _ = std::fs::remove_file(&path);
 }
 
 /// Issue 45: a file mapping's descriptor errors, in Linux's order: the
