@@ -61,7 +61,7 @@ pub(crate) fn help() -> &'static str {
      BYTES: decimal or 0x hex, with an optional binary suffix k, m, g, t (--budget 64m).\n\n\
      EXIT STATUS: the program's; 128+N if signal N killed it; 127 if PROGRAM is not found; 126 if\n\
      it cannot run under the preload (statically linked, 32-bit, no preload library) or cannot be\n\
-     started; 2 on a usage error.\n\n\
+     started; 2 on a usage error (an option, or a numeric USERMM_* variable, that does not parse).\n\n\
      LIMITS (this version): the heap and anonymous mmaps are on the space (stacks and files stay\n\
      with the kernel); a forked child gets a copy of the space (shared mappings stay shared); where\n\
      the copy fails (no descriptor left) it gets a space of its own for its new memory, and one\n\
@@ -133,6 +133,46 @@ fn check_bytes(v: &str) -> Result<(), String> {
         return Ok(());
     }
     Err(format!("'{v}' is not a byte count (e.g. 64m, 1g, 0x1000), or is too large"))
+}
+
+/// The numeric `USERMM_*` variables of usermm run's own environment that
+/// no option replaced, as the program's space will read them: one that does
+/// not parse makes the space refuse to open (`EINVAL`), and the program
+/// would run on the C library's allocator with no word said.
+fn check_inherited_env(set: &[(&str, String)]) -> Result<(), String> {
+    const SIZES: [&str; 6] = [
+        "USERMM_BUDGET_BYTES",
+        "USERMM_RESERVE_BYTES",
+        "USERMM_MEMLOCK_BYTES",
+        "USERMM_SWAP_BYTES",
+        "USERMM_MAX_REGIONS",
+        "USERMM_LAZYFREE_MAX_BYTES",
+    ];
+    const NUMBERS: [&str; 3] = ["USERMM_PAGE_SHIFT", "USERMM_FAULT_THREADS", "USERMM_FLAGS"];
+    for name in SIZES.iter().chain(NUMBERS.iter()) {
+        if set.iter().any(|(k, _)| k == name) {
+            continue;
+        }
+        let Some(v) = std::env::var_os(name) else { continue };
+        let Some(v) = v.to_str().map(str::to_owned) else {
+            return Err(format!("{name} is not UTF-8"));
+        };
+        if v.trim().is_empty() {
+            continue;
+        }
+        let fits = if NUMBERS.contains(name) {
+            parse_bytes(&v).is_some_and(|n| n <= u32::MAX as u64)
+        } else {
+            check_bytes(&v).is_ok()
+        };
+        if !fits {
+            return Err(format!(
+                "{name}={v}: not a number the space can read (decimal or 0x hex, with an optional k, m, g, t{})",
+                if NUMBERS.contains(name) { "; at most 2^32-1" } else { "; or unlimited" }
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `Ok(None)`: `--help`.
@@ -272,6 +312,10 @@ pub(crate) fn main(args: &[OsString]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Err(m) = check_inherited_env(&o.env) {
+        eprintln!("usermm run: {m}");
+        return ExitCode::from(2);
+    }
     let prog = &o.argv[0];
     let Some(path) = find_program(prog) else {
         eprintln!("usermm run: {}: program not found", prog.to_string_lossy());

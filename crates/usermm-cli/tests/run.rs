@@ -1946,6 +1946,19 @@ fn stats_go_to_a_file_when_asked_and_a_budget_too_small_is_refused() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("--budget") && (err.contains("1m") || err.contains("default")), "{err}");
     }
+    // A variable the space would refuse (the flag's name, not its bit) is
+    // refused here with its name, not left to make the space fail to open
+    // and the program run silently on the C library's malloc; a valid one
+    // runs, and an option replaces a bad variable.
+    for (var, bad) in [("USERMM_FLAGS", "UMM_F_NO_WAKE_AHEAD"), ("USERMM_BUDGET_BYTES", "64 MiB")] {
+        let out = output(usermm_run(&["--", "true"]).env(var, bad));
+        assert_eq!(out.status.code(), Some(2), "{var}={bad}: {out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(var), "{out:?}");
+    }
+    let out = output(usermm_run(&["--", "true"]).env("USERMM_FLAGS", "128"));
+    assert!(out.status.success(), "{out:?}");
+    let out = output(usermm_run(&["--budget", "64m", "--", "true"]).env("USERMM_BUDGET_BYTES", "64 MiB"));
+    assert!(out.status.success(), "{out:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
