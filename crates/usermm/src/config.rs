@@ -54,6 +54,18 @@ pub struct Config {
     pub lazyfree_max_bytes: usize,
 }
 
+impl Config {
+    /// The budget in bytes: [`Config::budget_bytes`], or
+    /// [`default_budget_bytes`] for 0.
+    pub(crate) fn budget_or_default(&self) -> usize {
+        if self.budget_bytes == 0 {
+            default_budget_bytes()
+        } else {
+            self.budget_bytes
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Config {
         Config {

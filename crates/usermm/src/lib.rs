@@ -115,8 +115,7 @@ impl Space {
     pub fn open(cfg: &Config) -> Result<Space, Errno> {
         usermm_sys::thread::watch_forks()?;
         let inner = Inner::open(cfg)?;
-        let budget = if cfg.budget_bytes == 0 { config::default_budget_bytes() } else { cfg.budget_bytes };
-        let heap = Arc::new(boundary::heap::HeapCore::new(inner.base(), inner.reserve_len(), budget));
+        let heap = Arc::new(boundary::heap::HeapCore::new(inner.base(), inner.reserve_len(), cfg.budget_or_default()));
         inner.set_fork_locks(Arc::downgrade(&heap) as std::sync::Weak<dyn native::ForkLocks>);
         Ok(Space { inner, closed: false, heap })
     }

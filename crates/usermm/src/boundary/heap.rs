@@ -435,7 +435,7 @@ impl HeapCore {
         let freed = &self.counters.lazily_freed_bytes;
         a.deferred.drain(|start, len| {
             if sp.madvise(start, len, MADV_FREE).is_ok() {
-                freed.fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+                freed.fetch_add(len as u64, Relaxed);
             }
         });
     }

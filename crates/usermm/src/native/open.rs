@@ -25,7 +25,7 @@ impl Inner {
             return Err(Errno::EINVAL);
         }
         let ps = 1usize << shift;
-        let budget_bytes = if cfg.budget_bytes == 0 { crate::default_budget_bytes() } else { cfg.budget_bytes };
+        let budget_bytes = cfg.budget_or_default();
         let budget_pages = (budget_bytes / ps).max(1) as u64;
         let reserve = if cfg.reserve_bytes == 0 { crate::DEFAULT_RESERVE_BYTES } else { cfg.reserve_bytes };
         let reserve = reserve.checked_add(ps - 1).ok_or(Errno::EINVAL)? & !(ps - 1);
@@ -189,7 +189,7 @@ impl Inner {
     ) -> Result<Arc<Inner>, Errno> {
         let shift = if cfg.page_shift == 0 { 12 } else { cfg.page_shift };
         let ps = 1usize << shift;
-        let budget_bytes = if cfg.budget_bytes == 0 { crate::default_budget_bytes() } else { cfg.budget_bytes };
+        let budget_bytes = cfg.budget_or_default();
         let budget_pages = (budget_bytes / ps).max(1) as u64;
         let reserve = if cfg.reserve_bytes == 0 { crate::DEFAULT_RESERVE_BYTES } else { cfg.reserve_bytes };
         let reserve = reserve.checked_add(ps - 1).ok_or(Errno::EINVAL)? & !(ps - 1);
