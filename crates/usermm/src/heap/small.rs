@@ -62,12 +62,14 @@ pub(crate) mod cache;
 use crate::thread_role::{Thread, THREAD};
 
 /// Slabs per chunk of the side table (chunks are allocated as slabs are
-/// carved in their address range: 4 MiB of reservation each). The table of
-/// chunks is one pointer per chunk, zeroed memory of the system allocator
-/// (128 KiB for the preload's 64 GiB, none of it written at a process's
-/// start: a table written in full was a fifth of the CPU time `usermm run
-/// -- /bin/true` added), so a lookup is one load.
-const CHUNK_SLABS: usize = 64;
+/// carved in their address range: 512 KiB of reservation each). The table
+/// of chunks is one pointer per chunk, zeroed memory of the system
+/// allocator (1 MiB for the preload's 64 GiB, none of it written at a
+/// process's start: a table written in full was a fifth of the CPU time
+/// `usermm run -- /bin/true` added), so a lookup is one load. A chunk is
+/// written whole when made (its entries are 4.3 KiB each): 8 entries are
+/// 9 pages, where 64 were 73 pages a program's first `malloc` faulted in.
+const CHUNK_SLABS: usize = 8;
 /// The most slots of a slab (the smallest class), and its granules (the
 /// live bytes: every class is a multiple of 16 bytes).
 const MAX_SLOTS: usize = SLAB_BYTES / 16;
