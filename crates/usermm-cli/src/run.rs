@@ -135,44 +135,17 @@ fn check_bytes(v: &str) -> Result<(), String> {
     Err(format!("'{v}' is not a byte count (e.g. 64m, 1g, 0x1000), or is too large"))
 }
 
-/// The numeric `USERMM_*` variables of usermm run's own environment that
-/// no option replaced, as the program's space will read them: one that does
-/// not parse makes the space refuse to open (`EINVAL`), and the program
-/// would run on the C library's allocator with no word said.
+/// The `USERMM_*` variables the program's space will read (usermm run's own
+/// environment, with its options' variables in place of the inherited
+/// ones), checked by the library's own rules: one that does not parse makes
+/// the space refuse to open (`EINVAL`), and the program would run on the C
+/// library's allocator with no word said.
 fn check_inherited_env(set: &[(&str, String)]) -> Result<(), String> {
-    const SIZES: [&str; 6] = [
-        "USERMM_BUDGET_BYTES",
-        "USERMM_RESERVE_BYTES",
-        "USERMM_MEMLOCK_BYTES",
-        "USERMM_SWAP_BYTES",
-        "USERMM_MAX_REGIONS",
-        "USERMM_LAZYFREE_MAX_BYTES",
-    ];
-    const NUMBERS: [&str; 3] = ["USERMM_PAGE_SHIFT", "USERMM_FAULT_THREADS", "USERMM_FLAGS"];
-    for name in SIZES.iter().chain(NUMBERS.iter()) {
-        if set.iter().any(|(k, _)| k == name) {
-            continue;
-        }
-        let Some(v) = std::env::var_os(name) else { continue };
-        let Some(v) = v.to_str().map(str::to_owned) else {
-            return Err(format!("{name} is not UTF-8"));
-        };
-        if v.trim().is_empty() {
-            continue;
-        }
-        let fits = if NUMBERS.contains(name) {
-            parse_bytes(&v).is_some_and(|n| n <= u32::MAX as u64)
-        } else {
-            check_bytes(&v).is_ok()
-        };
-        if !fits {
-            return Err(format!(
-                "{name}={v}: not a number the space can read (decimal or 0x hex, with an optional k, m, g, t{})",
-                if NUMBERS.contains(name) { "; at most 2^32-1" } else { "; or unlimited" }
-            ));
-        }
-    }
-    Ok(())
+    let get = |name: &str| match set.iter().find(|(k, _)| *k == name) {
+        Some((_, v)) => Some(OsString::from(v)),
+        None => std::env::var_os(name),
+    };
+    usermm::config_from_vars(&get).map(drop).map_err(|e| e.to_string())
 }
 
 /// `Ok(None)`: `--help`.

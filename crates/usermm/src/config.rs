@@ -6,6 +6,7 @@ mod env;
 
 use std::path::PathBuf;
 
+pub use env::{config_from_vars, EnvError};
 pub(crate) use env::{default_swap_dir, from_env};
 
 /// The default virtual range a space reserves: 64 GiB of address space (no

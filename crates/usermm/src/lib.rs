@@ -59,7 +59,7 @@ mod store;
 mod thread_role;
 
 pub use boundary::capi;
-pub use config::{default_budget_bytes, Config, DEFAULT_RESERVE_BYTES, DEFAULT_SWAP_BYTES};
+pub use config::{config_from_vars, default_budget_bytes, Config, EnvError, DEFAULT_RESERVE_BYTES, DEFAULT_SWAP_BYTES};
 pub use heap::{GlobalHeap, Heap, HeapStats};
 pub use mapping::Mapping;
 pub use native::creds::{credentials_changed_everywhere, threads_follow_credentials};
