@@ -3,7 +3,8 @@
 //! `results.json` of the documented shape with kernel and usermm rows (and
 //! so must one tiny run of `outofcore` and `lockonfault`, and of `reclaim`,
 //! whose kernel-memcg row leaves no memory group and no active swap file
-//! behind, also when interrupted by SIGINT/SIGTERM), and
+//! behind, also when interrupted by SIGINT/SIGTERM; an interrupted
+//! `programs` leaves no `redis-server` running), and
 //! usage errors must exit with status 2.
 
 use std::path::PathBuf;
@@ -708,6 +709,78 @@ fn bench_reclaim_interrupted_leaves_nothing() {
         assert!(left.is_empty(), "SIG{sig}: the interrupted benchmark left behind: {left:?}");
         let _ = std::fs::remove_dir_all(&out);
     }
+}
+
+/// The children of process `pid` named `comm` (from `/proc/*/stat`).
+fn children_named(pid: u32, comm: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(child) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // "pid (comm) state ppid ...": the comm may hold spaces.
+        let Some((head, rest)) = stat.rsplit_once(") ") else { continue };
+        let ppid = rest.split_whitespace().nth(1).and_then(|v| v.parse::<u32>().ok());
+        if head.ends_with(&format!("({comm}")) && ppid == Some(pid) {
+            found.push(child);
+        }
+    }
+    found
+}
+
+/// Whether process `pid` still runs (not gone, not a zombie).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// `usermm bench programs` starts a `redis-server` (its `usermm-redis`
+/// rows' page store): a SIGTERM that ends the benchmark ends the server
+/// too (it was left running, reparented to init).
+#[test]
+fn bench_programs_interrupted_leaves_no_redis_server() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::time::{Duration, Instant};
+    let _bench = bench_lock();
+    let out = tmpdir("programs-sigterm");
+    let mut child = Command::new(BIN)
+        .args(["bench", "programs", "--programs=python", "--runs=1"])
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run usermm");
+    let pid = child.id();
+    let t0 = Instant::now();
+    let server = loop {
+        if let Some(&s) = children_named(pid, "redis-server").first() {
+            break s;
+        }
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            panic!("the benchmark ended ({st:?}) before its redis-server was seen");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "no redis-server child within 60 s");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // (The benchmark registers the server for its teardown right after the
+    // spawn returns, and then waits for it to answer: give it that moment.)
+    std::thread::sleep(Duration::from_millis(200));
+    let k = Command::new("kill").arg("-TERM").arg(pid.to_string()).status().expect("run kill");
+    assert!(k.success());
+    let st = child.wait().expect("wait for usermm");
+    assert_eq!(st.signal(), Some(15), "the benchmark should end by the signal: {st:?}");
+    let t1 = Instant::now();
+    while alive(server) && t1.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let still = alive(server);
+    if still {
+        let _ = Command::new("kill").arg("-KILL").arg(server.to_string()).status();
+    }
+    assert!(!still, "redis-server {server} outlived the interrupted benchmark");
+    let _ = std::fs::remove_dir_all(&out);
 }
 
 #[test]

@@ -90,11 +90,14 @@ pub fn params(full: bool) -> Params {
         .def("seed", Kind::Int, 7, "PRNG seed")
 }
 
-/// A `redis-server` on a free loopback port; stopped on drop.
+/// A `redis-server` on a free loopback port; stopped on drop, and, in a
+/// process group of its own, by the benchmark's teardown on SIGINT/SIGTERM
+/// (which ends the process without running drops).
 pub(crate) struct Server {
     pub(crate) port: u16,
     child: Child,
     dir: PathBuf,
+    group: Option<crate::memcg::ProcessGroupGuard>,
 }
 
 impl Server {
@@ -117,15 +120,18 @@ impl Server {
     fn start_on(port: u16, extra: &[&str]) -> Result<Server, (String, bool)> {
         let dir = std::env::temp_dir().join(format!("usermm-farmem-bench-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| (format!("mkdir {}: {e}", dir.display()), false))?;
+        use std::os::unix::process::CommandExt;
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&dir)
             .args(extra)
             .stdout(Stdio::null())
+            .process_group(0)
             .spawn()
             .map_err(|e| (format!("cannot start redis-server ({e}): apt-get install redis-server"), false))?;
-        let mut s = Server { port, child, dir };
+        let group = Some(crate::memcg::ProcessGroupGuard::new(child.id() as i32));
+        let mut s = Server { port, child, dir, group };
         let t0 = Instant::now();
         while s.conn().and_then(|mut c| redis::cmd("PING").query::<String>(&mut c)).is_err() {
             if let Ok(Some(st)) = s.child.try_wait() {
@@ -200,6 +206,9 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(g) = self.group.take() {
+            g.release();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
