@@ -660,9 +660,32 @@ fn bench_reclaim_kernel_memcg_rows_and_nothing_left() {
     assert!(left.is_empty(), "the benchmark left behind: {left:?}");
 }
 
+/// `usermm bench ARGS --out OUT` started with its output discarded (a
+/// benchmark a test interrupts).
+fn spawn_bench_quiet(args: &[&str], out: &std::path::Path) -> std::process::Child {
+    Command::new(BIN)
+        .arg("bench")
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run usermm")
+}
+
+/// Sends `SIG<sig>` to the benchmark `child` and checks that it ended by
+/// that signal (`signo`).
+fn interrupt(child: &mut std::process::Child, sig: &str, signo: i32) {
+    use std::os::unix::process::ExitStatusExt;
+    let k = Command::new("kill").arg(format!("-{sig}")).arg(child.id().to_string()).status().expect("run kill");
+    assert!(k.success());
+    let st = child.wait().expect("wait for usermm");
+    assert_eq!(st.signal(), Some(signo), "SIG{sig}: the benchmark should end by the signal: {st:?}");
+}
+
 #[test]
 fn bench_reclaim_interrupted_leaves_nothing() {
-    use std::os::unix::process::ExitStatusExt;
     use std::time::{Duration, Instant};
     if !am_root() {
         eprintln!("not root: kernel-memcg cannot be set up, nothing to tear down");
@@ -671,14 +694,8 @@ fn bench_reclaim_interrupted_leaves_nothing() {
     let _bench = bench_lock();
     for (sig, signo) in [("INT", 2), ("TERM", 15)] {
         let out = tmpdir(&format!("reclaim-sig{sig}"));
-        let mut child = Command::new(BIN)
-            .args(["bench", "reclaim", "--set-mib=64", "--budget-mib=8", "--runs=3", "--disk-mib=4"])
-            .arg("--out")
-            .arg(&out)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("run usermm");
+        let mut child =
+            spawn_bench_quiet(&["reclaim", "--set-mib=64", "--budget-mib=8", "--runs=3", "--disk-mib=4"], &out);
         let pid = child.id();
         // Wait until the setup is done and a child runs in its memory group.
         let swap = format!("usermm-memcg-swap-{pid}");
@@ -701,10 +718,7 @@ fn bench_reclaim_interrupted_leaves_nothing() {
             assert!(t0.elapsed() < Duration::from_secs(300), "SIG{sig}: no kernel-memcg child within 300 s");
             std::thread::sleep(Duration::from_millis(5));
         }
-        let k = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().expect("run kill");
-        assert!(k.success());
-        let st = child.wait().expect("wait for usermm");
-        assert_eq!(st.signal(), Some(signo), "SIG{sig}: the benchmark should end by the signal: {st:?}");
+        interrupt(&mut child, sig, signo);
         let left = memcg_leftovers(pid, &swap_dir());
         assert!(left.is_empty(), "SIG{sig}: the interrupted benchmark left behind: {left:?}");
         let _ = std::fs::remove_dir_all(&out);
@@ -740,18 +754,10 @@ fn alive(pid: u32) -> bool {
 /// too (it was left running, reparented to init).
 #[test]
 fn bench_programs_interrupted_leaves_no_redis_server() {
-    use std::os::unix::process::ExitStatusExt;
     use std::time::{Duration, Instant};
     let _bench = bench_lock();
     let out = tmpdir("programs-sigterm");
-    let mut child = Command::new(BIN)
-        .args(["bench", "programs", "--programs=python", "--runs=1"])
-        .arg("--out")
-        .arg(&out)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run usermm");
+    let mut child = spawn_bench_quiet(&["programs", "--programs=python", "--runs=1"], &out);
     let pid = child.id();
     let t0 = Instant::now();
     let server = loop {
@@ -767,10 +773,7 @@ fn bench_programs_interrupted_leaves_no_redis_server() {
     // (The benchmark registers the server for its teardown right after the
     // spawn returns, and then waits for it to answer: give it that moment.)
     std::thread::sleep(Duration::from_millis(200));
-    let k = Command::new("kill").arg("-TERM").arg(pid.to_string()).status().expect("run kill");
-    assert!(k.success());
-    let st = child.wait().expect("wait for usermm");
-    assert_eq!(st.signal(), Some(15), "the benchmark should end by the signal: {st:?}");
+    interrupt(&mut child, "TERM", 15);
     let t1 = Instant::now();
     while alive(server) && t1.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(10));
