@@ -182,7 +182,15 @@ const SWEEP_EVERY_PUSHES: u32 = 64;
 /// becomes resident or parked is added under a new generation
 /// (`add_active`, `add_inactive`), which makes its older entries stale.
 pub struct Lru {
+    /// Resident pages not yet proved in use: new fills, and pages mapped
+    /// back with no use counted. Aging takes them first.
     active: Fifo<Entry>,
+    /// Resident pages proved in use (touched while parked, or read back
+    /// from swap soon after their eviction: `core/policy.rs`). Aging takes
+    /// them only when they outgrow their share or no unproved page is
+    /// left (`Core::plan_refill_inactive`), so that a stream of new pages
+    /// passes them by, as Linux's new pages start on the inactive list.
+    proven: Fifo<Entry>,
     inactive: Fifo<Entry>,
     /// Pages lazily freed (MADV_FREE), in order: reclaim takes them first,
     /// since discarding a clean one costs no I/O. An entry is valid while the
@@ -215,6 +223,7 @@ pub struct Lru {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum List {
     Active,
+    Proven,
     Inactive,
     Lazy,
     Volatile,
@@ -224,6 +233,7 @@ impl Default for Lru {
     fn default() -> Lru {
         Lru {
             active: Fifo::default(),
+            proven: Fifo::default(),
             inactive: Fifo::default(),
             lazy: Fifo::default(),
             volatile: Fifo::default(),
@@ -271,6 +281,14 @@ impl Lru {
     pub fn add_active(&mut self, pages: &mut PageTable, p: PageIdx) {
         let e = self.new_entry(pages, p);
         self.active.push_back(e);
+        self.sweep_stale(pages);
+    }
+
+    /// Queues page `p` at the tail of the proven list under a new
+    /// generation (see [`Lru::add_active`]).
+    pub fn add_proven(&mut self, pages: &mut PageTable, p: PageIdx) {
+        let e = self.new_entry(pages, p);
+        self.proven.push_back(e);
         self.sweep_stale(pages);
     }
 
@@ -329,6 +347,19 @@ impl Lru {
         self.active.push_back(e);
     }
 
+    /// Takes the entry at the head of the proven list.
+    pub fn isolate_proven(&mut self) -> Option<Entry> {
+        self.proven.pop_front()
+    }
+    /// Returns an isolated entry to the head of the proven list.
+    pub fn putback_proven(&mut self, e: Entry) {
+        self.proven.push_front(e);
+    }
+    /// Moves an isolated entry to the tail of the proven list.
+    pub fn rotate_proven(&mut self, e: Entry) {
+        self.proven.push_back(e);
+    }
+
     /// Takes the entry at the head of the inactive list.
     pub fn isolate_inactive(&mut self) -> Option<Entry> {
         self.inactive.pop_front()
@@ -372,6 +403,10 @@ impl Lru {
     pub fn active_len(&self) -> usize {
         self.active.len()
     }
+    /// Entries on the proven list, valid or stale.
+    pub fn proven_len(&self) -> usize {
+        self.proven.len()
+    }
     /// Entries on the inactive list, valid or stale.
     pub fn inactive_len(&self) -> usize {
         self.inactive.len()
@@ -387,21 +422,25 @@ impl Lru {
 
     /// Entries on all lists, valid or stale.
     pub fn len(&self) -> usize {
-        self.active.len() + self.inactive.len() + self.lazy.len() + self.volatile.len()
+        self.active.len() + self.proven.len() + self.inactive.len() + self.lazy.len() + self.volatile.len()
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// The spare chunks the active and inactive lists would take.
+    /// The spare chunks the active and proven lists, and the inactive
+    /// list, would take.
     pub fn spare_wanted(&self) -> (usize, usize) {
-        (self.active.spare_wanted(), self.inactive.spare_wanted())
+        (self.active.spare_wanted() + self.proven.spare_wanted(), self.inactive.spare_wanted())
     }
 
-    /// Takes spare chunks for the active and inactive lists (allocated
-    /// outside the core lock).
-    pub fn add_spare(&mut self, active: Vec<Chunk<Entry>>, inactive: Vec<Chunk<Entry>>) {
-        self.active.add_spare(active);
+    /// Takes spare chunks for the active and proven lists (the proven
+    /// list's wants first), and for the inactive list (allocated outside
+    /// the core lock).
+    pub fn add_spare(&mut self, mut active: Vec<Chunk<Entry>>, inactive: Vec<Chunk<Entry>>) {
+        let rest = active.split_off(self.proven.spare_wanted().min(active.len()));
+        self.proven.add_spare(active);
+        self.active.add_spare(rest);
         self.inactive.add_spare(inactive);
     }
 
@@ -414,8 +453,8 @@ impl Lru {
     /// Drops stale entries when they dominate (the lists hold more than
     /// twice the resident pages plus 4096), sweeping at most `chunks`
     /// chunks of 512 entries, so that every call stays short. A pass
-    /// sweeps each list in turn (active, inactive, lazy, volatile), from
-    /// where the last call stopped.
+    /// sweeps each list in turn (active, proven, inactive, lazy,
+    /// volatile), from where the last call stopped.
     pub fn compact(&mut self, pages: &PageTable, chunks: usize) {
         let live = pages.census().resident as usize;
         if self.compacting.is_none() && self.len() > 2 * live + 4096 {
@@ -425,6 +464,7 @@ impl Lru {
         self.sweep_work += chunks as u64;
         let swept = match list {
             List::Active => self.active.sweep(chunks, |e| valid(pages, e, PState::Resident)),
+            List::Proven => self.proven.sweep(chunks, |e| valid(pages, e, PState::Resident)),
             List::Inactive => self.inactive.sweep(chunks, |e| valid(pages, e, PState::Inactive)),
             List::Lazy => self.lazy.sweep(chunks, |p| pages.get(*p).has(pf::LAZYFREE)),
             List::Volatile => self.volatile.sweep(chunks, |p| {
@@ -434,7 +474,8 @@ impl Lru {
         };
         if swept {
             self.compacting = match list {
-                List::Active => Some(List::Inactive),
+                List::Active => Some(List::Proven),
+                List::Proven => Some(List::Inactive),
                 List::Inactive => Some(List::Lazy),
                 List::Lazy => Some(List::Volatile),
                 List::Volatile => None,
@@ -442,12 +483,13 @@ impl Lru {
         }
     }
 
-    /// How many valid entries of each page the active and inactive lists
-    /// hold (an entry is valid while its generation is the page's and the
-    /// page is in the list's state): `validate` checks every page's counts.
+    /// How many valid entries of each page the active and proven lists
+    /// together, and the inactive list, hold (an entry is valid while its
+    /// generation is the page's and the page is in the list's state):
+    /// `validate` checks every page's counts.
     pub fn valid_entries(&self, pages: &PageTable) -> HashMap<PageIdx, (u32, u32)> {
         let mut on = HashMap::<PageIdx, (u32, u32)>::new();
-        for e in self.active.iter().filter(|e| valid(pages, e, PState::Resident)) {
+        for e in self.active.iter().chain(self.proven.iter()).filter(|e| valid(pages, e, PState::Resident)) {
             on.entry(e.0).or_default().0 += 1;
         }
         for e in self.inactive.iter().filter(|e| valid(pages, e, PState::Inactive)) {
@@ -460,6 +502,7 @@ impl Lru {
     /// entries' count.
     pub fn validate(&self) {
         self.active.validate();
+        self.proven.validate();
         self.inactive.validate();
         self.lazy.validate();
         self.volatile.validate();

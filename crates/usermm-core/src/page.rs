@@ -108,9 +108,11 @@ pub mod pf {
 pub struct PageMeta {
     pub state: PState,
     pub flags: u8,
-    /// Extra trips past the active list's head the page has earned by
-    /// being touched while parked (see `core/policy.rs`).
-    pub trips: u8,
+    /// What the replacement policy remembers of the page's use: extra
+    /// trips past the active list's head it has earned by being touched
+    /// while parked, and how often it was (read and written by
+    /// `core/policy.rs` alone).
+    pub uses: u8,
     /// Generation of the page's LRU entry; an entry whose generation differs
     /// is stale and skipped.
     pub gen: u32,

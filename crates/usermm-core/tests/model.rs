@@ -887,17 +887,17 @@ fn proptest_sequences_match_the_oracle() {
 /// Shrinking, shown on the injected bug (a deliberately broken executor;
 /// the same runs without it pass): proptest, with a fixed seed, finds a
 /// sequence of up to 300 steps that loses a write with
-/// `Bug::CopyThenUnmap` and shrinks it to 17 steps, of which these are the
-/// ones that matter (the printed log has all 17):
+/// `Bug::CopyThenUnmap` and shrinks it to 18 steps, of which these are the
+/// ones that matter (the printed log has all 18):
 ///
 /// ```text
-/// mmap p14 +3 prot=3 shared=true mode=2
-/// touch p14 write=true                      (stamp 3)
-/// reclaim 1
-///   deactivation of p14 in flight           (the bug copies stamp 3 now)
-/// touch p14 write=true                      (stamp 4, while in flight)
-///   deactivation of p14 done (ok true)      (parks the copy: stamp 3)
-/// op 16 failed: data of p14 (Inactive): got stamp 3, expected 4
+/// mmap p22 +38 prot=3 shared=false mode=0
+/// touch p28 write=true                      (stamp 1)
+/// reclaim 6
+///   deactivation of p28 in flight           (the bug copies stamp 1 now)
+/// touch p28 write=true                      (stamp 3, while in flight)
+///   deactivation of p28 done (ok true)      (parks the copy: stamp 1)
+/// op 17 failed: data of p28 (Inactive): got stamp 1, expected 3
 /// ```
 ///
 /// The test fails if the bug goes unnoticed, if the shrunk sequence is

@@ -153,14 +153,15 @@ fn a_fault_on_an_inactive_page_reactivates_it() {
     let s = c.stats();
     assert_eq!((s.resident_pages, s.inactive_pages, s.counters.minor_faults, s.counters.major_faults), (4, 3, 1, 0));
 
-    // A referenced page gets a second chance: the next reclaim pass skips it.
+    // A page touched while parked waits on the proven list: the next
+    // reclaim pass parks the page not yet proved and passes it by.
     map_at(&mut c, 4, 1);
     touch(&mut c, 4, true);
     let plan = c.reclaim_plan(1);
     let deact: Vec<u64> = plan.deactivate.iter().map(|d| d.page.0).collect();
     assert_eq!(deact, vec![4]);
     assert_eq!(plan.evict.iter().map(|e| e.page.0).collect::<Vec<_>>(), vec![0]);
-    assert!(!c.page(PageIdx(2)).has(pf::REFERENCED), "second chance used up");
+    assert!(c.page(PageIdx(2)).has(pf::REFERENCED), "the proven page was not looked at");
     for d in &plan.deactivate {
         c.deactivate_done(d, true);
     }

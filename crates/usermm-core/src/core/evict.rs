@@ -208,6 +208,7 @@ impl Core {
                 m.cache = 0;
                 m.flags &= !pf::LAZYFREE;
             });
+            self.swap.note_evicted(e.swap, self.counters.evictions);
             self.counters.evictions += 1;
         } else {
             // The page stays resident (parked); the slot is not reused

@@ -8,6 +8,7 @@
 //! frame is told to `Reclaim`. How many pages a fault fills around the
 //! touched one is the window policy (constants and helpers in `window.rs`).
 
+use super::policy::{refault_earns, refaulted_soon, AGING_PER_REFAULT};
 use super::window::{
     dense_block, fault_around_window, file_fault_around_block, grow_run, swap_in_window, IN_THREAD_ZERO_WINDOW_PAGES,
     MAX_WINDOW_PAGES,
@@ -361,11 +362,19 @@ impl Core {
         } else if !keep {
             self.swap.free_slot(s);
         }
+        let proven = self.lru.proven_len() as u64;
+        let soon = self.swap.evictions_since(s, self.counters.evictions).is_some_and(|d| refault_earns(d, proven));
         self.pages.update(p, |m| {
             m.state = PState::Resident;
             m.slot = 0;
             m.cache = if keep { s + 1 } else { 0 };
+            if soon {
+                refaulted_soon(m);
+            }
         });
+        if soon {
+            self.pressure.refault_activated(AGING_PER_REFAULT);
+        }
         self.note_resident(p);
     }
 

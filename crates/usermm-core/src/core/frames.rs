@@ -80,9 +80,15 @@ impl Core {
         }
     }
 
-    /// Queues page `p` on the active list (see `Lru::add_active`).
+    /// Queues resident page `p` on the proven list if its use is proved
+    /// (`policy::proved`), on the active list otherwise (see
+    /// `Lru::add_active`).
     pub(super) fn push_active(&mut self, p: PageIdx) {
-        self.lru.add_active(&mut self.pages, p);
+        if super::policy::proved(&self.pages.get(p)) {
+            self.lru.add_proven(&mut self.pages, p);
+        } else {
+            self.lru.add_active(&mut self.pages, p);
+        }
     }
 
     /// Queues page `p` on the inactive list (see `Lru::add_active`).

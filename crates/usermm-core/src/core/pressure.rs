@@ -33,6 +33,10 @@ pub(super) struct Pressure {
     /// The budget ran out while not under pressure, and no reclaim round
     /// has taken note yet (`take_began`).
     began: bool,
+    /// Proven pages to age (rotated or parked) that pages read back from
+    /// swap soon after their eviction (`policy::refault_earns`) asked for
+    /// (`Core::age_proven`).
+    activated: u64,
 }
 
 impl Pressure {
@@ -100,6 +104,23 @@ impl Pressure {
     /// out.
     pub(super) fn touched_unclaimed(&self) -> u64 {
         self.touched_unclaimed
+    }
+
+    /// A page came back from swap soon after its eviction: the proven
+    /// list owes `aging` more pages aged.
+    pub(super) fn refault_activated(&mut self, aging: u64) {
+        self.activated = self.activated.saturating_add(aging);
+    }
+
+    /// Proven pages still to age for the pages that came back from swap
+    /// soon after their eviction.
+    pub(super) fn activated(&self) -> u64 {
+        self.activated
+    }
+
+    /// A proven page was aged (taken from the proven list's head).
+    pub(super) fn proven_aged(&mut self) {
+        self.activated = self.activated.saturating_sub(1);
     }
 
     /// Frames claimed since the inactive list was last refilled.

@@ -18,7 +18,7 @@
 //! plans (`MADV_COLD`, `MADV_PAGEOUT`) and the `*_done` commits of every
 //! step.
 
-use super::policy::{another_trip, forget_use, sampled_pass};
+use super::policy::{another_trip, forget_use, sampled_pass, standing_pass};
 use super::{Core, Deactivate, Discard, Evict, ReclaimPlan, Transfer, Writeback};
 use crate::consts::*;
 use crate::page::{pf, PState};
@@ -92,7 +92,7 @@ impl Core {
     /// pages behind it can still be purged.
     fn plan_evict_inactive(&mut self, plan: &mut ReclaimPlan, want: u64) {
         let mut kept = Vec::new();
-        // (Locked pages, and sampled pages making a pass they earned.)
+        // (Locked pages, and pages making a pass their use earned.)
         let mut to_tail = Vec::new();
         let mut scanned = 0;
         let scan_max = self.lru.inactive_len();
@@ -114,8 +114,14 @@ impl Core {
                 to_tail.push((p, g));
                 continue;
             }
-            if self.sampled(reg) && sampled_pass(&mut self.pages, p) {
+            let sampled = self.sampled(reg);
+            if sampled && sampled_pass(&mut self.pages, p) {
                 // Passes it earned: on to the tail, unseen.
+                to_tail.push((p, g));
+                continue;
+            }
+            if !sampled && standing_pass(&mut self.pages, p) {
+                // Proved in use again and again: another pass, parked.
                 to_tail.push((p, g));
                 continue;
             }
@@ -165,20 +171,28 @@ impl Core {
         self.slots_in_address_order(&mut plan.evict[first..]);
     }
 
-    /// Refills the inactive list from the head of the active list (more
-    /// trips for the pages the policy grants them: `policy::another_trip`),
-    /// to its aging target and to what the round still wants.
+    /// Refills the inactive list from the head of the active list, or of
+    /// the proven list when the policy says so (`Core::age_proven`), with
+    /// more trips for the pages the policy grants them
+    /// (`policy::another_trip`), to its aging target and to what the round
+    /// still wants.
     fn plan_refill_inactive(&mut self, plan: &mut ReclaimPlan, want: u64) {
         let target = self.refill_target();
         let short = want.saturating_sub((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64);
         let mut scanned = 0;
-        let scan_max = self.lru.active_len();
+        let scan_max = self.lru.active_len() + self.lru.proven_len();
         while ((self.pages.census().inactive + plan.deactivate.len() as u64) < target
             || ((plan.deactivate.len() + plan.drop.len()) as u64) < short)
             && scanned < scan_max
         {
             scanned += 1;
-            let Some((p, g)) = self.lru.isolate_active() else { break };
+            let proven = self.age_proven();
+            let Some((p, g)) = (if proven { self.lru.isolate_proven() } else { self.lru.isolate_active() }) else {
+                break;
+            };
+            if proven {
+                self.pressure.proven_aged();
+            }
             let m = self.pages.get(p);
             if m.gen != g || m.state != PState::Resident {
                 continue;
@@ -190,11 +204,12 @@ impl Core {
             if reg.writable() && reg.prot() != PROT_READ | PROT_WRITE {
                 // Writable but not plain RW (e.g. RWX): neither MOVE nor a
                 // race-free copy is possible; keep it (documented).
-                self.lru.rotate_active((p, g));
+                self.lru_rotate(proven, (p, g));
                 continue;
             }
             if another_trip(&mut self.pages, p) {
-                self.lru.rotate_active((p, g));
+                // (An unproved page with a trip has proved itself.)
+                self.lru.rotate_proven((p, g));
                 continue;
             }
             if reg.kind() == Kind::FileShared
@@ -205,7 +220,7 @@ impl Core {
                 if (plan.drop.len() as u64) >= short {
                     // Only as many as the round wants (never age a stream
                     // into staging): the rest stays, oldest first.
-                    self.lru.putback_active((p, g));
+                    self.lru_putback(proven, (p, g));
                     break;
                 }
                 // (Zapping: being dropped where it is, frame still charged.)
@@ -219,14 +234,14 @@ impl Core {
                 && (self.swap.paused() || self.swap.slots_free() as u64 <= plan.deactivate.len() as u64)
             {
                 // No swap room: only volatile pages can leave.
-                self.lru.rotate_active((p, g));
+                self.lru_rotate(proven, (p, g));
                 continue;
             }
             let Some(slot) = self.staging.alloc() else {
                 // No staging slot: the page stays where it was, oldest
                 // first (dropping its entry here would leave it resident
                 // and never reclaimed).
-                self.lru.putback_active((p, g));
+                self.lru_putback(proven, (p, g));
                 break;
             };
             let how = self.transfer_of(reg);
@@ -236,6 +251,26 @@ impl Core {
             });
             let host_free = self.options.host_lazyfree() && m.has(pf::VOLATILE);
             plan.deactivate.push(Deactivate { page: p, slot, how, host_free });
+        }
+    }
+
+    /// Moves an isolated entry of the proven list (`proven`) or the
+    /// active list to its list's tail.
+    fn lru_rotate(&mut self, proven: bool, e: crate::lru::Entry) {
+        if proven {
+            self.lru.rotate_proven(e)
+        } else {
+            self.lru.rotate_active(e)
+        }
+    }
+
+    /// Returns an isolated entry of the proven list (`proven`) or the
+    /// active list to its list's head.
+    fn lru_putback(&mut self, proven: bool, e: crate::lru::Entry) {
+        if proven {
+            self.lru.putback_proven(e)
+        } else {
+            self.lru.putback_active(e)
         }
     }
 

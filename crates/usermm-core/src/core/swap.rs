@@ -58,6 +58,11 @@ pub(super) struct SwapSpace {
     /// (counted in `reserved`); `deferred_scrub`, those to scrub once free.
     deferred: Vec<u64>,
     deferred_scrub: Vec<u64>,
+    /// Each slot's last eviction into it: the core's eviction count then,
+    /// plus one (0: none recorded), for the refault distance of the page
+    /// read back from it (`policy::refault_earns`). Grown as slots are
+    /// written.
+    evicted_at: Vec<u32>,
 }
 
 fn bit(v: &[u64], s: u32) -> bool {
@@ -90,6 +95,26 @@ impl SwapSpace {
             holds: Vec::new(),
             deferred: Vec::new(),
             deferred_scrub: Vec::new(),
+            evicted_at: Vec::new(),
+        }
+    }
+
+    /// A page was evicted into slot `s` (a write, or a swap copy kept)
+    /// after `evictions` evictions.
+    pub(super) fn note_evicted(&mut self, s: u32, evictions: u64) {
+        let i = s as usize;
+        if self.evicted_at.len() <= i {
+            self.evicted_at.resize(i + 1, 0);
+        }
+        self.evicted_at[i] = (evictions as u32).wrapping_add(1);
+    }
+
+    /// How many evictions came after the last one into slot `s`, the count
+    /// being `evictions` now (None: none recorded).
+    pub(super) fn evictions_since(&self, s: u32, evictions: u64) -> Option<u32> {
+        match self.evicted_at.get(s as usize) {
+            None | Some(0) => None,
+            Some(&at) => Some((evictions as u32).wrapping_add(1).wrapping_sub(at)),
         }
     }
 
