@@ -437,16 +437,16 @@ fn experiment_phases(mut host: Host) -> Fits {
 /// on any claim parked the working set again (153 minor faults per 1,000
 /// touches; 57 with that bounded, and 2.2 now that a run of parked-page
 /// touches with no claim ends the pressure at once, `calm_by_touches`,
-/// which never fires in the phases under pressure before it). It is a
-/// balance, not a guarantee: started right after
-/// a first pass instead of these phases, the scan leaves 99 hot pages with
-/// no earned trip left, the warm-up evicts them, and 129 pages are evicted
-/// after it — a touch of a mapped page is invisible to usermm.
+/// which never fires in the phases under pressure before it). With proven
+/// pages on one list with the rest, trips alone kept it, and 15 of its
+/// pages were out after the warm-up (a touch of a mapped page is invisible
+/// to usermm); on the proven list, which the warm-up's new pages pass by,
+/// none.
 #[test]
 fn a_working_set_that_fits_is_not_evicted_after_warm_up() {
     let f = experiment_phases(Host::default());
     assert_eq!(f.evictions, 0, "{:?}", f.misses);
-    assert!(f.hot_out * 10 < 409, "{} hot pages out after the warm-up", f.hot_out);
+    assert_eq!(f.hot_out, 0, "hot pages out after the warm-up");
     assert!(f.misses.minor * 100 < f.touches, "the working set kept being parked: {:?}", f.misses);
     assert_eq!(f.unparked_before_fits, 0, "pressure ended in a phase under pressure");
 }
@@ -458,7 +458,7 @@ fn a_working_set_that_fits_is_not_evicted_after_warm_up() {
 fn a_sampled_working_set_that_fits_is_not_evicted_after_warm_up() {
     let f = experiment_phases(Host::sampled());
     assert_eq!(f.evictions, 0, "{:?}", f.misses);
-    assert!(f.hot_out * 10 < 409, "{} hot pages out after the warm-up", f.hot_out);
+    assert_eq!(f.hot_out, 0, "hot pages out after the warm-up");
     assert_eq!((f.misses.major, f.misses.minor), (0, 0), "{:?}", f.misses);
 }
 
