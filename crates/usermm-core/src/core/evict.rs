@@ -313,6 +313,7 @@ impl Core {
                     m.state = PState::Swapped;
                     m.slot = swap;
                 });
+                self.swap.note_evicted(swap, self.counters.evictions);
                 self.counters.swapouts += 1;
                 self.counters.evictions += 1;
             }

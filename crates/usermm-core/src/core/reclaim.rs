@@ -180,13 +180,25 @@ impl Core {
         let target = self.refill_target();
         let short = want.saturating_sub((plan.evict.len() + plan.purge.len() + plan.discard.len()) as u64);
         let mut scanned = 0;
-        let scan_max = self.lru.active_len() + self.lru.proven_len();
+        let (active_n, proven_n) = (self.lru.active_len(), self.lru.proven_len());
+        // Entries taken from each list so far: once a list has been gone
+        // through, the other one's turn (a list of pages that cannot be
+        // parked — writable non-RW ones — must not stop the round).
+        let (mut from_active, mut from_proven) = (0, 0);
         while ((self.pages.census().inactive + plan.deactivate.len() as u64) < target
             || ((plan.deactivate.len() + plan.drop.len()) as u64) < short)
-            && scanned < scan_max
+            && scanned < active_n + proven_n
         {
             scanned += 1;
-            let proven = self.age_proven();
+            let proven = match self.age_proven() {
+                true => from_proven < proven_n || from_active >= active_n,
+                false => from_active >= active_n && from_proven < proven_n,
+            };
+            if proven {
+                from_proven += 1;
+            } else {
+                from_active += 1;
+            }
             let Some((p, g)) = (if proven { self.lru.isolate_proven() } else { self.lru.isolate_active() }) else {
                 break;
             };
